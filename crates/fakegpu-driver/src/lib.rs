@@ -1,0 +1,1 @@
+//! fake driver (to be written)

@@ -1,0 +1,1 @@
+//! fake GPU host (to be written)
