@@ -1,0 +1,89 @@
+//! The table behind `cuGetProcAddress`.
+//!
+//! Real CUDA keys its table on base names and picks the ABI version from
+//! the caller's `cudaVersion`: `cuMemAlloc` asked for by a CUDA ≥ 3.2 caller
+//! is `cuMemAlloc_v2`. Exact (suffixed) names are accepted as well, which is
+//! more lenient than the real driver but harmless.
+
+use std::ffi::{c_int, c_void};
+
+use super::*;
+
+/// Base names whose `_v2` is what a caller built against at least the given
+/// CUDA version gets.
+const VERSIONED: &[(&str, c_int)] = &[
+    ("cuDeviceTotalMem", 3020),
+    ("cuMemAlloc", 3020),
+    ("cuMemFree", 3020),
+    ("cuMemGetInfo", 3020),
+    ("cuDevicePrimaryCtxRelease", 11000),
+    ("cuDeviceGetUuid", 11040),
+    ("cuGetProcAddress", 12000),
+];
+
+/// Maps an exact exported name to its address.
+macro_rules! exported {
+    ($name:expr; $($f:ident),* $(,)?) => {
+        match $name {
+            $(stringify!($f) => Some($f as *mut c_void),)*
+            _ => None,
+        }
+    };
+}
+
+fn exact(name: &str) -> Option<*mut c_void> {
+    exported!(name;
+        cuInit,
+        cuDriverGetVersion,
+        cuDeviceGetCount,
+        cuDeviceGet,
+        cuDeviceGetName,
+        cuDeviceGetUuid,
+        cuDeviceGetUuid_v2,
+        cuDeviceTotalMem_v2,
+        cuDeviceGetAttribute,
+        cuDeviceGetPCIBusId,
+        cuDevicePrimaryCtxRetain,
+        cuDevicePrimaryCtxRelease,
+        cuDevicePrimaryCtxRelease_v2,
+        cuCtxSetCurrent,
+        cuCtxGetCurrent,
+        cuCtxGetDevice,
+        cuCtxSynchronize,
+        cuMemAlloc_v2,
+        cuMemFree_v2,
+        cuMemGetInfo_v2,
+        cuGetErrorString,
+        cuGetErrorName,
+        cuGetProcAddress,
+        cuGetProcAddress_v2,
+    )
+}
+
+/// The entry point a caller built against `cuda_version` gets for `name`.
+pub fn lookup(name: &str, cuda_version: c_int) -> Option<*mut c_void> {
+    let versioned = VERSIONED
+        .iter()
+        .find(|(base, min)| *base == name && cuda_version >= *min)
+        .and_then(|(base, _)| exact(&format!("{base}_v2")));
+    versioned.or_else(|| exact(name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn picks_versions_by_caller() {
+        let v2 = exact("cuMemAlloc_v2").unwrap();
+        assert_eq!(lookup("cuMemAlloc", 13000), Some(v2));
+        assert_eq!(lookup("cuMemAlloc_v2", 13000), Some(v2));
+        assert_eq!(lookup("cuGetProcAddress", 11080), exact("cuGetProcAddress"));
+        assert_eq!(
+            lookup("cuGetProcAddress", 12000),
+            exact("cuGetProcAddress_v2")
+        );
+        assert_eq!(lookup("cuInit", 13000), Some(cuInit as *mut c_void));
+        assert_eq!(lookup("cuLaunchKernel", 13000), None);
+    }
+}
