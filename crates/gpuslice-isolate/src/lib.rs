@@ -1,1 +1,4 @@
 //! isolation (to be written)
+
+pub mod bpf;
+pub mod cgroup;
