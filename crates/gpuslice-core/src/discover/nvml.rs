@@ -120,16 +120,19 @@ fn read_migs(dev: &Device, parent_total: Option<u64>) -> Result<Vec<NvmlMig>, St
             Err(e) => return Err(e.to_string()),
         };
         let (gpu_instance, compute_instance) = instance_ids(&mig)?;
+        // NVML names a MIG device "<GPU name> MIG <profile>"; failing that,
+        // the profile is derived from the instance's slices and memory.
         let profile = mig
-            .attributes()
+            .name()
             .ok()
-            .zip(parent_total)
-            .and_then(|(a, total)| {
+            .and_then(|n| profile_from_name(&n))
+            .or_else(|| {
+                let a = mig.attributes().ok()?;
                 profile_name(
                     a.gpu_instance_slice_count,
                     a.compute_instance_slice_count,
                     a.memory_size_mb,
-                    total,
+                    parent_total?,
                 )
             });
         out.push(NvmlMig {
@@ -185,6 +188,16 @@ fn read_nvlinks(dev: &Device) -> Vec<Option<String>> {
             }
         })
         .collect()
+}
+
+/// `NVIDIA H200 MIG 1g.18gb` → `1g.18gb` (also `1c.2g.35gb`, `1g.18gb+me`).
+pub(crate) fn profile_from_name(name: &str) -> Option<String> {
+    let (_, profile) = name.rsplit_once(" MIG ")?;
+    let profile = profile.trim();
+    let looks_right = profile.starts_with(|c: char| c.is_ascii_digit())
+        && profile.contains("g.")
+        && !profile.contains(char::is_whitespace);
+    looks_right.then(|| profile.to_string())
 }
 
 /// NVIDIA's profile name of a MIG device: `<g>g.<gb>gb`, or
@@ -276,19 +289,30 @@ fn apply(gpu: &mut Gpu, n: NvmlGpu, caps: &CapMinors) {
     match (n.mig_enabled, n.migs) {
         // MIG off: any procfs instances are stale.
         (Some(false), _) => gpu.migs.clear(),
-        (_, Some(migs)) => gpu.migs = mig_devices(gpu.minor, migs, caps),
+        (_, Some(migs)) => {
+            let procfs = std::mem::take(&mut gpu.migs);
+            gpu.migs = mig_devices(gpu.minor, migs, procfs, caps);
+        }
         // NVML could not list them: keep what procfs found.
         (_, None) => {}
     }
 }
 
-/// NVML's MIG devices in (gi, ci) order with their cap minors from procfs.
-fn mig_devices(gpu_minor: u32, mut migs: Vec<NvmlMig>, caps: &CapMinors) -> Vec<MigDevice> {
-    migs.sort_by_key(|m| (m.gpu_instance, m.compute_instance));
-    migs.into_iter()
-        .enumerate()
-        .map(|(i, m)| MigDevice {
-            index: i as u32,
+/// NVML's MIG devices with their cap minors from procfs, plus the procfs
+/// instances NVML did not list (NVML hides MIG devices whose
+/// `/dev/nvidia-caps` nodes the caller cannot open, as in a container, yet
+/// the capability tree proves they exist and isolation must know their
+/// minors). In (gi, ci) order, indexed in that order.
+fn mig_devices(
+    gpu_minor: u32,
+    nvml: Vec<NvmlMig>,
+    procfs: Vec<MigDevice>,
+    caps: &CapMinors,
+) -> Vec<MigDevice> {
+    let mut out: Vec<MigDevice> = nvml
+        .into_iter()
+        .map(|m| MigDevice {
+            index: 0,
             uuid: m.uuid,
             profile: m.profile,
             gpu_instance: m.gpu_instance,
@@ -297,7 +321,18 @@ fn mig_devices(gpu_minor: u32, mut migs: Vec<NvmlMig>, caps: &CapMinors) -> Vec<
             gi_access_minor: caps.gi(gpu_minor, m.gpu_instance),
             ci_access_minor: caps.ci(gpu_minor, m.gpu_instance, m.compute_instance),
         })
-        .collect()
+        .collect();
+    let key = |m: &MigDevice| (m.gpu_instance, m.compute_instance);
+    for p in procfs {
+        if !out.iter().any(|m| key(m) == key(&p)) {
+            out.push(p);
+        }
+    }
+    out.sort_by_key(key);
+    for (i, m) in out.iter_mut().enumerate() {
+        m.index = i as u32;
+    }
+    out
 }
 
 /// NVLink peers of every GPU. A link to another GPU makes the two peers
@@ -385,6 +420,22 @@ mod tests {
     }
 
     #[test]
+    fn profile_from_mig_device_names() {
+        let p = |n| profile_from_name(n);
+        assert_eq!(p("NVIDIA H200 MIG 1g.18gb").as_deref(), Some("1g.18gb"));
+        assert_eq!(
+            p("NVIDIA A100-SXM4-40GB MIG 1c.2g.10gb").as_deref(),
+            Some("1c.2g.10gb")
+        );
+        assert_eq!(
+            p("NVIDIA H100 80GB HBM3 MIG 1g.10gb+me").as_deref(),
+            Some("1g.10gb+me")
+        );
+        assert_eq!(p("NVIDIA H200"), None);
+        assert_eq!(p("NVIDIA H200 MIG Device"), None);
+    }
+
+    #[test]
     fn cuda_versions() {
         assert_eq!(cuda_version(13000), "13.0");
         assert_eq!(cuda_version(12040), "12.4");
@@ -455,6 +506,14 @@ mod tests {
             memory_bytes: Some(18 << 30),
             profile: Some("1g.18gb".into()),
         };
+        // procfs saw gi1, gi2 and gi3; NVML lists gi2 and gi1 only.
+        inv.gpus[0].migs = (1..=3)
+            .map(|gi| MigDevice {
+                gpu_instance: gi,
+                gi_access_minor: Some(30 + gi),
+                ..Default::default()
+            })
+            .collect();
         let mut n = ngpu("0000:18:00.0");
         n.mig_enabled = Some(true);
         n.migs = Some(vec![mig(2, "MIG-b"), mig(1, "MIG-a")]);
@@ -467,7 +526,13 @@ mod tests {
             &caps,
         );
         let migs = &inv.gpus[0].migs;
-        assert_eq!(migs.len(), 2);
+        assert_eq!(migs.len(), 3);
+        assert_eq!(
+            (migs[2].index, migs[2].gpu_instance, migs[2].uuid.as_deref()),
+            (2, 3, None),
+            "an instance only procfs saw is kept"
+        );
+        assert_eq!(migs[2].gi_access_minor, Some(33));
         assert_eq!(
             (migs[0].index, migs[0].uuid.as_deref(), migs[0].gpu_instance),
             (0, Some("MIG-a"), 1)
