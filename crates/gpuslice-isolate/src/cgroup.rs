@@ -687,9 +687,12 @@ pub(crate) mod test_support {
             panic!("no filesystem that allows device nodes for the test");
         }
 
-        /// `mknod <dir>/c<major>_<minor> c major minor`.
+        /// `mknod <dir>/c<major>_<minor> c major minor` (once).
         pub(crate) fn mknod(&self, major: u32, minor: u32) -> PathBuf {
             let path = self.0.path().join(format!("c{major}_{minor}"));
+            if path.exists() {
+                return path;
+            }
             let c = CString::new(path.as_os_str().as_bytes()).unwrap();
             // SAFETY: `c` is a valid NUL-terminated path for the call's duration.
             let rc = unsafe {
@@ -1011,6 +1014,46 @@ mod tests {
         let procs = cg.open_procs().unwrap();
         assert_eq!(ts::in_child(&procs, &denied), libc::EPERM);
         assert_eq!(ts::in_child(&procs, &allowed), baseline);
+        drop(procs);
+        cg.remove().unwrap_or_else(|e| panic!("{e}"));
+
+        // Several rules (several v1 lines), a whole denied major, and the
+        // documented v1 gap: an unlisted minor of a deny_unlisted major.
+        let policy = DevicePolicy {
+            rules: vec![
+                rule(195, &[0, 254, 255], &[1, 2], true),
+                rule(241, &[], &[], true),
+                rule(226, &[], &[7], false),
+            ],
+        };
+        let cg = SliceCgroup::create(&driver, &ts::unique_id("enforce"), &policy)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let procs = cg.open_procs().unwrap();
+        let gap = if version == Version::V1 {
+            None
+        } else {
+            Some(libc::EPERM)
+        };
+        for (major, minor, want) in [
+            (195, 1, Some(libc::EPERM)),
+            (195, 2, Some(libc::EPERM)),
+            (241, 5, Some(libc::EPERM)),
+            (226, 7, Some(libc::EPERM)),
+            (195, 9, gap),
+            (195, 0, None),
+            (226, 8, None),
+            (1, 3, None),
+        ] {
+            let node = nodes.mknod(major, minor);
+            let outside = ts::open_errno(&node);
+            assert_ne!(outside, libc::EPERM, "c {major}:{minor} outside");
+            let got = ts::in_child(&procs, &node);
+            assert_eq!(
+                got,
+                want.unwrap_or(outside),
+                "c {major}:{minor} in {version}"
+            );
+        }
         drop(procs);
 
         // add_pid moves another process in.
