@@ -107,7 +107,7 @@ pub struct Trace {
 pub fn discover(host: &Host, cvd: Option<&str>, init_ms_override: Option<u64>) -> InitOutcome {
     let mut trace = Trace {
         pid: std::process::id(),
-        root: host.path("").display().to_string(),
+        root: host.root().display().to_string(),
         ..Trace::default()
     };
     let rc_devices = discover_into(host, cvd, init_ms_override, &mut trace);

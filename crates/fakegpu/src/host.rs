@@ -1,0 +1,343 @@
+//! [`FakeHost`] and its builder.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::OsStr;
+use std::fs;
+use std::io;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use tempfile::TempDir;
+
+use crate::kernel::{self, Kernel, KernelGpu, KernelMig};
+use crate::trace::{self, TraceRecord};
+use crate::tree;
+
+/// Most GPUs a host can have (bus ids `0x18 + 0x10 * i` must fit a byte).
+pub const MAX_GPUS: u32 = 14;
+
+/// Where the kernel truth and the driver's helpers live, under the root.
+const STATE_DIR: &str = ".fakegpu";
+
+/// A fake GPU host under a root directory: device nodes, procfs, sysfs and
+/// the kernel truth the fake driver reads. A temporary root is removed when
+/// the host is dropped (see [`FakeHost::keep`]).
+#[derive(Debug)]
+pub struct FakeHost {
+    root: PathBuf,
+    kernel: Kernel,
+    tmp: Option<TempDir>,
+}
+
+/// Configures a [`FakeHost`]; see [`FakeHost::builder`].
+#[derive(Debug, Clone)]
+pub struct FakeHostBuilder {
+    gpus: u32,
+    modify_device_files: bool,
+    migs: BTreeMap<u32, u32>,
+    degraded: BTreeSet<u32>,
+    init_ms_per_gpu: u64,
+    ctx_ms: u64,
+    root: Option<PathBuf>,
+}
+
+impl Default for FakeHostBuilder {
+    fn default() -> Self {
+        FakeHostBuilder {
+            gpus: 1,
+            modify_device_files: true,
+            migs: BTreeMap::new(),
+            degraded: BTreeSet::new(),
+            init_ms_per_gpu: 0,
+            ctx_ms: 0,
+            root: None,
+        }
+    }
+}
+
+impl FakeHostBuilder {
+    /// Number of GPUs (default 1, at most [`MAX_GPUS`]).
+    pub fn gpus(mut self, n: u32) -> Self {
+        self.gpus = n;
+        self
+    }
+
+    /// `ModifyDeviceFiles` in `proc/driver/nvidia/params` (default true, as
+    /// on a stock driver).
+    pub fn modify_device_files(mut self, on: bool) -> Self {
+        self.modify_device_files = on;
+        self
+    }
+
+    /// Enables MIG on GPU `gpu_index` with `instances` 1g.18gb instances
+    /// (GPU instances 1..=n, one compute instance each).
+    pub fn mig(mut self, gpu_index: u32, instances: u32) -> Self {
+        self.migs.insert(gpu_index, instances);
+        self
+    }
+
+    /// Gives GPU `gpu_index` a degraded PCIe link (Gen4 x8 of Gen5 x16).
+    pub fn degraded_link(mut self, gpu_index: u32) -> Self {
+        self.degraded.insert(gpu_index);
+        self
+    }
+
+    /// Simulated `cuInit` cost per reachable GPU.
+    pub fn init_ms_per_gpu(mut self, ms: u64) -> Self {
+        self.init_ms_per_gpu = ms;
+        self
+    }
+
+    /// Simulated cost of a process's first context.
+    pub fn ctx_ms(mut self, ms: u64) -> Self {
+        self.ctx_ms = ms;
+        self
+    }
+
+    /// Builds at `dir` (created if needed, kept on drop) instead of a
+    /// temporary directory.
+    pub fn root(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.root = Some(dir.into());
+        self
+    }
+
+    pub fn build(self) -> io::Result<FakeHost> {
+        self.validate()?;
+        let (root, tmp) = match &self.root {
+            Some(dir) => {
+                fs::create_dir_all(dir)?;
+                (fs::canonicalize(dir)?, None)
+            }
+            None => {
+                let tmp = tempfile::Builder::new().prefix("fakegpu-").tempdir()?;
+                // TempDir is 0700; let unprivileged children reach the tree.
+                fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755))?;
+                (tmp.path().to_path_buf(), Some(tmp))
+            }
+        };
+        let kernel = self.kernel();
+        let degraded = self.degraded.clone();
+        tree::write_dev(&root, &kernel)?;
+        tree::write_proc(&root, &kernel, self.modify_device_files)?;
+        tree::write_sys(&root, &kernel, |minor| match degraded.contains(&minor) {
+            true => tree::DEGRADED_LINK,
+            false => tree::FULL_LINK,
+        })?;
+        let json = serde_json::to_string_pretty(&kernel).map_err(io::Error::other)?;
+        tree::write(&root.join(STATE_DIR).join("kernel.json"), &json)?;
+        Ok(FakeHost { root, kernel, tmp })
+    }
+
+    fn validate(&self) -> io::Result<()> {
+        let bad = |msg: String| Err(io::Error::new(io::ErrorKind::InvalidInput, msg));
+        if self.gpus > MAX_GPUS {
+            return bad(format!(
+                "fakegpu: at most {MAX_GPUS} GPUs, not {}",
+                self.gpus
+            ));
+        }
+        for (&gpu, &n) in &self.migs {
+            if gpu >= self.gpus || n > kernel::MAX_MIG_INSTANCES {
+                return bad(format!(
+                    "fakegpu: bad mig({gpu}, {n}) for {} GPUs",
+                    self.gpus
+                ));
+            }
+        }
+        if let Some(&gpu) = self.degraded.iter().find(|&&g| g >= self.gpus) {
+            return bad(format!(
+                "fakegpu: degraded_link({gpu}) for {} GPUs",
+                self.gpus
+            ));
+        }
+        Ok(())
+    }
+
+    /// The kernel truth this configuration describes.
+    fn kernel(&self) -> Kernel {
+        let n = self.gpus;
+        let bus_ids: Vec<String> = (0..n).map(kernel::gpu_bus_id).collect();
+        // nvidia-caps minors 1 and 2 are config and monitor; MIG access
+        // capabilities are numbered from 3 on, GPU by GPU, gi then ci.
+        let mut next_cap = 3;
+        let gpus = (0..n)
+            .map(|i| {
+                let instances = self.migs.get(&i).copied();
+                let migs = (1..=instances.unwrap_or(0))
+                    .map(|gi| {
+                        let mig = KernelMig {
+                            gi,
+                            ci: 0,
+                            uuid: kernel::mig_uuid(i, gi),
+                            profile: kernel::MIG_PROFILE.to_string(),
+                            memory_bytes: kernel::MIG_MEMORY_BYTES,
+                            gi_minor: next_cap,
+                            ci_minor: next_cap + 1,
+                        };
+                        next_cap += 2;
+                        mig
+                    })
+                    .collect();
+                KernelGpu {
+                    minor: i,
+                    uuid: kernel::gpu_uuid(i),
+                    pci_bus_id: bus_ids[i as usize].clone(),
+                    name: kernel::GPU_NAME.to_string(),
+                    memory_bytes: kernel::GPU_MEMORY_BYTES,
+                    numa_node: kernel::numa_node(i, n),
+                    nvlink_peers: bus_ids
+                        .iter()
+                        .filter(|b| **b != bus_ids[i as usize])
+                        .cloned()
+                        .collect(),
+                    mig_enabled: instances.is_some(),
+                    migs,
+                }
+            })
+            .collect();
+        Kernel {
+            driver_version: kernel::DRIVER_VERSION.to_string(),
+            cuda_version: kernel::CUDA_VERSION,
+            gpus,
+            init_ms_per_gpu: self.init_ms_per_gpu,
+            ctx_ms: self.ctx_ms,
+        }
+    }
+}
+
+impl FakeHost {
+    pub fn builder() -> FakeHostBuilder {
+        FakeHostBuilder::default()
+    }
+
+    /// A builder whose host lives at `dir` and is kept after drop.
+    pub fn at(dir: impl Into<PathBuf>) -> FakeHostBuilder {
+        FakeHostBuilder::default().root(dir)
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// `root` joined with a relative path such as `dev/nvidia0`.
+    pub fn path(&self, rel: impl AsRef<Path>) -> PathBuf {
+        self.root.join(rel)
+    }
+
+    /// The kernel truth (what kernel.json says).
+    pub fn kernel(&self) -> &Kernel {
+        &self.kernel
+    }
+
+    pub fn gpus(&self) -> &[KernelGpu] {
+        &self.kernel.gpus
+    }
+
+    /// `<root>/dev/nvidia<minor>`.
+    pub fn node_path(&self, minor: u32) -> PathBuf {
+        self.path(tree::gpu_node_rel(minor))
+    }
+
+    /// Whether `dev/nvidia<minor>` exists (as anything, even a dangling link).
+    pub fn node_exists(&self, minor: u32) -> bool {
+        self.node_path(minor).symlink_metadata().is_ok()
+    }
+
+    /// Removes `dev/nvidia<minor>` (as a private `/dev` would hide it).
+    pub fn remove_node(&self, minor: u32) -> io::Result<()> {
+        fs::remove_file(self.node_path(minor))
+    }
+
+    /// (Re-)creates `dev/nvidia<minor>` as 195:minor, mode 0666.
+    pub fn create_node(&self, minor: u32) -> io::Result<()> {
+        tree::mknod_char(&self.node_path(minor), tree::NVIDIA_MAJOR, minor, 0o666)
+    }
+
+    /// Rewrites `proc/driver/nvidia/params` with `ModifyDeviceFiles: 0|1`.
+    pub fn set_modify_device_files(&self, on: bool) -> io::Result<()> {
+        tree::write(
+            &self.path("proc/driver/nvidia/params"),
+            &tree::params_text(on),
+        )
+    }
+
+    /// `<root>/.fakegpu/lib`, holding `libcuda.so.1`, `libcuda.so`,
+    /// `libnvidia-ml.so.1` and `libnvidia-ml.so`, all links to the built
+    /// fake driver. Panics when the driver is not built (see
+    /// [`crate::driver_so_path`]).
+    pub fn driver_lib_dir(&self) -> PathBuf {
+        let so = crate::driver_so_path();
+        let dir = self.path(STATE_DIR).join("lib");
+        for name in [
+            "libcuda.so.1",
+            "libcuda.so",
+            "libnvidia-ml.so.1",
+            "libnvidia-ml.so",
+        ] {
+            if let Err(e) = tree::relink(&so, &dir.join(name)) {
+                panic!(
+                    "fakegpu: cannot link {} into {}: {e}",
+                    so.display(),
+                    dir.display()
+                );
+            }
+        }
+        dir
+    }
+
+    /// `<root>/.fakegpu/lib/libnvidia-ml.so.1` (for `Nvml::builder().lib_path`).
+    pub fn nvml_lib(&self) -> PathBuf {
+        self.driver_lib_dir().join("libnvidia-ml.so.1")
+    }
+
+    /// `<root>/.fakegpu/lib/libcuda.so.1`.
+    pub fn cuda_lib(&self) -> PathBuf {
+        self.driver_lib_dir().join("libcuda.so.1")
+    }
+
+    /// The file [`FakeHost::env`] points `FAKEGPU_TRACE` at.
+    pub fn trace_path(&self) -> PathBuf {
+        self.path(STATE_DIR).join("trace.jsonl")
+    }
+
+    /// Every `cuInit` record written so far under this host's env.
+    pub fn trace(&self) -> io::Result<Vec<TraceRecord>> {
+        trace::read_trace(&self.trace_path())
+    }
+
+    /// The environment a process needs to run against this host's fake
+    /// driver: `FAKEGPU_ROOT`, `FAKEGPU_TRACE`, and `LD_LIBRARY_PATH` with
+    /// the driver directory first.
+    pub fn env(&self) -> Vec<(String, String)> {
+        let lib_dir = self.driver_lib_dir().display().to_string();
+        let ld_path = match std::env::var("LD_LIBRARY_PATH") {
+            Ok(old) if !old.is_empty() => format!("{lib_dir}:{old}"),
+            _ => lib_dir,
+        };
+        vec![
+            ("FAKEGPU_ROOT".into(), self.root.display().to_string()),
+            (
+                "FAKEGPU_TRACE".into(),
+                self.trace_path().display().to_string(),
+            ),
+            ("LD_LIBRARY_PATH".into(), ld_path),
+        ]
+    }
+
+    /// A command with [`FakeHost::env`] applied.
+    pub fn command(&self, program: impl AsRef<OsStr>) -> Command {
+        let mut cmd = Command::new(program);
+        cmd.envs(self.env());
+        cmd
+    }
+
+    /// Keeps the tree on disk after drop; returns its root.
+    pub fn keep(mut self) -> PathBuf {
+        if let Some(tmp) = self.tmp.take() {
+            // Dropping the TempDir would delete it: persist instead.
+            let _ = tmp.keep();
+        }
+        self.root.clone()
+    }
+}
