@@ -7,6 +7,7 @@ use std::fs;
 use std::io;
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use nix::sys::stat::{makedev, mknod, Mode, SFlag};
 
@@ -71,16 +72,22 @@ pub fn mknod_char(path: &Path, major: u32, minor: u32, mode: u32) -> io::Result<
     fs::set_permissions(path, fs::Permissions::from_mode(mode))
 }
 
-/// Replaces `link` with a symlink to `target`.
+/// Points `link` at `target`. Atomic (a symlink beside it, renamed over
+/// it), so a process loading through the link never finds it missing, and
+/// a no-op when it already points there.
 pub fn relink(target: &Path, link: &Path) -> io::Result<()> {
-    if let Some(dir) = link.parent() {
-        fs::create_dir_all(dir)?;
+    if fs::read_link(link).is_ok_and(|t| t == target) {
+        return Ok(());
     }
-    match fs::remove_file(link) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-        _ => {}
-    }
-    symlink(target, link)
+    let dir = link.parent().unwrap_or(Path::new("."));
+    fs::create_dir_all(dir)?;
+    let name = link.file_name().and_then(|n| n.to_str()).unwrap_or("link");
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+    let tmp = dir.join(format!(".{name}.{}.{seq}.tmp", std::process::id()));
+    let _ = fs::remove_file(&tmp);
+    symlink(target, &tmp)?;
+    fs::rename(&tmp, link)
 }
 
 // ---------------------------------------------------------------- dev
