@@ -479,15 +479,27 @@ fn error_entry(error: CUresult) -> Option<&'static (CUresult, &'static CStr, &'s
     ERRORS.iter().find(|(code, _, _)| *code == error)
 }
 
+/// Stores a static string (NULL for an unknown code, which is
+/// INVALID_VALUE, as in CUDA).
+///
+/// # Safety
+/// `pstr` must be null or valid for a write.
+unsafe fn out_text(pstr: *mut *const c_char, text: Option<&'static CStr>) -> CUresult {
+    let ptr = text.map_or(std::ptr::null(), CStr::as_ptr);
+    // SAFETY: forwarded contract.
+    match (unsafe { out(pstr, ptr) }, text) {
+        (Ok(()), Some(_)) => CUDA_SUCCESS,
+        _ => CUDA_ERROR_INVALID_VALUE,
+    }
+}
+
 /// # Safety
 /// `pstr` must be null or valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn cuGetErrorString(error: CUresult, pstr: *mut *const c_char) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
-        let text = error_entry(error).map(|e| e.2.as_ptr());
         // SAFETY: caller contract.
-        rc(unsafe { out(pstr, text.unwrap_or(std::ptr::null())) }
-            .and(text.map(|_| ()).ok_or(CUDA_ERROR_INVALID_VALUE)))
+        unsafe { out_text(pstr, error_entry(error).map(|e| e.2)) }
     })
 }
 
@@ -496,10 +508,8 @@ pub unsafe extern "C" fn cuGetErrorString(error: CUresult, pstr: *mut *const c_c
 #[no_mangle]
 pub unsafe extern "C" fn cuGetErrorName(error: CUresult, pstr: *mut *const c_char) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
-        let text = error_entry(error).map(|e| e.1.as_ptr());
         // SAFETY: caller contract.
-        rc(unsafe { out(pstr, text.unwrap_or(std::ptr::null())) }
-            .and(text.map(|_| ()).ok_or(CUDA_ERROR_INVALID_VALUE)))
+        unsafe { out_text(pstr, error_entry(error).map(|e| e.1)) }
     })
 }
 
@@ -562,4 +572,40 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
         }
         code
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // No test here calls cuInit: its outcome is per process.
+
+    #[test]
+    fn calls_before_init_are_not_initialized() {
+        let mut n = -1;
+        // SAFETY: n is a live local.
+        assert_eq!(
+            unsafe { cuDeviceGetCount(&mut n) },
+            CUDA_ERROR_NOT_INITIALIZED
+        );
+        assert_eq!(cuCtxSynchronize(), CUDA_ERROR_NOT_INITIALIZED);
+        assert_eq!(cuInit(1), CUDA_ERROR_INVALID_VALUE);
+    }
+
+    #[test]
+    fn error_names_and_strings() {
+        let mut p = std::ptr::null();
+        // SAFETY: p is a live local; the result is a static C string.
+        unsafe {
+            assert_eq!(cuGetErrorName(CUDA_ERROR_NO_DEVICE, &mut p), CUDA_SUCCESS);
+            assert_eq!(CStr::from_ptr(p), c"CUDA_ERROR_NO_DEVICE");
+            assert_eq!(
+                cuGetErrorString(CUDA_ERROR_OUT_OF_MEMORY, &mut p),
+                CUDA_SUCCESS
+            );
+            assert_eq!(CStr::from_ptr(p), c"out of memory");
+            assert_eq!(cuGetErrorName(12345, &mut p), CUDA_ERROR_INVALID_VALUE);
+            assert!(p.is_null());
+        }
+    }
 }
