@@ -1,4 +1,44 @@
-//! isolation (to be written)
+//! gpuslice-isolate: the sandbox a slice's processes run in.
+//!
+//! Four layers, each known to be insufficient alone (see DESIGN.md):
+//! 1. [`devfs`]: a private `/dev` without the unselected NVIDIA nodes;
+//! 2. [`driver_proc`]: `ModifyDeviceFiles: 0` and masked GPU dirs in procfs;
+//! 3. [`cgroup`]/[`bpf`]: a device cgroup that denies the unselected nodes;
+//! 4. the environment (`CUDA_VISIBLE_DEVICES`…), set by the caller.
+//!
+//! [`launcher`] puts a command inside them.
 
 pub mod bpf;
 pub mod cgroup;
+pub mod devfs;
+pub mod driver_proc;
+pub mod launcher;
+pub mod strict;
+pub mod userns;
+
+use serde::Serialize;
+
+/// Which layers `run --isolation` applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Isolation {
+    /// All four layers.
+    Full,
+    /// Layers 3 + 4.
+    Cgroup,
+    /// Layers 1 + 4 (what bubblewrap does).
+    Namespace,
+    /// Layer 4 only.
+    Env,
+}
+
+impl Isolation {
+    pub fn private_dev(self) -> bool {
+        matches!(self, Self::Full | Self::Namespace)
+    }
+    pub fn driver_proc(self) -> bool {
+        self == Self::Full
+    }
+    pub fn cgroup(self) -> bool {
+        matches!(self, Self::Full | Self::Cgroup)
+    }
+}

@@ -1,0 +1,264 @@
+//! The launcher: fork, put the child in its sandbox, exec, forward signals,
+//! wait, clean up.
+//!
+//! The parent stays in the host's namespaces so it can always remove the
+//! slice's cgroup; the child builds its mount namespace itself and reports
+//! any failure before exec through a close-on-exec pipe, so `run` can tell
+//! "gpuslice failed" (exit 125) from "the command failed" (its own code).
+//!
+//! `gpuslice run` is single-threaded, so the child may allocate between
+//! fork and exec (no other thread can hold the allocator's lock).
+
+use crate::cgroup::{self, CgroupDriver, SliceCgroup};
+use crate::devfs::{self, NodeMode};
+use crate::{driver_proc, strict};
+use gpuslice_core::{DevicePolicy, HostRoot};
+use nix::sched::{unshare, CloneFlags};
+use nix::sys::signal::{SigSet, SigmaskHow, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::{fork, ForkResult, Pid};
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::OwnedFd;
+use thiserror::Error;
+
+/// Exit code when gpuslice fails before the child runs (as `docker run`).
+pub const EXIT_LAUNCH_FAILED: i32 = 125;
+
+/// What the child's sandbox consists of; built by the caller from the
+/// chosen isolation layers.
+#[derive(Debug, Clone)]
+pub struct SandboxPlan {
+    pub root: HostRoot,
+    pub policy: DevicePolicy,
+    /// Layer 1: private /dev, with nodes re-created this way.
+    pub private_dev: Option<NodeMode>,
+    /// Enter a user namespace first (non-root callers).
+    pub user_namespace: bool,
+    /// Layer 2: params copy to bind over `/proc/driver/nvidia/params`.
+    pub params_overlay: Option<String>,
+    /// Layer 2: `/proc/driver/nvidia/gpus/<bus>` dirs to mask.
+    pub masked_gpus: Vec<String>,
+    /// Layer 3.
+    pub cgroup: Option<CgroupDriver>,
+    pub strict: bool,
+}
+
+/// The program to run, its arguments and its whole environment.
+#[derive(Debug, Clone)]
+pub struct ChildCommand {
+    pub argv: Vec<CString>,
+    pub env: Vec<CString>,
+}
+
+#[derive(Debug, Error)]
+pub enum LaunchError {
+    #[error(transparent)]
+    Cgroup(#[from] cgroup::CgroupError),
+    #[error("{what}: {source}")]
+    Sys {
+        what: &'static str,
+        source: io::Error,
+    },
+    /// The child failed before exec; `code` is what `run` exits with
+    /// (125, or 126/127 when the command cannot be executed or found).
+    #[error("{msg}")]
+    Child { code: i32, msg: String },
+}
+
+fn sys(what: &'static str) -> impl FnOnce(nix::Error) -> LaunchError {
+    move |e| LaunchError::Sys {
+        what,
+        source: e.into(),
+    }
+}
+
+/// Signals the launcher relays to the child when another process sent
+/// them; the ones a terminal sends reach the child directly, since it is in
+/// the launcher's foreground process group.
+const RELAYED: &[Signal] = &[
+    Signal::SIGINT,
+    Signal::SIGTERM,
+    Signal::SIGHUP,
+    Signal::SIGQUIT,
+    Signal::SIGUSR1,
+    Signal::SIGUSR2,
+    Signal::SIGWINCH,
+    Signal::SIGALRM,
+];
+
+/// Run `cmd` in the sandbox `plan` describes; returns the code `run` exits
+/// with: the child's, or 128 + signal when it was killed.
+pub fn launch(plan: &SandboxPlan, slice_id: &str, cmd: &ChildCommand) -> Result<i32, LaunchError> {
+    let cgroup = match &plan.cgroup {
+        Some(driver) => {
+            cgroup::reap_stale(driver);
+            Some(SliceCgroup::create(driver, slice_id, &plan.policy)?)
+        }
+        None => None,
+    };
+    let procs = cgroup
+        .as_ref()
+        .map(|c| c.open_procs())
+        .transpose()
+        .map_err(|source| LaunchError::Sys {
+            what: "opening the slice cgroup",
+            source,
+        })?;
+
+    let mut signals = SigSet::empty();
+    signals.add(Signal::SIGCHLD);
+    RELAYED.iter().for_each(|s| signals.add(*s));
+    let old_mask = signals
+        .thread_swap_mask(SigmaskHow::SIG_BLOCK)
+        .map_err(sys("blocking signals"))?;
+    let (err_rx, err_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(sys("pipe"))?;
+
+    // SAFETY: gpuslice run is single-threaded at this point (no runtime, no
+    // helper threads), so the child may run ordinary Rust code until exec.
+    let child = match unsafe { fork() }.map_err(sys("fork"))? {
+        ForkResult::Child => {
+            drop(err_rx);
+            let (code, err) = child_main(plan, procs, &old_mask, cmd).unwrap_err();
+            let mut tx = File::from(err_tx);
+            let _ = tx.write_all(format!("{code} {err}").as_bytes());
+            // SAFETY: _exit skips atexit handlers and destructors of the
+            // parent's state that this forked copy must not run.
+            unsafe { libc::_exit(code) }
+        }
+        ForkResult::Parent { child } => child,
+    };
+    drop(err_tx);
+    drop(procs);
+
+    let setup_error = read_to_end(err_rx);
+    let code = wait_relaying(child, &signals);
+    let _ = old_mask.thread_set_mask();
+    if let Some(c) = cgroup {
+        if let Err(e) = c.remove() {
+            tracing::warn!("{e}");
+        }
+    }
+    match setup_error
+        .as_deref()
+        .map(|m| m.split_once(' ').unwrap_or(("125", m)))
+    {
+        Some((code, msg)) => Err(LaunchError::Child {
+            code: code.parse().unwrap_or(EXIT_LAUNCH_FAILED),
+            msg: msg.to_string(),
+        }),
+        None => code,
+    }
+}
+
+fn read_to_end(fd: OwnedFd) -> Option<String> {
+    let mut msg = String::new();
+    let _ = File::from(fd).read_to_string(&mut msg);
+    (!msg.is_empty()).then_some(msg)
+}
+
+/// Child side: join the cgroup, build the namespace, drop privileges,
+/// exec. Returns only on failure, with the exit code and a one-line reason.
+fn child_main(
+    plan: &SandboxPlan,
+    procs: Option<File>,
+    old_mask: &SigSet,
+    cmd: &ChildCommand,
+) -> Result<std::convert::Infallible, (i32, String)> {
+    setup_child(plan, procs, old_mask).map_err(|e| (EXIT_LAUNCH_FAILED, e))?;
+    let err = nix::unistd::execvpe(&cmd.argv[0], &cmd.argv, &cmd.env).unwrap_err();
+    let code = match err {
+        nix::Error::ENOENT => 127,
+        _ => 126,
+    };
+    let name = cmd.argv[0].to_string_lossy();
+    Err((
+        code,
+        format!("cannot execute {name}: {}", io::Error::from(err)),
+    ))
+}
+
+fn setup_child(plan: &SandboxPlan, procs: Option<File>, old_mask: &SigSet) -> Result<(), String> {
+    // Die with the launcher: a killed launcher must not leave a child
+    // running unsupervised in a cgroup nobody removes.
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(|e| format!("prctl: {e}"))?;
+    if let Some(procs) = procs {
+        cgroup::enter_self(&procs).map_err(|e| format!("joining the slice cgroup: {e}"))?;
+    }
+    if plan.private_dev.is_some() || plan.params_overlay.is_some() || !plan.masked_gpus.is_empty() {
+        enter_mount_namespace(plan)?;
+    }
+    if plan.strict {
+        strict::lock_down().map_err(|e| e.to_string())?;
+    }
+    old_mask
+        .thread_set_mask()
+        .map_err(|e| format!("restoring the signal mask: {e}"))
+}
+
+fn enter_mount_namespace(plan: &SandboxPlan) -> Result<(), String> {
+    let flags = if plan.user_namespace {
+        CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNS
+    } else {
+        CloneFlags::CLONE_NEWNS
+    };
+    unshare(flags).map_err(|e| format!("unshare(mount namespace): {e}"))?;
+    if plan.user_namespace {
+        crate::userns::map_self().map_err(|e| e.to_string())?;
+    }
+    // Our mounts must not propagate back to the host.
+    nix::mount::mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_SLAVE,
+        None::<&str>,
+    )
+    .map_err(|e| format!("making / a slave mount: {e}"))?;
+    nix::sys::stat::umask(nix::sys::stat::Mode::empty());
+
+    let dev = plan.root.dev();
+    if let Some(nodes) = plan.private_dev {
+        let hidden =
+            devfs::mount_private_dev(&dev, &plan.policy, nodes).map_err(|e| e.to_string())?;
+        tracing::debug!(hidden, "private /dev mounted");
+    }
+    let nvidia_proc = plan.root.nvidia_proc();
+    if let Some(params) = &plan.params_overlay {
+        // Stage on the private /dev's tmpfs when there is one; else on /dev/shm.
+        let staging = if plan.private_dev.is_some() {
+            dev.clone()
+        } else {
+            "/dev/shm".into()
+        };
+        driver_proc::overlay_params(&nvidia_proc.join("params"), params, &staging)
+            .map_err(|e| e.to_string())?;
+    }
+    driver_proc::mask_gpu_dirs(&nvidia_proc, &plan.masked_gpus).map_err(|e| e.to_string())?;
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o022));
+    Ok(())
+}
+
+/// Wait for `child`, relaying signals other processes send us.
+fn wait_relaying(child: Pid, signals: &SigSet) -> Result<i32, LaunchError> {
+    let sfd = SignalFd::with_flags(signals, SfdFlags::SFD_CLOEXEC).map_err(sys("signalfd"))?;
+    loop {
+        match waitpid(child, Some(WaitPidFlag::WNOHANG)).map_err(sys("waitpid"))? {
+            WaitStatus::Exited(_, code) => return Ok(code),
+            WaitStatus::Signaled(_, sig, _) => return Ok(128 + sig as i32),
+            _ => {}
+        }
+        let Some(info) = sfd.read_signal().map_err(sys("reading signals"))? else {
+            continue;
+        };
+        let Ok(sig) = Signal::try_from(info.ssi_signo as i32) else {
+            continue;
+        };
+        // A terminal's signals (SI_KERNEL) already reached the child.
+        if sig != Signal::SIGCHLD && info.ssi_code != libc::SI_KERNEL {
+            let _ = nix::sys::signal::kill(child, sig);
+        }
+    }
+}

@@ -1,0 +1,114 @@
+//! The command-line definition; completions and the man page are generated
+//! from it.
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "gpuslice",
+    version,
+    about = "Isolate, share and account NVIDIA GPUs for processes, containers and Kubernetes"
+)]
+pub struct Cli {
+    /// Where the host's /dev, /proc/driver/nvidia and /sys are read and masked.
+    #[arg(
+        long,
+        global = true,
+        env = "GPUSLICE_HOST_ROOT",
+        default_value = "/",
+        value_name = "DIR"
+    )]
+    pub host_root: PathBuf,
+
+    /// Print data as JSON.
+    #[arg(long, global = true)]
+    pub json: bool,
+
+    /// More logging (-v: info, -vv: debug).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+
+    /// Log line format (for daemons).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// List the host's GPUs (and MIG devices) and where the facts came from.
+    List,
+    /// Run a command that can reach only the selected GPUs.
+    Run(RunArgs),
+    /// Benchmarks that back gpuslice's claims.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+    /// Print a shell completion script.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff).
+    Man,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum IsolationArg {
+    /// All four layers: private /dev, params overlay and /proc masking, device cgroup, env.
+    Full,
+    /// Device cgroup and env.
+    Cgroup,
+    /// Private /dev and env (what bubblewrap does).
+    Namespace,
+    /// CUDA_VISIBLE_DEVICES and friends only.
+    Env,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CgroupVersion {
+    V1,
+    V2,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// GPUs to expose: comma list of 3, 0-3, GPU-<uuid>, 0000:3b:00.0, MIG-<uuid>, <gpu>:<mig>, all, none.
+    #[arg(long, value_name = "SEL")]
+    pub gpus: String,
+
+    /// Isolation layers [default: full as root, namespace (user namespace) otherwise].
+    #[arg(long, value_enum)]
+    pub isolation: Option<IsolationArg>,
+
+    /// Also stop a root child from undoing the isolation (drops CAP_SYS_ADMIN, CAP_MKNOD, … and sets no_new_privs).
+    #[arg(long)]
+    pub strict: bool,
+
+    /// Device cgroup to use [default: v2 when mounted, else v1].
+    #[arg(long, value_enum, value_name = "VERSION")]
+    pub cgroup: Option<CgroupVersion>,
+
+    /// Share a CUDA JIT cache between slices (sets CUDA_CACHE_PATH and CUDA_CACHE_MAXSIZE).
+    #[arg(long, value_name = "DIR")]
+    pub cuda_cache: Option<PathBuf>,
+
+    /// The command and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<OsString>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Launch overhead of isolation against a bare exec (and bubblewrap when installed).
+    Launch(crate::cmd::bench_launch::LaunchArgs),
+}

@@ -1,0 +1,175 @@
+//! `gpuslice bench launch`: what full isolation adds to starting a process,
+//! side by side with a bare exec and with bubblewrap.
+//!
+//! The variants run interleaved (A B C A B C …), so drift on the machine
+//! hits each alike. Each sample is the wall time from spawn to reaped exit
+//! of `/bin/true` (or `--cmd`), as the caller of each launcher sees it.
+
+use crate::cli::Cli;
+use crate::stats::Summary;
+use anyhow::{bail, Context, Result};
+use serde_json::json;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+#[derive(Debug, clap::Args)]
+pub struct LaunchArgs {
+    /// Samples per variant.
+    #[arg(long, default_value_t = 200)]
+    pub runs: usize,
+    /// GPU selector for the isolated variants.
+    #[arg(long, default_value = "0")]
+    pub gpus: String,
+    /// Program to launch.
+    #[arg(long, default_value = "/bin/true")]
+    pub cmd: PathBuf,
+    /// Write the JSON result here too.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+struct Variant {
+    name: &'static str,
+    argv: Vec<String>,
+}
+
+pub fn run(cli: &Cli, args: &LaunchArgs) -> Result<i32> {
+    let variants = variants(cli, args)?;
+    for v in &variants {
+        let status = spawn(&v.argv)?.wait()?;
+        if !status.success() {
+            bail!(
+                "variant {} does not run ({status}): {}",
+                v.name,
+                v.argv.join(" ")
+            );
+        }
+    }
+    let mut samples = vec![Vec::with_capacity(args.runs); variants.len()];
+    for _ in 0..args.runs {
+        for (v, s) in variants.iter().zip(&mut samples) {
+            let t = Instant::now();
+            spawn(&v.argv)?.wait()?;
+            s.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    let summaries: Vec<Summary> = samples
+        .iter()
+        .map(|s| Summary::of(s).expect("runs > 0"))
+        .collect();
+    let bare = summaries[0].median;
+    let result = json!({
+        "benchmark": "launch",
+        "runs": args.runs,
+        "command": args.cmd,
+        "gpus": args.gpus,
+        "variants": variants.iter().zip(&summaries).map(|(v, s)| json!({
+            "name": v.name,
+            "argv": v.argv,
+            "ms": s,
+            "overhead_ms": s.median - bare,
+        })).collect::<Vec<_>>(),
+    });
+    if cli.json {
+        println!("{}", serde_json::to_string_pretty(&result)?);
+    } else {
+        println!(
+            "{:<22} {:>9} {:>9} {:>9} {:>12}",
+            "variant", "median", "p10", "p90", "vs bare"
+        );
+        for (v, s) in variants.iter().zip(&summaries) {
+            println!(
+                "{:<22} {:>7.2}ms {:>7.2}ms {:>7.2}ms {:>+10.2}ms",
+                v.name,
+                s.median,
+                s.p10,
+                s.p90,
+                s.median - bare
+            );
+        }
+    }
+    if let Some(path) = &args.out {
+        std::fs::write(path, serde_json::to_vec_pretty(&result)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(0)
+}
+
+fn variants(cli: &Cli, args: &LaunchArgs) -> Result<Vec<Variant>> {
+    let me = std::env::current_exe()?.display().to_string();
+    let cmd = args.cmd.display().to_string();
+    let root = cli.host_root.display().to_string();
+    let isolated = |iso: &str| {
+        let argv = [
+            &me,
+            "--host-root",
+            &root,
+            "run",
+            "--gpus",
+            &args.gpus,
+            "--isolation",
+            iso,
+            "--",
+            &cmd,
+        ];
+        argv.iter().map(|s| s.to_string()).collect()
+    };
+    let mut v = vec![
+        Variant {
+            name: "bare",
+            argv: vec![cmd.clone()],
+        },
+        Variant {
+            name: "gpuslice full",
+            argv: isolated("full"),
+        },
+        Variant {
+            name: "gpuslice env",
+            argv: isolated("env"),
+        },
+    ];
+    if let Some(bwrap) = which("bwrap") {
+        // bubblewrap with a fresh /dev and one GPU node bound in: less than
+        // full isolation does (no params overlay, no device cgroup).
+        let node = format!("{}/dev/nvidia0", root.trim_end_matches('/'));
+        v.push(Variant {
+            name: "bwrap --dev + 1 node",
+            argv: [
+                &bwrap,
+                "--dev-bind",
+                "/",
+                "/",
+                "--dev",
+                "/dev",
+                "--dev-bind",
+                &node,
+                "/dev/nvidia0",
+                &cmd,
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+        });
+    }
+    Ok(v)
+}
+
+fn which(name: &str) -> Option<String> {
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|d| PathBuf::from(d).join(name))
+        .find(|p| p.is_file())
+        .map(|p| p.display().to_string())
+}
+
+fn spawn(argv: &[String]) -> Result<std::process::Child> {
+    Command::new(&argv[0])
+        .args(&argv[1..])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("cannot start {}", argv[0]))
+}

@@ -1,0 +1,5 @@
+//! One module per subcommand.
+
+pub mod bench_launch;
+pub mod list;
+pub mod run;

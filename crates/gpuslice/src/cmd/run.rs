@@ -1,0 +1,206 @@
+//! `gpuslice run`: a command that can reach only the selected GPUs.
+
+use crate::cli::{CgroupVersion, Cli, IsolationArg, RunArgs};
+use anyhow::{anyhow, Context, Result};
+use gpuslice_core::discover::{discover, DiscoverOptions};
+use gpuslice_core::{DevicePolicy, HostRoot, Inventory, Selection};
+use gpuslice_isolate::cgroup::{new_slice_id, CgroupDriver, Version};
+use gpuslice_isolate::devfs::NodeMode;
+use gpuslice_isolate::driver_proc::params_without_modify;
+use gpuslice_isolate::launcher::{launch, ChildCommand, SandboxPlan};
+use gpuslice_isolate::Isolation;
+use std::ffi::{CString, OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
+
+/// Environment variables a slice sets, removed from the caller's first.
+const SLICE_ENV: &[&str] = &[
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",
+    "NVIDIA_VISIBLE_DEVICES",
+    "GPUSLICE_SLICE",
+];
+
+pub fn run(cli: &Cli, args: &RunArgs) -> Result<i32> {
+    let root = HostRoot::new(&cli.host_root);
+    let inv = discover(&root, &discover_options(&args.gpus, &root))?;
+    let sel = Selection::parse(&args.gpus, &inv)?;
+    let isolation = isolation(args.isolation);
+    let rootless = !nix::unistd::geteuid().is_root();
+    let plan = plan(&root, &inv, &sel, isolation, args, rootless)?;
+    let slice_id = new_slice_id();
+    tracing::info!(
+        slice = slice_id,
+        gpus = %sel.visible_devices(&inv),
+        private_dev = plan.private_dev.is_some(),
+        user_namespace = plan.user_namespace,
+        params_overlay = plan.params_overlay.is_some(),
+        masked = plan.masked_gpus.len(),
+        cgroup = ?plan.cgroup,
+        strict = plan.strict,
+        "isolation layers"
+    );
+    let cmd = ChildCommand {
+        argv: args
+            .command
+            .iter()
+            .map(|a| cstring(a))
+            .collect::<Result<_>>()?,
+        env: child_env(&inv, &sel, &slice_id, args)?,
+    };
+    Ok(launch(&plan, &slice_id, &cmd)?)
+}
+
+/// NVML costs tens of milliseconds to initialise on a real GPU; `run` only
+/// needs it for MIG UUIDs, so it is used when MIG is in play.
+fn discover_options(selector: &str, root: &HostRoot) -> DiscoverOptions {
+    let mig_capable = root.nvidia_proc().join("capabilities").exists();
+    DiscoverOptions {
+        use_nvml: selector.to_ascii_lowercase().contains("mig-")
+            || mig_capable_with_instances(root, mig_capable),
+        ..DiscoverOptions::default()
+    }
+}
+
+fn mig_capable_with_instances(root: &HostRoot, mig_capable: bool) -> bool {
+    mig_capable
+        && std::fs::read_dir(root.nvidia_proc().join("capabilities"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|gpu| gpu.path().join("mig").is_dir())
+}
+
+fn isolation(arg: Option<IsolationArg>) -> Isolation {
+    match arg.unwrap_or(IsolationArg::Full) {
+        IsolationArg::Full => Isolation::Full,
+        IsolationArg::Cgroup => Isolation::Cgroup,
+        IsolationArg::Namespace => Isolation::Namespace,
+        IsolationArg::Env => Isolation::Env,
+    }
+}
+
+fn plan(
+    root: &HostRoot,
+    inv: &Inventory,
+    sel: &Selection,
+    isolation: Isolation,
+    args: &RunArgs,
+    rootless: bool,
+) -> Result<SandboxPlan> {
+    let policy = DevicePolicy::for_selection(inv, sel);
+    let params_overlay = if isolation.driver_proc() {
+        let path = root.nvidia_proc().join("params");
+        match std::fs::read_to_string(&path) {
+            Ok(p) => Some(params_without_modify(&p)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(anyhow!("cannot read {}: {e}", path.display())),
+        }
+    } else {
+        None
+    };
+    let masked_gpus = if isolation.driver_proc() {
+        let reached = |i: u32| sel.gpus.contains(&i) || sel.migs.iter().any(|(g, _)| *g == i);
+        inv.gpus
+            .iter()
+            .filter(|g| !reached(g.index))
+            .map(|g| g.pci_bus_id.clone())
+            .collect()
+    } else {
+        vec![]
+    };
+    let cgroup = if isolation.cgroup() {
+        cgroup_driver(args.cgroup, rootless)?
+    } else {
+        None
+    };
+    let user_namespace = rootless && (isolation.private_dev() || params_overlay.is_some());
+    Ok(SandboxPlan {
+        root: root.clone(),
+        policy,
+        private_dev: isolation.private_dev().then_some(if rootless {
+            NodeMode::Bind
+        } else {
+            NodeMode::Mknod
+        }),
+        user_namespace,
+        params_overlay,
+        masked_gpus,
+        cgroup,
+        strict: args.strict,
+    })
+}
+
+/// Root must get the device cgroup it asked for; a non-root caller gets it
+/// only where a cgroup was delegated to it, and is told otherwise.
+fn cgroup_driver(pref: Option<CgroupVersion>, rootless: bool) -> Result<Option<CgroupDriver>> {
+    let pref = pref.map(|v| match v {
+        CgroupVersion::V1 => Version::V1,
+        CgroupVersion::V2 => Version::V2,
+    });
+    match CgroupDriver::detect(pref) {
+        Ok(d) if !rootless || writable(&d) => Ok(Some(d)),
+        Ok(_) => {
+            tracing::warn!(
+                "no writable cgroup delegated to this user: the device cgroup layer is off"
+            );
+            Ok(None)
+        }
+        Err(e) if rootless => {
+            tracing::warn!("device cgroup layer is off: {e}");
+            Ok(None)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Whether this (non-root) user may make slice cgroups there.
+fn writable(d: &CgroupDriver) -> bool {
+    let dir = if d.slices_dir().exists() {
+        d.slices_dir()
+    } else {
+        d.root().to_path_buf()
+    };
+    nix::unistd::access(&dir, nix::unistd::AccessFlags::W_OK).is_ok()
+}
+
+fn child_env(
+    inv: &Inventory,
+    sel: &Selection,
+    slice_id: &str,
+    args: &RunArgs,
+) -> Result<Vec<CString>> {
+    let visible = sel.visible_devices(inv);
+    let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
+        .filter(|(k, _)| !SLICE_ENV.iter().any(|s| OsStr::new(s) == k))
+        .collect();
+    let nvidia_visible = if visible.is_empty() {
+        "void".to_string()
+    } else {
+        visible.clone()
+    };
+    env.push(("CUDA_VISIBLE_DEVICES".into(), visible.into()));
+    env.push(("CUDA_DEVICE_ORDER".into(), "PCI_BUS_ID".into()));
+    env.push(("NVIDIA_VISIBLE_DEVICES".into(), nvidia_visible.into()));
+    env.push(("GPUSLICE_SLICE".into(), slice_id.into()));
+    if let Some(dir) = &args.cuda_cache {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create --cuda-cache {}", dir.display()))?;
+        env.retain(|(k, _)| k != "CUDA_CACHE_PATH" && k != "CUDA_CACHE_MAXSIZE");
+        env.push(("CUDA_CACHE_PATH".into(), dir.into()));
+        // The driver's maximum: a shared cache should not evict itself.
+        env.push(("CUDA_CACHE_MAXSIZE".into(), "4294967296".into()));
+    }
+    env.into_iter()
+        .map(|(k, v)| {
+            let mut kv = k;
+            kv.push("=");
+            kv.push(v);
+            cstring(&kv)
+        })
+        .collect()
+}
+
+fn cstring(s: &OsStr) -> Result<CString> {
+    CString::new(s.as_bytes())
+        .map_err(|_| anyhow!("argument or variable contains a NUL byte: {s:?}"))
+}

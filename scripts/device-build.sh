@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Build what scripts/device-verify.sh runs on the GPU machine, into the
+# git-ignored .device-carry/ (named in the device tool's `carry`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build --release -p gpuslice
+rm -rf .device-carry && mkdir -p .device-carry
+cp target/release/gpuslice target/release/gpuslice-cuda-probe .device-carry/
+# The GPU machine has no package registry: bring Debian's bubblewrap for
+# the launch benchmark (it links only glibc, libcap and libselinux).
+if command -v bwrap >/dev/null; then cp "$(command -v bwrap)" .device-carry/; fi
+strip .device-carry/gpuslice .device-carry/gpuslice-cuda-probe 2>/dev/null || true
+du -sh .device-carry

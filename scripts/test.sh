@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The test command of README.md: installs what the tests need, then runs
+# formatting, lint and every test. Needs root (the isolation tests mknod,
+# mount and create cgroups on the real kernel) and a Debian-like system.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_pkgs=()
+command -v bwrap >/dev/null || need_pkgs+=(bubblewrap)
+command -v mknod >/dev/null || need_pkgs+=(coreutils)
+command -v unshare >/dev/null || need_pkgs+=(util-linux)
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}"
+fi
+
+if [ "$(id -u)" != 0 ]; then
+  echo "scripts/test.sh: the isolation tests need root (mknod, mount namespaces, cgroups); run it as root" >&2
+  exit 1
+fi
+
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -- -D warnings
+# The fake driver is a cdylib the tests load at run time: build it first.
+cargo build --workspace --all-targets
+cargo test --workspace -- --test-threads=2
