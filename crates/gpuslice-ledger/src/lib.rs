@@ -1,0 +1,881 @@
+//! The memory ledger of one gpuslice slice: a small fixed-size file, mapped
+//! shared by every process of the slice (through the shim), by `gpuslice
+//! slices` and by the exporter.
+//!
+//! # Layout (version 1, little-endian, 332 032 bytes)
+//! | offset | size | what |
+//! |---|---|---|
+//! | 0 | 256 | header: magic `GPUSLDGR`, version, geometry, state, slice id, repair counters |
+//! | 256 | 32 × 128 | devices: cap, used, peak, refusals, UUID |
+//! | 4352 | 1024 × 320 | process slots: state word (pid, tag), start time, pid namespace, name, bytes per device |
+//!
+//! # Protocol
+//! - A reservation is a compare-and-swap on the device's `used` word that
+//!   fails when it would pass the cap; it is made *before* the driver call
+//!   and undone with [`Ledger::release`] if the driver fails, so concurrent
+//!   processes can never jointly pass the cap.
+//! - Each process owns one slot, claimed by a compare-and-swap on the slot's
+//!   state word and keyed by pid + start time (`/proc/<pid>/stat` field 22).
+//!   The slot mirrors the bytes the process holds per device. Slots never
+//!   move; a slot is only reused after being freed.
+//! - Whoever notices a dead slot (the next [`Ledger::attach`], and
+//!   [`Ledger::reap`] as `gpuslice slices` runs it) reclaims it: the slot's
+//!   bytes are swapped out and subtracted from the devices, so a SIGKILLed
+//!   process's bytes come back. Slots of another pid namespace are left
+//!   alone (their pids mean nothing here).
+//! - Order of updates: a reservation adds to the device first, then to the
+//!   slot; a release takes from the slot first, then from the device. A
+//!   process killed between the two steps therefore leaves the device
+//!   *over*-counted (never under), which errs on the side of the cap; such
+//!   leftovers are repaired when a process finds no other live slot.
+//! - Readers need no lock: every shared word is read atomically.
+//!
+//! Nothing on the reservation path allocates, locks, or makes a syscall.
+
+mod map;
+pub mod procfs;
+
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use map::Mapping;
+
+/// First eight bytes of every ledger.
+pub const MAGIC: [u8; 8] = *b"GPUSLDGR";
+/// The layout version this crate reads and writes.
+pub const VERSION: u32 = 1;
+/// Devices one ledger can describe.
+pub const MAX_DEVICES: usize = 32;
+/// Processes one ledger can track at once.
+pub const MAX_SLOTS: usize = 1024;
+/// Cap value meaning "no cap".
+pub const UNLIMITED: u64 = u64::MAX;
+/// Where `run` puts slice ledgers (`<dir>/<slice-id>.ledger`).
+pub const DEFAULT_DIR: &str = "/run/gpuslice/slices";
+/// Environment variable naming the directory of ledgers (tests, non-root).
+pub const DIR_ENV: &str = "GPUSLICE_LEDGER_DIR";
+
+const HEADER_SIZE: usize = 256;
+const DEVICE_SIZE: usize = 128;
+const SLOT_SIZE: usize = 320;
+const DEVICES_OFF: usize = HEADER_SIZE;
+const SLOTS_OFF: usize = DEVICES_OFF + MAX_DEVICES * DEVICE_SIZE;
+/// Size of a version-1 ledger file.
+pub const FILE_SIZE: usize = SLOTS_OFF + MAX_SLOTS * SLOT_SIZE;
+/// Largest slice id / UUID stored.
+pub const MAX_ID_LEN: usize = 63;
+const UUID_LEN: usize = 96;
+/// Header `state` once the file is completely written.
+const READY: u32 = 0x5245_4459;
+
+// Header fields.
+const H_VERSION: usize = 8;
+const H_HEADER_SIZE: usize = 12;
+const H_DEVICE_COUNT: usize = 16;
+const H_MAX_DEVICES: usize = 20;
+const H_MAX_SLOTS: usize = 24;
+const H_SLOT_SIZE: usize = 28;
+const H_DEVICE_SIZE: usize = 32;
+const H_STATE: usize = 36;
+const H_FILE_SIZE: usize = 40;
+const H_CREATED_MS: usize = 48;
+const H_CREATOR_PID: usize = 56;
+const H_SLICE_ID: usize = 64;
+const H_REPAIRS: usize = 128;
+const H_RECLAIMED_SLOTS: usize = 136;
+const H_RECLAIMED_BYTES: usize = 144;
+
+// Device fields.
+const D_CAP: usize = 0;
+const D_USED: usize = 8;
+const D_PEAK: usize = 16;
+const D_REFUSALS: usize = 24;
+const D_UUID: usize = 32;
+
+// Slot fields.
+const S_STATE: usize = 0;
+const S_START: usize = 8;
+const S_PIDNS: usize = 16;
+const S_COMM: usize = 24;
+const S_ATTACHED_MS: usize = 40;
+const S_BYTES: usize = 64;
+
+// Tags in the low bits of a slot's state word; the pid is in the high 32.
+const TAG_MASK: u64 = 3;
+const FREE: u64 = 0;
+const CLAIMING: u64 = 1;
+const LIVE: u64 = 2;
+const RECLAIMING: u64 = 3;
+
+fn word(pid: u32, tag: u64) -> u64 {
+    (u64::from(pid) << 32) | tag
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("ledger {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{path} is not a gpuslice ledger (no GPUSLDGR magic)")]
+    Foreign { path: PathBuf },
+    #[error(
+        "ledger {path} has layout version {found}; this gpuslice reads version {VERSION} \
+         (the slice was set up by a different gpuslice release)"
+    )]
+    Version { path: PathBuf, found: u32 },
+    #[error("ledger {path} is corrupt: {reason}")]
+    Corrupt { path: PathBuf, reason: String },
+    #[error("a ledger holds at most {MAX_DEVICES} devices, {0} given")]
+    TooManyDevices(usize),
+    #[error("invalid slice id {0:?} (1-{MAX_ID_LEN} of A-Z a-z 0-9 . _ -)")]
+    BadSliceId(String),
+    #[error("all {MAX_SLOTS} process slots of the ledger are in use")]
+    SlotsExhausted,
+    #[error("the ledger is mapped read-only")]
+    ReadOnly,
+    #[error("cannot read this process's /proc/self/stat")]
+    NoProcStat,
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> Error + '_ {
+    move |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// One device of a new ledger.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceSpec {
+    /// The device's UUID as CUDA and NVML spell it (`GPU-…`, `MIG-…`); may
+    /// be empty when unknown.
+    pub uuid: String,
+    /// Cap in bytes, or [`UNLIMITED`].
+    pub cap: u64,
+}
+
+/// A reservation was refused: it would pass the cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OverCap {
+    pub cap: u64,
+    pub used: u64,
+}
+
+/// A claimed process slot (index into the slot table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slot(usize);
+
+impl Slot {
+    pub fn index(self) -> usize {
+        self.0
+    }
+}
+
+/// What [`Ledger::reap`] reclaimed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reaped {
+    pub slots: u64,
+    pub bytes: u64,
+    /// Devices whose leftover count was reset (see the crate docs).
+    pub repaired: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceUsage {
+    pub index: usize,
+    pub uuid: String,
+    /// None when unlimited.
+    pub cap: Option<u64>,
+    pub used: u64,
+    pub peak: u64,
+    pub refusals: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProcessState {
+    Live,
+    /// Being claimed or reclaimed right now.
+    Transient,
+    /// Live in another pid namespace: cannot be checked from here.
+    OtherNamespace,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessUsage {
+    pub slot: usize,
+    pub pid: u32,
+    pub start_time: u64,
+    pub comm: String,
+    pub attached_unix_ms: u64,
+    pub state: ProcessState,
+    /// Bytes per device, indexed like [`Snapshot::devices`].
+    pub bytes: Vec<u64>,
+}
+
+/// A lock-free, point-in-time read of a ledger.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    pub slice_id: String,
+    pub created_unix_ms: u64,
+    pub creator_pid: u32,
+    pub devices: Vec<DeviceUsage>,
+    pub processes: Vec<ProcessUsage>,
+    pub reclaimed_slots: u64,
+    pub reclaimed_bytes: u64,
+    pub repairs: u64,
+}
+
+/// A mapped ledger.
+pub struct Ledger {
+    map: Mapping,
+    path: Option<PathBuf>,
+    device_count: usize,
+}
+
+/// `<dir>/<slice-id>.ledger` under [`ledger_dir`].
+pub fn default_path(slice_id: &str) -> PathBuf {
+    ledger_dir().join(format!("{slice_id}.ledger"))
+}
+
+/// `$GPUSLICE_LEDGER_DIR`, else [`DEFAULT_DIR`].
+pub fn ledger_dir() -> PathBuf {
+    std::env::var_os(DIR_ENV)
+        .filter(|d| !d.is_empty())
+        .map_or_else(|| PathBuf::from(DEFAULT_DIR), PathBuf::from)
+}
+
+/// Creates `dir` (and parents) world-writable with the sticky bit, like
+/// `/tmp`, so unprivileged processes of a slice may create their ledger.
+pub fn ensure_dir(dir: &Path) -> Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o1777)
+        .create(dir)
+        .map_err(io_err(dir))?;
+    // The umask may have narrowed the mode.
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o1777)).map_err(io_err(dir))
+}
+
+/// Ledger files (`*.ledger`) in `dir`, sorted; none when it is missing.
+pub fn list_dir(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut paths: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "ledger"))
+        .collect();
+    paths.sort();
+    paths
+}
+
+pub fn valid_slice_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= MAX_ID_LEN
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn str_field(bytes: &[u8]) -> String {
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    String::from_utf8_lossy(&bytes[..end]).into_owned()
+}
+
+/// Subtracts up to `n` from `w` without wrapping; returns what was taken.
+fn sub_saturating(w: &AtomicU64, n: u64) -> u64 {
+    let mut cur = w.load(Ordering::Relaxed);
+    loop {
+        let take = cur.min(n);
+        match w.compare_exchange_weak(cur, cur - take, Ordering::AcqRel, Ordering::Relaxed) {
+            Ok(_) => return take,
+            Err(v) => cur = v,
+        }
+    }
+}
+
+impl Ledger {
+    /// Creates a ledger at `path`, replacing any file there, atomically:
+    /// readers see the old file or the complete new one.
+    pub fn create(path: &Path, slice_id: &str, devices: &[DeviceSpec]) -> Result<Ledger> {
+        Self::create_inner(path, slice_id, devices, true)
+    }
+
+    /// Opens the ledger at `path`, or creates it when there is none (two
+    /// processes racing both end up with the same file).
+    pub fn open_or_create(path: &Path, slice_id: &str, devices: &[DeviceSpec]) -> Result<Ledger> {
+        match Self::open(path) {
+            Err(Error::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
+                Self::create_inner(path, slice_id, devices, false)
+            }
+            other => other,
+        }
+    }
+
+    /// A ledger in private anonymous memory (one process; no file).
+    pub fn private(slice_id: &str, devices: &[DeviceSpec]) -> Result<Ledger> {
+        let mut map = Mapping::anonymous(FILE_SIZE).map_err(io_err(Path::new("(anonymous)")))?;
+        Self::init(&mut map, slice_id, devices)?;
+        Ok(Ledger {
+            map,
+            path: None,
+            device_count: devices.len(),
+        })
+    }
+
+    fn create_inner(
+        path: &Path,
+        slice_id: &str,
+        devices: &[DeviceSpec],
+        replace: bool,
+    ) -> Result<Ledger> {
+        if devices.len() > MAX_DEVICES {
+            return Err(Error::TooManyDevices(devices.len()));
+        }
+        if !valid_slice_id(slice_id) {
+            return Err(Error::BadSliceId(slice_id.to_string()));
+        }
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let name = path
+            .file_name()
+            .map_or_else(|| "ledger".into(), |n| n.to_string_lossy().into_owned());
+        let tmp = dir.join(format!(
+            ".{name}.{}.{}.tmp",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos())
+        ));
+        let result = (|| {
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .mode(0o666)
+                .open(&tmp)
+                .map_err(io_err(&tmp))?;
+            map::fchmod(&file, 0o666).map_err(io_err(&tmp))?;
+            file.set_len(FILE_SIZE as u64).map_err(io_err(&tmp))?;
+            let mut map = Mapping::file(&file, FILE_SIZE, true).map_err(io_err(&tmp))?;
+            Self::init(&mut map, slice_id, devices)?;
+            if replace {
+                fs::rename(&tmp, path).map_err(io_err(path))?;
+            } else {
+                match fs::hard_link(&tmp, path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                        // Lost the race: use the winner's file.
+                        drop(map);
+                        return Self::open(path);
+                    }
+                    Err(e) => return Err(io_err(path)(e)),
+                }
+            }
+            Ok(Ledger {
+                map,
+                path: Some(path.to_path_buf()),
+                device_count: devices.len(),
+            })
+        })();
+        let _ = fs::remove_file(&tmp);
+        result
+    }
+
+    fn init(map: &mut Mapping, slice_id: &str, devices: &[DeviceSpec]) -> Result<()> {
+        if devices.len() > MAX_DEVICES {
+            return Err(Error::TooManyDevices(devices.len()));
+        }
+        if !valid_slice_id(slice_id) {
+            return Err(Error::BadSliceId(slice_id.to_string()));
+        }
+        map.write_bytes(0, &MAGIC);
+        let u32s = [
+            (H_VERSION, VERSION),
+            (H_HEADER_SIZE, HEADER_SIZE as u32),
+            (H_DEVICE_COUNT, devices.len() as u32),
+            (H_MAX_DEVICES, MAX_DEVICES as u32),
+            (H_MAX_SLOTS, MAX_SLOTS as u32),
+            (H_SLOT_SIZE, SLOT_SIZE as u32),
+            (H_DEVICE_SIZE, DEVICE_SIZE as u32),
+            (H_CREATOR_PID, std::process::id()),
+        ];
+        for (off, v) in u32s {
+            map.u32_at(off).store(v, Ordering::Relaxed);
+        }
+        map.u64_at(H_FILE_SIZE)
+            .store(FILE_SIZE as u64, Ordering::Relaxed);
+        map.u64_at(H_CREATED_MS).store(now_ms(), Ordering::Relaxed);
+        map.write_bytes(H_SLICE_ID, slice_id.as_bytes());
+        for (i, d) in devices.iter().enumerate() {
+            let base = DEVICES_OFF + i * DEVICE_SIZE;
+            map.u64_at(base + D_CAP).store(d.cap, Ordering::Relaxed);
+            let uuid = d.uuid.as_bytes();
+            map.write_bytes(base + D_UUID, &uuid[..uuid.len().min(UUID_LEN - 1)]);
+        }
+        map.u32_at(H_STATE).store(READY, Ordering::Release);
+        Ok(())
+    }
+
+    /// Opens an existing ledger, read-write when permitted (else read-only:
+    /// readable, but [`Ledger::attach`] and [`Ledger::reap`] fail).
+    pub fn open(path: &Path) -> Result<Ledger> {
+        let (file, writable) = match OpenOptions::new().read(true).write(true).open(path) {
+            Ok(f) => (f, true),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EROFS)) => {
+                (File::open(path).map_err(io_err(path))?, false)
+            }
+            Err(e) => return Err(io_err(path)(e)),
+        };
+        let size = file.metadata().map_err(io_err(path))?.len();
+        let corrupt = |reason: String| Error::Corrupt {
+            path: path.to_path_buf(),
+            reason,
+        };
+        if size < MAGIC.len() as u64 {
+            return Err(if size == 0 {
+                corrupt("empty file".into())
+            } else {
+                Error::Foreign {
+                    path: path.to_path_buf(),
+                }
+            });
+        }
+        // Map what is there (bounded) to inspect the header safely.
+        let map_len = size.min(FILE_SIZE as u64 * 4) as usize;
+        let map = Mapping::file(&file, map_len, writable).map_err(io_err(path))?;
+        if map.bytes(0, MAGIC.len()) != MAGIC {
+            return Err(Error::Foreign {
+                path: path.to_path_buf(),
+            });
+        }
+        if map.len() < HEADER_SIZE {
+            return Err(corrupt(format!("{size} bytes, shorter than the header")));
+        }
+        let version = map.u32_at(H_VERSION).load(Ordering::Acquire);
+        if version != VERSION {
+            return Err(Error::Version {
+                path: path.to_path_buf(),
+                found: version,
+            });
+        }
+        let geometry = [
+            ("header size", H_HEADER_SIZE, HEADER_SIZE),
+            ("max devices", H_MAX_DEVICES, MAX_DEVICES),
+            ("max slots", H_MAX_SLOTS, MAX_SLOTS),
+            ("slot size", H_SLOT_SIZE, SLOT_SIZE),
+            ("device size", H_DEVICE_SIZE, DEVICE_SIZE),
+        ];
+        for (what, off, want) in geometry {
+            let got = map.u32_at(off).load(Ordering::Relaxed) as usize;
+            if got != want {
+                return Err(corrupt(format!("{what} is {got}, version 1 has {want}")));
+            }
+        }
+        let recorded = map.u64_at(H_FILE_SIZE).load(Ordering::Relaxed);
+        if recorded != FILE_SIZE as u64 || size != FILE_SIZE as u64 {
+            return Err(corrupt(format!(
+                "file is {size} bytes, header says {recorded}, version 1 has {FILE_SIZE}"
+            )));
+        }
+        if map.u32_at(H_STATE).load(Ordering::Acquire) != READY {
+            return Err(corrupt("header not marked complete".into()));
+        }
+        let device_count = map.u32_at(H_DEVICE_COUNT).load(Ordering::Relaxed) as usize;
+        if device_count > MAX_DEVICES {
+            return Err(corrupt(format!(
+                "{device_count} devices (max {MAX_DEVICES})"
+            )));
+        }
+        Ok(Ledger {
+            map,
+            path: Some(path.to_path_buf()),
+            device_count,
+        })
+    }
+
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    pub fn writable(&self) -> bool {
+        self.map.writable()
+    }
+
+    pub fn slice_id(&self) -> String {
+        str_field(self.map.bytes(H_SLICE_ID, MAX_ID_LEN + 1))
+    }
+
+    pub fn device_count(&self) -> usize {
+        self.device_count
+    }
+
+    fn dev(&self, dev: usize, field: usize) -> &AtomicU64 {
+        self.map.u64_at(DEVICES_OFF + dev * DEVICE_SIZE + field)
+    }
+
+    fn slot_word(&self, slot: usize, field: usize) -> &AtomicU64 {
+        self.map.u64_at(SLOTS_OFF + slot * SLOT_SIZE + field)
+    }
+
+    fn slot_bytes_word(&self, slot: usize, dev: usize) -> &AtomicU64 {
+        self.slot_word(slot, S_BYTES + dev * 8)
+    }
+
+    /// Cap of device `dev` in bytes ([`UNLIMITED`] for none, and for an
+    /// index past the ledger's devices).
+    pub fn cap(&self, dev: usize) -> u64 {
+        if dev >= self.device_count {
+            return UNLIMITED;
+        }
+        self.dev(dev, D_CAP).load(Ordering::Relaxed)
+    }
+
+    /// Bytes charged on device `dev` by all processes of the slice.
+    pub fn used(&self, dev: usize) -> u64 {
+        if dev >= self.device_count {
+            return 0;
+        }
+        self.dev(dev, D_USED).load(Ordering::Acquire)
+    }
+
+    /// Highest `used` ever reached on `dev`.
+    pub fn peak(&self, dev: usize) -> u64 {
+        if dev >= self.device_count {
+            return 0;
+        }
+        self.dev(dev, D_PEAK).load(Ordering::Relaxed)
+    }
+
+    pub fn uuid(&self, dev: usize) -> String {
+        if dev >= self.device_count {
+            return String::new();
+        }
+        str_field(
+            self.map
+                .bytes(DEVICES_OFF + dev * DEVICE_SIZE + D_UUID, UUID_LEN),
+        )
+    }
+
+    /// Reserves `bytes` on `dev` for `slot`, unless that would pass the cap.
+    /// Hot path: one compare-and-swap loop and two atomic adds.
+    pub fn reserve(&self, slot: Slot, dev: usize, bytes: u64) -> std::result::Result<(), OverCap> {
+        if dev >= self.device_count {
+            return Err(OverCap { cap: 0, used: 0 });
+        }
+        let cap = self.dev(dev, D_CAP).load(Ordering::Relaxed);
+        let used = self.dev(dev, D_USED);
+        let mut cur = used.load(Ordering::Relaxed);
+        let new = loop {
+            let Some(new) = cur.checked_add(bytes).filter(|&n| n <= cap) else {
+                self.dev(dev, D_REFUSALS).fetch_add(1, Ordering::Relaxed);
+                return Err(OverCap { cap, used: cur });
+            };
+            match used.compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => break new,
+                Err(v) => cur = v,
+            }
+        };
+        let peak = self.dev(dev, D_PEAK);
+        if new > peak.load(Ordering::Relaxed) {
+            peak.fetch_max(new, Ordering::Relaxed);
+        }
+        self.slot_bytes_word(slot.0, dev)
+            .fetch_add(bytes, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Charges `bytes` whatever the cap (for memory the driver already
+    /// handed out that could not be reserved beforehand).
+    pub fn charge_unchecked(&self, slot: Slot, dev: usize, bytes: u64) {
+        if dev >= self.device_count {
+            return;
+        }
+        let new = self
+            .dev(dev, D_USED)
+            .fetch_add(bytes, Ordering::AcqRel)
+            .saturating_add(bytes);
+        self.dev(dev, D_PEAK).fetch_max(new, Ordering::Relaxed);
+        self.slot_bytes_word(slot.0, dev)
+            .fetch_add(bytes, Ordering::AcqRel);
+    }
+
+    /// Returns `bytes` of `slot` on `dev` (at most what the slot holds);
+    /// gives back how much was released.
+    pub fn release(&self, slot: Slot, dev: usize, bytes: u64) -> u64 {
+        if dev >= self.device_count {
+            return 0;
+        }
+        let taken = sub_saturating(self.slot_bytes_word(slot.0, dev), bytes);
+        sub_saturating(self.dev(dev, D_USED), taken);
+        taken
+    }
+
+    /// Bytes `slot` holds on `dev`.
+    pub fn slot_bytes(&self, slot: Slot, dev: usize) -> u64 {
+        if dev >= self.device_count {
+            return 0;
+        }
+        self.slot_bytes_word(slot.0, dev).load(Ordering::Acquire)
+    }
+
+    /// Claims a slot for this process, first reclaiming dead slots (and a
+    /// slot left by this pid's previous image, before an exec).
+    pub fn attach(&self) -> Result<Slot> {
+        if !self.writable() {
+            return Err(Error::ReadOnly);
+        }
+        let me = std::process::id();
+        let stat = procfs::stat(me).ok_or(Error::NoProcStat)?;
+        let pidns = procfs::own_pid_namespace();
+        self.reap_inner(Some((me, stat.start_time)), None);
+        for i in 0..MAX_SLOTS {
+            let state = self.slot_word(i, S_STATE);
+            if state.load(Ordering::Relaxed) != FREE {
+                continue;
+            }
+            if state
+                .compare_exchange(
+                    FREE,
+                    word(me, CLAIMING),
+                    Ordering::SeqCst,
+                    Ordering::Relaxed,
+                )
+                .is_err()
+            {
+                continue;
+            }
+            self.slot_word(i, S_START)
+                .store(stat.start_time, Ordering::Relaxed);
+            self.slot_word(i, S_PIDNS).store(pidns, Ordering::Relaxed);
+            let mut comm = [0u8; 16];
+            let n = stat.comm.len().min(15);
+            comm[..n].copy_from_slice(&stat.comm.as_bytes()[..n]);
+            self.slot_word(i, S_COMM).store(
+                u64::from_le_bytes(comm[..8].try_into().unwrap_or_default()),
+                Ordering::Relaxed,
+            );
+            self.slot_word(i, S_COMM + 8).store(
+                u64::from_le_bytes(comm[8..].try_into().unwrap_or_default()),
+                Ordering::Relaxed,
+            );
+            self.slot_word(i, S_ATTACHED_MS)
+                .store(now_ms(), Ordering::Relaxed);
+            for d in 0..MAX_DEVICES {
+                self.slot_bytes_word(i, d).store(0, Ordering::Relaxed);
+            }
+            state.store(word(me, LIVE), Ordering::SeqCst);
+            self.repair_if_alone(Some(i));
+            return Ok(Slot(i));
+        }
+        Err(Error::SlotsExhausted)
+    }
+
+    /// Releases everything `slot` holds and frees it (normal exit).
+    pub fn detach(&self, slot: Slot) {
+        let state = self.slot_word(slot.0, S_STATE);
+        let w = state.load(Ordering::SeqCst);
+        if w & TAG_MASK == LIVE {
+            self.reclaim(slot.0, w, false);
+        }
+    }
+
+    /// Reclaims the slots of dead processes (of this pid namespace) and
+    /// repairs leftovers when no process is attached.
+    pub fn reap(&self) -> Result<Reaped> {
+        if !self.writable() {
+            return Err(Error::ReadOnly);
+        }
+        let mut reaped = Reaped::default();
+        self.reap_inner(None, Some(&mut reaped));
+        reaped.repaired = self.repair_if_alone(None);
+        Ok(reaped)
+    }
+
+    fn reap_inner(&self, stale_image: Option<(u32, u64)>, mut out: Option<&mut Reaped>) {
+        let pidns = procfs::own_pid_namespace();
+        for i in 0..MAX_SLOTS {
+            let w = self.slot_word(i, S_STATE).load(Ordering::SeqCst);
+            let pid = (w >> 32) as u32;
+            let dead = match w & TAG_MASK {
+                LIVE => {
+                    let start = self.slot_word(i, S_START).load(Ordering::Relaxed);
+                    let ns = self.slot_word(i, S_PIDNS).load(Ordering::Relaxed);
+                    ns == pidns
+                        && (stale_image == Some((pid, start))
+                            || procfs::liveness(pid, start) == procfs::Liveness::Dead)
+                }
+                // A reclaimer that died half-way: finish its work.
+                RECLAIMING => !map::pid_exists(pid),
+                _ => false,
+            };
+            if dead {
+                let bytes = self.reclaim(i, w, true);
+                if let Some(r) = out.as_deref_mut() {
+                    r.slots += 1;
+                    r.bytes += bytes;
+                }
+            }
+        }
+    }
+
+    /// Moves slot `i` from state word `w` to RECLAIMING, returns its bytes
+    /// to the devices, frees it. Returns the bytes reclaimed (0 when another
+    /// process got there first). `count`: record it in the header's
+    /// reclaim counters (not done for a process's own detach).
+    fn reclaim(&self, i: usize, w: u64, count: bool) -> u64 {
+        let state = self.slot_word(i, S_STATE);
+        let pid = (w >> 32) as u32;
+        let reclaiming = word(pid, RECLAIMING);
+        if w != reclaiming
+            && state
+                .compare_exchange(w, reclaiming, Ordering::SeqCst, Ordering::Relaxed)
+                .is_err()
+        {
+            return 0;
+        }
+        let mut total = 0;
+        for d in 0..self.device_count {
+            let b = self.slot_bytes_word(i, d).swap(0, Ordering::SeqCst);
+            total += sub_saturating(self.dev(d, D_USED), b);
+        }
+        if state
+            .compare_exchange(reclaiming, FREE, Ordering::SeqCst, Ordering::Relaxed)
+            .is_ok()
+            && count
+        {
+            self.map
+                .u64_at(H_RECLAIMED_SLOTS)
+                .fetch_add(1, Ordering::Relaxed);
+            self.map
+                .u64_at(H_RECLAIMED_BYTES)
+                .fetch_add(total, Ordering::Relaxed);
+        }
+        total
+    }
+
+    /// When no slot but `mine` (holding nothing) is in use, any bytes still
+    /// on a device were left by a process killed between its two updates;
+    /// reset them. Returns the number of devices reset.
+    fn repair_if_alone(&self, mine: Option<usize>) -> u64 {
+        let observed: Vec<u64> = (0..self.device_count)
+            .map(|d| self.dev(d, D_USED).load(Ordering::SeqCst))
+            .collect();
+        if observed.iter().all(|&u| u == 0) {
+            return 0;
+        }
+        for i in 0..MAX_SLOTS {
+            let w = self.slot_word(i, S_STATE).load(Ordering::SeqCst);
+            if Some(i) == mine {
+                if (0..self.device_count)
+                    .any(|d| self.slot_bytes_word(i, d).load(Ordering::SeqCst) != 0)
+                {
+                    return 0;
+                }
+            } else if w != FREE {
+                return 0;
+            }
+        }
+        let mut repaired = 0;
+        for (d, &u) in observed.iter().enumerate() {
+            if u != 0
+                && self
+                    .dev(d, D_USED)
+                    .compare_exchange(u, 0, Ordering::SeqCst, Ordering::Relaxed)
+                    .is_ok()
+            {
+                repaired += 1;
+            }
+        }
+        if repaired > 0 {
+            self.map
+                .u64_at(H_REPAIRS)
+                .fetch_add(repaired, Ordering::Relaxed);
+        }
+        repaired
+    }
+
+    /// Reads everything without taking a lock.
+    pub fn snapshot(&self) -> Snapshot {
+        let pidns = procfs::own_pid_namespace();
+        let devices = (0..self.device_count)
+            .map(|d| {
+                let cap = self.cap(d);
+                DeviceUsage {
+                    index: d,
+                    uuid: self.uuid(d),
+                    cap: (cap != UNLIMITED).then_some(cap),
+                    used: self.used(d),
+                    peak: self.peak(d),
+                    refusals: self.dev(d, D_REFUSALS).load(Ordering::Relaxed),
+                }
+            })
+            .collect();
+        let mut processes = Vec::new();
+        for i in 0..MAX_SLOTS {
+            let w = self.slot_word(i, S_STATE).load(Ordering::Acquire);
+            if w == FREE {
+                continue;
+            }
+            let ns = self.slot_word(i, S_PIDNS).load(Ordering::Relaxed);
+            let state = match w & TAG_MASK {
+                LIVE if ns != pidns => ProcessState::OtherNamespace,
+                LIVE => ProcessState::Live,
+                _ => ProcessState::Transient,
+            };
+            let mut comm = [0u8; 16];
+            comm[..8].copy_from_slice(
+                &self
+                    .slot_word(i, S_COMM)
+                    .load(Ordering::Relaxed)
+                    .to_le_bytes(),
+            );
+            comm[8..].copy_from_slice(
+                &self
+                    .slot_word(i, S_COMM + 8)
+                    .load(Ordering::Relaxed)
+                    .to_le_bytes(),
+            );
+            processes.push(ProcessUsage {
+                slot: i,
+                pid: (w >> 32) as u32,
+                start_time: self.slot_word(i, S_START).load(Ordering::Relaxed),
+                comm: str_field(&comm),
+                attached_unix_ms: self.slot_word(i, S_ATTACHED_MS).load(Ordering::Relaxed),
+                state,
+                bytes: (0..self.device_count)
+                    .map(|d| self.slot_bytes_word(i, d).load(Ordering::Relaxed))
+                    .collect(),
+            });
+        }
+        Snapshot {
+            slice_id: self.slice_id(),
+            created_unix_ms: self.map.u64_at(H_CREATED_MS).load(Ordering::Relaxed),
+            creator_pid: self.map.u32_at(H_CREATOR_PID).load(Ordering::Relaxed),
+            devices,
+            processes,
+            reclaimed_slots: self.map.u64_at(H_RECLAIMED_SLOTS).load(Ordering::Relaxed),
+            reclaimed_bytes: self.map.u64_at(H_RECLAIMED_BYTES).load(Ordering::Relaxed),
+            repairs: self.map.u64_at(H_REPAIRS).load(Ordering::Relaxed),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

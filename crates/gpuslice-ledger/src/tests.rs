@@ -1,0 +1,341 @@
+use super::*;
+
+const GIB: u64 = 1 << 30;
+
+fn specs(caps: &[u64]) -> Vec<DeviceSpec> {
+    caps.iter()
+        .enumerate()
+        .map(|(i, &cap)| DeviceSpec {
+            uuid: format!("GPU-0000000{i}-1111-2222-3333-444444444444"),
+            cap,
+        })
+        .collect()
+}
+
+fn temp_ledger(caps: &[u64]) -> (tempfile::TempDir, PathBuf, Ledger) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s1.ledger");
+    let l = Ledger::create(&path, "s1", &specs(caps)).unwrap();
+    (dir, path, l)
+}
+
+/// Pretends a process `pid` with `start` holds `bytes` on device 0 in slot `i`.
+fn fake_slot(l: &Ledger, i: usize, pid: u32, start: u64, bytes: u64) {
+    l.slot_word(i, S_STATE)
+        .store(word(pid, LIVE), Ordering::SeqCst);
+    l.slot_word(i, S_START).store(start, Ordering::SeqCst);
+    l.slot_word(i, S_PIDNS)
+        .store(procfs::own_pid_namespace(), Ordering::SeqCst);
+    l.slot_bytes_word(i, 0).store(bytes, Ordering::SeqCst);
+    l.dev(0, D_USED).fetch_add(bytes, Ordering::SeqCst);
+}
+
+#[test]
+fn layout_is_what_the_docs_say() {
+    assert_eq!(FILE_SIZE, 332_032);
+    assert_eq!(SLOTS_OFF, 4352);
+    const { assert!(S_BYTES + MAX_DEVICES * 8 <= SLOT_SIZE) };
+    const { assert!(D_UUID + UUID_LEN <= DEVICE_SIZE) };
+    const { assert!(H_RECLAIMED_BYTES + 8 <= HEADER_SIZE) };
+}
+
+#[test]
+fn create_open_and_read_back() {
+    let (_d, path, l) = temp_ledger(&[20 * GIB, UNLIMITED]);
+    assert_eq!(l.device_count(), 2);
+    assert_eq!(l.slice_id(), "s1");
+    let mode = fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o666, "usable by non-root processes of the slice");
+    let o = Ledger::open(&path).unwrap();
+    assert_eq!(o.cap(0), 20 * GIB);
+    assert_eq!(o.cap(1), UNLIMITED);
+    assert_eq!(o.cap(7), UNLIMITED, "unknown devices are unlimited");
+    assert!(o.uuid(1).starts_with("GPU-00000001"));
+    let s = o.snapshot();
+    assert_eq!(s.devices[0].cap, Some(20 * GIB));
+    assert_eq!(s.devices[1].cap, None);
+    assert!(s.processes.is_empty());
+}
+
+#[test]
+fn reservations_stop_at_the_cap_and_are_shared_through_the_file() {
+    let (_d, path, a) = temp_ledger(&[10 * GIB]);
+    let b = Ledger::open(&path).unwrap();
+    let sa = a.attach().unwrap();
+    // A second attach of the same process image takes over its slot (as
+    // after an exec): one slot per process.
+    let sb = b.attach().unwrap();
+    assert_eq!(sa, sb);
+    assert_eq!(a.snapshot().processes.len(), 1);
+    a.reserve(sa, 0, 6 * GIB).unwrap();
+    let err = b.reserve(sb, 0, 5 * GIB).unwrap_err();
+    assert_eq!(
+        err,
+        OverCap {
+            cap: 10 * GIB,
+            used: 6 * GIB
+        }
+    );
+    b.reserve(sb, 0, 4 * GIB).unwrap();
+    assert_eq!(a.used(0), 10 * GIB);
+    assert!(a.reserve(sa, 0, 1).is_err());
+    assert_eq!(b.release(sb, 0, 4 * GIB), 4 * GIB);
+    assert_eq!(a.used(0), 6 * GIB);
+    // A release never takes more than the slot holds.
+    assert_eq!(b.release(sb, 0, 7 * GIB), 6 * GIB);
+    assert_eq!(b.release(sb, 0, GIB), 0);
+    assert_eq!(a.used(0), 0);
+    assert_eq!(a.peak(0), 10 * GIB);
+    let snap = a.snapshot();
+    assert_eq!(snap.devices[0].refusals, 2);
+    a.reserve(sa, 0, GIB).unwrap();
+    a.detach(sa);
+    assert_eq!(a.used(0), 0);
+    assert!(a.snapshot().processes.is_empty());
+    // The takeover counted as a reclaim; the detach did not.
+    assert_eq!(a.snapshot().reclaimed_slots, 1);
+}
+
+#[test]
+fn unchecked_charges_pass_the_cap_and_block_later_reservations() {
+    let l = Ledger::private("p", &specs(&[GIB])).unwrap();
+    let s = l.attach().unwrap();
+    l.charge_unchecked(s, 0, GIB + 5);
+    assert_eq!(l.used(0), GIB + 5);
+    assert!(l.reserve(s, 0, 1).is_err());
+    l.release(s, 0, GIB + 5);
+    assert_eq!(l.used(0), 0);
+}
+
+#[test]
+fn concurrent_threads_never_pass_the_cap() {
+    let l = std::sync::Arc::new(Ledger::private("t", &specs(&[1000])).unwrap());
+    let slot = l.attach().unwrap();
+    let handles: Vec<_> = (0..4)
+        .map(|t| {
+            let l = l.clone();
+            std::thread::spawn(move || {
+                let mut held = Vec::new();
+                for i in 0..20_000u64 {
+                    let size = (i * 7 + t * 13) % 97 + 1;
+                    if i % 3 != 2 && l.reserve(slot, 0, size).is_ok() {
+                        held.push(size);
+                    } else if let Some(s) = held.pop() {
+                        l.release(slot, 0, s);
+                    }
+                    assert!(l.used(0) <= 1000);
+                }
+                for s in held {
+                    l.release(slot, 0, s);
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    assert_eq!(l.used(0), 0);
+    assert!(l.peak(0) <= 1000);
+}
+
+#[test]
+fn a_dead_process_slot_is_reclaimed_by_the_next_attach() {
+    let (_d, _p, l) = temp_ledger(&[10 * GIB]);
+    // A pid that cannot exist (above pid_max).
+    fake_slot(&l, 5, 4_000_000_000, 1, 3 * GIB);
+    // Our own pid with a different start time: a reused pid.
+    fake_slot(&l, 6, std::process::id(), 1, GIB);
+    assert_eq!(l.used(0), 4 * GIB);
+    let s = l.attach().unwrap();
+    assert_eq!(l.used(0), 0);
+    let snap = l.snapshot();
+    assert_eq!(snap.reclaimed_slots, 2);
+    assert_eq!(snap.reclaimed_bytes, 4 * GIB);
+    assert_eq!(snap.processes.len(), 1);
+    assert_eq!(snap.processes[0].slot, s.index());
+}
+
+#[test]
+fn reap_leaves_live_and_foreign_namespace_slots() {
+    let (_d, _p, l) = temp_ledger(&[10 * GIB]);
+    let me = std::process::id();
+    let start = procfs::stat(me).unwrap().start_time;
+    fake_slot(&l, 3, me, start, GIB);
+    fake_slot(&l, 4, 4_000_000_000, 1, GIB);
+    l.slot_word(4, S_PIDNS).store(1, Ordering::SeqCst);
+    let r = l.reap().unwrap();
+    assert_eq!(r, Reaped::default());
+    assert_eq!(l.used(0), 2 * GIB);
+    let states: Vec<_> = l
+        .snapshot()
+        .processes
+        .into_iter()
+        .map(|p| p.state)
+        .collect();
+    assert_eq!(states, [ProcessState::Live, ProcessState::OtherNamespace]);
+}
+
+#[test]
+fn attach_reclaims_the_slot_of_this_pids_previous_image() {
+    let (_d, _p, l) = temp_ledger(&[10 * GIB]);
+    let me = std::process::id();
+    let start = procfs::stat(me).unwrap().start_time;
+    // Same pid and start time, as after an exec.
+    fake_slot(&l, 0, me, start, 2 * GIB);
+    let s = l.attach().unwrap();
+    assert_eq!(l.used(0), 0);
+    assert_eq!(l.slot_bytes(s, 0), 0);
+}
+
+#[test]
+fn leftovers_of_a_half_done_update_are_repaired_when_alone() {
+    let (_d, _p, l) = temp_ledger(&[10 * GIB, 10 * GIB]);
+    // Device counted, no slot: a process killed between its two updates.
+    l.dev(1, D_USED).store(GIB, Ordering::SeqCst);
+    let other = l.attach().unwrap();
+    assert_eq!(l.used(1), 0, "repaired by the first attach");
+    l.dev(1, D_USED).store(GIB, Ordering::SeqCst);
+    l.reserve(other, 0, 5).unwrap();
+    // Not alone (our slot holds bytes): nothing repaired.
+    assert_eq!(l.reap().unwrap().repaired, 0);
+    assert_eq!(l.used(1), GIB);
+    l.detach(other);
+    assert_eq!(l.reap().unwrap().repaired, 1);
+    assert_eq!(l.used(1), 0);
+    assert!(l.snapshot().repairs >= 2);
+}
+
+#[test]
+fn foreign_and_corrupt_files_give_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("x.ledger");
+
+    fs::write(&p, "hello, this is a text file that is long enough").unwrap();
+    let e = Ledger::open(&p).err().unwrap();
+    assert!(matches!(e, Error::Foreign { .. }), "{e}");
+    assert!(e.to_string().contains("not a gpuslice ledger"), "{e}");
+
+    fs::write(&p, "").unwrap();
+    let e = Ledger::open(&p).err().unwrap();
+    assert!(matches!(e, Error::Corrupt { .. }), "{e}");
+
+    // A good ledger with a future version.
+    Ledger::create(&p, "v", &specs(&[GIB])).unwrap();
+    let mut bytes = fs::read(&p).unwrap();
+    bytes[H_VERSION..H_VERSION + 4].copy_from_slice(&2u32.to_le_bytes());
+    fs::write(&p, &bytes).unwrap();
+    let e = Ledger::open(&p).err().unwrap();
+    assert!(matches!(e, Error::Version { found: 2, .. }), "{e}");
+    assert!(e.to_string().contains("version 2"), "{e}");
+
+    // Truncated.
+    Ledger::create(&p, "v", &specs(&[GIB])).unwrap();
+    let bytes = fs::read(&p).unwrap();
+    fs::write(&p, &bytes[..1000]).unwrap();
+    let e = Ledger::open(&p).err().unwrap();
+    assert!(matches!(e, Error::Corrupt { .. }), "{e}");
+    assert!(e.to_string().contains("1000 bytes"), "{e}");
+
+    // Geometry changed.
+    let mut bytes = fs::read(
+        Ledger::create(&p, "v", &specs(&[GIB]))
+            .unwrap()
+            .path
+            .unwrap(),
+    )
+    .unwrap();
+    bytes[H_MAX_SLOTS..H_MAX_SLOTS + 4].copy_from_slice(&7u32.to_le_bytes());
+    fs::write(&p, &bytes).unwrap();
+    let e = Ledger::open(&p).err().unwrap();
+    assert!(e.to_string().contains("max slots is 7"), "{e}");
+
+    // Never completed.
+    let mut bytes = fs::read(
+        Ledger::create(&p, "v", &specs(&[GIB]))
+            .unwrap()
+            .path
+            .unwrap(),
+    )
+    .unwrap();
+    bytes[H_STATE..H_STATE + 4].copy_from_slice(&0u32.to_le_bytes());
+    fs::write(&p, &bytes).unwrap();
+    let e = Ledger::open(&p).err().unwrap();
+    assert!(e.to_string().contains("not marked complete"), "{e}");
+
+    // Missing.
+    let e = Ledger::open(&dir.path().join("none.ledger")).err().unwrap();
+    assert!(matches!(e, Error::Io { .. }), "{e}");
+}
+
+#[test]
+fn open_or_create_keeps_an_existing_ledger() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("k.ledger");
+    let a = Ledger::open_or_create(&p, "k", &specs(&[GIB])).unwrap();
+    let sa = a.attach().unwrap();
+    a.reserve(sa, 0, 100).unwrap();
+    let b = Ledger::open_or_create(&p, "k", &specs(&[5 * GIB])).unwrap();
+    assert_eq!(b.cap(0), GIB, "the existing file wins");
+    assert_eq!(b.used(0), 100);
+    // No temporary files left behind.
+    let names: Vec<_> = fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names.len(), 1, "{names:?}");
+}
+
+#[test]
+fn bad_inputs_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("b.ledger");
+    assert!(matches!(
+        Ledger::create(&p, "a/b", &specs(&[GIB])),
+        Err(Error::BadSliceId(_))
+    ));
+    let many = specs(&[GIB; MAX_DEVICES + 1]);
+    assert!(matches!(
+        Ledger::create(&p, "a", &many),
+        Err(Error::TooManyDevices(33))
+    ));
+    let l = Ledger::private("a", &specs(&[GIB])).unwrap();
+    let s = l.attach().unwrap();
+    assert!(l.reserve(s, 3, 1).is_err(), "device index out of range");
+}
+
+#[test]
+fn read_only_mapping_reads_but_does_not_attach() {
+    let (_d, path, l) = temp_ledger(&[GIB]);
+    let s = l.attach().unwrap();
+    l.reserve(s, 0, 42).unwrap();
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o444)).unwrap();
+    // Root ignores file modes; only check when we are not root.
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        let ro = Ledger::open(&path).unwrap();
+        assert!(!ro.writable());
+        assert_eq!(ro.used(0), 42);
+        assert!(matches!(ro.attach(), Err(Error::ReadOnly)));
+    }
+}
+
+#[test]
+fn dir_helpers() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().join("a/b");
+    ensure_dir(&d).unwrap();
+    assert_eq!(
+        fs::metadata(&d).unwrap().permissions().mode() & 0o7777,
+        0o1777
+    );
+    Ledger::create(&d.join("z.ledger"), "z", &specs(&[GIB])).unwrap();
+    Ledger::create(&d.join("a.ledger"), "a", &specs(&[GIB])).unwrap();
+    fs::write(d.join("other.txt"), "x").unwrap();
+    let names: Vec<_> = list_dir(&d)
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["a.ledger", "z.ledger"]);
+    assert!(valid_slice_id("gs-1234.a_b"));
+    assert!(!valid_slice_id(""));
+}
