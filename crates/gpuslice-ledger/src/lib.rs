@@ -177,6 +177,11 @@ impl Slot {
     pub fn index(self) -> usize {
         self.0
     }
+
+    /// The slot at `index` (as kept by a process that attached), if in range.
+    pub fn from_index(index: usize) -> Option<Slot> {
+        (index < MAX_SLOTS).then_some(Slot(index))
+    }
 }
 
 /// What [`Ledger::reap`] reclaimed.

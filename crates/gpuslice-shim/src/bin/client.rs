@@ -1,0 +1,687 @@
+//! Test helper: a CUDA driver API client for the shim's tests (run under
+//! `LD_PRELOAD=libgpuslice.so` against the fake driver). Not a user tool.
+//!
+//! It loads `libcuda.so.1` with `dlopen` and takes entry points the way
+//! real programs do, chosen by `--via`:
+//! - `dlsym`: `dlsym(handle, "cuMemAlloc_v2")` (like cudart's loader);
+//! - `procaddr`: `cuGetProcAddress_v2("cuMemAlloc", 13000, flags)` (like
+//!   CUDA 12+ runtimes and PyTorch), itself found with dlsym;
+//! - `global`: libcuda loaded RTLD_GLOBAL and `dlsym(RTLD_DEFAULT, …)`,
+//!   which binds like a program linked against libcuda.
+//!
+//! Commands (each prints JSON lines):
+//! - `paths`: every allocation path once: rc, ledger use after alloc and
+//!   after free.
+//! - `fill BLOCK`: cuMemAlloc BLOCK bytes until it fails; reports count,
+//!   the failing rc, cuMemGetInfo; frees all.
+//! - `stress SECONDS SEED MAX_BLOCK`: random alloc/free, checking the
+//!   ledger never passes the cap; frees all.
+//! - `hold BYTES`: allocates, prints `held`, sleeps until killed.
+//! - `addr NAME`: prints the address `--via` gives for NAME and the file
+//!   that defines it.
+
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use gpuslice_ledger::Ledger;
+
+type R = c_int;
+
+type Gpa = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> R;
+
+struct Cuda {
+    handle: *mut c_void,
+    via: String,
+    gpa: Option<Gpa>,
+}
+
+impl Cuda {
+    fn load(via: &str) -> Cuda {
+        let flags = if via == "global" {
+            libc::RTLD_NOW | libc::RTLD_GLOBAL
+        } else {
+            libc::RTLD_NOW | libc::RTLD_LOCAL
+        };
+        // SAFETY: plain dlopen of a NUL-terminated name.
+        let handle = unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), flags) };
+        assert!(!handle.is_null(), "dlopen libcuda.so.1 failed");
+        let mut c = Cuda {
+            handle,
+            via: via.to_string(),
+            gpa: None,
+        };
+        let gpa = c.dlsym("cuGetProcAddress_v2");
+        if !gpa.is_null() {
+            // SAFETY: cuGetProcAddress_v2's signature.
+            c.gpa = Some(unsafe { std::mem::transmute::<*mut c_void, Gpa>(gpa) });
+        }
+        c
+    }
+
+    fn dlsym(&self, name: &str) -> *mut c_void {
+        let n = CString::new(name).unwrap();
+        let h = if self.via == "global" {
+            libc::RTLD_DEFAULT
+        } else {
+            self.handle
+        };
+        // SAFETY: valid handle and name.
+        unsafe { libc::dlsym(h, n.as_ptr()) }
+    }
+
+    /// The entry point for `base` (`exact` is its exported name).
+    fn get(&self, base: &str, exact: &str) -> *mut c_void {
+        if self.via == "procaddr" {
+            let gpa = self.gpa.expect("cuGetProcAddress_v2");
+            let n = CString::new(base).unwrap();
+            let mut p = std::ptr::null_mut();
+            let mut status = -1;
+            let flags = if exact.ends_with("_ptsz") { 2 } else { 0 };
+            // SAFETY: valid arguments.
+            let rc = unsafe { gpa(n.as_ptr(), &mut p, 13000, flags, &mut status) };
+            if rc != 0 {
+                return std::ptr::null_mut();
+            }
+            p
+        } else {
+            self.dlsym(exact)
+        }
+    }
+}
+
+macro_rules! f {
+    ($cu:expr, $base:expr, $exact:expr, $ty:ty) => {{
+        let p = $cu.get($base, $exact);
+        assert!(!p.is_null(), "no entry point {}", $exact);
+        // SAFETY: the driver function's C signature.
+        unsafe { std::mem::transmute::<*mut c_void, $ty>(p) }
+    }};
+}
+
+fn ledger() -> Option<Ledger> {
+    let p = std::env::var("GPUSLICE_LEDGER").ok()?;
+    Ledger::open(Path::new(&p)).ok()
+}
+
+fn used() -> u64 {
+    ledger().map_or(0, |l| l.used(0))
+}
+
+fn init(cu: &Cuda) {
+    let cu_init = f!(cu, "cuInit", "cuInit", unsafe extern "C" fn(c_uint) -> R);
+    let retain = f!(
+        cu,
+        "cuDevicePrimaryCtxRetain",
+        "cuDevicePrimaryCtxRetain",
+        unsafe extern "C" fn(*mut *mut c_void, c_int) -> R
+    );
+    let set = f!(
+        cu,
+        "cuCtxSetCurrent",
+        "cuCtxSetCurrent",
+        unsafe extern "C" fn(*mut c_void) -> R
+    );
+    // SAFETY: plain driver calls with valid out-pointers.
+    unsafe {
+        assert_eq!(cu_init(0), 0, "cuInit");
+        let mut ctx = std::ptr::null_mut();
+        assert_eq!(retain(&mut ctx, 0), 0, "primary context");
+        assert_eq!(set(ctx), 0, "set current");
+    }
+}
+
+type Alloc = unsafe extern "C" fn(*mut u64, usize) -> R;
+type Free = unsafe extern "C" fn(u64) -> R;
+
+fn line(kv: &[(&str, String)]) {
+    let body: Vec<String> = kv.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
+    println!("{{{}}}", body.join(","));
+    let _ = std::io::stdout().flush();
+}
+
+fn q(s: &str) -> String {
+    format!("\"{s}\"")
+}
+
+/// One path: allocate with `alloc`, record use, free with `free`.
+fn path(name: &str, alloc: impl FnOnce() -> (R, u64), free: impl FnOnce(u64) -> R) {
+    let before = used();
+    let (rc, handle) = alloc();
+    let during = used();
+    let frc = if rc == 0 { free(handle) } else { -1 };
+    line(&[
+        ("path", q(name)),
+        ("rc", rc.to_string()),
+        ("free_rc", frc.to_string()),
+        ("charged", (during as i128 - before as i128).to_string()),
+        ("after_free", (used() as i128 - before as i128).to_string()),
+    ]);
+}
+
+#[repr(C)]
+struct Prop {
+    type_: c_int,
+    handle_types: c_int,
+    loc_type: c_int,
+    loc_id: c_int,
+    win32: *mut c_void,
+    flags: [u8; 8],
+}
+
+#[repr(C)]
+struct Desc3D {
+    w: usize,
+    h: usize,
+    d: usize,
+    format: c_int,
+    channels: c_uint,
+    flags: c_uint,
+}
+
+#[repr(C)]
+struct Desc2D {
+    w: usize,
+    h: usize,
+    format: c_int,
+    channels: c_uint,
+}
+
+const MIB: usize = 1 << 20;
+
+fn paths(cu: &Cuda) {
+    let alloc = f!(cu, "cuMemAlloc", "cuMemAlloc_v2", Alloc);
+    let free = f!(cu, "cuMemFree", "cuMemFree_v2", Free);
+    path(
+        "cuMemAlloc",
+        || {
+            let mut p = 0;
+            // SAFETY: valid out-pointer.
+            (unsafe { alloc(&mut p, 3 * MIB) }, p)
+        },
+        |p| unsafe { free(p) },
+    );
+
+    let pitch = f!(
+        cu,
+        "cuMemAllocPitch",
+        "cuMemAllocPitch_v2",
+        unsafe extern "C" fn(*mut u64, *mut usize, usize, usize, c_uint) -> R
+    );
+    path(
+        "cuMemAllocPitch",
+        || {
+            let (mut p, mut pitch_out) = (0, 0);
+            // SAFETY: valid out-pointers.
+            (unsafe { pitch(&mut p, &mut pitch_out, 1000, 1024, 4) }, p)
+        },
+        |p| unsafe { free(p) },
+    );
+
+    let managed = f!(
+        cu,
+        "cuMemAllocManaged",
+        "cuMemAllocManaged",
+        unsafe extern "C" fn(*mut u64, usize, c_uint) -> R
+    );
+    path(
+        "cuMemAllocManaged",
+        || {
+            let mut p = 0;
+            // SAFETY: valid out-pointer.
+            (unsafe { managed(&mut p, 5 * MIB, 1) }, p)
+        },
+        |p| unsafe { free(p) },
+    );
+
+    for exact in ["cuMemAllocAsync", "cuMemAllocAsync_ptsz"] {
+        let a = f!(
+            cu,
+            "cuMemAllocAsync",
+            exact,
+            unsafe extern "C" fn(*mut u64, usize, *mut c_void) -> R
+        );
+        let fr_name = exact.replace("Alloc", "Free");
+        let fr = f!(
+            cu,
+            "cuMemFreeAsync",
+            &fr_name,
+            unsafe extern "C" fn(u64, *mut c_void) -> R
+        );
+        let trim = f!(
+            cu,
+            "cuMemPoolTrimTo",
+            "cuMemPoolTrimTo",
+            unsafe extern "C" fn(*mut c_void, usize) -> R
+        );
+        let get_pool = f!(
+            cu,
+            "cuDeviceGetMemPool",
+            "cuDeviceGetMemPool",
+            unsafe extern "C" fn(*mut *mut c_void, c_int) -> R
+        );
+        path(
+            exact,
+            || {
+                let mut p = 0;
+                // SAFETY: valid out-pointer, default stream.
+                (unsafe { a(&mut p, 7 * MIB, std::ptr::null_mut()) }, p)
+            },
+            |p| {
+                // SAFETY: frees what was allocated, then trims the pool.
+                unsafe {
+                    let rc = fr(p, std::ptr::null_mut());
+                    let mut pool = std::ptr::null_mut();
+                    get_pool(&mut pool, 0);
+                    trim(pool, 0);
+                    rc
+                }
+            },
+        );
+    }
+
+    let create_pool = f!(
+        cu,
+        "cuMemPoolCreate",
+        "cuMemPoolCreate",
+        unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> R
+    );
+    let destroy_pool = f!(
+        cu,
+        "cuMemPoolDestroy",
+        "cuMemPoolDestroy",
+        unsafe extern "C" fn(*mut c_void) -> R
+    );
+    let from_pool = f!(
+        cu,
+        "cuMemAllocFromPoolAsync",
+        "cuMemAllocFromPoolAsync",
+        unsafe extern "C" fn(*mut u64, usize, *mut c_void, *mut c_void) -> R
+    );
+    let free_async = f!(
+        cu,
+        "cuMemFreeAsync",
+        "cuMemFreeAsync",
+        unsafe extern "C" fn(u64, *mut c_void) -> R
+    );
+    let mut pool = std::ptr::null_mut();
+    // CUmemPoolProps: pinned (1), no handle type, location DEVICE (1) id 0.
+    let mut props = [0u8; 88];
+    props[0] = 1;
+    props[8] = 1;
+    // SAFETY: valid out-pointer; the fake reads location from the props.
+    let prc = unsafe { create_pool(&mut pool, props.as_ptr().cast()) };
+    assert_eq!(prc, 0, "cuMemPoolCreate");
+    path(
+        "cuMemAllocFromPoolAsync",
+        || {
+            let mut p = 0;
+            // SAFETY: valid arguments.
+            (
+                unsafe { from_pool(&mut p, 9 * MIB, pool, std::ptr::null_mut()) },
+                p,
+            )
+        },
+        |p| unsafe {
+            let rc = free_async(p, std::ptr::null_mut());
+            destroy_pool(pool);
+            rc
+        },
+    );
+
+    let create = f!(
+        cu,
+        "cuMemCreate",
+        "cuMemCreate",
+        unsafe extern "C" fn(*mut u64, usize, *const Prop, u64) -> R
+    );
+    let release = f!(
+        cu,
+        "cuMemRelease",
+        "cuMemRelease",
+        unsafe extern "C" fn(u64) -> R
+    );
+    let prop = Prop {
+        type_: 1,
+        handle_types: 0,
+        loc_type: 1,
+        loc_id: 0,
+        win32: std::ptr::null_mut(),
+        flags: [0; 8],
+    };
+    path(
+        "cuMemCreate",
+        || {
+            let mut h = 0;
+            // SAFETY: valid arguments.
+            (unsafe { create(&mut h, 4 * MIB, &prop, 0) }, h)
+        },
+        |h| unsafe { release(h) },
+    );
+
+    let arr2 = f!(
+        cu,
+        "cuArrayCreate",
+        "cuArrayCreate_v2",
+        unsafe extern "C" fn(*mut *mut c_void, *const Desc2D) -> R
+    );
+    let arr3 = f!(
+        cu,
+        "cuArray3DCreate",
+        "cuArray3DCreate_v2",
+        unsafe extern "C" fn(*mut *mut c_void, *const Desc3D) -> R
+    );
+    let arr_destroy = f!(
+        cu,
+        "cuArrayDestroy",
+        "cuArrayDestroy",
+        unsafe extern "C" fn(*mut c_void) -> R
+    );
+    let mip = f!(
+        cu,
+        "cuMipmappedArrayCreate",
+        "cuMipmappedArrayCreate",
+        unsafe extern "C" fn(*mut *mut c_void, *const Desc3D, c_uint) -> R
+    );
+    let mip_destroy = f!(
+        cu,
+        "cuMipmappedArrayDestroy",
+        "cuMipmappedArrayDestroy",
+        unsafe extern "C" fn(*mut c_void) -> R
+    );
+    let d2 = Desc2D {
+        w: 1024,
+        h: 1024,
+        format: 0x20,
+        channels: 1,
+    };
+    path(
+        "cuArrayCreate",
+        || {
+            let mut a = std::ptr::null_mut();
+            // SAFETY: valid arguments.
+            (unsafe { arr2(&mut a, &d2) }, a as u64)
+        },
+        |a| unsafe { arr_destroy(a as *mut c_void) },
+    );
+    let d3 = Desc3D {
+        w: 256,
+        h: 256,
+        d: 16,
+        format: 0x01,
+        channels: 4,
+        flags: 0,
+    };
+    path(
+        "cuArray3DCreate",
+        || {
+            let mut a = std::ptr::null_mut();
+            // SAFETY: valid arguments.
+            (unsafe { arr3(&mut a, &d3) }, a as u64)
+        },
+        |a| unsafe { arr_destroy(a as *mut c_void) },
+    );
+    let dm = Desc3D {
+        w: 512,
+        h: 512,
+        d: 0,
+        format: 0x20,
+        channels: 4,
+        flags: 0,
+    };
+    path(
+        "cuMipmappedArrayCreate",
+        || {
+            let mut a = std::ptr::null_mut();
+            // SAFETY: valid arguments.
+            (unsafe { mip(&mut a, &dm, 4) }, a as u64)
+        },
+        |a| unsafe { mip_destroy(a as *mut c_void) },
+    );
+
+    // Graph memory: a graph with one allocation node, launched, then the
+    // graph pool trimmed after the exec is gone.
+    let graph_create = f!(
+        cu,
+        "cuGraphCreate",
+        "cuGraphCreate",
+        unsafe extern "C" fn(*mut *mut c_void, c_uint) -> R
+    );
+    let add_alloc = f!(
+        cu,
+        "cuGraphAddMemAllocNode",
+        "cuGraphAddMemAllocNode",
+        unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *const c_void, usize, *mut u8) -> R
+    );
+    let instantiate = f!(
+        cu,
+        "cuGraphInstantiateWithFlags",
+        "cuGraphInstantiateWithFlags",
+        unsafe extern "C" fn(*mut *mut c_void, *mut c_void, u64) -> R
+    );
+    let launch = f!(
+        cu,
+        "cuGraphLaunch",
+        "cuGraphLaunch",
+        unsafe extern "C" fn(*mut c_void, *mut c_void) -> R
+    );
+    let exec_destroy = f!(
+        cu,
+        "cuGraphExecDestroy",
+        "cuGraphExecDestroy",
+        unsafe extern "C" fn(*mut c_void) -> R
+    );
+    let graph_trim = f!(
+        cu,
+        "cuDeviceGraphMemTrim",
+        "cuDeviceGraphMemTrim",
+        unsafe extern "C" fn(c_int) -> R
+    );
+    path(
+        "graph mem node",
+        || unsafe {
+            let mut g = std::ptr::null_mut();
+            assert_eq!(graph_create(&mut g, 0), 0);
+            // CUDA_MEM_ALLOC_NODE_PARAMS: poolProps (88 bytes), accessDescs,
+            // accessDescCount, bytesize, dptr.
+            let mut params = [0u8; 88 + 8 * 4];
+            params[104..112].copy_from_slice(&(11 * MIB as u64).to_le_bytes());
+            let mut node = std::ptr::null_mut();
+            assert_eq!(
+                add_alloc(&mut node, g, std::ptr::null(), 0, params.as_mut_ptr()),
+                0
+            );
+            let mut exec = std::ptr::null_mut();
+            assert_eq!(instantiate(&mut exec, g, 0), 0);
+            (launch(exec, std::ptr::null_mut()), exec as u64)
+        },
+        |exec| unsafe {
+            exec_destroy(exec as *mut c_void);
+            graph_trim(0)
+        },
+    );
+}
+
+fn mem_info(cu: &Cuda) -> (R, usize, usize) {
+    let info = f!(
+        cu,
+        "cuMemGetInfo",
+        "cuMemGetInfo_v2",
+        unsafe extern "C" fn(*mut usize, *mut usize) -> R
+    );
+    let (mut free, mut total) = (0, 0);
+    // SAFETY: valid out-pointers.
+    let rc = unsafe { info(&mut free, &mut total) };
+    (rc, free, total)
+}
+
+fn fill(cu: &Cuda, block: usize) {
+    let alloc = f!(cu, "cuMemAlloc", "cuMemAlloc_v2", Alloc);
+    let free = f!(cu, "cuMemFree", "cuMemFree_v2", Free);
+    let (_, free0, total0) = mem_info(cu);
+    let mut ptrs = Vec::new();
+    let rc = loop {
+        let mut p = 0;
+        // SAFETY: valid out-pointer.
+        let rc = unsafe { alloc(&mut p, block) };
+        if rc != 0 || ptrs.len() > 100_000 {
+            break rc;
+        }
+        ptrs.push(p);
+    };
+    let (_, free_full, _) = mem_info(cu);
+    let used_full = used();
+    for p in &ptrs {
+        // SAFETY: frees our own allocations.
+        assert_eq!(unsafe { free(*p) }, 0);
+    }
+    line(&[
+        ("count", ptrs.len().to_string()),
+        ("bytes", (ptrs.len() * block).to_string()),
+        ("fail_rc", rc.to_string()),
+        ("total", total0.to_string()),
+        ("free_before", free0.to_string()),
+        ("free_full", free_full.to_string()),
+        ("ledger_full", used_full.to_string()),
+        ("ledger_after", used().to_string()),
+    ]);
+}
+
+fn stress(cu: &Cuda, secs: f64, mut rng: u64, max_block: usize) -> i32 {
+    let alloc = f!(cu, "cuMemAlloc", "cuMemAlloc_v2", Alloc);
+    let free = f!(cu, "cuMemFree", "cuMemFree_v2", Free);
+    let l = ledger().expect("GPUSLICE_LEDGER");
+    let cap = l.cap(0);
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let mut held: Vec<u64> = Vec::new();
+    let (mut ok, mut oom, mut max_seen, mut bad) = (0u64, 0u64, 0u64, 0u64);
+    rng |= 1;
+    while Instant::now() < deadline {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        if rng % 100 < 55 && held.len() < 64 {
+            let size = (rng >> 8) as usize % max_block + 1;
+            let mut p = 0;
+            // SAFETY: valid out-pointer.
+            match unsafe { alloc(&mut p, size) } {
+                0 => {
+                    ok += 1;
+                    held.push(p);
+                }
+                2 => oom += 1,
+                _ => bad += 1,
+            }
+        } else if !held.is_empty() {
+            let i = (rng >> 16) as usize % held.len();
+            // SAFETY: frees our own allocation.
+            if unsafe { free(held.swap_remove(i)) } != 0 {
+                bad += 1;
+            }
+        }
+        let u = l.used(0);
+        max_seen = max_seen.max(u);
+    }
+    for p in held {
+        // SAFETY: frees our own allocation.
+        unsafe { free(p) };
+    }
+    line(&[
+        ("ok", ok.to_string()),
+        ("oom", oom.to_string()),
+        ("bad", bad.to_string()),
+        ("max_seen", max_seen.to_string()),
+        ("cap", cap.to_string()),
+    ]);
+    if max_seen > cap || bad > 0 {
+        3
+    } else {
+        0
+    }
+}
+
+fn file_of(p: *mut c_void) -> String {
+    let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
+    // SAFETY: dladdr fills info.
+    if p.is_null() || unsafe { libc::dladdr(p, info.as_mut_ptr()) } == 0 {
+        return String::new();
+    }
+    // SAFETY: initialised by dladdr; fname is NUL-terminated.
+    let info = unsafe { info.assume_init() };
+    if info.dli_fname.is_null() {
+        return String::new();
+    }
+    // SAFETY: as above.
+    unsafe { CStr::from_ptr(info.dli_fname) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut via = "dlsym".to_string();
+    let mut rest = Vec::new();
+    let mut it = args.into_iter();
+    while let Some(a) = it.next() {
+        if a == "--via" {
+            via = it.next().expect("--via MODE");
+        } else {
+            rest.push(a);
+        }
+    }
+    let cu = Cuda::load(&via);
+    let cmd = rest.first().map(String::as_str).unwrap_or("");
+    if cmd == "addr" {
+        let name = &rest[1];
+        let base = name.trim_end_matches("_v2").trim_end_matches("_ptsz");
+        let p = cu.get(base, name);
+        line(&[
+            ("addr", (p as usize).to_string()),
+            ("file", format!("{:?}", file_of(p))),
+        ]);
+        return;
+    }
+    init(&cu);
+    let code = match cmd {
+        "paths" => {
+            paths(&cu);
+            0
+        }
+        "fill" => {
+            fill(&cu, rest[1].parse().expect("BLOCK"));
+            0
+        }
+        "info" => {
+            let (rc, free, total) = mem_info(&cu);
+            line(&[
+                ("rc", rc.to_string()),
+                ("free", free.to_string()),
+                ("total", total.to_string()),
+            ]);
+            0
+        }
+        "stress" => stress(
+            &cu,
+            rest[1].parse().expect("SECONDS"),
+            rest[2].parse().expect("SEED"),
+            rest[3].parse().expect("MAX_BLOCK"),
+        ),
+        "hold" => {
+            let alloc = f!(cu, "cuMemAlloc", "cuMemAlloc_v2", Alloc);
+            let mut p = 0;
+            // SAFETY: valid out-pointer.
+            let rc = unsafe { alloc(&mut p, rest[1].parse().expect("BYTES")) };
+            println!("held {rc}");
+            let _ = std::io::stdout().flush();
+            loop {
+                std::thread::sleep(Duration::from_secs(3600));
+            }
+        }
+        other => {
+            eprintln!("unknown command {other:?}");
+            2
+        }
+    };
+    std::process::exit(code);
+}

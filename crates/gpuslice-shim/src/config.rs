@@ -1,0 +1,192 @@
+//! The shim's configuration, read once from the environment.
+
+use gpuslice_ledger::{MAX_DEVICES, UNLIMITED};
+
+/// Parses `20GiB`, `512MiB`, `1.5GB`, `8G`, `4096` (bytes). Binary units
+/// (KiB, MiB, GiB, TiB, and the bare K/M/G/T) are powers of 1024; decimal
+/// ones (KB, MB, GB, TB) powers of 1000.
+pub fn parse_size(text: &str) -> Option<u64> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let unit = unit.trim();
+    let mult: f64 = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kib" => 1024.0,
+        "m" | "mib" => 1024.0 * 1024.0,
+        "g" | "gib" => 1024.0 * 1024.0 * 1024.0,
+        "t" | "tib" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        _ => return None,
+    };
+    if num.is_empty() {
+        return None;
+    }
+    if !num.contains('.') && mult == 1.0 {
+        return num.parse().ok();
+    }
+    let v: f64 = num.parse().ok()?;
+    let bytes = v * mult;
+    (bytes.is_finite() && bytes >= 0.0 && bytes < u64::MAX as f64).then_some(bytes as u64)
+}
+
+/// How a ledger device is recognised among NVML's devices.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NvmlMatch {
+    Uuid(String),
+    Index(u32),
+}
+
+/// What the environment asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Cap per CUDA device ordinal (index among visible devices).
+    pub caps: Vec<u64>,
+    pub ledger_path: Option<String>,
+    pub slice_id: String,
+    pub context_bytes: u64,
+    pub log: bool,
+    /// Per ordinal, how NVML names it (from CUDA_VISIBLE_DEVICES).
+    pub nvml: Vec<NvmlMatch>,
+    pub errors: Vec<String>,
+}
+
+impl Config {
+    /// Reads the configuration through `get` (the environment in the shim,
+    /// a map in tests).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Config {
+        let mut errors = Vec::new();
+        let mut size_var = |name: &str| -> Option<u64> {
+            let v = get(name).filter(|v| !v.trim().is_empty())?;
+            let parsed = parse_size(&v);
+            if parsed.is_none() {
+                errors.push(format!("{name}={v:?} is not a size (e.g. 20GiB); ignored"));
+            }
+            parsed
+        };
+        let global = size_var("GPUSLICE_MEMORY_LIMIT");
+        let per: Vec<Option<u64>> = (0..MAX_DEVICES)
+            .map(|i| size_var(&format!("GPUSLICE_MEMORY_LIMIT_{i}")))
+            .collect();
+        let context_bytes = size_var("GPUSLICE_CONTEXT_BYTES").unwrap_or(0);
+        let visible: Vec<String> = get("CUDA_VISIBLE_DEVICES")
+            .map(|v| {
+                v.split(',')
+                    .map(|s| s.trim().to_string())
+                    .take_while(|s| !s.is_empty())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let highest = per.iter().rposition(Option::is_some).map_or(0, |i| i + 1);
+        let count = if !visible.is_empty() {
+            visible.len().max(highest)
+        } else if global.is_some() {
+            MAX_DEVICES
+        } else {
+            highest
+        }
+        .min(MAX_DEVICES);
+        let caps = (0..count)
+            .map(|i| per[i].or(global).unwrap_or(UNLIMITED))
+            .collect();
+        let nvml = (0..count)
+            .map(|i| match visible.get(i) {
+                Some(v) if v.starts_with("GPU-") || v.starts_with("MIG-") => {
+                    NvmlMatch::Uuid(v.clone())
+                }
+                Some(v) => v
+                    .parse()
+                    .map_or(NvmlMatch::Index(i as u32), NvmlMatch::Index),
+                None => NvmlMatch::Index(i as u32),
+            })
+            .collect();
+        let log = get("GPUSLICE_LOG").is_some_and(|v| !matches!(v.as_str(), "" | "0" | "off"));
+        Config {
+            caps,
+            ledger_path: get("GPUSLICE_LEDGER").filter(|p| !p.is_empty()),
+            slice_id: get("GPUSLICE_SLICE")
+                .filter(|s| gpuslice_ledger::valid_slice_id(s))
+                .unwrap_or_else(|| "private".into()),
+            context_bytes,
+            log,
+            nvml,
+            errors,
+        }
+    }
+
+    pub fn from_env() -> Config {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// The UUID of ordinal `i` when CUDA_VISIBLE_DEVICES named one.
+    pub fn uuid(&self, i: usize) -> String {
+        match self.nvml.get(i) {
+            Some(NvmlMatch::Uuid(u)) => u.clone(),
+            _ => String::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("20GiB"), Some(20 << 30));
+        assert_eq!(parse_size("20g"), Some(20 << 30));
+        assert_eq!(parse_size("512 MiB"), Some(512 << 20));
+        assert_eq!(parse_size("1.5GiB"), Some(3 << 29));
+        assert_eq!(parse_size("2GB"), Some(2_000_000_000));
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("18446744073709551615"), Some(u64::MAX));
+        assert_eq!(parse_size("GiB"), None);
+        assert_eq!(parse_size("12 parsecs"), None);
+        assert_eq!(parse_size("-1"), None);
+    }
+
+    fn cfg(vars: &[(&str, &str)]) -> Config {
+        let m: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::from_lookup(|k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn caps_follow_visible_devices_and_overrides() {
+        let c = cfg(&[
+            ("GPUSLICE_MEMORY_LIMIT", "8GiB"),
+            ("GPUSLICE_MEMORY_LIMIT_1", "2GiB"),
+            ("CUDA_VISIBLE_DEVICES", "GPU-aaa,GPU-bbb,GPU-ccc"),
+        ]);
+        assert_eq!(c.caps, [8 << 30, 2 << 30, 8 << 30]);
+        assert_eq!(c.nvml[1], NvmlMatch::Uuid("GPU-bbb".into()));
+        let c = cfg(&[
+            ("GPUSLICE_MEMORY_LIMIT_0", "1GiB"),
+            ("CUDA_VISIBLE_DEVICES", "3"),
+        ]);
+        assert_eq!(c.caps, [1 << 30]);
+        assert_eq!(c.nvml, [NvmlMatch::Index(3)]);
+        let c = cfg(&[("GPUSLICE_MEMORY_LIMIT_2", "1GiB")]);
+        assert_eq!(c.caps, [UNLIMITED, UNLIMITED, 1 << 30]);
+        let c = cfg(&[("GPUSLICE_MEMORY_LIMIT", "1GiB")]);
+        assert_eq!(c.caps.len(), MAX_DEVICES);
+        assert!(cfg(&[]).caps.is_empty());
+    }
+
+    #[test]
+    fn bad_values_are_reported_not_fatal() {
+        let c = cfg(&[("GPUSLICE_MEMORY_LIMIT", "lots"), ("GPUSLICE_LOG", "1")]);
+        assert!(c.caps.is_empty());
+        assert_eq!(c.errors.len(), 1);
+        assert!(c.log);
+        assert_eq!(c.slice_id, "private");
+    }
+}

@@ -1,0 +1,799 @@
+//! What each interposed driver call does around the real one.
+//!
+//! Pattern: find the target (capped device of the current context, or the
+//! device the call names); reserve in the ledger *before* the driver call;
+//! call; on failure give the reservation back; on success remember what was
+//! charged for the returned handle so the matching free releases it.
+//! Anything uncapped passes straight through.
+
+use std::ffi::{c_int, c_uint, c_void};
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+
+use gpuslice_ledger::MAX_DEVICES;
+
+use crate::cuda::*;
+use crate::real::Real;
+use crate::state::{self, shim, target, target_current, Target};
+use crate::sys::log_line;
+use crate::table::{pack, unpack, Table};
+
+/// Device pointers from cuMemAlloc/Pitch/Managed (and async allocations
+/// when no pool could be identified).
+static PTRS: Table = Table::new(20);
+/// VMM handles from cuMemCreate.
+static HANDLES: Table = Table::new(18);
+/// CUDA arrays and mipmapped arrays.
+static ARRAYS: Table = Table::new(16);
+
+// Non-interposed driver functions the hooks call.
+static CTX_GET_DEVICE: Real = Real::named(c"cuCtxGetDevice");
+static DEVICE_GET_MEM_POOL: Real = Real::named(c"cuDeviceGetMemPool");
+static POOL_GET_ATTRIBUTE: Real = Real::named(c"cuMemPoolGetAttribute");
+static GRAPH_MEM_ATTRIBUTE: Real = Real::named(c"cuDeviceGetGraphMemAttribute");
+static ARRAY_REQUIREMENTS: Real = Real::named(c"cuArrayGetMemoryRequirements");
+static MIPMAP_REQUIREMENTS: Real = Real::named(c"cuMipmappedArrayGetMemoryRequirements");
+static ARRAY_DESTROY: Real = Real::named(c"cuArrayDestroy");
+static MIPMAP_DESTROY: Real = Real::named(c"cuMipmappedArrayDestroy");
+static MEM_FREE: Real = Real::named(c"cuMemFree_v2");
+
+const MIB2: u64 = 2 << 20;
+
+fn round_up(v: u64, to: u64) -> u64 {
+    v.div_ceil(to).saturating_mul(to)
+}
+
+/// Ordinal of the current context's device.
+pub fn current_device() -> Option<CUdevice> {
+    type F = unsafe extern "C" fn(*mut CUdevice) -> CUresult;
+    // SAFETY: cuCtxGetDevice(CUdevice*).
+    let f = unsafe { CTX_GET_DEVICE.func::<F>() }?;
+    let mut d: CUdevice = -1;
+    // SAFETY: valid out-pointer.
+    (unsafe { f(&mut d) } == CUDA_SUCCESS).then_some(d)
+}
+
+static TABLE_FULL_LOGGED: AtomicUsize = AtomicUsize::new(0);
+
+/// After the driver call: undo the reservation on failure, else remember it.
+fn track(rc: CUresult, table: &Table, t: Target, key: u64, bytes: u64) -> CUresult {
+    if rc != CUDA_SUCCESS {
+        t.release(bytes);
+        return rc;
+    }
+    if !table.insert(key, pack(t.dev, bytes))
+        && TABLE_FULL_LOGGED.fetch_add(1, Ordering::Relaxed) == 0
+    {
+        log_line("allocation table full: further allocations stay charged until exit");
+    }
+    rc
+}
+
+/// Around a free: forget the handle first (the driver may hand the same
+/// address to another thread right after), release on success, restore on
+/// failure.
+fn untrack(table: &Table, key: u64, call: impl FnOnce() -> CUresult) -> CUresult {
+    let Some(v) = table.remove(key) else {
+        return call();
+    };
+    let rc = call();
+    if rc == CUDA_SUCCESS {
+        let (dev, bytes) = unpack(v);
+        state::release(dev, bytes);
+    } else {
+        table.insert(key, v);
+    }
+    rc
+}
+
+macro_rules! real_fn {
+    ($real:expr, $ty:ty) => {
+        // SAFETY: the family's signature is `$ty`.
+        match unsafe { $real.func::<$ty>() } {
+            Some(f) => f,
+            None => return CUDA_ERROR_NOT_INITIALIZED,
+        }
+    };
+}
+
+// ------------------------------------------------------------ plain
+
+/// # Safety
+/// C contract of `cuMemAlloc_v2`.
+pub unsafe fn mem_alloc(real: &Real, dptr: *mut CUdeviceptr, size: usize) -> CUresult {
+    let f = real_fn!(
+        real,
+        unsafe extern "C" fn(*mut CUdeviceptr, usize) -> CUresult
+    );
+    let Some(t) = target_current().filter(|_| size > 0 && !dptr.is_null()) else {
+        // SAFETY: caller contract.
+        return unsafe { f(dptr, size) };
+    };
+    if !t.reserve(size as u64) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    // SAFETY: caller contract.
+    let rc = unsafe { f(dptr, size) };
+    // SAFETY: dptr non-null; written by the driver on success.
+    let key = if rc == CUDA_SUCCESS {
+        unsafe { *dptr }
+    } else {
+        0
+    };
+    track(rc, &PTRS, t, key, size as u64)
+}
+
+/// # Safety
+/// C contract of `cuMemAllocManaged`.
+pub unsafe fn mem_alloc_managed(
+    real: &Real,
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    flags: c_uint,
+) -> CUresult {
+    let f = real_fn!(
+        real,
+        unsafe extern "C" fn(*mut CUdeviceptr, usize, c_uint) -> CUresult
+    );
+    // Managed memory can migrate; it is charged to the current device,
+    // where it is first touched in the common case.
+    let Some(t) = target_current().filter(|_| size > 0 && !dptr.is_null()) else {
+        // SAFETY: caller contract.
+        return unsafe { f(dptr, size, flags) };
+    };
+    if !t.reserve(size as u64) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    // SAFETY: caller contract.
+    let rc = unsafe { f(dptr, size, flags) };
+    // SAFETY: as in mem_alloc.
+    let key = if rc == CUDA_SUCCESS {
+        unsafe { *dptr }
+    } else {
+        0
+    };
+    track(rc, &PTRS, t, key, size as u64)
+}
+
+/// Charges the pitch the driver returns × height: reserves an estimate
+/// (width rounded to 512 bytes) first, then settles to the real figure,
+/// freeing the allocation again when the difference does not fit.
+///
+/// # Safety
+/// C contract of `cuMemAllocPitch_v2`.
+pub unsafe fn mem_alloc_pitch(
+    real: &Real,
+    dptr: *mut CUdeviceptr,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    elem: c_uint,
+) -> CUresult {
+    type F = unsafe extern "C" fn(*mut CUdeviceptr, *mut usize, usize, usize, c_uint) -> CUresult;
+    let f = real_fn!(real, F);
+    let ok = !dptr.is_null() && !pitch.is_null() && width > 0 && height > 0;
+    let Some(t) = target_current().filter(|_| ok) else {
+        // SAFETY: caller contract.
+        return unsafe { f(dptr, pitch, width, height, elem) };
+    };
+    let est = round_up(width as u64, 512).saturating_mul(height as u64);
+    if !t.reserve(est) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    // SAFETY: caller contract.
+    let rc = unsafe { f(dptr, pitch, width, height, elem) };
+    if rc != CUDA_SUCCESS {
+        t.release(est);
+        return rc;
+    }
+    // SAFETY: both written by the driver on success.
+    let (ptr, actual) = unsafe { (*dptr, (*pitch as u64).saturating_mul(height as u64)) };
+    if actual > est {
+        if t.ledger.reserve(t.slot, t.dev, actual - est).is_err() {
+            type Free = unsafe extern "C" fn(CUdeviceptr) -> CUresult;
+            // SAFETY: cuMemFree_v2(CUdeviceptr) on the pointer just made.
+            if let Some(free) = unsafe { MEM_FREE.func::<Free>() } {
+                // SAFETY: frees what the driver just returned.
+                unsafe { free(ptr) };
+            }
+            t.release(est);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    } else {
+        t.release(est - actual);
+    }
+    track(rc, &PTRS, t, ptr, actual)
+}
+
+/// # Safety
+/// C contract of `cuMemFree_v2`.
+pub unsafe fn mem_free(real: &Real, dptr: CUdeviceptr) -> CUresult {
+    let f = real_fn!(real, unsafe extern "C" fn(CUdeviceptr) -> CUresult);
+    // SAFETY: caller contract.
+    untrack(&PTRS, dptr, || unsafe { f(dptr) })
+}
+
+// ------------------------------------------------------------ pools
+
+/// A memory pool we have seen, and what the ledger holds for it: the
+/// pool's reserved memory (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`) as of
+/// the last settle.
+struct PoolEntry {
+    pool: AtomicPtr<c_void>,
+    dev: AtomicUsize,
+    charged: AtomicU64,
+}
+
+const MAX_POOLS: usize = 64;
+static POOLS: [PoolEntry; MAX_POOLS] = [const {
+    PoolEntry {
+        pool: AtomicPtr::new(std::ptr::null_mut()),
+        dev: AtomicUsize::new(0),
+        charged: AtomicU64::new(0),
+    }
+}; MAX_POOLS];
+
+fn pool_entry(pool: CUmemoryPool, dev: usize) -> Option<&'static PoolEntry> {
+    if let Some(e) = find_pool(pool) {
+        return Some(e);
+    }
+    for e in &POOLS {
+        if e.pool
+            .compare_exchange(
+                std::ptr::null_mut(),
+                pool,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
+        {
+            e.dev.store(dev, Ordering::Release);
+            return Some(e);
+        }
+    }
+    None
+}
+
+fn find_pool(pool: CUmemoryPool) -> Option<&'static PoolEntry> {
+    POOLS
+        .iter()
+        .find(|e| e.pool.load(Ordering::Acquire) == pool)
+}
+
+fn pool_attr(pool: CUmemoryPool, attr: c_int) -> Option<u64> {
+    type F = unsafe extern "C" fn(CUmemoryPool, c_int, *mut c_void) -> CUresult;
+    // SAFETY: cuMemPoolGetAttribute(pool, attr, void*).
+    let f = unsafe { POOL_GET_ATTRIBUTE.func::<F>() }?;
+    let mut v: u64 = 0;
+    // SAFETY: both attributes we read are cuuint64_t.
+    (unsafe { f(pool, attr, (&mut v as *mut u64).cast()) } == CUDA_SUCCESS).then_some(v)
+}
+
+fn device_mem_pool(dev: usize) -> Option<CUmemoryPool> {
+    type F = unsafe extern "C" fn(*mut CUmemoryPool, CUdevice) -> CUresult;
+    // SAFETY: cuDeviceGetMemPool(CUmemoryPool*, CUdevice).
+    let f = unsafe { DEVICE_GET_MEM_POOL.func::<F>() }?;
+    let mut p: CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: valid out-pointer.
+    let rc = unsafe { f(&mut p, dev as CUdevice) };
+    (rc == CUDA_SUCCESS && !p.is_null()).then_some(p)
+}
+
+/// Brings the pool's charge to its reserved memory now; `hold` is what the
+/// caller reserved beforehand and is counted as already charged.
+fn settle_pool(e: &PoolEntry, t: Target, hold: u64) {
+    let pool = e.pool.load(Ordering::Acquire);
+    let old = e.charged.load(Ordering::Acquire);
+    let now = pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT).unwrap_or(old + hold);
+    let old = e.charged.swap(now, Ordering::AcqRel);
+    t.adjust(now as i128 - old as i128 - hold as i128);
+}
+
+/// Stream-ordered allocation from `pool`: holds the growth the pool may
+/// need (nothing when its free reserve covers `size`, else `size` rounded
+/// to 2 MiB) before the call, then settles to the pool's reserved memory.
+fn pooled(
+    t: Target,
+    e: &PoolEntry,
+    pool: CUmemoryPool,
+    size: usize,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    let size = size as u64;
+    let reserved = pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT).unwrap_or(0);
+    let used = pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT).unwrap_or(reserved);
+    let hold = if reserved.saturating_sub(used) >= size {
+        0
+    } else {
+        round_up(size, MIB2)
+    };
+    if hold > 0 && !t.reserve(hold) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    let rc = call();
+    if rc != CUDA_SUCCESS {
+        t.release(hold);
+        return rc;
+    }
+    settle_pool(e, t, hold);
+    rc
+}
+
+/// # Safety
+/// C contract of `cuMemAllocAsync` (either stream flavour).
+pub unsafe fn mem_alloc_async(
+    real: &Real,
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    stream: CUstream,
+) -> CUresult {
+    let f = real_fn!(
+        real,
+        unsafe extern "C" fn(*mut CUdeviceptr, usize, CUstream) -> CUresult
+    );
+    let Some(t) = target_current().filter(|_| size > 0 && !dptr.is_null()) else {
+        // SAFETY: caller contract.
+        return unsafe { f(dptr, size, stream) };
+    };
+    match device_mem_pool(t.dev).and_then(|p| pool_entry(p, t.dev).map(|e| (p, e))) {
+        // SAFETY: caller contract.
+        Some((pool, e)) => pooled(t, e, pool, size, || unsafe { f(dptr, size, stream) }),
+        None => {
+            if !t.reserve(size as u64) {
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            }
+            // SAFETY: caller contract.
+            let rc = unsafe { f(dptr, size, stream) };
+            // SAFETY: as in mem_alloc.
+            let key = if rc == CUDA_SUCCESS {
+                unsafe { *dptr }
+            } else {
+                0
+            };
+            track(rc, &PTRS, t, key, size as u64)
+        }
+    }
+}
+
+/// # Safety
+/// C contract of `cuMemAllocFromPoolAsync` (either stream flavour).
+pub unsafe fn mem_alloc_from_pool_async(
+    real: &Real,
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    pool: CUmemoryPool,
+    stream: CUstream,
+) -> CUresult {
+    type F = unsafe extern "C" fn(*mut CUdeviceptr, usize, CUmemoryPool, CUstream) -> CUresult;
+    let f = real_fn!(real, F);
+    // The pool is charged to the device of the current context (pools are
+    // per device and used from a context on it in practice).
+    let Some(t) = target_current().filter(|_| size > 0 && !dptr.is_null() && !pool.is_null())
+    else {
+        // SAFETY: caller contract.
+        return unsafe { f(dptr, size, pool, stream) };
+    };
+    let Some(e) = pool_entry(pool, t.dev) else {
+        // Pool table full: charge the allocation itself.
+        if !t.reserve(size as u64) {
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        // SAFETY: caller contract.
+        let rc = unsafe { f(dptr, size, pool, stream) };
+        // SAFETY: as in mem_alloc.
+        let key = if rc == CUDA_SUCCESS {
+            unsafe { *dptr }
+        } else {
+            0
+        };
+        return track(rc, &PTRS, t, key, size as u64);
+    };
+    // SAFETY: caller contract.
+    pooled(t, e, pool, size, || unsafe { f(dptr, size, pool, stream) })
+}
+
+/// # Safety
+/// C contract of `cuMemFreeAsync` (either stream flavour).
+pub unsafe fn mem_free_async(real: &Real, dptr: CUdeviceptr, stream: CUstream) -> CUresult {
+    let f = real_fn!(
+        real,
+        unsafe extern "C" fn(CUdeviceptr, CUstream) -> CUresult
+    );
+    // Pool memory stays reserved by its pool after a free: its charge moves
+    // only when the pool's reserve does (settles). Pointers charged
+    // individually are released here.
+    // SAFETY: caller contract.
+    untrack(&PTRS, dptr, || unsafe { f(dptr, stream) })
+}
+
+/// # Safety
+/// C contract of `cuMemPoolTrimTo`.
+pub unsafe fn mem_pool_trim_to(real: &Real, pool: CUmemoryPool, keep: usize) -> CUresult {
+    let f = real_fn!(real, unsafe extern "C" fn(CUmemoryPool, usize) -> CUresult);
+    // SAFETY: caller contract.
+    let rc = unsafe { f(pool, keep) };
+    if rc == CUDA_SUCCESS && shim().active() {
+        if let Some(e) = find_pool(pool) {
+            if let Some(t) = target(e.dev.load(Ordering::Acquire) as CUdevice) {
+                settle_pool(e, t, 0);
+            }
+        }
+    }
+    rc
+}
+
+/// # Safety
+/// C contract of `cuMemPoolDestroy`.
+pub unsafe fn mem_pool_destroy(real: &Real, pool: CUmemoryPool) -> CUresult {
+    let f = real_fn!(real, unsafe extern "C" fn(CUmemoryPool) -> CUresult);
+    // SAFETY: caller contract.
+    let rc = unsafe { f(pool) };
+    if rc == CUDA_SUCCESS {
+        if let Some(e) = find_pool(pool) {
+            let charged = e.charged.swap(0, Ordering::AcqRel);
+            state::release(e.dev.load(Ordering::Acquire), charged);
+            e.pool.store(std::ptr::null_mut(), Ordering::Release);
+        }
+    }
+    rc
+}
+
+// ------------------------------------------------------------ graphs
+
+/// Graph memory (allocation nodes, e.g. captured cudaMallocAsync) lives in
+/// a per-device graph pool that grows when a graph is launched or
+/// uploaded. It cannot be reserved before the launch; it is charged right
+/// after, from `CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`.
+static GRAPH_CHARGED: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+
+fn settle_graph(t: Target) {
+    type F = unsafe extern "C" fn(CUdevice, c_int, *mut c_void) -> CUresult;
+    // SAFETY: cuDeviceGetGraphMemAttribute(CUdevice, attr, void*).
+    let Some(f) = (unsafe { GRAPH_MEM_ATTRIBUTE.func::<F>() }) else {
+        return;
+    };
+    let mut now: u64 = 0;
+    // SAFETY: the attribute is a cuuint64_t.
+    let rc = unsafe {
+        f(
+            t.dev as CUdevice,
+            CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT,
+            (&mut now as *mut u64).cast(),
+        )
+    };
+    if rc != CUDA_SUCCESS {
+        return;
+    }
+    let old = GRAPH_CHARGED[t.dev].swap(now, Ordering::AcqRel);
+    t.adjust(now as i128 - old as i128);
+}
+
+/// Re-reads every pool and the graph pool of `t`'s device (they may have
+/// shrunk without a call we see, e.g. auto-trim at synchronisation).
+pub fn settle_device(t: Target) {
+    for e in &POOLS {
+        if !e.pool.load(Ordering::Acquire).is_null() && e.dev.load(Ordering::Acquire) == t.dev {
+            settle_pool(e, t, 0);
+        }
+    }
+    settle_graph(t);
+}
+
+/// # Safety
+/// C contract of `cuGraphLaunch` / `cuGraphUpload` (either stream flavour).
+pub unsafe fn graph_launch(real: &Real, exec: CUgraphExec, stream: CUstream) -> CUresult {
+    let f = real_fn!(
+        real,
+        unsafe extern "C" fn(CUgraphExec, CUstream) -> CUresult
+    );
+    // SAFETY: caller contract.
+    let rc = unsafe { f(exec, stream) };
+    if rc == CUDA_SUCCESS {
+        if let Some(t) = target_current() {
+            settle_graph(t);
+        }
+    }
+    rc
+}
+
+/// # Safety
+/// C contract of `cuDeviceGraphMemTrim`.
+pub unsafe fn device_graph_mem_trim(real: &Real, dev: CUdevice) -> CUresult {
+    let f = real_fn!(real, unsafe extern "C" fn(CUdevice) -> CUresult);
+    // SAFETY: caller contract.
+    let rc = unsafe { f(dev) };
+    if rc == CUDA_SUCCESS && shim().active() {
+        if let Some(t) = target(dev) {
+            settle_graph(t);
+        }
+    }
+    rc
+}
+
+// ------------------------------------------------------------ VMM
+
+/// # Safety
+/// C contract of `cuMemCreate`.
+pub unsafe fn mem_create(
+    real: &Real,
+    handle: *mut u64,
+    size: usize,
+    prop: *const CUmemAllocationProp,
+    flags: u64,
+) -> CUresult {
+    type F = unsafe extern "C" fn(*mut u64, usize, *const CUmemAllocationProp, u64) -> CUresult;
+    let f = real_fn!(real, F);
+    // SAFETY: prop is null or a valid CUmemAllocationProp (caller contract).
+    let dev = unsafe { prop.as_ref() }
+        .filter(|p| p.location_type == CU_MEM_LOCATION_TYPE_DEVICE)
+        .map(|p| p.location_id);
+    let t = match dev {
+        Some(d) if !handle.is_null() && size > 0 && shim().active() => target(d),
+        _ => None,
+    };
+    let Some(t) = t else {
+        // Host-located or uncapped: pass through.
+        // SAFETY: caller contract.
+        return unsafe { f(handle, size, prop, flags) };
+    };
+    if !t.reserve(size as u64) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    // SAFETY: caller contract.
+    let rc = unsafe { f(handle, size, prop, flags) };
+    // SAFETY: handle non-null; written on success.
+    let key = if rc == CUDA_SUCCESS {
+        unsafe { *handle }
+    } else {
+        0
+    };
+    track(rc, &HANDLES, t, key, size as u64)
+}
+
+/// # Safety
+/// C contract of `cuMemRelease`.
+pub unsafe fn mem_release(real: &Real, handle: u64) -> CUresult {
+    let f = real_fn!(real, unsafe extern "C" fn(u64) -> CUresult);
+    // SAFETY: caller contract.
+    untrack(&HANDLES, handle, || unsafe { f(handle) })
+}
+
+// ------------------------------------------------------------ arrays
+
+#[derive(Clone, Copy)]
+enum ArrayKind {
+    Plain,
+    Mipmapped,
+}
+
+fn array_requirements(kind: ArrayKind, arr: CUarray, dev: usize) -> Option<u64> {
+    type F = unsafe extern "C" fn(*mut ArrayMemoryRequirements, CUarray, CUdevice) -> CUresult;
+    let real = match kind {
+        ArrayKind::Plain => &ARRAY_REQUIREMENTS,
+        ArrayKind::Mipmapped => &MIPMAP_REQUIREMENTS,
+    };
+    // SAFETY: cu[Mipmapped]ArrayGetMemoryRequirements(req*, handle, dev).
+    let f = unsafe { real.func::<F>() }?;
+    let mut req = ArrayMemoryRequirements::default();
+    // SAFETY: valid out-pointer.
+    let rc = unsafe { f(&mut req, arr, dev as CUdevice) };
+    (rc == CUDA_SUCCESS && req.size > 0).then_some(req.size as u64)
+}
+
+fn array_destroy_real(kind: ArrayKind, arr: CUarray) {
+    type F = unsafe extern "C" fn(CUarray) -> CUresult;
+    let real = match kind {
+        ArrayKind::Plain => &ARRAY_DESTROY,
+        ArrayKind::Mipmapped => &MIPMAP_DESTROY,
+    };
+    // SAFETY: cu[Mipmapped]ArrayDestroy(handle).
+    if let Some(f) = unsafe { real.func::<F>() } {
+        // SAFETY: destroys the array the driver just created.
+        unsafe { f(arr) };
+    }
+}
+
+/// Reserves an estimate (width × height × depth × channels × element size,
+/// summed over mip levels), creates, then settles to the driver's memory
+/// requirements when it reports them; destroys the array again when the
+/// real size does not fit.
+fn array_common(
+    t: Target,
+    kind: ArrayKind,
+    est: u64,
+    arr: *mut CUarray,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    if !t.reserve(est) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    let rc = call();
+    if rc != CUDA_SUCCESS {
+        t.release(est);
+        return rc;
+    }
+    // SAFETY: arr non-null (checked by callers); written on success.
+    let handle = unsafe { *arr };
+    let actual = array_requirements(kind, handle, t.dev).unwrap_or(est);
+    if actual > est {
+        if t.ledger.reserve(t.slot, t.dev, actual - est).is_err() {
+            array_destroy_real(kind, handle);
+            t.release(est);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    } else {
+        t.release(est - actual);
+    }
+    track(rc, &ARRAYS, t, handle as u64, actual)
+}
+
+fn extent(w: usize, h: usize, d: usize, format: c_int, channels: c_uint) -> u64 {
+    (w.max(1) as u64)
+        .saturating_mul(h.max(1) as u64)
+        .saturating_mul(d.max(1) as u64)
+        .saturating_mul(u64::from(channels.max(1)))
+        .saturating_mul(format_bytes(format))
+}
+
+/// # Safety
+/// C contract of `cuArrayCreate_v2`.
+pub unsafe fn array_create(
+    real: &Real,
+    arr: *mut CUarray,
+    desc: *const ArrayDescriptor,
+) -> CUresult {
+    let f = real_fn!(
+        real,
+        unsafe extern "C" fn(*mut CUarray, *const ArrayDescriptor) -> CUresult
+    );
+    // SAFETY: desc null or valid (caller contract).
+    let d = unsafe { desc.as_ref() };
+    let t = target_current().filter(|_| !arr.is_null());
+    let (Some(t), Some(d)) = (t, d) else {
+        // SAFETY: caller contract.
+        return unsafe { f(arr, desc) };
+    };
+    let est = extent(d.width, d.height, 1, d.format, d.num_channels);
+    // SAFETY: caller contract.
+    array_common(t, ArrayKind::Plain, est, arr, || unsafe { f(arr, desc) })
+}
+
+/// # Safety
+/// C contract of `cuArray3DCreate_v2`.
+pub unsafe fn array3d_create(
+    real: &Real,
+    arr: *mut CUarray,
+    desc: *const Array3DDescriptor,
+) -> CUresult {
+    let f = real_fn!(
+        real,
+        unsafe extern "C" fn(*mut CUarray, *const Array3DDescriptor) -> CUresult
+    );
+    // SAFETY: desc null or valid (caller contract).
+    let d = unsafe { desc.as_ref() };
+    let t = target_current().filter(|_| !arr.is_null());
+    let (Some(t), Some(d)) = (t, d) else {
+        // SAFETY: caller contract.
+        return unsafe { f(arr, desc) };
+    };
+    let est = extent(d.width, d.height, d.depth, d.format, d.num_channels);
+    // SAFETY: caller contract.
+    array_common(t, ArrayKind::Plain, est, arr, || unsafe { f(arr, desc) })
+}
+
+/// # Safety
+/// C contract of `cuMipmappedArrayCreate`.
+pub unsafe fn mipmapped_create(
+    real: &Real,
+    arr: *mut CUarray,
+    desc: *const Array3DDescriptor,
+    levels: c_uint,
+) -> CUresult {
+    type F = unsafe extern "C" fn(*mut CUarray, *const Array3DDescriptor, c_uint) -> CUresult;
+    let f = real_fn!(real, F);
+    // SAFETY: desc null or valid (caller contract).
+    let d = unsafe { desc.as_ref() };
+    let t = target_current().filter(|_| !arr.is_null());
+    let (Some(t), Some(d)) = (t, d) else {
+        // SAFETY: caller contract.
+        return unsafe { f(arr, desc, levels) };
+    };
+    let est = (0..levels.clamp(1, 64)).fold(0u64, |sum, l| {
+        let shrink = |v: usize| if v == 0 { 0 } else { (v >> l).max(1) };
+        sum.saturating_add(extent(
+            shrink(d.width),
+            shrink(d.height),
+            shrink(d.depth),
+            d.format,
+            d.num_channels,
+        ))
+    });
+    // SAFETY: caller contract.
+    array_common(t, ArrayKind::Mipmapped, est, arr, || unsafe {
+        f(arr, desc, levels)
+    })
+}
+
+/// # Safety
+/// C contract of `cuArrayDestroy`.
+pub unsafe fn array_destroy(real: &Real, arr: CUarray) -> CUresult {
+    let f = real_fn!(real, unsafe extern "C" fn(CUarray) -> CUresult);
+    // SAFETY: caller contract.
+    untrack(&ARRAYS, arr as u64, || unsafe { f(arr) })
+}
+
+/// # Safety
+/// C contract of `cuMipmappedArrayDestroy`.
+pub unsafe fn mipmapped_destroy(real: &Real, arr: CUarray) -> CUresult {
+    let f = real_fn!(real, unsafe extern "C" fn(CUarray) -> CUresult);
+    // SAFETY: caller contract.
+    untrack(&ARRAYS, arr as u64, || unsafe { f(arr) })
+}
+
+// ------------------------------------------------------------ mem info
+
+/// (total, free) as the slice sees device `t`: total = min(cap, real
+/// total), free = min(real free, cap − used), never underflowing.
+fn slice_view(t: Target, real_total: u64, real_free: u64) -> (u64, u64) {
+    settle_device(t);
+    let cap = shim().caps[t.dev];
+    let total = cap.min(real_total);
+    let left = total.saturating_sub(t.ledger.used(t.dev));
+    (total, real_free.min(left))
+}
+
+/// # Safety
+/// C contract of `cuMemGetInfo_v2`.
+pub unsafe fn mem_get_info(real: &Real, free: *mut usize, total: *mut usize) -> CUresult {
+    let f = real_fn!(
+        real,
+        unsafe extern "C" fn(*mut usize, *mut usize) -> CUresult
+    );
+    // The driver's own handling of null pointers and errors comes first.
+    // SAFETY: caller contract.
+    let rc = unsafe { f(free, total) };
+    if rc != CUDA_SUCCESS {
+        return rc;
+    }
+    let Some(t) = target_current() else { return rc };
+    // SAFETY: non-null pointers were just written by the driver.
+    unsafe {
+        let real_total = total.as_ref().map_or(u64::MAX, |&v| v as u64);
+        let real_free = free.as_ref().map_or(u64::MAX, |&v| v as u64);
+        let (t_total, t_free) = slice_view(t, real_total, real_free);
+        if let Some(v) = total.as_mut() {
+            *v = t_total as usize;
+        }
+        if let Some(v) = free.as_mut() {
+            *v = t_free as usize;
+        }
+    }
+    rc
+}
+
+/// # Safety
+/// C contract of `cuMemGetInfo` (the 32-bit ABI).
+pub unsafe fn mem_get_info_v1(real: &Real, free: *mut c_uint, total: *mut c_uint) -> CUresult {
+    let f = real_fn!(
+        real,
+        unsafe extern "C" fn(*mut c_uint, *mut c_uint) -> CUresult
+    );
+    // SAFETY: caller contract.
+    let rc = unsafe { f(free, total) };
+    if rc != CUDA_SUCCESS {
+        return rc;
+    }
+    let Some(t) = target_current() else { return rc };
+    // SAFETY: non-null pointers were just written by the driver.
+    unsafe {
+        let real_total = total.as_ref().map_or(u64::MAX, |&v| u64::from(v));
+        let real_free = free.as_ref().map_or(u64::MAX, |&v| u64::from(v));
+        let (t_total, t_free) = slice_view(t, real_total, real_free);
+        if let Some(v) = total.as_mut() {
+            *v = t_total.min(u64::from(c_uint::MAX)) as c_uint;
+        }
+        if let Some(v) = free.as_mut() {
+            *v = t_free.min(u64::from(c_uint::MAX)) as c_uint;
+        }
+    }
+    rc
+}

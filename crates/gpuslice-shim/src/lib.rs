@@ -1,0 +1,49 @@
+//! `libgpuslice.so`: enforces a slice's GPU memory cap inside every process
+//! of the slice, loaded with `LD_PRELOAD` (see docs/shim.md).
+//!
+//! - Interposes the CUDA driver API's allocation, free and memory-info
+//!   entry points, for programs that link libcuda, that `dlopen` it and
+//!   `dlsym` symbols ([`sys::dlsym`]), and runtimes that take entry points
+//!   from `cuGetProcAddress(_v2)` ([`procaddr`]); plus NVML's memory
+//!   queries ([`nvml`]).
+//! - Charges every allocation to the slice's ledger
+//!   ([`gpuslice_ledger`]) by compare-and-swap *before* the driver call;
+//!   over the cap the call fails with `CUDA_ERROR_OUT_OF_MEMORY`.
+//! - Configuration (read once, in the library constructor):
+//!   `GPUSLICE_MEMORY_LIMIT` / `GPUSLICE_MEMORY_LIMIT_<i>`,
+//!   `GPUSLICE_LEDGER`, `GPUSLICE_SLICE`, `GPUSLICE_CONTEXT_BYTES`,
+//!   `GPUSLICE_LOG`. With no cap, `dlsym` and `cuGetProcAddress` hand back
+//!   the driver's own functions.
+//!
+//! No panic crosses the C boundary: every entry point runs under
+//! `catch_unwind`.
+
+mod config;
+mod cuda;
+mod families;
+mod hooks;
+mod nvml;
+mod procaddr;
+mod real;
+mod state;
+mod sys;
+mod table;
+
+extern "C" fn constructor() {
+    real::guard((), || {
+        sys::resolve_real_dlsym();
+        state::init();
+    });
+}
+
+extern "C" fn destructor() {
+    real::guard((), state::detach_at_exit);
+}
+
+#[used]
+#[link_section = ".init_array"]
+static INIT: extern "C" fn() = constructor;
+
+#[used]
+#[link_section = ".fini_array"]
+static FINI: extern "C" fn() = destructor;

@@ -1,0 +1,311 @@
+//! Process-wide state: configuration, the slice ledger, this process's
+//! slot, and the reserve/release helpers the hooks share.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::OnceLock;
+
+use gpuslice_ledger::{DeviceSpec, Ledger, Slot, MAX_DEVICES, UNLIMITED};
+
+use crate::config::{Config, NvmlMatch};
+use crate::sys::log_line;
+
+pub struct Shim {
+    /// None: no cap anywhere; every hook passes straight through.
+    pub ledger: Option<Ledger>,
+    pub caps: [u64; MAX_DEVICES],
+    pub context_bytes: u64,
+    pub log: bool,
+    pub nvml: Vec<NvmlMatch>,
+}
+
+static SHIM: OnceLock<Shim> = OnceLock::new();
+
+/// The configuration, read on first use (normally by the constructor).
+#[inline]
+pub fn shim() -> &'static Shim {
+    match SHIM.get() {
+        Some(s) => s,
+        None => init(),
+    }
+}
+
+/// The configuration if it was already read; never blocks (used by our
+/// `dlsym`, which glibc or std may call while the configuration is read).
+#[inline]
+pub fn shim_if_ready() -> Option<&'static Shim> {
+    SHIM.get()
+}
+
+#[cold]
+pub fn init() -> &'static Shim {
+    SHIM.get_or_init(|| Shim::new(Config::from_env()))
+}
+
+impl Shim {
+    pub fn new(cfg: Config) -> Shim {
+        let log = cfg.log;
+        for e in &cfg.errors {
+            log_line(e);
+        }
+        let mut caps = [UNLIMITED; MAX_DEVICES];
+        let ledger = open_ledger(&cfg);
+        match &ledger {
+            Some(l) => {
+                for (d, cap) in caps.iter_mut().enumerate().take(l.device_count()) {
+                    *cap = l.cap(d);
+                }
+            }
+            None => caps[..cfg.caps.len()].copy_from_slice(&cfg.caps),
+        }
+        let ledger = ledger.filter(|_| caps.iter().any(|&c| c != UNLIMITED));
+        if log {
+            let where_ = ledger.as_ref().map_or("none (no cap)".to_string(), |l| {
+                l.path()
+                    .map_or("private".into(), |p| p.display().to_string())
+            });
+            let shown: Vec<String> = caps
+                .iter()
+                .take_while(|&&c| c != UNLIMITED)
+                .map(|c| format!("{}MiB", c >> 20))
+                .collect();
+            log_line(&format!(
+                "pid {} ledger {where_} caps [{}]",
+                std::process::id(),
+                shown.join(",")
+            ));
+        }
+        Shim {
+            ledger,
+            caps,
+            context_bytes: cfg.context_bytes,
+            log,
+            nvml: cfg.nvml,
+        }
+    }
+
+    pub fn active(&self) -> bool {
+        self.ledger.is_some()
+    }
+}
+
+/// The slice's ledger file when it is configured and sound; else a private
+/// one from the environment's caps (a per-process cap), or none.
+fn open_ledger(cfg: &Config) -> Option<Ledger> {
+    let specs: Vec<DeviceSpec> = cfg
+        .caps
+        .iter()
+        .enumerate()
+        .map(|(i, &cap)| DeviceSpec {
+            uuid: cfg.uuid(i),
+            cap,
+        })
+        .collect();
+    if let Some(path) = &cfg.ledger_path {
+        let r = if specs.is_empty() {
+            Ledger::open(std::path::Path::new(path))
+        } else {
+            Ledger::open_or_create(std::path::Path::new(path), &cfg.slice_id, &specs)
+        };
+        match r {
+            Ok(l) if l.writable() => return Some(l),
+            Ok(_) => log_line(&format!(
+                "ledger {path} is read-only for this process; caps are per process"
+            )),
+            Err(e) => log_line(&format!("{e}; caps are per process")),
+        }
+    }
+    if specs.iter().all(|s| s.cap == UNLIMITED) {
+        return None;
+    }
+    match Ledger::private(&cfg.slice_id, &specs) {
+        Ok(l) => Some(l),
+        Err(e) => {
+            log_line(&format!("cannot set up accounting: {e}; no cap enforced"));
+            None
+        }
+    }
+}
+
+// ------------------------------------------------------------- our slot
+
+const UNATTACHED: usize = usize::MAX;
+const ATTACHING: usize = usize::MAX - 1;
+/// Attach failed, or we detached at exit: pass through.
+const OFF: usize = usize::MAX - 2;
+
+static SLOT: AtomicUsize = AtomicUsize::new(UNATTACHED);
+static ATFORK: std::sync::Once = std::sync::Once::new();
+
+#[inline]
+fn slot(ledger: &Ledger) -> Option<Slot> {
+    match SLOT.load(Ordering::Acquire) {
+        OFF => None,
+        UNATTACHED | ATTACHING => attach(ledger),
+        i => Slot::from_index(i),
+    }
+}
+
+#[cold]
+fn attach(ledger: &Ledger) -> Option<Slot> {
+    loop {
+        match SLOT.compare_exchange(UNATTACHED, ATTACHING, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => break,
+            Err(ATTACHING) => std::thread::yield_now(),
+            Err(OFF) => return None,
+            Err(i) => return Slot::from_index(i),
+        }
+    }
+    ATFORK.call_once(|| {
+        // SAFETY: registers a plain extern "C" handler; no other effect.
+        unsafe { libc::pthread_atfork(None, None, Some(after_fork_child)) };
+    });
+    match ledger.attach() {
+        Ok(s) => {
+            SLOT.store(s.index(), Ordering::Release);
+            Some(s)
+        }
+        Err(e) => {
+            log_line(&format!(
+                "cannot join the slice ledger: {e}; this process is not capped"
+            ));
+            SLOT.store(OFF, Ordering::Release);
+            None
+        }
+    }
+}
+
+/// A forked child is a new process: it takes its own slot when it first
+/// allocates (CUDA itself does not survive fork).
+extern "C" fn after_fork_child() {
+    SLOT.store(UNATTACHED, Ordering::Release);
+    for c in &CTX_CHARGED {
+        c.store(false, Ordering::Relaxed);
+    }
+}
+
+/// Releases everything at exit (the destructor).
+pub fn detach_at_exit() {
+    let Some(s) = SHIM.get() else { return };
+    let Some(l) = &s.ledger else { return };
+    let i = SLOT.swap(OFF, Ordering::AcqRel);
+    if let Some(slot) = Slot::from_index(i) {
+        l.detach(slot);
+    }
+}
+
+// ------------------------------------------------------------- charging
+
+/// Where a charge goes: a capped device of an active shim.
+#[derive(Clone, Copy)]
+pub struct Target {
+    pub ledger: &'static Ledger,
+    pub slot: Slot,
+    pub dev: usize,
+}
+
+static CTX_CHARGED: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
+
+/// The target for device ordinal `dev`, or None to pass through.
+#[inline]
+pub fn target(dev: i32) -> Option<Target> {
+    let s = shim();
+    let ledger = s.ledger.as_ref()?;
+    let dev = usize::try_from(dev).ok().filter(|&d| d < MAX_DEVICES)?;
+    if s.caps[dev] == UNLIMITED {
+        return None;
+    }
+    let slot = slot(ledger)?;
+    let t = Target { ledger, slot, dev };
+    if s.context_bytes > 0 && !CTX_CHARGED[dev].load(Ordering::Relaxed) {
+        charge_context(t, s.context_bytes);
+    }
+    Some(t)
+}
+
+/// The target for the current context's device.
+#[inline]
+pub fn target_current() -> Option<Target> {
+    if !shim().active() {
+        return None;
+    }
+    target(crate::hooks::current_device()?)
+}
+
+#[cold]
+fn charge_context(t: Target, bytes: u64) {
+    if !CTX_CHARGED[t.dev].swap(true, Ordering::AcqRel) {
+        // The context exists already: record it even past the cap.
+        t.ledger.charge_unchecked(t.slot, t.dev, bytes);
+    }
+}
+
+impl Target {
+    /// Reserves `bytes` before the driver call. On refusal, first settles
+    /// stale pool/graph charges (they may have shrunk) and tries again.
+    #[inline]
+    pub fn reserve(self, bytes: u64) -> bool {
+        if self.ledger.reserve(self.slot, self.dev, bytes).is_ok() {
+            return true;
+        }
+        self.reserve_slow(bytes)
+    }
+
+    #[cold]
+    fn reserve_slow(self, bytes: u64) -> bool {
+        crate::hooks::settle_device(self);
+        match self.ledger.reserve(self.slot, self.dev, bytes) {
+            Ok(()) => true,
+            Err(over) => {
+                refused(self.dev, bytes, over.used, over.cap);
+                false
+            }
+        }
+    }
+
+    #[inline]
+    pub fn release(self, bytes: u64) {
+        self.ledger.release(self.slot, self.dev, bytes);
+    }
+
+    /// Adjusts the charge by `delta` after the fact (pool or graph growth
+    /// seen after the call): grows within the cap when possible, else
+    /// records the overshoot so later reservations fail.
+    pub fn adjust(self, delta: i128) {
+        if delta > 0 {
+            let d = delta.min(u64::MAX as i128) as u64;
+            if self.ledger.reserve(self.slot, self.dev, d).is_err() {
+                self.ledger.charge_unchecked(self.slot, self.dev, d);
+                if shim().log {
+                    log_line(&format!(
+                        "device {}: driver-side growth of {d} bytes passed the cap",
+                        self.dev
+                    ));
+                }
+            }
+        } else if delta < 0 {
+            self.release((-delta).min(u64::MAX as i128) as u64);
+        }
+    }
+}
+
+/// The release path when only the device index is known (frees).
+#[inline]
+pub fn release(dev: usize, bytes: u64) {
+    let s = shim();
+    let Some(l) = &s.ledger else { return };
+    let i = SLOT.load(Ordering::Acquire);
+    if let Some(slot) = Slot::from_index(i) {
+        l.release(slot, dev, bytes);
+    }
+}
+
+static REFUSALS_LOGGED: AtomicU64 = AtomicU64::new(0);
+
+#[cold]
+fn refused(dev: usize, bytes: u64, used: u64, cap: u64) {
+    if shim().log && REFUSALS_LOGGED.fetch_add(1, Ordering::Relaxed) < 20 {
+        log_line(&format!(
+            "device {dev}: {bytes} bytes refused (slice uses {used} of {cap}): CUDA_ERROR_OUT_OF_MEMORY"
+        ));
+    }
+}

@@ -1,0 +1,192 @@
+//! The dynamic linker side: the real `dlsym`, our exported `dlsym`, lazy
+//! resolution of real driver functions, and anonymous memory for the
+//! pointer tables. Most of the crate's `unsafe` lives here.
+
+use std::ffi::{c_char, c_void, CStr};
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+pub type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
+
+/// glibc's `dlsym`, found with `dlvsym` (which we do not interpose).
+pub static REAL_DLSYM: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Finds glibc's `dlsym` (2.34+ exports it from libc as `GLIBC_2.34`; older
+/// ones from libdl as `GLIBC_2.2.5`) and caches it. Never null: falls back to
+/// a function returning null.
+pub extern "C" fn resolve_real_dlsym() -> *mut c_void {
+    let cached = REAL_DLSYM.load(Ordering::Acquire);
+    if !cached.is_null() {
+        return cached;
+    }
+    let mut found = std::ptr::null_mut();
+    for version in [c"GLIBC_2.34", c"GLIBC_2.2.5", c"GLIBC_2.17"] {
+        // SAFETY: dlvsym with RTLD_NEXT and NUL-terminated strings; it looks
+        // up the next object after ours that defines `dlsym`.
+        found = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), version.as_ptr()) };
+        if !found.is_null() {
+            break;
+        }
+    }
+    if found.is_null() {
+        found = null_dlsym as *mut c_void;
+    }
+    REAL_DLSYM.store(found, Ordering::Release);
+    found
+}
+
+extern "C" fn null_dlsym(_h: *mut c_void, _s: *const c_char) -> *mut c_void {
+    std::ptr::null_mut()
+}
+
+/// Calls glibc's `dlsym` (from this library: RTLD_NEXT means "after us").
+pub fn real_dlsym(handle: *mut c_void, name: &CStr) -> *mut c_void {
+    let f = resolve_real_dlsym();
+    // SAFETY: `f` is glibc's dlsym (or `null_dlsym`), which has this
+    // signature; `name` is NUL-terminated.
+    unsafe {
+        let f: DlsymFn = std::mem::transmute::<*mut c_void, DlsymFn>(f);
+        f(handle, name.as_ptr())
+    }
+}
+
+/// Handle of an already loaded library (`RTLD_NOLOAD`), or null.
+pub fn loaded(soname: &CStr) -> *mut c_void {
+    // SAFETY: NUL-terminated name; RTLD_NOLOAD never loads anything.
+    unsafe { libc::dlopen(soname.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY) }
+}
+
+/// The real definition of a driver or NVML function: the next object after
+/// ours in the global scope, else the already loaded libcuda / libnvidia-ml
+/// (which a runtime may have dlopen'ed with RTLD_LOCAL). Null if none.
+pub fn lookup_real(name: &CStr) -> *mut c_void {
+    let p = real_dlsym(libc::RTLD_NEXT, name);
+    if !p.is_null() && !is_ours(p) {
+        return p;
+    }
+    let lib = if name.to_bytes().starts_with(b"nvml") {
+        c"libnvidia-ml.so.1"
+    } else {
+        c"libcuda.so.1"
+    };
+    let h = loaded(lib);
+    if h.is_null() {
+        return std::ptr::null_mut();
+    }
+    let p = real_dlsym(h, name);
+    if is_ours(p) {
+        std::ptr::null_mut()
+    } else {
+        p
+    }
+}
+
+/// `name` from the object that defines `sibling` (a real function we
+/// already hold), e.g. `nvmlDeviceGetUUID` next to `nvmlDeviceGetMemoryInfo`.
+pub fn lookup_beside(sibling: *mut c_void, name: &CStr) -> *mut c_void {
+    let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
+    // SAFETY: dladdr only reads the address and fills `info`.
+    let ok = unsafe { libc::dladdr(sibling, info.as_mut_ptr()) };
+    if ok == 0 {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: dladdr succeeded, so `info` is initialised.
+    let info = unsafe { info.assume_init() };
+    if info.dli_fname.is_null() {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: dli_fname is a NUL-terminated path owned by the loader.
+    let h = unsafe { libc::dlopen(info.dli_fname, libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
+    if h.is_null() {
+        return std::ptr::null_mut();
+    }
+    real_dlsym(h, name)
+}
+
+/// Whether `p` points into this library (so it must never be recorded as
+/// a "real" function: that would loop).
+pub fn is_ours(p: *mut c_void) -> bool {
+    if p.is_null() {
+        return false;
+    }
+    object_base(p) == object_base(is_ours as *mut c_void)
+}
+
+fn object_base(p: *mut c_void) -> *mut c_void {
+    let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
+    // SAFETY: dladdr only reads the address and fills `info`.
+    let ok = unsafe { libc::dladdr(p, info.as_mut_ptr()) };
+    if ok == 0 {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: initialised by the successful dladdr.
+    unsafe { info.assume_init() }.dli_fbase
+}
+
+/// Private, lazily backed, zero-filled memory (`MAP_NORESERVE`): pages cost
+/// nothing until touched.
+pub fn anon(bytes: usize) -> Option<*mut u8> {
+    // SAFETY: fresh anonymous mapping; the result is checked.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    (p != libc::MAP_FAILED && !p.is_null()).then_some(p.cast())
+}
+
+/// Reads a C string argument.
+///
+/// # Safety
+/// `p` must be null or NUL-terminated and live for `'a`.
+pub unsafe fn cstr<'a>(p: *const c_char) -> Option<&'a CStr> {
+    // SAFETY: per the contract.
+    (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) })
+}
+
+/// Writes a log line to stderr with one `write` (no locks, no allocation
+/// beyond the formatted string; only used off the hot path).
+pub fn log_line(line: &str) {
+    let text = format!("gpuslice: {line}\n");
+    // SAFETY: writes a valid buffer to fd 2.
+    unsafe { libc::write(2, text.as_ptr().cast(), text.len()) };
+}
+
+/// Our `dlsym`. `dlsym(RTLD_NEXT, …)` depends on who calls it, so that case
+/// tail-jumps to glibc with the caller's return address untouched; every
+/// other handle goes to [`crate::procaddr::dlsym_impl`], which asks glibc
+/// and swaps in our wrapper for a symbol we interpose.
+///
+/// # Safety
+/// The C contract of `dlsym`.
+#[cfg(target_arch = "x86_64")]
+#[unsafe(naked)]
+#[no_mangle]
+pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+    core::arch::naked_asm!(
+        "cmp rdi, -1",
+        "je 2f",
+        "jmp {imp}",
+        "2:",
+        "mov rax, qword ptr [rip + {real}]",
+        "test rax, rax",
+        "jz 3f",
+        "jmp rax",
+        "3:",
+        "push rdi",
+        "push rsi",
+        "sub rsp, 8",
+        "call {resolve}",
+        "add rsp, 8",
+        "pop rsi",
+        "pop rdi",
+        "jmp rax",
+        imp = sym crate::procaddr::dlsym_impl,
+        real = sym REAL_DLSYM,
+        resolve = sym resolve_real_dlsym,
+    )
+}
