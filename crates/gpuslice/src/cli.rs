@@ -109,6 +109,8 @@ pub struct RunArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
+    /// CUDA start-up time per isolation method and number of GPUs reachable.
+    Init(crate::cmd::bench_init::InitArgs),
     /// Launch overhead of isolation against a bare exec (and bubblewrap when installed).
     Launch(crate::cmd::bench_launch::LaunchArgs),
 }
