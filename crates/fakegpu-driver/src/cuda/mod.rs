@@ -4,6 +4,7 @@
 //! an opaque pointer, `CUdeviceptr` an `unsigned long long`.
 
 mod init;
+mod memory_ext;
 mod proc_address;
 
 use std::cell::Cell;
@@ -545,7 +546,7 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
     symbol: *const c_char,
     pfn: *mut *mut c_void,
     cuda_version: c_int,
-    _flags: u64,
+    flags: u64,
     status: *mut c_int,
 ) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
@@ -556,7 +557,7 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
         if pfn.is_null() {
             return CUDA_ERROR_INVALID_VALUE;
         }
-        let found = proc_address::lookup(name, cuda_version);
+        let found = proc_address::lookup_with_flags(name, cuda_version, flags);
         let (ptr, query, code) = match found {
             Some(p) => (p, PROC_SUCCESS, CUDA_SUCCESS),
             None => (

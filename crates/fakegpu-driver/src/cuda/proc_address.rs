@@ -7,6 +7,7 @@
 
 use std::ffi::{c_int, c_void};
 
+use super::memory_ext::*;
 use super::*;
 
 /// Base names whose `_v2` is what a caller built against at least the given
@@ -19,6 +20,9 @@ const VERSIONED: &[(&str, c_int)] = &[
     ("cuDevicePrimaryCtxRelease", 11000),
     ("cuDeviceGetUuid", 11040),
     ("cuGetProcAddress", 12000),
+    ("cuMemAllocPitch", 3020),
+    ("cuArrayCreate", 3020),
+    ("cuArray3DCreate", 3020),
 ];
 
 /// Maps an exact exported name to its address.
@@ -57,7 +61,57 @@ fn exact(name: &str) -> Option<*mut c_void> {
         cuGetErrorName,
         cuGetProcAddress,
         cuGetProcAddress_v2,
+        // memory_ext
+        cuMemAllocPitch_v2,
+        cuMemAllocManaged,
+        cuMemGetInfo,
+        cuDeviceGetMemPool,
+        cuDeviceGetDefaultMemPool,
+        cuMemPoolCreate,
+        cuMemPoolDestroy,
+        cuMemPoolGetAttribute,
+        cuMemPoolTrimTo,
+        cuMemAllocFromPoolAsync,
+        cuMemAllocFromPoolAsync_ptsz,
+        cuMemAllocAsync,
+        cuMemAllocAsync_ptsz,
+        cuMemFreeAsync,
+        cuMemFreeAsync_ptsz,
+        cuMemCreate,
+        cuMemRelease,
+        cuArrayCreate_v2,
+        cuArray3DCreate_v2,
+        cuMipmappedArrayCreate,
+        cuArrayDestroy,
+        cuMipmappedArrayDestroy,
+        cuArrayGetMemoryRequirements,
+        cuMipmappedArrayGetMemoryRequirements,
+        cuGraphCreate,
+        cuGraphAddMemAllocNode,
+        cuGraphInstantiateWithFlags,
+        cuGraphLaunch,
+        cuGraphLaunch_ptsz,
+        cuGraphUpload,
+        cuGraphUpload_ptsz,
+        cuGraphExecDestroy,
+        cuGraphDestroy,
+        cuDeviceGraphMemTrim,
+        cuDeviceGetGraphMemAttribute,
     )
+}
+
+/// `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM`.
+const PER_THREAD: u64 = 1 << 1;
+
+/// As [`lookup`], honouring the per-thread default stream flag: a symbol
+/// with a `_ptsz` flavour gives that flavour.
+pub fn lookup_with_flags(name: &str, cuda_version: c_int, flags: u64) -> Option<*mut c_void> {
+    if flags & PER_THREAD != 0 {
+        if let Some(p) = exact(&format!("{name}_ptsz")) {
+            return Some(p);
+        }
+    }
+    lookup(name, cuda_version)
 }
 
 /// The entry point a caller built against `cuda_version` gets for `name`.

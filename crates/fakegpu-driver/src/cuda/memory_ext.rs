@@ -1,0 +1,842 @@
+//! The rest of the allocation surface the shim interposes, so its tests can
+//! drive every path: pitch, managed, stream-ordered pools, VMM, arrays,
+//! graph memory nodes, and the 32-bit `cuMemGetInfo`.
+//!
+//! Every byte of device memory any of these hold goes through
+//! [`memory::alloc`] on the device's key, so `cuMemGetInfo` and NVML see it.
+//! Pools reserve in 2 MiB steps and keep their reserve until trimmed; graph
+//! memory is reserved by the first launch (or upload) of an exec with
+//! allocation nodes and released by `cuDeviceGraphMemTrim` once no exec
+//! needs it — as the real driver does.
+
+use std::collections::BTreeMap;
+use std::ffi::{c_int, c_uint, c_void};
+use std::sync::{Mutex, MutexGuard};
+
+use super::*;
+
+const POOL_STEP: u64 = 2 << 20;
+const ARRAY_ALIGN: u64 = 64 << 10;
+
+type Handle = *mut c_void;
+
+#[derive(Default)]
+struct Pool {
+    dev: usize,
+    reserved: u64,
+    used: u64,
+    reserved_high: u64,
+    used_high: u64,
+    /// Device memory backing the reserve (addresses from `memory::alloc`).
+    chunks: Vec<(u64, u64)>,
+    /// Live allocations: address → size.
+    live: BTreeMap<u64, u64>,
+}
+
+#[derive(Default)]
+struct Graphs {
+    next: usize,
+    /// graph → bytes of its allocation nodes (device of the current context).
+    graphs: BTreeMap<usize, (usize, u64)>,
+    /// exec → (device, bytes, launched).
+    execs: BTreeMap<usize, (usize, u64, bool)>,
+    /// Per device: graph pool chunks.
+    reserve: BTreeMap<usize, Vec<(u64, u64)>>,
+}
+
+#[derive(Default)]
+struct Ext {
+    pools: BTreeMap<usize, Pool>,
+    default_pool: BTreeMap<usize, usize>,
+    next_pool: usize,
+    next_addr: u64,
+    /// pool allocation address → pool id.
+    owner: BTreeMap<u64, usize>,
+    /// array handle → bytes.
+    arrays: BTreeMap<u64, u64>,
+    graphs: Graphs,
+}
+
+static EXT: Mutex<Option<Ext>> = Mutex::new(None);
+
+fn ext() -> MutexGuard<'static, Option<Ext>> {
+    EXT.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn with<T>(f: impl FnOnce(&mut Ext) -> T) -> T {
+    let mut g = ext();
+    f(g.get_or_insert_with(|| Ext {
+        next_addr: 0x5f00_0000_0000,
+        ..Ext::default()
+    }))
+}
+
+/// Token handles: never dereferenced by callers.
+const POOL_BASE: usize = 0x900_0000;
+const GRAPH_BASE: usize = 0xA00_0000;
+
+fn pool_id(h: Handle) -> Option<usize> {
+    (h as usize).checked_sub(POOL_BASE).map(|o| o / 16)
+}
+
+fn dev_alloc(dev: usize, bytes: u64) -> Result<u64, CUresult> {
+    let d = device(dev as CUdevice)?;
+    memory::alloc(d.mem_key, d.memory_bytes, bytes).map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)
+}
+
+fn new_pool(e: &mut Ext, dev: usize) -> usize {
+    let id = e.next_pool;
+    e.next_pool += 1;
+    e.pools.insert(
+        id,
+        Pool {
+            dev,
+            ..Pool::default()
+        },
+    );
+    id
+}
+
+fn default_pool(e: &mut Ext, dev: usize) -> usize {
+    if let Some(&id) = e.default_pool.get(&dev) {
+        return id;
+    }
+    let id = new_pool(e, dev);
+    e.default_pool.insert(dev, id);
+    id
+}
+
+fn pool_alloc(e: &mut Ext, id: usize, size: u64) -> Result<u64, CUresult> {
+    if size == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let p = e.pools.get_mut(&id).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let slack = p.reserved - p.used;
+    if slack < size {
+        let grow = (size - slack).div_ceil(POOL_STEP) * POOL_STEP;
+        let chunk = dev_alloc(p.dev, grow)?;
+        p.chunks.push((chunk, grow));
+        p.reserved += grow;
+        p.reserved_high = p.reserved_high.max(p.reserved);
+    }
+    p.used += size;
+    p.used_high = p.used_high.max(p.used);
+    let addr = e.next_addr;
+    e.next_addr += size.div_ceil(512).max(1) * 512;
+    p.live.insert(addr, size);
+    e.owner.insert(addr, id);
+    Ok(addr)
+}
+
+fn trim(p: &mut Pool, keep: u64) {
+    let floor = p.used.max(keep);
+    while let Some(&(addr, size)) = p.chunks.last() {
+        if p.reserved - size < floor {
+            break;
+        }
+        memory::free(addr);
+        p.reserved -= size;
+        p.chunks.pop();
+    }
+}
+
+// ---------------------------------------------------------------- pitch, managed
+
+/// # Safety
+/// Out-pointers null or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocPitch_v2(
+    dptr: *mut CUdeviceptr,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    elem: c_uint,
+) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        rc(current_device().and_then(|dev| {
+            if width == 0 || height == 0 || !matches!(elem, 4 | 8 | 16) {
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
+            let p = (width as u64).div_ceil(512) * 512;
+            let ptr = dev_alloc(dev, p * height as u64)?;
+            // SAFETY: caller contract.
+            unsafe {
+                out(pitch, p as usize)?;
+                out(dptr, ptr)
+            }
+        }))
+    })
+}
+
+/// # Safety
+/// `dptr` null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocManaged(
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    _flags: c_uint,
+) -> CUresult {
+    // Entry points never call each other through their exported symbols:
+    // those may be interposed (by the shim under test).
+    guard(CUDA_ERROR_UNKNOWN, || {
+        rc(current_device().and_then(|dev| {
+            if size == 0 || dptr.is_null() {
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
+            let ptr = dev_alloc(dev, size as u64)?;
+            // SAFETY: caller contract.
+            unsafe { out(dptr, ptr) }
+        }))
+    })
+}
+
+/// # Safety
+/// Out-pointers null or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        rc(current_device().and_then(|dev| {
+            let d = device(dev as CUdevice)?;
+            let f = d.memory_bytes.saturating_sub(memory::used(d.mem_key));
+            let clamp = |v: u64| v.min(u64::from(c_uint::MAX)) as c_uint;
+            // SAFETY: caller contract.
+            unsafe {
+                out(free, clamp(f))?;
+                out(total, clamp(d.memory_bytes))
+            }
+        }))
+    })
+}
+
+// ---------------------------------------------------------------- pools
+
+/// # Safety
+/// `pool` null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetMemPool(pool: *mut Handle, dev: CUdevice) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        rc(device(dev).and_then(|_| {
+            let id = with(|e| default_pool(e, dev as usize));
+            // SAFETY: caller contract.
+            unsafe { out(pool, (POOL_BASE + id * 16) as Handle) }
+        }))
+    })
+}
+
+/// # Safety
+/// As `cuDeviceGetMemPool`.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetDefaultMemPool(pool: *mut Handle, dev: CUdevice) -> CUresult {
+    // SAFETY: same contract.
+    unsafe { cuDeviceGetMemPool(pool, dev) }
+}
+
+/// Reads `location.type`/`location.id` (offsets 8 and 12) of the props.
+///
+/// # Safety
+/// `pool` null or valid; `props` null or a `CUmemPoolProps`.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolCreate(pool: *mut Handle, props: *const u8) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        if props.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: props points to a CUmemPoolProps (≥ 16 bytes).
+        let (ty, id) = unsafe {
+            (
+                props.add(8).cast::<c_int>().read_unaligned(),
+                props.add(12).cast::<c_int>().read_unaligned(),
+            )
+        };
+        if ty != 1 {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        rc(device(id).and_then(|_| {
+            let pid = with(|e| new_pool(e, id as usize));
+            // SAFETY: caller contract.
+            unsafe { out(pool, (POOL_BASE + pid * 16) as Handle) }
+        }))
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemPoolDestroy(pool: Handle) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        with(|e| {
+            let Some(mut p) = pool_id(pool).and_then(|id| e.pools.remove(&id)) else {
+                return CUDA_ERROR_INVALID_VALUE;
+            };
+            for (addr, _) in p.chunks.drain(..) {
+                memory::free(addr);
+            }
+            CUDA_SUCCESS
+        })
+    })
+}
+
+/// # Safety
+/// `value` null or valid for a write of a `cuuint64_t`.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolGetAttribute(
+    pool: Handle,
+    attr: c_int,
+    value: *mut c_void,
+) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        let v = with(|e| {
+            let p = pool_id(pool).and_then(|id| e.pools.get(&id))?;
+            match attr {
+                4 => Some(0),
+                5 => Some(p.reserved),
+                6 => Some(p.reserved_high),
+                7 => Some(p.used),
+                8 => Some(p.used_high),
+                _ => None,
+            }
+        });
+        match v {
+            // SAFETY: caller contract.
+            Some(v) => rc(unsafe { out(value.cast::<u64>(), v) }),
+            None => CUDA_ERROR_INVALID_VALUE,
+        }
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemPoolTrimTo(pool: Handle, keep: usize) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        with(
+            |e| match pool_id(pool).and_then(|id| e.pools.get_mut(&id)) {
+                Some(p) => {
+                    trim(p, keep as u64);
+                    CUDA_SUCCESS
+                }
+                None => CUDA_ERROR_INVALID_VALUE,
+            },
+        )
+    })
+}
+
+/// # Safety
+/// `dptr` null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    pool: Handle,
+    _stream: Handle,
+) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        rc(state().and_then(|_| {
+            let id = pool_id(pool).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            from_pool(dptr, size, id)
+        }))
+    })
+}
+
+fn from_pool(dptr: *mut CUdeviceptr, size: usize, id: usize) -> Result<(), CUresult> {
+    let addr = with(|e| pool_alloc(e, id, size as u64))?;
+    // SAFETY: callers pass the caller's out-pointer (null or valid).
+    unsafe { out(dptr, addr) }
+}
+
+/// # Safety
+/// As `cuMemAllocFromPoolAsync`.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    pool: Handle,
+    stream: Handle,
+) -> CUresult {
+    let _ = stream;
+    guard(CUDA_ERROR_UNKNOWN, || {
+        rc(state().and_then(|_| {
+            let id = pool_id(pool).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            from_pool(dptr, size, id)
+        }))
+    })
+}
+
+/// # Safety
+/// `dptr` null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocAsync(
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    stream: Handle,
+) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        let dev = match current_device() {
+            Ok(d) => d,
+            Err(e) => return e,
+        };
+        let _ = stream;
+        let id = with(|e| default_pool(e, dev));
+        rc(from_pool(dptr, size, id))
+    })
+}
+
+/// # Safety
+/// As `cuMemAllocAsync`.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    stream: Handle,
+) -> CUresult {
+    let _ = stream;
+    guard(CUDA_ERROR_UNKNOWN, || {
+        rc(current_device().and_then(|dev| {
+            let id = with(|e| default_pool(e, dev));
+            from_pool(dptr, size, id)
+        }))
+    })
+}
+
+/// Frees pool memory back to its pool (the reserve stays), or any other
+/// device allocation.
+#[no_mangle]
+pub extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, _stream: Handle) -> CUresult {
+    free_async(dptr)
+}
+
+fn free_async(dptr: CUdeviceptr) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        let pooled = with(|e| {
+            let id = e.owner.remove(&dptr)?;
+            let p = e.pools.get_mut(&id)?;
+            let size = p.live.remove(&dptr)?;
+            p.used -= size;
+            Some(())
+        });
+        match pooled {
+            Some(()) => CUDA_SUCCESS,
+            None if memory::free(dptr) => CUDA_SUCCESS,
+            None => CUDA_ERROR_INVALID_VALUE,
+        }
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, _stream: Handle) -> CUresult {
+    free_async(dptr)
+}
+
+// ---------------------------------------------------------------- VMM
+
+/// Reads `location.type`/`location.id` (offsets 8 and 12) of the prop.
+///
+/// # Safety
+/// `handle` null or valid; `prop` null or a `CUmemAllocationProp`.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemCreate(
+    handle: *mut u64,
+    size: usize,
+    prop: *const u8,
+    _flags: u64,
+) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        if prop.is_null() || size == 0 {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: prop points to a CUmemAllocationProp (≥ 16 bytes).
+        let (ty, id) = unsafe {
+            (
+                prop.add(8).cast::<c_int>().read_unaligned(),
+                prop.add(12).cast::<c_int>().read_unaligned(),
+            )
+        };
+        if ty != 1 {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        rc(state().and_then(|_| {
+            let h = dev_alloc(id as usize, size as u64)?;
+            // SAFETY: caller contract.
+            unsafe { out(handle, h) }
+        }))
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemRelease(handle: u64) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || match memory::free(handle) {
+        true => CUDA_SUCCESS,
+        false => CUDA_ERROR_INVALID_VALUE,
+    })
+}
+
+// ---------------------------------------------------------------- arrays
+
+fn format_bytes(format: c_int) -> Option<u64> {
+    match format {
+        0x01 | 0x08 => Some(1),
+        0x02 | 0x09 | 0x10 => Some(2),
+        0x03 | 0x0a | 0x20 => Some(4),
+        _ => None,
+    }
+}
+
+/// Size the fake gives an array: texels × bytes, aligned to 64 KiB.
+fn array_bytes(w: usize, h: usize, d: usize, format: c_int, channels: c_uint) -> Option<u64> {
+    if w == 0 || !matches!(channels, 1 | 2 | 4) {
+        return None;
+    }
+    let texels = w as u64 * h.max(1) as u64 * d.max(1) as u64;
+    Some((texels * channels as u64 * format_bytes(format)?).div_ceil(ARRAY_ALIGN) * ARRAY_ALIGN)
+}
+
+fn make_array(arr: *mut Handle, bytes: Option<u64>) -> CUresult {
+    rc(current_device().and_then(|dev| {
+        let bytes = bytes.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let h = dev_alloc(dev, bytes)?;
+        with(|e| e.arrays.insert(h, bytes));
+        // SAFETY: callers checked `arr`'s contract.
+        unsafe { out(arr, h as Handle) }
+    }))
+}
+
+/// `CUDA_ARRAY_DESCRIPTOR`: Width, Height, Format, NumChannels.
+///
+/// # Safety
+/// `arr` null or valid; `desc` null or a descriptor.
+#[no_mangle]
+pub unsafe extern "C" fn cuArrayCreate_v2(arr: *mut Handle, desc: *const usize) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        if desc.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: a CUDA_ARRAY_DESCRIPTOR is two size_t then two ints.
+        let (w, h, f, c) = unsafe {
+            (
+                *desc,
+                *desc.add(1),
+                desc.add(2).cast::<c_int>().read(),
+                desc.add(2).cast::<c_uint>().add(1).read(),
+            )
+        };
+        make_array(arr, array_bytes(w, h, 1, f, c))
+    })
+}
+
+/// Reads a `CUDA_ARRAY3D_DESCRIPTOR`: Width, Height, Depth, Format,
+/// NumChannels, Flags.
+///
+/// # Safety
+/// `desc` points to one.
+unsafe fn desc3d(desc: *const usize) -> (usize, usize, usize, c_int, c_uint) {
+    // SAFETY: three size_t then three ints.
+    unsafe {
+        (
+            *desc,
+            *desc.add(1),
+            *desc.add(2),
+            desc.add(3).cast::<c_int>().read(),
+            desc.add(3).cast::<c_uint>().add(1).read(),
+        )
+    }
+}
+
+/// # Safety
+/// `arr` null or valid; `desc` null or a 3D descriptor.
+#[no_mangle]
+pub unsafe extern "C" fn cuArray3DCreate_v2(arr: *mut Handle, desc: *const usize) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        if desc.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: caller contract.
+        let (w, h, d, f, c) = unsafe { desc3d(desc) };
+        make_array(arr, array_bytes(w, h, d, f, c))
+    })
+}
+
+/// # Safety
+/// `arr` null or valid; `desc` null or a 3D descriptor.
+#[no_mangle]
+pub unsafe extern "C" fn cuMipmappedArrayCreate(
+    arr: *mut Handle,
+    desc: *const usize,
+    levels: c_uint,
+) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        if desc.is_null() || levels == 0 {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: caller contract.
+        let (w, h, d, f, c) = unsafe { desc3d(desc) };
+        let shrink = |v: usize, l: u32| if v == 0 { 0 } else { (v >> l).max(1) };
+        let bytes = (0..levels.min(32))
+            .map(|l| array_bytes(shrink(w, l), shrink(h, l), shrink(d, l), f, c))
+            .sum::<Option<u64>>();
+        make_array(arr, bytes)
+    })
+}
+
+fn destroy_array(arr: Handle) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        let h = arr as u64;
+        match with(|e| e.arrays.remove(&h)) {
+            Some(_) if memory::free(h) => CUDA_SUCCESS,
+            _ => CUDA_ERROR_INVALID_VALUE,
+        }
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuArrayDestroy(arr: Handle) -> CUresult {
+    destroy_array(arr)
+}
+
+#[no_mangle]
+pub extern "C" fn cuMipmappedArrayDestroy(arr: Handle) -> CUresult {
+    destroy_array(arr)
+}
+
+/// `CUDA_ARRAY_MEMORY_REQUIREMENTS`: size, alignment, reserved.
+///
+/// # Safety
+/// `req` null or valid for a write of two size_t.
+#[no_mangle]
+pub unsafe extern "C" fn cuArrayGetMemoryRequirements(
+    req: *mut usize,
+    arr: Handle,
+    _dev: CUdevice,
+) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        let Some(bytes) = with(|e| e.arrays.get(&(arr as u64)).copied()) else {
+            return CUDA_ERROR_INVALID_VALUE;
+        };
+        if req.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: caller contract.
+        unsafe {
+            req.write(bytes as usize);
+            req.add(1).write(ARRAY_ALIGN as usize);
+        }
+        CUDA_SUCCESS
+    })
+}
+
+/// # Safety
+/// As `cuArrayGetMemoryRequirements`.
+#[no_mangle]
+pub unsafe extern "C" fn cuMipmappedArrayGetMemoryRequirements(
+    req: *mut usize,
+    arr: Handle,
+    dev: CUdevice,
+) -> CUresult {
+    // SAFETY: same contract.
+    unsafe { cuArrayGetMemoryRequirements(req, arr, dev) }
+}
+
+// ---------------------------------------------------------------- graphs
+
+/// # Safety
+/// `graph` null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphCreate(graph: *mut Handle, _flags: c_uint) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        rc(current_device().and_then(|dev| {
+            let id = with(|e| {
+                e.graphs.next += 1;
+                let id = e.graphs.next;
+                e.graphs.graphs.insert(id, (dev, 0));
+                id
+            });
+            // SAFETY: caller contract.
+            unsafe { out(graph, (GRAPH_BASE + id * 16) as Handle) }
+        }))
+    })
+}
+
+fn graph_id(h: Handle) -> Option<usize> {
+    (h as usize).checked_sub(GRAPH_BASE).map(|o| o / 16)
+}
+
+/// `CUDA_MEM_ALLOC_NODE_PARAMS`: poolProps (88 bytes), accessDescs,
+/// accessDescCount, bytesize (offset 104), dptr (offset 112, written).
+///
+/// # Safety
+/// `node` null or valid; `params` a node-params struct.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddMemAllocNode(
+    node: *mut Handle,
+    graph: Handle,
+    _deps: *const Handle,
+    _ndeps: usize,
+    params: *mut u8,
+) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        if params.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: caller contract (bytesize at offset 104).
+        let bytes = unsafe { params.add(104).cast::<u64>().read_unaligned() };
+        let addr = with(|e| {
+            let g = e.graphs.graphs.get_mut(&graph_id(graph)?)?;
+            g.1 += bytes;
+            let a = e.next_addr;
+            e.next_addr += bytes.div_ceil(512).max(1) * 512;
+            Some(a)
+        });
+        let Some(addr) = addr else {
+            return CUDA_ERROR_INVALID_VALUE;
+        };
+        // SAFETY: caller contract (dptr at offset 112).
+        unsafe { params.add(112).cast::<u64>().write_unaligned(addr) };
+        // SAFETY: caller contract.
+        rc(unsafe { out(node, (addr as usize) as Handle) })
+    })
+}
+
+/// # Safety
+/// `exec` null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
+    exec: *mut Handle,
+    graph: Handle,
+    _flags: u64,
+) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        let id = with(|e| {
+            let &(dev, bytes) = e.graphs.graphs.get(&graph_id(graph)?)?;
+            e.graphs.next += 1;
+            let id = e.graphs.next;
+            e.graphs.execs.insert(id, (dev, bytes, false));
+            Some(id)
+        });
+        match id {
+            // SAFETY: caller contract.
+            Some(id) => rc(unsafe { out(exec, (GRAPH_BASE + id * 16) as Handle) }),
+            None => CUDA_ERROR_INVALID_VALUE,
+        }
+    })
+}
+
+/// Reserves graph memory for the exec's allocation nodes on first use.
+fn graph_use(exec: Handle) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        rc(with(|e| {
+            let id = graph_id(exec).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            let &(dev, bytes, launched) =
+                e.graphs.execs.get(&id).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            if launched || bytes == 0 {
+                return Ok(());
+            }
+            let chunk = dev_alloc(dev, bytes)?;
+            e.graphs
+                .reserve
+                .entry(dev)
+                .or_default()
+                .push((chunk, bytes));
+            e.graphs.execs.insert(id, (dev, bytes, true));
+            Ok(())
+        }))
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuGraphLaunch(exec: Handle, _stream: Handle) -> CUresult {
+    graph_use(exec)
+}
+
+#[no_mangle]
+pub extern "C" fn cuGraphLaunch_ptsz(exec: Handle, _stream: Handle) -> CUresult {
+    graph_use(exec)
+}
+
+#[no_mangle]
+pub extern "C" fn cuGraphUpload(exec: Handle, _stream: Handle) -> CUresult {
+    graph_use(exec)
+}
+
+#[no_mangle]
+pub extern "C" fn cuGraphUpload_ptsz(exec: Handle, _stream: Handle) -> CUresult {
+    graph_use(exec)
+}
+
+#[no_mangle]
+pub extern "C" fn cuGraphExecDestroy(exec: Handle) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        with(
+            |e| match graph_id(exec).and_then(|id| e.graphs.execs.remove(&id)) {
+                Some(_) => CUDA_SUCCESS,
+                None => CUDA_ERROR_INVALID_VALUE,
+            },
+        )
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuGraphDestroy(graph: Handle) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        with(
+            |e| match graph_id(graph).and_then(|id| e.graphs.graphs.remove(&id)) {
+                Some(_) => CUDA_SUCCESS,
+                None => CUDA_ERROR_INVALID_VALUE,
+            },
+        )
+    })
+}
+
+fn graph_need(e: &Ext, dev: usize) -> u64 {
+    e.graphs
+        .execs
+        .values()
+        .filter(|x| x.0 == dev && x.2)
+        .map(|x| x.1)
+        .sum()
+}
+
+/// Releases graph memory no live exec needs.
+#[no_mangle]
+pub extern "C" fn cuDeviceGraphMemTrim(dev: CUdevice) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        rc(device(dev).map(|_| {
+            with(|e| {
+                let need = graph_need(e, dev as usize);
+                let chunks = e.graphs.reserve.entry(dev as usize).or_default();
+                let mut held: u64 = chunks.iter().map(|c| c.1).sum();
+                while let Some(&(addr, size)) = chunks.last() {
+                    if held - size < need {
+                        break;
+                    }
+                    memory::free(addr);
+                    held -= size;
+                    chunks.pop();
+                }
+            })
+        }))
+    })
+}
+
+/// # Safety
+/// `value` null or valid for a write of a `cuuint64_t`.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetGraphMemAttribute(
+    dev: CUdevice,
+    attr: c_int,
+    value: *mut c_void,
+) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        rc(device(dev).and_then(|_| {
+            let v = with(|e| {
+                let reserved: u64 = e
+                    .graphs
+                    .reserve
+                    .get(&(dev as usize))
+                    .map_or(0, |c| c.iter().map(|c| c.1).sum());
+                match attr {
+                    0 | 1 => Some(graph_need(e, dev as usize)),
+                    2 | 3 => Some(reserved),
+                    _ => None,
+                }
+            })
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            // SAFETY: caller contract.
+            unsafe { out(value.cast::<u64>(), v) }
+        }))
+    })
+}
