@@ -50,6 +50,8 @@ pub enum Command {
     List,
     /// Run a command that can reach only the selected GPUs.
     Run(RunArgs),
+    /// Live slices with a memory cap: their processes, cap and use per GPU (from their ledgers).
+    Slices,
     /// Benchmarks that back gpuslice's claims.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -97,6 +99,10 @@ pub struct RunArgs {
     /// Device cgroup to use [default: v2 when mounted, else v1].
     #[arg(long, value_enum, value_name = "VERSION")]
     pub cgroup: Option<CgroupVersion>,
+
+    /// Cap GPU memory per selected GPU (e.g. 20GiB), enforced for every process of the slice by the preloaded libgpuslice.so.
+    #[arg(long, value_name = "SIZE")]
+    pub memory: Option<String>,
 
     /// Share a CUDA JIT cache between slices (sets CUDA_CACHE_PATH and CUDA_CACHE_MAXSIZE).
     #[arg(long, value_name = "DIR")]

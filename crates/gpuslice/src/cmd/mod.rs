@@ -4,3 +4,4 @@ pub mod bench_init;
 pub mod bench_launch;
 pub mod list;
 pub mod run;
+pub mod slices;

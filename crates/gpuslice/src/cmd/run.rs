@@ -47,7 +47,15 @@ pub fn run(cli: &Cli, args: &RunArgs) -> Result<i32> {
             .collect::<Result<_>>()?,
         env: child_env(&inv, &sel, &slice_id, args)?,
     };
-    Ok(launch(&plan, &slice_id, &cmd)?)
+    let Some(memory) = &args.memory else {
+        return Ok(launch(&plan, &slice_id, &cmd)?);
+    };
+    // Memory cap: the slice's ledger, and the shim preloaded into the child.
+    let mut cmd = cmd;
+    let ledger = super::slices::create_ledger(&inv, &sel, &slice_id, memory, &mut cmd.env)?;
+    let result = launch(&plan, &slice_id, &cmd);
+    let _ = std::fs::remove_file(&ledger);
+    Ok(result?)
 }
 
 /// NVML costs tens of milliseconds to initialise on a real GPU; `run` only

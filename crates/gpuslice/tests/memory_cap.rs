@@ -1,0 +1,125 @@
+//! `gpuslice run --memory` on the fake GPU host: the shim is preloaded, the
+//! slice's ledger holds the cap, `gpuslice slices` shows the live process,
+//! and the ledger is removed when the child exits. Needs root and the fake
+//! driver, the shim and its test client built (scripts/test.sh builds the
+//! workspace first).
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use fakegpu::FakeHost;
+use serde_json::Value;
+
+const GPUSLICE: &str = env!("CARGO_BIN_EXE_gpuslice");
+
+fn client() -> PathBuf {
+    fakegpu::artifact_dirs()
+        .into_iter()
+        .map(|d| d.join("gpuslice-shim-client"))
+        .find(|p| p.is_file())
+        .expect("gpuslice-shim-client built (cargo build -p gpuslice-shim)")
+}
+
+fn gpuslice(h: &FakeHost, ledgers: &std::path::Path, args: &[&str]) -> Command {
+    let mut c = Command::new(GPUSLICE);
+    c.arg("--host-root")
+        .arg(h.root())
+        .args(args)
+        .envs(h.env())
+        .env("GPUSLICE_LEDGER_DIR", ledgers)
+        .env_remove("GPUSLICE_MEMORY_LIMIT")
+        .env_remove("GPUSLICE_LEDGER");
+    c
+}
+
+#[test]
+fn run_with_memory_caps_the_child_and_slices_shows_it() {
+    let h = FakeHost::builder().gpus(2).build().unwrap();
+    let ledgers = tempfile::tempdir().unwrap();
+    let client = client();
+    let client = client.to_str().unwrap();
+
+    let out = gpuslice(
+        &h,
+        ledgers.path(),
+        &[
+            "run", "--gpus", "1", "--memory", "100MiB", "--", client, "fill", "7340032",
+        ],
+    )
+    .output()
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["count"], 14, "{v}");
+    assert_eq!(v["total"], 100 << 20, "{v}");
+    assert_eq!(v["fail_rc"], 2, "{v}");
+    assert_eq!(
+        std::fs::read_dir(ledgers.path()).unwrap().count(),
+        0,
+        "ledger removed after the child exits"
+    );
+
+    // A holder inside a slice, seen from outside by `slices`.
+    let mut holder = gpuslice(
+        &h,
+        ledgers.path(),
+        &[
+            "run", "--gpus", "0", "--memory", "1GiB", "--", client, "hold", "50000000",
+        ],
+    )
+    .stdout(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut line = String::new();
+    BufReader::new(holder.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "held 0");
+    let out = gpuslice(&h, ledgers.path(), &["slices", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let s = &v["slices"][0];
+    assert_eq!(s["devices"][0]["cap_bytes"], 1u64 << 30, "{v}");
+    assert_eq!(s["devices"][0]["used_bytes"], 50_000_000, "{v}");
+    assert_eq!(s["devices"][0]["uuid"], h.gpus()[0].uuid, "{v}");
+    assert_eq!(s["processes"][0]["bytes"][0], 50_000_000, "{v}");
+    assert_eq!(s["processes"][0]["state"], "live", "{v}");
+    let text = gpuslice(&h, ledgers.path(), &["slices"]).output().unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("used 48MiB / cap 1024MiB"), "{text}");
+
+    // SIGKILL the process in the slice; the launcher exits with 128+9 and
+    // removes the ledger.
+    let pid = s["processes"][0]["pid"].as_i64().unwrap() as i32;
+    // SAFETY: plain kill(2) of the child we started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let status = holder.wait().unwrap();
+    assert_eq!(status.code(), Some(137));
+    assert_eq!(std::fs::read_dir(ledgers.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn a_bad_memory_size_fails_before_the_child_starts() {
+    let h = FakeHost::builder().gpus(1).build().unwrap();
+    let ledgers = tempfile::tempdir().unwrap();
+    let out = gpuslice(
+        &h,
+        ledgers.path(),
+        &["run", "--gpus", "0", "--memory", "lots", "--", "true"],
+    )
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(125));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a size"));
+}
