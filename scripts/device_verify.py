@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 CARRY = os.path.abspath(".device-carry")
 GS = os.path.join(CARRY, "gpuslice")
@@ -18,9 +19,15 @@ PROBE = os.path.join(CARRY, "gpuslice-cuda-probe")
 OUT = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("OUT", "/tmp")
 
 
-def sh(cmd, timeout=120):
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    return {"argv": cmd, "rc": p.returncode, "stdout": p.stdout[-4000:], "stderr": p.stderr[-2000:]}
+def sh(cmd, timeout=30):
+    t = time.time()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as e:
+        return {"argv": cmd, "rc": None, "timeout_s": timeout, "stdout": str(e.stdout)[-2000:], "stderr": str(e.stderr)[-2000:]}
+    except OSError as e:
+        return {"argv": cmd, "rc": None, "stdout": "", "stderr": str(e)}
+    return {"argv": cmd, "rc": p.returncode, "wall_ms": (time.time() - t) * 1e3, "stdout": p.stdout[-4000:], "stderr": p.stderr[-2000:]}
 
 
 def probe_json(rec):
@@ -37,8 +44,18 @@ def run(sel, iso=None, extra=(), cmd=()):
     return sh(argv + list(extra) + ["--"] + list(cmd))
 
 
+class SavingDict(dict):
+    """The checks: written to disk each time one is recorded."""
+    on_set = None
+
+    def __setitem__(self, k, v):
+        super().__setitem__(k, v)
+        if self.on_set:
+            self.on_set()
+
+
 def main():
-    res = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "checks": {}}
+    res = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "checks": SavingDict()}
     smi = sh(["nvidia-smi", "--query-gpu=name,uuid,pci.bus_id,driver_version,memory.total,persistence_mode", "--format=csv,noheader"])
     res["nvidia_smi"] = smi["stdout"].strip().splitlines()
     res["gpu_count"] = len(res["nvidia_smi"])
@@ -47,6 +64,14 @@ def main():
     res["kernel"] = os.uname().release
     res["cgroup"] = open("/proc/self/cgroup").read().strip()
     c = res["checks"]
+    path = os.path.join(OUT, "isolation.json")
+
+    def save():
+        # After every check, so a hang or a kill loses nothing already measured.
+        with open(path, "w") as f:
+            json.dump(res, f, indent=1)
+
+    c.on_set = save
 
     c["list"] = sh([GS, "list", "--json"])
     c["list_text"] = sh([GS, "list"])
@@ -86,7 +111,10 @@ def main():
 
     bwrap = os.path.join(CARRY, "bwrap")
     env = dict(os.environ, PATH=CARRY + ":" + os.environ.get("PATH", ""))
-    p = subprocess.run([GS, "bench", "launch", "--runs", "300", "--json"], capture_output=True, text=True, env=env, timeout=300)
+    try:
+        p = subprocess.run([GS, "bench", "launch", "--runs", "300", "--json"], capture_output=True, text=True, env=env, timeout=240, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as e:
+        p = subprocess.CompletedProcess(e.cmd, None, str(e.stdout), str(e.stderr))
     c["bench_launch"] = {"argv": [GS, "bench", "launch", "--runs", "300", "--json"], "rc": p.returncode, "stderr": p.stderr[-2000:],
                          "bwrap": os.path.exists(bwrap)}
     try:
@@ -96,8 +124,7 @@ def main():
 
     leftovers = sh(["sh", "-c", "ls -d /sys/fs/cgroup/gpuslice/* 2>/dev/null; grep -c gpuslice /proc/self/mountinfo || true"])
     c["leftovers"] = leftovers
-    with open(os.path.join(OUT, "isolation.json"), "w") as f:
-        json.dump(res, f, indent=1)
+    save()
     print(json.dumps({k: (v.get("rc"), (v.get("probe") or {}).get("count"), (v.get("probe") or {}).get("init_rc")) for k, v in c.items()}, indent=1))
 
 

@@ -455,7 +455,9 @@ impl Drop for SliceCgroup {
 }
 
 fn rmdir_patiently(path: &Path) -> Result<(), CgroupError> {
-    let mut delay = Duration::from_millis(5);
+    // Usually free within microseconds of the last exit: start short, the
+    // launcher's caller is waiting.
+    let mut delay = Duration::from_micros(100);
     let mut waited = Duration::ZERO;
     loop {
         match fs::remove_dir(path) {

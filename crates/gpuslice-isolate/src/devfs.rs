@@ -51,7 +51,8 @@ struct Entry {
 }
 
 /// Replace `dev` (the host's `<root>/dev`) with a mirror that lacks the
-/// nodes `policy` denies. Returns how many nodes were hidden.
+/// nodes `policy` denies. Returns how many nodes were hidden. The caller
+/// must have set the umask to 0, so entries get the host's exact modes.
 pub fn mount_private_dev(dev: &Path, policy: &DevicePolicy, nodes: NodeMode) -> io::Result<usize> {
     let dev_meta = fs::metadata(dev).map_err(|e| ctx(e, "stat", dev))?;
     let mut entries = Vec::new();
@@ -157,11 +158,10 @@ fn create(dev: &Path, host: &Path, e: &Entry, nodes: NodeMode) -> io::Result<()>
         Kind::Node { .. } => bind(host, e, &path, false)?,
         Kind::Bind { dir } => bind(host, e, &path, *dir)?,
     }
-    if nodes == NodeMode::Mknod {
+    // The caller cleared the umask, so mknod and mkdir made the host's
+    // modes already; only ownership may differ (tty, disk, kvm groups…).
+    if nodes == NodeMode::Mknod && (e.uid, e.gid) != owner() {
         chown(&path, e.uid, e.gid)?;
-        // mknod and mkdir apply the umask; the mirror keeps the host's modes.
-        fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(e.mode))
-            .map_err(|err| ctx(err, "chmod", &path))?;
     }
     Ok(())
 }
@@ -184,12 +184,20 @@ fn bind(host: &Path, e: &Entry, target: &Path, dir: bool) -> io::Result<()> {
     .map_err(|err| ctx(err.into(), "bind-mount onto", target))
 }
 
+/// Who owns what this process creates.
+fn owner() -> (u32, u32) {
+    (
+        nix::unistd::geteuid().as_raw(),
+        nix::unistd::getegid().as_raw(),
+    )
+}
+
 fn chown(path: &Path, uid: u32, gid: u32) -> io::Result<()> {
     std::os::unix::fs::chown(path, Some(uid), Some(gid)).map_err(|e| ctx(e, "chown", path))
 }
 
 fn lchown(path: &Path, uid: u32, gid: u32, nodes: NodeMode) -> io::Result<()> {
-    if nodes == NodeMode::Bind {
+    if nodes == NodeMode::Bind || (uid, gid) == owner() {
         return Ok(()); // a user namespace maps only our own ids
     }
     std::os::unix::fs::lchown(path, Some(uid), Some(gid)).map_err(|e| ctx(e, "chown", path))

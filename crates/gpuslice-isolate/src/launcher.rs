@@ -13,6 +13,7 @@ use crate::cgroup::{self, CgroupDriver, SliceCgroup};
 use crate::devfs::{self, NodeMode};
 use crate::{driver_proc, strict};
 use gpuslice_core::{DevicePolicy, HostRoot};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sched::{unshare, CloneFlags};
 use nix::sys::signal::{SigSet, SigmaskHow, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
@@ -21,7 +22,7 @@ use nix::unistd::{fork, ForkResult, Pid};
 use std::ffi::CString;
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use thiserror::Error;
 
 /// Exit code when gpuslice fails before the child runs (as `docker run`).
@@ -89,9 +90,45 @@ const RELAYED: &[Signal] = &[
     Signal::SIGALRM,
 ];
 
+/// The launcher's signal set, blocked from the start of `run`.
+///
+/// Signals must be blocked before any thread exists (NVML, when discovery
+/// loads it, starts threads): a thread that does not block SIGCHLD or a
+/// relayed signal would take it, and the launcher would never see it.
+/// Threads inherit the mask of the thread that creates them.
+pub struct SignalGuard {
+    signals: SigSet,
+    old_mask: SigSet,
+}
+
+impl SignalGuard {
+    /// Block SIGCHLD and the relayed signals in the calling thread; call it
+    /// first thing, before anything may start a thread.
+    pub fn block() -> Result<Self, LaunchError> {
+        let mut signals = SigSet::empty();
+        signals.add(Signal::SIGCHLD);
+        RELAYED.iter().for_each(|s| signals.add(*s));
+        let old_mask = signals
+            .thread_swap_mask(SigmaskHow::SIG_BLOCK)
+            .map_err(sys("blocking signals"))?;
+        Ok(Self { signals, old_mask })
+    }
+}
+
+impl Drop for SignalGuard {
+    fn drop(&mut self) {
+        let _ = self.old_mask.thread_set_mask();
+    }
+}
+
 /// Run `cmd` in the sandbox `plan` describes; returns the code `run` exits
 /// with: the child's, or 128 + signal when it was killed.
-pub fn launch(plan: &SandboxPlan, slice_id: &str, cmd: &ChildCommand) -> Result<i32, LaunchError> {
+pub fn launch(
+    signals: &SignalGuard,
+    plan: &SandboxPlan,
+    slice_id: &str,
+    cmd: &ChildCommand,
+) -> Result<i32, LaunchError> {
     let cgroup = match &plan.cgroup {
         Some(driver) => {
             cgroup::reap_stale(driver);
@@ -107,21 +144,17 @@ pub fn launch(plan: &SandboxPlan, slice_id: &str, cmd: &ChildCommand) -> Result<
             what: "opening the slice cgroup",
             source,
         })?;
-
-    let mut signals = SigSet::empty();
-    signals.add(Signal::SIGCHLD);
-    RELAYED.iter().for_each(|s| signals.add(*s));
-    let old_mask = signals
-        .thread_swap_mask(SigmaskHow::SIG_BLOCK)
-        .map_err(sys("blocking signals"))?;
+    let old_mask = &signals.old_mask;
     let (err_rx, err_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(sys("pipe"))?;
 
-    // SAFETY: gpuslice run is single-threaded at this point (no runtime, no
-    // helper threads), so the child may run ordinary Rust code until exec.
+    // SAFETY: the child runs ordinary Rust code until exec. gpuslice run
+    // starts no threads of its own; if NVML did, glibc's fork handlers
+    // leave malloc and stdio usable in the child, and the child calls
+    // nothing else another thread could hold a lock in.
     let child = match unsafe { fork() }.map_err(sys("fork"))? {
         ForkResult::Child => {
             drop(err_rx);
-            let (code, err) = child_main(plan, procs, &old_mask, cmd).unwrap_err();
+            let (code, err) = child_main(plan, procs, old_mask, cmd).unwrap_err();
             let mut tx = File::from(err_tx);
             let _ = tx.write_all(format!("{code} {err}").as_bytes());
             // SAFETY: _exit skips atexit handlers and destructors of the
@@ -134,8 +167,7 @@ pub fn launch(plan: &SandboxPlan, slice_id: &str, cmd: &ChildCommand) -> Result<
     drop(procs);
 
     let setup_error = read_to_end(err_rx);
-    let code = wait_relaying(child, &signals);
-    let _ = old_mask.thread_set_mask();
+    let code = wait_relaying(child, &signals.signals);
     if let Some(c) = cgroup {
         if let Err(e) = c.remove() {
             tracing::warn!("{e}");
@@ -217,7 +249,8 @@ fn enter_mount_namespace(plan: &SandboxPlan) -> Result<(), String> {
         None::<&str>,
     )
     .map_err(|e| format!("making / a slave mount: {e}"))?;
-    nix::sys::stat::umask(nix::sys::stat::Mode::empty());
+    // The mirror must get the host's exact modes; the child gets our umask back.
+    let umask = nix::sys::stat::umask(nix::sys::stat::Mode::empty());
 
     let dev = plan.root.dev();
     if let Some(nodes) = plan.private_dev {
@@ -237,28 +270,53 @@ fn enter_mount_namespace(plan: &SandboxPlan) -> Result<(), String> {
             .map_err(|e| e.to_string())?;
     }
     driver_proc::mask_gpu_dirs(&nvidia_proc, &plan.masked_gpus).map_err(|e| e.to_string())?;
-    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o022));
+    nix::sys::stat::umask(umask);
     Ok(())
 }
 
-/// Wait for `child`, relaying signals other processes send us.
+/// Wait for `child`, relaying signals other processes send us. The child's
+/// exit is watched through a pidfd, so it cannot be missed even if a
+/// SIGCHLD went elsewhere.
 fn wait_relaying(child: Pid, signals: &SigSet) -> Result<i32, LaunchError> {
-    let sfd = SignalFd::with_flags(signals, SfdFlags::SFD_CLOEXEC).map_err(sys("signalfd"))?;
+    let sfd = SignalFd::with_flags(signals, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
+        .map_err(sys("signalfd"))?;
+    let pidfd = pidfd_open(child).map_err(|source| LaunchError::Sys {
+        what: "pidfd_open",
+        source,
+    })?;
     loop {
         match waitpid(child, Some(WaitPidFlag::WNOHANG)).map_err(sys("waitpid"))? {
             WaitStatus::Exited(_, code) => return Ok(code),
             WaitStatus::Signaled(_, sig, _) => return Ok(128 + sig as i32),
             _ => {}
         }
-        let Some(info) = sfd.read_signal().map_err(sys("reading signals"))? else {
-            continue;
-        };
-        let Ok(sig) = Signal::try_from(info.ssi_signo as i32) else {
-            continue;
-        };
-        // A terminal's signals (SI_KERNEL) already reached the child.
-        if sig != Signal::SIGCHLD && info.ssi_code != libc::SI_KERNEL {
-            let _ = nix::sys::signal::kill(child, sig);
+        let mut fds = [
+            PollFd::new(pidfd.as_fd(), PollFlags::POLLIN),
+            PollFd::new(sfd.as_fd(), PollFlags::POLLIN),
+        ];
+        match poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) | Err(nix::Error::EINTR) => {}
+            Err(e) => return Err(sys("poll")(e)),
+        }
+        while let Ok(Some(info)) = sfd.read_signal() {
+            let Ok(sig) = Signal::try_from(info.ssi_signo as i32) else {
+                continue;
+            };
+            // A terminal's signals (SI_KERNEL) already reached the child.
+            if sig != Signal::SIGCHLD && info.ssi_code != libc::SI_KERNEL {
+                let _ = nix::sys::signal::kill(child, sig);
+            }
         }
     }
+}
+
+/// A pidfd for `pid`: readable once the process exits.
+pub fn pidfd_open(pid: Pid) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid.as_raw(), 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this fd to us; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }

@@ -51,6 +51,10 @@ pub struct DiscoverOptions {
     /// Where to load NVML from; None is [`DEFAULT_NVML_LIB`] through the
     /// dynamic loader's search path.
     pub nvml_lib: Option<PathBuf>,
+    /// Read each GPU's NUMA node, local CPUs and PCIe link from sysfs
+    /// (default true). `run` turns it off: its device policy needs none of
+    /// it, and every launch would pay for the reads.
+    pub pci_details: bool,
 }
 
 impl Default for DiscoverOptions {
@@ -58,6 +62,7 @@ impl Default for DiscoverOptions {
         Self {
             use_nvml: true,
             nvml_lib: None,
+            pci_details: true,
         }
     }
 }
@@ -122,7 +127,7 @@ fn discover_with(
         }
     };
     // After NVML, so GPUs only NVML listed get sysfs data too.
-    let (used_sysfs, used_dev) = add_sysfs_and_dev(root, &mut inv);
+    let (used_sysfs, used_dev) = add_sysfs_and_dev(root, &mut inv, opts.pci_details);
     renumber(&mut inv.gpus);
     inv.sources = [
         (true, "procfs"),
@@ -139,8 +144,8 @@ fn discover_with(
 
 /// PCI attributes and DRM nodes from sysfs, falling back to `/dev` for DRM
 /// nodes and majors. Returns (sysfs used, /dev used).
-fn add_sysfs_and_dev(root: &HostRoot, inv: &mut Inventory) -> (bool, bool) {
-    let mut used_sysfs = sysfs::fill_pci(root, &mut inv.gpus);
+fn add_sysfs_and_dev(root: &HostRoot, inv: &mut Inventory, pci_details: bool) -> (bool, bool) {
+    let mut used_sysfs = pci_details && sysfs::fill_pci(root, &mut inv.gpus);
     let mut used_dev = false;
     let drm = match sysfs::drm_nodes(root) {
         Some(nodes) => {

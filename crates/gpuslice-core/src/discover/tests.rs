@@ -13,7 +13,7 @@ const DEVICES: &str = "Character devices:\n  1 mem\n  4 /dev/vc/0\n195 nvidia-fr
 fn no_nvml() -> DiscoverOptions {
     DiscoverOptions {
         use_nvml: false,
-        nvml_lib: None,
+        ..DiscoverOptions::default()
     }
 }
 
@@ -332,6 +332,7 @@ fn nvml_that_does_not_load_leaves_the_procfs_picture() {
     let opts = DiscoverOptions {
         use_nvml: true,
         nvml_lib: Some(t.path().join("nonexistent/libnvidia-ml.so.1")),
+        ..DiscoverOptions::default()
     };
     // The gate passes (FAKEGPU_ROOT names this tree), then loading fails.
     let inv = discover_with(&t.root(), &opts, Some(t.path()), &HostRoot::default()).unwrap();
@@ -388,6 +389,7 @@ fn nvml_gate_rule() {
     let custom = DiscoverOptions {
         use_nvml: true,
         nvml_lib: Some("/opt/nv/libnvidia-ml.so.1".into()),
+        ..DiscoverOptions::default()
     };
     assert_eq!(
         nvml_gate(&system, &custom, None, &system).unwrap(),

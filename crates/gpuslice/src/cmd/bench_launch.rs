@@ -8,10 +8,14 @@
 use crate::cli::Cli;
 use crate::stats::Summary;
 use anyhow::{bail, Context, Result};
+use gpuslice_isolate::launcher::pidfd_open;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::unistd::Pid;
 use serde_json::json;
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 #[derive(Debug, clap::Args)]
 pub struct LaunchArgs {
@@ -37,21 +41,12 @@ struct Variant {
 pub fn run(cli: &Cli, args: &LaunchArgs) -> Result<i32> {
     let variants = variants(cli, args)?;
     for v in &variants {
-        let status = spawn(&v.argv)?.wait()?;
-        if !status.success() {
-            bail!(
-                "variant {} does not run ({status}): {}",
-                v.name,
-                v.argv.join(" ")
-            );
-        }
+        timed_run(v)?;
     }
     let mut samples = vec![Vec::with_capacity(args.runs); variants.len()];
     for _ in 0..args.runs {
         for (v, s) in variants.iter().zip(&mut samples) {
-            let t = Instant::now();
-            spawn(&v.argv)?.wait()?;
-            s.push(t.elapsed().as_secs_f64() * 1e3);
+            s.push(timed_run(v)?);
         }
     }
     let summaries: Vec<Summary> = samples
@@ -162,6 +157,35 @@ fn which(name: &str) -> Option<String> {
         .map(|d| PathBuf::from(d).join(name))
         .find(|p| p.is_file())
         .map(|p| p.display().to_string())
+}
+
+/// A run that takes this long is hung, not slow.
+const HUNG: Duration = Duration::from_secs(20);
+
+/// Milliseconds from spawn to reaped exit of one run of `v`; a failed or
+/// hung run fails the benchmark with what went wrong.
+fn timed_run(v: &Variant) -> Result<f64> {
+    let t = Instant::now();
+    let mut child = spawn(&v.argv)?;
+    let pidfd = pidfd_open(Pid::from_raw(child.id() as i32))?;
+    let mut fds = [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)];
+    let timeout = PollTimeout::try_from(HUNG).expect("fits");
+    if poll(&mut fds, timeout)? == 0 {
+        let _ = child.kill();
+        let _ = child.wait();
+        bail!(
+            "variant {} hung for {}s: {}",
+            v.name,
+            HUNG.as_secs(),
+            v.argv.join(" ")
+        );
+    }
+    let status = child.wait()?;
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    if !status.success() {
+        bail!("variant {} failed ({status}): {}", v.name, v.argv.join(" "));
+    }
+    Ok(ms)
 }
 
 fn spawn(argv: &[String]) -> Result<std::process::Child> {

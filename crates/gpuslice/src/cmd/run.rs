@@ -7,7 +7,7 @@ use gpuslice_core::{DevicePolicy, HostRoot, Inventory, Selection};
 use gpuslice_isolate::cgroup::{new_slice_id, CgroupDriver, Version};
 use gpuslice_isolate::devfs::NodeMode;
 use gpuslice_isolate::driver_proc::params_without_modify;
-use gpuslice_isolate::launcher::{launch, ChildCommand, SandboxPlan};
+use gpuslice_isolate::launcher::{launch, ChildCommand, SandboxPlan, SignalGuard};
 use gpuslice_isolate::Isolation;
 use std::ffi::{CString, OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
@@ -21,6 +21,8 @@ const SLICE_ENV: &[&str] = &[
 ];
 
 pub fn run(cli: &Cli, args: &RunArgs) -> Result<i32> {
+    // Before discovery, which may load NVML and with it threads.
+    let signals = SignalGuard::block()?;
     let root = HostRoot::new(&cli.host_root);
     let inv = discover(&root, &discover_options(&args.gpus, &root))?;
     let sel = Selection::parse(&args.gpus, &inv)?;
@@ -48,12 +50,12 @@ pub fn run(cli: &Cli, args: &RunArgs) -> Result<i32> {
         env: child_env(&inv, &sel, &slice_id, args)?,
     };
     let Some(memory) = &args.memory else {
-        return Ok(launch(&plan, &slice_id, &cmd)?);
+        return Ok(launch(&signals, &plan, &slice_id, &cmd)?);
     };
     // Memory cap: the slice's ledger, and the shim preloaded into the child.
     let mut cmd = cmd;
     let ledger = super::slices::create_ledger(&inv, &sel, &slice_id, memory, &mut cmd.env)?;
-    let result = launch(&plan, &slice_id, &cmd);
+    let result = launch(&signals, &plan, &slice_id, &cmd);
     let _ = std::fs::remove_file(&ledger);
     Ok(result?)
 }
@@ -65,6 +67,7 @@ fn discover_options(selector: &str, root: &HostRoot) -> DiscoverOptions {
     DiscoverOptions {
         use_nvml: selector.to_ascii_lowercase().contains("mig-")
             || mig_capable_with_instances(root, mig_capable),
+        pci_details: false,
         ..DiscoverOptions::default()
     }
 }
@@ -75,7 +78,16 @@ fn mig_capable_with_instances(root: &HostRoot, mig_capable: bool) -> bool {
             .into_iter()
             .flatten()
             .flatten()
-            .any(|gpu| gpu.path().join("mig").is_dir())
+            .any(|gpu| has_gpu_instances(&gpu.path().join("mig")))
+}
+
+/// A MIG-capable GPU has a `mig` dir even with MIG off; instances are `gi<N>`.
+fn has_gpu_instances(mig: &std::path::Path) -> bool {
+    std::fs::read_dir(mig)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|e| e.file_name().to_string_lossy().starts_with("gi"))
 }
 
 fn isolation(arg: Option<IsolationArg>) -> Isolation {
