@@ -3,9 +3,9 @@
 # git-ignored .device-carry/ (named in the device tool's `carry`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release -p gpuslice
+cargo build --release -p gpuslice -p gpuslice-shim
 rm -rf .device-carry && mkdir -p .device-carry
-cp target/release/gpuslice target/release/gpuslice-cuda-probe .device-carry/
+cp target/release/gpuslice target/release/gpuslice-cuda-probe target/release/libgpuslice.so .device-carry/
 # The GPU machine has no package registry: bring Debian's bubblewrap for
 # the launch benchmark (it links only glibc, libcap and libselinux).
 if command -v bwrap >/dev/null; then cp "$(command -v bwrap)" .device-carry/; fi

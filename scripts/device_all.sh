@@ -1,19 +1,26 @@
 #!/usr/bin/env bash
-# Everything the GPU machine verifies, in one call (device time is scarce):
-#   scripts/device_all.sh OUTDIR
+# What the GPU machine verifies, in as few calls as the 10-minute limit allows:
+#   scripts/device_all.sh OUTDIR isolation   # issue 2 checks + bench launch, issue 3 bench init (probe, torch)
+#   scripts/device_all.sh OUTDIR shim        # issue 4 checks and overheads
 # Run from the repo root as root after scripts/device-build.sh. Each part is
-# bounded; results land in OUTDIR/results.tgz (the device tool brings back
-# few files) plus the isolation summary.
+# bounded; everything lands in OUTDIR/<part>.tgz (the device tool brings
+# back few files) plus the isolation summary.
 set -u
-out=${1:?usage: scripts/device_all.sh OUTDIR}
+out=${1:?usage: scripts/device_all.sh OUTDIR isolation|shim}
+what=${2:-isolation}
 work=$(mktemp -d)
 part() { echo "== $* ($(date -u +%T))"; timeout -s KILL "$@"; echo "   rc=$?"; }
-part 120 python3 scripts/device_verify.py "$work"
-part 200 bash scripts/device_bench_init.sh "$work/init" probe
-TORCH_RUNS=${TORCH_RUNS:-8} part 330 bash scripts/device_bench_init.sh "$work/init" torch
-if [ -f scripts/device_shim.py ] && [ -f .device-carry/libgpuslice.so ]; then
-    part 400 python3 scripts/device_shim.py "$work/shim"
-fi
-tar czf "$out/results.tgz" -C "$work" .
-cp "$work/isolation.json" "$out/" 2>/dev/null
+case $what in
+isolation)
+    part 120 python3 scripts/device_verify.py "$work"
+    part 150 bash scripts/device_bench_init.sh "$work/init" probe
+    TORCH_RUNS=${TORCH_RUNS:-6} part 260 bash scripts/device_bench_init.sh "$work/init" torch
+    cp "$work/isolation.json" "$out/" 2>/dev/null
+    ;;
+shim)
+    part 540 python3 scripts/device_shim.py "$work/shim" --rounds "${ROUNDS:-3}"
+    ;;
+*) echo "unknown part $what" >&2; exit 2 ;;
+esac
+tar czf "$out/$what.tgz" -C "$work" .
 ls -la "$out"
