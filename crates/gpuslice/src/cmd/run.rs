@@ -24,7 +24,9 @@ pub fn run(cli: &Cli, args: &RunArgs) -> Result<i32> {
     // Before discovery, which may load NVML and with it threads.
     let signals = SignalGuard::block()?;
     let root = HostRoot::new(&cli.host_root);
-    let inv = discover(&root, &discover_options(&args.gpus, &root))?;
+    let started = std::time::Instant::now();
+    let inv = discover_for_run(&root, &args.gpus)?;
+    tracing::debug!(elapsed_us = started.elapsed().as_micros() as u64, sources = ?inv.sources, "discovered");
     let sel = Selection::parse(&args.gpus, &inv)?;
     let isolation = isolation(args.isolation);
     let rootless = !nix::unistd::geteuid().is_root();
@@ -60,34 +62,25 @@ pub fn run(cli: &Cli, args: &RunArgs) -> Result<i32> {
     Ok(result?)
 }
 
-/// NVML costs tens of milliseconds to initialise on a real GPU; `run` only
-/// needs it for MIG UUIDs, so it is used when MIG is in play.
-fn discover_options(selector: &str, root: &HostRoot) -> DiscoverOptions {
-    let mig_capable = root.nvidia_proc().join("capabilities").exists();
-    DiscoverOptions {
-        use_nvml: selector.to_ascii_lowercase().contains("mig-")
-            || mig_capable_with_instances(root, mig_capable),
+/// NVML costs ~10 ms to initialise on a real GPU, more than the rest of a
+/// launch; `run` needs it only for MIG UUIDs. So procfs comes first, and
+/// NVML joins only when procfs shows MIG instances or the selector names one.
+fn discover_for_run(root: &HostRoot, selector: &str) -> Result<Inventory> {
+    let procfs_only = DiscoverOptions {
+        use_nvml: false,
         pci_details: false,
         ..DiscoverOptions::default()
+    };
+    let inv = discover(root, &procfs_only)?;
+    let mig = selector.to_ascii_lowercase().contains("mig-") || inv.gpus.iter().any(|g| !g.migs.is_empty());
+    if !mig {
+        return Ok(inv);
     }
-}
-
-fn mig_capable_with_instances(root: &HostRoot, mig_capable: bool) -> bool {
-    mig_capable
-        && std::fs::read_dir(root.nvidia_proc().join("capabilities"))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .any(|gpu| has_gpu_instances(&gpu.path().join("mig")))
-}
-
-/// A MIG-capable GPU has a `mig` dir even with MIG off; instances are `gi<N>`.
-fn has_gpu_instances(mig: &std::path::Path) -> bool {
-    std::fs::read_dir(mig)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .any(|e| e.file_name().to_string_lossy().starts_with("gi"))
+    let with_nvml = DiscoverOptions {
+        use_nvml: true,
+        ..procfs_only
+    };
+    Ok(discover(root, &with_nvml)?)
 }
 
 fn isolation(arg: Option<IsolationArg>) -> Isolation {
