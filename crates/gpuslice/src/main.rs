@@ -100,7 +100,8 @@ fn init_logging(cli: &Cli) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     match cli.log_format {
         LogFormat::Json => builder.json().init(),
         LogFormat::Text => builder.without_time().with_target(false).init(),

@@ -425,3 +425,42 @@ fn nothing_is_left_after_a_normal_run() {
     assert!(cgroups_of(pid).is_empty());
     assert!(mounts_below(h.root()).is_empty());
 }
+
+#[test]
+fn a_rootless_caller_gets_the_private_dev_and_overlay_through_a_user_namespace() {
+    let h = host(2, true);
+    // The test host is private to root by default; nobody must be able to read it.
+    std::fs::set_permissions(
+        h.root(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let r = h.root().display().to_string();
+    let script = format!(
+        "id -u; grep ModifyDeviceFiles {r}/proc/driver/nvidia/params; ls {r}/dev | grep '^nvidia[0-9]'; \
+         ls {r}/proc/driver/nvidia/gpus/*/ | grep -c information"
+    );
+    let mut c = Command::new("setpriv");
+    c.args([
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        GPUSLICE,
+        "-v",
+        "--host-root",
+        &r,
+    ]);
+    c.args(["run", "--gpus", "1", "--", "sh", "-c", &script]);
+    let out = c.output().expect("setpriv (util-linux)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(
+        stdout, "65534\nModifyDeviceFiles: 0\nnvidia1\n1\n",
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("user_namespace=true"),
+        "-v names the active layers: {stderr}"
+    );
+}
