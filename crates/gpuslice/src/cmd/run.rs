@@ -72,7 +72,8 @@ fn discover_for_run(root: &HostRoot, selector: &str) -> Result<Inventory> {
         ..DiscoverOptions::default()
     };
     let inv = discover(root, &procfs_only)?;
-    let mig = selector.to_ascii_lowercase().contains("mig-") || inv.gpus.iter().any(|g| !g.migs.is_empty());
+    let mig = selector.to_ascii_lowercase().contains("mig-")
+        || inv.gpus.iter().any(|g| !g.migs.is_empty());
     if !mig {
         return Ok(inv);
     }
