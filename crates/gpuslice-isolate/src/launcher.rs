@@ -254,9 +254,9 @@ fn enter_mount_namespace(plan: &SandboxPlan) -> Result<(), String> {
 
     let dev = plan.root.dev();
     if let Some(nodes) = plan.private_dev {
-        let hidden =
-            devfs::mount_private_dev(&dev, &plan.policy, nodes).map_err(|e| e.to_string())?;
-        tracing::debug!(hidden, "private /dev mounted");
+        // No logging here: a forked child must not take the stderr lock
+        // another thread of the parent may have held at fork.
+        devfs::mount_private_dev(&dev, &plan.policy, nodes).map_err(|e| e.to_string())?;
     }
     let nvidia_proc = plan.root.nvidia_proc();
     if let Some(params) = &plan.params_overlay {
