@@ -9,6 +9,9 @@ need_pkgs=()
 command -v bwrap >/dev/null || need_pkgs+=(bubblewrap)
 command -v mknod >/dev/null || need_pkgs+=(coreutils)
 command -v unshare >/dev/null || need_pkgs+=(util-linux)
+# The exporter test: a real Prometheus and promtool; protoc for the PodResources client.
+command -v prometheus >/dev/null || need_pkgs+=(prometheus)
+command -v protoc >/dev/null || need_pkgs+=(protobuf-compiler)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq

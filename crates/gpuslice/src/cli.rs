@@ -52,6 +52,8 @@ pub enum Command {
     Run(RunArgs),
     /// Live slices with a memory cap: their processes, cap and use per GPU (from their ledgers).
     Slices,
+    /// Serve Prometheus metrics for GPUs (NVML) and slices (ledgers) on /metrics.
+    Exporter(crate::cmd::exporter::ExporterArgs),
     /// Benchmarks that back gpuslice's claims.
     #[command(subcommand)]
     Bench(BenchCommand),

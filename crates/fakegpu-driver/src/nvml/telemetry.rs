@@ -1,0 +1,203 @@
+//! Telemetry the exporter reads: utilization, temperature, power, energy,
+//! clocks, PCIe throughput, ECC and row remapping. Values are plausible
+//! constants derived from the GPU's minor `m`, so tests can predict them:
+//!
+//! | call | value |
+//! |---|---|
+//! | utilization | gpu `(10·m) % 100` %, memory `(5·m) % 100` % |
+//! | temperature (GPU sensor) | `30 + m` °C |
+//! | power | `100 000 + 1 000·m` mW |
+//! | total energy | `1 000 000·(m+1)` mJ at init, growing at the power above |
+//! | clocks | SM 1 980 MHz, memory 3 201 MHz, graphics 1 980 MHz, video 1 545 MHz |
+//! | PCIe throughput | TX `1 000·(m+1)` KB/s, RX `2 000·(m+1)` KB/s |
+//! | ECC total errors | corrected `m`, uncorrected 0 |
+//! | remapped rows | 0 corrected, 0 uncorrected, none pending, no failure |
+//!
+//! Whole GPUs only (MIG handles get NOT_SUPPORTED, as on real hardware for
+//! most of these). Field values (NVLink throughput) and retired pages are
+//! left unimplemented: callers must cope with a missing symbol.
+
+use super::*;
+use std::sync::OnceLock;
+use std::time::Instant;
+
+/// `nvmlUtilization_t`.
+#[repr(C)]
+pub struct NvmlUtilization {
+    pub gpu: c_uint,
+    pub memory: c_uint,
+}
+
+const NVML_TEMPERATURE_GPU: c_uint = 0;
+const NVML_CLOCK_GRAPHICS: c_uint = 0;
+const NVML_CLOCK_SM: c_uint = 1;
+const NVML_CLOCK_MEM: c_uint = 2;
+const NVML_CLOCK_VIDEO: c_uint = 3;
+const NVML_PCIE_UTIL_TX_BYTES: c_uint = 0;
+const NVML_PCIE_UTIL_RX_BYTES: c_uint = 1;
+const NVML_MEMORY_ERROR_TYPE_CORRECTED: c_uint = 0;
+const NVML_MEMORY_ERROR_TYPE_UNCORRECTED: c_uint = 1;
+
+fn minor(t: &Target) -> Result<u64, NvmlReturn> {
+    Ok(u64::from(t.whole_gpu()?.info.minor))
+}
+
+fn power_mw(m: u64) -> u64 {
+    100_000 + 1_000 * m
+}
+
+/// First telemetry call of the process: where energy starts counting.
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+/// # Safety
+/// `util` must be null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
+    device: NvmlDevice,
+    util: *mut NvmlUtilization,
+) -> NvmlReturn {
+    with_device(device, |t| {
+        let m = minor(t)?;
+        let value = NvmlUtilization {
+            gpu: ((10 * m) % 100) as c_uint,
+            memory: ((5 * m) % 100) as c_uint,
+        };
+        // SAFETY: caller contract.
+        unsafe { out(util, value) }
+    })
+}
+
+/// # Safety
+/// `temp` must be null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetTemperature(
+    device: NvmlDevice,
+    sensor: c_uint,
+    temp: *mut c_uint,
+) -> NvmlReturn {
+    with_device(device, |t| {
+        let m = minor(t)?;
+        if sensor != NVML_TEMPERATURE_GPU {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        // SAFETY: caller contract.
+        unsafe { out(temp, (30 + m) as c_uint) }
+    })
+}
+
+/// # Safety
+/// `power` must be null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(
+    device: NvmlDevice,
+    power: *mut c_uint,
+) -> NvmlReturn {
+    with_device(device, |t| {
+        let m = minor(t)?;
+        // SAFETY: caller contract.
+        unsafe { out(power, power_mw(m) as c_uint) }
+    })
+}
+
+/// # Safety
+/// `energy` must be null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetTotalEnergyConsumption(
+    device: NvmlDevice,
+    energy: *mut u64,
+) -> NvmlReturn {
+    with_device(device, |t| {
+        let m = minor(t)?;
+        let ms = epoch().elapsed().as_millis() as u64;
+        let value = 1_000_000 * (m + 1) + power_mw(m) * ms / 1_000;
+        // SAFETY: caller contract.
+        unsafe { out(energy, value) }
+    })
+}
+
+/// # Safety
+/// `clock` must be null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetClockInfo(
+    device: NvmlDevice,
+    kind: c_uint,
+    clock: *mut c_uint,
+) -> NvmlReturn {
+    with_device(device, |t| {
+        minor(t)?;
+        let mhz = match kind {
+            NVML_CLOCK_GRAPHICS | NVML_CLOCK_SM => 1_980,
+            NVML_CLOCK_MEM => 3_201,
+            NVML_CLOCK_VIDEO => 1_545,
+            _ => return Err(NVML_ERROR_INVALID_ARGUMENT),
+        };
+        // SAFETY: caller contract.
+        unsafe { out(clock, mhz) }
+    })
+}
+
+/// # Safety
+/// `value` must be null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetPcieThroughput(
+    device: NvmlDevice,
+    counter: c_uint,
+    value: *mut c_uint,
+) -> NvmlReturn {
+    with_device(device, |t| {
+        let m = minor(t)?;
+        let kbps = match counter {
+            NVML_PCIE_UTIL_TX_BYTES => 1_000 * (m + 1),
+            NVML_PCIE_UTIL_RX_BYTES => 2_000 * (m + 1),
+            _ => return Err(NVML_ERROR_INVALID_ARGUMENT),
+        };
+        // SAFETY: caller contract.
+        unsafe { out(value, kbps as c_uint) }
+    })
+}
+
+/// # Safety
+/// `count` must be null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetTotalEccErrors(
+    device: NvmlDevice,
+    error_type: c_uint,
+    _counter_type: c_uint,
+    count: *mut u64,
+) -> NvmlReturn {
+    with_device(device, |t| {
+        let m = minor(t)?;
+        let n = match error_type {
+            NVML_MEMORY_ERROR_TYPE_CORRECTED => m,
+            NVML_MEMORY_ERROR_TYPE_UNCORRECTED => 0,
+            _ => return Err(NVML_ERROR_INVALID_ARGUMENT),
+        };
+        // SAFETY: caller contract.
+        unsafe { out(count, n) }
+    })
+}
+
+/// # Safety
+/// Each pointer must be null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetRemappedRows(
+    device: NvmlDevice,
+    corr_rows: *mut c_uint,
+    unc_rows: *mut c_uint,
+    is_pending: *mut c_uint,
+    failure_occurred: *mut c_uint,
+) -> NvmlReturn {
+    with_device(device, |t| {
+        minor(t)?;
+        // SAFETY: caller contract.
+        unsafe {
+            out(corr_rows, 0)?;
+            out(unc_rows, 0)?;
+            out(is_pending, 0)?;
+            out(failure_occurred, 0)
+        }
+    })
+}

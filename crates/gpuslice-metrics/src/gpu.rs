@@ -1,0 +1,151 @@
+//! Per-GPU series from NVML. Every call may fail (unsupported on this GPU,
+//! symbol missing from the library, GPU lost): a failed call leaves its
+//! series out of the sample and nothing else.
+
+use crate::sample::{self as m, Labels, Sample};
+use gpuslice_core::Gpu;
+use nvml_wrapper::enum_wrappers::device::{
+    Clock, EccCounter, MemoryError, PcieUtilCounter, RetirementCause, TemperatureSensor,
+};
+use nvml_wrapper::{Device, Nvml};
+
+/// `gpu`, `uuid`, `pci_bus_id`, `model` of a discovered GPU.
+pub fn labels(g: &Gpu) -> Labels {
+    vec![
+        ("gpu", g.index.to_string()),
+        ("uuid", g.uuid.clone()),
+        ("pci_bus_id", g.pci_bus_id.clone()),
+        ("model", g.model.clone()),
+    ]
+}
+
+/// Adds every NVML series of `g` to `out`; false when NVML does not know it.
+pub fn collect(nvml: &Nvml, g: &Gpu, out: &mut Sample) -> bool {
+    let Ok(dev) = nvml.device_by_uuid(g.uuid.as_str()) else {
+        return false;
+    };
+    let l = labels(g);
+    if let Ok(u) = dev.utilization_rates() {
+        out.push(m::GPU_UTIL, &l, f64::from(u.gpu) / 100.0);
+        out.push(m::GPU_MEM_UTIL, &l, f64::from(u.memory) / 100.0);
+    }
+    if let Ok(mem) = dev.memory_info() {
+        out.push(m::GPU_MEM_USED, &l, mem.used as f64);
+        out.push(m::GPU_MEM_FREE, &l, mem.free as f64);
+        out.push(m::GPU_MEM_TOTAL, &l, mem.total as f64);
+    }
+    if let Ok(t) = dev.temperature(TemperatureSensor::Gpu) {
+        out.push(m::GPU_TEMP, &l, f64::from(t));
+    }
+    if let Ok(mw) = dev.power_usage() {
+        out.push(m::GPU_POWER, &l, f64::from(mw) / 1e3);
+    }
+    if let Ok(mj) = dev.total_energy_consumption() {
+        out.push(m::GPU_ENERGY, &l, mj as f64 / 1e3);
+    }
+    if let Ok(mhz) = dev.clock_info(Clock::SM) {
+        out.push(m::GPU_SM_CLOCK, &l, f64::from(mhz) * 1e6);
+    }
+    if let Ok(mhz) = dev.clock_info(Clock::Memory) {
+        out.push(m::GPU_MEM_CLOCK, &l, f64::from(mhz) * 1e6);
+    }
+    // KB/s in NVML's words; 1 KB = 1024 bytes there.
+    if let Ok(kb) = dev.pcie_throughput(PcieUtilCounter::Send) {
+        out.push(m::GPU_PCIE_TX, &l, f64::from(kb) * 1024.0);
+    }
+    if let Ok(kb) = dev.pcie_throughput(PcieUtilCounter::Receive) {
+        out.push(m::GPU_PCIE_RX, &l, f64::from(kb) * 1024.0);
+    }
+    if !g.nvlink_peers.is_empty() {
+        nvlink(nvml, &dev, &l, out);
+    }
+    if let Ok(n) = dev.total_ecc_errors(MemoryError::Corrected, EccCounter::Aggregate) {
+        out.push(m::GPU_ECC_CORR, &l, n as f64);
+    }
+    if let Ok(n) = dev.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Aggregate) {
+        out.push(m::GPU_ECC_UNCORR, &l, n as f64);
+    }
+    for (cause, name) in [
+        (
+            RetirementCause::MultipleSingleBitEccErrors,
+            "single_bit_ecc",
+        ),
+        (RetirementCause::DoubleBitEccError, "double_bit_ecc"),
+    ] {
+        if let Ok(pages) = dev.retired_pages(cause) {
+            out.push(m::GPU_RETIRED, &with(&l, "cause", name), pages.len() as f64);
+        }
+    }
+    remapped_rows(nvml, &dev, &l, out);
+    true
+}
+
+fn with(l: &Labels, k: &'static str, v: &str) -> Labels {
+    let mut l = l.clone();
+    l.push((k, v.to_string()));
+    l
+}
+
+/// `nvmlDeviceGetRemappedRows` (no wrapper in nvml-wrapper 0.13).
+fn remapped_rows(nvml: &Nvml, dev: &Device, l: &Labels, out: &mut Sample) {
+    let Ok(f) = nvml.lib().nvmlDeviceGetRemappedRows.as_ref() else {
+        return;
+    };
+    let (mut corr, mut unc, mut pending, mut failed) = (0u32, 0u32, 0u32, 0u32);
+    // SAFETY: the handle belongs to `nvml`, which outlives the call; the
+    // out-pointers are valid locals.
+    let rc = unsafe { f(dev.handle(), &mut corr, &mut unc, &mut pending, &mut failed) };
+    if rc != 0 {
+        return;
+    }
+    out.push(
+        m::GPU_REMAPPED,
+        &with(l, "cause", "correctable"),
+        f64::from(corr),
+    );
+    out.push(
+        m::GPU_REMAPPED,
+        &with(l, "cause", "uncorrectable"),
+        f64::from(unc),
+    );
+    out.push(m::GPU_REMAP_PENDING, l, f64::from(pending.min(1)));
+    out.push(m::GPU_REMAP_FAILED, l, f64::from(failed.min(1)));
+}
+
+/// NVLink data throughput over all links: field values
+/// `NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_{TX,RX}` with scope `UINT_MAX`
+/// (cumulative KiB). nvml-wrapper zeroes the scope (link 0 only), hence the
+/// raw call.
+fn nvlink(nvml: &Nvml, dev: &Device, l: &Labels, out: &mut Sample) {
+    use nvml_wrapper::sys_exports::field_id::{
+        NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+    };
+    use nvml_wrapper_sys::bindings::{
+        nvmlFieldValue_t, nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_LONG_LONG as ULL,
+    };
+    let Ok(f) = nvml.lib().nvmlDeviceGetFieldValues.as_ref() else {
+        return;
+    };
+    let ids = [
+        (NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, m::GPU_NVLINK_TX),
+        (NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, m::GPU_NVLINK_RX),
+    ];
+    // SAFETY: nvmlFieldValue_t is plain data; all-zero is valid.
+    let mut values: [nvmlFieldValue_t; 2] = unsafe { std::mem::zeroed() };
+    for (v, (id, _)) in values.iter_mut().zip(ids) {
+        v.fieldId = id;
+        v.scopeId = u32::MAX;
+    }
+    // SAFETY: handle valid for `nvml`'s life; `values` holds 2 entries.
+    let rc = unsafe { f(dev.handle(), values.len() as i32, values.as_mut_ptr()) };
+    if rc != 0 {
+        return;
+    }
+    for (v, (_, metric)) in values.iter().zip(ids) {
+        if v.nvmlReturn == 0 && v.valueType == ULL {
+            // SAFETY: valueType says which union member is set.
+            let kib = unsafe { v.value.ullVal };
+            out.push(metric, l, kib as f64 * 1024.0);
+        }
+    }
+}
