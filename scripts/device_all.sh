@@ -2,6 +2,7 @@
 # What the GPU machine verifies, in as few calls as the 10-minute limit allows:
 #   scripts/device_all.sh OUTDIR isolation   # issue 2 checks + bench launch, issue 3 bench init (probe, torch)
 #   scripts/device_all.sh OUTDIR shim        # issue 4 checks and overheads
+#   scripts/device_all.sh OUTDIR cdi         # issue 10: cdi generate/check, host paths, CUDA via run
 #   scripts/device_all.sh OUTDIR exporter    # issue 7: exporter during a capped GEMM, idle CPU (~100 s)
 # Run from the repo root as root after scripts/device-build.sh. Each part is
 # bounded; everything lands in OUTDIR/<part>.tgz (the device tool brings
@@ -20,6 +21,10 @@ isolation)
     ;;
 shim)
     part 540 python3 scripts/device_shim.py "$work/shim" --rounds "${ROUNDS:-3}"
+    ;;
+cdi)
+    part 60 python3 scripts/device_cdi.py "$work"
+    cp "$work/cdi.json" "$out/" 2>/dev/null
     ;;
 exporter)
     part 120 python3 scripts/device_exporter.py "$work"

@@ -12,6 +12,11 @@ command -v unshare >/dev/null || need_pkgs+=(util-linux)
 # The exporter test: a real Prometheus and promtool; protoc for the PodResources client.
 command -v prometheus >/dev/null || need_pkgs+=(prometheus)
 command -v protoc >/dev/null || need_pkgs+=(protobuf-compiler)
+# issue 10: the CDI spec consumed by a real runtime (podman with runc), on an
+# image made from busybox-static with podman import.
+command -v podman >/dev/null || need_pkgs+=(podman)
+command -v runc >/dev/null || need_pkgs+=(runc)
+[ -x /bin/busybox ] || need_pkgs+=(busybox-static)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq

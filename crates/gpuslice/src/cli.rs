@@ -54,6 +54,9 @@ pub enum Command {
     Slices,
     /// Serve Prometheus metrics for GPUs (NVML) and slices (ledgers) on /metrics.
     Exporter(crate::cmd::exporter::ExporterArgs),
+    /// CDI specs for container runtimes (podman, containerd, CRI-O, Docker).
+    #[command(subcommand)]
+    Cdi(crate::cmd::cdi::CdiCommand),
     /// Benchmarks that back gpuslice's claims.
     #[command(subcommand)]
     Bench(BenchCommand),

@@ -20,6 +20,7 @@ fn main() -> ExitCode {
         Command::List => cmd::list::run(&cli),
         Command::Run(args) => cmd::run::run(&cli, args),
         Command::Slices => cmd::slices::run(&cli),
+        Command::Cdi(c) => cmd::cdi::run(&cli, c),
         Command::Exporter(args) => cmd::exporter::run(&cli, args),
         Command::Bench(cli::BenchCommand::Launch(args)) => cmd::bench_launch::run(&cli, args),
         Command::Bench(cli::BenchCommand::Init(args)) => cmd::bench_init::run(&cli, args),

@@ -2,6 +2,7 @@
 
 pub mod bench_init;
 pub mod bench_launch;
+pub mod cdi;
 pub mod exporter;
 pub mod list;
 pub mod run;

@@ -1,0 +1,189 @@
+//! `gpuslice cdi generate|check`: CDI specs for container runtimes (the
+//! work is in `gpuslice_k8s::cdi`).
+
+use crate::cli::Cli;
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand, ValueEnum};
+use gpuslice_core::HostRoot;
+use gpuslice_k8s::cdi::{self, Capability, CheckResult, Format, Options};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Subcommand)]
+pub enum CdiCommand {
+    /// Write a CDI spec for this host's GPUs (devices by index, UUID, MIG, `all`, `<i>-shared-<n>`).
+    Generate(GenerateArgs),
+    /// Exit 0 when the spec matches what `generate` would write now, 1 (with the reason) otherwise.
+    Check(CheckArgs),
+    /// Run by container runtimes as a CDI hook (not by hand).
+    #[command(hide = true, subcommand)]
+    Hook(HookCommand),
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum FormatArg {
+    Yaml,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct GenerateArgs {
+    /// Spec file to write (atomically) [default: /etc/cdi/gpuslice.yaml].
+    #[arg(long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Output format [default: from the file name: .json is JSON, else YAML].
+    #[arg(long, value_enum)]
+    pub format: Option<FormatArg>,
+    /// Vendor of the device kind.
+    #[arg(long, default_value = cdi::DEFAULT_VENDOR)]
+    pub vendor: String,
+    /// Class of the device kind.
+    #[arg(long, default_value = cdi::DEFAULT_CLASS)]
+    pub class: String,
+    /// Driver capabilities whose libraries and tools are mounted: compute, utility, video, graphics, all.
+    #[arg(long, default_value = "compute,utility", value_name = "LIST")]
+    pub capabilities: String,
+    /// Shared variants per GPU: `4` offers `<i>-shared-4` (a quarter of memory and compute); empty for none.
+    #[arg(long, default_value = "2,4", value_name = "LIST")]
+    pub shared: String,
+    /// Write host paths relative to --host-root (a pod that mounts the host at /host writing for the host's runtime).
+    #[arg(long)]
+    pub strip_host_root: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// The spec to check [default: /etc/cdi/gpuslice.yaml].
+    #[arg(long, value_name = "FILE")]
+    pub spec: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum HookCommand {
+    /// Bind FILE over the container's /proc/driver/nvidia/params (createContainer hook).
+    Params {
+        #[arg(long, value_name = "FILE")]
+        file: PathBuf,
+    },
+}
+
+pub fn run(cli: &Cli, cmd: &CdiCommand) -> Result<i32> {
+    let root = HostRoot::new(&cli.host_root);
+    match cmd {
+        CdiCommand::Generate(a) => generate(cli, &root, a),
+        CdiCommand::Check(a) => check(&root, a),
+        CdiCommand::Hook(HookCommand::Params { file }) => {
+            let mut state = String::new();
+            std::io::stdin().read_to_string(&mut state)?;
+            cdi::params_hook(&state, file).context("gpuslice cdi hook params")?;
+            Ok(0)
+        }
+    }
+}
+
+fn base_options(spec_dir: &Path) -> Options {
+    Options {
+        shim: shim(),
+        hook: std::env::current_exe()
+            .ok()
+            .and_then(|p| p.canonicalize().ok()),
+        spec_dir: spec_dir.to_path_buf(),
+        ..Options::default()
+    }
+}
+
+/// `$GPUSLICE_SHIM`, else `libgpuslice.so` next to this binary.
+fn shim() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("GPUSLICE_SHIM").filter(|p| !p.is_empty()) {
+        return Some(PathBuf::from(p)).filter(|p| p.is_file());
+    }
+    let exe = std::env::current_exe().ok()?.canonicalize().ok()?;
+    Some(exe.with_file_name("libgpuslice.so")).filter(|p| p.is_file())
+}
+
+fn spec_dir(output: &Path) -> PathBuf {
+    let dir = output.parent().unwrap_or(Path::new("."));
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf())
+}
+
+fn generate(cli: &Cli, root: &HostRoot, a: &GenerateArgs) -> Result<i32> {
+    let output = a
+        .output
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(cdi::DEFAULT_OUTPUT));
+    if output.is_dir() {
+        bail!(
+            "--output {} is a directory; name a file such as {}/gpuslice.yaml",
+            output.display(),
+            output.display()
+        );
+    }
+    if let Some(parent) = output.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("cannot create {}", parent.display()))?;
+    }
+    let dir = spec_dir(&output);
+    let opts = Options {
+        vendor: a.vendor.clone(),
+        class: a.class.clone(),
+        capabilities: Capability::parse_list(&a.capabilities)?,
+        shared: cdi::parse_shared(&a.shared)?,
+        strip_host_root: a.strip_host_root,
+        ..base_options(&dir)
+    };
+    let format = match a.format {
+        Some(FormatArg::Json) => Format::Json,
+        Some(FormatArg::Yaml) => Format::Yaml,
+        None => Format::for_path(&output),
+    };
+    let g = cdi::generate(root, &opts)?;
+    for w in &g.warnings {
+        eprintln!("gpuslice: warning: {w}");
+    }
+    cdi::write_atomically(&g, &output, format)?;
+    let devices = serde_json::to_value(&g.spec)?["devices"]
+        .as_array()
+        .map_or(0, Vec::len);
+    if cli.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "output": output.display().to_string(),
+                "kind": format!("{}/{}", opts.vendor, opts.class),
+                "devices": devices,
+                "warnings": g.warnings,
+            })
+        );
+    } else {
+        println!(
+            "wrote {} ({}/{}: {devices} devices)",
+            output.display(),
+            opts.vendor,
+            opts.class
+        );
+    }
+    Ok(0)
+}
+
+fn check(root: &HostRoot, a: &CheckArgs) -> Result<i32> {
+    let spec = a
+        .spec
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(cdi::DEFAULT_OUTPUT));
+    let opts = base_options(&spec_dir(&spec));
+    match cdi::check(root, &spec, &opts)? {
+        CheckResult::Current => {
+            println!("current: {}", spec.display());
+            Ok(0)
+        }
+        CheckResult::Stale(why) => {
+            println!("{why}");
+            Ok(1)
+        }
+    }
+}

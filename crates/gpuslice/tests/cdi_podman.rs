@@ -1,0 +1,249 @@
+//! `gpuslice cdi generate` consumed by a real container runtime: Debian's
+//! podman (with runc) on the fake GPU host, from a local image holding
+//! busybox-static (no registry). Needs root, podman, runc and
+//! busybox-static (scripts/test.sh installs them).
+
+use fakegpu::FakeHost;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const IMAGE: &str = "localhost/gpuslice-cdi-test:busybox";
+
+struct Cleanup {
+    files: Vec<PathBuf>,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for f in &self.files {
+            let _ = std::fs::remove_file(f);
+        }
+        let _ = Command::new("podman").args(["rmi", "-f", IMAGE]).output();
+    }
+}
+
+fn podman_image(dir: &Path) {
+    let busybox = ["/bin/busybox", "/usr/bin/busybox"]
+        .into_iter()
+        .find(|p| Path::new(p).is_file())
+        .expect("busybox-static is not installed (scripts/test.sh installs it)");
+    let rootfs = dir.join("rootfs");
+    std::fs::create_dir_all(rootfs.join("bin")).unwrap();
+    std::fs::copy(busybox, rootfs.join("bin/busybox")).unwrap();
+    for applet in ["sh", "ls", "env", "cat", "test"] {
+        std::os::unix::fs::symlink("busybox", rootfs.join("bin").join(applet)).unwrap();
+    }
+    let tar = dir.join("rootfs.tar");
+    let ok = Command::new("tar")
+        .arg("-C")
+        .arg(&rootfs)
+        .arg("-cf")
+        .arg(&tar)
+        .arg(".")
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let out = Command::new("podman")
+        .arg("import")
+        .arg(&tar)
+        .arg(IMAGE)
+        .output()
+        .expect("podman is not installed (scripts/test.sh installs it)");
+    assert!(out.status.success(), "podman import: {out:?}");
+}
+
+/// `podman run` as this kind of machine allows: runc (crun refuses the
+/// hybrid cgroup layout), no network, ulimits below the hard limits.
+fn podman_run(device: &str, script: &str) -> Output {
+    Command::new("timeout")
+        .args([
+            "120",
+            "podman",
+            "--runtime",
+            "runc",
+            "run",
+            "--rm",
+            "--network",
+            "none",
+        ])
+        .args([
+            "--ulimit",
+            "nofile=1024:1024",
+            "--ulimit",
+            "nproc=1024:1024",
+        ])
+        .args(["--device", device, IMAGE, "sh", "-c", script])
+        .output()
+        .unwrap()
+}
+
+fn text(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn nvidia_nodes(listing: &str) -> Vec<String> {
+    let mut v: Vec<String> = listing
+        .lines()
+        .filter(|l| l.starts_with("nvidia"))
+        .map(str::to_string)
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn podman_runs_containers_with_the_generated_spec() {
+    let host = FakeHost::builder().gpus(4).build().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let shim = tmp.path().join("libgpuslice.so");
+    std::fs::write(&shim, b"not a real shim: busybox is static").unwrap();
+    // podman 4.3 reads specs from /etc/cdi and /var/run/cdi only.
+    let cdi_dir = Path::new("/var/run/cdi");
+    let spec = cdi_dir.join(format!("gpuslice-test-{}.yaml", std::process::id()));
+    let _cleanup = Cleanup {
+        files: vec![
+            spec.clone(),
+            cdi_dir.join("gpuslice-params"),
+            cdi_dir.join("gpuslice-ld.so.preload"),
+        ],
+    };
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuslice"))
+        .envs(host.env())
+        .env("GPUSLICE_SHIM", &shim)
+        .arg("--host-root")
+        .arg(host.root())
+        .args(["cdi", "generate", "--output"])
+        .arg(&spec)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "generate: {out:?}");
+    let check = Command::new(env!("CARGO_BIN_EXE_gpuslice"))
+        .envs(host.env())
+        .env("GPUSLICE_SHIM", &shim)
+        .arg("--host-root")
+        .arg(host.root())
+        .args(["cdi", "check", "--spec"])
+        .arg(&spec)
+        .output()
+        .unwrap();
+    assert_eq!(check.status.code(), Some(0), "check: {check:?}");
+    podman_image(tmp.path());
+
+    let one = podman_run("gpuslice.dev/gpu=1", "ls /dev; echo ---; env");
+    assert!(one.status.success(), "{one:?}");
+    let t = text(&one);
+    let (dev, env) = t.split_once("---").unwrap();
+    assert_eq!(
+        nvidia_nodes(dev),
+        [
+            "nvidia-modeset",
+            "nvidia-uvm",
+            "nvidia-uvm-tools",
+            "nvidia1",
+            "nvidiactl"
+        ]
+    );
+    assert!(
+        env.contains("NVIDIA_DRIVER_CAPABILITIES=compute,utility"),
+        "{env}"
+    );
+    assert!(env.contains("CUDA_DEVICE_ORDER=PCI_BUS_ID"), "{env}");
+    assert!(!env.contains("GPUSLICE_MEMORY_LIMIT"), "{env}");
+
+    let by_uuid = podman_run(
+        &format!("gpuslice.dev/gpu={}", fakegpu::kernel::gpu_uuid(2)),
+        "ls /dev",
+    );
+    assert!(
+        nvidia_nodes(&text(&by_uuid)).contains(&"nvidia2".to_string()),
+        "{by_uuid:?}"
+    );
+
+    let all = podman_run("gpuslice.dev/gpu=all", "ls /dev");
+    let nodes = nvidia_nodes(&text(&all));
+    for i in 0..4 {
+        assert!(nodes.contains(&format!("nvidia{i}")), "{all:?}");
+    }
+
+    let shared = podman_run(
+        "gpuslice.dev/gpu=3-shared-4",
+        "ls /dev; echo ---; cat /etc/ld.so.preload; test -f /usr/local/gpuslice/libgpuslice.so && echo shim-present; test -d /run/gpuslice/slices && echo ledger-dir; env",
+    );
+    assert!(shared.status.success(), "{shared:?}");
+    let t = text(&shared);
+    let (dev, rest) = t.split_once("---").unwrap();
+    assert_eq!(
+        nvidia_nodes(dev),
+        [
+            "nvidia-modeset",
+            "nvidia-uvm",
+            "nvidia-uvm-tools",
+            "nvidia3",
+            "nvidiactl"
+        ]
+    );
+    assert!(
+        rest.contains("/usr/local/gpuslice/libgpuslice.so\n"),
+        "{rest}"
+    );
+    assert!(
+        rest.contains("shim-present") && rest.contains("ledger-dir"),
+        "{rest}"
+    );
+    let quarter = fakegpu::kernel::GPU_MEMORY_BYTES / 4;
+    assert!(
+        rest.contains(&format!("GPUSLICE_MEMORY_LIMIT={quarter}")),
+        "{rest}"
+    );
+    assert!(rest.contains("GPUSLICE_COMPUTE_LIMIT=25"), "{rest}");
+
+    let unknown = podman_run("gpuslice.dev/gpu=9", "true");
+    assert!(!unknown.status.success());
+    let err = String::from_utf8_lossy(&unknown.stderr);
+    assert!(
+        err.contains("unresolvable CDI devices gpuslice.dev/gpu=9"),
+        "{err}"
+    );
+}
+
+#[test]
+fn check_reports_a_driver_upgrade() {
+    let host = FakeHost::builder().gpus(1).build().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = tmp.path().join("cdi").join("gpuslice.json");
+    let gpuslice = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_gpuslice"))
+            .envs(host.env())
+            .arg("--host-root")
+            .arg(host.root())
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let spec_s = spec.to_str().unwrap();
+    let out = gpuslice(&["cdi", "generate", "--output", spec_s]);
+    assert!(out.status.success(), "{out:?}");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&spec).unwrap()).unwrap();
+    assert_eq!(json["kind"], "gpuslice.dev/gpu");
+    assert_eq!(
+        gpuslice(&["cdi", "check", "--spec", spec_s]).status.code(),
+        Some(0)
+    );
+    let version = host.root().join("proc/driver/nvidia/version");
+    let old = std::fs::read_to_string(&version).unwrap();
+    std::fs::write(
+        &version,
+        old.replace(fakegpu::kernel::DRIVER_VERSION, "590.1.2"),
+    )
+    .unwrap();
+    let out = gpuslice(&["cdi", "check", "--spec", spec_s]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!(
+            "stale: driver {} in spec, 590.1.2 loaded; run gpuslice cdi generate\n",
+            fakegpu::kernel::DRIVER_VERSION
+        )
+    );
+}
