@@ -2,13 +2,14 @@
 # What the GPU machine verifies, in as few calls as the 10-minute limit allows:
 #   scripts/device_all.sh OUTDIR isolation   # issue 2 checks + bench launch, issue 3 bench init (probe, torch)
 #   scripts/device_all.sh OUTDIR shim        # issue 4 checks and overheads
+#   scripts/device_all.sh OUTDIR doctor      # issue 8: gpuslice doctor --json (OUTDIR/doctor.json)
 #   scripts/device_all.sh OUTDIR cdi         # issue 10: cdi generate/check, host paths, CUDA via run
 #   scripts/device_all.sh OUTDIR exporter    # issue 7: exporter during a capped GEMM, idle CPU (~100 s)
 # Run from the repo root as root after scripts/device-build.sh. Each part is
 # bounded; everything lands in OUTDIR/<part>.tgz (the device tool brings
 # back few files) plus the isolation summary.
 set -u
-out=${1:?usage: scripts/device_all.sh OUTDIR isolation|shim}
+out=${1:?usage: scripts/device_all.sh OUTDIR isolation|shim|doctor}
 what=${2:-isolation}
 work=$(mktemp -d)
 part() { echo "== $* ($(date -u +%T))"; timeout -s KILL "$@"; echo "   rc=$?"; }
@@ -29,6 +30,13 @@ cdi)
 exporter)
     part 120 python3 scripts/device_exporter.py "$work"
     cp "$work/exporter.json" "$out/" 2>/dev/null
+    ;;
+doctor)
+    # Exit 0 all pass, 1 warnings, 2 failures: the verdict is in the JSON.
+    echo "== doctor ($(date -u +%T))"
+    timeout -s KILL 60 .device-carry/gpuslice doctor --json > "$work/doctor.json"; echo "   rc=$?"
+    cp "$work/doctor.json" "$out/" 2>/dev/null
+    timeout -s KILL 60 .device-carry/gpuslice doctor
     ;;
 *) echo "unknown part $what" >&2; exit 2 ;;
 esac

@@ -44,6 +44,12 @@ pub struct KernelGpu {
     pub mig_enabled: bool,
     #[serde(default)]
     pub migs: Vec<KernelMig>,
+    #[serde(default = "default_true")]
+    pub persistence_mode: bool,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 #[derive(Debug, Clone, Deserialize)]

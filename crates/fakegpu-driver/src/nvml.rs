@@ -612,9 +612,12 @@ pub unsafe extern "C" fn nvmlDeviceGetPersistenceMode(
     mode: *mut c_uint,
 ) -> NvmlReturn {
     with_device(device, |t| {
-        t.whole_gpu()?;
+        let state = match t.whole_gpu()?.info.persistence_mode {
+            true => NVML_FEATURE_ENABLED,
+            false => NVML_FEATURE_DISABLED,
+        };
         // SAFETY: caller contract.
-        unsafe { out(mode, NVML_FEATURE_ENABLED) }
+        unsafe { out(mode, state) }
     })
 }
 

@@ -40,6 +40,8 @@ pub struct FakeHostBuilder {
     init_ms_per_gpu: u64,
     ctx_ms: u64,
     root: Option<PathBuf>,
+    persistence_mode: bool,
+    driver_libs: Option<String>,
 }
 
 impl Default for FakeHostBuilder {
@@ -52,6 +54,8 @@ impl Default for FakeHostBuilder {
             init_ms_per_gpu: 0,
             ctx_ms: 0,
             root: None,
+            persistence_mode: true,
+            driver_libs: None,
         }
     }
 }
@@ -80,6 +84,23 @@ impl FakeHostBuilder {
     /// Gives GPU `gpu_index` a degraded PCIe link (Gen4 x8 of Gen5 x16).
     pub fn degraded_link(mut self, gpu_index: u32) -> Self {
         self.degraded.insert(gpu_index);
+        self
+    }
+
+    /// Persistence mode of every GPU as the fake NVML reports it (default on).
+    pub fn persistence_mode(mut self, on: bool) -> Self {
+        self.persistence_mode = on;
+        self
+    }
+
+    /// Writes the user-space driver libraries a real install has, as small
+    /// placeholder files named for `version`:
+    /// `usr/lib/<arch>-linux-gnu/lib{cuda,nvidia-ml}.so.<version>` and the
+    /// `.so.1` links to them (what `gpuslice doctor` compares with the kernel
+    /// driver). Not written by default; the fake driver itself lives in
+    /// [`FakeHost::driver_lib_dir`].
+    pub fn driver_libs(mut self, version: impl Into<String>) -> Self {
+        self.driver_libs = Some(version.into());
         self
     }
 
@@ -124,6 +145,9 @@ impl FakeHostBuilder {
             true => tree::DEGRADED_LINK,
             false => tree::FULL_LINK,
         })?;
+        if let Some(version) = &self.driver_libs {
+            tree::write_driver_libs(&root, version)?;
+        }
         let json = serde_json::to_string_pretty(&kernel).map_err(io::Error::other)?;
         tree::write(&root.join(STATE_DIR).join("kernel.json"), &json)?;
         Ok(FakeHost { root, kernel, tmp })
@@ -193,6 +217,7 @@ impl FakeHostBuilder {
                         .collect(),
                     mig_enabled: instances.is_some(),
                     migs,
+                    persistence_mode: self.persistence_mode,
                 }
             })
             .collect();

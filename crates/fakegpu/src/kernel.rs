@@ -42,6 +42,14 @@ pub struct KernelGpu {
     pub nvlink_peers: Vec<String>,
     pub mig_enabled: bool,
     pub migs: Vec<KernelMig>,
+    /// Persistence mode, as `nvmlDeviceGetPersistenceMode` reports it
+    /// (default on, as on the H200 host).
+    #[serde(default = "default_true")]
+    pub persistence_mode: bool,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

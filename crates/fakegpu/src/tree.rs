@@ -90,6 +90,26 @@ pub fn relink(target: &Path, link: &Path) -> io::Result<()> {
     fs::rename(&tmp, link)
 }
 
+// ---------------------------------------------------------------- libraries
+
+/// `usr/lib/<arch>-linux-gnu`, where Debian and Ubuntu install the driver's
+/// user-space libraries.
+pub fn driver_lib_rel() -> String {
+    format!("usr/lib/{}-linux-gnu", std::env::consts::ARCH)
+}
+
+/// Placeholder `libcuda.so.<version>` and `libnvidia-ml.so.<version>` with
+/// their `.so.1` links, as the driver package installs them.
+pub fn write_driver_libs(root: &Path, version: &str) -> io::Result<()> {
+    let dir = root.join(driver_lib_rel());
+    for lib in ["libcuda.so", "libnvidia-ml.so"] {
+        let file = format!("{lib}.{version}");
+        write(&dir.join(&file), &format!("fakegpu placeholder {file}\n"))?;
+        relink(Path::new(&file), &dir.join(format!("{lib}.1")))?;
+    }
+    Ok(())
+}
+
 // ---------------------------------------------------------------- dev
 
 pub fn gpu_node_rel(minor: u32) -> String {

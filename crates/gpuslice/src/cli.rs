@@ -60,6 +60,8 @@ pub enum Command {
     /// Benchmarks that back gpuslice's claims.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Check the host, its isolation and its Kubernetes wiring; each finding with a one-line fix (exit 0 pass, 1 warn, 2 fail).
+    Doctor(crate::cmd::doctor::DoctorArgs),
     /// Print a shell completion script.
     Completions {
         #[arg(value_enum)]

@@ -24,6 +24,7 @@ fn main() -> ExitCode {
         Command::Exporter(args) => cmd::exporter::run(&cli, args),
         Command::Bench(cli::BenchCommand::Launch(args)) => cmd::bench_launch::run(&cli, args),
         Command::Bench(cli::BenchCommand::Init(args)) => cmd::bench_init::run(&cli, args),
+        Command::Doctor(args) => cmd::doctor::run(&cli, args),
         Command::Completions { shell } => {
             clap_complete::generate(
                 *shell,

@@ -352,6 +352,7 @@ mod tests {
             nvlink_peers: vec![],
             mig_enabled,
             migs: vec![],
+            persistence_mode: true,
         }
     }
 

@@ -1,0 +1,417 @@
+//! `gpuslice doctor` on the fake GPU host: a healthy host passes, and each
+//! fault injected alone is found, by the check that should find it, with
+//! its fix, and nothing else is flagged. Needs root (the fake host mknods;
+//! the isolation probe makes a cgroup and attaches a BPF device filter).
+
+use fakegpu::kernel::DRIVER_VERSION;
+use fakegpu::{FakeHost, FakeHostBuilder};
+use serde_json::Value;
+use std::fs;
+use std::path::Path;
+use std::process::Command;
+
+const GPUSLICE: &str = env!("CARGO_BIN_EXE_gpuslice");
+
+/// A host with nothing to complain about: ModifyDeviceFiles off and the
+/// user-space libraries of the loaded driver.
+fn healthy() -> FakeHostBuilder {
+    FakeHost::builder()
+        .gpus(4)
+        .modify_device_files(false)
+        .driver_libs(DRIVER_VERSION)
+}
+
+fn command(h: &FakeHost, args: &[&str]) -> Command {
+    let mut c = Command::new(GPUSLICE);
+    c.arg("--host-root").arg(h.root()).arg("doctor").args(args);
+    c.envs(h.env()).env("LC_ALL", "C");
+    c
+}
+
+/// Exit code and the JSON report.
+fn doctor(h: &FakeHost, args: &[&str]) -> (i32, Value) {
+    doctor_with(command(h, &[&["--json"], args].concat()))
+}
+
+fn doctor_with(mut c: Command) -> (i32, Value) {
+    let out = c.output().expect("spawn gpuslice doctor");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "doctor --json output ({e}): {}\nstderr: {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out.status.code().expect("exit code"), v)
+}
+
+fn check<'a>(v: &'a Value, name: &str) -> &'a Value {
+    v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no check {name} in {v:#}"))
+}
+
+/// Names of the checks that warned or failed.
+fn flagged(v: &Value) -> Vec<String> {
+    v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["status"] == "warn" || c["status"] == "fail")
+        .map(|c| c["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// `name` has `status`, its detail names every one of `detail`, its fix
+/// names `fix`; no other check is flagged; the exit code follows.
+fn found(v: &Value, code: i32, name: &str, status: &str, detail: &[&str], fix: &str) {
+    let c = check(v, name);
+    assert_eq!(c["status"], status, "{name}: {c:#}");
+    let d = c["detail"].as_str().unwrap();
+    for want in detail {
+        assert!(d.contains(want), "{name} detail lacks {want:?}: {d}");
+    }
+    let f = c["fix"].as_str().unwrap();
+    assert!(f.contains(fix), "{name} fix lacks {fix:?}: {f}");
+    assert_eq!(flagged(v), [name], "only {name} should be flagged: {v:#}");
+    let want_code = if status == "fail" { 2 } else { 1 };
+    assert_eq!(code, want_code, "{v:#}");
+    assert_eq!(v["summary"]["exit_code"], want_code);
+}
+
+#[test]
+fn healthy_fake_host_passes() {
+    let h = healthy().build().expect("fake host");
+    let (code, v) = doctor(&h, &[]);
+    assert_eq!(code, 0, "{v:#}");
+    assert!(flagged(&v).is_empty(), "{v:#}");
+    for name in [
+        "driver.loaded",
+        "driver.libcuda",
+        "driver.libnvidia-ml",
+        "devices.nodes",
+        "devices.permissions",
+        "devices.modify-device-files",
+        "isolation.cgroup",
+        "isolation.device-filter",
+        "gpu.persistence",
+        "gpu.mig",
+        "gpu.pcie",
+        "gpu.numa",
+        "gpu.nvlink",
+        "k8s.nvidia-toolkit",
+    ] {
+        assert_eq!(check(&v, name)["status"], "pass", "{name}: {v:#}");
+    }
+    // What a fake host cannot show is skipped, with the reason.
+    for name in ["isolation.userns", "k8s.cdi", "k8s.device-plugin"] {
+        let c = check(&v, name);
+        assert_eq!(c["status"], "skip", "{name}: {c:#}");
+        assert!(!c["detail"].as_str().unwrap().is_empty());
+    }
+    assert!(
+        check(&v, "driver.loaded")["detail"]
+            .as_str()
+            .unwrap()
+            .contains("580.159.04"),
+        "{v:#}"
+    );
+    assert_eq!(v["summary"]["fail"], 0);
+
+    // The table: one row per check, no colour when not on a terminal.
+    let out = command(&h, &[]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(table.contains("pass  driver.loaded"), "{table}");
+    assert!(!table.contains('\x1b'), "{table}");
+    assert!(table.trim_end().ends_with("(exit 0)"), "{table}");
+}
+
+#[test]
+fn missing_device_node() {
+    let h = healthy().build().unwrap();
+    h.remove_node(2).unwrap();
+    let (code, v) = doctor(&h, &[]);
+    found(
+        &v,
+        code,
+        "devices.nodes",
+        "fail",
+        &["missing /dev/nvidia2 (195:2)"],
+        "nvidia-modprobe",
+    );
+}
+
+#[test]
+fn library_driver_version_mismatch() {
+    let h = healthy().driver_libs("575.57.08").build().unwrap();
+    let (code, v) = doctor(&h, &[]);
+    // Both libraries are of the wrong version: two failures of one fault.
+    assert_eq!(
+        flagged(&v),
+        ["driver.libcuda", "driver.libnvidia-ml"],
+        "{v:#}"
+    );
+    assert_eq!(code, 2);
+    for name in ["driver.libcuda", "driver.libnvidia-ml"] {
+        let c = check(&v, name);
+        assert_eq!(c["status"], "fail");
+        let d = c["detail"].as_str().unwrap();
+        assert!(
+            d.contains("575.57.08") && d.contains("kernel module is 580.159.04"),
+            "{d}"
+        );
+        assert!(c["fix"].as_str().unwrap().contains("580.159.04"), "{c:#}");
+    }
+    // Newer libraries than the module: the fix is a reboot, not a reinstall.
+    let h = healthy().driver_libs("590.10.01").build().unwrap();
+    let (_, v) = doctor(&h, &[]);
+    let fix = check(&v, "driver.libcuda")["fix"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(fix.contains("reboot"), "{fix}");
+}
+
+#[test]
+fn missing_libraries() {
+    let h = FakeHost::builder()
+        .gpus(1)
+        .modify_device_files(false)
+        .build()
+        .unwrap();
+    let (code, v) = doctor(&h, &[]);
+    assert_eq!(code, 2);
+    assert_eq!(
+        flagged(&v),
+        ["driver.libcuda", "driver.libnvidia-ml"],
+        "{v:#}"
+    );
+    let d = check(&v, "driver.libcuda")["detail"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(d.contains("libcuda.so.1 not found"), "{d}");
+}
+
+#[test]
+fn degraded_link() {
+    let h = healthy().degraded_link(1).build().unwrap();
+    let (code, v) = doctor(&h, &[]);
+    found(
+        &v,
+        code,
+        "gpu.pcie",
+        "warn",
+        &["GPU1 (0000:28:00.0) Gen4 x8 of Gen5 x16"],
+        "reseat",
+    );
+}
+
+#[test]
+fn persistence_off() {
+    let h = healthy().persistence_mode(false).build().unwrap();
+    let (code, v) = doctor(&h, &[]);
+    found(
+        &v,
+        code,
+        "gpu.persistence",
+        "warn",
+        &["persistence mode off on GPU0 (0000:18:00.0)"],
+        "nvidia-persistenced",
+    );
+}
+
+#[test]
+fn modify_device_files_on() {
+    let h = healthy().modify_device_files(true).build().unwrap();
+    let (code, v) = doctor(&h, &[]);
+    found(
+        &v,
+        code,
+        "devices.modify-device-files",
+        "warn",
+        &["ModifyDeviceFiles: 1"],
+        "NVreg_ModifyDeviceFiles=0",
+    );
+}
+
+#[test]
+fn no_writable_cgroup() {
+    let h = healthy().build().unwrap();
+    // No cgroup at all where the check is pointed.
+    let missing = h.root().join("no-cgroup-here");
+    let (code, v) = doctor(&h, &["--cgroup-root", missing.to_str().unwrap()]);
+    assert_eq!(code, 2, "{v:#}");
+    assert_eq!(
+        flagged(&v),
+        ["isolation.cgroup", "isolation.device-filter"],
+        "{v:#}"
+    );
+    assert!(check(&v, "isolation.cgroup")["detail"]
+        .as_str()
+        .unwrap()
+        .contains("no-cgroup-here"));
+    assert!(check(&v, "isolation.device-filter")["detail"]
+        .as_str()
+        .unwrap()
+        .contains("cannot be enforced"));
+
+    // A real cgroup2 mount, read-only (a bind mount in a private mount
+    // namespace): the hierarchy is fine, slice cgroups cannot be made.
+    let Ok(gpuslice_isolate::cgroup::CgroupDriver::V2 { root }) =
+        gpuslice_isolate::cgroup::CgroupDriver::detect(Some(gpuslice_isolate::cgroup::Version::V2))
+    else {
+        eprintln!("no_writable_cgroup: no cgroup2 mount here, read-only case skipped");
+        return;
+    };
+    let ro = h.root().join("ro-cgroup");
+    fs::create_dir_all(&ro).unwrap();
+    let script = format!(
+        "mount --bind {root} {ro} && mount -o remount,bind,ro {ro} && exec \"$@\"",
+        root = root.display(),
+        ro = ro.display()
+    );
+    let mut c = Command::new("unshare");
+    c.args(["-m", "--propagation", "private", "sh", "-c", &script, "sh"]);
+    c.arg(GPUSLICE)
+        .arg("--host-root")
+        .arg(h.root())
+        .args(["doctor", "--json", "--cgroup-root"])
+        .arg(&ro);
+    c.envs(h.env());
+    if !Path::new("/usr/bin/unshare").exists() && !Path::new("/bin/unshare").exists() {
+        eprintln!("no_writable_cgroup: no unshare, read-only case skipped");
+        return;
+    }
+    let (code, v) = doctor_with(c);
+    found(
+        &v,
+        code,
+        "isolation.device-filter",
+        "fail",
+        &["Read-only file system", "cannot be enforced"],
+        "writable",
+    );
+}
+
+const SPEC: &str = r#"cdiVersion: "0.6.0"
+kind: gpuslice.dev/gpu
+devices:
+- name: "0"
+  containerEdits:
+    deviceNodes:
+    - path: /dev/nvidia0
+- name: all
+  containerEdits:
+    deviceNodes:
+    - path: /dev/nvidia0
+    - path: /dev/nvidia1
+    - path: /dev/nvidia2
+    - path: /dev/nvidia3
+containerEdits:
+  deviceNodes:
+  - path: /dev/nvidiactl
+  mounts:
+  - hostPath: /usr/lib/@ARCH@-linux-gnu/libcuda.so.@VERSION@
+    containerPath: /usr/lib/@ARCH@-linux-gnu/libcuda.so.@VERSION@
+    options: [ro, nosuid, nodev, bind]
+"#;
+
+fn write_spec(h: &FakeHost, version: &str, extra_node: Option<&str>) {
+    let mut spec = SPEC
+        .replace("@ARCH@", std::env::consts::ARCH)
+        .replace("@VERSION@", version);
+    if let Some(node) = extra_node {
+        spec = spec.replace(
+            "    - path: /dev/nvidia3\n",
+            &format!("    - path: /dev/nvidia3\n    - path: {node}\n"),
+        );
+    }
+    let dir = h.root().join("etc/cdi");
+    fs::create_dir_all(&dir).unwrap();
+    fs::write(dir.join("gpuslice.yaml"), spec).unwrap();
+}
+
+#[test]
+fn stale_cdi_spec() {
+    let h = healthy().build().unwrap();
+    write_spec(&h, DRIVER_VERSION, None);
+    let (code, v) = doctor(&h, &[]);
+    assert_eq!(code, 0, "{v:#}");
+    let c = check(&v, "k8s.cdi");
+    assert_eq!(c["status"], "pass", "{c:#}");
+    assert!(
+        c["detail"].as_str().unwrap().contains("is current"),
+        "{c:#}"
+    );
+
+    // A GPU that is gone.
+    write_spec(&h, DRIVER_VERSION, Some("/dev/nvidia7"));
+    let (code, v) = doctor(&h, &[]);
+    found(
+        &v,
+        code,
+        "k8s.cdi",
+        "fail",
+        &["stale CDI spec", "/dev/nvidia7 does not exist"],
+        "gpuslice cdi generate --output",
+    );
+
+    // Written for the previous driver (whose library is still on disk).
+    let old = h.root().join(format!(
+        "usr/lib/{}-linux-gnu/libcuda.so.575.57.08",
+        std::env::consts::ARCH
+    ));
+    fs::write(&old, "old").unwrap();
+    write_spec(&h, "575.57.08", None);
+    let (code, v) = doctor(&h, &[]);
+    found(
+        &v,
+        code,
+        "k8s.cdi",
+        "fail",
+        &["of driver 575.57.08, not 580.159.04"],
+        "gpuslice cdi generate",
+    );
+}
+
+#[test]
+fn xid_errors_in_the_kernel_log() {
+    let h = healthy().build().unwrap();
+    fs::write(
+        h.root().join("dev/kmsg"),
+        "6,1,1000000,-;nvidia: loading out-of-tree module\n\
+         4,2,98765432,-;NVRM: Xid (PCI:0000:28:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n",
+    )
+    .unwrap();
+    let (code, v) = doctor(&h, &[]);
+    found(
+        &v,
+        code,
+        "gpu.xid",
+        "fail",
+        &["Xid 79 ×1 on GPU1", "fallen off the bus"],
+        "reset the GPU",
+    );
+}
+
+#[test]
+fn conflicting_nvidia_toolkit() {
+    let h = healthy().build().unwrap();
+    let conf = h.root().join("etc/nvidia-container-runtime/config.toml");
+    fs::create_dir_all(conf.parent().unwrap()).unwrap();
+    fs::write(&conf, "[nvidia-container-runtime]\n").unwrap();
+    let (code, v) = doctor(&h, &[]);
+    found(
+        &v,
+        code,
+        "k8s.nvidia-toolkit",
+        "warn",
+        &["/etc/nvidia-container-runtime/config.toml"],
+        "default runtime",
+    );
+}
