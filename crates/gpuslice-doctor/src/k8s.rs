@@ -38,8 +38,27 @@ pub struct Spec {
     pub names: Vec<String>,
     /// Host paths it mounts or creates nodes from (`hostPath`, else `path`).
     pub host_paths: Vec<String>,
+    /// The driver version `gpuslice cdi generate` recorded
+    /// (`GPUSLICE_CDI_DRIVER_VERSION=` in the spec's env).
+    pub driver_version: Option<String>,
+    /// `GPUSLICE_CDI_STRIP_HOST_ROOT=true`: its paths are the host's, to be
+    /// read below the host root.
+    pub strip_host_root: bool,
     /// Why the file could not be read, when it could not.
     pub error: Option<String>,
+}
+
+/// The env entry in which `gpuslice cdi generate` records the driver.
+pub const DRIVER_ANNOTATION: &str = "GPUSLICE_CDI_DRIVER_VERSION=";
+/// And whether it wrote host paths relative to the host root.
+pub const STRIP_ANNOTATION: &str = "GPUSLICE_CDI_STRIP_HOST_ROOT=true";
+
+impl Spec {
+    /// Written by gpuslice: of its kind, or (another `--vendor`/`--class`)
+    /// carrying its driver annotation.
+    pub fn is_gpuslice(&self) -> bool {
+        self.kind.as_deref() == Some(GPUSLICE_CDI_KIND) || self.driver_version.is_some()
+    }
 }
 
 /// The spec directories CDI consumers read, below the host root.
@@ -98,7 +117,16 @@ fn unquote(v: &str) -> String {
 
 /// The facts of one spec's text.
 pub fn parse_spec(text: &str, json: bool) -> Spec {
-    let mut s = Spec::default();
+    let mut s = Spec {
+        driver_version: text.find(DRIVER_ANNOTATION).map(|at| {
+            text[at + DRIVER_ANNOTATION.len()..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '.')
+                .collect()
+        }),
+        strip_host_root: text.contains(STRIP_ANNOTATION),
+        ..Default::default()
+    };
     if json {
         match serde_json::from_str::<Value>(text) {
             Ok(v) => {
@@ -182,6 +210,18 @@ pub fn driver_version_in(path: &str) -> Option<&str> {
     (looks_like_version(v) && major >= 100).then_some(v)
 }
 
+/// Where a host path of a spec is seen from here, as `gpuslice cdi check`
+/// sees it: `gpuslice cdi generate` writes the paths it sees (the host
+/// root in front of those it read below it) unless told to strip the host
+/// root, which it records; any other spec names the host's own paths.
+fn seen_from_here(spec: &Spec, root: &HostRoot, p: &str) -> PathBuf {
+    if spec.driver_version.is_some() && !spec.strip_host_root {
+        PathBuf::from(p)
+    } else {
+        root.join(p)
+    }
+}
+
 /// Why a gpuslice spec is out of date, if it is.
 pub fn staleness(
     spec: &Spec,
@@ -190,8 +230,13 @@ pub fn staleness(
     uuids: &[String],
 ) -> Vec<String> {
     let mut why = Vec::new();
+    if let (Some(recorded), Some(loaded)) = (spec.driver_version.as_deref(), driver) {
+        if recorded != loaded {
+            why.push(format!("written for driver {recorded}, {loaded} is loaded"));
+        }
+    }
     for p in spec.host_paths.iter().filter(|p| p.starts_with('/')) {
-        if root.join(p).symlink_metadata().is_err() {
+        if seen_from_here(spec, root, p).symlink_metadata().is_err() {
             why.push(format!("{p} does not exist"));
         } else if let (Some(v), Some(d)) = (driver_version_in(p), driver) {
             if v != d {
@@ -222,10 +267,7 @@ pub fn staleness(
 
 fn cdi(ctx: &Context, specs: &[Spec]) -> Check {
     const NAME: &str = "k8s.cdi";
-    let ours: Vec<&Spec> = specs
-        .iter()
-        .filter(|s| s.kind.as_deref() == Some(GPUSLICE_CDI_KIND))
-        .collect();
+    let ours: Vec<&Spec> = specs.iter().filter(|s| s.is_gpuslice()).collect();
     let broken: Vec<String> = specs
         .iter()
         .filter_map(|s| Some(format!("{}: {}", s.file.display(), s.error.as_ref()?)))
@@ -278,7 +320,8 @@ fn cdi(ctx: &Context, specs: &[Spec]) -> Check {
             format!("stale CDI spec: {}", list(&stale, 2)),
             format!(
                 "regenerate it after driver or GPU changes: gpuslice cdi generate --output \
-                 {file} (and keep one spec of this kind)"
+                 {file} (gpuslice cdi check --spec {file} compares it in full; keep one spec \
+                 of this kind)"
             ),
         );
     }
@@ -433,7 +476,7 @@ fn toolkit(root: &HostRoot, specs: &[Spec]) -> Check {
     // An NVIDIA CDI spec whose device nodes are also in ours.
     let our_nodes: BTreeSet<&str> = specs
         .iter()
-        .filter(|s| s.kind.as_deref() == Some(GPUSLICE_CDI_KIND))
+        .filter(|s| s.is_gpuslice())
         .flat_map(|s| s.host_paths.iter())
         .filter(|p| p.starts_with("/dev/"))
         .map(String::as_str)
@@ -548,6 +591,10 @@ containerEdits:
         assert_eq!(j.names, ["all"]);
         assert_eq!(j.host_paths, ["/dev/nvidia0", "/dev/nvidia1"]);
         assert!(parse_spec("{", true).error.is_some());
+        let annotated = "kind: example.com/gpu\ncontainerEdits:\n  env:\n  - GPUSLICE_CDI_DRIVER_VERSION=580.159.04\n";
+        let a = parse_spec(annotated, false);
+        assert_eq!(a.driver_version.as_deref(), Some("580.159.04"));
+        assert!(a.is_gpuslice() && !j.is_gpuslice());
     }
 
     #[test]
@@ -580,6 +627,19 @@ containerEdits:
         let s = parse_spec(YAML, false);
         let uuid = vec!["GPU-fa4e0000-0000-4000-8000-000000000000".to_string()];
         assert!(staleness(&s, &root, Some("580.159.04"), &uuid).is_empty());
+        let mut recorded = s.clone();
+        recorded.driver_version = Some("575.57.08".into());
+        recorded.strip_host_root = true;
+        let why = staleness(&recorded, &root, Some("580.159.04"), &uuid);
+        assert_eq!(why, ["written for driver 575.57.08, 580.159.04 is loaded"]);
+        // gpuslice's specs name the paths it saw, the host root in front,
+        // unless it stripped the host root.
+        let mut prefixed = s.clone();
+        prefixed.driver_version = Some("580.159.04".into());
+        prefixed.host_paths = vec![tmp.path().join("dev/nvidia0").display().to_string()];
+        assert!(staleness(&prefixed, &root, None, &uuid).is_empty());
+        prefixed.strip_host_root = true;
+        assert_eq!(staleness(&prefixed, &root, None, &uuid).len(), 1);
         let why = staleness(&s, &root, Some("590.10.01"), &uuid);
         assert_eq!(why.len(), 1, "{why:?}");
         assert!(

@@ -415,3 +415,44 @@ fn conflicting_nvidia_toolkit() {
         "default runtime",
     );
 }
+
+/// The spec `gpuslice cdi generate` writes is judged current, and stale
+/// once the host has another GPU.
+#[test]
+fn cdi_spec_from_cdi_generate() {
+    let h = healthy().build().unwrap();
+    let spec = h.root().join("etc/cdi/gpuslice.yaml");
+    let out = Command::new(GPUSLICE)
+        .arg("--host-root")
+        .arg(h.root())
+        .args(["cdi", "generate", "--output"])
+        .arg(&spec)
+        .envs(h.env())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cdi generate: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (code, v) = doctor(&h, &[]);
+    assert_eq!(check(&v, "k8s.cdi")["status"], "pass", "{v:#}");
+    assert_eq!(code, 0, "{v:#}");
+
+    // A fifth GPU appears (same tree, rebuilt with one more GPU).
+    let _five = FakeHost::at(h.root())
+        .gpus(5)
+        .modify_device_files(false)
+        .driver_libs(DRIVER_VERSION)
+        .build()
+        .unwrap();
+    let (code, v) = doctor(&h, &[]);
+    found(
+        &v,
+        code,
+        "k8s.cdi",
+        "fail",
+        &["GPU-fa4e0004-0000-4000-8000-000000000004 is missing"],
+        "gpuslice cdi generate --output",
+    );
+}
