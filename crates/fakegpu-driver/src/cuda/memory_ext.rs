@@ -7,7 +7,11 @@
 //! Pools reserve in 2 MiB steps and keep their reserve until trimmed; graph
 //! memory is reserved by the first launch (or upload) of an exec with
 //! allocation nodes and released by `cuDeviceGraphMemTrim` once no exec
-//! needs it — as the real driver does.
+//! needs it — as the real driver does. While a stream captures (see
+//! [`super::capture`]), stream-ordered allocations on it become allocation
+//! nodes of the graph the capture ends with; synchronous allocations and
+//! frees, pool attribute reads and trims, and graph-memory queries and trims
+//! are potentially unsafe calls there.
 
 use std::collections::BTreeMap;
 use std::ffi::{c_int, c_uint, c_void};
@@ -153,18 +157,20 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
     elem: c_uint,
 ) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
-        rc(current_device().and_then(|dev| {
-            if width == 0 || height == 0 || !matches!(elem, 4 | 8 | 16) {
-                return Err(CUDA_ERROR_INVALID_VALUE);
-            }
-            let p = (width as u64).div_ceil(512) * 512;
-            let ptr = dev_alloc(dev, p * height as u64)?;
-            // SAFETY: caller contract.
-            unsafe {
-                out(pitch, p as usize)?;
-                out(dptr, ptr)
-            }
-        }))
+        rc(capture::unsafe_call()
+            .and_then(|_| current_device())
+            .and_then(|dev| {
+                if width == 0 || height == 0 || !matches!(elem, 4 | 8 | 16) {
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                }
+                let p = (width as u64).div_ceil(512) * 512;
+                let ptr = dev_alloc(dev, p * height as u64)?;
+                // SAFETY: caller contract.
+                unsafe {
+                    out(pitch, p as usize)?;
+                    out(dptr, ptr)
+                }
+            }))
     })
 }
 
@@ -179,14 +185,16 @@ pub unsafe extern "C" fn cuMemAllocManaged(
     // Entry points never call each other through their exported symbols:
     // those may be interposed (by the shim under test).
     guard(CUDA_ERROR_UNKNOWN, || {
-        rc(current_device().and_then(|dev| {
-            if size == 0 || dptr.is_null() {
-                return Err(CUDA_ERROR_INVALID_VALUE);
-            }
-            let ptr = dev_alloc(dev, size as u64)?;
-            // SAFETY: caller contract.
-            unsafe { out(dptr, ptr) }
-        }))
+        rc(capture::unsafe_call()
+            .and_then(|_| current_device())
+            .and_then(|dev| {
+                if size == 0 || dptr.is_null() {
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                }
+                let ptr = dev_alloc(dev, size as u64)?;
+                // SAFETY: caller contract.
+                unsafe { out(dptr, ptr) }
+            }))
     })
 }
 
@@ -283,6 +291,9 @@ pub unsafe extern "C" fn cuMemPoolGetAttribute(
     value: *mut c_void,
 ) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
+        if let Err(e) = capture::unsafe_call() {
+            return e;
+        }
         let v = with(|e| {
             let p = pool_id(pool).and_then(|id| e.pools.get(&id))?;
             match attr {
@@ -305,6 +316,9 @@ pub unsafe extern "C" fn cuMemPoolGetAttribute(
 #[no_mangle]
 pub extern "C" fn cuMemPoolTrimTo(pool: Handle, keep: usize) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
+        if let Err(e) = capture::unsafe_call() {
+            return e;
+        }
         with(
             |e| match pool_id(pool).and_then(|id| e.pools.get_mut(&id)) {
                 Some(p) => {
@@ -324,18 +338,32 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
     dptr: *mut CUdeviceptr,
     size: usize,
     pool: Handle,
-    _stream: Handle,
+    stream: Handle,
 ) -> CUresult {
+    from_pool_async(dptr, size, pool, capture::key(stream, false))
+}
+
+fn from_pool_async(dptr: *mut CUdeviceptr, size: usize, pool: Handle, stream: usize) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
         rc(state().and_then(|_| {
             let id = pool_id(pool).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-            from_pool(dptr, size, id)
+            from_pool(dptr, size, id, stream)
         }))
     })
 }
 
-fn from_pool(dptr: *mut CUdeviceptr, size: usize, id: usize) -> Result<(), CUresult> {
-    let addr = with(|e| pool_alloc(e, id, size as u64))?;
+/// A stream-ordered allocation from pool `id` on stream `stream` (a
+/// [`capture::key`]): an allocation node while the stream captures.
+fn from_pool(
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    id: usize,
+    stream: usize,
+) -> Result<(), CUresult> {
+    let addr = match capture::captured_alloc(stream, size as u64)? {
+        Some(node) => node,
+        None => with(|e| pool_alloc(e, id, size as u64))?,
+    };
     // SAFETY: callers pass the caller's out-pointer (null or valid).
     unsafe { out(dptr, addr) }
 }
@@ -349,13 +377,7 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
     pool: Handle,
     stream: Handle,
 ) -> CUresult {
-    let _ = stream;
-    guard(CUDA_ERROR_UNKNOWN, || {
-        rc(state().and_then(|_| {
-            let id = pool_id(pool).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-            from_pool(dptr, size, id)
-        }))
-    })
+    from_pool_async(dptr, size, pool, capture::key(stream, true))
 }
 
 /// # Safety
@@ -366,14 +388,15 @@ pub unsafe extern "C" fn cuMemAllocAsync(
     size: usize,
     stream: Handle,
 ) -> CUresult {
+    alloc_async(dptr, size, capture::key(stream, false))
+}
+
+fn alloc_async(dptr: *mut CUdeviceptr, size: usize, stream: usize) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
-        let dev = match current_device() {
-            Ok(d) => d,
-            Err(e) => return e,
-        };
-        let _ = stream;
-        let id = with(|e| default_pool(e, dev));
-        rc(from_pool(dptr, size, id))
+        rc(current_device().and_then(|dev| {
+            let id = with(|e| default_pool(e, dev));
+            from_pool(dptr, size, id, stream)
+        }))
     })
 }
 
@@ -385,24 +408,25 @@ pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
     size: usize,
     stream: Handle,
 ) -> CUresult {
-    let _ = stream;
-    guard(CUDA_ERROR_UNKNOWN, || {
-        rc(current_device().and_then(|dev| {
-            let id = with(|e| default_pool(e, dev));
-            from_pool(dptr, size, id)
-        }))
-    })
+    alloc_async(dptr, size, capture::key(stream, true))
 }
 
 /// Frees pool memory back to its pool (the reserve stays), or any other
 /// device allocation.
 #[no_mangle]
-pub extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, _stream: Handle) -> CUresult {
-    free_async(dptr)
+pub extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, stream: Handle) -> CUresult {
+    free_async(dptr, capture::key(stream, false))
 }
 
-fn free_async(dptr: CUdeviceptr) -> CUresult {
+/// A free on a capturing stream is a free node of the graph (not modelled
+/// further: the memory is not touched now).
+fn free_async(dptr: CUdeviceptr, stream: usize) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
+        match capture::stream_op(stream) {
+            Ok(true) => return CUDA_SUCCESS,
+            Ok(false) => {}
+            Err(e) => return e,
+        }
         let pooled = with(|e| {
             let id = e.owner.remove(&dptr)?;
             let p = e.pools.get_mut(&id)?;
@@ -412,15 +436,15 @@ fn free_async(dptr: CUdeviceptr) -> CUresult {
         });
         match pooled {
             Some(()) => CUDA_SUCCESS,
-            None if memory::free(dptr) => CUDA_SUCCESS,
+            None if memory::free(dptr) || capture::free_node(dptr) => CUDA_SUCCESS,
             None => CUDA_ERROR_INVALID_VALUE,
         }
     })
 }
 
 #[no_mangle]
-pub extern "C" fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, _stream: Handle) -> CUresult {
-    free_async(dptr)
+pub extern "C" fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: Handle) -> CUresult {
+    free_async(dptr, capture::key(stream, true))
 }
 
 // ---------------------------------------------------------------- VMM
@@ -651,6 +675,18 @@ pub unsafe extern "C" fn cuGraphCreate(graph: *mut Handle, _flags: c_uint) -> CU
     })
 }
 
+/// The graph a stream capture ended with: its allocation nodes' bytes on
+/// `dev`.
+pub(super) fn captured_graph(dev: usize, bytes: u64) -> Handle {
+    let id = with(|e| {
+        e.graphs.next += 1;
+        let id = e.graphs.next;
+        e.graphs.graphs.insert(id, (dev, bytes));
+        id
+    });
+    (GRAPH_BASE + id * 16) as Handle
+}
+
 fn graph_id(h: Handle) -> Option<usize> {
     (h as usize).checked_sub(GRAPH_BASE).map(|o| o / 16)
 }
@@ -794,7 +830,7 @@ fn graph_need(e: &Ext, dev: usize) -> u64 {
 #[no_mangle]
 pub extern "C" fn cuDeviceGraphMemTrim(dev: CUdevice) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
-        rc(device(dev).map(|_| {
+        rc(capture::unsafe_call().and_then(|_| device(dev)).map(|_| {
             with(|e| {
                 let need = graph_need(e, dev as usize);
                 let chunks = e.graphs.reserve.entry(dev as usize).or_default();
@@ -821,22 +857,24 @@ pub unsafe extern "C" fn cuDeviceGetGraphMemAttribute(
     value: *mut c_void,
 ) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
-        rc(device(dev).and_then(|_| {
-            let v = with(|e| {
-                let reserved: u64 = e
-                    .graphs
-                    .reserve
-                    .get(&(dev as usize))
-                    .map_or(0, |c| c.iter().map(|c| c.1).sum());
-                match attr {
-                    0 | 1 => Some(graph_need(e, dev as usize)),
-                    2 | 3 => Some(reserved),
-                    _ => None,
-                }
-            })
-            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-            // SAFETY: caller contract.
-            unsafe { out(value.cast::<u64>(), v) }
-        }))
+        rc(capture::unsafe_call()
+            .and_then(|_| device(dev))
+            .and_then(|_| {
+                let v = with(|e| {
+                    let reserved: u64 = e
+                        .graphs
+                        .reserve
+                        .get(&(dev as usize))
+                        .map_or(0, |c| c.iter().map(|c| c.1).sum());
+                    match attr {
+                        0 | 1 => Some(graph_need(e, dev as usize)),
+                        2 | 3 => Some(reserved),
+                        _ => None,
+                    }
+                })
+                .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+                // SAFETY: caller contract.
+                unsafe { out(value.cast::<u64>(), v) }
+            }))
     })
 }

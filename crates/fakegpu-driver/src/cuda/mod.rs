@@ -3,6 +3,7 @@
 //! Signatures follow `cuda.h` (CUDA 13): `CUdevice` is `int`, `CUcontext`
 //! an opaque pointer, `CUdeviceptr` an `unsigned long long`.
 
+mod capture;
 mod init;
 mod memory_ext;
 mod proc_address;
@@ -383,7 +384,9 @@ pub unsafe extern "C" fn cuCtxGetDevice(device_out: *mut CUdevice) -> CUresult {
 
 #[no_mangle]
 pub extern "C" fn cuCtxSynchronize() -> CUresult {
-    guard(CUDA_ERROR_UNKNOWN, || rc(current_device().map(|_| ())))
+    guard(CUDA_ERROR_UNKNOWN, || {
+        rc(current_device().and_then(|_| capture::unsafe_call()))
+    })
 }
 
 // ---------------------------------------------------------------- memory
@@ -393,26 +396,30 @@ pub extern "C" fn cuCtxSynchronize() -> CUresult {
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
-        rc(current_device().and_then(|dev| {
-            if bytesize == 0 || dptr.is_null() {
-                return Err(CUDA_ERROR_INVALID_VALUE);
-            }
-            let d = device(dev as CUdevice)?;
-            let ptr = memory::alloc(d.mem_key, d.memory_bytes, bytesize as u64)
-                .map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;
-            // SAFETY: caller contract.
-            unsafe { out(dptr, ptr) }
-        }))
+        rc(capture::unsafe_call()
+            .and_then(|_| current_device())
+            .and_then(|dev| {
+                if bytesize == 0 || dptr.is_null() {
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                }
+                let d = device(dev as CUdevice)?;
+                let ptr = memory::alloc(d.mem_key, d.memory_bytes, bytesize as u64)
+                    .map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;
+                // SAFETY: caller contract.
+                unsafe { out(dptr, ptr) }
+            }))
     })
 }
 
 #[no_mangle]
 pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
-        rc(current_device().and_then(|_| match memory::free(dptr) {
-            true => Ok(()),
-            false => Err(CUDA_ERROR_INVALID_VALUE),
-        }))
+        rc(capture::unsafe_call()
+            .and_then(|_| current_device())
+            .and_then(|_| match memory::free(dptr) {
+                true => Ok(()),
+                false => Err(CUDA_ERROR_INVALID_VALUE),
+            }))
     })
 }
 
@@ -472,6 +479,31 @@ const ERRORS: &[(CUresult, &CStr, &CStr)] = &[
         CUDA_ERROR_NOT_FOUND,
         c"CUDA_ERROR_NOT_FOUND",
         c"named symbol not found",
+    ),
+    (
+        capture::CUDA_ERROR_ILLEGAL_STATE,
+        c"CUDA_ERROR_ILLEGAL_STATE",
+        c"the operation cannot be performed in the present state",
+    ),
+    (
+        capture::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+        c"CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+        c"operation not permitted when stream is capturing",
+    ),
+    (
+        capture::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+        c"CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
+        c"operation failed due to a previous error during capture",
+    ),
+    (
+        capture::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
+        c"CUDA_ERROR_STREAM_CAPTURE_IMPLICIT",
+        c"operation would make the legacy stream depend on a capturing blocking stream",
+    ),
+    (
+        capture::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD,
+        c"CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD",
+        c"attempt to terminate a thread-local capture sequence from another thread",
     ),
     (CUDA_ERROR_UNKNOWN, c"CUDA_ERROR_UNKNOWN", c"unknown error"),
 ];

@@ -7,6 +7,7 @@
 
 use std::ffi::{c_int, c_void};
 
+use super::capture::*;
 use super::memory_ext::*;
 use super::*;
 
@@ -23,6 +24,8 @@ const VERSIONED: &[(&str, c_int)] = &[
     ("cuMemAllocPitch", 3020),
     ("cuArrayCreate", 3020),
     ("cuArray3DCreate", 3020),
+    ("cuStreamBeginCapture", 10010),
+    ("cuStreamDestroy", 4000),
 ];
 
 /// Maps an exact exported name to its address.
@@ -97,6 +100,17 @@ fn exact(name: &str) -> Option<*mut c_void> {
         cuGraphDestroy,
         cuDeviceGraphMemTrim,
         cuDeviceGetGraphMemAttribute,
+        // capture
+        cuStreamCreate,
+        cuStreamDestroy_v2,
+        cuStreamBeginCapture,
+        cuStreamBeginCapture_v2,
+        cuStreamBeginCapture_ptsz,
+        cuStreamEndCapture,
+        cuStreamEndCapture_ptsz,
+        cuStreamIsCapturing,
+        cuStreamIsCapturing_ptsz,
+        cuThreadExchangeStreamCaptureMode,
     )
 }
 
