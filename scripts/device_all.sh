@@ -1,44 +1,58 @@
 #!/usr/bin/env bash
 # What the GPU machine verifies, in as few calls as the 10-minute limit allows:
-#   scripts/device_all.sh OUTDIR isolation   # issue 2 checks + bench launch, issue 3 bench init (probe, torch)
-#   scripts/device_all.sh OUTDIR shim        # issue 4 checks and overheads
-#   scripts/device_all.sh OUTDIR doctor      # issue 8: gpuslice doctor --json (OUTDIR/doctor.json)
-#   scripts/device_all.sh OUTDIR cdi         # issue 10: cdi generate/check, host paths, CUDA via run
-#   scripts/device_all.sh OUTDIR exporter    # issue 7: exporter during a capped GEMM, idle CPU (~100 s)
+#   scripts/device_all.sh OUTDIR PART [PART...]
+# PARTs, in the order given:
+#   isolation  issue 2 checks + bench launch (device_verify.py)
+#   init       issue 3 bench init, probe (30 runs) and torch (TORCH_RUNS, default 6)
+#   shim       issue 4 checks and overheads (SHIM_ONLY limits the checks, ROUNDS the rounds)
+#   doctor     issue 8: gpuslice doctor --json
+#   cdi        issue 10: cdi generate/check, host paths, CUDA via run
+#   exporter   issue 7: exporter during a capped GEMM, idle CPU (~100 s)
 # Run from the repo root as root after scripts/device-build.sh. Each part is
-# bounded; everything lands in OUTDIR/<part>.tgz (the device tool brings
-# back few files) plus the isolation summary.
+# bounded; everything lands in OUTDIR/results.tgz (the device tool brings
+# back few files), plus the small JSON summaries beside it.
 set -u
-out=${1:?usage: scripts/device_all.sh OUTDIR isolation|shim|doctor}
-what=${2:-isolation}
+out=${1:?usage: scripts/device_all.sh OUTDIR PART [PART...]}
+shift
 work=$(mktemp -d)
-part() { echo "== $* ($(date -u +%T))"; timeout -s KILL "$@"; echo "   rc=$?"; }
-case $what in
-isolation)
-    part 120 python3 scripts/device_verify.py "$work"
-    part 150 bash scripts/device_bench_init.sh "$work/init" probe
-    TORCH_RUNS=${TORCH_RUNS:-6} part 260 bash scripts/device_bench_init.sh "$work/init" torch
-    cp "$work/isolation.json" "$out/" 2>/dev/null
-    ;;
-shim)
-    part 540 python3 scripts/device_shim.py "$work/shim" --rounds "${ROUNDS:-3}"
-    ;;
-cdi)
-    part 60 python3 scripts/device_cdi.py "$work"
-    cp "$work/cdi.json" "$out/" 2>/dev/null
-    ;;
-exporter)
-    part 120 python3 scripts/device_exporter.py "$work"
-    cp "$work/exporter.json" "$out/" 2>/dev/null
-    ;;
-doctor)
+bounded() { echo "== $* ($(date -u +%T))"; timeout -s KILL "$@"; echo "   rc=$?"; }
+
+part_isolation() {
+    bounded 120 python3 scripts/device_verify.py "$work"
+    # Where a launch spends its time (discovery is logged at debug).
+    GPUSLICE_LOG_LEVEL=debug bounded 10 .device-carry/gpuslice run --gpus 0 --isolation env -- /bin/true \
+        >"$work/run-debug.txt" 2>&1
+}
+part_init() {
+    bounded 150 bash scripts/device_bench_init.sh "$work/init" probe
+    TORCH_RUNS=${TORCH_RUNS:-6} bounded 260 bash scripts/device_bench_init.sh "$work/init" torch
+}
+part_shim() {
+    local only=()
+    [ -n "${SHIM_ONLY:-}" ] && only=(--only "$SHIM_ONLY")
+    bounded 470 python3 scripts/device_shim.py "$work/shim" --rounds "${ROUNDS:-3}" "${only[@]}"
+}
+part_cdi() {
+    bounded 60 python3 scripts/device_cdi.py "$work"
+}
+part_exporter() {
+    bounded 120 python3 scripts/device_exporter.py "$work"
+}
+part_doctor() {
     # Exit 0 all pass, 1 warnings, 2 failures: the verdict is in the JSON.
-    echo "== doctor ($(date -u +%T))"
-    timeout -s KILL 60 .device-carry/gpuslice doctor --json > "$work/doctor.json"; echo "   rc=$?"
-    cp "$work/doctor.json" "$out/" 2>/dev/null
+    bounded 60 .device-carry/gpuslice doctor --json >"$work/doctor.json"
     timeout -s KILL 60 .device-carry/gpuslice doctor
-    ;;
-*) echo "unknown part $what" >&2; exit 2 ;;
-esac
-tar czf "$out/$what.tgz" -C "$work" .
+}
+
+for what in "$@"; do
+    if declare -F "part_$what" >/dev/null; then
+        "part_$what"
+    else
+        echo "unknown part $what" >&2
+    fi
+done
+tar czf "$out/results.tgz" -C "$work" .
+for f in isolation.json doctor.json cdi.json exporter.json; do
+    [ -f "$work/$f" ] && cp "$work/$f" "$out/"
+done
 ls -la "$out"
