@@ -15,6 +15,18 @@ pub const CUDA_SUCCESS: CUresult = 0;
 pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
 pub const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
 
+/// First and last of the stream-capture errors
+/// (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` … `_WRONG_THREAD`).
+pub const CUDA_ERROR_STREAM_CAPTURE_FIRST: CUresult = 900;
+pub const CUDA_ERROR_STREAM_CAPTURE_LAST: CUresult = 908;
+
+/// `CU_STREAM_PER_THREAD`: the calling thread's per-thread default stream.
+pub const CU_STREAM_PER_THREAD: usize = 0x2;
+/// `CUstreamCaptureStatus`: not capturing.
+pub const CU_STREAM_CAPTURE_STATUS_NONE: c_int = 0;
+/// `CUstreamCaptureMode`: this thread may make unsafe calls.
+pub const CU_STREAM_CAPTURE_MODE_RELAXED: c_int = 2;
+
 /// `CUmemLocationType`: device memory.
 pub const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
 /// `CUmemPool_attribute` values (all `cuuint64_t`).

@@ -5,6 +5,14 @@
 //! call; on failure give the reservation back; on success remember what was
 //! charged for the returned handle so the matching free releases it.
 //! Anything uncapped passes straight through.
+//!
+//! Stream capture: a stream-ordered allocation on a capturing stream is a
+//! graph allocation node, not memory; it passes through uncharged (the
+//! graph's memory is charged when it is launched). The pool and
+//! graph-memory queries the shim makes for itself are *potentially unsafe*
+//! calls that the driver refuses while the calling thread is prohibited by
+//! a capture (its own, or another thread's in global mode), invalidating
+//! that capture; they run with the thread's capture mode relaxed.
 
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
@@ -35,6 +43,8 @@ static MIPMAP_REQUIREMENTS: Real = Real::named(c"cuMipmappedArrayGetMemoryRequir
 static ARRAY_DESTROY: Real = Real::named(c"cuArrayDestroy");
 static MIPMAP_DESTROY: Real = Real::named(c"cuMipmappedArrayDestroy");
 static MEM_FREE: Real = Real::named(c"cuMemFree_v2");
+static STREAM_IS_CAPTURING: Real = Real::named(c"cuStreamIsCapturing");
+static EXCHANGE_CAPTURE_MODE: Real = Real::named(c"cuThreadExchangeStreamCaptureMode");
 
 const MIB2: u64 = 2 << 20;
 
@@ -50,6 +60,70 @@ pub fn current_device() -> Option<CUdevice> {
     let mut d: CUdevice = -1;
     // SAFETY: valid out-pointer.
     (unsafe { f(&mut d) } == CUDA_SUCCESS).then_some(d)
+}
+
+/// Whether a stream-ordered call on `stream` is captured into a graph
+/// rather than run (or is refused as part of a capture). The NULL stream is
+/// the legacy stream, which never captures, for the default flavour, and
+/// the per-thread stream for `_ptsz` callers: the per-thread stream is
+/// asked about (when it captures, a legacy-stream call would be refused by
+/// the driver anyway). `cuStreamIsCapturing` itself is legal during
+/// capture; on the legacy stream while a blocking stream captures it
+/// answers a capture error without invalidating anything.
+fn capturing(stream: CUstream) -> bool {
+    type F = unsafe extern "C" fn(CUstream, *mut c_int) -> CUresult;
+    // SAFETY: cuStreamIsCapturing(CUstream, CUstreamCaptureStatus*).
+    let Some(f) = (unsafe { STREAM_IS_CAPTURING.func::<F>() }) else {
+        return false;
+    };
+    let s = if stream.is_null() {
+        CU_STREAM_PER_THREAD as CUstream
+    } else {
+        stream
+    };
+    let mut status = CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: valid out-pointer; the stream is the caller's.
+    match unsafe { f(s, &mut status) } {
+        CUDA_SUCCESS => status != CU_STREAM_CAPTURE_STATUS_NONE,
+        rc => (CUDA_ERROR_STREAM_CAPTURE_FIRST..=CUDA_ERROR_STREAM_CAPTURE_LAST).contains(&rc),
+    }
+}
+
+/// This thread's stream-capture mode, relaxed for the guard's lifetime.
+struct Relaxed(Option<c_int>);
+
+type ExchangeMode = unsafe extern "C" fn(*mut c_int) -> CUresult;
+
+impl Relaxed {
+    fn new() -> Relaxed {
+        // SAFETY: cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode*).
+        let Some(f) = (unsafe { EXCHANGE_CAPTURE_MODE.func::<ExchangeMode>() }) else {
+            return Relaxed(None);
+        };
+        let mut mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: valid in/out pointer.
+        let ok = unsafe { f(&mut mode) } == CUDA_SUCCESS;
+        Relaxed(ok.then_some(mode))
+    }
+}
+
+impl Drop for Relaxed {
+    fn drop(&mut self) {
+        let Some(mut mode) = self.0 else { return };
+        // SAFETY: as in `new` (the function was found there).
+        if let Some(f) = unsafe { EXCHANGE_CAPTURE_MODE.func::<ExchangeMode>() } {
+            // SAFETY: valid in/out pointer; restores the caller's mode.
+            unsafe { f(&mut mode) };
+        }
+    }
+}
+
+/// Runs the shim's own driver queries (pool and graph-memory attributes)
+/// with this thread's capture mode relaxed, so they are never refused and
+/// never invalidate a capture, whatever mode the application set.
+fn relaxed<T>(f: impl FnOnce() -> T) -> T {
+    let _mode = Relaxed::new();
+    f()
 }
 
 static TABLE_FULL_LOGGED: AtomicUsize = AtomicUsize::new(0);
@@ -283,7 +357,8 @@ fn device_mem_pool(dev: usize) -> Option<CUmemoryPool> {
 fn settle_pool(e: &PoolEntry, t: Target, hold: u64) {
     let pool = e.pool.load(Ordering::Acquire);
     let old = e.charged.load(Ordering::Acquire);
-    let now = pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT).unwrap_or(old + hold);
+    let now =
+        relaxed(|| pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)).unwrap_or(old + hold);
     let old = e.charged.swap(now, Ordering::AcqRel);
     t.adjust(now as i128 - old as i128 - hold as i128);
 }
@@ -299,8 +374,11 @@ fn pooled(
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
     let size = size as u64;
-    let reserved = pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT).unwrap_or(0);
-    let used = pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT).unwrap_or(reserved);
+    let (reserved, used) = relaxed(|| {
+        let reserved = pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT).unwrap_or(0);
+        let used = pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT).unwrap_or(reserved);
+        (reserved, used)
+    });
     let hold = if reserved.saturating_sub(used) >= size {
         0
     } else {
@@ -334,6 +412,11 @@ pub unsafe fn mem_alloc_async(
         // SAFETY: caller contract.
         return unsafe { f(dptr, size, stream) };
     };
+    if capturing(stream) {
+        // A graph allocation node: charged when the graph is launched.
+        // SAFETY: caller contract.
+        return unsafe { f(dptr, size, stream) };
+    }
     match device_mem_pool(t.dev).and_then(|p| pool_entry(p, t.dev).map(|e| (p, e))) {
         // SAFETY: caller contract.
         Some((pool, e)) => pooled(t, e, pool, size, || unsafe { f(dptr, size, stream) }),
@@ -372,6 +455,11 @@ pub unsafe fn mem_alloc_from_pool_async(
         // SAFETY: caller contract.
         return unsafe { f(dptr, size, pool, stream) };
     };
+    if capturing(stream) {
+        // A graph allocation node: charged when the graph is launched.
+        // SAFETY: caller contract.
+        return unsafe { f(dptr, size, pool, stream) };
+    }
     let Some(e) = pool_entry(pool, t.dev) else {
         // Pool table full: charge the allocation itself.
         if !t.reserve(size as u64) {
@@ -453,13 +541,13 @@ fn settle_graph(t: Target) {
     };
     let mut now: u64 = 0;
     // SAFETY: the attribute is a cuuint64_t.
-    let rc = unsafe {
+    let rc = relaxed(|| unsafe {
         f(
             t.dev as CUdevice,
             CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT,
             (&mut now as *mut u64).cast(),
         )
-    };
+    });
     if rc != CUDA_SUCCESS {
         return;
     }
@@ -470,6 +558,7 @@ fn settle_graph(t: Target) {
 /// Re-reads every pool and the graph pool of `t`'s device (they may have
 /// shrunk without a call we see, e.g. auto-trim at synchronisation).
 pub fn settle_device(t: Target) {
+    let _mode = Relaxed::new();
     for e in &POOLS {
         if !e.pool.load(Ordering::Acquire).is_null() && e.dev.load(Ordering::Acquire) == t.dev {
             settle_pool(e, t, 0);

@@ -125,6 +125,76 @@ fn every_allocation_path_is_charged_and_released_whichever_way_it_is_looked_up()
     assert_eq!(s.ledger().used(0), 0);
 }
 
+/// Stream-ordered allocations on a capturing stream are graph allocation
+/// nodes: the shim must not touch the pool then (reading a pool attribute
+/// while capturing is refused and invalidates the capture), nor charge
+/// them; the graph's memory is charged when it is launched.
+#[test]
+fn allocations_during_stream_capture_become_graph_memory_charged_at_launch() {
+    let s = slice("1GiB");
+    for via in ["dlsym", "procaddr", "global"] {
+        let results = s.run(&["--via", via, "capture", "4", &(8 * MIB).to_string()]);
+        assert_eq!(results.len(), 3, "{via}: {results:?}");
+        let g = &results[0];
+        for k in [
+            "rc_begin",
+            "rc_mem_info",
+            "rc_is_capturing",
+            "rc_end",
+            "rc_instantiate",
+            "rc_launch",
+            "rc_exec_destroy",
+            "rc_trim",
+        ] {
+            assert_eq!(n(g, k), 0, "{via} {k}: {g}");
+        }
+        assert_eq!(
+            g["rc_allocs"],
+            serde_json::json!([0, 0, 0, 0]),
+            "{via}: {g}"
+        );
+        assert_eq!(n(g, "status"), 1, "still capturing: {via}: {g}");
+        assert_eq!(n(g, "charged_during"), 0, "{via}: {g}");
+        assert_eq!(n(g, "charged_launched"), 32 * MIB as i64, "{via}: {g}");
+        assert_eq!(n(g, "after_trim"), 0, "{via}: {g}");
+
+        let p = &results[1];
+        for k in ["rc_begin", "rc_alloc", "rc_end", "charged_during"] {
+            assert_eq!(n(p, k), 0, "{via} {k}: {p}");
+        }
+
+        let o = &results[2];
+        for k in [
+            "rc_begin",
+            "rc_alloc",
+            "rc_mem_info",
+            "rc_end",
+            "rc_free",
+            "after_free",
+        ] {
+            assert_eq!(n(o, k), 0, "{via} {k}: {o}");
+        }
+        assert_eq!(n(o, "charged"), 8 * MIB as i64, "{via}: {o}");
+    }
+    assert_eq!(s.ledger().used(0), 0);
+}
+
+/// A captured allocation reserves nothing, so one larger than what is left
+/// of the cap is not refused while capturing; the graph's memory is charged
+/// at launch even past the cap (docs/shim.md: a graph can overshoot once).
+#[test]
+fn a_captured_allocation_is_not_refused_against_the_cap_and_is_charged_at_launch() {
+    let s = slice("24MiB");
+    let g = &s.run(&["capture", "1", &(32 * MIB).to_string()])[0];
+    assert_eq!(g["rc_allocs"], serde_json::json!([0]), "{g}");
+    for k in ["rc_end", "rc_instantiate", "rc_launch", "charged_during"] {
+        assert_eq!(n(g, k), 0, "{k}: {g}");
+    }
+    assert_eq!(n(g, "charged_launched"), 32 * MIB as i64, "{g}");
+    assert_eq!(n(g, "after_trim"), 0, "{g}");
+    assert_eq!(s.ledger().used(0), 0);
+}
+
 #[test]
 fn over_the_cap_allocations_fail_with_out_of_memory_and_mem_info_shows_the_cap() {
     let s = slice("100MiB");

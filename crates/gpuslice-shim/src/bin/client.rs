@@ -16,6 +16,11 @@
 //!   the failing rc, cuMemGetInfo; frees all.
 //! - `stress SECONDS SEED MAX_BLOCK`: random alloc/free, checking the
 //!   ledger never passes the cap; frees all.
+//! - `capture COUNT SIZE`: stream-ordered allocations while streams
+//!   capture (COUNT of SIZE bytes on a created stream in global mode, the per-thread stream through the
+//!   `_ptsz` flavour, and a normal allocation while another thread
+//!   captures): every return code, the ledger during capture, after the
+//!   graph's launch and after the graph memory is trimmed.
 //! - `hold BYTES`: allocates, prints `held`, sleeps until killed.
 //! - `addr NAME`: prints the address `--via` gives for NAME and the file
 //!   that defines it.
@@ -503,6 +508,250 @@ fn paths(cu: &Cuda) {
     );
 }
 
+type StreamCreate = unsafe extern "C" fn(*mut *mut c_void, c_uint) -> R;
+type BeginCapture = unsafe extern "C" fn(*mut c_void, c_int) -> R;
+type EndCapture = unsafe extern "C" fn(*mut c_void, *mut *mut c_void) -> R;
+type IsCapturing = unsafe extern "C" fn(*mut c_void, *mut c_int) -> R;
+type AllocAsync = unsafe extern "C" fn(*mut u64, usize, *mut c_void) -> R;
+
+const CAPTURE_MODE_GLOBAL: c_int = 0;
+const STREAM_PER_THREAD: *mut c_void = 2 as *mut c_void;
+
+fn list(v: &[R]) -> String {
+    let items: Vec<String> = v.iter().map(R::to_string).collect();
+    format!("[{}]", items.join(","))
+}
+
+/// Captures `allocs` stream-ordered allocations of `size` on `stream`
+/// (allocated with `alloc`), asks for mem info during the capture, ends
+/// it, launches the graph, then destroys it and trims graph memory;
+/// prints every return code and the ledger along the way.
+fn capture_one(
+    cu: &Cuda,
+    name: &str,
+    stream: *mut c_void,
+    alloc: AllocAsync,
+    allocs: usize,
+    size: usize,
+) {
+    let begin = f!(
+        cu,
+        "cuStreamBeginCapture",
+        "cuStreamBeginCapture_v2",
+        BeginCapture
+    );
+    let end = f!(cu, "cuStreamEndCapture", "cuStreamEndCapture", EndCapture);
+    let is_capturing = f!(
+        cu,
+        "cuStreamIsCapturing",
+        "cuStreamIsCapturing",
+        IsCapturing
+    );
+    let instantiate = f!(
+        cu,
+        "cuGraphInstantiateWithFlags",
+        "cuGraphInstantiateWithFlags",
+        unsafe extern "C" fn(*mut *mut c_void, *mut c_void, u64) -> R
+    );
+    let launch = f!(
+        cu,
+        "cuGraphLaunch",
+        "cuGraphLaunch",
+        unsafe extern "C" fn(*mut c_void, *mut c_void) -> R
+    );
+    let exec_destroy = f!(
+        cu,
+        "cuGraphExecDestroy",
+        "cuGraphExecDestroy",
+        unsafe extern "C" fn(*mut c_void) -> R
+    );
+    let graph_trim = f!(
+        cu,
+        "cuDeviceGraphMemTrim",
+        "cuDeviceGraphMemTrim",
+        unsafe extern "C" fn(c_int) -> R
+    );
+    let before = used();
+    // SAFETY: driver calls with valid arguments and out-pointers.
+    unsafe {
+        let rc_begin = begin(stream, CAPTURE_MODE_GLOBAL);
+        let rc_allocs: Vec<R> = (0..allocs)
+            .map(|_| {
+                let mut p = 0;
+                alloc(&mut p, size, stream)
+            })
+            .collect();
+        let (rc_info, _, _) = mem_info(cu);
+        let mut status = -1;
+        let rc_status = is_capturing(stream, &mut status);
+        let during = used();
+        let mut graph = std::ptr::null_mut();
+        let rc_end = end(stream, &mut graph);
+        let mut exec = std::ptr::null_mut();
+        let rc_inst = instantiate(&mut exec, graph, 0);
+        let rc_launch = launch(exec, stream);
+        let launched = used();
+        let rc_destroy = exec_destroy(exec);
+        let rc_trim = graph_trim(0);
+        line(&[
+            ("path", q(name)),
+            ("rc_begin", rc_begin.to_string()),
+            ("rc_allocs", list(&rc_allocs)),
+            ("rc_mem_info", rc_info.to_string()),
+            ("rc_is_capturing", rc_status.to_string()),
+            ("status", status.to_string()),
+            ("rc_end", rc_end.to_string()),
+            ("rc_instantiate", rc_inst.to_string()),
+            ("rc_launch", rc_launch.to_string()),
+            ("rc_exec_destroy", rc_destroy.to_string()),
+            ("rc_trim", rc_trim.to_string()),
+            ("graph_bytes", (allocs * size).to_string()),
+            (
+                "charged_during",
+                (during as i128 - before as i128).to_string(),
+            ),
+            (
+                "charged_launched",
+                (launched as i128 - before as i128).to_string(),
+            ),
+            ("after_trim", (used() as i128 - before as i128).to_string()),
+        ]);
+    }
+}
+
+fn capture(cu: &Cuda, count: usize, size: usize) {
+    let create = f!(cu, "cuStreamCreate", "cuStreamCreate", StreamCreate);
+    let alloc = f!(cu, "cuMemAllocAsync", "cuMemAllocAsync", AllocAsync);
+    let alloc_ptsz = f!(cu, "cuMemAllocAsync", "cuMemAllocAsync_ptsz", AllocAsync);
+    let mut s = std::ptr::null_mut();
+    // SAFETY: valid out-pointer.
+    assert_eq!(unsafe { create(&mut s, 0) }, 0, "cuStreamCreate");
+    capture_one(cu, "created stream", s, alloc, count, size);
+    // The per-thread stream, named as the _ptsz flavour's NULL stream.
+    let begin = f!(
+        cu,
+        "cuStreamBeginCapture",
+        "cuStreamBeginCapture_v2",
+        BeginCapture
+    );
+    let end = f!(cu, "cuStreamEndCapture", "cuStreamEndCapture", EndCapture);
+    let before = used();
+    // SAFETY: driver calls with valid arguments and out-pointers.
+    unsafe {
+        let rc_begin = begin(STREAM_PER_THREAD, CAPTURE_MODE_GLOBAL);
+        let mut p = 0;
+        let rc_alloc = alloc_ptsz(&mut p, 6 * MIB, std::ptr::null_mut());
+        let during = used();
+        let mut graph = std::ptr::null_mut();
+        let rc_end = end(STREAM_PER_THREAD, &mut graph);
+        line(&[
+            ("path", q("per-thread stream")),
+            ("rc_begin", rc_begin.to_string()),
+            ("rc_alloc", rc_alloc.to_string()),
+            ("rc_end", rc_end.to_string()),
+            (
+                "charged_during",
+                (during as i128 - before as i128).to_string(),
+            ),
+        ]);
+    }
+    other_thread_captures(cu, alloc);
+}
+
+/// Another thread captures in global mode while this one allocates on a
+/// stream that does not capture: charged as usual, and the other capture
+/// survives (the shim's own queries must not be prohibited calls).
+fn other_thread_captures(cu: &Cuda, alloc: AllocAsync) {
+    let create = f!(cu, "cuStreamCreate", "cuStreamCreate", StreamCreate);
+    let begin = f!(
+        cu,
+        "cuStreamBeginCapture",
+        "cuStreamBeginCapture_v2",
+        BeginCapture
+    );
+    let end = f!(cu, "cuStreamEndCapture", "cuStreamEndCapture", EndCapture);
+    let get_ctx = f!(
+        cu,
+        "cuCtxGetCurrent",
+        "cuCtxGetCurrent",
+        unsafe extern "C" fn(*mut *mut c_void) -> R
+    );
+    let set_ctx = f!(
+        cu,
+        "cuCtxSetCurrent",
+        "cuCtxSetCurrent",
+        unsafe extern "C" fn(*mut c_void) -> R
+    );
+    let free_async = f!(
+        cu,
+        "cuMemFreeAsync",
+        "cuMemFreeAsync",
+        unsafe extern "C" fn(u64, *mut c_void) -> R
+    );
+    let trim = f!(
+        cu,
+        "cuMemPoolTrimTo",
+        "cuMemPoolTrimTo",
+        unsafe extern "C" fn(*mut c_void, usize) -> R
+    );
+    let get_pool = f!(
+        cu,
+        "cuDeviceGetMemPool",
+        "cuDeviceGetMemPool",
+        unsafe extern "C" fn(*mut *mut c_void, c_int) -> R
+    );
+    let mut ctx = std::ptr::null_mut();
+    let (mut mine, mut theirs) = (std::ptr::null_mut(), std::ptr::null_mut());
+    // SAFETY: valid out-pointers.
+    unsafe {
+        assert_eq!(get_ctx(&mut ctx), 0);
+        assert_eq!(create(&mut mine, 0), 0);
+        assert_eq!(create(&mut theirs, 0), 0);
+    }
+    let (ctx, theirs) = (ctx as usize, theirs as usize);
+    let (began_tx, began_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let other = std::thread::spawn(move || {
+        // SAFETY: driver calls with valid arguments and out-pointers.
+        unsafe {
+            set_ctx(ctx as *mut c_void);
+            began_tx
+                .send(begin(theirs as *mut c_void, CAPTURE_MODE_GLOBAL))
+                .unwrap();
+            go_rx.recv().unwrap();
+            let mut graph = std::ptr::null_mut();
+            end(theirs as *mut c_void, &mut graph)
+        }
+    });
+    let rc_begin = began_rx.recv().unwrap();
+    let before = used();
+    let mut p = 0;
+    // SAFETY: valid out-pointer and stream.
+    let rc_alloc = unsafe { alloc(&mut p, 8 * MIB, mine) };
+    let charged = used() as i128 - before as i128;
+    let (rc_info, _, _) = mem_info(cu);
+    go_tx.send(()).unwrap();
+    let rc_end = other.join().unwrap();
+    // SAFETY: frees what was allocated, then trims the pool.
+    let rc_free = unsafe {
+        let rc = free_async(p, mine);
+        let mut pool = std::ptr::null_mut();
+        get_pool(&mut pool, 0);
+        trim(pool, 0);
+        rc
+    };
+    line(&[
+        ("path", q("other thread captures")),
+        ("rc_begin", rc_begin.to_string()),
+        ("rc_alloc", rc_alloc.to_string()),
+        ("rc_mem_info", rc_info.to_string()),
+        ("rc_end", rc_end.to_string()),
+        ("rc_free", rc_free.to_string()),
+        ("charged", charged.to_string()),
+        ("after_free", (used() as i128 - before as i128).to_string()),
+    ]);
+}
+
 fn mem_info(cu: &Cuda) -> (R, usize, usize) {
     let info = f!(
         cu,
@@ -659,6 +908,14 @@ fn main() {
                 ("free", free.to_string()),
                 ("total", total.to_string()),
             ]);
+            0
+        }
+        "capture" => {
+            capture(
+                &cu,
+                rest[1].parse().expect("COUNT"),
+                rest[2].parse().expect("SIZE"),
+            );
             0
         }
         "stress" => stress(
