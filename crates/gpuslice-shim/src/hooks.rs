@@ -23,15 +23,15 @@ use crate::cuda::*;
 use crate::real::Real;
 use crate::state::{self, shim, target, target_current, Target};
 use crate::sys::log_line;
-use crate::table::{pack, unpack, Table};
+use crate::table::{pack, unpack, Handles};
 
 /// Device pointers from cuMemAlloc/Pitch/Managed (and async allocations
-/// when no pool could be identified).
-static PTRS: Table = Table::new(20);
+/// when no pool could be identified): 16 K slots in cache, then 1 M.
+static PTRS: Handles = Handles::new(14, 20);
 /// VMM handles from cuMemCreate.
-static HANDLES: Table = Table::new(18);
+static HANDLES: Handles = Handles::new(12, 18);
 /// CUDA arrays and mipmapped arrays.
-static ARRAYS: Table = Table::new(16);
+static ARRAYS: Handles = Handles::new(10, 16);
 
 // Non-interposed driver functions the hooks call.
 static CTX_GET_DEVICE: Real = Real::named(c"cuCtxGetDevice");
@@ -129,7 +129,7 @@ fn relaxed<T>(f: impl FnOnce() -> T) -> T {
 static TABLE_FULL_LOGGED: AtomicUsize = AtomicUsize::new(0);
 
 /// After the driver call: undo the reservation on failure, else remember it.
-fn track(rc: CUresult, table: &Table, t: Target, key: u64, bytes: u64) -> CUresult {
+fn track(rc: CUresult, table: &Handles, t: Target, key: u64, bytes: u64) -> CUresult {
     if rc != CUDA_SUCCESS {
         t.release(bytes);
         return rc;
@@ -145,7 +145,7 @@ fn track(rc: CUresult, table: &Table, t: Target, key: u64, bytes: u64) -> CUresu
 /// Around a free: forget the handle first (the driver may hand the same
 /// address to another thread right after), release on success, restore on
 /// failure.
-fn untrack(table: &Table, key: u64, call: impl FnOnce() -> CUresult) -> CUresult {
+fn untrack(table: &Handles, key: u64, call: impl FnOnce() -> CUresult) -> CUresult {
     let Some(v) = table.remove(key) else {
         return call();
     };

@@ -21,6 +21,9 @@
 //!   `_ptsz` flavour, and a normal allocation while another thread
 //!   captures): every return code, the ledger during capture, after the
 //!   graph's launch and after the graph memory is trimmed.
+//! - `cycle N SIZE`: N cuMemAlloc(SIZE) + cuMemFree cycles; prints the
+//!   nanoseconds per cycle (the shim's cost on the hot path, with and
+//!   without a cap).
 //! - `hold BYTES`: allocates, prints `held`, sleeps until killed.
 //! - `addr NAME`: prints the address `--via` gives for NAME and the file
 //!   that defines it.
@@ -916,6 +919,27 @@ fn main() {
                 rest[1].parse().expect("COUNT"),
                 rest[2].parse().expect("SIZE"),
             );
+            0
+        }
+        "cycle" => {
+            let alloc = f!(cu, "cuMemAlloc", "cuMemAlloc_v2", Alloc);
+            let free = f!(cu, "cuMemFree", "cuMemFree_v2", Free);
+            let n: u64 = rest[1].parse().expect("N");
+            let size: usize = rest[2].parse().expect("SIZE");
+            let t = Instant::now();
+            for _ in 0..n {
+                let mut p = 0;
+                // SAFETY: valid out-pointer; frees what it allocated.
+                unsafe {
+                    assert_eq!(alloc(&mut p, size), 0);
+                    assert_eq!(free(p), 0);
+                }
+            }
+            let ns = t.elapsed().as_nanos() as f64 / n as f64;
+            line(&[
+                ("cycles", n.to_string()),
+                ("ns_per_cycle", format!("{ns:.1}")),
+            ]);
             0
         }
         "stress" => stress(
