@@ -17,6 +17,7 @@ use crate::ffi::{self, guard, write_out, CopyError};
 use crate::host::{self, Host, Kernel, KernelGpu, KernelMig, Node, NVIDIA_MAJOR};
 use crate::memory::{self, MemKey};
 
+mod events;
 mod telemetry;
 
 pub type NvmlReturn = c_uint;

@@ -331,6 +331,20 @@ impl FakeHost {
         trace::read_trace(&self.trace_path())
     }
 
+    /// Injects an XID on GPU `gpu_index` (position in [`FakeHost::gpus`]):
+    /// the fake NVML delivers it as a critical-XID event to every event set
+    /// open with that GPU registered (one line `<uuid> <xid>` appended to
+    /// `.fakegpu/xid`).
+    pub fn inject_xid(&self, gpu_index: usize, xid: u64) -> io::Result<()> {
+        use std::io::Write;
+        let uuid = &self.gpus()[gpu_index].uuid;
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.path(STATE_DIR).join("xid"))?;
+        writeln!(f, "{uuid} {xid}")
+    }
+
     /// The environment a process needs to run against this host's fake
     /// driver: `FAKEGPU_ROOT`, `FAKEGPU_TRACE`, and `LD_LIBRARY_PATH` with
     /// the driver directory first.

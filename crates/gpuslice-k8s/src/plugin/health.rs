@@ -1,0 +1,176 @@
+//! GPU health from NVML XID events.
+//!
+//! A thread waits on an NVML event set with every whole GPU registered for
+//! critical-XID events. An XID that is not an application XID marks the
+//! GPU Unhealthy; once no such XID has come for `recoverAfterSeconds` and
+//! the GPU answers NVML normally (memory info), it is Healthy again. Every
+//! change is published on a watch channel, which ListAndWatch follows.
+//! Without NVML (or without event support) every GPU stays Healthy and
+//! the reason is logged and kept in [`Snapshot::watching`].
+
+use super::config::Health as HealthCfg;
+use gpuslice_core::Inventory;
+use nvml_wrapper::bitmasks::event::EventTypes;
+use nvml_wrapper::enums::event::XidError;
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::Nvml;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    /// GPU index -> why it is unhealthy.
+    pub unhealthy: BTreeMap<u32, String>,
+    /// XIDs seen that marked a GPU unhealthy.
+    pub critical_events: u64,
+    /// Application XIDs seen and ignored.
+    pub ignored_events: u64,
+    /// "events" when the watcher runs, else why it does not.
+    pub watching: String,
+}
+
+pub struct Watcher {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Starts the watcher for `inv`'s GPUs; `nvml_lib` is the library to load
+/// (None: `libnvidia-ml.so.1`). Publishes on `tx`.
+pub fn start(
+    inv: &Inventory,
+    cfg: &HealthCfg,
+    nvml_lib: Option<PathBuf>,
+    tx: watch::Sender<Snapshot>,
+) -> Watcher {
+    let stop = Arc::new(AtomicBool::new(false));
+    if !cfg.enabled {
+        tx.send_modify(|s| s.watching = "disabled in the config".into());
+        return Watcher { stop, thread: None };
+    }
+    let gpus: Vec<(u32, String)> = inv.gpus.iter().map(|g| (g.index, g.uuid.clone())).collect();
+    let cfg = cfg.clone();
+    let st = stop.clone();
+    let thread = std::thread::Builder::new()
+        .name("gpuslice-health".into())
+        .spawn(move || {
+            if let Err(why) = watch_loop(&gpus, &cfg, nvml_lib, &tx, &st) {
+                tracing::warn!("health: no XID watching: {why}; every GPU stays Healthy");
+                tx.send_modify(|s| s.watching = why);
+            }
+        })
+        .ok();
+    Watcher { stop, thread }
+}
+
+fn watch_loop(
+    gpus: &[(u32, String)],
+    cfg: &HealthCfg,
+    nvml_lib: Option<PathBuf>,
+    tx: &watch::Sender<Snapshot>,
+    stop: &AtomicBool,
+) -> Result<(), String> {
+    let lib = nvml_lib.unwrap_or_else(|| gpuslice_core::discover::DEFAULT_NVML_LIB.into());
+    let nvml = Nvml::builder()
+        .lib_path(lib.as_os_str())
+        .init()
+        .map_err(|e| format!("NVML: {e}"))?;
+    let mut set = nvml
+        .create_event_set()
+        .map_err(|e| format!("NVML event set: {e}"))?;
+    let mut registered = 0;
+    for (index, uuid) in gpus {
+        let dev = nvml
+            .device_by_uuid(uuid.as_str())
+            .map_err(|e| format!("NVML device {uuid}: {e}"))?;
+        match dev.register_events(EventTypes::CRITICAL_XID_ERROR, set) {
+            Ok(s) => {
+                set = s;
+                registered += 1;
+            }
+            Err(e) => {
+                // The set is released on failure: make a new one.
+                tracing::warn!("health: GPU {index}: XID events not supported: {e}");
+                set = nvml
+                    .create_event_set()
+                    .map_err(|e| format!("NVML event set: {e}"))?;
+            }
+        }
+    }
+    if registered == 0 && !gpus.is_empty() {
+        return Err("no GPU supports XID events".into());
+    }
+    tx.send_modify(|s| s.watching = "events".into());
+    let recover = Duration::from_secs(cfg.recover_after_seconds);
+    // GPU index -> time of its last critical XID.
+    let mut last_bad: BTreeMap<u32, Instant> = BTreeMap::new();
+    while !stop.load(Ordering::Relaxed) {
+        match set.wait(250) {
+            Ok(ev) => {
+                let xid = match ev.event_data {
+                    Some(XidError::Value(x)) => Some(x),
+                    _ => None,
+                };
+                let uuid = ev.device.uuid().unwrap_or_default();
+                let Some((index, _)) = gpus.iter().find(|(_, u)| *u == uuid) else {
+                    continue;
+                };
+                if xid.is_some_and(|x| cfg.ignored_xids.contains(&x)) {
+                    tracing::info!("health: GPU {index}: application XID {xid:?} ignored");
+                    tx.send_modify(|s| s.ignored_events += 1);
+                    continue;
+                }
+                let why = match xid {
+                    Some(x) => format!("XID {x}"),
+                    None => "XID (unknown)".into(),
+                };
+                tracing::warn!("health: GPU {index} ({uuid}) unhealthy: {why}");
+                last_bad.insert(*index, Instant::now());
+                tx.send_modify(|s| {
+                    s.unhealthy.insert(*index, why);
+                    s.critical_events += 1;
+                });
+            }
+            Err(NvmlError::Timeout) => {}
+            Err(e) => {
+                tracing::warn!("health: waiting for NVML events: {e}");
+                std::thread::sleep(Duration::from_millis(500));
+            }
+        }
+        // Recovery: quiet long enough and answering now.
+        let due: Vec<u32> = last_bad
+            .iter()
+            .filter(|(_, t)| t.elapsed() >= recover)
+            .map(|(i, _)| *i)
+            .collect();
+        for index in due {
+            let uuid = &gpus.iter().find(|(i, _)| *i == index).expect("known").1;
+            let answers = nvml
+                .device_by_uuid(uuid.as_str())
+                .and_then(|d| d.memory_info())
+                .is_ok();
+            if answers {
+                tracing::info!("health: GPU {index} healthy again");
+                last_bad.remove(&index);
+                tx.send_modify(|s| {
+                    s.unhealthy.remove(&index);
+                });
+            } else {
+                last_bad.insert(index, Instant::now());
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,415 @@
+//! What the plugin offers: one [`Resource`] per resource name, built from
+//! the inventory and the config, and the answer to Allocate for a set of
+//! its device IDs. Pure apart from the mkdir of a shared slice's ledger
+//! directory, so it is unit-tested and benchmarked without gRPC.
+
+use super::config::{Config, MigStrategy};
+use super::v1beta1 as api;
+use crate::cdi::{CONTAINER_LEDGER_DIR, CONTAINER_SHIM};
+use gpuslice_core::model::{NVIDIACTL_MINOR, NVIDIA_MAJOR, NVIDIA_MODESET_MINOR};
+use gpuslice_core::{DevicePolicy, HostRoot, Inventory, Selection};
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+pub const HEALTHY: &str = "Healthy";
+pub const UNHEALTHY: &str = "Unhealthy";
+/// The name of the preload file below `stateDir`, mounted at `/etc/ld.so.preload`.
+pub const PRELOAD_FILE: &str = "ld.so.preload";
+/// Separator of a replica ID: `<uuid>::<r>`.
+pub const REPLICA_SEP: &str = "::";
+/// Longest device ID the kubelet accepts.
+pub const MAX_ID_LEN: usize = 63;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Kind {
+    Whole,
+    Shared { replicas: u32 },
+    Mig { profile: String },
+}
+
+/// One device of a resource, as listed to the kubelet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub id: String,
+    /// Index of the GPU it is (or is on).
+    pub gpu: u32,
+    /// MIG device index on that GPU.
+    pub mig: Option<u32>,
+    pub numa: Option<i32>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Resource {
+    /// `nvidia.com/gpu.shared`.
+    pub name: String,
+    /// `gpu.shared`: the part after the prefix.
+    pub short: String,
+    pub kind: Kind,
+    pub entries: Vec<Entry>,
+    by_id: HashMap<String, usize>,
+}
+
+impl Resource {
+    fn new(prefix: &str, short: String, kind: Kind, entries: Vec<Entry>) -> Self {
+        let by_id = entries
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (e.id.clone(), i))
+            .collect();
+        Resource {
+            name: format!("{prefix}/{short}"),
+            short,
+            kind,
+            entries,
+            by_id,
+        }
+    }
+
+    /// Socket base name, the `endpoint` of the registration.
+    pub fn endpoint(&self) -> String {
+        format!("gpuslice-{}.sock", self.short)
+    }
+
+    pub fn entry(&self, id: &str) -> Option<&Entry> {
+        self.by_id.get(id).map(|&i| &self.entries[i])
+    }
+
+    /// The device list for ListAndWatch, with `unhealthy` GPU indices marked.
+    pub fn devices(&self, unhealthy: &dyn Fn(u32) -> bool) -> Vec<api::Device> {
+        self.entries
+            .iter()
+            .map(|e| api::Device {
+                id: e.id.clone(),
+                health: if unhealthy(e.gpu) { UNHEALTHY } else { HEALTHY }.into(),
+                topology: e.numa.filter(|n| *n >= 0).map(|n| api::TopologyInfo {
+                    nodes: vec![api::NumaNode { id: n.into() }],
+                }),
+            })
+            .collect()
+    }
+}
+
+/// Why an Allocate (or preferred allocation) request is refused: the
+/// kubelet gets it as gRPC InvalidArgument.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadRequest(pub String);
+
+impl std::fmt::Display for BadRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Everything the plugin serves, built once per (re)load.
+#[derive(Debug)]
+pub struct Plan {
+    pub cfg: Config,
+    pub root: HostRoot,
+    pub inv: Inventory,
+    pub resources: Vec<Resource>,
+    /// Things not offered, one line each.
+    pub warnings: Vec<String>,
+    /// Control nodes present on the host, paths relative to /dev.
+    control: Vec<&'static str>,
+}
+
+impl Plan {
+    pub fn new(cfg: Config, root: HostRoot, inv: Inventory) -> Self {
+        let mut warnings = Vec::new();
+        let mut whole = Vec::new();
+        let mut shared = Vec::new();
+        let mut migs: BTreeMap<String, Vec<Entry>> = BTreeMap::new();
+        let replicas = cfg.sharing.replicas;
+        for g in &inv.gpus {
+            let mig_on = g.mig_enabled == Some(true) || !g.migs.is_empty();
+            if mig_on {
+                if cfg.strategies.mig == MigStrategy::Mixed {
+                    for m in &g.migs {
+                        let (Some(uuid), Some(profile)) = (&m.uuid, &m.profile) else {
+                            warnings.push(format!(
+                                "MIG device {}:{} not offered: its UUID or profile is unknown (NVML)",
+                                g.index, m.index
+                            ));
+                            continue;
+                        };
+                        migs.entry(profile.clone()).or_default().push(Entry {
+                            id: uuid.clone(),
+                            gpu: g.index,
+                            mig: Some(m.index),
+                            numa: g.numa_node,
+                        });
+                    }
+                } else {
+                    warnings.push(format!(
+                        "GPU {} is in MIG mode and the MIG strategy is none: not offered",
+                        g.index
+                    ));
+                }
+                continue;
+            }
+            if cfg.strategies.whole {
+                whole.push(Entry {
+                    id: g.uuid.clone(),
+                    gpu: g.index,
+                    mig: None,
+                    numa: g.numa_node,
+                });
+            }
+            if replicas > 0 {
+                if g.memory_bytes.is_none() {
+                    warnings.push(format!(
+                        "GPU {} not shared: its memory size is unknown ({})",
+                        g.index,
+                        inv.nvml_error.as_deref().unwrap_or("NVML gave none")
+                    ));
+                    continue;
+                }
+                for r in 0..replicas {
+                    shared.push(Entry {
+                        id: format!("{}{REPLICA_SEP}{r}", g.uuid),
+                        gpu: g.index,
+                        mig: None,
+                        numa: g.numa_node,
+                    });
+                }
+            }
+        }
+        let p = &cfg.prefix;
+        let mut resources = Vec::new();
+        if cfg.strategies.whole {
+            resources.push(Resource::new(p, "gpu".into(), Kind::Whole, whole));
+        }
+        if replicas > 0 {
+            resources.push(Resource::new(
+                p,
+                "gpu.shared".into(),
+                Kind::Shared { replicas },
+                shared,
+            ));
+        }
+        for (profile, entries) in migs {
+            let short = format!("mig-{profile}");
+            resources.push(Resource::new(p, short, Kind::Mig { profile }, entries));
+        }
+        for r in &resources {
+            for e in &r.entries {
+                if e.id.len() > MAX_ID_LEN {
+                    warnings.push(format!(
+                        "{}: device ID {} is longer than {MAX_ID_LEN} characters",
+                        r.name, e.id
+                    ));
+                }
+            }
+        }
+        let control = [
+            "nvidiactl",
+            "nvidia-modeset",
+            "nvidia-uvm",
+            "nvidia-uvm-tools",
+        ]
+        .into_iter()
+        .filter(|n| root.dev().join(n).exists())
+        .collect();
+        Plan {
+            cfg,
+            root,
+            inv,
+            resources,
+            warnings,
+            control,
+        }
+    }
+
+    /// Host path of `/dev/<rel>` as the runtime should open it.
+    fn host_path(&self, seen: &Path) -> String {
+        if self.cfg.strip_host_root {
+            if let Ok(rel) = seen.strip_prefix(self.root.path()) {
+                return Path::new("/").join(rel).display().to_string();
+            }
+        }
+        seen.display().to_string()
+    }
+
+    fn dev_spec(&self, rel: &str) -> api::DeviceSpec {
+        api::DeviceSpec {
+            container_path: format!("/dev/{rel}"),
+            host_path: self.host_path(&self.root.dev().join(rel)),
+            permissions: "rw".into(),
+        }
+    }
+
+    /// The preload file mounted at `/etc/ld.so.preload` in shared replicas.
+    pub fn preload_file(&self) -> PathBuf {
+        self.cfg.state_dir.join(PRELOAD_FILE)
+    }
+
+    /// Writes the preload file (naming the shim's container path).
+    pub fn prepare(&self) -> std::io::Result<()> {
+        if self
+            .resources
+            .iter()
+            .any(|r| matches!(r.kind, Kind::Shared { .. }))
+        {
+            std::fs::create_dir_all(&self.cfg.state_dir)?;
+            std::fs::write(self.preload_file(), format!("{CONTAINER_SHIM}\n"))?;
+        }
+        Ok(())
+    }
+
+    /// The answer for one container asking for `ids` of resource `res`.
+    pub fn allocate(
+        &self,
+        res: &Resource,
+        ids: &[String],
+    ) -> Result<api::ContainerAllocateResponse, BadRequest> {
+        if ids.is_empty() {
+            return Err(BadRequest(format!("{}: no device IDs requested", res.name)));
+        }
+        let mut entries: Vec<&Entry> = Vec::with_capacity(ids.len());
+        for id in ids {
+            let Some(e) = res.entry(id) else {
+                return Err(BadRequest(format!(
+                    "{}: unknown device ID {id:?} (not one this plugin lists for {})",
+                    res.name, res.name
+                )));
+            };
+            if entries.iter().any(|o| o.id == e.id) {
+                return Err(BadRequest(format!(
+                    "{}: device ID {id:?} requested twice",
+                    res.name
+                )));
+            }
+            entries.push(e);
+        }
+        // GPU index -> entries on it, in index order.
+        let mut per_gpu: BTreeMap<u32, Vec<&Entry>> = BTreeMap::new();
+        for e in &entries {
+            per_gpu.entry(e.gpu).or_default().push(e);
+        }
+        let sel = match res.kind {
+            Kind::Mig { .. } => Selection {
+                gpus: vec![],
+                migs: entries
+                    .iter()
+                    .map(|e| (e.gpu, e.mig.unwrap_or(0)))
+                    .collect(),
+            },
+            _ => Selection::gpus(per_gpu.keys().copied()),
+        };
+        let mut resp = api::ContainerAllocateResponse::default();
+        // Device nodes: exactly what the policy allows on the NVIDIA majors.
+        let policy = DevicePolicy::for_selection(&self.inv, &sel);
+        for rule in &policy.rules {
+            for &minor in &rule.allowed {
+                let rel = if rule.major == NVIDIA_MAJOR {
+                    if minor == NVIDIACTL_MINOR || minor == NVIDIA_MODESET_MINOR {
+                        continue; // control nodes below
+                    }
+                    format!("nvidia{minor}")
+                } else if Some(rule.major) == self.inv.majors.nvidia_caps {
+                    format!("nvidia-caps/nvidia-cap{minor}")
+                } else {
+                    continue;
+                };
+                resp.devices.push(self.dev_spec(&rel));
+            }
+        }
+        for c in &self.control {
+            resp.devices.push(self.dev_spec(c));
+        }
+        // Visible devices: GPU UUIDs, or MIG UUIDs.
+        let visible: Vec<String> = match res.kind {
+            Kind::Mig { .. } => entries.iter().map(|e| e.id.clone()).collect(),
+            _ => per_gpu
+                .keys()
+                .filter_map(|i| self.inv.gpus.iter().find(|g| g.index == *i))
+                .map(|g| g.uuid.clone())
+                .collect(),
+        };
+        let visible = visible.join(",");
+        let env = &mut resp.envs;
+        env.insert("NVIDIA_VISIBLE_DEVICES".into(), visible.clone());
+        env.insert("CUDA_VISIBLE_DEVICES".into(), visible.clone());
+        env.insert("CUDA_DEVICE_ORDER".into(), "PCI_BUS_ID".into());
+        let slice = slice_id(&entries[0].id);
+        env.insert("GPUSLICE_SLICE".into(), slice.clone());
+        if let Kind::Shared { replicas } = res.kind {
+            let mut caps = Vec::new();
+            let mut shares = Vec::new();
+            for (gpu, on) in &per_gpu {
+                let mem = self
+                    .inv
+                    .gpus
+                    .iter()
+                    .find(|g| g.index == *gpu)
+                    .and_then(|g| g.memory_bytes)
+                    .unwrap_or(0);
+                caps.push(mem / u64::from(replicas) * on.len() as u64);
+                shares.push(100 * on.len() as u32 / replicas);
+            }
+            let min = caps.iter().copied().min().unwrap_or(0);
+            env.insert("GPUSLICE_MEMORY_LIMIT".into(), min.to_string());
+            if caps.len() > 1 {
+                for (ordinal, cap) in caps.iter().enumerate() {
+                    env.insert(format!("GPUSLICE_MEMORY_LIMIT_{ordinal}"), cap.to_string());
+                }
+            }
+            let share = shares.iter().copied().min().unwrap_or(100).max(1);
+            env.insert("GPUSLICE_COMPUTE_LIMIT".into(), share.to_string());
+            env.insert(
+                "GPUSLICE_LEDGER".into(),
+                format!("{CONTAINER_LEDGER_DIR}/{slice}.ledger"),
+            );
+            let ledger_dir = self.cfg.ledger_dir.join(&slice);
+            if let Err(e) = std::fs::create_dir_all(&ledger_dir) {
+                return Err(BadRequest(format!(
+                    "cannot create the ledger directory {}: {e}",
+                    ledger_dir.display()
+                )));
+            }
+            resp.mounts.push(api::Mount {
+                container_path: CONTAINER_SHIM.into(),
+                host_path: self.host_path(&self.cfg.shim),
+                read_only: true,
+            });
+            resp.mounts.push(api::Mount {
+                container_path: "/etc/ld.so.preload".into(),
+                host_path: self.host_path(&self.preload_file()),
+                read_only: true,
+            });
+            resp.mounts.push(api::Mount {
+                container_path: CONTAINER_LEDGER_DIR.into(),
+                host_path: self.host_path(&ledger_dir),
+                read_only: false,
+            });
+        }
+        if self.cfg.strategies.cdi {
+            let kind = &self.cfg.strategies.cdi_kind;
+            resp.cdi_devices = visible
+                .split(',')
+                .map(|u| api::CdiDevice {
+                    name: format!("{kind}={u}"),
+                })
+                .collect();
+        }
+        Ok(resp)
+    }
+}
+
+/// The slice id of an allocation: from its first device ID, in the
+/// ledger's alphabet (`A-Z a-z 0-9 . _ -`), at most 63 characters.
+pub fn slice_id(first: &str) -> String {
+    let s: String = first
+        .replace(REPLICA_SEP, "-r")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let s = format!("k8s-{s}");
+    s.chars().take(63).collect()
+}

@@ -1,0 +1,243 @@
+//! A test kubelet: the kubelet's side of the device-plugin protocol over
+//! real unix sockets. It serves Registration on `<dir>/kubelet.sock`,
+//! checks each request the way the kubelet's device manager does (API
+//! version, extended resource name, endpoint socket present in the
+//! directory), and dials plugins to drive ListAndWatch,
+//! GetPreferredAllocation and Allocate. Used by the integration tests and
+//! by the hidden `gpuslice device-plugin-selftest`.
+
+use super::server::{dial, API_VERSION, KUBELET_SOCKET};
+use super::v1beta1 as api;
+use super::v1beta1::device_plugin_client::DevicePluginClient;
+use super::v1beta1::registration_server::{Registration, RegistrationServer};
+use anyhow::{bail, Context, Result};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::{Request, Response, Status};
+
+pub type Client = DevicePluginClient<tonic::transport::Channel>;
+
+/// A registration the test kubelet accepted, and when.
+#[derive(Debug, Clone)]
+pub struct Registered {
+    pub at: Instant,
+    pub req: api::RegisterRequest,
+}
+
+struct Reg {
+    dir: PathBuf,
+    tx: mpsc::UnboundedSender<Registered>,
+}
+
+#[tonic::async_trait]
+impl Registration for Reg {
+    async fn register(
+        &self,
+        req: Request<api::RegisterRequest>,
+    ) -> Result<Response<api::Empty>, Status> {
+        let r = req.into_inner();
+        if r.version != API_VERSION {
+            return Err(Status::invalid_argument(format!(
+                "unsupported API version {:?}",
+                r.version
+            )));
+        }
+        if !valid_extended_resource(&r.resource_name) {
+            return Err(Status::invalid_argument(format!(
+                "invalid resource name {:?}",
+                r.resource_name
+            )));
+        }
+        if r.endpoint.contains('/') || !self.dir.join(&r.endpoint).exists() {
+            return Err(Status::invalid_argument(format!(
+                "endpoint {:?} is not a socket in {}",
+                r.endpoint,
+                self.dir.display()
+            )));
+        }
+        let _ = self.tx.send(Registered {
+            at: Instant::now(),
+            req: r,
+        });
+        Ok(Response::new(api::Empty {}))
+    }
+}
+
+/// `<domain>/<name>`, domain not kubernetes.io, name a DNS-1123 subdomain-ish label.
+pub fn valid_extended_resource(name: &str) -> bool {
+    let Some((domain, rest)) = name.split_once('/') else {
+        return false;
+    };
+    let ok = |s: &str| {
+        !s.is_empty()
+            && s.len() <= 63
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_')
+            && s.as_bytes()[0].is_ascii_alphanumeric()
+            && s.as_bytes()[s.len() - 1].is_ascii_alphanumeric()
+    };
+    ok(domain) && ok(rest) && !domain.ends_with("kubernetes.io")
+}
+
+pub struct TestKubelet {
+    pub dir: PathBuf,
+    rx: mpsc::UnboundedReceiver<Registered>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl TestKubelet {
+    /// Serves Registration on `<dir>/kubelet.sock`. Like the kubelet at
+    /// start, first removes every socket in `dir`.
+    pub async fn start(dir: &Path) -> Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        for e in std::fs::read_dir(dir)?.flatten() {
+            use std::os::unix::fs::FileTypeExt;
+            if e.file_type().is_ok_and(|t| t.is_socket()) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+        let sock = dir.join(KUBELET_SOCKET);
+        let listener = tokio::net::UnixListener::bind(&sock)
+            .with_context(|| format!("binding {}", sock.display()))?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let reg = Reg {
+            dir: dir.to_path_buf(),
+            tx,
+        };
+        let task = tokio::spawn(async move {
+            let _ = tonic::transport::Server::builder()
+                .add_service(RegistrationServer::new(reg))
+                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
+                    let _ = stopped.await;
+                })
+                .await;
+        });
+        Ok(TestKubelet {
+            dir: dir.to_path_buf(),
+            rx,
+            stop: Some(stop),
+            task: Some(task),
+        })
+    }
+
+    /// The next accepted registration.
+    pub async fn next_registration(&mut self, timeout: Duration) -> Result<Registered> {
+        match tokio::time::timeout(timeout, self.rx.recv()).await {
+            Ok(Some(r)) => Ok(r),
+            Ok(None) => bail!("test kubelet stopped"),
+            Err(_) => bail!("no registration within {timeout:?}"),
+        }
+    }
+
+    /// Registrations until every name in `names` has registered once.
+    pub async fn registrations_of(
+        &mut self,
+        names: &[&str],
+        timeout: Duration,
+    ) -> Result<Vec<Registered>> {
+        let end = Instant::now() + timeout;
+        let mut got: Vec<Registered> = Vec::new();
+        while !names
+            .iter()
+            .all(|n| got.iter().any(|r| r.req.resource_name == *n))
+        {
+            let left = end.saturating_duration_since(Instant::now());
+            got.push(self.next_registration(left).await.with_context(|| {
+                format!(
+                    "waiting for {names:?}; got {:?}",
+                    got.iter().map(|r| &r.req.resource_name).collect::<Vec<_>>()
+                )
+            })?);
+        }
+        Ok(got)
+    }
+
+    /// A client of the plugin registered with `endpoint`.
+    pub async fn dial(&self, endpoint: &str) -> Result<Client> {
+        Ok(DevicePluginClient::new(
+            dial(&self.dir.join(endpoint)).await?,
+        ))
+    }
+
+    /// Stops serving and removes kubelet.sock (a kubelet going away).
+    pub async fn stop(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.task.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(2), t).await;
+        }
+        let _ = std::fs::remove_file(self.dir.join(KUBELET_SOCKET));
+    }
+}
+
+/// The first list ListAndWatch sends, and the stream for more.
+pub async fn first_list(
+    client: &mut Client,
+) -> Result<(
+    Vec<api::Device>,
+    tonic::Streaming<api::ListAndWatchResponse>,
+)> {
+    let mut stream = client.list_and_watch(api::Empty {}).await?.into_inner();
+    let first = next_list(&mut stream, Duration::from_secs(5)).await?;
+    Ok((first, stream))
+}
+
+pub async fn next_list(
+    stream: &mut tonic::Streaming<api::ListAndWatchResponse>,
+    timeout: Duration,
+) -> Result<Vec<api::Device>> {
+    match tokio::time::timeout(timeout, stream.message()).await {
+        Ok(Ok(Some(m))) => Ok(m.devices),
+        Ok(Ok(None)) => bail!("ListAndWatch ended"),
+        Ok(Err(e)) => bail!("ListAndWatch: {e}"),
+        Err(_) => bail!("no ListAndWatch update within {timeout:?}"),
+    }
+}
+
+/// Allocate for one container.
+pub async fn allocate_one(
+    client: &mut Client,
+    ids: &[String],
+) -> std::result::Result<api::ContainerAllocateResponse, Status> {
+    let r = client
+        .allocate(api::AllocateRequest {
+            container_requests: vec![api::ContainerAllocateRequest {
+                devices_ids: ids.to_vec(),
+            }],
+        })
+        .await?
+        .into_inner();
+    r.container_responses
+        .into_iter()
+        .next()
+        .ok_or_else(|| Status::internal("no container response"))
+}
+
+/// GetPreferredAllocation for one container.
+pub async fn preferred_one(
+    client: &mut Client,
+    available: &[String],
+    must: &[String],
+    size: i32,
+) -> std::result::Result<Vec<String>, Status> {
+    let r = client
+        .get_preferred_allocation(api::PreferredAllocationRequest {
+            container_requests: vec![api::ContainerPreferredAllocationRequest {
+                available_device_i_ds: available.to_vec(),
+                must_include_device_i_ds: must.to_vec(),
+                allocation_size: size,
+            }],
+        })
+        .await?
+        .into_inner();
+    Ok(r.container_responses
+        .into_iter()
+        .next()
+        .map(|c| c.device_i_ds)
+        .unwrap_or_default())
+}
