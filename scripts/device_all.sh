@@ -8,6 +8,8 @@
 #   doctor     issue 8: gpuslice doctor --json
 #   cdi        issue 10: cdi generate/check, host paths, CUDA via run
 #   exporter   issue 7: exporter during a capped GEMM, idle CPU (~100 s)
+#   plugin     issue 6: device plugin vs a test kubelet (v1beta1 over unix sockets): register,
+#              list (NUMA), Allocate gpu + gpu.shared run via `gpuslice run` + the probe, 60 s health (~85 s)
 # Run from the repo root as root after scripts/device-build.sh. Each part is
 # bounded; everything lands in OUTDIR/results.tgz (the device tool brings
 # back few files), plus the small JSON summaries beside it.
@@ -38,6 +40,14 @@ part_cdi() {
 part_exporter() {
     bounded 120 python3 scripts/device_exporter.py "$work"
 }
+part_plugin() {
+    # The plugin and a test kubelet in a temp dir; Allocate answers applied
+    # by `gpuslice run` with the CUDA probe; Allocate p99 over 10,000 calls;
+    # re-registration after 3 kubelet restarts; 60 s without a health event.
+    bounded 100 .device-carry/gpuslice device-plugin-selftest --watch-secs 60 \
+        --bench-allocs 10000 --restarts 3 --label "H200 (real driver)" \
+        --probe "$(pwd)/.device-carry/gpuslice-cuda-probe" --out "$work/plugin.json"
+}
 part_doctor() {
     # Exit 0 all pass, 1 warnings, 2 failures: the verdict is in the JSON.
     bounded 60 .device-carry/gpuslice doctor --json >"$work/doctor.json"
@@ -52,7 +62,7 @@ for what in "$@"; do
     fi
 done
 tar czf "$out/results.tgz" -C "$work" .
-for f in isolation.json doctor.json cdi.json exporter.json; do
+for f in isolation.json doctor.json cdi.json exporter.json plugin.json; do
     [ -f "$work/$f" ] && cp "$work/$f" "$out/"
 done
 ls -la "$out"

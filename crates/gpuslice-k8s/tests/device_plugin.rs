@@ -335,7 +335,7 @@ async fn preferred_allocation_uses_topology_and_packs_replicas() {
     assert_eq!(gpus.len(), 1, "{got:?}");
     // must_include on GPU 2 pulls the rest onto GPU 2.
     let must = format!("{}::2", uuid(2));
-    let got = preferred_one(&mut s, &avail, &[must.clone()], 4)
+    let got = preferred_one(&mut s, &avail, std::slice::from_ref(&must), 4)
         .await
         .unwrap();
     assert_eq!(got[0], must);

@@ -52,6 +52,11 @@ pub enum Command {
     Run(RunArgs),
     /// Live slices with a memory cap: their processes, cap and use per GPU (from their ledgers).
     Slices,
+    /// The kubelet device plugin: nvidia.com/gpu (whole), gpu.shared (replicas capped by the shim), mig-<profile>.
+    DevicePlugin(crate::cmd::device_plugin::DevicePluginArgs),
+    /// Drive the device plugin with a test kubelet and report JSON (the GPU machine's check, benchmarks).
+    #[command(hide = true)]
+    DevicePluginSelftest(crate::cmd::device_plugin::SelftestArgs),
     /// Serve Prometheus metrics for GPUs (NVML) and slices (ledgers) on /metrics.
     Exporter(crate::cmd::exporter::ExporterArgs),
     /// CDI specs for container runtimes (podman, containerd, CRI-O, Docker).

@@ -22,6 +22,8 @@ fn main() -> ExitCode {
         Command::Slices => cmd::slices::run(&cli),
         Command::Cdi(c) => cmd::cdi::run(&cli, c),
         Command::Exporter(args) => cmd::exporter::run(&cli, args),
+        Command::DevicePlugin(args) => cmd::device_plugin::run(&cli, args),
+        Command::DevicePluginSelftest(args) => cmd::device_plugin::selftest(&cli, args),
         Command::Bench(cli::BenchCommand::Launch(args)) => cmd::bench_launch::run(&cli, args),
         Command::Bench(cli::BenchCommand::Init(args)) => cmd::bench_init::run(&cli, args),
         Command::Doctor(args) => cmd::doctor::run(&cli, args),

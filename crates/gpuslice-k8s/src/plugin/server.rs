@@ -141,8 +141,15 @@ impl Served {
         if let Some(s) = self.stop.take() {
             let _ = s.send(());
         }
-        if let Some(t) = self.task.take() {
-            let _ = tokio::time::timeout(Duration::from_secs(2), t).await;
+        // A graceful stop waits for open streams (a ListAndWatch the old
+        // kubelet never closed): give it a moment, then drop the server.
+        if let Some(mut t) = self.task.take() {
+            if tokio::time::timeout(Duration::from_millis(100), &mut t)
+                .await
+                .is_err()
+            {
+                t.abort();
+            }
         }
         let _ = std::fs::remove_file(&self.socket);
     }

@@ -3,6 +3,7 @@
 pub mod bench_init;
 pub mod bench_launch;
 pub mod cdi;
+pub mod device_plugin;
 pub mod doctor;
 pub mod exporter;
 pub mod list;
