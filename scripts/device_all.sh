@@ -44,7 +44,7 @@ part_plugin() {
     # The plugin and a test kubelet in a temp dir; Allocate answers applied
     # by `gpuslice run` with the CUDA probe; Allocate p99 over 10,000 calls;
     # re-registration after 3 kubelet restarts; 60 s without a health event.
-    bounded 100 .device-carry/gpuslice device-plugin-selftest --watch-secs 60 \
+    bounded 100 .device-carry/gpuslice device-plugin-selftest --watch-secs "${WATCH_SECS:-60}" \
         --bench-allocs 10000 --restarts 3 --label "H200 (real driver)" \
         --probe "$(pwd)/.device-carry/gpuslice-cuda-probe" --out "$work/plugin.json"
 }

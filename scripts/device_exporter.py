@@ -20,6 +20,9 @@ import sys
 import time
 import urllib.request
 
+# Seconds of idle CPU measurement (the issue asks for 60; a short device budget may ask for less).
+IDLE_SECS = int(os.environ.get("IDLE_SECS", "60"))
+
 work = sys.argv[1]
 os.makedirs(work, exist_ok=True)
 BIN = os.path.abspath(".device-carry/gpuslice")
@@ -137,7 +140,7 @@ try:
     for _ in range(2):
         time.sleep(2)
         sample("after", t0)
-    # CPU use over 60 s idle at a 1 s interval.
+    # CPU use over IDLE_SECS (default 60) idle at a 1 s interval.
     tick = os.sysconf("SC_CLK_TCK")
 
     def cpu():
@@ -145,7 +148,7 @@ try:
         return (int(f[11]) + int(f[12])) / tick
 
     c0, w0 = cpu(), time.monotonic()
-    time.sleep(60)
+    time.sleep(IDLE_SECS)
     c1, w1 = cpu(), time.monotonic()
     result["idle_cpu"] = {"seconds": round(w1 - w0, 2), "cpu_s": round(c1 - c0, 3),
                           "percent_of_one_core": round(100 * (c1 - c0) / (w1 - w0), 3)}
