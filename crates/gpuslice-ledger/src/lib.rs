@@ -2,12 +2,18 @@
 //! shared by every process of the slice (through the shim), by `gpuslice
 //! slices` and by the exporter.
 //!
-//! # Layout (version 1, little-endian, 332 032 bytes)
+//! # Layout (version 2, little-endian, 334 080 bytes)
 //! | offset | size | what |
 //! |---|---|---|
 //! | 0 | 256 | header: magic `GPUSLDGR`, version, geometry, state, slice id, repair counters |
 //! | 256 | 32 × 128 | devices: cap, used, peak, refusals, UUID |
 //! | 4352 | 1024 × 320 | process slots: state word (pid, tag), start time, pid namespace, name, bytes per device |
+//! | 332032 | 32 × 64 | compute (version 2): share, burst, token bucket, GPU time used, throttled time, launch counters |
+//!
+//! Version 1 is version 2 without the compute section (332 032 bytes); it
+//! is still read (no compute share: [`Ledger::compute_share`] is 0 and the
+//! compute setters refuse). Version 2 files are refused by version-1
+//! readers with a message naming both versions.
 //!
 //! # Protocol
 //! - A reservation is a compare-and-swap on the device's `used` word that
@@ -45,8 +51,10 @@ use map::Mapping;
 
 /// First eight bytes of every ledger.
 pub const MAGIC: [u8; 8] = *b"GPUSLDGR";
-/// The layout version this crate reads and writes.
-pub const VERSION: u32 = 1;
+/// The layout version this crate writes (it also reads [`VERSION_1`]).
+pub const VERSION: u32 = 2;
+/// The previous layout (no compute section), still read.
+pub const VERSION_1: u32 = 1;
 /// Devices one ledger can describe.
 pub const MAX_DEVICES: usize = 32;
 /// Processes one ledger can track at once.
@@ -64,7 +72,15 @@ const SLOT_SIZE: usize = 320;
 const DEVICES_OFF: usize = HEADER_SIZE;
 const SLOTS_OFF: usize = DEVICES_OFF + MAX_DEVICES * DEVICE_SIZE;
 /// Size of a version-1 ledger file.
-pub const FILE_SIZE: usize = SLOTS_OFF + MAX_SLOTS * SLOT_SIZE;
+pub const FILE_SIZE_V1: usize = SLOTS_OFF + MAX_SLOTS * SLOT_SIZE;
+const COMPUTE_OFF: usize = FILE_SIZE_V1;
+const COMPUTE_SIZE: usize = 64;
+/// Size of a version-2 ledger file.
+pub const FILE_SIZE: usize = COMPUTE_OFF + MAX_DEVICES * COMPUTE_SIZE;
+/// A compute share of 100 % in [`Ledger::compute_share`] units (basis points).
+pub const FULL_SHARE: u64 = 10_000;
+/// Default bucket size: GPU time a slice may run ahead after being idle.
+pub const DEFAULT_BURST_NS: u64 = 20_000_000;
 /// Largest slice id / UUID stored.
 pub const MAX_ID_LEN: usize = 63;
 const UUID_LEN: usize = 96;
@@ -94,6 +110,16 @@ const D_USED: usize = 8;
 const D_PEAK: usize = 16;
 const D_REFUSALS: usize = 24;
 const D_UUID: usize = 32;
+
+// Compute fields (version 2), per device.
+const C_SHARE: usize = 0;
+const C_BURST: usize = 8;
+const C_TOKENS: usize = 16;
+const C_LAST: usize = 24;
+const C_BUSY: usize = 32;
+const C_THROTTLED: usize = 40;
+const C_LAUNCHES: usize = 48;
+const C_DELAYED: usize = 56;
 
 // Slot fields.
 const S_STATE: usize = 0;
@@ -125,8 +151,8 @@ pub enum Error {
     #[error("{path} is not a gpuslice ledger (no GPUSLDGR magic)")]
     Foreign { path: PathBuf },
     #[error(
-        "ledger {path} has layout version {found}; this gpuslice reads version {VERSION} \
-         (the slice was set up by a different gpuslice release)"
+        "ledger {path} has layout version {found}; this gpuslice reads versions {VERSION_1} \
+         and {VERSION} (the slice was set up by a different gpuslice release)"
     )]
     Version { path: PathBuf, found: u32 },
     #[error("ledger {path} is corrupt: {reason}")]
@@ -139,6 +165,8 @@ pub enum Error {
     SlotsExhausted,
     #[error("the ledger is mapped read-only")]
     ReadOnly,
+    #[error("ledger layout version 1 has no compute section")]
+    NoCompute,
     #[error("cannot read this process's /proc/self/stat")]
     NoProcStat,
 }
@@ -225,6 +253,20 @@ pub struct ProcessUsage {
     pub bytes: Vec<u64>,
 }
 
+/// A device's compute share and its use (version-2 ledgers).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ComputeUsage {
+    pub index: usize,
+    /// Share in basis points (10 000 = 100 %); None when not limited.
+    pub share_bp: Option<u64>,
+    /// GPU time the slice's launches took, measured (ns).
+    pub busy_ns: u64,
+    /// Wall time launches were held back, summed over threads (ns).
+    pub throttled_ns: u64,
+    pub launches: u64,
+    pub delayed_launches: u64,
+}
+
 /// A lock-free, point-in-time read of a ledger.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Snapshot {
@@ -236,6 +278,10 @@ pub struct Snapshot {
     pub reclaimed_slots: u64,
     pub reclaimed_bytes: u64,
     pub repairs: u64,
+    /// Layout version of the file.
+    pub version: u32,
+    /// Per device (empty for a version-1 ledger).
+    pub compute: Vec<ComputeUsage>,
 }
 
 /// A mapped ledger.
@@ -243,6 +289,7 @@ pub struct Ledger {
     map: Mapping,
     path: Option<PathBuf>,
     device_count: usize,
+    version: u32,
 }
 
 /// `<dir>/<slice-id>.ledger` under [`ledger_dir`].
@@ -375,6 +422,7 @@ impl Ledger {
             map,
             path: None,
             device_count: devices.len(),
+            version: VERSION,
         })
     }
 
@@ -430,6 +478,7 @@ impl Ledger {
                 map,
                 path: Some(path.to_path_buf()),
                 device_count: devices.len(),
+                version: VERSION,
             })
         })();
         let _ = fs::remove_file(&tmp);
@@ -507,7 +556,7 @@ impl Ledger {
             return Err(corrupt(format!("{size} bytes, shorter than the header")));
         }
         let version = map.u32_at(H_VERSION).load(Ordering::Acquire);
-        if version != VERSION {
+        if version != VERSION && version != VERSION_1 {
             return Err(Error::Version {
                 path: path.to_path_buf(),
                 found: version,
@@ -523,13 +572,20 @@ impl Ledger {
         for (what, off, want) in geometry {
             let got = map.u32_at(off).load(Ordering::Relaxed) as usize;
             if got != want {
-                return Err(corrupt(format!("{what} is {got}, version 1 has {want}")));
+                return Err(corrupt(format!(
+                    "{what} is {got}, version {version} has {want}"
+                )));
             }
         }
+        let want = if version == VERSION_1 {
+            FILE_SIZE_V1
+        } else {
+            FILE_SIZE
+        };
         let recorded = map.u64_at(H_FILE_SIZE).load(Ordering::Relaxed);
-        if recorded != FILE_SIZE as u64 || size != FILE_SIZE as u64 {
+        if recorded != want as u64 || size != want as u64 {
             return Err(corrupt(format!(
-                "file is {size} bytes, header says {recorded}, version 1 has {FILE_SIZE}"
+                "file is {size} bytes, header says {recorded}, version {version} has {want}"
             )));
         }
         if map.u32_at(H_STATE).load(Ordering::Acquire) != READY {
@@ -545,7 +601,13 @@ impl Ledger {
             map,
             path: Some(path.to_path_buf()),
             device_count,
+            version,
         })
+    }
+
+    /// Layout version of the file ([`VERSION_1`] or [`VERSION`]).
+    pub fn version(&self) -> u32 {
+        self.version
     }
 
     pub fn path(&self) -> Option<&Path> {
@@ -911,6 +973,148 @@ impl Ledger {
             reclaimed_slots: self.map.u64_at(H_RECLAIMED_SLOTS).load(Ordering::Relaxed),
             reclaimed_bytes: self.map.u64_at(H_RECLAIMED_BYTES).load(Ordering::Relaxed),
             repairs: self.map.u64_at(H_REPAIRS).load(Ordering::Relaxed),
+            version: self.version,
+            compute: if self.version >= VERSION {
+                (0..self.device_count)
+                    .map(|d| {
+                        let share = self.compute_share(d);
+                        ComputeUsage {
+                            index: d,
+                            share_bp: (share != 0).then_some(share),
+                            busy_ns: self.cword(d, C_BUSY).load(Ordering::Relaxed),
+                            throttled_ns: self.cword(d, C_THROTTLED).load(Ordering::Relaxed),
+                            launches: self.cword(d, C_LAUNCHES).load(Ordering::Relaxed),
+                            delayed_launches: self.cword(d, C_DELAYED).load(Ordering::Relaxed),
+                        }
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            },
+        }
+    }
+
+    // ------------------------------------------------------------ compute
+    //
+    // One token bucket of GPU time per device, shared by every process of
+    // the slice: refilled at `share` of wall time (CLOCK_MONOTONIC, which
+    // all processes of a host share) up to `burst`, drawn from by the GPU
+    // time of the slice's launches. Tokens may go negative (work measured
+    // after it ran); launches wait while they are not positive.
+
+    fn cword(&self, dev: usize, field: usize) -> &AtomicU64 {
+        self.map.u64_at(COMPUTE_OFF + dev * COMPUTE_SIZE + field)
+    }
+
+    fn has_compute(&self, dev: usize) -> bool {
+        self.version >= VERSION && dev < self.device_count
+    }
+
+    /// Compute share of `dev` in basis points of wall time (10 000 =
+    /// 100 %); 0 when not limited (and for version-1 ledgers).
+    pub fn compute_share(&self, dev: usize) -> u64 {
+        if !self.has_compute(dev) {
+            return 0;
+        }
+        self.cword(dev, C_SHARE).load(Ordering::Relaxed)
+    }
+
+    /// Bucket size of `dev` (ns of GPU time).
+    pub fn compute_burst(&self, dev: usize) -> u64 {
+        if !self.has_compute(dev) {
+            return 0;
+        }
+        self.cword(dev, C_BURST).load(Ordering::Relaxed)
+    }
+
+    /// Sets the compute share of `dev` (basis points, 0 = none, at most
+    /// [`FULL_SHARE`]) and the bucket size; the bucket starts full.
+    pub fn set_compute(&self, dev: usize, share_bp: u64, burst_ns: u64) -> Result<()> {
+        if !self.writable() {
+            return Err(Error::ReadOnly);
+        }
+        if !self.has_compute(dev) {
+            return Err(Error::NoCompute);
+        }
+        let burst = burst_ns.max(1);
+        self.cword(dev, C_BURST).store(burst, Ordering::Relaxed);
+        self.cword(dev, C_TOKENS)
+            .store(burst as i64 as u64, Ordering::Relaxed);
+        self.cword(dev, C_LAST).store(0, Ordering::Relaxed);
+        self.cword(dev, C_SHARE)
+            .store(share_bp.min(FULL_SHARE), Ordering::Release);
+        Ok(())
+    }
+
+    /// Refills `dev`'s bucket up to `now_ns` and returns its tokens (ns of
+    /// GPU time; negative when the slice is in debt). Lock-free: whoever
+    /// advances the refill time by compare-and-swap adds what accrued.
+    pub fn compute_tokens(&self, dev: usize, now_ns: u64) -> i64 {
+        if !self.has_compute(dev) {
+            return i64::MAX;
+        }
+        let tokens = self.cword(dev, C_TOKENS);
+        let last_w = self.cword(dev, C_LAST);
+        let last = last_w.load(Ordering::Acquire);
+        if now_ns > last
+            && last_w
+                .compare_exchange(last, now_ns, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            let share = self.cword(dev, C_SHARE).load(Ordering::Relaxed);
+            let burst = self
+                .cword(dev, C_BURST)
+                .load(Ordering::Relaxed)
+                .min(i64::MAX as u64) as i64;
+            let add = (u128::from(now_ns - last) * u128::from(share) / u128::from(FULL_SHARE))
+                .min(i64::MAX as u128) as i64;
+            let mut cur = tokens.load(Ordering::Relaxed);
+            loop {
+                let t = cur as i64;
+                let new = if t >= burst {
+                    t
+                } else {
+                    t.saturating_add(add).min(burst)
+                };
+                match tokens.compare_exchange_weak(
+                    cur,
+                    new as u64,
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                ) {
+                    Ok(_) => return new,
+                    Err(v) => cur = v,
+                }
+            }
+        }
+        tokens.load(Ordering::Acquire) as i64
+    }
+
+    /// Draws `ns` of GPU time from `dev`'s bucket (a negative value gives
+    /// back an over-estimate).
+    pub fn compute_charge(&self, dev: usize, ns: i64) {
+        if self.has_compute(dev) && ns != 0 {
+            self.cword(dev, C_TOKENS)
+                .fetch_sub(ns as u64, Ordering::AcqRel);
+        }
+    }
+
+    /// Records GPU time measured for `launches` launches of `dev`.
+    pub fn compute_record(&self, dev: usize, busy_ns: u64, launches: u64) {
+        if self.has_compute(dev) {
+            self.cword(dev, C_BUSY)
+                .fetch_add(busy_ns, Ordering::Relaxed);
+            self.cword(dev, C_LAUNCHES)
+                .fetch_add(launches, Ordering::Relaxed);
+        }
+    }
+
+    /// Records a launch held back for `wait_ns`.
+    pub fn compute_throttled(&self, dev: usize, wait_ns: u64) {
+        if self.has_compute(dev) {
+            self.cword(dev, C_THROTTLED)
+                .fetch_add(wait_ns, Ordering::Relaxed);
+            self.cword(dev, C_DELAYED).fetch_add(1, Ordering::Relaxed);
         }
     }
 }

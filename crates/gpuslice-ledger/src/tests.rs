@@ -32,7 +32,9 @@ fn fake_slot(l: &Ledger, i: usize, pid: u32, start: u64, bytes: u64) {
 
 #[test]
 fn layout_is_what_the_docs_say() {
-    assert_eq!(FILE_SIZE, 332_032);
+    assert_eq!(FILE_SIZE_V1, 332_032);
+    assert_eq!(FILE_SIZE, 334_080);
+    const { assert!(C_DELAYED + 8 <= COMPUTE_SIZE) };
     assert_eq!(SLOTS_OFF, 4352);
     const { assert!(S_BYTES + MAX_DEVICES * 8 <= SLOT_SIZE) };
     const { assert!(D_UUID + UUID_LEN <= DEVICE_SIZE) };
@@ -222,11 +224,12 @@ fn foreign_and_corrupt_files_give_clear_errors() {
     // A good ledger with a future version.
     Ledger::create(&p, "v", &specs(&[GIB])).unwrap();
     let mut bytes = fs::read(&p).unwrap();
-    bytes[H_VERSION..H_VERSION + 4].copy_from_slice(&2u32.to_le_bytes());
+    bytes[H_VERSION..H_VERSION + 4].copy_from_slice(&3u32.to_le_bytes());
     fs::write(&p, &bytes).unwrap();
     let e = Ledger::open(&p).err().unwrap();
-    assert!(matches!(e, Error::Version { found: 2, .. }), "{e}");
-    assert!(e.to_string().contains("version 2"), "{e}");
+    assert!(matches!(e, Error::Version { found: 3, .. }), "{e}");
+    assert!(e.to_string().contains("version 3"), "{e}");
+    assert!(e.to_string().contains("versions 1 and 2"), "{e}");
 
     // Truncated.
     Ledger::create(&p, "v", &specs(&[GIB])).unwrap();
@@ -338,4 +341,64 @@ fn dir_helpers() {
     assert_eq!(names, ["a.ledger", "z.ledger"]);
     assert!(valid_slice_id("gs-1234.a_b"));
     assert!(!valid_slice_id(""));
+}
+
+/// A version-1 file (what an older gpuslice wrote): version 2 without the
+/// compute section.
+fn write_v1(p: &Path, cap: u64) {
+    Ledger::create(p, "old", &specs(&[cap])).unwrap();
+    let mut bytes = fs::read(p).unwrap();
+    bytes.truncate(FILE_SIZE_V1);
+    bytes[H_VERSION..H_VERSION + 4].copy_from_slice(&1u32.to_le_bytes());
+    bytes[H_FILE_SIZE..H_FILE_SIZE + 8].copy_from_slice(&(FILE_SIZE_V1 as u64).to_le_bytes());
+    fs::write(p, &bytes).unwrap();
+}
+
+#[test]
+fn version_1_ledgers_are_still_read_without_compute() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("old.ledger");
+    write_v1(&p, GIB);
+    let l = Ledger::open(&p).unwrap();
+    assert_eq!(l.version(), 1);
+    let s = l.attach().unwrap();
+    l.reserve(s, 0, 1000).unwrap();
+    assert_eq!(l.used(0), 1000);
+    assert_eq!(l.compute_share(0), 0);
+    assert_eq!(l.compute_tokens(0, 5), i64::MAX);
+    assert!(matches!(l.set_compute(0, 5000, 1), Err(Error::NoCompute)));
+    let snap = l.snapshot();
+    assert_eq!(snap.version, 1);
+    assert!(snap.compute.is_empty());
+}
+
+#[test]
+fn the_compute_bucket_refills_at_the_share_and_is_shared() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("c.ledger");
+    let a = Ledger::create(&p, "c", &specs(&[UNLIMITED, UNLIMITED])).unwrap();
+    let b = Ledger::open(&p).unwrap();
+    assert_eq!(a.compute_share(0), 0);
+    a.set_compute(0, 2500, 1_000_000).unwrap();
+    assert_eq!(b.compute_share(0), 2500);
+    assert_eq!(b.compute_share(1), 0);
+    // Starts full; the first refill only stamps the time.
+    assert_eq!(b.compute_tokens(0, 1_000_000_000), 1_000_000);
+    a.compute_charge(0, 3_000_000);
+    assert_eq!(b.compute_tokens(0, 1_000_000_000), -2_000_000);
+    // 4 ms of wall at 25 % is 1 ms of GPU time.
+    assert_eq!(b.compute_tokens(0, 1_004_000_000), -1_000_000);
+    assert_eq!(
+        a.compute_tokens(0, 1_012_000_000),
+        1_000_000,
+        "capped at the burst"
+    );
+    a.compute_record(0, 3_000_000, 7);
+    b.compute_throttled(0, 500);
+    let c = &a.snapshot().compute;
+    assert_eq!(c.len(), 2);
+    assert_eq!(c[0].share_bp, Some(2500));
+    assert_eq!((c[0].busy_ns, c[0].launches), (3_000_000, 7));
+    assert_eq!((c[0].throttled_ns, c[0].delayed_launches), (500, 1));
+    assert_eq!(c[1].share_bp, None);
 }

@@ -22,7 +22,16 @@ pub struct Config {
     pub log: bool,
     /// Per ordinal, how NVML names it (from CUDA_VISIBLE_DEVICES).
     pub nvml: Vec<NvmlMatch>,
+    /// Compute share per device ordinal in basis points (0: none), from
+    /// `GPUSLICE_COMPUTE_LIMIT` (percent, applies to every visible device).
+    pub compute: Vec<u64>,
     pub errors: Vec<String>,
+}
+
+/// Parses a percentage (`25`, `12.5`, `50%`) into basis points, 1..=10000.
+pub fn parse_percent(text: &str) -> Option<u64> {
+    let v: f64 = text.trim().trim_end_matches('%').trim().parse().ok()?;
+    (v > 0.0 && v <= 100.0).then(|| ((v * 100.0).round() as u64).max(1))
 }
 
 impl Config {
@@ -74,6 +83,23 @@ impl Config {
                 None => NvmlMatch::Index(i as u32),
             })
             .collect();
+        let compute_bp = match get("GPUSLICE_COMPUTE_LIMIT").filter(|v| !v.trim().is_empty()) {
+            None => 0,
+            Some(v) => parse_percent(&v).unwrap_or_else(|| {
+                errors.push(format!(
+                    "GPUSLICE_COMPUTE_LIMIT={v:?} is not a percentage in (0, 100]; ignored"
+                ));
+                0
+            }),
+        };
+        let compute_count = if compute_bp == 0 {
+            0
+        } else if visible.is_empty() {
+            MAX_DEVICES
+        } else {
+            visible.len().min(MAX_DEVICES)
+        };
+        let compute = vec![compute_bp; compute_count];
         let log = get("GPUSLICE_LOG").is_some_and(|v| !matches!(v.as_str(), "" | "0" | "off"));
         Config {
             caps,
@@ -84,6 +110,7 @@ impl Config {
             context_bytes,
             log,
             nvml,
+            compute,
             errors,
         }
     }
@@ -148,6 +175,24 @@ mod tests {
         let c = cfg(&[("GPUSLICE_MEMORY_LIMIT", "1GiB")]);
         assert_eq!(c.caps.len(), MAX_DEVICES);
         assert!(cfg(&[]).caps.is_empty());
+    }
+
+    #[test]
+    fn compute_limits() {
+        assert_eq!(parse_percent("25"), Some(2500));
+        assert_eq!(parse_percent("12.5%"), Some(1250));
+        assert_eq!(parse_percent("100"), Some(10000));
+        assert_eq!(parse_percent("0"), None);
+        assert_eq!(parse_percent("101"), None);
+        let c = cfg(&[
+            ("GPUSLICE_COMPUTE_LIMIT", "30"),
+            ("CUDA_VISIBLE_DEVICES", "GPU-a,GPU-b"),
+        ]);
+        assert_eq!(c.compute, [3000, 3000]);
+        assert!(c.caps.is_empty() || c.caps.iter().all(|&x| x == UNLIMITED));
+        let c = cfg(&[("GPUSLICE_COMPUTE_LIMIT", "lots")]);
+        assert!(c.compute.is_empty());
+        assert_eq!(c.errors.len(), 1);
     }
 
     #[test]

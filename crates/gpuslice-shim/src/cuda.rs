@@ -8,6 +8,8 @@ pub type CUdeviceptr = u64;
 pub type CUstream = *mut c_void;
 pub type CUmemoryPool = *mut c_void;
 pub type CUgraphExec = *mut c_void;
+pub type CUevent = *mut c_void;
+pub type CUfunction = *mut c_void;
 pub type CUarray = *mut c_void;
 pub type NvmlDevice = *mut c_void;
 
@@ -22,6 +24,8 @@ pub const CUDA_ERROR_STREAM_CAPTURE_LAST: CUresult = 908;
 
 /// `CU_STREAM_PER_THREAD`: the calling thread's per-thread default stream.
 pub const CU_STREAM_PER_THREAD: usize = 0x2;
+/// `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM`.
+pub const CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: u64 = 1 << 1;
 /// `CUstreamCaptureStatus`: not capturing.
 pub const CU_STREAM_CAPTURE_STATUS_NONE: c_int = 0;
 /// `CUstreamCaptureMode`: this thread may make unsafe calls.

@@ -66,6 +66,28 @@ macro_rules! families {
         )*
 
         impl Family {
+            /// Launch functions: interposed only under a compute share.
+            pub fn is_launch(self) -> bool {
+                matches!(
+                    self,
+                    Family::LaunchKernel | Family::LaunchCooperative | Family::LaunchKernelEx
+                )
+            }
+
+            /// Whether this family is handed out under `shim`'s limits:
+            /// launches under a compute share, graph launches and the
+            /// lookup functions under either limit, the rest under a
+            /// memory cap.
+            pub fn wanted(self, shim: &crate::state::Shim) -> bool {
+                match self {
+                    Family::GraphLaunch | Family::GetProcAddress | Family::GetProcAddressV2 => {
+                        shim.active()
+                    }
+                    f if f.is_launch() => shim.compute_active,
+                    _ => shim.memory_active,
+                }
+            }
+
             pub fn is_nvml(self) -> bool {
                 matches!(self, Family::NvmlMemoryInfo | Family::NvmlMemoryInfoV2)
             }
@@ -157,9 +179,24 @@ families! {
     GraphLaunch: crate::hooks::graph_launch,
         (exec: CUgraphExec, stream: CUstream), (exec, stream) -> CUresult,
         [cuGraphLaunch, cuGraphLaunch_ptsz];
-    GraphUpload: crate::hooks::graph_launch,
+    GraphUpload: crate::hooks::graph_upload,
         (exec: CUgraphExec, stream: CUstream), (exec, stream) -> CUresult,
         [cuGraphUpload, cuGraphUpload_ptsz];
+    LaunchKernel: crate::hooks::launch_kernel,
+        (f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
+         shmem: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void),
+        (f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra) -> CUresult,
+        [cuLaunchKernel, cuLaunchKernel_ptsz];
+    LaunchCooperative: crate::hooks::launch_cooperative,
+        (f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
+         shmem: c_uint, stream: CUstream, params: *mut *mut c_void),
+        (f, gx, gy, gz, bx, by, bz, shmem, stream, params) -> CUresult,
+        [cuLaunchCooperativeKernel, cuLaunchCooperativeKernel_ptsz];
+    LaunchKernelEx: crate::hooks::launch_kernel_ex,
+        (config: *const crate::compute::LaunchConfig, f: CUfunction, params: *mut *mut c_void,
+         extra: *mut *mut c_void),
+        (config, f, params, extra) -> CUresult,
+        [cuLaunchKernelEx, cuLaunchKernelEx_ptsz];
     DeviceGraphMemTrim: crate::hooks::device_graph_mem_trim,
         (dev: CUdevice), (dev) -> CUresult,
         [cuDeviceGraphMemTrim];
@@ -208,6 +245,9 @@ pub fn proc_family(name: &[u8], version: c_int) -> Option<Family> {
         b"cuMemGetInfo" => Some(MemGetInfoV1),
         b"cuGraphLaunch" => Some(GraphLaunch),
         b"cuGraphUpload" => Some(GraphUpload),
+        b"cuLaunchKernel" => Some(LaunchKernel),
+        b"cuLaunchCooperativeKernel" => Some(LaunchCooperative),
+        b"cuLaunchKernelEx" => Some(LaunchKernelEx),
         b"cuDeviceGraphMemTrim" => Some(DeviceGraphMemTrim),
         b"cuGetProcAddress" if version >= 12000 => Some(GetProcAddressV2),
         b"cuGetProcAddress" => Some(GetProcAddress),
@@ -243,13 +283,21 @@ mod tests {
             proc_family(b"cuMemAllocAsync_ptsz", 0),
             Some(Family::MemAllocAsync)
         );
-        assert_eq!(proc_family(b"cuLaunchKernel", 13000), None);
+        assert_eq!(
+            proc_family(b"cuLaunchKernel", 13000),
+            Some(Family::LaunchKernel)
+        );
+        assert_eq!(
+            proc_family(b"cuLaunchKernelEx_ptsz", 0),
+            Some(Family::LaunchKernelEx)
+        );
+        assert_eq!(proc_family(b"cuLaunchHostFunc", 13000), None);
         assert_eq!(
             export_family(b"nvmlDeviceGetMemoryInfo_v2"),
             Some(Family::NvmlMemoryInfoV2)
         );
         assert!(EXPORTS.contains(&"cuGraphUpload_ptsz"));
-        assert_eq!(EXPORTS.len(), 30);
+        assert_eq!(EXPORTS.len(), 36);
     }
 
     #[test]

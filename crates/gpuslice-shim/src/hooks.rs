@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 use gpuslice_ledger::MAX_DEVICES;
 
+use crate::compute;
 use crate::cuda::*;
 use crate::real::Real;
 use crate::state::{self, shim, target, target_current, Target};
@@ -70,7 +71,7 @@ pub fn current_device() -> Option<CUdevice> {
 /// the driver anyway). `cuStreamIsCapturing` itself is legal during
 /// capture; on the legacy stream while a blocking stream captures it
 /// answers a capture error without invalidating anything.
-fn capturing(stream: CUstream) -> bool {
+pub fn capturing(stream: CUstream) -> bool {
     type F = unsafe extern "C" fn(CUstream, *mut c_int) -> CUresult;
     // SAFETY: cuStreamIsCapturing(CUstream, CUstreamCaptureStatus*).
     let Some(f) = (unsafe { STREAM_IS_CAPTURING.func::<F>() }) else {
@@ -121,7 +122,7 @@ impl Drop for Relaxed {
 /// Runs the shim's own driver queries (pool and graph-memory attributes)
 /// with this thread's capture mode relaxed, so they are never refused and
 /// never invalidate a capture, whatever mode the application set.
-fn relaxed<T>(f: impl FnOnce() -> T) -> T {
+pub fn relaxed<T>(f: impl FnOnce() -> T) -> T {
     let _mode = Relaxed::new();
     f()
 }
@@ -575,6 +576,25 @@ pub unsafe fn graph_launch(real: &Real, exec: CUgraphExec, stream: CUstream) -> 
         unsafe extern "C" fn(CUgraphExec, CUstream) -> CUresult
     );
     // SAFETY: caller contract.
+    let rc = compute::launch(stream, real.ptsz(), compute::Kind::Graph, || unsafe {
+        f(exec, stream)
+    });
+    if rc == CUDA_SUCCESS {
+        if let Some(t) = target_current() {
+            settle_graph(t);
+        }
+    }
+    rc
+}
+
+/// # Safety
+/// C contract of `cuGraphUpload` (either stream flavour).
+pub unsafe fn graph_upload(real: &Real, exec: CUgraphExec, stream: CUstream) -> CUresult {
+    let f = real_fn!(
+        real,
+        unsafe extern "C" fn(CUgraphExec, CUstream) -> CUresult
+    );
+    // SAFETY: caller contract.
     let rc = unsafe { f(exec, stream) };
     if rc == CUDA_SUCCESS {
         if let Some(t) = target_current() {
@@ -582,6 +602,107 @@ pub unsafe fn graph_launch(real: &Real, exec: CUgraphExec, stream: CUstream) -> 
         }
     }
     rc
+}
+
+// ------------------------------------------------------------ launches
+
+/// # Safety
+/// C contract of `cuLaunchKernel` (either stream flavour).
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn launch_kernel(
+    real: &Real,
+    func: CUfunction,
+    gx: c_uint,
+    gy: c_uint,
+    gz: c_uint,
+    bx: c_uint,
+    by: c_uint,
+    bz: c_uint,
+    shmem: c_uint,
+    stream: CUstream,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    type F = unsafe extern "C" fn(
+        CUfunction,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        CUstream,
+        *mut *mut c_void,
+        *mut *mut c_void,
+    ) -> CUresult;
+    let f = real_fn!(real, F);
+    // SAFETY: caller contract.
+    compute::launch(stream, real.ptsz(), compute::Kind::Kernel, || unsafe {
+        f(func, gx, gy, gz, bx, by, bz, shmem, stream, params, extra)
+    })
+}
+
+/// # Safety
+/// C contract of `cuLaunchCooperativeKernel` (either stream flavour).
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn launch_cooperative(
+    real: &Real,
+    func: CUfunction,
+    gx: c_uint,
+    gy: c_uint,
+    gz: c_uint,
+    bx: c_uint,
+    by: c_uint,
+    bz: c_uint,
+    shmem: c_uint,
+    stream: CUstream,
+    params: *mut *mut c_void,
+) -> CUresult {
+    type F = unsafe extern "C" fn(
+        CUfunction,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        CUstream,
+        *mut *mut c_void,
+    ) -> CUresult;
+    let f = real_fn!(real, F);
+    // SAFETY: caller contract.
+    compute::launch(stream, real.ptsz(), compute::Kind::Kernel, || unsafe {
+        f(func, gx, gy, gz, bx, by, bz, shmem, stream, params)
+    })
+}
+
+/// # Safety
+/// C contract of `cuLaunchKernelEx` (either stream flavour).
+pub unsafe fn launch_kernel_ex(
+    real: &Real,
+    config: *const compute::LaunchConfig,
+    func: CUfunction,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    type F = unsafe extern "C" fn(
+        *const compute::LaunchConfig,
+        CUfunction,
+        *mut *mut c_void,
+        *mut *mut c_void,
+    ) -> CUresult;
+    let f = real_fn!(real, F);
+    // SAFETY: config null or valid (caller contract); the driver rejects null.
+    let Some(c) = (unsafe { config.as_ref() }) else {
+        // SAFETY: caller contract.
+        return unsafe { f(config, func, params, extra) };
+    };
+    // SAFETY: caller contract.
+    compute::launch(c.stream, real.ptsz(), compute::Kind::Kernel, || unsafe {
+        f(config, func, params, extra)
+    })
 }
 
 /// # Safety

@@ -18,6 +18,7 @@
 //! No panic crosses the C boundary: every entry point runs under
 //! `catch_unwind`.
 
+mod compute;
 mod config;
 mod cuda;
 mod families;

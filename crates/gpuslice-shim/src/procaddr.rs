@@ -5,8 +5,8 @@
 use std::ffi::{c_char, c_int, c_void};
 
 use crate::cuda::*;
-use crate::families::{export_family, proc_family};
-use crate::real::{guard, intercept, Real};
+use crate::families::{export_family, proc_family, Family};
+use crate::real::{guard, intercept, mark_ptsz, Real};
 use crate::state::{shim, shim_if_ready};
 use crate::sys;
 
@@ -15,7 +15,7 @@ use crate::sys;
 ///
 /// # Safety
 /// `symbol` null or NUL-terminated; `pfn` null or valid.
-unsafe fn swap_in(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int) {
+unsafe fn swap_in(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64) {
     if pfn.is_null() || !shim().active() {
         return;
     }
@@ -25,7 +25,14 @@ unsafe fn swap_in(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int) 
     };
     // SAFETY: pfn valid; written by the driver.
     let p = unsafe { *pfn };
-    if let Some(fam) = proc_family(name.to_bytes(), version) {
+    if let Some(fam) = proc_family(name.to_bytes(), version).filter(|f| f.wanted(shim())) {
+        if fam.is_launch() || fam == Family::GraphLaunch {
+            let ptsz = flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM != 0
+                || name.to_bytes().ends_with(b"_ptsz");
+            if ptsz {
+                mark_ptsz(p);
+            }
+        }
         // SAFETY: pfn valid.
         unsafe { *pfn = intercept(fam, p) };
     }
@@ -49,7 +56,7 @@ pub unsafe fn get_proc_address(
     let rc = unsafe { f(symbol, pfn, version, flags) };
     if rc == CUDA_SUCCESS {
         // SAFETY: caller contract.
-        unsafe { swap_in(symbol, pfn, version) };
+        unsafe { swap_in(symbol, pfn, version, flags) };
     }
     rc
 }
@@ -74,7 +81,7 @@ pub unsafe fn get_proc_address_v2(
     let rc = unsafe { f(symbol, pfn, version, flags, status) };
     if rc == CUDA_SUCCESS {
         // SAFETY: caller contract.
-        unsafe { swap_in(symbol, pfn, version) };
+        unsafe { swap_in(symbol, pfn, version, flags) };
     }
     rc
 }
@@ -89,15 +96,20 @@ pub extern "C" fn dlsym_impl(handle: *mut c_void, symbol: *const c_char) -> *mut
     }
     // Never wait for the configuration here: glibc or std may call dlsym
     // while it is being read.
-    match shim_if_ready() {
-        Some(s) if s.active() => {}
+    let s = match shim_if_ready() {
+        Some(s) if s.active() => s,
         _ => return p,
-    }
+    };
     guard(p, || {
         // SAFETY: non-null, NUL-terminated by dlsym's contract.
         let name = unsafe { std::ffi::CStr::from_ptr(symbol) };
-        match export_family(name.to_bytes()) {
-            Some(fam) => intercept(fam, p),
+        match export_family(name.to_bytes()).filter(|f| f.wanted(s)) {
+            Some(fam) => {
+                if name.to_bytes().ends_with(b"_ptsz") {
+                    mark_ptsz(p);
+                }
+                intercept(fam, p)
+            }
             None => p,
         }
     })

@@ -74,6 +74,13 @@ impl Real {
         p
     }
 
+    /// Whether this is the per-thread-default-stream flavour of its
+    /// function (its NULL stream is the caller's per-thread stream): by
+    /// the exported name, or as recorded by [`mark_ptsz`].
+    pub fn ptsz(&self) -> bool {
+        self.name.to_bytes().ends_with(b"_ptsz") || is_ptsz(self.peek())
+    }
+
     /// The recorded pointer, without resolving.
     pub fn peek(&self) -> *mut c_void {
         self.ptr.load(Ordering::Acquire)
@@ -146,4 +153,26 @@ pub fn intercept(fam: crate::families::Family, real: *mut c_void) -> *mut c_void
         "more than {N_INST} variants of {fam:?}; one is left uncapped"
     ));
     real
+}
+
+/// Real launch functions known to be `_ptsz` flavours (looked up by that
+/// name, or through `cuGetProcAddress` with the per-thread-stream flag).
+static PTSZ: [AtomicPtr<c_void>; 16] = [const { AtomicPtr::new(std::ptr::null_mut()) }; 16];
+
+/// Records that the real function `p` is a `_ptsz` flavour.
+pub fn mark_ptsz(p: *mut c_void) {
+    if p.is_null() || is_ptsz(p) {
+        return;
+    }
+    for s in &PTSZ {
+        if s.compare_exchange(std::ptr::null_mut(), p, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            return;
+        }
+    }
+}
+
+fn is_ptsz(p: *mut c_void) -> bool {
+    !p.is_null() && PTSZ.iter().any(|s| s.load(Ordering::Acquire) == p)
 }

@@ -10,8 +10,14 @@ use crate::config::{Config, NvmlMatch};
 use crate::sys::log_line;
 
 pub struct Shim {
-    /// None: no cap anywhere; every hook passes straight through.
+    /// None: no cap or share anywhere; every hook passes straight through.
     pub ledger: Option<Ledger>,
+    /// Some device has a memory cap.
+    pub memory_active: bool,
+    /// Some device has a compute share ([`Shim::compute`]).
+    pub compute_active: bool,
+    /// Compute share per device ordinal in basis points (0: none).
+    pub compute: [u64; MAX_DEVICES],
     pub caps: [u64; MAX_DEVICES],
     pub context_bytes: u64,
     pub log: bool,
@@ -57,7 +63,23 @@ impl Shim {
             }
             None => caps[..cfg.caps.len()].copy_from_slice(&cfg.caps),
         }
-        let ledger = ledger.filter(|_| caps.iter().any(|&c| c != UNLIMITED));
+        let mut compute = [0u64; MAX_DEVICES];
+        if let Some(l) = &ledger {
+            for (d, share) in compute.iter_mut().enumerate().take(l.device_count()) {
+                let env = cfg.compute.get(d).copied().unwrap_or(0);
+                if l.compute_share(d) == 0 && env > 0 {
+                    // The ledger's share wins; the environment's fills in
+                    // a ledger that has none (first writer wins).
+                    if let Err(e) = l.set_compute(d, env, gpuslice_ledger::DEFAULT_BURST_NS) {
+                        log_line(&format!("device {d}: compute share not set: {e}"));
+                    }
+                }
+                *share = l.compute_share(d);
+            }
+        }
+        let memory_active = caps.iter().any(|&c| c != UNLIMITED);
+        let compute_active = compute.iter().any(|&c| c != 0);
+        let ledger = ledger.filter(|_| memory_active || compute_active);
         if log {
             let where_ = ledger.as_ref().map_or("none (no cap)".to_string(), |l| {
                 l.path()
@@ -68,14 +90,23 @@ impl Shim {
                 .take_while(|&&c| c != UNLIMITED)
                 .map(|c| format!("{}MiB", c >> 20))
                 .collect();
+            let shares: Vec<String> = compute
+                .iter()
+                .take_while(|&&c| c != 0)
+                .map(|c| format!("{}%", *c as f64 / 100.0))
+                .collect();
             log_line(&format!(
-                "pid {} ledger {where_} caps [{}]",
+                "pid {} ledger {where_} caps [{}] compute [{}]",
                 std::process::id(),
-                shown.join(",")
+                shown.join(","),
+                shares.join(",")
             ));
         }
         Shim {
             ledger,
+            memory_active,
+            compute_active,
+            compute,
             caps,
             context_bytes: cfg.context_bytes,
             log,
@@ -91,13 +122,11 @@ impl Shim {
 /// The slice's ledger file when it is configured and sound; else a private
 /// one from the environment's caps (a per-process cap), or none.
 fn open_ledger(cfg: &Config) -> Option<Ledger> {
-    let specs: Vec<DeviceSpec> = cfg
-        .caps
-        .iter()
-        .enumerate()
-        .map(|(i, &cap)| DeviceSpec {
+    let count = cfg.caps.len().max(cfg.compute.len());
+    let specs: Vec<DeviceSpec> = (0..count)
+        .map(|i| DeviceSpec {
             uuid: cfg.uuid(i),
-            cap,
+            cap: cfg.caps.get(i).copied().unwrap_or(UNLIMITED),
         })
         .collect();
     if let Some(path) = &cfg.ledger_path {
@@ -114,7 +143,7 @@ fn open_ledger(cfg: &Config) -> Option<Ledger> {
             Err(e) => log_line(&format!("{e}; caps are per process")),
         }
     }
-    if specs.iter().all(|s| s.cap == UNLIMITED) {
+    if specs.iter().all(|s| s.cap == UNLIMITED) && cfg.compute.iter().all(|&c| c == 0) {
         return None;
     }
     match Ledger::private(&cfg.slice_id, &specs) {

@@ -774,13 +774,19 @@ fn graph_use(exec: Handle) -> CUresult {
 }
 
 #[no_mangle]
-pub extern "C" fn cuGraphLaunch(exec: Handle, _stream: Handle) -> CUresult {
-    graph_use(exec)
+pub extern "C" fn cuGraphLaunch(exec: Handle, stream: Handle) -> CUresult {
+    match graph_use(exec) {
+        CUDA_SUCCESS => super::launch::graph(stream, false),
+        rc => rc,
+    }
 }
 
 #[no_mangle]
-pub extern "C" fn cuGraphLaunch_ptsz(exec: Handle, _stream: Handle) -> CUresult {
-    graph_use(exec)
+pub extern "C" fn cuGraphLaunch_ptsz(exec: Handle, stream: Handle) -> CUresult {
+    match graph_use(exec) {
+        CUDA_SUCCESS => super::launch::graph(stream, true),
+        rc => rc,
+    }
 }
 
 #[no_mangle]

@@ -5,6 +5,7 @@
 
 mod capture;
 mod init;
+mod launch;
 mod memory_ext;
 mod proc_address;
 
@@ -385,7 +386,11 @@ pub unsafe extern "C" fn cuCtxGetDevice(device_out: *mut CUdevice) -> CUresult {
 #[no_mangle]
 pub extern "C" fn cuCtxSynchronize() -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
-        rc(current_device().and_then(|_| capture::unsafe_call()))
+        rc(current_device().and_then(|dev| {
+            capture::unsafe_call()?;
+            launch::device_sync(dev);
+            Ok(())
+        }))
     })
 }
 

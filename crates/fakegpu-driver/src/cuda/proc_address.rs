@@ -8,6 +8,7 @@
 use std::ffi::{c_int, c_void};
 
 use super::capture::*;
+use super::launch::*;
 use super::memory_ext::*;
 use super::*;
 
@@ -26,6 +27,7 @@ const VERSIONED: &[(&str, c_int)] = &[
     ("cuArray3DCreate", 3020),
     ("cuStreamBeginCapture", 10010),
     ("cuStreamDestroy", 4000),
+    ("cuEventDestroy", 4000),
 ];
 
 /// Maps an exact exported name to its address.
@@ -111,6 +113,23 @@ fn exact(name: &str) -> Option<*mut c_void> {
         cuStreamIsCapturing,
         cuStreamIsCapturing_ptsz,
         cuThreadExchangeStreamCaptureMode,
+        // launch
+        cuLaunchKernel,
+        cuLaunchKernel_ptsz,
+        cuLaunchKernelEx,
+        cuLaunchKernelEx_ptsz,
+        cuLaunchCooperativeKernel,
+        cuLaunchCooperativeKernel_ptsz,
+        cuEventCreate,
+        cuEventDestroy_v2,
+        cuEventRecord,
+        cuEventRecord_ptsz,
+        cuEventQuery,
+        cuEventSynchronize,
+        cuEventElapsedTime,
+        cuEventElapsedTime_v2,
+        cuStreamSynchronize,
+        cuStreamSynchronize_ptsz,
     )
 }
 
@@ -152,6 +171,10 @@ mod tests {
             exact("cuGetProcAddress_v2")
         );
         assert_eq!(lookup("cuInit", 13000), Some(cuInit as *mut c_void));
-        assert_eq!(lookup("cuLaunchKernel", 13000), None);
+        assert_eq!(
+            lookup("cuLaunchKernel", 13000),
+            exact("cuLaunchKernel"),
+            "launches are simulated"
+        );
     }
 }

@@ -27,6 +27,14 @@
 //! - `hold BYTES`: allocates, prints `held`, sleeps until killed.
 //! - `addr NAME`: prints the address `--via` gives for NAME and the file
 //!   that defines it.
+//! - `compute MODE KERNEL_NS SECONDS WARMUP`: launches kernels of
+//!   KERNEL_NS simulated nanoseconds (the fake driver reads the duration
+//!   from the first kernel parameter) back to back for WARMUP + SECONDS,
+//!   synchronising every 8 launches; MODE picks the entry point:
+//!   `kernel`, `ptsz` (`cuLaunchKernel_ptsz` on the NULL stream), `ex`
+//!   (`cuLaunchKernelEx`), `coop` (`cuLaunchCooperativeKernel`) or `graph`
+//!   (`cuGraphLaunch`; the graph runs `$FAKEGPU_GRAPH_NS`). Prints the
+//!   simulated GPU busy time and the wall time of the last SECONDS.
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::io::Write;
@@ -870,6 +878,195 @@ fn file_of(p: *mut c_void) -> String {
         .into_owned()
 }
 
+type Launch = unsafe extern "C" fn(
+    *mut c_void,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    *mut c_void,
+    *mut *mut c_void,
+    *mut *mut c_void,
+) -> R;
+type LaunchCoop = unsafe extern "C" fn(
+    *mut c_void,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    *mut c_void,
+    *mut *mut c_void,
+) -> R;
+
+#[repr(C)]
+struct LaunchConfig {
+    grid: [c_uint; 3],
+    block: [c_uint; 3],
+    shared_mem: c_uint,
+    stream: *mut c_void,
+    attrs: *mut c_void,
+    num_attrs: c_uint,
+}
+type LaunchEx =
+    unsafe extern "C" fn(*const LaunchConfig, *mut c_void, *mut *mut c_void, *mut *mut c_void) -> R;
+type GraphLaunch = unsafe extern "C" fn(*mut c_void, *mut c_void) -> R;
+
+fn compute(cu: &Cuda, mode: &str, kernel_ns: u64, seconds: f64, warmup: f64) {
+    let busy_p = cu.dlsym("fakegpuBusyNs");
+    assert!(!busy_p.is_null(), "fakegpuBusyNs");
+    // SAFETY: the fake driver's test hook: u64 (int).
+    let busy_f =
+        unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(c_int) -> u64>(busy_p) };
+    // SAFETY: a plain call of the test hook.
+    let busy = |d: c_int| unsafe { busy_f(d) };
+    let sync = f!(
+        cu,
+        "cuCtxSynchronize",
+        "cuCtxSynchronize",
+        unsafe extern "C" fn() -> R
+    );
+    let stream_create = f!(
+        cu,
+        "cuStreamCreate",
+        "cuStreamCreate",
+        unsafe extern "C" fn(*mut *mut c_void, c_uint) -> R
+    );
+    let mut stream = std::ptr::null_mut();
+    if mode != "ptsz" {
+        // SAFETY: valid out-pointer.
+        assert_eq!(unsafe { stream_create(&mut stream, 0) }, 0);
+    }
+    let mut ns = kernel_ns;
+    let mut params = [(&mut ns as *mut u64).cast::<c_void>()];
+    let func = 0x1000 as *mut c_void;
+    let mut exec = std::ptr::null_mut();
+    if mode == "graph" {
+        let create = f!(
+            cu,
+            "cuGraphCreate",
+            "cuGraphCreate",
+            unsafe extern "C" fn(*mut *mut c_void, c_uint) -> R
+        );
+        let inst = f!(
+            cu,
+            "cuGraphInstantiateWithFlags",
+            "cuGraphInstantiateWithFlags",
+            unsafe extern "C" fn(*mut *mut c_void, *mut c_void, u64) -> R
+        );
+        let mut g = std::ptr::null_mut();
+        // SAFETY: valid out-pointers.
+        unsafe {
+            assert_eq!(create(&mut g, 0), 0);
+            assert_eq!(inst(&mut exec, g, 0), 0);
+        }
+    }
+    let launch: Box<dyn FnMut() -> R> = match mode {
+        "kernel" => {
+            let f = f!(cu, "cuLaunchKernel", "cuLaunchKernel", Launch);
+            // SAFETY: valid arguments; params[0] points to a u64.
+            Box::new(move || unsafe {
+                f(
+                    func,
+                    1,
+                    1,
+                    1,
+                    1,
+                    1,
+                    1,
+                    0,
+                    stream,
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            })
+        }
+        "ptsz" => {
+            let f = f!(cu, "cuLaunchKernel", "cuLaunchKernel_ptsz", Launch);
+            // SAFETY: as above.
+            Box::new(move || unsafe {
+                f(
+                    func,
+                    1,
+                    1,
+                    1,
+                    1,
+                    1,
+                    1,
+                    0,
+                    std::ptr::null_mut(),
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            })
+        }
+        "coop" => {
+            let f = f!(
+                cu,
+                "cuLaunchCooperativeKernel",
+                "cuLaunchCooperativeKernel",
+                LaunchCoop
+            );
+            // SAFETY: as above.
+            Box::new(move || unsafe { f(func, 1, 1, 1, 1, 1, 1, 0, stream, params.as_mut_ptr()) })
+        }
+        "ex" => {
+            let f = f!(cu, "cuLaunchKernelEx", "cuLaunchKernelEx", LaunchEx);
+            let cfg = LaunchConfig {
+                grid: [1; 3],
+                block: [1; 3],
+                shared_mem: 0,
+                stream,
+                attrs: std::ptr::null_mut(),
+                num_attrs: 0,
+            };
+            // SAFETY: as above.
+            Box::new(move || unsafe { f(&cfg, func, params.as_mut_ptr(), std::ptr::null_mut()) })
+        }
+        "graph" => {
+            let f = f!(cu, "cuGraphLaunch", "cuGraphLaunch", GraphLaunch);
+            // SAFETY: an instantiated graph.
+            Box::new(move || unsafe { f(exec, stream) })
+        }
+        other => panic!("unknown mode {other}"),
+    };
+    let mut launch = launch;
+    let t0 = Instant::now();
+    let mut mark: Option<(Instant, u64, u64)> = None;
+    let mut n: u64 = 0;
+    loop {
+        let el = t0.elapsed().as_secs_f64();
+        if mark.is_none() && el >= warmup {
+            mark = Some((Instant::now(), busy(0), n));
+        }
+        if el >= warmup + seconds {
+            break;
+        }
+        assert_eq!(launch(), 0, "launch {mode}");
+        n += 1;
+        if n.is_multiple_of(8) {
+            // SAFETY: plain call.
+            assert_eq!(unsafe { sync() }, 0);
+        }
+    }
+    let (m, b0, n0) = mark.expect("warm-up shorter than the run");
+    let b1 = busy(0);
+    let wall = m.elapsed().as_nanos();
+    line(&[
+        ("busy_ns", (b1 - b0).to_string()),
+        ("wall_ns", wall.to_string()),
+        ("launches", (n - n0).to_string()),
+        ("share", format!("{:.4}", (b1 - b0) as f64 / wall as f64)),
+    ]);
+    // SAFETY: plain call.
+    unsafe { sync() };
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut via = "dlsym".to_string();
@@ -940,6 +1137,16 @@ fn main() {
                 ("cycles", n.to_string()),
                 ("ns_per_cycle", format!("{ns:.1}")),
             ]);
+            0
+        }
+        "compute" => {
+            compute(
+                &cu,
+                &rest[1],
+                rest[2].parse().expect("KERNEL_NS"),
+                rest[3].parse().expect("SECONDS"),
+                rest[4].parse().expect("WARMUP"),
+            );
             0
         }
         "stress" => stress(

@@ -1,0 +1,386 @@
+//! Kernel launches on a simulated GPU timeline, with events and stream
+//! synchronisation whose timestamps are that timeline's: enough for the
+//! shim's compute-share tests.
+//!
+//! Each device runs one piece of work at a time (per process): a launch at
+//! host time `now` starts at `max(now, device tail)` and runs for its
+//! duration, which is the `u64` nanoseconds the launch's first kernel
+//! parameter points to (`kernelParams[0]`), else `$FAKEGPU_KERNEL_NS`
+//! (default 10 µs). A graph launch runs for `$FAKEGPU_GRAPH_NS` (default
+//! 0). A launch on a capturing stream is captured, not run. Events record
+//! the tail of their stream; `cuEventQuery` says whether host time has
+//! reached it, `cuEventElapsedTime` gives the difference in ms.
+//! `fakegpuBusyNs(dev)` (not a CUDA function) returns the GPU time the
+//! device has completed so far.
+
+use std::collections::BTreeMap;
+use std::ffi::{c_float, c_uint, c_void};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use super::capture::{key, stream_op};
+use super::*;
+
+const CUDA_ERROR_NOT_READY: CUresult = 600;
+const CUDA_ERROR_INVALID_HANDLE: CUresult = 400;
+const EVENT_BASE: usize = 0xE00_0000;
+
+type Handle = *mut c_void;
+
+struct Timeline {
+    /// Per device: when its queued work ends (ns since BASE), and the GPU
+    /// time scheduled so far.
+    dev_tail: BTreeMap<usize, (u64, u64)>,
+    /// Per stream key: when its last work ends.
+    stream_tail: BTreeMap<usize, u64>,
+    next_event: usize,
+    /// Events: recorded timestamp (None: never recorded).
+    events: BTreeMap<usize, Option<u64>>,
+}
+
+static TIMELINE: Mutex<Timeline> = Mutex::new(Timeline {
+    dev_tail: BTreeMap::new(),
+    stream_tail: BTreeMap::new(),
+    next_event: 0,
+    events: BTreeMap::new(),
+});
+
+fn timeline() -> MutexGuard<'static, Timeline> {
+    TIMELINE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn now() -> u64 {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    BASE.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+fn env_ns(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(default)
+}
+
+fn kernel_default_ns() -> u64 {
+    static V: OnceLock<u64> = OnceLock::new();
+    *V.get_or_init(|| env_ns("FAKEGPU_KERNEL_NS", 10_000))
+}
+
+fn graph_ns() -> u64 {
+    static V: OnceLock<u64> = OnceLock::new();
+    *V.get_or_init(|| env_ns("FAKEGPU_GRAPH_NS", 0))
+}
+
+/// Runs `ns` of work on `stream` of the current device (or captures it).
+fn run(stream: Handle, ptsz: bool, ns: u64) -> CUresult {
+    rc(current_device().and_then(|dev| {
+        let k = key(stream, ptsz);
+        if stream_op(k)? {
+            return Ok(());
+        }
+        let t = now();
+        let mut tl = timeline();
+        let (tail, busy) = tl.dev_tail.get(&dev).copied().unwrap_or((0, 0));
+        let end = tail.max(t) + ns;
+        tl.dev_tail.insert(dev, (end, busy + ns));
+        tl.stream_tail.insert(k, end);
+        Ok(())
+    }))
+}
+
+/// Work of a graph launch (called by `cuGraphLaunch` once the graph's
+/// memory is in place).
+pub(super) fn graph(stream: Handle, ptsz: bool) -> CUresult {
+    run(stream, ptsz, graph_ns())
+}
+
+/// # Safety
+/// `params` null or an array whose first entry is null or points to a u64.
+unsafe fn duration(params: *mut *mut c_void) -> u64 {
+    if params.is_null() {
+        return kernel_default_ns();
+    }
+    // SAFETY: caller contract.
+    let first = unsafe { *params };
+    if first.is_null() {
+        return kernel_default_ns();
+    }
+    // SAFETY: caller contract (the test client passes a u64).
+    unsafe { (first as *const u64).read_unaligned() }
+}
+
+macro_rules! launch_kernel {
+    ($name:ident, $ptsz:expr) => {
+        /// # Safety
+        /// `params` as [`duration`].
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            f: Handle,
+            _gx: c_uint,
+            _gy: c_uint,
+            _gz: c_uint,
+            _bx: c_uint,
+            _by: c_uint,
+            _bz: c_uint,
+            _shmem: c_uint,
+            stream: Handle,
+            params: *mut *mut c_void,
+            _extra: *mut *mut c_void,
+        ) -> CUresult {
+            guard(CUDA_ERROR_UNKNOWN, || {
+                if f.is_null() {
+                    return CUDA_ERROR_INVALID_HANDLE;
+                }
+                // SAFETY: caller contract.
+                run(stream, $ptsz, unsafe { duration(params) })
+            })
+        }
+    };
+}
+
+macro_rules! launch_coop {
+    ($name:ident, $ptsz:expr) => {
+        /// # Safety
+        /// `params` as [`duration`].
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            f: Handle,
+            _gx: c_uint,
+            _gy: c_uint,
+            _gz: c_uint,
+            _bx: c_uint,
+            _by: c_uint,
+            _bz: c_uint,
+            _shmem: c_uint,
+            stream: Handle,
+            params: *mut *mut c_void,
+        ) -> CUresult {
+            guard(CUDA_ERROR_UNKNOWN, || {
+                if f.is_null() {
+                    return CUDA_ERROR_INVALID_HANDLE;
+                }
+                // SAFETY: caller contract.
+                run(stream, $ptsz, unsafe { duration(params) })
+            })
+        }
+    };
+}
+
+/// `CUlaunchConfig` (the fields the fake reads).
+#[repr(C)]
+pub struct LaunchConfig {
+    pub grid: [c_uint; 3],
+    pub block: [c_uint; 3],
+    pub shared_mem: c_uint,
+    pub stream: Handle,
+    pub attrs: *mut c_void,
+    pub num_attrs: c_uint,
+}
+
+macro_rules! launch_ex {
+    ($name:ident, $ptsz:expr) => {
+        /// # Safety
+        /// `config` null or valid; `params` as [`duration`].
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            config: *const LaunchConfig,
+            f: Handle,
+            params: *mut *mut c_void,
+            _extra: *mut *mut c_void,
+        ) -> CUresult {
+            guard(CUDA_ERROR_UNKNOWN, || {
+                // SAFETY: caller contract.
+                let Some(c) = (unsafe { config.as_ref() }) else {
+                    return CUDA_ERROR_INVALID_VALUE;
+                };
+                if f.is_null() {
+                    return CUDA_ERROR_INVALID_HANDLE;
+                }
+                // SAFETY: caller contract.
+                run(c.stream, $ptsz, unsafe { duration(params) })
+            })
+        }
+    };
+}
+
+launch_kernel!(cuLaunchKernel, false);
+launch_kernel!(cuLaunchKernel_ptsz, true);
+launch_coop!(cuLaunchCooperativeKernel, false);
+launch_coop!(cuLaunchCooperativeKernel_ptsz, true);
+launch_ex!(cuLaunchKernelEx, false);
+launch_ex!(cuLaunchKernelEx_ptsz, true);
+
+// ---------------------------------------------------------------- events
+
+fn event_id(h: Handle) -> usize {
+    h as usize
+}
+
+/// # Safety
+/// `event` null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cuEventCreate(event: *mut Handle, _flags: c_uint) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        rc(current_device().and_then(|_| {
+            let h = {
+                let mut tl = timeline();
+                tl.next_event += 1;
+                let h = EVENT_BASE + tl.next_event * 16;
+                tl.events.insert(h, None);
+                h
+            };
+            // SAFETY: caller contract.
+            unsafe { out(event, h as Handle) }
+        }))
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuEventDestroy_v2(event: Handle) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        match timeline().events.remove(&event_id(event)) {
+            Some(_) => CUDA_SUCCESS,
+            None => CUDA_ERROR_INVALID_HANDLE,
+        }
+    })
+}
+
+fn record(event: Handle, stream: Handle, ptsz: bool) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        rc(current_device().and_then(|_| {
+            let k = key(stream, ptsz);
+            if stream_op(k)? {
+                return Ok(());
+            }
+            let t = now();
+            let mut tl = timeline();
+            let at = tl.stream_tail.get(&k).copied().unwrap_or(0).max(t);
+            match tl.events.get_mut(&event_id(event)) {
+                Some(e) => {
+                    *e = Some(at);
+                    Ok(())
+                }
+                None => Err(CUDA_ERROR_INVALID_HANDLE),
+            }
+        }))
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuEventRecord(event: Handle, stream: Handle) -> CUresult {
+    record(event, stream, false)
+}
+
+#[no_mangle]
+pub extern "C" fn cuEventRecord_ptsz(event: Handle, stream: Handle) -> CUresult {
+    record(event, stream, true)
+}
+
+fn event_time(event: Handle) -> Result<Option<u64>, CUresult> {
+    timeline()
+        .events
+        .get(&event_id(event))
+        .copied()
+        .ok_or(CUDA_ERROR_INVALID_HANDLE)
+}
+
+#[no_mangle]
+pub extern "C" fn cuEventQuery(event: Handle) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || match event_time(event) {
+        Err(e) => e,
+        Ok(Some(at)) if at > now() => CUDA_ERROR_NOT_READY,
+        Ok(_) => CUDA_SUCCESS,
+    })
+}
+
+fn wait_until(at: u64) {
+    let t = now();
+    if at > t {
+        std::thread::sleep(Duration::from_nanos(at - t));
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn cuEventSynchronize(event: Handle) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || match event_time(event) {
+        Err(e) => e,
+        Ok(at) => {
+            wait_until(at.unwrap_or(0));
+            CUDA_SUCCESS
+        }
+    })
+}
+
+/// # Safety
+/// `ms` null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cuEventElapsedTime(
+    ms: *mut c_float,
+    start: Handle,
+    end: Handle,
+) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        rc((|| {
+            let (Some(a), Some(b)) = (event_time(start)?, event_time(end)?) else {
+                return Err(CUDA_ERROR_INVALID_HANDLE);
+            };
+            if a.max(b) > now() {
+                return Err(CUDA_ERROR_NOT_READY);
+            }
+            let v = (b as f64 - a as f64) / 1e6;
+            // SAFETY: caller contract.
+            unsafe { out(ms, v as c_float) }
+        })())
+    })
+}
+
+/// # Safety
+/// As `cuEventElapsedTime`.
+#[no_mangle]
+pub unsafe extern "C" fn cuEventElapsedTime_v2(
+    ms: *mut c_float,
+    start: Handle,
+    end: Handle,
+) -> CUresult {
+    // SAFETY: forwarded contract.
+    unsafe { cuEventElapsedTime(ms, start, end) }
+}
+
+fn stream_sync(stream: Handle, ptsz: bool) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        let k = key(stream, ptsz);
+        let at = timeline().stream_tail.get(&k).copied().unwrap_or(0);
+        wait_until(at);
+        CUDA_SUCCESS
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuStreamSynchronize(stream: Handle) -> CUresult {
+    stream_sync(stream, false)
+}
+
+#[no_mangle]
+pub extern "C" fn cuStreamSynchronize_ptsz(stream: Handle) -> CUresult {
+    stream_sync(stream, true)
+}
+
+/// Waits for all work of device `dev` (`cuCtxSynchronize`).
+pub(super) fn device_sync(dev: usize) {
+    let at = timeline().dev_tail.get(&dev).map_or(0, |v| v.0);
+    wait_until(at);
+}
+
+/// GPU time device `dev` has completed by now (ns). Test hook, not CUDA.
+#[no_mangle]
+pub extern "C" fn fakegpuBusyNs(dev: c_int) -> u64 {
+    guard(0, || {
+        let t = now();
+        let (tail, busy) = timeline()
+            .dev_tail
+            .get(&(dev.max(0) as usize))
+            .copied()
+            .unwrap_or((0, 0));
+        busy - tail.saturating_sub(t).min(busy)
+    })
+}

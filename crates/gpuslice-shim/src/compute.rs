@@ -1,0 +1,355 @@
+//! The compute share: every kernel and graph launch of a limited device
+//! draws GPU time from the slice's token bucket in the ledger
+//! ([`gpuslice_ledger::Ledger::compute_tokens`]), refilled at the share of
+//! wall time; a launch waits while the bucket is empty. See
+//! docs/compute-share.md.
+//!
+//! GPU time is measured, not guessed from grid sizes: each metered launch
+//! is bracketed by two events recorded on its stream, and their elapsed
+//! time is what the launch cost. Until the events complete the launch is
+//! charged an estimate (a moving average of measured launches of its kind
+//! on that device), corrected when measured; at most [`DEPTH`] launches
+//! per thread are in flight unmeasured, so queued work cannot run far
+//! ahead of the budget.
+//!
+//! Hot path: no lock, no allocation, no getenv, no logging. Per-thread
+//! state lives in a const-initialised thread-local ring; the events are
+//! created once per ring slot (the first launches of a thread).
+
+use std::cell::Cell;
+use std::ffi::{c_float, c_void};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use gpuslice_ledger::{Ledger, FULL_SHARE, MAX_DEVICES};
+
+use crate::cuda::*;
+use crate::real::Real;
+use crate::state::shim;
+
+/// Launches in flight per thread before a launch waits for the oldest.
+pub const DEPTH: usize = 32;
+/// Longest single sleep while the bucket is empty (reaction time).
+const MAX_NAP_NS: u64 = 2_000_000;
+const MIN_NAP_NS: u64 = 20_000;
+/// Longest wait for one launch to finish before it is written off as
+/// unmeasured (its estimate stays charged).
+const MAX_WAIT_NS: u64 = 2_000_000_000;
+
+const CUDA_ERROR_NOT_READY: CUresult = 600;
+
+static EVENT_CREATE: Real = Real::named(c"cuEventCreate");
+static EVENT_RECORD: Real = Real::named(c"cuEventRecord");
+static EVENT_QUERY: Real = Real::named(c"cuEventQuery");
+static EVENT_ELAPSED_V2: Real = Real::named(c"cuEventElapsedTime_v2");
+static EVENT_ELAPSED: Real = Real::named(c"cuEventElapsedTime");
+
+type EventCreate = unsafe extern "C" fn(*mut CUevent, u32) -> CUresult;
+type EventRecord = unsafe extern "C" fn(CUevent, CUstream) -> CUresult;
+type EventQuery = unsafe extern "C" fn(CUevent) -> CUresult;
+type EventElapsed = unsafe extern "C" fn(*mut c_float, CUevent, CUevent) -> CUresult;
+
+/// What is launched: estimates are kept apart.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Kernel = 0,
+    Graph = 1,
+}
+
+/// Moving average of measured GPU time per launch, per kind and device.
+static ESTIMATE: [[AtomicU64; MAX_DEVICES]; 2] =
+    [const { [const { AtomicU64::new(0) }; MAX_DEVICES] }; 2];
+
+fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out-pointer; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn nap(ns: u64) {
+    std::thread::sleep(std::time::Duration::from_nanos(ns));
+}
+
+struct Entry {
+    start: Cell<CUevent>,
+    end: Cell<CUevent>,
+    est: Cell<u64>,
+    dev: Cell<usize>,
+    kind: Cell<usize>,
+}
+
+impl Entry {
+    const fn new() -> Entry {
+        Entry {
+            start: Cell::new(std::ptr::null_mut()),
+            end: Cell::new(std::ptr::null_mut()),
+            est: Cell::new(0),
+            dev: Cell::new(0),
+            kind: Cell::new(0),
+        }
+    }
+}
+
+/// This thread's launches in flight, oldest at `head`.
+struct Ring {
+    e: [Entry; DEPTH],
+    head: Cell<usize>,
+    len: Cell<usize>,
+    busy: Cell<bool>,
+}
+
+thread_local! {
+    static RING: Ring = const {
+        Ring {
+            e: [const { Entry::new() }; DEPTH],
+            head: Cell::new(0),
+            len: Cell::new(0),
+            busy: Cell::new(false),
+        }
+    };
+}
+
+fn elapsed_fn() -> Option<EventElapsed> {
+    // SAFETY: both names have this signature.
+    unsafe { EVENT_ELAPSED_V2.func::<EventElapsed>() }
+        .or_else(|| unsafe { EVENT_ELAPSED.func::<EventElapsed>() })
+}
+
+/// Whether launches on device ordinal `dev` are metered: the share (basis
+/// points) and the ledger, else None.
+#[inline]
+fn limited(dev: usize) -> Option<(&'static Ledger, u64)> {
+    let s = shim();
+    let share = *s.compute.get(dev)?;
+    if share == 0 {
+        return None;
+    }
+    Some((s.ledger.as_ref()?, share))
+}
+
+/// Runs a launch (`call`) on `stream` under the compute share of the
+/// current device. `ptsz`: the launch function is the per-thread-stream
+/// flavour (its NULL stream is the calling thread's stream).
+#[inline]
+pub fn launch(
+    stream: CUstream,
+    ptsz: bool,
+    kind: Kind,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    if !shim().compute_active {
+        return call();
+    }
+    metered(stream, ptsz, kind, call)
+}
+
+fn metered(stream: CUstream, ptsz: bool, kind: Kind, call: impl FnOnce() -> CUresult) -> CUresult {
+    let Some(dev) = crate::hooks::current_device().and_then(|d| usize::try_from(d).ok()) else {
+        return call();
+    };
+    let Some((ledger, share)) = limited(dev) else {
+        return call();
+    };
+    // A launch into a capturing stream adds a node to a graph: no GPU work
+    // now (the graph is metered when launched), and no event may be
+    // recorded or queried for it.
+    if crate::hooks::capturing(stream) {
+        return call();
+    }
+    let rec_stream = if stream.is_null() && ptsz {
+        CU_STREAM_PER_THREAD as CUstream
+    } else {
+        stream
+    };
+    // try_with: a launch from a thread-local destructor passes unmetered.
+    let mut call = Some(call);
+    let r = RING.try_with(|ring| {
+        if ring.busy.replace(true) {
+            return None; // re-entered (a launch from within a launch)
+        }
+        let f = call.take()?;
+        let rc = ring.launch(ledger, dev, share, rec_stream, kind, f);
+        ring.busy.set(false);
+        Some(rc)
+    });
+    match (r, call) {
+        (Ok(Some(rc)), _) => rc,
+        (_, Some(f)) => f(),
+        _ => CUDA_ERROR_NOT_INITIALIZED,
+    }
+}
+
+impl Ring {
+    fn at(&self, i: usize) -> &Entry {
+        &self.e[i % DEPTH]
+    }
+
+    fn launch(
+        &self,
+        ledger: &Ledger,
+        dev: usize,
+        share: u64,
+        stream: CUstream,
+        kind: Kind,
+        call: impl FnOnce() -> CUresult,
+    ) -> CUresult {
+        crate::hooks::relaxed(|| {
+            self.harvest(ledger);
+            if self.len.get() == DEPTH {
+                self.wait_oldest(ledger);
+            }
+            self.gate(ledger, dev, share);
+        });
+        let est = ESTIMATE[kind as usize][dev].load(Ordering::Relaxed);
+        ledger.compute_charge(dev, est as i64);
+        let slot = self.at(self.head.get() + self.len.get());
+        let rec = self.events(slot).filter(|record| {
+            // SAFETY: an event of this slot, the caller's stream.
+            (unsafe { record(slot.start.get(), stream) }) == CUDA_SUCCESS
+        });
+        let rc = call();
+        if rc != CUDA_SUCCESS {
+            ledger.compute_charge(dev, -(est as i64));
+            return rc;
+        }
+        // SAFETY: as above.
+        let measured =
+            rec.is_some_and(|record| unsafe { record(slot.end.get(), stream) } == CUDA_SUCCESS);
+        if measured {
+            slot.est.set(est);
+            slot.dev.set(dev);
+            slot.kind.set(kind as usize);
+            self.len.set(self.len.get() + 1);
+        } else {
+            // Not measurable (another context's stream, no events): the
+            // estimate stays charged.
+            ledger.compute_record(dev, est, 1);
+        }
+        rc
+    }
+
+    /// The slot's events, created on first use; and cuEventRecord.
+    fn events(&self, slot: &Entry) -> Option<EventRecord> {
+        // SAFETY: cuEventRecord(CUevent, CUstream).
+        let record = unsafe { EVENT_RECORD.func::<EventRecord>() }?;
+        if slot.end.get().is_null() {
+            // SAFETY: cuEventCreate(CUevent*, unsigned).
+            let create = unsafe { EVENT_CREATE.func::<EventCreate>() }?;
+            let (mut a, mut b): (CUevent, CUevent) = (std::ptr::null_mut(), std::ptr::null_mut());
+            // SAFETY: valid out-pointers; default flags (timing enabled).
+            let ok =
+                unsafe { create(&mut a, 0) == CUDA_SUCCESS && create(&mut b, 0) == CUDA_SUCCESS };
+            if !ok || a.is_null() || b.is_null() {
+                return None;
+            }
+            slot.start.set(a);
+            slot.end.set(b);
+        }
+        Some(record)
+    }
+
+    /// Measures the launches that finished, oldest first, and settles
+    /// their charges.
+    fn harvest(&self, ledger: &Ledger) {
+        if self.len.get() == 0 {
+            return;
+        }
+        // SAFETY: cuEventQuery(CUevent).
+        let Some(query) = (unsafe { EVENT_QUERY.func::<EventQuery>() }) else {
+            return;
+        };
+        let elapsed = elapsed_fn();
+        while self.len.get() > 0 {
+            let e = self.at(self.head.get());
+            // SAFETY: an event of ours.
+            let q = unsafe { query(e.end.get()) };
+            if q == CUDA_ERROR_NOT_READY {
+                break;
+            }
+            let mut ms: c_float = -1.0;
+            if q == CUDA_SUCCESS {
+                if let Some(el) = elapsed {
+                    // SAFETY: valid out-pointer, events of ours.
+                    if unsafe { el(&mut ms, e.start.get(), e.end.get()) } != CUDA_SUCCESS {
+                        ms = -1.0;
+                    }
+                }
+            }
+            self.settle(ledger, e, ms);
+        }
+    }
+
+    /// Settles the oldest entry with the measured `ms` (negative: could
+    /// not be measured, the estimate stands).
+    fn settle(&self, ledger: &Ledger, e: &Entry, ms: c_float) {
+        let (dev, est) = (e.dev.get(), e.est.get());
+        let ns = if ms >= 0.0 {
+            let ns = (f64::from(ms) * 1e6) as u64;
+            ledger.compute_charge(dev, ns as i64 - est as i64);
+            let avg = &ESTIMATE[e.kind.get()][dev];
+            let old = avg.load(Ordering::Relaxed);
+            let new = if old == 0 { ns } else { old - old / 8 + ns / 8 };
+            avg.store(new, Ordering::Relaxed);
+            ns
+        } else {
+            est
+        };
+        ledger.compute_record(dev, ns, 1);
+        self.head.set((self.head.get() + 1) % DEPTH);
+        self.len.set(self.len.get() - 1);
+    }
+
+    /// The ring is full: waits for the oldest launch to finish.
+    fn wait_oldest(&self, ledger: &Ledger) {
+        // SAFETY: cuEventQuery(CUevent).
+        let Some(query) = (unsafe { EVENT_QUERY.func::<EventQuery>() }) else {
+            return;
+        };
+        let t0 = now_ns();
+        let e = self.at(self.head.get());
+        // SAFETY: an event of ours.
+        while unsafe { query(e.end.get()) } == CUDA_ERROR_NOT_READY {
+            if now_ns() - t0 > MAX_WAIT_NS {
+                self.settle(ledger, e, -1.0);
+                return;
+            }
+            nap(MIN_NAP_NS);
+        }
+        self.harvest(ledger);
+    }
+
+    /// Waits while the slice's bucket of `dev` is empty.
+    fn gate(&self, ledger: &Ledger, dev: usize, share: u64) {
+        let t0 = now_ns();
+        let mut now = t0;
+        loop {
+            let tokens = ledger.compute_tokens(dev, now);
+            if tokens > 0 {
+                break;
+            }
+            let debt = tokens.unsigned_abs() + 1;
+            let wall = (u128::from(debt) * u128::from(FULL_SHARE) / u128::from(share.max(1)))
+                .min(u128::from(MAX_NAP_NS)) as u64;
+            nap(wall.max(MIN_NAP_NS));
+            self.harvest(ledger);
+            now = now_ns();
+        }
+        if now > t0 {
+            ledger.compute_throttled(dev, now - t0);
+        }
+    }
+}
+
+/// `CUlaunchConfig`'s leading fields (the stream is what we read).
+#[repr(C)]
+pub struct LaunchConfig {
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub shared_mem: u32,
+    pub stream: CUstream,
+    pub attrs: *mut c_void,
+    pub num_attrs: u32,
+}

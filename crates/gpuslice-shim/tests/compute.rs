@@ -1,0 +1,228 @@
+//! The compute share against the fake driver, whose kernels "run" for a
+//! simulated time on a per-process GPU timeline: the achieved share of
+//! simulated GPU busy time over wall time converges to the target for
+//! every launch path, graph launches are metered, the processes of a slice
+//! share one budget, and without a share the driver's own launch functions
+//! are handed out.
+//!
+//! Needs the fake driver and the shim built (`cargo build -p
+//! fakegpu-driver -p gpuslice-shim`), as the workspace test script does.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+
+use fakegpu::FakeHost;
+use gpuslice_ledger::Ledger;
+use serde_json::Value;
+
+const CLIENT: &str = env!("CARGO_BIN_EXE_gpuslice-shim-client");
+/// Simulated kernel time: 200 µs.
+const KERNEL_NS: &str = "200000";
+const SECONDS: &str = "1.6";
+const WARMUP: &str = "0.4";
+
+fn shim_so() -> PathBuf {
+    fakegpu::artifact_dirs()
+        .into_iter()
+        .map(|d| d.join("libgpuslice.so"))
+        .find(|p| p.is_file())
+        .expect("libgpuslice.so next to the test binary (cargo build -p gpuslice-shim)")
+}
+
+struct Slice {
+    host: FakeHost,
+    dir: tempfile::TempDir,
+}
+
+impl Slice {
+    fn new() -> Slice {
+        Slice {
+            host: FakeHost::builder().gpus(1).build().expect("fake host"),
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn ledger_path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(format!("{name}.ledger"))
+    }
+
+    /// A client of slice `name` with compute share `pct` (None: no share).
+    fn client(&self, name: &str, pct: Option<&str>, args: &[&str]) -> Command {
+        let mut c = self.host.command(CLIENT);
+        c.args(args)
+            .env("LD_PRELOAD", shim_so())
+            .env("GPUSLICE_LEDGER", self.ledger_path(name))
+            .env("GPUSLICE_SLICE", name)
+            .env("CUDA_VISIBLE_DEVICES", &self.host.gpus()[0].uuid)
+            .env_remove("GPUSLICE_MEMORY_LIMIT")
+            .env_remove("GPUSLICE_LOG")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        match pct {
+            Some(p) => c.env("GPUSLICE_COMPUTE_LIMIT", p),
+            None => c.env_remove("GPUSLICE_COMPUTE_LIMIT"),
+        };
+        c
+    }
+}
+
+fn result(out: Output) -> Value {
+    assert!(
+        out.status.success(),
+        "client failed ({}): {}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let last = text.lines().last().expect("a result line");
+    serde_json::from_str(last).unwrap_or_else(|e| panic!("{last}: {e}"))
+}
+
+fn share(v: &Value) -> f64 {
+    v["share"].as_str().map_or_else(
+        || v["share"].as_f64().expect("share"),
+        |s| s.parse().unwrap(),
+    ) * 100.0
+}
+
+fn spawn(mut c: impl std::borrow::BorrowMut<Command>) -> Child {
+    c.borrow_mut().spawn().expect("spawn client")
+}
+
+#[test]
+fn the_share_converges_to_the_target_on_every_launch_path() {
+    let s = Slice::new();
+    // (target %, --via, mode): every launch entry point, each lookup path.
+    let cases = [
+        ("10", "dlsym", "kernel"),
+        ("30", "procaddr", "ex"),
+        ("50", "procaddr", "coop"),
+        ("70", "procaddr", "ptsz"),
+        ("90", "global", "kernel"),
+    ];
+    let children: Vec<(String, Child)> = cases
+        .iter()
+        .map(|(pct, via, mode)| {
+            let name = format!("t{pct}");
+            let child = spawn(s.client(
+                &name,
+                Some(pct),
+                &["--via", via, "compute", mode, KERNEL_NS, SECONDS, WARMUP],
+            ));
+            (format!("{pct}% {via} {mode}"), child)
+        })
+        .collect();
+    let mut report = Vec::new();
+    for ((what, child), (pct, _, _)) in children.into_iter().zip(cases) {
+        let v = result(child.wait_with_output().unwrap());
+        let got = share(&v);
+        let target: f64 = pct.parse().unwrap();
+        report.push(format!("{what}: {got:.1}% ({v})"));
+        assert!(
+            (got - target).abs() <= 3.0,
+            "{what}: achieved {got:.1}%\n{}",
+            report.join("\n")
+        );
+    }
+    // The ledger shows the share, the GPU time and the throttling.
+    let l = Ledger::open(&s.ledger_path("t30")).unwrap();
+    let c = &l.snapshot().compute[0];
+    assert_eq!(c.share_bp, Some(3000));
+    assert!(c.busy_ns > 400_000_000, "{c:?}");
+    assert!(
+        c.throttled_ns > 500_000_000 && c.delayed_launches > 0,
+        "{c:?}"
+    );
+    eprintln!("{}", report.join("\n"));
+}
+
+#[test]
+fn graph_launches_are_metered() {
+    let s = Slice::new();
+    let run = |pct: Option<&str>, name: &str| {
+        let mut c = s.client(
+            name,
+            pct,
+            &[
+                "--via", "procaddr", "compute", "graph", "0", SECONDS, WARMUP,
+            ],
+        );
+        c.env("FAKEGPU_GRAPH_NS", "500000");
+        spawn(&mut c)
+    };
+    let limited = run(Some("40"), "g40");
+    let free = run(None, "gfree");
+    let got = share(&result(limited.wait_with_output().unwrap()));
+    let unlimited = share(&result(free.wait_with_output().unwrap()));
+    assert!((got - 40.0).abs() <= 3.0, "graph at 40%: {got:.1}%");
+    assert!(unlimited > 90.0, "graph without a share: {unlimited:.1}%");
+}
+
+#[test]
+fn the_processes_of_a_slice_share_one_budget() {
+    let s = Slice::new();
+    let children: Vec<Child> = (0..3)
+        .map(|_| {
+            spawn(s.client(
+                "shared",
+                Some("60"),
+                &[
+                    "--via", "procaddr", "compute", "kernel", KERNEL_NS, SECONDS, WARMUP,
+                ],
+            ))
+        })
+        .collect();
+    let shares: Vec<f64> = children
+        .into_iter()
+        .map(|c| share(&result(c.wait_with_output().unwrap())))
+        .collect();
+    let total: f64 = shares.iter().sum();
+    assert!(
+        (total - 60.0).abs() <= 4.0,
+        "three processes at one 60% budget: {shares:?} = {total:.1}%"
+    );
+    for s in &shares {
+        assert!(*s > 10.0, "every process progresses: {shares:?}");
+    }
+}
+
+fn defining_file(c: &mut Command) -> String {
+    let v = result(c.output().unwrap());
+    let file = v["file"].as_str().unwrap().to_string();
+    Path::new(&file)
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[test]
+fn without_a_share_the_driver_s_own_launch_functions_are_handed_out() {
+    let s = Slice::new();
+    for (via, name) in [
+        ("procaddr", "cuLaunchKernel"),
+        ("procaddr", "cuLaunchKernel_ptsz"),
+        ("dlsym", "cuLaunchKernelEx"),
+        ("procaddr", "cuLaunchCooperativeKernel"),
+        ("procaddr", "cuGraphLaunch"),
+    ] {
+        // A memory cap alone does not interpose launches.
+        let mut mem_only = s.client("m", None, &["--via", via, "addr", name]);
+        mem_only.env("GPUSLICE_MEMORY_LIMIT", "1GiB");
+        let got = defining_file(&mut mem_only);
+        if name == "cuGraphLaunch" {
+            // Graph launches settle graph memory under a memory cap.
+            assert_eq!(got, "libgpuslice.so", "{via} {name}");
+        } else {
+            assert_ne!(got, "libgpuslice.so", "{via} {name} with a memory cap only");
+        }
+        let none = defining_file(&mut s.client("n", None, &["--via", via, "addr", name]));
+        assert_ne!(none, "libgpuslice.so", "{via} {name} with no limit");
+        let limited = defining_file(&mut s.client("c", Some("50"), &["--via", via, "addr", name]));
+        assert_eq!(
+            limited, "libgpuslice.so",
+            "{via} {name} with a compute share"
+        );
+    }
+}
