@@ -63,6 +63,9 @@ metrics! {
     SLICE_PEAK: Gauge "slice_memory_peak_bytes" "Highest memory use of a slice on a device";
     SLICE_REFUSED: Counter "slice_memory_refusals" "Allocations refused because they would pass the cap";
     SLICE_PROCS: Gauge "slice_processes" "Processes attached to a slice's ledger";
+    SLICE_COMPUTE_SHARE: Gauge "slice_compute_share_ratio" "A slice's compute share of a device (0-1; absent when unlimited)";
+    SLICE_COMPUTE_BUSY: Counter "slice_compute_gpu_seconds" "GPU time a slice's metered launches took on a device (measured with events)";
+    SLICE_COMPUTE_THROTTLED: Counter "slice_compute_throttled_seconds" "Wall time a slice's launches were held back by its compute share (summed over threads)";
     EXP_NVML_UP: Gauge "exporter_nvml_up" "1 when the last collection read NVML";
     EXP_PODRES_UP: Gauge "exporter_pod_resources_up" "1 when the last collection listed pods from the kubelet PodResources API (absent when its socket is missing)";
     EXP_COLLECT: Gauge "exporter_collect_duration_seconds" "How long the last collection took";

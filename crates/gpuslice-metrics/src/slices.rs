@@ -48,6 +48,13 @@ pub fn collect(dir: &Path, inv: Option<&Inventory>, out: &mut Sample) -> usize {
             out.push(m::SLICE_USED, &l, d.used as f64);
             out.push(m::SLICE_PEAK, &l, d.peak as f64);
             out.push(m::SLICE_REFUSED, &l, d.refusals as f64);
+            if let Some(c) = snap.compute.get(d.index) {
+                if let Some(bp) = c.share_bp {
+                    out.push(m::SLICE_COMPUTE_SHARE, &l, bp as f64 / 10_000.0);
+                    out.push(m::SLICE_COMPUTE_BUSY, &l, c.busy_ns as f64 / 1e9);
+                    out.push(m::SLICE_COMPUTE_THROTTLED, &l, c.throttled_ns as f64 / 1e9);
+                }
+            }
         }
         n += 1;
     }

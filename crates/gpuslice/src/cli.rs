@@ -50,7 +50,7 @@ pub enum Command {
     List,
     /// Run a command that can reach only the selected GPUs.
     Run(RunArgs),
-    /// Live slices with a memory cap: their processes, cap and use per GPU (from their ledgers).
+    /// Live slices with a memory cap or compute share: their processes, cap, share and use per GPU (from their ledgers).
     Slices,
     /// The kubelet device plugin: nvidia.com/gpu (whole), gpu.shared (replicas capped by the shim), mig-<profile>.
     DevicePlugin(crate::cmd::device_plugin::DevicePluginArgs),
@@ -115,6 +115,10 @@ pub struct RunArgs {
     /// Cap GPU memory per selected GPU (e.g. 20GiB), enforced for every process of the slice by the preloaded libgpuslice.so.
     #[arg(long, value_name = "SIZE")]
     pub memory: Option<String>,
+
+    /// Compute share per selected GPU in percent of its time (e.g. 25): a hard cap on the GPU time of the slice's kernel and graph launches, shared by all its processes, enforced by the preloaded libgpuslice.so.
+    #[arg(long, value_name = "PCT")]
+    pub compute: Option<String>,
 
     /// Share a CUDA JIT cache between slices (sets CUDA_CACHE_PATH and CUDA_CACHE_MAXSIZE).
     #[arg(long, value_name = "DIR")]

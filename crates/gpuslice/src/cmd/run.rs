@@ -51,12 +51,20 @@ pub fn run(cli: &Cli, args: &RunArgs) -> Result<i32> {
             .collect::<Result<_>>()?,
         env: child_env(&inv, &sel, &slice_id, args)?,
     };
-    let Some(memory) = &args.memory else {
+    if args.memory.is_none() && args.compute.is_none() {
         return Ok(launch(&signals, &plan, &slice_id, &cmd)?);
-    };
-    // Memory cap: the slice's ledger, and the shim preloaded into the child.
+    }
+    // Memory cap / compute share: the slice's ledger, and the shim
+    // preloaded into the child.
     let mut cmd = cmd;
-    let ledger = super::slices::create_ledger(&inv, &sel, &slice_id, memory, &mut cmd.env)?;
+    let ledger = super::slices::create_ledger(
+        &inv,
+        &sel,
+        &slice_id,
+        args.memory.as_deref(),
+        args.compute.as_deref(),
+        &mut cmd.env,
+    )?;
     let result = launch(&signals, &plan, &slice_id, &cmd);
     let _ = std::fs::remove_file(&ledger);
     Ok(result?)

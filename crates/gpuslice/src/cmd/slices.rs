@@ -1,5 +1,6 @@
-//! `gpuslice slices`: live slices with a memory cap, read from their
-//! ledgers; and the ledger + shim set-up `run --memory` uses.
+//! `gpuslice slices`: live slices with a memory cap or compute share, read
+//! from their ledgers; and the ledger + shim set-up `run --memory` /
+//! `--compute` use.
 
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
@@ -27,25 +28,35 @@ pub fn shim_path() -> Result<PathBuf> {
         Ok(p)
     } else {
         bail!(
-            "--memory needs libgpuslice.so next to {} (or GPUSLICE_SHIM=path)",
+            "--memory/--compute need libgpuslice.so next to {} (or GPUSLICE_SHIM=path)",
             exe.display()
         )
     }
 }
 
-/// Creates the slice's ledger (one capped device per selected GPU, in
-/// CUDA_VISIBLE_DEVICES order) and adds the shim's variables to `env`.
-/// Returns the ledger's path, to be removed when the child exits.
+/// Creates the slice's ledger (one device per selected GPU, in
+/// CUDA_VISIBLE_DEVICES order, with the memory cap and compute share given)
+/// and adds the shim's variables to `env`. Returns the ledger's path, to be
+/// removed when the child exits.
 pub fn create_ledger(
     inv: &Inventory,
     sel: &Selection,
     slice_id: &str,
-    memory: &str,
+    memory: Option<&str>,
+    compute: Option<&str>,
     env: &mut Vec<CString>,
 ) -> Result<PathBuf> {
-    let cap = gpuslice_ledger::parse_size(memory)
-        .filter(|&c| c > 0)
-        .ok_or_else(|| anyhow!("--memory {memory:?}: not a size (e.g. 20GiB, 512MiB)"))?;
+    let cap = match memory {
+        None => gpuslice_ledger::UNLIMITED,
+        Some(m) => gpuslice_ledger::parse_size(m)
+            .filter(|&c| c > 0)
+            .ok_or_else(|| anyhow!("--memory {m:?}: not a size (e.g. 20GiB, 512MiB)"))?,
+    };
+    let share = match compute {
+        None => 0,
+        Some(c) => parse_percent(c)
+            .ok_or_else(|| anyhow!("--compute {c:?}: not a percentage in (0, 100] (e.g. 25)"))?,
+    };
     let visible = sel.visible_devices(inv);
     let devices: Vec<DeviceSpec> = visible
         .split(',')
@@ -56,28 +67,50 @@ pub fn create_ledger(
         })
         .collect();
     if devices.is_empty() {
-        bail!("--memory needs at least one GPU in --gpus");
+        bail!("--memory/--compute need at least one GPU in --gpus");
     }
     let shim = shim_path()?;
     let dir = gpuslice_ledger::ledger_dir();
     gpuslice_ledger::ensure_dir(&dir)?;
     let path = dir.join(format!("{slice_id}.ledger"));
-    Ledger::create(&path, slice_id, &devices)?;
+    let ledger = Ledger::create(&path, slice_id, &devices)?;
+    if share > 0 {
+        for d in 0..devices.len() {
+            ledger.set_compute(d, share, gpuslice_ledger::DEFAULT_BURST_NS)?;
+        }
+    }
     let preload = match std::env::var("LD_PRELOAD") {
         Ok(old) if !old.is_empty() => format!("{}:{old}", shim.display()),
         _ => shim.display().to_string(),
     };
-    let ours = ["LD_PRELOAD=", "GPUSLICE_MEMORY_LIMIT", "GPUSLICE_LEDGER="];
+    let ours = [
+        "LD_PRELOAD=",
+        "GPUSLICE_MEMORY_LIMIT",
+        "GPUSLICE_COMPUTE_LIMIT=",
+        "GPUSLICE_LEDGER=",
+    ];
     env.retain(|kv| !ours.iter().any(|p| kv.as_bytes().starts_with(p.as_bytes())));
-    for kv in [
+    let mut vars = vec![
         format!("LD_PRELOAD={preload}"),
-        format!("GPUSLICE_MEMORY_LIMIT={cap}"),
         format!("GPUSLICE_LEDGER={}", path.display()),
-    ] {
+    ];
+    if memory.is_some() {
+        vars.push(format!("GPUSLICE_MEMORY_LIMIT={cap}"));
+    }
+    if share > 0 {
+        vars.push(format!("GPUSLICE_COMPUTE_LIMIT={}", share as f64 / 100.0));
+    }
+    for kv in vars {
         env.push(CString::new(kv).map_err(|_| anyhow!("NUL byte in a path"))?);
     }
-    tracing::info!(ledger = %path.display(), shim = %shim.display(), cap, "memory cap");
+    tracing::info!(ledger = %path.display(), shim = %shim.display(), cap, share_bp = share, "slice limits");
     Ok(path)
+}
+
+/// `25`, `12.5`, `50%` → basis points (1..=10000).
+fn parse_percent(text: &str) -> Option<u64> {
+    let v: f64 = text.trim().trim_end_matches('%').trim().parse().ok()?;
+    (v > 0.0 && v <= 100.0).then(|| ((v * 100.0).round() as u64).max(1))
 }
 
 fn describe(path: &Path) -> Value {
@@ -110,9 +143,28 @@ fn describe(path: &Path) -> Value {
             },
             "bytes": p.bytes,
         })).collect::<Vec<_>>(),
+        "compute": s.compute.iter().map(|c| {
+            let age_ns = now_ms().saturating_sub(s.created_unix_ms) as f64 * 1e6;
+            json!({
+                "index": c.index,
+                "share_percent": c.share_bp.map(|b| b as f64 / 100.0),
+                "busy_ns": c.busy_ns,
+                "use_percent": (age_ns > 0.0).then(|| 100.0 * c.busy_ns as f64 / age_ns),
+                "throttled_ns": c.throttled_ns,
+                "launches": c.launches,
+                "delayed_launches": c.delayed_launches,
+            })
+        }).collect::<Vec<_>>(),
+        "ledger_version": s.version,
         "reclaimed_now": reaped.map(|r| json!({ "processes": r.slots, "bytes": r.bytes })),
         "reclaimed_total": { "processes": s.reclaimed_slots, "bytes": s.reclaimed_bytes },
     })
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 fn mib(v: &Value) -> String {
@@ -138,7 +190,10 @@ pub fn run(cli: &Cli) -> Result<i32> {
         return Ok(0);
     }
     if slices.is_empty() {
-        println!("no slices with a memory cap in {}", dir.display());
+        println!(
+            "no slices with a memory cap or compute share in {}",
+            dir.display()
+        );
         return Ok(0);
     }
     for s in &slices {
@@ -160,6 +215,20 @@ pub fn run(cli: &Cli) -> Result<i32> {
                 mib(&d["cap_bytes"]),
                 mib(&d["peak_bytes"]),
                 d["refusals"]
+            );
+        }
+        for c in s["compute"].as_array().into_iter().flatten() {
+            let Some(share) = c["share_percent"].as_f64() else {
+                continue;
+            };
+            println!(
+                "  gpu {} compute share {share}%  used {:.1}% since start  (GPU {:.1}s, throttled {:.1}s, {} of {} launches delayed)",
+                c["index"],
+                c["use_percent"].as_f64().unwrap_or(0.0),
+                c["busy_ns"].as_f64().unwrap_or(0.0) / 1e9,
+                c["throttled_ns"].as_f64().unwrap_or(0.0) / 1e9,
+                c["delayed_launches"],
+                c["launches"],
             );
         }
         for p in s["processes"].as_array().into_iter().flatten() {

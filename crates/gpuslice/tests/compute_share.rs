@@ -1,0 +1,110 @@
+//! `gpuslice run --compute PCT` on the fake GPU host: the slice's ledger
+//! holds the share, the child's simulated GPU time is held to it, and
+//! `gpuslice slices` shows share, use and throttled time. Needs the fake
+//! driver, the shim and its test client built (scripts/test.sh builds the
+//! workspace first).
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use fakegpu::FakeHost;
+use serde_json::Value;
+
+const GPUSLICE: &str = env!("CARGO_BIN_EXE_gpuslice");
+
+fn client() -> PathBuf {
+    fakegpu::artifact_dirs()
+        .into_iter()
+        .map(|d| d.join("gpuslice-shim-client"))
+        .find(|p| p.is_file())
+        .expect("gpuslice-shim-client built (cargo build -p gpuslice-shim)")
+}
+
+fn gpuslice(h: &FakeHost, ledgers: &std::path::Path, args: &[&str]) -> Command {
+    let mut c = Command::new(GPUSLICE);
+    c.arg("--host-root")
+        .arg(h.root())
+        .args(args)
+        .envs(h.env())
+        .env("GPUSLICE_LEDGER_DIR", ledgers)
+        .env_remove("GPUSLICE_MEMORY_LIMIT")
+        .env_remove("GPUSLICE_COMPUTE_LIMIT")
+        .env_remove("GPUSLICE_LEDGER");
+    c
+}
+
+#[test]
+fn run_with_compute_holds_the_share_and_slices_shows_it() {
+    let h = FakeHost::builder().gpus(1).build().unwrap();
+    let ledgers = tempfile::tempdir().unwrap();
+    let client = client();
+    let client = client.to_str().unwrap();
+    let child = gpuslice(
+        &h,
+        ledgers.path(),
+        &[
+            "run",
+            "--gpus",
+            "0",
+            "--compute",
+            "40",
+            "--",
+            client,
+            "--via",
+            "procaddr",
+            "compute",
+            "kernel",
+            "200000",
+            "1.2",
+            "0.3",
+        ],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(900));
+    let out = gpuslice(&h, ledgers.path(), &["slices", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let c = &v["slices"][0]["compute"][0];
+    assert_eq!(c["share_percent"], 40.0, "{v}");
+    assert!(c["busy_ns"].as_u64().unwrap() > 100_000_000, "{v}");
+    assert!(c["throttled_ns"].as_u64().unwrap() > 0, "{v}");
+    assert_eq!(
+        v["slices"][0]["devices"][0]["cap_bytes"],
+        Value::Null,
+        "{v}"
+    );
+    let text = gpuslice(&h, ledgers.path(), &["slices"]).output().unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("compute share 40%"), "{text}");
+
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let got = v["share"].as_f64().unwrap() * 100.0;
+    assert!((got - 40.0).abs() <= 3.0, "achieved {got:.1}%: {v}");
+    assert_eq!(std::fs::read_dir(ledgers.path()).unwrap().count(), 0);
+
+    let out = gpuslice(
+        &h,
+        ledgers.path(),
+        &["run", "--gpus", "0", "--compute", "0", "--", "true"],
+    )
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(125));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a percentage"));
+}
