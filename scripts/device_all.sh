@@ -8,6 +8,8 @@
 #   doctor     issue 8: gpuslice doctor --json
 #   cdi        issue 10: cdi generate/check, host paths, CUDA via run
 #   exporter   issue 7: exporter during a capped GEMM, idle CPU (~100 s)
+#   compute    issue 5: compute share: one slice at 50/25/10/75 % (GEMM + small kernels, vs bare,
+#              interleaved), two slices 30/70, a CUDA graph at 50 %, no-limit overhead (~110 s)
 #   plugin     issue 6: device plugin vs a test kubelet (v1beta1 over unix sockets): register,
 #              list (NUMA), Allocate gpu + gpu.shared run via `gpuslice run` + the probe, 60 s health (~85 s)
 # Run from the repo root as root after scripts/device-build.sh. Each part is
@@ -40,6 +42,11 @@ part_cdi() {
 part_exporter() {
     bounded 120 python3 scripts/device_exporter.py "$work"
 }
+part_compute() {
+    # Workers stay up and are driven over stdin (one torch import each);
+    # the script stops itself at ~108 s and writes compute.json as it goes.
+    bounded 120 python3 scripts/device_compute.py "$work"
+}
 part_plugin() {
     # The plugin and a test kubelet in a temp dir; Allocate answers applied
     # by `gpuslice run` with the CUDA probe; Allocate p99 over 10,000 calls;
@@ -62,7 +69,7 @@ for what in "$@"; do
     fi
 done
 tar czf "$out/results.tgz" -C "$work" .
-for f in isolation.json doctor.json cdi.json exporter.json plugin.json; do
+for f in isolation.json doctor.json cdi.json exporter.json plugin.json compute.json; do
     [ -f "$work/$f" ] && cp "$work/$f" "$out/"
 done
 ls -la "$out"

@@ -13,6 +13,9 @@
 //! - `FAKEGPU_TRACE`: file to which `cuInit` appends one JSON line.
 //! - `FAKEGPU_INIT_MS_PER_GPU`: overrides `init_ms_per_gpu` of kernel.json.
 //! - `FAKEGPU_CTX_MS`: overrides `ctx_ms` of kernel.json.
+//! - `FAKEGPU_KERNEL_NS`, `FAKEGPU_GRAPH_NS`: simulated time of a kernel
+//!   launch without a duration parameter, and of a graph launch (see
+//!   `cuda/launch.rs`).
 //! - `CUDA_VISIBLE_DEVICES`: as with the real driver.
 //!
 //! Every exported function catches panics (see [`ffi::guard`]) so that none

@@ -1,5 +1,6 @@
-//! `libgpuslice.so`: enforces a slice's GPU memory cap inside every process
-//! of the slice, loaded with `LD_PRELOAD` (see docs/shim.md).
+//! `libgpuslice.so`: enforces a slice's GPU memory cap and compute share
+//! inside every process of the slice, loaded with `LD_PRELOAD` (see
+//! docs/shim.md and docs/compute-share.md; the share is in [`compute`]).
 //!
 //! - Interposes the CUDA driver API's allocation, free and memory-info
 //!   entry points, for programs that link libcuda, that `dlopen` it and
@@ -12,8 +13,9 @@
 //! - Configuration (read once, in the library constructor):
 //!   `GPUSLICE_MEMORY_LIMIT` / `GPUSLICE_MEMORY_LIMIT_<i>`,
 //!   `GPUSLICE_LEDGER`, `GPUSLICE_SLICE`, `GPUSLICE_CONTEXT_BYTES`,
-//!   `GPUSLICE_LOG`. With no cap, `dlsym` and `cuGetProcAddress` hand back
-//!   the driver's own functions.
+//!   `GPUSLICE_COMPUTE_LIMIT`, `GPUSLICE_LOG`. With no cap, `dlsym` and
+//!   `cuGetProcAddress` hand back the driver's own functions (with no
+//!   compute share, the driver's own launch functions).
 //!
 //! No panic crosses the C boundary: every entry point runs under
 //! `catch_unwind`.

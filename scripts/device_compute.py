@@ -1,0 +1,306 @@
+#!/usr/bin/env python3
+"""Issue 5 on the GPU machine: the compute share (gpuslice run --compute).
+
+    python3 scripts/device_compute.py OUTDIR      # as root, repo root, after device-build.sh
+
+Workers (PyTorch, /opt/torch/.venv/bin/python3) are started once and driven
+over stdin, so torch is imported once per process (~5 s):
+  U  bare (no shim)                       baselines, interleaved
+  N  LD_PRELOAD=libgpuslice.so, no limit  the no-limit overhead
+  L  gpuslice run --compute 50            one slice; its ledger's share is
+                                          rewritten between levels (50, 25, 10, 75)
+  A/B gpuslice run --compute 30 / 70      two slices together
+Every measurement runs 0.3 s of warm-up first (drains the bucket's burst),
+then a timed window. Writes OUTDIR/compute.json after every measurement.
+Whole run bounded to ~110 s; levels in priority order.
+"""
+import json, mmap, os, select, struct, subprocess, sys, time
+
+OUT = sys.argv[1] if len(sys.argv) > 1 else "/tmp/compute"
+os.makedirs(OUT, exist_ok=True)
+PY = os.environ.get("TORCH_PY", "/opt/torch/.venv/bin/python3")
+CARRY = os.path.abspath(os.environ.get("GPUSLICE_CARRY", ".device-carry"))
+GPUSLICE = os.path.join(CARRY, "gpuslice")
+SHIM = os.path.join(CARRY, "libgpuslice.so")
+T0 = time.time()
+BUDGET = float(os.environ.get("COMPUTE_BUDGET_S", "108"))
+GEMM_S = float(os.environ.get("GEMM_S", "2.0"))
+SMALL_S = float(os.environ.get("SMALL_S", "1.5"))
+COMPUTE_OFF = 332032  # ledger v2: compute section, device 0, share (basis points)
+
+R = {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+     "method": "throughput of the limited slice / throughput of a bare process measured just before "
+               "(interleaved); warm-up 0.3 s before each window", "levels": {}, "errors": []}
+
+
+def save():
+    R["elapsed_s"] = round(time.time() - T0, 1)
+    tmp = os.path.join(OUT, "compute.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(R, f, indent=1)
+    os.replace(tmp, os.path.join(OUT, "compute.json"))
+
+
+WORKER = r'''
+import json, os, sys, time, torch
+torch.backends.cuda.matmul.allow_tf32 = True
+dev = torch.device("cuda")
+N = 4096
+a = torch.randn(N, N, device=dev, dtype=torch.bfloat16)
+b = torch.randn(N, N, device=dev, dtype=torch.bfloat16)
+c = torch.empty(N, N, device=dev, dtype=torch.bfloat16)
+x = torch.randn(32 << 20, device=dev, dtype=torch.bfloat16)
+tiny = torch.zeros(1, device=dev)
+FL = 2 * N ** 3
+graph = None
+
+def gemm(k):
+    for _ in range(k):
+        torch.matmul(a, b, out=c)
+
+def small(k):
+    for _ in range(k):
+        x.mul_(1.0)
+
+def replay(k):
+    for _ in range(k):
+        graph.replay()
+
+def run(fn, chunk, work, secs, warm=0.3):
+    t = time.perf_counter()
+    while time.perf_counter() - t < warm:
+        fn(chunk)
+        torch.cuda.synchronize()
+    n = 0
+    t = time.perf_counter()
+    while True:
+        fn(chunk)
+        n += chunk
+        torch.cuda.synchronize()
+        el = time.perf_counter() - t
+        if el >= secs:
+            break
+    return {"ops": n, "s": el, "rate": n * work / el}
+
+def latency(n):
+    # enqueue cost per launch (no sync), then launch+sync round trips
+    torch.cuda.synchronize()
+    per = []
+    for _ in range(5):
+        t = time.perf_counter()
+        for _ in range(n):
+            tiny.add_(1)
+        per.append((time.perf_counter() - t) / n * 1e6)
+        torch.cuda.synchronize()
+    rt = []
+    for _ in range(300):
+        t = time.perf_counter()
+        tiny.add_(1)
+        torch.cuda.synchronize()
+        rt.append((time.perf_counter() - t) * 1e6)
+    rt.sort()
+    return {"enqueue_us_best": min(per), "enqueue_us_median": sorted(per)[2], "roundtrip_us_median": rt[len(rt) // 2]}
+
+gemm(3); small(3); torch.cuda.synchronize()
+print(json.dumps({"ready": True, "ledger": os.environ.get("GPUSLICE_LEDGER", ""),
+                  "preload": os.environ.get("LD_PRELOAD", "")}), flush=True)
+for line in sys.stdin:
+    cmd = line.split()
+    if not cmd:
+        continue
+    try:
+        if cmd[0] == "gemm":
+            r = run(gemm, 10, FL, float(cmd[1]))
+        elif cmd[0] == "small":
+            r = run(small, 100, 1, float(cmd[1]))
+        elif cmd[0] == "graph":
+            if graph is None:
+                s = torch.cuda.Stream()
+                s.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(s):
+                    gemm(2)
+                torch.cuda.current_stream().wait_stream(s)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    gemm(10)
+                torch.cuda.synchronize()
+            r = run(replay, 2, 10 * FL, float(cmd[1]))
+        elif cmd[0] == "lat":
+            r = latency(int(cmd[1]))
+        elif cmd[0] == "quit":
+            break
+        else:
+            r = {"error": "unknown " + cmd[0]}
+    except Exception as e:
+        r = {"error": repr(e)}
+    print(json.dumps(r), flush=True)
+'''
+
+
+def left():
+    return BUDGET - (time.time() - T0)
+
+
+class Worker:
+    def __init__(self, name, argv, env):
+        self.name = name
+        self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=open(os.path.join(OUT, f"worker-{name}.err"), "w"),
+                                  env=env, text=True, bufsize=1)
+        self.fd = self.p.stdout.fileno()
+        self.buf = b""
+        self.info = None
+
+    def read(self, timeout):
+        # Our own line buffer over the raw fd: select() and a buffered
+        # reader do not mix (a second line already buffered is never seen).
+        end = time.time() + timeout
+        while True:
+            while b"\n" in self.buf:
+                line, self.buf = self.buf.split(b"\n", 1)
+                try:
+                    v = json.loads(line)
+                    if isinstance(v, dict):
+                        return v
+                except ValueError:
+                    pass
+            if time.time() >= end:
+                raise TimeoutError(f"worker {self.name}: no answer in {timeout:.0f}s")
+            r, _, _ = select.select([self.fd], [], [], max(0.05, end - time.time()))
+            if r:
+                chunk = os.read(self.fd, 65536)
+                if not chunk:
+                    raise RuntimeError(f"worker {self.name} exited ({self.p.poll()})")
+                self.buf += chunk
+
+    def send(self, cmd):
+        self.p.stdin.write(cmd + "\n")
+        self.p.stdin.flush()
+
+    def ask(self, cmd, timeout=30):
+        self.send(cmd)
+        return self.read(timeout)
+
+    def stop(self):
+        try:
+            self.send("quit")
+            self.p.wait(timeout=3)
+        except Exception:
+            self.p.kill()
+
+
+def set_share(ledger, pct):
+    with open(ledger, "r+b") as f:
+        m = mmap.mmap(f.fileno(), 0)
+        assert struct.unpack_from("<I", m, 8)[0] == 2, "ledger version 2 expected"
+        struct.pack_into("<Q", m, COMPUTE_OFF, int(round(pct * 100)))
+        m.close()
+
+
+def read_compute(ledger):
+    with open(ledger, "rb") as f:
+        b = f.read()
+    share, burst, tokens, last, busy, thr, launches, delayed = struct.unpack_from("<QQqQQQQQ", b, COMPUTE_OFF)
+    return {"share_bp": share, "busy_s": busy / 1e9, "throttled_s": thr / 1e9,
+            "launches": launches, "delayed": delayed}
+
+
+def main():
+    base_env = dict(os.environ)
+    for k in ("LD_PRELOAD", "GPUSLICE_COMPUTE_LIMIT", "GPUSLICE_MEMORY_LIMIT", "GPUSLICE_LEDGER"):
+        base_env.pop(k, None)
+    ldir = os.path.join(OUT, "ledgers")
+    os.makedirs(ldir, exist_ok=True)
+    base_env["GPUSLICE_LEDGER_DIR"] = ldir
+    py = [PY, "-c", WORKER]
+
+    def sliced(pct):
+        return [GPUSLICE, "run", "--gpus", "0", "--isolation", "env", "--compute", str(pct), "--"] + py
+
+    env_n = dict(base_env, LD_PRELOAD=SHIM)
+    ws = {"U": Worker("U", py, base_env), "N": Worker("N", py, env_n), "L": Worker("L", sliced(50), base_env),
+          "A": Worker("A", sliced(30), base_env), "B": Worker("B", sliced(70), base_env)}
+    try:
+        for n, w in ws.items():
+            w.info = w.read(max(5, min(60, left())))
+            R.setdefault("workers", {})[n] = w.info
+        R["startup_s"] = round(time.time() - T0, 1)
+        save()
+        U, L = ws["U"], ws["L"]
+        ledger = L.info["ledger"]
+
+        def level(pct, kinds=("gemm", "small")):
+            set_share(ledger, pct)
+            res = R["levels"].setdefault(str(pct), {})
+            for k in kinds:
+                secs = GEMM_S if k == "gemm" else SMALL_S
+                if left() < 2 * secs + 3:
+                    R["errors"].append(f"skipped {pct}% {k}: time")
+                    return
+                before = read_compute(ledger)
+                u = U.ask(f"{k} {secs}")
+                l = L.ask(f"{k} {secs}")
+                after = read_compute(ledger)
+                ratio = l["rate"] / u["rate"]
+                res[k] = {"unlimited": u, "limited": l, "ratio": ratio,
+                          "error_points": abs(100 * ratio - pct),
+                          "ledger_busy_s": after["busy_s"] - before["busy_s"],
+                          "ledger_throttled_s": after["throttled_s"] - before["throttled_s"]}
+                errs = [v["error_points"] for lv in R["levels"].values() for v in lv.values() if "error_points" in v]
+                R["mae_points"] = sum(errs) / len(errs)
+                R["max_error_points"] = max(errs)
+                save()
+
+        level(50)
+        level(25)
+        # Two slices at 30 / 70 together.
+        if left() > 8:
+            A, B = ws["A"], ws["B"]
+            solo = U.ask(f"gemm {GEMM_S}")
+            A.send(f"gemm {GEMM_S + 1}")
+            B.send(f"gemm {GEMM_S + 1}")
+            ra, rb = A.read(30), B.read(30)
+            R["pair_30_70"] = {"a": ra, "b": rb, "unlimited": solo, "ratio_a_over_b": ra["rate"] / rb["rate"],
+                               "target": 3 / 7, "rel_error": (ra["rate"] / rb["rate"]) / (3 / 7) - 1,
+                               "a_share": ra["rate"] / solo["rate"], "b_share": rb["rate"] / solo["rate"]}
+            save()
+        # CUDA graph under 50 %.
+        if left() > 8:
+            set_share(ledger, 50)
+            u = U.ask(f"graph {GEMM_S}")
+            l = L.ask(f"graph {GEMM_S}")
+            R["graph_50"] = {"unlimited": u, "limited": l, "ratio": l["rate"] / u["rate"],
+                             "error_points": abs(100 * l["rate"] / u["rate"] - 50)}
+            save()
+        level(10)
+        level(75)
+        # No-limit overhead: shim loaded (no limit) vs bare, alternating.
+        N = ws["N"]
+        rounds = []
+        for i in range(3):
+            if left() < 6:
+                R["errors"].append("overhead: stopped early (time)")
+                break
+            pair = {}
+            for name, w in ((("U", U), ("N", N)) if i % 2 == 0 else (("N", N), ("U", U))):
+                pair[name] = {"gemm": w.ask("gemm 1.0"), "lat": w.ask("lat 2000")}
+            rounds.append(pair)
+            g = [r["N"]["gemm"]["rate"] / r["U"]["gemm"]["rate"] for r in rounds]
+            e = [r["N"]["lat"]["enqueue_us_median"] / r["U"]["lat"]["enqueue_us_median"] for r in rounds]
+            t = [r["N"]["lat"]["roundtrip_us_median"] / r["U"]["lat"]["roundtrip_us_median"] for r in rounds]
+            R["no_limit_overhead"] = {"rounds": rounds, "gemm_ratio_mean": sum(g) / len(g),
+                                      "enqueue_latency_ratio_mean": sum(e) / len(e),
+                                      "roundtrip_latency_ratio_mean": sum(t) / len(t)}
+            save()
+        R["slice_ledger_L"] = read_compute(ledger)
+    except Exception as e:
+        R["errors"].append(repr(e))
+    finally:
+        save()
+        for w in ws.values():
+            w.stop()
+        save()
+
+
+if __name__ == "__main__":
+    main()
