@@ -26,6 +26,12 @@ part_isolation() {
     # Where a launch spends its time (discovery is logged at debug).
     GPUSLICE_LOG_LEVEL=debug bounded 10 .device-carry/gpuslice run --gpus 0 --isolation env -- /bin/true \
         >"$work/run-debug.txt" 2>&1
+    # The same launcher linked without PIE, when carried: what relocating a
+    # large PIE binary costs each launch (a measurement, not the shipped build).
+    if [ -x .device-carry/gpuslice-nopie ]; then
+        PATH="$PWD/.device-carry:$PATH" bounded 60 .device-carry/gpuslice-nopie bench launch --runs 300 --json \
+            >"$work/launch-nopie.json"
+    fi
 }
 part_init() {
     bounded 150 bash scripts/device_bench_init.sh "$work/init" probe
