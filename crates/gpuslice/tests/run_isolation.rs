@@ -464,3 +464,20 @@ fn a_rootless_caller_gets_the_private_dev_and_overlay_through_a_user_namespace()
         "-v names the active layers: {stderr}"
     );
 }
+
+#[test]
+fn the_inventory_is_cached_between_launches() {
+    let h = host(2, true);
+    let cache = tempfile::tempdir().unwrap();
+    let launch = || {
+        let out = gpuslice(&h, &["run", "--gpus", "1", "--", "true"])
+            .env("GPUSLICE_CACHE_DIR", cache.path())
+            .env("GPUSLICE_LOG_LEVEL", "debug")
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+    assert!(launch().contains("cached=false"));
+    assert!(launch().contains("cached=true"));
+}

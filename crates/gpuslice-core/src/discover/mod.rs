@@ -25,6 +25,7 @@
 //!
 //! Otherwise `nvml_error` says why NVML was skipped.
 
+pub mod cache;
 mod devices;
 mod fsutil;
 mod nvml;

@@ -2,7 +2,8 @@
 
 use crate::cli::{CgroupVersion, Cli, IsolationArg, RunArgs};
 use anyhow::{anyhow, Context, Result};
-use gpuslice_core::discover::{discover, DiscoverOptions};
+use gpuslice_core::discover::cache::discover_cached;
+use gpuslice_core::discover::DiscoverOptions;
 use gpuslice_core::{DevicePolicy, HostRoot, Inventory, Selection};
 use gpuslice_isolate::cgroup::{new_slice_id, CgroupDriver, Version};
 use gpuslice_isolate::devfs::NodeMode;
@@ -70,16 +71,19 @@ pub fn run(cli: &Cli, args: &RunArgs) -> Result<i32> {
     Ok(result?)
 }
 
-/// NVML costs ~10 ms to initialise on a real GPU, more than the rest of a
-/// launch; `run` needs it only for MIG UUIDs. So procfs comes first, and
-/// NVML joins only when procfs shows MIG instances or the selector names one.
+/// NVML costs ~10 ms to initialise on a real GPU and the driver's procfs
+/// files another ~8 ms to read (measured on the H200), more than the rest
+/// of a launch; so discovery is cached (see `discover::cache`), and NVML,
+/// needed only for MIG UUIDs, joins only when procfs shows MIG instances or
+/// the selector names one.
 fn discover_for_run(root: &HostRoot, selector: &str) -> Result<Inventory> {
     let procfs_only = DiscoverOptions {
         use_nvml: false,
         pci_details: false,
         ..DiscoverOptions::default()
     };
-    let inv = discover(root, &procfs_only)?;
+    let (inv, cached) = discover_cached(root, &procfs_only)?;
+    tracing::debug!(cached, "inventory");
     let mig = selector.to_ascii_lowercase().contains("mig-")
         || inv.gpus.iter().any(|g| !g.migs.is_empty());
     if !mig {
@@ -89,7 +93,7 @@ fn discover_for_run(root: &HostRoot, selector: &str) -> Result<Inventory> {
         use_nvml: true,
         ..procfs_only
     };
-    Ok(discover(root, &with_nvml)?)
+    Ok(discover_cached(root, &with_nvml)?.0)
 }
 
 fn isolation(arg: Option<IsolationArg>) -> Isolation {
