@@ -1,7 +1,8 @@
 //! Reading the fake host: the kernel truth, module parameters, device nodes.
 //!
-//! The schema of `.fakegpu/kernel.json` mirrors `fakegpu::Kernel`; it is
-//! duplicated here so the cdylib does not link the test-only host builder.
+//! The schema of `.fakegpu/kernel.json` comes from crate `fakegpu-schema`,
+//! shared with `fakegpu` (the writer) without linking its test-only host
+//! builder into this cdylib.
 
 use std::ffi::CString;
 use std::fs;
@@ -10,7 +11,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+pub use fakegpu_schema::{Kernel, KernelGpu, KernelMig};
 
 /// Major of `/dev/nvidia*` (the NVIDIA frontend).
 pub const NVIDIA_MAJOR: u32 = 195;
@@ -19,56 +20,6 @@ pub const NVIDIACTL_MINOR: u32 = 255;
 /// Major of `/dev/nvidia-caps/*` on the fake host (dynamic on a real one:
 /// read from `proc/devices`).
 pub const NVIDIA_CAPS_MAJOR_DEFAULT: u32 = 241;
-
-#[derive(Debug, Clone, Deserialize)]
-pub struct Kernel {
-    pub driver_version: String,
-    pub cuda_version: i32,
-    pub gpus: Vec<KernelGpu>,
-    #[serde(default)]
-    pub init_ms_per_gpu: u64,
-    #[serde(default)]
-    pub ctx_ms: u64,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-pub struct KernelGpu {
-    pub minor: u32,
-    pub uuid: String,
-    pub pci_bus_id: String,
-    pub name: String,
-    pub memory_bytes: u64,
-    #[serde(default)]
-    pub nvlink_peers: Vec<String>,
-    #[serde(default)]
-    pub mig_enabled: bool,
-    #[serde(default)]
-    pub migs: Vec<KernelMig>,
-    #[serde(default = "default_true")]
-    pub persistence_mode: bool,
-}
-
-fn default_true() -> bool {
-    true
-}
-
-#[derive(Debug, Clone, Deserialize)]
-pub struct KernelMig {
-    pub gi: u32,
-    pub ci: u32,
-    pub uuid: String,
-    pub profile: String,
-    pub memory_bytes: u64,
-    pub gi_minor: u32,
-    pub ci_minor: u32,
-}
-
-impl KernelGpu {
-    /// `NVIDIA H200 MIG 1g.18gb`, the name CUDA and NVML give a MIG device.
-    pub fn mig_name(&self, mig: &KernelMig) -> String {
-        format!("{} MIG {}", self.name, mig.profile)
-    }
-}
 
 /// The host root the driver reads, from `FAKEGPU_ROOT` (default `/`).
 #[derive(Debug, Clone)]

@@ -1,10 +1,11 @@
 //! The "kernel truth" of a fake host (`<root>/.fakegpu/kernel.json`).
 //!
 //! It stands in for what the real driver learns through its ioctl
-//! interface; the fake driver reads it (its own copy of this schema lives in
-//! `fakegpu-driver/src/host.rs`, keep them in step).
+//! interface; the fake driver reads it. The schema itself lives in crate
+//! `fakegpu-schema`, shared with the driver; this module adds the values a
+//! fake H200 host fills it with.
 
-use serde::{Deserialize, Serialize};
+pub use fakegpu_schema::{Kernel, KernelGpu, KernelMig};
 
 pub const DRIVER_VERSION: &str = "580.159.04";
 /// CUDA 13.0 as `cuDriverGetVersion` encodes it.
@@ -16,68 +17,6 @@ pub const MIG_PROFILE: &str = "1g.18gb";
 pub const MIG_MEMORY_BYTES: u64 = 18 << 30;
 /// Most MIG instances an H200 holds.
 pub const MAX_MIG_INSTANCES: u32 = 7;
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Kernel {
-    pub driver_version: String,
-    pub cuda_version: i32,
-    /// In PCI bus-id order; `gpus[i].minor == i`.
-    pub gpus: Vec<KernelGpu>,
-    /// Simulated `cuInit` cost per reachable GPU.
-    pub init_ms_per_gpu: u64,
-    /// Simulated cost of the first context of a process.
-    pub ctx_ms: u64,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct KernelGpu {
-    pub minor: u32,
-    pub uuid: String,
-    /// `0000:18:00.0`, lower case.
-    pub pci_bus_id: String,
-    pub name: String,
-    pub memory_bytes: u64,
-    pub numa_node: i32,
-    /// Bus ids of the GPUs this one reaches over NVLink (link i → peer i).
-    pub nvlink_peers: Vec<String>,
-    pub mig_enabled: bool,
-    pub migs: Vec<KernelMig>,
-    /// Persistence mode, as `nvmlDeviceGetPersistenceMode` reports it
-    /// (default on, as on the H200 host).
-    #[serde(default = "default_true")]
-    pub persistence_mode: bool,
-}
-
-fn default_true() -> bool {
-    true
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct KernelMig {
-    /// GPU instance id (1-based).
-    pub gi: u32,
-    /// Compute instance id (always 0 here).
-    pub ci: u32,
-    pub uuid: String,
-    pub profile: String,
-    pub memory_bytes: u64,
-    /// `nvidia-caps` minor of the GPU instance's access capability.
-    pub gi_minor: u32,
-    /// `nvidia-caps` minor of the compute instance's access capability.
-    pub ci_minor: u32,
-}
-
-impl KernelGpu {
-    /// Minor of `/dev/dri/card<N>` (card0 is the host's BMC).
-    pub fn dri_card_minor(&self) -> u32 {
-        self.minor + 1
-    }
-
-    /// Minor of `/dev/dri/renderD<N>`.
-    pub fn dri_render_minor(&self) -> u32 {
-        129 + self.minor
-    }
-}
 
 /// Deterministic UUID of GPU `i`.
 pub fn gpu_uuid(i: u32) -> String {

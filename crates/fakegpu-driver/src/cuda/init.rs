@@ -15,7 +15,7 @@
 use std::io::Write;
 use std::time::Duration;
 
-use serde::Serialize;
+use fakegpu_schema::TraceRecord;
 
 use super::{CUresult, CUDA_ERROR_NO_DEVICE, CUDA_SUCCESS};
 use crate::host::{self, Host, KernelGpu, KernelMig, Node, NVIDIACTL_MINOR, NVIDIA_MAJOR};
@@ -74,41 +74,20 @@ impl PciAddress {
     }
 }
 
-/// What `cuInit` decided, plus the record written to `FAKEGPU_TRACE`.
+/// What `cuInit` decided, plus the record written to `FAKEGPU_TRACE`
+/// (tests read it to see what the driver did).
 pub struct InitOutcome {
     pub rc: CUresult,
     pub devices: Vec<Device>,
-    pub trace: Trace,
-}
-
-/// One line of `FAKEGPU_TRACE`; tests read it to see what the driver did.
-#[derive(Debug, Default, Serialize)]
-pub struct Trace {
-    pub pid: u32,
-    pub root: String,
-    pub modify_device_files: bool,
-    /// Whether `nvidiactl` opened (after re-creation, if any).
-    pub ctl: bool,
-    pub ctl_recreated: bool,
-    /// Minors of GPUs whose node opened.
-    pub reachable: Vec<u32>,
-    /// Minors of GPU nodes this call re-created.
-    pub recreated: Vec<u32>,
-    /// Minors of `nvidia-caps` nodes this call re-created.
-    pub recreated_caps: Vec<u32>,
-    /// UUIDs of the devices CUDA exposes, in CUDA order.
-    pub visible: Vec<String>,
-    /// Simulated per-GPU init cost that was slept: reachable × per-GPU ms.
-    pub init_sleep_ms: u64,
-    pub rc: CUresult,
+    pub trace: TraceRecord,
 }
 
 /// Runs the whole decision and sleeps the init cost.
 pub fn discover(host: &Host, cvd: Option<&str>, init_ms_override: Option<u64>) -> InitOutcome {
-    let mut trace = Trace {
+    let mut trace = TraceRecord {
         pid: std::process::id(),
         root: host.root().display().to_string(),
-        ..Trace::default()
+        ..TraceRecord::default()
     };
     let rc_devices = discover_into(host, cvd, init_ms_override, &mut trace);
     let (rc, devices) = match rc_devices {
@@ -125,7 +104,7 @@ fn discover_into(
     host: &Host,
     cvd: Option<&str>,
     init_ms_override: Option<u64>,
-    trace: &mut Trace,
+    trace: &mut TraceRecord,
 ) -> Result<Vec<Device>, CUresult> {
     let kernel = host.kernel().ok_or(CUDA_ERROR_NO_DEVICE)?;
     trace.modify_device_files = host.modify_device_files();
@@ -217,7 +196,7 @@ fn offers<'k>(
     host: &Host,
     reachable: &[&'k KernelGpu],
     root: bool,
-    trace: &mut Trace,
+    trace: &mut TraceRecord,
 ) -> Vec<Offer<'k>> {
     let caps_major = host.caps_major();
     let mut out = Vec::new();
@@ -320,7 +299,7 @@ pub fn uuid_bytes(uuid: &str) -> [u8; 16] {
 
 /// Appends the trace line to `FAKEGPU_TRACE` when set. Errors are ignored:
 /// tracing must never change what the driver answers.
-pub fn write_trace(trace: &Trace) {
+pub fn write_trace(trace: &TraceRecord) {
     let Some(path) = std::env::var_os("FAKEGPU_TRACE").filter(|p| !p.is_empty()) else {
         return;
     };
@@ -349,6 +328,7 @@ mod tests {
             pci_bus_id: format!("0000:{:02x}:00.0", 0x18 + 0x10 * minor),
             name: "NVIDIA H200".into(),
             memory_bytes: 100,
+            numa_node: 0,
             nvlink_peers: vec![],
             mig_enabled,
             migs: vec![],
