@@ -1,2 +1,3 @@
 pub mod cdi;
+pub mod labels;
 pub mod plugin;

@@ -57,6 +57,8 @@ pub enum Command {
     /// Drive the device plugin with a test kubelet and report JSON (the GPU machine's check, benchmarks).
     #[command(hide = true)]
     DevicePluginSelftest(crate::cmd::device_plugin::SelftestArgs),
+    /// Write node labels (product, memory, driver, MIG, NVLink, sharing) as a Node Feature Discovery feature file.
+    Labels(crate::cmd::labels::LabelsArgs),
     /// Serve Prometheus metrics for GPUs (NVML) and slices (ledgers) on /metrics.
     Exporter(crate::cmd::exporter::ExporterArgs),
     /// CDI specs for container runtimes (podman, containerd, CRI-O, Docker).

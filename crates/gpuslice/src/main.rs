@@ -22,6 +22,7 @@ fn main() -> ExitCode {
         Command::Slices => cmd::slices::run(&cli),
         Command::Cdi(c) => cmd::cdi::run(&cli, c),
         Command::Exporter(args) => cmd::exporter::run(&cli, args),
+        Command::Labels(args) => cmd::labels::run(&cli, args),
         Command::DevicePlugin(args) => cmd::device_plugin::run(&cli, args),
         Command::DevicePluginSelftest(args) => cmd::device_plugin::selftest(&cli, args),
         Command::Bench(cli::BenchCommand::Launch(args)) => cmd::bench_launch::run(&cli, args),

@@ -6,6 +6,7 @@ pub mod cdi;
 pub mod device_plugin;
 pub mod doctor;
 pub mod exporter;
+pub mod labels;
 pub mod list;
 pub mod run;
 pub mod slices;
