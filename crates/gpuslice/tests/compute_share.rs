@@ -4,35 +4,14 @@
 //! driver, the shim and its test client built (scripts/test.sh builds the
 //! workspace first).
 
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use fakegpu::FakeHost;
 use serde_json::Value;
 
-const GPUSLICE: &str = env!("CARGO_BIN_EXE_gpuslice");
-
-fn client() -> PathBuf {
-    fakegpu::artifact_dirs()
-        .into_iter()
-        .map(|d| d.join("gpuslice-shim-client"))
-        .find(|p| p.is_file())
-        .expect("gpuslice-shim-client built (cargo build -p gpuslice-shim)")
-}
-
-fn gpuslice(h: &FakeHost, ledgers: &std::path::Path, args: &[&str]) -> Command {
-    let mut c = Command::new(GPUSLICE);
-    c.arg("--host-root")
-        .arg(h.root())
-        .args(args)
-        .envs(h.env())
-        .env("GPUSLICE_LEDGER_DIR", ledgers)
-        .env_remove("GPUSLICE_MEMORY_LIMIT")
-        .env_remove("GPUSLICE_COMPUTE_LIMIT")
-        .env_remove("GPUSLICE_LEDGER");
-    c
-}
+mod common;
+use common::{client, gpuslice};
 
 #[test]
 fn run_with_compute_holds_the_share_and_slices_shows_it() {

@@ -1,0 +1,33 @@
+//! Helpers shared by the tests that run `gpuslice` with the shim on the
+//! fake GPU host (memory cap, compute share).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use fakegpu::FakeHost;
+
+pub const GPUSLICE: &str = env!("CARGO_BIN_EXE_gpuslice");
+
+/// The shim's test client, built with the workspace.
+pub fn client() -> PathBuf {
+    fakegpu::artifact_dirs()
+        .into_iter()
+        .map(|d| d.join("gpuslice-shim-client"))
+        .find(|p| p.is_file())
+        .expect("gpuslice-shim-client built (cargo build -p gpuslice-shim)")
+}
+
+/// `gpuslice --host-root <fake> ARGS` with the fake driver's env, slice
+/// ledgers in `ledgers`, and none of the caller's slice settings.
+pub fn gpuslice(h: &FakeHost, ledgers: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(GPUSLICE);
+    c.arg("--host-root")
+        .arg(h.root())
+        .args(args)
+        .envs(h.env())
+        .env("GPUSLICE_LEDGER_DIR", ledgers)
+        .env_remove("GPUSLICE_MEMORY_LIMIT")
+        .env_remove("GPUSLICE_COMPUTE_LIMIT")
+        .env_remove("GPUSLICE_LEDGER");
+    c
+}
