@@ -6,9 +6,9 @@
 //! they say changes only when the driver is (re)loaded, the machine reboots
 //! or MIG instances are created or destroyed, so the inventory is cached
 //! under a key made of exactly those, each cheap to read: the boot id, the
-//! driver's version line, the name and inode of every
-//! `/proc/driver/nvidia/gpus/<bus>` (procfs gives new inodes when the
-//! module is reloaded) and the names in the MIG capability tree.
+//! driver's version line, the name, inode and creation time of every
+//! `/proc/driver/nvidia/gpus/<bus>` (new when the module is reloaded) and
+//! the names in the MIG capability tree.
 //!
 //! The cache is trusted only if it is a regular file owned by us (root for
 //! root) that nobody else may write: a root launcher must not take its view
@@ -33,8 +33,10 @@ struct Key {
     root: PathBuf,
     boot_id: String,
     driver_version_line: String,
-    /// `(bus id, inode)` of each `/proc/driver/nvidia/gpus/<bus>`.
-    gpus: Vec<(String, u64)>,
+    /// `(bus id, inode, ctime ns)` of each `/proc/driver/nvidia/gpus/<bus>`:
+    /// procfs may hand a reloaded module's dirs the same inode numbers, but
+    /// not the same creation time.
+    gpus: Vec<(String, u64, i64)>,
     /// Paths below `/proc/driver/nvidia/capabilities` (MIG instances).
     mig_tree: Vec<String>,
     use_nvml: bool,
@@ -102,9 +104,12 @@ fn key(root: &HostRoot, opts: &DiscoverOptions) -> Option<Key> {
     let version = fs::read_to_string(nvidia.join("version")).unwrap_or_default();
     let mut gpus = Vec::new();
     for e in fs::read_dir(nvidia.join("gpus")).ok()?.flatten() {
+        let meta = e.metadata().ok()?;
+        let ctime = meta.ctime() * 1_000_000_000 + meta.ctime_nsec();
         gpus.push((
             e.file_name().to_string_lossy().into_owned(),
-            e.metadata().ok()?.ino(),
+            meta.ino(),
+            ctime,
         ));
     }
     gpus.sort();
