@@ -10,8 +10,8 @@
 //! `/proc/driver/nvidia/gpus/<bus>` (new when the module is reloaded) and
 //! the names in the MIG capability tree.
 //!
-//! The cache is trusted only if it is a regular file owned by us (root for
-//! root) that nobody else may write: a root launcher must not take its view
+//! The cache is trusted only if it is a regular file owned by root or by us
+//! that nobody else may write: a root launcher must not take its view
 //! of the devices from a file an unprivileged user could have written.
 
 use super::{discover, DiscoverError, DiscoverOptions};
@@ -155,10 +155,10 @@ fn load(file: &Path, key: &Key) -> Option<Inventory> {
     (entry.key == *key).then_some(entry.inventory)
 }
 
+/// Written by root or by us, and by nobody else since.
 fn trusted(meta: &fs::Metadata) -> bool {
-    meta.file_type().is_file()
-        && meta.uid() == nix::unistd::geteuid().as_raw()
-        && meta.mode() & 0o022 == 0
+    let owner_ok = meta.uid() == 0 || meta.uid() == nix::unistd::geteuid().as_raw();
+    meta.file_type().is_file() && owner_ok && meta.mode() & 0o022 == 0
 }
 
 /// Write atomically (temporary file + rename), readable by all, writable by us.
