@@ -113,9 +113,10 @@ thread_local! {
 }
 
 fn elapsed_fn() -> Option<EventElapsed> {
-    // SAFETY: both names have this signature.
-    unsafe { EVENT_ELAPSED_V2.func::<EventElapsed>() }
-        .or_else(|| unsafe { EVENT_ELAPSED.func::<EventElapsed>() })
+    // SAFETY: cuEventElapsedTime_v2 has this signature.
+    let v2 = unsafe { EVENT_ELAPSED_V2.func::<EventElapsed>() };
+    // SAFETY: so does cuEventElapsedTime, its predecessor.
+    v2.or_else(|| unsafe { EVENT_ELAPSED.func::<EventElapsed>() })
 }
 
 /// Whether launches on device ordinal `dev` are metered: the share (basis
