@@ -16,7 +16,8 @@ command -v protoc >/dev/null || need_pkgs+=(protobuf-compiler)
 # image made from busybox-static with podman import.
 command -v podman >/dev/null || need_pkgs+=(podman)
 command -v runc >/dev/null || need_pkgs+=(runc)
-[ -x /bin/busybox ] || need_pkgs+=(busybox-static)
+# A dynamically linked busybox would not run in the imported image.
+dpkg -s busybox-static >/dev/null 2>&1 || need_pkgs+=(busybox-static)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
