@@ -3,9 +3,10 @@
 //! A collector thread samples, every interval, per-GPU telemetry from NVML
 //! (under the host-root rules of [`gpuslice_core::discover`]), per-slice
 //! memory accounting from the ledgers, and pod assignments from the kubelet
-//! PodResources API, and renders the result once. `/metrics` serves the last
-//! rendering plus `gpuslice_exporter_sample_age_seconds`: a scrape never
-//! waits on NVML, the ledgers or the kubelet.
+//! PodResources API, and renders the result once; XID counters come from
+//! an NVML event set waited on in a thread of its own ([`xid`]). `/metrics`
+//! serves the last rendering plus `gpuslice_exporter_sample_age_seconds`: a
+//! scrape never waits on NVML, the ledgers or the kubelet.
 
 pub mod bench;
 pub mod gpu;
@@ -13,6 +14,7 @@ pub mod pods;
 pub mod sample;
 pub mod server;
 pub mod slices;
+pub mod xid;
 
 use anyhow::{anyhow, Context, Result};
 use gpuslice_core::discover::{discover, DiscoverOptions, DEFAULT_NVML_LIB};
@@ -161,6 +163,8 @@ struct Collector {
     nvml: Option<Nvml>,
     last_discovery: Option<Instant>,
     collections: u64,
+    /// XID events, watched once NVML is loaded.
+    xid: Option<xid::Watcher>,
     rt: Option<tokio::runtime::Runtime>,
 }
 
@@ -177,6 +181,7 @@ impl Collector {
             nvml: None,
             last_discovery: None,
             collections: 0,
+            xid: None,
             rt,
         }
     }
@@ -227,7 +232,11 @@ impl Collector {
                         .lib_path(std::ffi::OsStr::new(DEFAULT_NVML_LIB))
                         .init()
                     {
-                        Ok(n) => self.nvml = Some(n),
+                        Ok(n) => {
+                            self.nvml = Some(n);
+                            let uuids = inv.gpus.iter().map(|g| g.uuid.clone()).collect();
+                            self.xid = Some(xid::Watcher::start(DEFAULT_NVML_LIB, uuids));
+                        }
                         Err(e) => tracing::warn!("NVML: {e}"),
                     }
                 } else if let Some(why) = &inv.nvml_error {
@@ -260,6 +269,11 @@ impl Collector {
             &Labels::new(),
             f64::from(u8::from(nvml_ok)),
         );
+        self.xid
+            .as_ref()
+            .map(xid::Watcher::counts)
+            .unwrap_or_default()
+            .push(self.inventory.as_ref(), &mut s);
         slices::collect(&self.cfg.ledger_dir, self.inventory.as_ref(), &mut s);
         self.collect_pods(&mut s);
         self.collections += 1;

@@ -57,6 +57,8 @@ metrics! {
     GPU_REMAPPED: Gauge "gpu_remapped_rows" "Memory rows remapped, by cause (Ampere and later)";
     GPU_REMAP_PENDING: Gauge "gpu_row_remap_pending" "1 when a row remap waits for a GPU reset";
     GPU_REMAP_FAILED: Gauge "gpu_row_remap_failed" "1 when a row remap has failed";
+    GPU_XID_ERRORS: Counter "gpu_xid_errors" "Critical XID events on the GPU since the exporter started, by XID code (NVML events)";
+    GPU_LAST_XID: Gauge "gpu_last_xid" "The last XID code seen on the GPU since the exporter started (absent when none)";
     GPU_POD_INFO: Gauge "gpu_pod_info" "A container the kubelet assigned this GPU (or one of its replicas) to (value 1)";
     SLICE_CAP: Gauge "slice_memory_cap_bytes" "A slice's GPU memory cap on a device (absent when unlimited)";
     SLICE_USED: Gauge "slice_memory_used_bytes" "GPU memory a slice's processes hold on a device (from its ledger)";
@@ -67,6 +69,7 @@ metrics! {
     SLICE_COMPUTE_BUSY: Counter "slice_compute_gpu_seconds" "GPU time a slice's metered launches took on a device (measured with events)";
     SLICE_COMPUTE_THROTTLED: Counter "slice_compute_throttled_seconds" "Wall time a slice's launches were held back by its compute share (summed over threads)";
     EXP_NVML_UP: Gauge "exporter_nvml_up" "1 when the last collection read NVML";
+    EXP_XID_UP: Gauge "exporter_xid_events_up" "1 while NVML XID events are watched (0: unsupported, so the XID series are absent)";
     EXP_PODRES_UP: Gauge "exporter_pod_resources_up" "1 when the last collection listed pods from the kubelet PodResources API (absent when its socket is missing)";
     EXP_COLLECT: Gauge "exporter_collect_duration_seconds" "How long the last collection took";
     EXP_COLLECTIONS: Counter "exporter_collections" "Collections since start";

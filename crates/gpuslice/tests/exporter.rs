@@ -213,6 +213,23 @@ fn prometheus_scrapes_gpus_slices_and_pods() {
         std::thread::sleep(Duration::from_millis(50));
     }
 
+    // XID 79 on GPU 2, once the exporter's event set is registered (the
+    // fake NVML delivers only what is injected after that).
+    let metrics_with = |want: &str| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let text = http_get(exporter_addr, "/metrics").unwrap_or_default();
+            if text.contains(want) {
+                return text;
+            }
+            assert!(Instant::now() < deadline, "no {want:?} in:\n{text}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    metrics_with("\ngpuslice_exporter_xid_events_up 1.0\n");
+    host.inject_xid(2, 79).unwrap();
+    metrics_with("xid=\"79\"");
+
     // The classic text format passes promtool's checks.
     let text = http_get(exporter_addr, "/metrics").unwrap();
     assert!(text.contains("gpuslice_slice_memory_used_bytes{"), "{text}");
@@ -320,6 +337,22 @@ fn prometheus_scrapes_gpus_slices_and_pods() {
     expect_value(prom, r#"count(gpuslice_gpu_energy_joules_total > 0)"#, 8.0);
     expect_value(prom, "gpuslice_exporter_nvml_up", 1.0);
     expect_value(prom, "gpuslice_exporter_sample_age_seconds < bool 5", 1.0);
+
+    // XID counters from NVML events: only GPU 2 has one.
+    let g2 = format!(
+        r#"gpu="2",uuid="{}",pci_bus_id="{}",model="NVIDIA H200""#,
+        uuid(2),
+        host.gpus()[2].pci_bus_id
+    );
+    expect_value(prom, "gpuslice_exporter_xid_events_up", 1.0);
+    expect_value(
+        prom,
+        &format!(r#"gpuslice_gpu_xid_errors_total{{{g2},xid="79"}}"#),
+        1.0,
+    );
+    expect_value(prom, &format!("gpuslice_gpu_last_xid{{{g2}}}"), 79.0);
+    expect_value(prom, "count(gpuslice_gpu_xid_errors_total)", 1.0);
+    expect_value(prom, "count(gpuslice_gpu_last_xid)", 1.0);
 
     // Slice metrics from the live ledger.
     let s1 = format!(r#"slice="exp-test",gpu="1",uuid="{}""#, uuid(1));
