@@ -9,7 +9,6 @@
 use crate::gpu;
 use crate::sample::{self as m, Labels, Sample};
 use gpuslice_core::Inventory;
-use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Nvml;
@@ -116,31 +115,7 @@ fn watch_loop(
         .lib_path(std::ffi::OsStr::new(lib))
         .init()
         .map_err(|e| format!("NVML: {e}"))?;
-    let mut set = nvml
-        .create_event_set()
-        .map_err(|e| format!("NVML event set: {e}"))?;
-    let mut registered = 0;
-    for uuid in uuids {
-        let dev = nvml
-            .device_by_uuid(uuid.as_str())
-            .map_err(|e| format!("NVML device {uuid}: {e}"))?;
-        match dev.register_events(EventTypes::CRITICAL_XID_ERROR, set) {
-            Ok(s) => {
-                set = s;
-                registered += 1;
-            }
-            Err(e) => {
-                // The set is released on failure: make a new one.
-                tracing::warn!("{uuid}: XID events not supported: {e}");
-                set = nvml
-                    .create_event_set()
-                    .map_err(|e| format!("NVML event set: {e}"))?;
-            }
-        }
-    }
-    if registered == 0 {
-        return Err("no GPU supports XID events".into());
-    }
+    let set = gpuslice_core::xid::watch_xid_events(&nvml, uuids)?;
     lock(counts).up = true;
     while !stop.load(Ordering::Relaxed) {
         match set.wait(WAIT_MS) {

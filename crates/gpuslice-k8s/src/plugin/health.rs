@@ -10,7 +10,6 @@
 
 use super::config::Health as HealthCfg;
 use gpuslice_core::Inventory;
-use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Nvml;
@@ -87,31 +86,8 @@ fn watch_loop(
         .lib_path(lib.as_os_str())
         .init()
         .map_err(|e| format!("NVML: {e}"))?;
-    let mut set = nvml
-        .create_event_set()
-        .map_err(|e| format!("NVML event set: {e}"))?;
-    let mut registered = 0;
-    for (index, uuid) in gpus {
-        let dev = nvml
-            .device_by_uuid(uuid.as_str())
-            .map_err(|e| format!("NVML device {uuid}: {e}"))?;
-        match dev.register_events(EventTypes::CRITICAL_XID_ERROR, set) {
-            Ok(s) => {
-                set = s;
-                registered += 1;
-            }
-            Err(e) => {
-                // The set is released on failure: make a new one.
-                tracing::warn!("health: GPU {index}: XID events not supported: {e}");
-                set = nvml
-                    .create_event_set()
-                    .map_err(|e| format!("NVML event set: {e}"))?;
-            }
-        }
-    }
-    if registered == 0 && !gpus.is_empty() {
-        return Err("no GPU supports XID events".into());
-    }
+    let uuids: Vec<String> = gpus.iter().map(|(_, uuid)| uuid.clone()).collect();
+    let set = gpuslice_core::xid::watch_xid_events(&nvml, &uuids)?;
     tx.send_modify(|s| s.watching = "events".into());
     let recover = Duration::from_secs(cfg.recover_after_seconds);
     // GPU index -> time of its last critical XID.
