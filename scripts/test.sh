@@ -33,4 +33,4 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 # The fake driver is a cdylib the tests load at run time: build it first.
 cargo build --workspace --all-targets
-cargo test --workspace -- --test-threads=2
+cargo test --workspace --no-fail-fast -- --test-threads=2

@@ -202,7 +202,8 @@ impl Ring {
             if self.len.get() == DEPTH {
                 self.wait_oldest(ledger);
             }
-            self.gate(ledger, dev, share);
+            let est = ESTIMATE[kind as usize][dev].load(Ordering::Relaxed);
+            self.gate(ledger, dev, share, est);
         });
         let est = ESTIMATE[kind as usize][dev].load(Ordering::Relaxed);
         ledger.compute_charge(dev, est as i64);
@@ -323,16 +324,39 @@ impl Ring {
     }
 
     /// Waits while the slice's bucket of `dev` is empty.
-    fn gate(&self, ledger: &Ledger, dev: usize, share: u64) {
+    ///
+    /// Fairness between the processes (and threads) of one slice: a
+    /// launcher that has just been served comes back to an empty bucket
+    /// first, so if every waiter napped only until the bucket refills, the
+    /// last winner would also be the first to wake and win again (we saw
+    /// one of three processes take 77 % of a shared budget). Two rules
+    /// approximate first come, first served without any shared queue:
+    /// - a launcher that finds the bucket empty on arrival goes to the back
+    ///   of the line: its first nap is longer by one launch's worth of
+    ///   refill (`est`, at most half the burst);
+    /// - a waiter ages: it may start once the bucket is within what
+    ///   accrued while it waited (at most `est`) of empty, so the oldest
+    ///   waiter wakes and goes first.
+    ///
+    /// The debt this allows is bounded by one launch, so the long-run rate
+    /// is still exactly the share; alone, a launcher loses nothing (the
+    /// bucket keeps refilling during its longer first nap).
+    fn gate(&self, ledger: &Ledger, dev: usize, share: u64, est: u64) {
+        let share = share.max(1);
+        let limit = est.min(ledger.compute_burst(dev) / 2);
         let t0 = now_ns();
         let mut now = t0;
+        let mut behind = limit;
         loop {
             let tokens = ledger.compute_tokens(dev, now);
-            if tokens > 0 {
+            let aged = (u128::from(now - t0) * u128::from(share) / u128::from(FULL_SHARE))
+                .min(u128::from(limit)) as i64;
+            if tokens.saturating_add(aged) > 0 {
                 break;
             }
-            let debt = tokens.unsigned_abs() + 1;
-            let wall = (u128::from(debt) * u128::from(FULL_SHARE) / u128::from(share.max(1)))
+            let debt = (tokens.unsigned_abs() + 1).saturating_sub(aged as u64)
+                + std::mem::take(&mut behind);
+            let wall = (u128::from(debt) * u128::from(FULL_SHARE) / u128::from(share))
                 .min(u128::from(MAX_NAP_NS)) as u64;
             nap(wall.max(MIN_NAP_NS));
             self.harvest(ledger);
