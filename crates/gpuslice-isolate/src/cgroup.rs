@@ -425,6 +425,15 @@ impl SliceCgroup {
         OpenOptions::new().write(true).open(self.procs_file())
     }
 
+    /// Opens the cgroup's directory (close-on-exec), for
+    /// `clone3(CLONE_INTO_CGROUP)`; cgroup v2 only.
+    pub fn open_dir(&self) -> io::Result<Option<File>> {
+        match self.version {
+            Version::V2 => File::open(&self.path).map(Some),
+            Version::V1 => Ok(None),
+        }
+    }
+
     /// Moves process `pid` (all its threads) into the cgroup.
     pub fn add_pid(&self, pid: u32) -> Result<(), CgroupError> {
         fs::write(self.procs_file(), pid.to_string()).map_err(|source| CgroupError::AddPid {

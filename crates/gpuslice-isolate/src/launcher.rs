@@ -11,6 +11,7 @@
 
 use crate::cgroup::{self, CgroupDriver, SliceCgroup};
 use crate::devfs::{self, NodeMode};
+use crate::spawn::{self, Forked};
 use crate::{driver_proc, strict};
 use gpuslice_core::{DevicePolicy, HostRoot};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
@@ -144,15 +145,26 @@ pub fn launch(
             what: "opening the slice cgroup",
             source,
         })?;
+    let cgroup_dir = cgroup
+        .as_ref()
+        .map(|c| c.open_dir())
+        .transpose()
+        .map_err(|source| LaunchError::Sys {
+            what: "opening the slice cgroup",
+            source,
+        })?
+        .flatten();
     let old_mask = &signals.old_mask;
     let (err_rx, err_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(sys("pipe"))?;
 
     // SAFETY: the child runs ordinary Rust code until exec. gpuslice run
-    // starts no threads of its own; if NVML did, glibc's fork handlers
-    // leave malloc and stdio usable in the child, and the child calls
-    // nothing else another thread could hold a lock in.
-    let child = match unsafe { fork() }.map_err(sys("fork"))? {
-        ForkResult::Child => {
+    // starts no threads of its own (the clone3 path checks there is none);
+    // if NVML did, glibc's fork handlers leave malloc and stdio usable in
+    // the child, and the child calls nothing else another thread could
+    // hold a lock in.
+    let (forked, procs) = unsafe { fork_child(cgroup_dir.as_ref(), procs) }?;
+    let child = match forked {
+        Forked::Child => {
             drop(err_rx);
             let (code, err) = child_main(plan, procs, old_mask, cmd).unwrap_err();
             let mut tx = File::from(err_tx);
@@ -161,7 +173,7 @@ pub fn launch(
             // parent's state that this forked copy must not run.
             unsafe { libc::_exit(code) }
         }
-        ForkResult::Parent { child } => child,
+        Forked::Parent(child) => child,
     };
     drop(err_tx);
     drop(procs);
@@ -183,6 +195,38 @@ pub fn launch(
         }),
         None => code,
     }
+}
+
+/// Forks the child: straight into the cgroup v2 directory when there is
+/// one and the kernel allows ([`spawn`]), else a plain fork; returns the
+/// `cgroup.procs` file the child must still join through (None once it is
+/// in).
+///
+/// # Safety
+///
+/// As `fork(2)`.
+unsafe fn fork_child(
+    cgroup_dir: Option<&File>,
+    procs: Option<File>,
+) -> Result<(Forked, Option<File>), LaunchError> {
+    if let Some(dir) = cgroup_dir {
+        // SAFETY: passed on from the caller.
+        match unsafe { spawn::fork_into_cgroup(dir.as_fd()) } {
+            Ok(forked) => {
+                if let Forked::Parent(pid) = forked {
+                    tracing::debug!(%pid, "forked into the slice cgroup (clone3)");
+                }
+                return Ok((forked, None));
+            }
+            Err(e) => tracing::debug!("clone3 into the cgroup refused ({e}); fork and join"),
+        }
+    }
+    // SAFETY: passed on from the caller.
+    let forked = match unsafe { fork() }.map_err(sys("fork"))? {
+        ForkResult::Child => Forked::Child,
+        ForkResult::Parent { child } => Forked::Parent(child),
+    };
+    Ok((forked, procs))
 }
 
 fn read_to_end(fd: OwnedFd) -> Option<String> {

@@ -481,3 +481,44 @@ fn the_inventory_is_cached_between_launches() {
     assert!(launch().contains("cached=false"));
     assert!(launch().contains("cached=true"));
 }
+
+#[test]
+fn the_child_starts_inside_its_cgroup_with_either_version() {
+    let h = host(2, true);
+    for cg in ["v1", "v2"] {
+        let out = gpuslice(
+            &h,
+            &[
+                "run",
+                "--gpus",
+                "1",
+                "--cgroup",
+                cg,
+                "--",
+                "cat",
+                "/proc/self/cgroup",
+            ],
+        )
+        .env("GPUSLICE_LOG_LEVEL", "debug")
+        .output()
+        .unwrap();
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert!(out.status.success(), "{stderr}");
+        let line = if cg == "v2" {
+            "0::/gpuslice/"
+        } else {
+            ":devices:/gpuslice/"
+        };
+        assert!(stdout.contains(line), "--cgroup {cg}: {stdout}");
+        // On cgroup v2 the child is created in the cgroup (Linux >= 5.7);
+        // v1 has no such clone and joins by writing cgroup.procs.
+        assert_eq!(
+            stderr.contains("forked into the slice cgroup (clone3)"),
+            cg == "v2",
+            "--cgroup {cg}: {stderr}"
+        );
+    }
+}

@@ -435,3 +435,16 @@ fn strip_host_root_writes_host_paths() {
         "{paths:?}"
     );
 }
+
+#[test]
+fn the_built_in_schema_is_enforced_without_remote_resolving() {
+    // vendor/container-device-interface builds jsonschema without its
+    // HTTP/file resolvers: the built-in schema must still compile and
+    // reject what it forbids (here: deviceNodes entries without a path).
+    use container_device_interface::schema::validate_builtin;
+    let good = "cdiVersion: 0.5.0\nkind: gpuslice.dev/gpu\ndevices:\n- name: '0'\n  containerEdits:\n    deviceNodes:\n    - path: /dev/nvidia0\n";
+    validate_builtin(good.as_bytes()).expect("a valid spec");
+    let bad = good.replace("- path: /dev/nvidia0", "- major: 195");
+    let err = validate_builtin(bad.as_bytes()).unwrap_err();
+    assert!(format!("{err:#}").contains("path"), "{err:#}");
+}
