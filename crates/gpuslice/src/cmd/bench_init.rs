@@ -957,7 +957,7 @@ fn svg(spec: &Spec, cells: &[Cell], doc: &Value) -> Result<String> {
 }
 
 /// Facts about the machine, read before the first run.
-fn host_facts(cli: &Cli, inv: &Inventory) -> Value {
+pub(crate) fn host_facts(cli: &Cli, inv: &Inventory) -> Value {
     let read = |p: &str| {
         std::fs::read_to_string(p)
             .ok()
@@ -1051,7 +1051,7 @@ fn persistence_modes(cli: &Cli, inv: &Inventory) -> Result<BTreeMap<String, bool
 }
 
 /// (ISO 8601 UTC date-time, compact stamp for file names).
-fn utc_now() -> (String, String) {
+pub(crate) fn utc_now() -> (String, String) {
     let secs = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64);

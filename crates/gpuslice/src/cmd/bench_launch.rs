@@ -8,6 +8,8 @@
 use crate::cli::Cli;
 use crate::stats::Summary;
 use anyhow::{bail, Context, Result};
+use gpuslice_core::discover::{discover, DiscoverOptions};
+use gpuslice_core::HostRoot;
 use gpuslice_isolate::launcher::pidfd_open;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::unistd::Pid;
@@ -39,6 +41,9 @@ struct Variant {
 }
 
 pub fn run(cli: &Cli, args: &LaunchArgs) -> Result<i32> {
+    let (date, _) = super::bench_init::utc_now();
+    let inv = discover(&HostRoot::new(&cli.host_root), &DiscoverOptions::default())?;
+    let host = super::bench_init::host_facts(cli, &inv);
     let variants = variants(cli, args)?;
     for v in &variants {
         timed_run(v)?;
@@ -56,6 +61,11 @@ pub fn run(cli: &Cli, args: &LaunchArgs) -> Result<i32> {
     let bare = summaries[0].median;
     let result = json!({
         "benchmark": "launch",
+        "date": date,
+        "argv": std::env::args().collect::<Vec<_>>(),
+        "host_root": cli.host_root,
+        "inventory_cache_dir": std::env::var(gpuslice_core::discover::cache::CACHE_DIR_ENV).ok(),
+        "host": host,
         "runs": args.runs,
         "command": args.cmd,
         "gpus": args.gpus,
