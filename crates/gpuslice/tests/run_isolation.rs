@@ -208,6 +208,16 @@ fn full_isolation_does_not_recreate_nodes_and_masks_proc() {
     // The host's tree is untouched.
     let params = std::fs::read_to_string(h.root().join("proc/driver/nvidia/params")).unwrap();
     assert!(params.contains("ModifyDeviceFiles: 1"));
+
+    // Every masked dir (one tmpfs, the others bind mounts of it) is empty
+    // and read-only, even for root.
+    let script = format!(
+        "for d in {r}/proc/driver/nvidia/gpus/*; do [ -e $d/information ] && continue; \
+         touch $d/x 2>/dev/null && echo writable || echo ro; done",
+        r = h.root().display()
+    );
+    let out = open_in_slice(&h, &["--gpus", "0"], &script);
+    assert_eq!(out, "ro\nro\nro\n");
 }
 
 #[test]
