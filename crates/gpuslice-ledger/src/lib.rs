@@ -38,6 +38,7 @@
 //!
 //! Nothing on the reservation path allocates, locks, or makes a syscall.
 
+pub mod board;
 mod map;
 pub mod procfs;
 
@@ -1050,6 +1051,13 @@ impl Ledger {
     /// GPU time; negative when the slice is in debt). Lock-free: whoever
     /// advances the refill time by compare-and-swap adds what accrued.
     pub fn compute_tokens(&self, dev: usize, now_ns: u64) -> i64 {
+        self.compute_tokens_at(dev, now_ns, None)
+    }
+
+    /// [`Ledger::compute_tokens`], refilling at `rate_bp` (basis points of
+    /// wall time) instead of the slice's share when given: a guaranteed
+    /// share borrowing idle time (see [`board`]). Never below the share.
+    pub fn compute_tokens_at(&self, dev: usize, now_ns: u64, rate_bp: Option<u64>) -> i64 {
         if !self.has_compute(dev) {
             return i64::MAX;
         }
@@ -1062,6 +1070,7 @@ impl Ledger {
                 .is_ok()
         {
             let share = self.cword(dev, C_SHARE).load(Ordering::Relaxed);
+            let share = rate_bp.map_or(share, |r| r.clamp(share, FULL_SHARE));
             let burst = self
                 .cword(dev, C_BURST)
                 .load(Ordering::Relaxed)

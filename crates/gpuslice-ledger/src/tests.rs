@@ -402,3 +402,31 @@ fn the_compute_bucket_refills_at_the_share_and_is_shared() {
     assert_eq!((c[0].throttled_ns, c[0].delayed_launches), (500, 1));
     assert_eq!(c[1].share_bp, None);
 }
+
+#[test]
+fn a_borrowing_refill_is_never_below_the_share_nor_above_all_of_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("g.ledger");
+    let l = Ledger::create(&p, "g", &specs(&[UNLIMITED])).unwrap();
+    l.set_compute(0, 2500, 100_000_000).unwrap();
+    assert_eq!(
+        l.compute_tokens_at(0, 1_000_000_000, Some(9000)),
+        100_000_000
+    );
+    l.compute_charge(0, 200_000_000);
+    // 10 ms at a borrowed 90 %: 9 ms back.
+    assert_eq!(
+        l.compute_tokens_at(0, 1_010_000_000, Some(9000)),
+        -91_000_000
+    );
+    // A rate below the share refills at the share (2.5 ms per 10 ms).
+    assert_eq!(
+        l.compute_tokens_at(0, 1_020_000_000, Some(100)),
+        -88_500_000
+    );
+    // Above 100 % is 100 %.
+    assert_eq!(
+        l.compute_tokens_at(0, 1_030_000_000, Some(50_000)),
+        -78_500_000
+    );
+}

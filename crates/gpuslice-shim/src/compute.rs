@@ -59,7 +59,7 @@ pub enum Kind {
 static ESTIMATE: [[AtomicU64; MAX_DEVICES]; 2] =
     [const { [const { AtomicU64::new(0) }; MAX_DEVICES] }; 2];
 
-fn now_ns() -> u64 {
+pub(crate) fn now_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -228,7 +228,7 @@ impl Ring {
         } else {
             // Not measurable (another context's stream, no events): the
             // estimate stays charged.
-            ledger.compute_record(dev, est, 1);
+            record(ledger, dev, est);
         }
         rc
     }
@@ -299,7 +299,7 @@ impl Ring {
         } else {
             est
         };
-        ledger.compute_record(dev, ns, 1);
+        record(ledger, dev, ns);
         self.head.set((self.head.get() + 1) % DEPTH);
         self.len.set(self.len.get() - 1);
     }
@@ -342,13 +342,16 @@ impl Ring {
     /// is still exactly the share; alone, a launcher loses nothing (the
     /// bucket keeps refilling during its longer first nap).
     fn gate(&self, ledger: &Ledger, dev: usize, share: u64, est: u64) {
-        let share = share.max(1);
+        let boards = shim().boards.as_ref();
         let limit = est.min(ledger.compute_burst(dev) / 2);
         let t0 = now_ns();
         let mut now = t0;
         let mut behind = limit;
         loop {
-            let tokens = ledger.compute_tokens(dev, now);
+            // A guaranteed share refills faster while the GPU has idle time.
+            let rate = boards.and_then(|b| b.rate(dev, now));
+            let share = rate.unwrap_or(share).max(1);
+            let tokens = ledger.compute_tokens_at(dev, now, rate);
             let aged = (u128::from(now - t0) * u128::from(share) / u128::from(FULL_SHARE))
                 .min(u128::from(limit)) as i64;
             if tokens.saturating_add(aged) > 0 {
@@ -365,6 +368,15 @@ impl Ring {
         if now > t0 {
             ledger.compute_throttled(dev, now - t0);
         }
+    }
+}
+
+/// Books `ns` of GPU time for one launch on `dev`: in the ledger, and on
+/// the GPU's board when the slice has a seat there.
+fn record(ledger: &Ledger, dev: usize, ns: u64) {
+    ledger.compute_record(dev, ns, 1);
+    if let Some(b) = &shim().boards {
+        b.record(dev, ns, now_ns());
     }
 }
 

@@ -1,5 +1,6 @@
 //! The shim's configuration, read once from the environment.
 
+use gpuslice_ledger::board::Mode;
 use gpuslice_ledger::{MAX_DEVICES, UNLIMITED};
 
 pub use gpuslice_ledger::parse_size;
@@ -25,6 +26,10 @@ pub struct Config {
     /// Compute share per device ordinal in basis points (0: none), from
     /// `GPUSLICE_COMPUTE_LIMIT` (percent, applies to every visible device).
     pub compute: Vec<u64>,
+    /// `GPUSLICE_COMPUTE_MODE`: `cap` (default) or `guaranteed`.
+    pub compute_mode: Mode,
+    /// `GPUSLICE_BOARD_DIR`: where the GPUs' boards are.
+    pub board_dir: String,
     pub errors: Vec<String>,
 }
 
@@ -100,6 +105,16 @@ impl Config {
             visible.len().min(MAX_DEVICES)
         };
         let compute = vec![compute_bp; compute_count];
+        let compute_mode = match get("GPUSLICE_COMPUTE_MODE").as_deref().map(str::trim) {
+            None | Some("") | Some("cap") => Mode::Cap,
+            Some("guaranteed") => Mode::Guaranteed,
+            Some(v) => {
+                errors.push(format!(
+                    "GPUSLICE_COMPUTE_MODE={v:?} is neither cap nor guaranteed; using cap"
+                ));
+                Mode::Cap
+            }
+        };
         let log = get("GPUSLICE_LOG").is_some_and(|v| !matches!(v.as_str(), "" | "0" | "off"));
         Config {
             caps,
@@ -111,6 +126,10 @@ impl Config {
             log,
             nvml,
             compute,
+            compute_mode,
+            board_dir: get(gpuslice_ledger::board::BOARD_DIR_ENV)
+                .filter(|d| !d.is_empty())
+                .unwrap_or_else(|| gpuslice_ledger::board::DEFAULT_BOARD_DIR.into()),
             errors,
         }
     }

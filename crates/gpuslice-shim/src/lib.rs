@@ -13,13 +13,15 @@
 //! - Configuration (read once, in the library constructor):
 //!   `GPUSLICE_MEMORY_LIMIT` / `GPUSLICE_MEMORY_LIMIT_<i>`,
 //!   `GPUSLICE_LEDGER`, `GPUSLICE_SLICE`, `GPUSLICE_CONTEXT_BYTES`,
-//!   `GPUSLICE_COMPUTE_LIMIT`, `GPUSLICE_LOG`. With no cap, `dlsym` and
+//!   `GPUSLICE_COMPUTE_LIMIT`, `GPUSLICE_COMPUTE_MODE` (`cap` or
+//!   `guaranteed`, see [`borrow`]), `GPUSLICE_BOARD_DIR`, `GPUSLICE_LOG`. With no cap, `dlsym` and
 //!   `cuGetProcAddress` hand back the driver's own functions (with no
 //!   compute share, the driver's own launch functions).
 //!
 //! No panic crosses the C boundary: every entry point runs under
 //! `catch_unwind`.
 
+mod borrow;
 mod compute;
 mod config;
 mod cuda;

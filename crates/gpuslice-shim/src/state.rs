@@ -6,6 +6,9 @@ use std::sync::OnceLock;
 
 use gpuslice_ledger::{DeviceSpec, Ledger, Slot, MAX_DEVICES, UNLIMITED};
 
+use std::path::Path;
+
+use crate::borrow::Boards;
 use crate::config::{Config, NvmlMatch};
 use crate::sys::log_line;
 
@@ -18,6 +21,9 @@ pub struct Shim {
     pub compute_active: bool,
     /// Compute share per device ordinal in basis points (0: none).
     pub compute: [u64; MAX_DEVICES],
+    /// Seats on the GPUs' boards (work-conserving mode, or a capped slice
+    /// on a GPU where others borrow); None: none.
+    pub boards: Option<Boards>,
     pub caps: [u64; MAX_DEVICES],
     pub context_bytes: u64,
     pub log: bool,
@@ -80,6 +86,10 @@ impl Shim {
         let memory_active = caps.iter().any(|&c| c != UNLIMITED);
         let compute_active = compute.iter().any(|&c| c != 0);
         let ledger = ledger.filter(|_| memory_active || compute_active);
+        let boards = ledger
+            .as_ref()
+            .filter(|_| compute_active)
+            .and_then(|l| Boards::open(l, &compute, cfg.compute_mode, Path::new(&cfg.board_dir)));
         if log {
             let where_ = ledger.as_ref().map_or("none (no cap)".to_string(), |l| {
                 l.path()
@@ -96,10 +106,16 @@ impl Shim {
                 .map(|c| format!("{}%", *c as f64 / 100.0))
                 .collect();
             log_line(&format!(
-                "pid {} ledger {where_} caps [{}] compute [{}]",
+                "pid {} ledger {where_} caps [{}] compute [{}] mode {:?}{}",
                 std::process::id(),
                 shown.join(","),
-                shares.join(",")
+                shares.join(","),
+                cfg.compute_mode,
+                if boards.is_some() {
+                    " (on the board)"
+                } else {
+                    ""
+                }
             ));
         }
         Shim {
@@ -107,6 +123,7 @@ impl Shim {
             memory_active,
             compute_active,
             compute,
+            boards,
             caps,
             context_bytes: cfg.context_bytes,
             log,

@@ -42,6 +42,10 @@ impl Slice {
         }
     }
 
+    fn boards(&self) -> PathBuf {
+        self.dir.path().join("boards")
+    }
+
     fn ledger_path(&self, name: &str) -> PathBuf {
         self.dir.path().join(format!("{name}.ledger"))
     }
@@ -54,6 +58,8 @@ impl Slice {
             .env("GPUSLICE_LEDGER", self.ledger_path(name))
             .env("GPUSLICE_SLICE", name)
             .env("CUDA_VISIBLE_DEVICES", &self.host.gpus()[0].uuid)
+            .env("GPUSLICE_BOARD_DIR", self.boards())
+            .env_remove("GPUSLICE_COMPUTE_MODE")
             .env_remove("GPUSLICE_MEMORY_LIMIT")
             .env_remove("GPUSLICE_LOG")
             .stdout(Stdio::piped())
@@ -230,4 +236,54 @@ fn without_a_share_the_driver_s_own_launch_functions_are_handed_out() {
             "{via} {name} with a compute share"
         );
     }
+}
+
+/// Runs `(slice, share %, mode)` clients side by side on the one fake GPU
+/// (kernels of 200 µs) and returns each one's achieved share.
+fn side_by_side(s: &Slice, clients: &[(&str, &str, &str)]) -> Vec<f64> {
+    let children: Vec<Child> = clients
+        .iter()
+        .map(|(name, pct, mode)| {
+            let mut c = s.client(
+                name,
+                Some(pct),
+                &[
+                    "--via", "procaddr", "compute", "kernel", KERNEL_NS, SECONDS, WARMUP,
+                ],
+            );
+            c.env("GPUSLICE_COMPUTE_MODE", mode);
+            spawn(c)
+        })
+        .collect();
+    children
+        .into_iter()
+        .map(|c| share(&result(c.wait_with_output().unwrap())))
+        .collect()
+}
+
+#[test]
+fn a_guaranteed_share_borrows_idle_time_and_gives_it_back() {
+    // Alone, a guaranteed 30 % may use all but the 5 % margin.
+    let alone = side_by_side(&Slice::new(), &[("g", "30", "guaranteed")]);
+    assert!(alone[0] > 85.0, "guaranteed 30% alone: {alone:?}");
+    // The same slice as a hard cap stays at 30 %.
+    let capped = side_by_side(&Slice::new(), &[("c", "30", "cap")]);
+    assert!((capped[0] - 30.0).abs() <= 3.0, "cap 30% alone: {capped:?}");
+    // Beside a busy capped 50 %: that slice keeps its 50 %, the borrower
+    // takes what is left (100 - 50 - 5).
+    let pair = side_by_side(
+        &Slice::new(),
+        &[("g", "30", "guaranteed"), ("b", "50", "cap")],
+    );
+    assert!((pair[1] - 50.0).abs() <= 3.0, "the capped slice: {pair:?}");
+    assert!((pair[0] - 45.0).abs() <= 5.0, "the borrower: {pair:?}");
+    // Two borrowers, 30 and 60: each keeps its guarantee, and together
+    // they leave the margin.
+    let two = side_by_side(
+        &Slice::new(),
+        &[("g1", "30", "guaranteed"), ("g2", "60", "guaranteed")],
+    );
+    assert!(two[0] >= 28.0 && two[1] >= 58.0, "guarantees: {two:?}");
+    assert!(two[0] + two[1] <= 97.0, "sum: {two:?}");
+    eprintln!("alone {alone:?} capped {capped:?} pair {pair:?} two {two:?}");
 }

@@ -122,6 +122,16 @@ pub struct RunArgs {
     #[arg(long, value_name = "PCT")]
     pub compute: Option<String>,
 
+    /// How --compute applies: `cap` never lets the slice exceed its share; `guaranteed` lets it also use GPU time the other slices of its GPUs leave idle (work-conserving), falling back to its share when they are busy.
+    #[arg(
+        long,
+        value_enum,
+        value_name = "MODE",
+        default_value = "cap",
+        requires = "compute"
+    )]
+    pub compute_mode: ComputeMode,
+
     /// Share a CUDA JIT cache between slices (sets CUDA_CACHE_PATH and CUDA_CACHE_MAXSIZE).
     #[arg(long, value_name = "DIR")]
     pub cuda_cache: Option<PathBuf>,
@@ -129,6 +139,13 @@ pub struct RunArgs {
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<OsString>,
+}
+
+/// `run --compute-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ComputeMode {
+    Cap,
+    Guaranteed,
 }
 
 #[derive(Debug, Subcommand)]

@@ -75,7 +75,13 @@ fn run_with_compute_holds_the_share_and_slices_shows_it() {
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     let got = v["share"].as_f64().unwrap() * 100.0;
     assert!((got - 40.0).abs() <= 3.0, "achieved {got:.1}%: {v}");
-    assert_eq!(std::fs::read_dir(ledgers.path()).unwrap().count(), 0);
+    // The ledger is gone; the GPU's board (shared by all slices of that
+    // GPU, like a lock file) stays.
+    let left: Vec<_> = std::fs::read_dir(ledgers.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["boards"], "{left:?}");
 
     let out = gpuslice(
         &h,
@@ -86,4 +92,64 @@ fn run_with_compute_holds_the_share_and_slices_shows_it() {
     .unwrap();
     assert_eq!(out.status.code(), Some(125));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a percentage"));
+}
+
+#[test]
+fn a_guaranteed_share_runs_past_it_while_the_gpu_is_idle() {
+    let h = FakeHost::builder().gpus(1).build().unwrap();
+    let ledgers = tempfile::tempdir().unwrap();
+    let client = client();
+    let out = gpuslice(
+        &h,
+        ledgers.path(),
+        &[
+            "run",
+            "--gpus",
+            "0",
+            "--compute",
+            "30",
+            "--compute-mode",
+            "guaranteed",
+            "--",
+            client.to_str().unwrap(),
+            "--via",
+            "procaddr",
+            "compute",
+            "kernel",
+            "200000",
+            "1.2",
+            "0.3",
+        ],
+    )
+    .output()
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let got = v["share"].as_f64().unwrap() * 100.0;
+    assert!(got > 85.0, "guaranteed 30% alone on the GPU: {got:.1}%");
+    let boards: Vec<_> = std::fs::read_dir(ledgers.path().join("boards"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(boards, [format!("{}.board", h.gpus()[0].uuid)]);
+
+    // A mode without a share, or a mode that does not exist: one clear line.
+    for (args, want) in [
+        (&["--compute-mode", "guaranteed"][..], "--compute"),
+        (
+            &["--compute", "30", "--compute-mode", "fair"][..],
+            "possible values: cap, guaranteed",
+        ),
+    ] {
+        let mut a = vec!["run", "--gpus", "0"];
+        a.extend_from_slice(args);
+        a.extend(["--", "true"]);
+        let out = gpuslice(&h, ledgers.path(), &a).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(want), "{a:?}: {err}");
+    }
 }

@@ -64,6 +64,7 @@ pub fn run(cli: &Cli, args: &RunArgs) -> Result<i32> {
         &slice_id,
         args.memory.as_deref(),
         args.compute.as_deref(),
+        args.compute_mode,
         &mut cmd.env,
     )?;
     let result = launch(&signals, &plan, &slice_id, &cmd);

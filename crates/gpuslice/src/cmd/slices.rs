@@ -10,7 +10,7 @@ use gpuslice_core::{Inventory, Selection};
 use gpuslice_ledger::{DeviceSpec, Ledger, ProcessState};
 use serde_json::{json, Value};
 
-use crate::cli::Cli;
+use crate::cli::{Cli, ComputeMode};
 
 /// Where the shim is: `$GPUSLICE_SHIM`, else `libgpuslice.so` next to the
 /// gpuslice binary.
@@ -35,7 +35,8 @@ pub fn shim_path() -> Result<PathBuf> {
 }
 
 /// Creates the slice's ledger (one device per selected GPU, in
-/// CUDA_VISIBLE_DEVICES order, with the memory cap and compute share given)
+/// CUDA_VISIBLE_DEVICES order, with the memory cap and compute share and
+/// mode given)
 /// and adds the shim's variables to `env`. Returns the ledger's path, to be
 /// removed when the child exits.
 pub fn create_ledger(
@@ -44,6 +45,7 @@ pub fn create_ledger(
     slice_id: &str,
     memory: Option<&str>,
     compute: Option<&str>,
+    mode: ComputeMode,
     env: &mut Vec<CString>,
 ) -> Result<PathBuf> {
     let cap = match memory {
@@ -87,6 +89,7 @@ pub fn create_ledger(
         "LD_PRELOAD=",
         "GPUSLICE_MEMORY_LIMIT",
         "GPUSLICE_COMPUTE_LIMIT=",
+        "GPUSLICE_COMPUTE_MODE=",
         "GPUSLICE_LEDGER=",
     ];
     env.retain(|kv| !ours.iter().any(|p| kv.as_bytes().starts_with(p.as_bytes())));
@@ -99,6 +102,18 @@ pub fn create_ledger(
     }
     if share > 0 {
         vars.push(format!("GPUSLICE_COMPUTE_LIMIT={}", share as f64 / 100.0));
+        // Every slice with a share publishes its GPU time on the GPUs'
+        // boards (so borrowers see it); the directory is shared by all
+        // tenants, like /tmp.
+        let boards = gpuslice_ledger::board::board_dir();
+        if let Err(e) = gpuslice_ledger::ensure_dir(&boards) {
+            if mode == ComputeMode::Guaranteed {
+                bail!("--compute-mode guaranteed: {e}");
+            }
+        }
+        if mode == ComputeMode::Guaranteed {
+            vars.push("GPUSLICE_COMPUTE_MODE=guaranteed".into());
+        }
     }
     for kv in vars {
         env.push(CString::new(kv).map_err(|_| anyhow!("NUL byte in a path"))?);

@@ -18,7 +18,8 @@ pub fn client() -> PathBuf {
 }
 
 /// `gpuslice --host-root <fake> ARGS` with the fake driver's env, slice
-/// ledgers in `ledgers`, and none of the caller's slice settings.
+/// ledgers in `ledgers` (the GPUs' boards in `ledgers/boards`), and none
+/// of the caller's slice settings.
 pub fn gpuslice(h: &FakeHost, ledgers: &Path, args: &[&str]) -> Command {
     let mut c = Command::new(GPUSLICE);
     c.arg("--host-root")
@@ -26,6 +27,8 @@ pub fn gpuslice(h: &FakeHost, ledgers: &Path, args: &[&str]) -> Command {
         .args(args)
         .envs(h.env())
         .env("GPUSLICE_LEDGER_DIR", ledgers)
+        .env("GPUSLICE_BOARD_DIR", ledgers.join("boards"))
+        .env_remove("GPUSLICE_COMPUTE_MODE")
         .env_remove("GPUSLICE_MEMORY_LIMIT")
         .env_remove("GPUSLICE_COMPUTE_LIMIT")
         .env_remove("GPUSLICE_LEDGER");

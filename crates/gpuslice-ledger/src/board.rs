@@ -1,0 +1,351 @@
+//! The per-GPU board of the work-conserving compute mode.
+//!
+//! A slice with a *guaranteed* share (rather than a hard cap) may use GPU
+//! time that other slices of the same GPU leave idle. To see what they
+//! leave, every such slice publishes its GPU time on a board: one small
+//! file per GPU (`<dir>/<uuid>.board`), mapped shared by the shims of every
+//! slice on that GPU, whatever their mode. Each slice owns one slot, keyed
+//! by its ledger's identity, and adds the GPU time it measures there.
+//! Readers turn two snapshots into rates.
+//!
+//! # Layout (version 1, 4 160 bytes)
+//! | offset | size | what |
+//! |---|---|---|
+//! | 0 | 64 | header: magic `GPUSLBRD`, version, slot count |
+//! | 64 | 64 × 64 | slots: key (0 = free), share (basis points), mode, GPU ns used, last update (CLOCK_MONOTONIC ns) |
+//!
+//! An all-zero file is an empty board: a new file needs no initialisation
+//! beyond its header, which is written with compare-and-swap, so processes
+//! racing to create it agree. A slot is claimed by compare-and-swap on its
+//! key; a slot not updated for [`STALE_NS`] may be taken over. A crashed
+//! process leaves only a slot whose counter stops growing: to readers, an
+//! idle slice.
+//!
+//! Trust: anyone who can write the board can misstate use and so make a
+//! borrower borrow more or less. The board only ever decides how much
+//! *extra* time a guaranteed slice takes; no slice's own share or cap is
+//! read from it. Slices that must not affect each other use the hard cap.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::map::{self, Mapping};
+
+/// First eight bytes of a board, as a little-endian word.
+const MAGIC: u64 = u64::from_le_bytes(*b"GPUSLBRD");
+pub const BOARD_VERSION: u64 = 1;
+/// Slots per board (slices with a compute share on one GPU).
+pub const BOARD_SLOTS: usize = 64;
+const HEADER: usize = 64;
+const SLOT: usize = 64;
+pub const BOARD_SIZE: usize = HEADER + BOARD_SLOTS * SLOT;
+/// A slot untouched this long may be reused by another slice.
+pub const STALE_NS: u64 = 10_000_000_000;
+
+const H_MAGIC: usize = 0;
+const H_VERSION: usize = 8;
+const H_SLOTS: usize = 16;
+const S_KEY: usize = 0;
+const S_SHARE: usize = 8;
+const S_MODE: usize = 16;
+const S_BUSY: usize = 24;
+const S_BEAT: usize = 32;
+
+/// How a slice's share is applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Never more than the share.
+    Cap = 0,
+    /// At least the share when busy; more when the GPU has idle time.
+    Guaranteed = 1,
+}
+
+/// One slot as read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BoardSlot {
+    pub key: u64,
+    pub share_bp: u64,
+    pub mode: Mode,
+    pub busy_ns: u64,
+    pub beat_ns: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BoardError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error(
+        "{path} is not a gpuslice board of version {BOARD_VERSION} ({BOARD_SIZE} bytes); \
+         remove it (it holds no state that outlives the slices using it)"
+    )]
+    Foreign { path: PathBuf },
+    #[error("{path}: all {BOARD_SLOTS} slots are held by live slices")]
+    Full { path: PathBuf },
+}
+
+pub struct Board {
+    map: Mapping,
+    path: PathBuf,
+}
+
+/// Where the boards are unless [`BOARD_DIR_ENV`] names another directory.
+pub const DEFAULT_BOARD_DIR: &str = "/run/gpuslice/gpus";
+pub const BOARD_DIR_ENV: &str = "GPUSLICE_BOARD_DIR";
+
+/// The boards' directory: [`BOARD_DIR_ENV`] or [`DEFAULT_BOARD_DIR`].
+pub fn board_dir() -> PathBuf {
+    std::env::var_os(BOARD_DIR_ENV)
+        .filter(|d| !d.is_empty())
+        .map_or_else(|| PathBuf::from(DEFAULT_BOARD_DIR), PathBuf::from)
+}
+
+/// The board file of GPU `uuid` in `dir`.
+pub fn board_path(dir: &Path, uuid: &str) -> PathBuf {
+    let safe: String = uuid
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    dir.join(format!("{safe}.board"))
+}
+
+impl Board {
+    /// Opens the board of GPU `uuid` in `dir`, creating it (mode 0666, as
+    /// every tenant of the GPU must write it) when there is none.
+    pub fn open_or_create(dir: &Path, uuid: &str) -> Result<Board, BoardError> {
+        let path = board_path(dir, uuid);
+        let io_err = |source| BoardError::Io {
+            path: path.clone(),
+            source,
+        };
+        let file: File = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o666)
+            .open(&path)
+            .map_err(io_err)?;
+        let len = file.metadata().map_err(io_err)?.len();
+        if len == 0 {
+            // A new file: the owner widens its mode past the umask, and
+            // every racer sets the same length (zeros are a valid board).
+            let _ = map::fchmod(&file, 0o666);
+            file.set_len(BOARD_SIZE as u64).map_err(io_err)?;
+        } else if len != BOARD_SIZE as u64 {
+            return Err(BoardError::Foreign { path });
+        }
+        let map = Mapping::file(&file, BOARD_SIZE, true).map_err(io_err)?;
+        let board = Board { map, path };
+        board.adopt_header()?;
+        Ok(board)
+    }
+
+    fn adopt_header(&self) -> Result<(), BoardError> {
+        let magic = self.map.u64_at(H_MAGIC);
+        if magic
+            .compare_exchange(0, MAGIC, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            self.map
+                .u64_at(H_VERSION)
+                .store(BOARD_VERSION, Ordering::Release);
+            self.map
+                .u64_at(H_SLOTS)
+                .store(BOARD_SLOTS as u64, Ordering::Release);
+            return Ok(());
+        }
+        if magic.load(Ordering::Acquire) != MAGIC {
+            return Err(BoardError::Foreign {
+                path: self.path.clone(),
+            });
+        }
+        // The creator may still be writing the rest of the header.
+        let version = self.map.u64_at(H_VERSION).load(Ordering::Acquire);
+        if version != 0 && version != BOARD_VERSION {
+            return Err(BoardError::Foreign {
+                path: self.path.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn word(&self, slot: usize, field: usize) -> &AtomicU64 {
+        self.map.u64_at(HEADER + slot * SLOT + field)
+    }
+
+    /// The slot of the slice `key` (non-zero), claiming a free or stale
+    /// one when it has none; records its share and mode.
+    pub fn claim(
+        &self,
+        key: u64,
+        share_bp: u64,
+        mode: Mode,
+        now_ns: u64,
+    ) -> Result<usize, BoardError> {
+        assert_ne!(key, 0, "0 marks a free slot");
+        let slot =
+            match (0..BOARD_SLOTS).find(|&s| self.word(s, S_KEY).load(Ordering::Acquire) == key) {
+                Some(s) => s,
+                None => self.take_slot(key, now_ns)?,
+            };
+        self.word(slot, S_SHARE).store(share_bp, Ordering::Relaxed);
+        self.word(slot, S_MODE)
+            .store(mode as u64, Ordering::Relaxed);
+        self.word(slot, S_BEAT).store(now_ns, Ordering::Release);
+        Ok(slot)
+    }
+
+    fn take_slot(&self, key: u64, now_ns: u64) -> Result<usize, BoardError> {
+        for s in 0..BOARD_SLOTS {
+            let k = self.word(s, S_KEY);
+            let old = k.load(Ordering::Acquire);
+            let beat = self.word(s, S_BEAT).load(Ordering::Acquire);
+            let free = old == 0 || now_ns.saturating_sub(beat) > STALE_NS;
+            if free
+                && k.compare_exchange(old, key, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+            {
+                // A taken-over slot starts from zero for its new owner;
+                // readers see the counter drop and skip that interval.
+                self.word(s, S_BUSY).store(0, Ordering::Relaxed);
+                self.word(s, S_BEAT).store(now_ns, Ordering::Release);
+                return Ok(s);
+            }
+        }
+        Err(BoardError::Full {
+            path: self.path.clone(),
+        })
+    }
+
+    /// Adds `busy_ns` of measured GPU time to `slot`.
+    pub fn record(&self, slot: usize, busy_ns: u64, now_ns: u64) {
+        self.word(slot, S_BUSY)
+            .fetch_add(busy_ns, Ordering::Relaxed);
+        self.word(slot, S_BEAT).store(now_ns, Ordering::Relaxed);
+    }
+
+    /// Every claimed slot.
+    pub fn snapshot(&self) -> Vec<(usize, BoardSlot)> {
+        (0..BOARD_SLOTS)
+            .filter_map(|s| {
+                let key = self.word(s, S_KEY).load(Ordering::Acquire);
+                (key != 0).then(|| {
+                    (
+                        s,
+                        BoardSlot {
+                            key,
+                            share_bp: self.word(s, S_SHARE).load(Ordering::Relaxed),
+                            mode: if self.word(s, S_MODE).load(Ordering::Relaxed) == 1 {
+                                Mode::Guaranteed
+                            } else {
+                                Mode::Cap
+                            },
+                            busy_ns: self.word(s, S_BUSY).load(Ordering::Relaxed),
+                            beat_ns: self.word(s, S_BEAT).load(Ordering::Relaxed),
+                        },
+                    )
+                })
+            })
+            .collect()
+    }
+
+    /// GPU time used by every slot except `own`, summed: what a borrower
+    /// differentiates over time. Allocation-free (called from the shim).
+    pub fn others_busy(&self, own: usize) -> u64 {
+        (0..BOARD_SLOTS)
+            .filter(|&s| s != own && self.word(s, S_KEY).load(Ordering::Acquire) != 0)
+            .map(|s| self.word(s, S_BUSY).load(Ordering::Relaxed))
+            .fold(0u64, u64::wrapping_add)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn board() -> (tempfile::TempDir, Board) {
+        let dir = tempfile::tempdir().unwrap();
+        let b = Board::open_or_create(dir.path(), "GPU-1234").unwrap();
+        (dir, b)
+    }
+
+    #[test]
+    fn slices_claim_their_own_slot_and_keep_it() {
+        let (dir, b) = board();
+        let a = b.claim(11, 3000, Mode::Guaranteed, 1).unwrap();
+        let c = b.claim(22, 5000, Mode::Cap, 1).unwrap();
+        assert_ne!(a, c);
+        // A second process of slice 11, through another mapping.
+        let b2 = Board::open_or_create(dir.path(), "GPU-1234").unwrap();
+        assert_eq!(b2.claim(11, 3000, Mode::Guaranteed, 2).unwrap(), a);
+        b.record(a, 500, 3);
+        b2.record(a, 250, 4);
+        b.record(c, 1000, 4);
+        let snap = b2.snapshot();
+        assert_eq!(snap.len(), 2);
+        let (_, sa) = snap.iter().find(|(s, _)| *s == a).unwrap();
+        assert_eq!(
+            (sa.busy_ns, sa.share_bp, sa.mode),
+            (750, 3000, Mode::Guaranteed)
+        );
+        assert_eq!(b.others_busy(a), 1000);
+        assert_eq!(b.others_busy(c), 750);
+    }
+
+    #[test]
+    fn a_stale_slot_is_taken_over_and_a_full_board_says_so() {
+        let (_dir, b) = board();
+        for key in 1..=BOARD_SLOTS as u64 {
+            b.claim(key, 100, Mode::Cap, 1_000).unwrap();
+        }
+        b.record(0, 777, 1_000);
+        // Everyone is live: no room.
+        let err = b.claim(999, 100, Mode::Cap, 2_000).unwrap_err();
+        assert!(err.to_string().contains("all 64 slots"), "{err}");
+        // Later, slot 5 has been silent past STALE_NS while the others beat.
+        let later = 1_000 + STALE_NS + 1;
+        for s in (0..BOARD_SLOTS).filter(|&s| s != 5) {
+            b.record(s, 0, later);
+        }
+        let s = b.claim(999, 100, Mode::Cap, later).unwrap();
+        assert_eq!(s, 5);
+        assert_eq!(
+            b.snapshot()[5].1.busy_ns,
+            0,
+            "a taken-over slot starts at zero"
+        );
+    }
+
+    #[test]
+    fn foreign_files_are_refused_with_what_to_do() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = board_path(dir.path(), "GPU-x");
+        std::fs::write(&path, b"not a board").unwrap();
+        let err = Board::open_or_create(dir.path(), "GPU-x").err().unwrap();
+        assert!(err.to_string().contains("remove it"), "{err}");
+        std::fs::write(&path, vec![7u8; BOARD_SIZE]).unwrap();
+        assert!(matches!(
+            Board::open_or_create(dir.path(), "GPU-x"),
+            Err(BoardError::Foreign { .. })
+        ));
+    }
+
+    #[test]
+    fn uuids_make_plain_file_names() {
+        let p = board_path(Path::new("/run/x"), "MIG-GPU-ab/../c");
+        assert_eq!(p, Path::new("/run/x/MIG-GPU-ab____c.board"));
+    }
+}
