@@ -212,14 +212,17 @@ def main():
     ldir = os.path.join(OUT, "ledgers")
     os.makedirs(ldir, exist_ok=True)
     base_env["GPUSLICE_LEDGER_DIR"] = ldir
+    base_env["GPUSLICE_BOARD_DIR"] = os.path.join(OUT, "boards")
     py = [PY, "-c", WORKER]
 
-    def sliced(pct):
-        return [GPUSLICE, "run", "--gpus", "0", "--isolation", "env", "--compute", str(pct), "--"] + py
+    def sliced(pct, mode="cap"):
+        return [GPUSLICE, "run", "--gpus", "0", "--isolation", "env", "--compute", str(pct),
+                "--compute-mode", mode, "--"] + py
 
     env_n = dict(base_env, LD_PRELOAD=SHIM)
     ws = {"U": Worker("U", py, base_env), "N": Worker("N", py, env_n), "L": Worker("L", sliced(50), base_env),
-          "A": Worker("A", sliced(30), base_env), "B": Worker("B", sliced(70), base_env)}
+          "A": Worker("A", sliced(30), base_env), "B": Worker("B", sliced(70), base_env),
+          "G": Worker("G", sliced(30, "guaranteed"), base_env)}
     try:
         for n, w in ws.items():
             w.info = w.read(max(5, min(60, left())))
@@ -271,6 +274,20 @@ def main():
             l = L.ask(f"graph {GEMM_S}")
             R["graph_50"] = {"unlimited": u, "limited": l, "ratio": l["rate"] / u["rate"],
                              "error_points": abs(100 * l["rate"] / u["rate"] - 50)}
+            save()
+        # Work-conserving: a guaranteed 30 % alone, then beside a busy
+        # capped 30 % (expected: ~95 % alone; ~65 % and 30 % together).
+        if left() > 8:
+            G, A = ws["G"], ws["A"]
+            solo = U.ask(f"gemm {GEMM_S}")
+            alone = G.ask(f"gemm {GEMM_S}")
+            G.send(f"gemm {GEMM_S + 1}")
+            A.send(f"gemm {GEMM_S + 1}")
+            rg, ra = G.read(30), A.read(30)
+            R["guaranteed_30"] = {"unlimited": solo, "alone": alone, "alone_share": alone["rate"] / solo["rate"],
+                                  "beside_cap_30": {"g": rg, "a": ra, "g_share": rg["rate"] / solo["rate"],
+                                                    "a_share": ra["rate"] / solo["rate"]},
+                                  "expected": {"alone": 0.95, "g_beside": 0.65, "a_beside": 0.30}}
             save()
         level(10)
         level(75)
