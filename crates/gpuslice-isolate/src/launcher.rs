@@ -137,23 +137,18 @@ pub fn launch(
         }
         None => None,
     };
-    let procs = cgroup
-        .as_ref()
-        .map(|c| c.open_procs())
-        .transpose()
-        .map_err(|source| LaunchError::Sys {
-            what: "opening the slice cgroup",
-            source,
-        })?;
-    let cgroup_dir = cgroup
-        .as_ref()
-        .map(|c| c.open_dir())
-        .transpose()
-        .map_err(|source| LaunchError::Sys {
-            what: "opening the slice cgroup",
-            source,
-        })?
-        .flatten();
+    // Opened before the fork: the child joins through one (clone3 into the
+    // directory, else a write of `cgroup.procs`) without allocating.
+    let (procs, cgroup_dir) = match &cgroup {
+        Some(c) => c
+            .open_procs()
+            .and_then(|procs| Ok((Some(procs), c.open_dir()?)))
+            .map_err(|source| LaunchError::Sys {
+                what: "opening the slice cgroup",
+                source,
+            })?,
+        None => (None, None),
+    };
     let old_mask = &signals.old_mask;
     let (err_rx, err_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(sys("pipe"))?;
 
