@@ -31,6 +31,7 @@ fn config(dir: &Path, extra: &str) -> Config {
     c.plugin_dir = dir.join("plugins");
     c.ledger_dir = dir.join("ledgers");
     c.state_dir = dir.join("state");
+    c.board_dir = dir.join("boards");
     c.shim = dir.join("libgpuslice.so");
     c
 }
@@ -216,9 +217,19 @@ async fn allocates_shared_replicas_with_the_shim_and_a_cap() {
                 ledger_dir.display().to_string(),
                 false
             ),
+            (
+                "/run/gpuslice/gpus".into(),
+                t.path().join("boards").display().to_string(),
+                false
+            ),
         ]
     );
     assert!(ledger_dir.is_dir());
+    assert_eq!(r.envs["GPUSLICE_BOARD_DIR"], "/run/gpuslice/gpus");
+    assert!(
+        !r.envs.contains_key("GPUSLICE_COMPUTE_MODE"),
+        "a hard cap by default"
+    );
     assert_eq!(
         std::fs::read_to_string(t.path().join("state/ld.so.preload")).unwrap(),
         "/usr/local/gpuslice/libgpuslice.so\n"
@@ -366,6 +377,33 @@ async fn spread_option_spreads_replicas() {
         .map(|i| i.split("::").next().unwrap().to_string())
         .collect();
     assert_eq!(gpus.len(), 3, "{got:?}");
+}
+
+#[tokio::test]
+async fn guaranteed_mode_lets_replicas_borrow() {
+    let (t, _p, mut k) = setup("sharing: {computeMode: guaranteed}").await;
+    k.registrations_of(&ALL, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let mut c = k.dial("gpuslice-gpu.shared.sock").await.unwrap();
+    let r = allocate_one(&mut c, &[format!("{}::0", uuid(2))])
+        .await
+        .unwrap();
+    assert_eq!(r.envs["GPUSLICE_COMPUTE_MODE"], "guaranteed");
+    assert_eq!(r.envs["GPUSLICE_COMPUTE_LIMIT"], "25");
+    let boards = t.path().join("boards");
+    assert!(r
+        .mounts
+        .iter()
+        .any(|m| m.container_path == "/run/gpuslice/gpus"
+            && m.host_path == boards.display().to_string()
+            && !m.read_only));
+    // World-writable and sticky, like /tmp: replicas run as any user.
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        boards.metadata().unwrap().permissions().mode() & 0o7777,
+        0o1777
+    );
 }
 
 #[tokio::test]

@@ -6,10 +6,13 @@
 //! shim: /usr/local/lib/gpuslice/libgpuslice.so   # host path of the shim mounted into shared replicas
 //! ledgerDir: /run/gpuslice/slices  # host dir; each shared allocation gets <ledgerDir>/<slice>/
 //! stateDir: /run/gpuslice/device-plugin  # host dir for the ld.so.preload file mounted into shared replicas
+//! boardDir: /run/gpuslice/gpus     # host dir of the GPUs' boards (compute use), mounted into shared replicas
 //! stripHostRoot: false             # DeviceSpec/Mount host paths relative to --host-root
 //! sharing:
 //!   replicas: 4                    # gpu.shared replicas per GPU (0: no gpu.shared resource)
 //!   spread: false                  # GetPreferredAllocation: spread replicas over GPUs instead of packing
+//!   computeMode: cap               # cap: a replica never passes 1/replicas of the GPU's time;
+//!                                  # guaranteed: it may also use time the others leave idle
 //! strategies:
 //!   whole: true                    # offer <prefix>/gpu
 //!   mig: mixed                     # mixed: <prefix>/mig-<profile>; none
@@ -43,6 +46,7 @@ pub struct Config {
     pub shim: PathBuf,
     pub ledger_dir: PathBuf,
     pub state_dir: PathBuf,
+    pub board_dir: PathBuf,
     pub strip_host_root: bool,
     pub sharing: Sharing,
     pub strategies: Strategies,
@@ -54,6 +58,15 @@ pub struct Config {
 pub struct Sharing {
     pub replicas: u32,
     pub spread: bool,
+    pub compute_mode: ComputeMode,
+}
+
+/// How a replica's compute share applies (docs/compute-share.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ComputeMode {
+    Cap,
+    Guaranteed,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -88,6 +101,7 @@ impl Default for Config {
             shim: DEFAULT_SHIM.into(),
             ledger_dir: DEFAULT_LEDGER_DIR.into(),
             state_dir: DEFAULT_STATE_DIR.into(),
+            board_dir: gpuslice_ledger::board::DEFAULT_BOARD_DIR.into(),
             strip_host_root: false,
             sharing: Sharing::default(),
             strategies: Strategies::default(),
@@ -101,6 +115,7 @@ impl Default for Sharing {
         Sharing {
             replicas: 4,
             spread: false,
+            compute_mode: ComputeMode::Cap,
         }
     }
 }
@@ -140,13 +155,14 @@ const SCHEMA: &[(&str, &[&str])] = &[
             "shim",
             "ledgerDir",
             "stateDir",
+            "boardDir",
             "stripHostRoot",
             "sharing",
             "strategies",
             "health",
         ],
     ),
-    ("sharing", &["replicas", "spread"]),
+    ("sharing", &["replicas", "spread", "computeMode"]),
     ("strategies", &["whole", "mig", "cdi", "cdiKind"]),
     ("health", &["enabled", "recoverAfterSeconds", "ignoredXids"]),
 ];
@@ -205,6 +221,7 @@ impl Config {
             ("shim", &self.shim),
             ("ledgerDir", &self.ledger_dir),
             ("stateDir", &self.state_dir),
+            ("boardDir", &self.board_dir),
         ] {
             if !p.is_absolute() {
                 bail!("{name}: {} is not an absolute path", p.display());
@@ -312,6 +329,8 @@ mod tests {
             ("sharing: {replicas: -2}", "replicas"),
             ("shim: relative.so", "shim"),
             ("sharing: 3", "sharing: expected a mapping"),
+            ("sharing: {computeMode: fair}", "computeMode"),
+            ("boardDir: gpus", "boardDir"),
         ] {
             let e = format!("{:#}", Config::parse(text).unwrap_err());
             assert!(e.contains(want), "{text}: {e}");

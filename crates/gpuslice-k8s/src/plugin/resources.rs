@@ -3,11 +3,12 @@
 //! its device IDs. Pure apart from the mkdir of a shared slice's ledger
 //! directory, so it is unit-tested and benchmarked without gRPC.
 
-use super::config::{Config, MigStrategy};
+use super::config::{ComputeMode, Config, MigStrategy};
 use super::v1beta1 as api;
 use crate::cdi::{CONTAINER_LEDGER_DIR, CONTAINER_SHIM};
 use gpuslice_core::model::{NVIDIACTL_MINOR, NVIDIA_MAJOR, NVIDIA_MODESET_MINOR};
 use gpuslice_core::{DevicePolicy, HostRoot, Inventory, Selection};
+use gpuslice_ledger::board::{BOARD_DIR_ENV, DEFAULT_BOARD_DIR};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
@@ -382,6 +383,22 @@ impl Plan {
                 host_path: self.host_path(&ledger_dir),
                 read_only: false,
             });
+            // Every replica publishes its GPU time on the GPUs' boards,
+            // which borrowing (guaranteed) replicas read.
+            if let Err(e) = gpuslice_ledger::ensure_dir(&self.cfg.board_dir) {
+                return Err(BadRequest(format!(
+                    "cannot create the board directory: {e}"
+                )));
+            }
+            resp.mounts.push(api::Mount {
+                container_path: DEFAULT_BOARD_DIR.into(),
+                host_path: self.host_path(&self.cfg.board_dir),
+                read_only: false,
+            });
+            env.insert(BOARD_DIR_ENV.into(), DEFAULT_BOARD_DIR.into());
+            if self.cfg.sharing.compute_mode == ComputeMode::Guaranteed {
+                env.insert("GPUSLICE_COMPUTE_MODE".into(), "guaranteed".into());
+            }
         }
         if self.cfg.strategies.cdi {
             let kind = &self.cfg.strategies.cdi_kind;
