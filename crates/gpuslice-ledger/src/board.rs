@@ -102,6 +102,24 @@ pub fn board_dir() -> PathBuf {
         .map_or_else(|| PathBuf::from(DEFAULT_BOARD_DIR), PathBuf::from)
 }
 
+/// A slice's key on the boards: from its ledger file's device and inode,
+/// the same for every process of the slice whatever its mount namespace
+/// (and for `gpuslice slices` reading it); never 0 (a free slot).
+pub fn slice_key(dev: u64, ino: u64) -> u64 {
+    // splitmix64 of the pair.
+    let mut z = dev.rotate_left(32) ^ ino ^ 0x9e37_79b9_7f4a_7c15;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    (z ^ (z >> 31)).max(1)
+}
+
+/// The key of the slice whose ledger is at `ledger`.
+pub fn ledger_key(ledger: &Path) -> io::Result<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(ledger)?;
+    Ok(slice_key(m.dev(), m.ino()))
+}
+
 /// The board file of GPU `uuid` in `dir`.
 pub fn board_path(dir: &Path, uuid: &str) -> PathBuf {
     let safe: String = uuid
@@ -235,6 +253,26 @@ impl Board {
         self.word(slot, S_BUSY)
             .fetch_add(busy_ns, Ordering::Relaxed);
         self.word(slot, S_BEAT).store(now_ns, Ordering::Relaxed);
+    }
+
+    /// Opens an existing board read-only (for reports); None when there is
+    /// none or it is not a board.
+    pub fn open_existing(dir: &Path, uuid: &str) -> Option<Board> {
+        let path = board_path(dir, uuid);
+        let file = File::open(&path).ok()?;
+        if file.metadata().ok()?.len() != BOARD_SIZE as u64 {
+            return None;
+        }
+        let map = Mapping::file(&file, BOARD_SIZE, false).ok()?;
+        (map.u64_at(H_MAGIC).load(Ordering::Acquire) == MAGIC).then_some(Board { map, path })
+    }
+
+    /// The slot of slice `key`, if it has one.
+    pub fn find(&self, key: u64) -> Option<BoardSlot> {
+        self.snapshot()
+            .into_iter()
+            .find(|(_, s)| s.key == key)
+            .map(|(_, s)| s)
     }
 
     /// Every claimed slot.

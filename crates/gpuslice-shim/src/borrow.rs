@@ -18,7 +18,7 @@
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use gpuslice_ledger::board::{Board, Mode};
+use gpuslice_ledger::board::{self, Board, Mode};
 use gpuslice_ledger::{Ledger, FULL_SHARE, MAX_DEVICES};
 
 use crate::sys::log_line;
@@ -50,20 +50,15 @@ pub struct Boards {
     seats: Vec<Option<Seat>>,
 }
 
-/// Identifies a slice on a board: the ledger file's device and inode (the
-/// same for every process of the slice, whatever its mount namespace), or
-/// this process for a private ledger.
+/// Identifies a slice on a board: its ledger file, or this process for a
+/// private ledger.
 fn slice_key(ledger: &Ledger) -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    let (a, b) = match ledger.path().and_then(|p| std::fs::metadata(p).ok()) {
-        Some(m) => (m.dev(), m.ino()),
-        None => (u64::from(std::process::id()), crate::compute::now_ns()),
-    };
-    // splitmix64 of the pair; never 0 (a free slot).
-    let mut z = a.rotate_left(32) ^ b ^ 0x9e37_79b9_7f4a_7c15;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    (z ^ (z >> 31)).max(1)
+    ledger
+        .path()
+        .and_then(|p| board::ledger_key(p).ok())
+        .unwrap_or_else(|| {
+            board::slice_key(u64::from(std::process::id()), crate::compute::now_ns())
+        })
 }
 
 impl Boards {

@@ -66,6 +66,7 @@ fn run_with_compute_holds_the_share_and_slices_shows_it() {
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     let c = &v["slices"][0]["compute"][0];
     assert_eq!(c["share_percent"], 40.0, "{v}");
+    assert_eq!(c["mode"], "cap", "{v}");
     assert!(c["busy_ns"].as_u64().unwrap() > 100_000_000, "{v}");
     assert!(c["throttled_ns"].as_u64().unwrap() > 0, "{v}");
     assert_eq!(
@@ -102,14 +103,28 @@ fn run_with_compute_holds_the_share_and_slices_shows_it() {
 fn a_guaranteed_share_runs_past_it_while_the_gpu_is_idle() {
     let h = FakeHost::builder().gpus(1).build().unwrap();
     let ledgers = tempfile::tempdir().unwrap();
-    let out = run_client(
+    let child = run_client(
         &h,
         ledgers.path(),
         &["--compute", "30", "--compute-mode", "guaranteed"],
     )
-    .output()
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
     .unwrap();
-    let got = achieved(&out);
+    std::thread::sleep(Duration::from_millis(900));
+    let out = gpuslice(&h, ledgers.path(), &["slices", "--json"])
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["slices"][0]["compute"][0]["mode"], "guaranteed", "{v}");
+    let text = gpuslice(&h, ledgers.path(), &["slices"]).output().unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("compute share 30% guaranteed (borrows idle time)"),
+        "{text}"
+    );
+    let got = achieved(&child.wait_with_output().unwrap());
     assert!(got > 75.0, "guaranteed 30% alone on the GPU: {got:.1}%");
     let boards: Vec<_> = std::fs::read_dir(ledgers.path().join("boards"))
         .unwrap()

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
 use gpuslice_core::{Inventory, Selection};
-use gpuslice_ledger::{DeviceSpec, Ledger, ProcessState};
+use gpuslice_ledger::{board, DeviceSpec, Ledger, ProcessState};
 use serde_json::{json, Value};
 
 use crate::cli::{Cli, ComputeMode};
@@ -163,6 +163,7 @@ fn describe(path: &Path) -> Value {
             json!({
                 "index": c.index,
                 "share_percent": c.share_bp.map(|b| b as f64 / 100.0),
+                "mode": board_mode(path, &ledger.uuid(c.index)),
                 "busy_ns": c.busy_ns,
                 "use_percent": (age_ns > 0.0).then(|| 100.0 * c.busy_ns as f64 / age_ns),
                 "throttled_ns": c.throttled_ns,
@@ -173,6 +174,17 @@ fn describe(path: &Path) -> Value {
         "ledger_version": s.version,
         "reclaimed_now": reaped.map(|r| json!({ "processes": r.slots, "bytes": r.bytes })),
         "reclaimed_total": { "processes": s.reclaimed_slots, "bytes": s.reclaimed_bytes },
+    })
+}
+
+/// `cap` or `guaranteed`, as the slice's processes registered on the GPU's
+/// board; None before any did (or where no board is shared).
+fn board_mode(ledger: &Path, uuid: &str) -> Option<&'static str> {
+    let key = board::ledger_key(ledger).ok()?;
+    let slot = board::Board::open_existing(&board::board_dir(), uuid)?.find(key)?;
+    Some(match slot.mode {
+        board::Mode::Cap => "cap",
+        board::Mode::Guaranteed => "guaranteed",
     })
 }
 
@@ -236,8 +248,12 @@ pub fn run(cli: &Cli) -> Result<i32> {
             let Some(share) = c["share_percent"].as_f64() else {
                 continue;
             };
+            let mode = match c["mode"].as_str() {
+                Some("guaranteed") => " guaranteed (borrows idle time)",
+                _ => "",
+            };
             println!(
-                "  gpu {} compute share {share}%  used {:.1}% since start  (GPU {:.1}s, throttled {:.1}s, {} of {} launches delayed)",
+                "  gpu {} compute share {share}%{mode}  used {:.1}% since start  (GPU {:.1}s, throttled {:.1}s, {} of {} launches delayed)",
                 c["index"],
                 c["use_percent"].as_f64().unwrap_or(0.0),
                 c["busy_ns"].as_f64().unwrap_or(0.0) / 1e9,
