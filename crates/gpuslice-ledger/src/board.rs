@@ -150,9 +150,16 @@ impl Board {
             .create(true)
             .truncate(false)
             .mode(0o666)
+            // The directory is world-writable: never follow a link planted
+            // there, and touch nothing but a regular file.
+            .custom_flags(libc::O_NOFOLLOW)
             .open(&path)
             .map_err(io_err)?;
-        let len = file.metadata().map_err(io_err)?.len();
+        let meta = file.metadata().map_err(io_err)?;
+        if !meta.is_file() {
+            return Err(BoardError::Foreign { path });
+        }
+        let len = meta.len();
         if len == 0 {
             // A new file: the owner widens its mode past the umask, and
             // every racer sets the same length (zeros are a valid board).
@@ -379,6 +386,13 @@ mod tests {
             Board::open_or_create(dir.path(), "GPU-x"),
             Err(BoardError::Foreign { .. })
         ));
+        // A link planted in the (world-writable) directory is not followed:
+        // the file it points to is left as it was.
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, b"").unwrap();
+        std::os::unix::fs::symlink(&victim, board_path(dir.path(), "GPU-y")).unwrap();
+        assert!(Board::open_or_create(dir.path(), "GPU-y").is_err());
+        assert_eq!(std::fs::metadata(&victim).unwrap().len(), 0);
     }
 
     #[test]
