@@ -394,7 +394,7 @@ fn counts(asked: &[u32], n: u32) -> Result<Vec<u32>> {
 }
 
 fn cells(cli: &Cli, spec: &Spec, counts: &[u32], methods: &[Method], n: u32) -> Result<Vec<Cell>> {
-    let me: OsString = std::env::current_exe()
+    let me: OsString = crate::gpuslice_exe()
         .context("locating the gpuslice binary")?
         .into();
     let mut cells = Vec::new();

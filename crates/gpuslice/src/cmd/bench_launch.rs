@@ -102,7 +102,7 @@ pub fn run(cli: &Cli, args: &LaunchArgs) -> Result<i32> {
 }
 
 fn variants(cli: &Cli, args: &LaunchArgs) -> Result<Vec<Variant>> {
-    let me = std::env::current_exe()?.display().to_string();
+    let me = crate::gpuslice_exe()?.display().to_string();
     let cmd = args.cmd.display().to_string();
     let root = cli.host_root.display().to_string();
     let isolated = |iso: &str| {

@@ -119,7 +119,7 @@ pub fn selftest(cli: &Cli, args: &SelftestArgs) -> Result<i32> {
 }
 
 async fn selftest_async(cli: &Cli, args: &SelftestArgs, rep: &mut Value) -> Result<bool> {
-    let exe = std::env::current_exe()?;
+    let exe = crate::gpuslice_exe()?;
     let dir = exe.parent().map(PathBuf::from).unwrap_or_default();
     let probe = args
         .probe

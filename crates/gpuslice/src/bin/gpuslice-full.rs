@@ -1,0 +1,13 @@
+//! `gpuslice-full`: every gpuslice command, including the daemons and the
+//! benchmarks; `gpuslice` execs it for the commands it does not carry.
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let cli = match gpuslice::parse() {
+        Ok(cli) => cli,
+        Err(code) => return code,
+    };
+    gpuslice::init_logging(&cli);
+    gpuslice::finish(&cli, gpuslice::run_full(&cli))
+}

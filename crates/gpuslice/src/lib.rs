@@ -1,0 +1,186 @@
+//! gpuslice: isolate, share and account NVIDIA GPUs.
+//!
+//! Two binaries share this library and the one command line ([`cli::Cli`]):
+//! - `gpuslice` carries the commands on a job's start-up path (`run`, and
+//!   `list` and `slices`, which share its discovery and ledger code) and
+//!   hands every other command
+//!   to `gpuslice-full` beside it, by exec with the same arguments;
+//! - `gpuslice-full` carries them all (the daemons with their tokio, gRPC,
+//!   HTTP and CDI stacks, the benchmarks with their plotting).
+//!
+//! Why: `gpuslice run` is paid at the start of every job, and most of a
+//! small process's start-up is the loader mapping and relocating its
+//! binary. The daemons made the one binary 16 MB (`--version` 1.6–1.8 ms
+//! against 1.0 ms for a 2.6 MB launcher with the same isolation crates).
+
+pub mod cli;
+mod cmd;
+mod plot;
+mod stats;
+
+use clap::{CommandFactory, Parser};
+use cli::{Cli, Command, LogFormat};
+use gpuslice_isolate::launcher::{LaunchError, EXIT_LAUNCH_FAILED};
+use std::process::ExitCode;
+
+/// The binary `gpuslice` hands the commands it does not carry to.
+pub const FULL_BINARY: &str = "gpuslice-full";
+
+/// Parses the command line; on a usage error, what to exit with.
+pub fn parse() -> Result<Cli, ExitCode> {
+    Cli::try_parse().map_err(usage_error)
+}
+
+/// Whether `gpuslice` itself carries the command.
+pub fn is_lean(cli: &Cli) -> bool {
+    matches!(
+        cli.command,
+        Command::List | Command::Run(_) | Command::Slices
+    )
+}
+
+/// Runs a command `gpuslice` itself carries; None for the others.
+pub fn run_lean(cli: &Cli) -> Option<anyhow::Result<i32>> {
+    Some(match &cli.command {
+        Command::List => cmd::list::run(cli),
+        Command::Run(args) => cmd::run::run(cli, args),
+        Command::Slices => cmd::slices::run(cli),
+        _ => return None,
+    })
+}
+
+/// Every command.
+pub fn run_full(cli: &Cli) -> anyhow::Result<i32> {
+    match &cli.command {
+        Command::List => cmd::list::run(cli),
+        Command::Run(args) => cmd::run::run(cli, args),
+        Command::Slices => cmd::slices::run(cli),
+        Command::Cdi(c) => cmd::cdi::run(cli, c),
+        Command::Exporter(args) => cmd::exporter::run(cli, args),
+        Command::Labels(args) => cmd::labels::run(cli, args),
+        Command::DevicePlugin(args) => cmd::device_plugin::run(cli, args),
+        Command::DevicePluginSelftest(args) => cmd::device_plugin::selftest(cli, args),
+        Command::Bench(cli::BenchCommand::Launch(args)) => cmd::bench_launch::run(cli, args),
+        Command::Bench(cli::BenchCommand::Init(args)) => cmd::bench_init::run(cli, args),
+        Command::Doctor(args) => cmd::doctor::run(cli, args),
+        Command::Completions { shell } => {
+            clap_complete::generate(
+                *shell,
+                &mut Cli::command(),
+                "gpuslice",
+                &mut std::io::stdout(),
+            );
+            Ok(0)
+        }
+        Command::Man => clap_mangen::Man::new(Cli::command())
+            .render(&mut std::io::stdout())
+            .map(|_| 0)
+            .map_err(Into::into),
+    }
+}
+
+/// The `gpuslice` binary (the one whose `run` users call): this one, or,
+/// in `gpuslice-full`, its sibling. Benchmarks and self-tests time and run
+/// that one.
+pub(crate) fn gpuslice_exe() -> std::io::Result<std::path::PathBuf> {
+    let exe = std::env::current_exe()?;
+    Ok(match exe.file_name() {
+        Some(n) if n == FULL_BINARY => exe.with_file_name("gpuslice"),
+        _ => exe,
+    })
+}
+
+/// Replaces this process with `gpuslice-full` from the same directory,
+/// with the same arguments; returns only on failure.
+pub fn exec_full() -> ExitCode {
+    use std::os::unix::process::CommandExt;
+    let full = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.join(FULL_BINARY)));
+    let Some(full) = full.filter(|p| p.is_file()) else {
+        eprintln!(
+            "gpuslice: this command is carried by {FULL_BINARY}, which is not installed next to \
+             gpuslice (install both binaries into one directory)"
+        );
+        return ExitCode::from(1);
+    };
+    let err = std::process::Command::new(&full)
+        .args(std::env::args_os().skip(1))
+        .exec();
+    eprintln!("gpuslice: cannot run {}: {err}", full.display());
+    ExitCode::from(1)
+}
+
+/// Reports `result` the way every command does and gives the exit code.
+pub fn finish(cli: &Cli, result: anyhow::Result<i32>) -> ExitCode {
+    match result {
+        Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+        Err(e) => {
+            eprintln!("gpuslice: {}", one_line(&e));
+            let code = match (e.downcast_ref::<LaunchError>(), &cli.command) {
+                (Some(LaunchError::Child { code, .. }), _) => *code,
+                (_, Command::Run(_)) => EXIT_LAUNCH_FAILED,
+                _ => 1,
+            };
+            ExitCode::from(code as u8)
+        }
+    }
+}
+
+/// An error and its causes on one line.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut parts: Vec<String> = e.chain().map(|c| c.to_string()).collect();
+    parts.dedup();
+    parts.join(": ").replace('\n', " ")
+}
+
+/// clap's message cut to its first line; `run` exits 125 like `docker run`.
+fn usage_error(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind::*;
+    if matches!(e.kind(), DisplayHelp | DisplayVersion) {
+        let _ = e.print();
+        return ExitCode::SUCCESS;
+    }
+    let rendered = e.render().to_string();
+    // clap spreads one error over several lines (the error, the missing
+    // arguments, a tip); the usage that follows is what --help is for.
+    let message: Vec<&str> = rendered
+        .lines()
+        .take_while(|l| !l.starts_with("Usage:"))
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    let message = message.join(" ");
+    let is_run = std::env::args()
+        .skip(1)
+        .take_while(|a| a != "--")
+        .any(|a| a == "run");
+    let hint = if is_run {
+        "gpuslice run --help"
+    } else {
+        "gpuslice --help"
+    };
+    eprintln!(
+        "gpuslice: {} (see {hint})",
+        message.trim_start_matches("error: ")
+    );
+    ExitCode::from(if is_run { EXIT_LAUNCH_FAILED as u8 } else { 2 })
+}
+
+pub fn init_logging(cli: &Cli) {
+    let level = match cli.verbose {
+        0 => "warn",
+        1 => "info",
+        _ => "debug",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("GPUSLICE_LOG_LEVEL")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    match cli.log_format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.without_time().with_target(false).init(),
+    }
+}
