@@ -168,19 +168,27 @@ fn usage_error(e: clap::Error) -> ExitCode {
 }
 
 pub fn init_logging(cli: &Cli) {
+    use tracing_subscriber::filter::{LevelFilter, Targets};
+    use tracing_subscriber::prelude::*;
     let level = match cli.verbose {
-        0 => "warn",
-        1 => "info",
-        _ => "debug",
+        0 => LevelFilter::WARN,
+        1 => LevelFilter::INFO,
+        _ => LevelFilter::DEBUG,
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("GPUSLICE_LOG_LEVEL")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    // `GPUSLICE_LOG_LEVEL`: `debug`, or per target (`gpuslice_isolate=debug,warn`).
+    // Targets, not EnvFilter: no regex engine in the launcher's start-up.
+    let filter = std::env::var("GPUSLICE_LOG_LEVEL")
+        .ok()
+        .and_then(|v| v.parse::<Targets>().ok())
+        .unwrap_or_else(|| Targets::new().with_default(level));
+    let layer = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    let registry = tracing_subscriber::registry();
     match cli.log_format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder.without_time().with_target(false).init(),
+        LogFormat::Json => registry.with(layer.json().with_filter(filter)).init(),
+        LogFormat::Text => registry
+            .with(layer.without_time().with_target(false).with_filter(filter))
+            .init(),
     }
 }
