@@ -255,6 +255,12 @@ impl Board {
         })
     }
 
+    /// Whether `slot` is still held by slice `key` (a slot silent for
+    /// [`STALE_NS`] may have been taken over).
+    pub fn holds(&self, slot: usize, key: u64) -> bool {
+        slot < BOARD_SLOTS && self.word(slot, S_KEY).load(Ordering::Acquire) == key
+    }
+
     /// Adds `busy_ns` of measured GPU time to `slot`.
     pub fn record(&self, slot: usize, busy_ns: u64, now_ns: u64) {
         self.word(slot, S_BUSY)

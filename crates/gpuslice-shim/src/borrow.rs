@@ -16,7 +16,7 @@
 //! borrower may take time from them, as time-slicing would anyway).
 
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use gpuslice_ledger::board::{self, Board, Mode};
 use gpuslice_ledger::{Ledger, FULL_SHARE, MAX_DEVICES};
@@ -32,8 +32,11 @@ pub const MARGIN_BP: u64 = 500;
 /// One device's board slot and, when borrowing, the rate state.
 struct Seat {
     board: Board,
-    slot: usize,
+    key: u64,
+    /// Our slot; moves if another slice took it over while we were idle.
+    slot: AtomicUsize,
     share: u64,
+    mode: Mode,
     borrowing: bool,
     /// Start of the current window (CLOCK_MONOTONIC ns; 0: not started).
     window_start: AtomicU64,
@@ -87,8 +90,10 @@ impl Boards {
                 match seat {
                     Ok((slot, board)) => Some(Seat {
                         board,
-                        slot,
+                        key,
+                        slot: AtomicUsize::new(slot),
                         share,
+                        mode,
                         borrowing,
                         window_start: AtomicU64::new(0),
                         others_then: AtomicU64::new(0),
@@ -114,7 +119,9 @@ impl Boards {
     #[inline]
     pub fn record(&self, dev: usize, busy_ns: u64, now_ns: u64) {
         if let Some(Some(s)) = self.seats.get(dev) {
-            s.board.record(s.slot, busy_ns, now_ns);
+            if let Some(slot) = s.own_slot(now_ns) {
+                s.board.record(slot, busy_ns, now_ns);
+            }
         }
     }
 
@@ -136,9 +143,24 @@ impl Boards {
 }
 
 impl Seat {
+    /// Our slot, claimed again if a slice took it over while we were idle
+    /// (None: the board is full; this use goes unpublished).
+    fn own_slot(&self, now: u64) -> Option<usize> {
+        let slot = self.slot.load(Ordering::Relaxed);
+        if self.board.holds(slot, self.key) {
+            return Some(slot);
+        }
+        let slot = self
+            .board
+            .claim(self.key, self.share, self.mode, now)
+            .ok()?;
+        self.slot.store(slot, Ordering::Relaxed);
+        Some(slot)
+    }
+
     /// Closes the window that began at `start` (0: the first one).
     fn update(&self, start: u64, now: u64) {
-        let others = self.board.others_busy(self.slot);
+        let others = self.board.others_busy(self.slot.load(Ordering::Relaxed));
         let then = self.others_then.swap(others, Ordering::AcqRel);
         // A slot taken over by a new slice restarts at zero: skip that
         // window rather than read a huge difference.
@@ -209,6 +231,28 @@ mod tests {
             rates[4] > 3000 && rates[4] < FULL_SHARE - MARGIN_BP,
             "{rates:?}"
         );
+    }
+
+    #[test]
+    fn a_slot_taken_over_while_idle_is_claimed_anew() {
+        let dir = tempfile::tempdir().unwrap();
+        let boards = dir.path().join("boards");
+        let la = ledger(dir.path(), "a", 3000);
+        let a = Boards::open(&la, &[3000], Mode::Cap, &boards).unwrap();
+        let first = a.seats[0].as_ref().unwrap().slot.load(Ordering::Relaxed);
+        // a stays silent past STALE_NS: another slice takes its slot.
+        let board = Board::open_or_create(&boards, &la.uuid(0)).unwrap();
+        let late = crate::compute::now_ns() + board::STALE_NS + 1;
+        let thief = board.claim(7, 100, Mode::Cap, late).unwrap();
+        assert_eq!(thief, first);
+        // a's next use goes to a slot of its own, not into the thief's.
+        a.record(0, 5_000, late);
+        let snap = board.snapshot();
+        let key = board::ledger_key(la.path().unwrap()).unwrap();
+        let (mine, slot) = snap.iter().find(|(_, s)| s.key == key).unwrap();
+        assert_ne!(*mine, thief);
+        assert_eq!(slot.busy_ns, 5_000);
+        assert_eq!(snap.iter().find(|(s, _)| *s == thief).unwrap().1.busy_ns, 0);
     }
 
     #[test]
