@@ -47,7 +47,83 @@ pub fn checks(ctx: &Context) -> Vec<Check> {
             "fix isolation.cgroup first",
         ),
     };
-    vec![hierarchy, filter, userns(&ctx.root)]
+    vec![
+        hierarchy,
+        filter,
+        userns(&ctx.root),
+        compute_boards(&ctx.root),
+    ]
+}
+
+/// The GPUs' compute boards (docs/compute-share.md): a directory every
+/// slice with a compute share writes, so sticky and world-writable like
+/// /tmp, holding only boards.
+pub fn compute_boards(root: &HostRoot) -> Check {
+    use gpuslice_ledger::board::{self, Board};
+    use std::os::unix::fs::MetadataExt;
+    const NAME: &str = "isolation.compute-boards";
+    let dir = root.join(board::board_dir());
+    let Ok(meta) = fs::symlink_metadata(&dir) else {
+        return Check::skip(
+            NAME,
+            format!(
+                "{} does not exist: no slice with a compute share has run here",
+                dir.display()
+            ),
+            "",
+        );
+    };
+    let mode = meta.mode() & 0o7777;
+    if !meta.is_dir() || meta.uid() != 0 || mode != 0o1777 {
+        return Check::warn(
+            NAME,
+            format!(
+                "{} is {} owned by uid {} with mode {mode:o}, not a root-owned directory with mode 1777",
+                dir.display(),
+                if meta.is_dir() { "a directory" } else { "not a directory" },
+                meta.uid()
+            ),
+            format!(
+                "rm -rf {d} (gpuslice run --compute re-creates it), or chown root {d} && chmod 1777 {d}",
+                d = dir.display()
+            ),
+        );
+    }
+    let mut boards = 0;
+    let mut slices = 0;
+    let mut foreign = Vec::new();
+    for entry in fs::read_dir(&dir).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let uuid = name.strip_suffix(".board");
+        match uuid.and_then(|u| Board::open_existing(&dir, u)) {
+            Some(b) => {
+                boards += 1;
+                slices += b.snapshot().len();
+            }
+            None => foreign.push(name),
+        }
+    }
+    if !foreign.is_empty() {
+        return Check::warn(
+            NAME,
+            format!(
+                "{} holds files that are not boards: {}",
+                dir.display(),
+                foreign.join(", ")
+            ),
+            format!(
+                "remove them from {} (a board holds nothing that outlives its slices)",
+                dir.display()
+            ),
+        );
+    }
+    Check::pass(
+        NAME,
+        format!(
+            "{boards} GPU board(s) in {}, {slices} slice slot(s) in use",
+            dir.display()
+        ),
+    )
 }
 
 /// The hierarchy slices are made in: `over` when given (which must be a

@@ -24,7 +24,9 @@ fn healthy() -> FakeHostBuilder {
 fn command(h: &FakeHost, args: &[&str]) -> Command {
     let mut c = Command::new(GPUSLICE);
     c.arg("--host-root").arg(h.root()).arg("doctor").args(args);
-    c.envs(h.env()).env("LC_ALL", "C");
+    c.envs(h.env())
+        .env("LC_ALL", "C")
+        .env_remove("GPUSLICE_BOARD_DIR");
     c
 }
 
@@ -107,7 +109,12 @@ fn healthy_fake_host_passes() {
         assert_eq!(check(&v, name)["status"], "pass", "{name}: {v:#}");
     }
     // What a fake host cannot show is skipped, with the reason.
-    for name in ["isolation.userns", "k8s.cdi", "k8s.device-plugin"] {
+    for name in [
+        "isolation.userns",
+        "isolation.compute-boards",
+        "k8s.cdi",
+        "k8s.device-plugin",
+    ] {
         let c = check(&v, name);
         assert_eq!(c["status"], "skip", "{name}: {c:#}");
         assert!(!c["detail"].as_str().unwrap().is_empty());
@@ -454,5 +461,55 @@ fn cdi_spec_from_cdi_generate() {
         "fail",
         &["GPU-fa4e0004-0000-4000-8000-000000000004 is missing"],
         "gpuslice cdi generate --output",
+    );
+}
+
+#[test]
+fn compute_boards_directory() {
+    use std::os::unix::fs::PermissionsExt;
+    let h = healthy().build().unwrap();
+    let dir = h.root().join("run/gpuslice/gpus");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    gpuslice_ledger::board::Board::open_or_create(&dir, &h.gpus()[0].uuid)
+        .unwrap()
+        .claim(42, 2500, gpuslice_ledger::board::Mode::Guaranteed, 1)
+        .unwrap();
+    let (code, v) = doctor(&h, &[]);
+    assert_eq!(code, 0, "{v:#}");
+    let c = check(&v, "isolation.compute-boards");
+    assert_eq!(c["status"], "pass", "{c:#}");
+    assert!(
+        c["detail"].as_str().unwrap().contains("1 GPU board(s)"),
+        "{c:#}"
+    );
+    assert!(
+        c["detail"].as_str().unwrap().contains("1 slice slot(s)"),
+        "{c:#}"
+    );
+
+    // Something else in it.
+    std::fs::write(dir.join("notes.txt"), "hi").unwrap();
+    let (code, v) = doctor(&h, &[]);
+    found(
+        &v,
+        code,
+        "isolation.compute-boards",
+        "warn",
+        &["notes.txt"],
+        "remove them",
+    );
+    std::fs::remove_file(dir.join("notes.txt")).unwrap();
+
+    // Writable by everyone without the sticky bit.
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let (code, v) = doctor(&h, &[]);
+    found(
+        &v,
+        code,
+        "isolation.compute-boards",
+        "warn",
+        &["mode 777"],
+        "chmod 1777",
     );
 }
