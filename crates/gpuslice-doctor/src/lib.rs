@@ -6,7 +6,8 @@
 //! - [`driver`]: the kernel driver and the user-space libraries matching it;
 //! - [`devices`]: `/dev/nvidia*` nodes, their modes, `ModifyDeviceFiles`;
 //! - [`isolation`]: the cgroup hierarchy, whether a device filter can be
-//!   enforced there (tried on a throwaway cgroup), user namespaces;
+//!   enforced there (tried on a throwaway cgroup), user namespaces, the
+//!   directory of the GPUs' compute boards;
 //! - [`gpu`]: persistence, MIG, PCIe links, NUMA, NVLink, XID errors, ECC
 //!   and remapped rows, memory held by processes outside any slice;
 //! - [`k8s`]: the CDI spec, the device-plugin socket, a conflicting NVIDIA
