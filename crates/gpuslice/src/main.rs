@@ -4,16 +4,16 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let cli = match gpuslice::parse() {
+    let cli = match gpuslice_cli::parse() {
         Ok(cli) => cli,
         Err(code) => return code,
     };
-    if !gpuslice::is_lean(&cli) {
-        return gpuslice::exec_full();
+    if !gpuslice_cli::is_lean(&cli) {
+        return gpuslice_cli::exec_full();
     }
-    gpuslice::init_logging(&cli);
-    match gpuslice::run_lean(&cli) {
-        Some(result) => gpuslice::finish(&cli, result),
-        None => gpuslice::exec_full(),
+    gpuslice_cli::init_logging(&cli);
+    match gpuslice_cli::run_lean(&cli) {
+        Some(result) => gpuslice_cli::finish(&cli, result),
+        None => gpuslice_cli::exec_full(),
     }
 }

@@ -4,10 +4,10 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let cli = match gpuslice::parse() {
+    let cli = match gpuslice_cli::parse() {
         Ok(cli) => cli,
         Err(code) => return code,
     };
-    gpuslice::init_logging(&cli);
-    gpuslice::finish(&cli, gpuslice::run_full(&cli))
+    gpuslice_cli::init_logging(&cli);
+    gpuslice_cli::finish(&cli, gpuslice_cli::run_full(&cli))
 }
