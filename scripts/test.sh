@@ -31,6 +31,7 @@ fi
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace
 # The fake driver is a cdylib the tests load at run time: build it first.
 cargo build --workspace --all-targets
 cargo test --workspace --no-fail-fast -- --test-threads=2

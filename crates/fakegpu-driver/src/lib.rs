@@ -18,7 +18,7 @@
 //!   `cuda/launch.rs`).
 //! - `CUDA_VISIBLE_DEVICES`: as with the real driver.
 //!
-//! Every exported function catches panics (see [`ffi::guard`]) so that none
+//! Every exported function catches panics (see `ffi::guard`) so that none
 //! unwinds into C.
 
 mod cuda;

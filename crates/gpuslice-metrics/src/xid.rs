@@ -63,7 +63,7 @@ impl Counts {
     }
 }
 
-/// The running watcher; dropping it stops the thread (within [`WAIT_MS`]).
+/// The running watcher; dropping it stops the thread (within `WAIT_MS`).
 pub struct Watcher {
     counts: Arc<Mutex<Counts>>,
     stop: Arc<AtomicBool>,

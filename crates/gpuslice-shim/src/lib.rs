@@ -21,6 +21,10 @@
 //! No panic crosses the C boundary: every entry point runs under
 //! `catch_unwind`.
 
+// A cdylib with no Rust API: its documentation is for maintainers and
+// points into the private modules on purpose.
+#![allow(rustdoc::private_intra_doc_links)]
+
 mod borrow;
 mod compute;
 mod config;

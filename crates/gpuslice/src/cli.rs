@@ -1,10 +1,6 @@
 //! The command-line definition; completions and the man page are generated
 //! from it.
 
-// The doc comments here are clap's help text, written for a terminal
-// (`GPU-<uuid>`), not for rustdoc's HTML.
-#![allow(rustdoc::invalid_html_tags)]
-
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::ffi::OsString;
 use std::path::PathBuf;
