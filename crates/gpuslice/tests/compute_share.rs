@@ -12,7 +12,7 @@ use fakegpu::FakeHost;
 use serde_json::Value;
 
 mod common;
-use common::{client, gpuslice};
+use common::{client, gpuslice, slices_json, slices_text};
 
 /// `gpuslice run --gpus 0 <limits> -- <client> compute kernel` (200 µs
 /// kernels, 1.2 s measured after 0.3 s).
@@ -55,15 +55,7 @@ fn run_with_compute_holds_the_share_and_slices_shows_it() {
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(900));
-    let out = gpuslice(&h, ledgers.path(), &["slices", "--json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = slices_json(&h, ledgers.path());
     let c = &v["slices"][0]["compute"][0];
     assert_eq!(c["share_percent"], 40.0, "{v}");
     assert_eq!(c["mode"], "cap", "{v}");
@@ -74,8 +66,7 @@ fn run_with_compute_holds_the_share_and_slices_shows_it() {
         Value::Null,
         "{v}"
     );
-    let text = gpuslice(&h, ledgers.path(), &["slices"]).output().unwrap();
-    let text = String::from_utf8_lossy(&text.stdout);
+    let text = slices_text(&h, ledgers.path());
     assert!(text.contains("compute share 40%"), "{text}");
 
     let got = achieved(&child.wait_with_output().unwrap());
@@ -113,13 +104,9 @@ fn a_guaranteed_share_runs_past_it_while_the_gpu_is_idle() {
     .spawn()
     .unwrap();
     std::thread::sleep(Duration::from_millis(900));
-    let out = gpuslice(&h, ledgers.path(), &["slices", "--json"])
-        .output()
-        .unwrap();
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = slices_json(&h, ledgers.path());
     assert_eq!(v["slices"][0]["compute"][0]["mode"], "guaranteed", "{v}");
-    let text = gpuslice(&h, ledgers.path(), &["slices"]).output().unwrap();
-    let text = String::from_utf8_lossy(&text.stdout);
+    let text = slices_text(&h, ledgers.path());
     assert!(
         text.contains("compute share 30% guaranteed (borrows idle time)"),
         "{text}"

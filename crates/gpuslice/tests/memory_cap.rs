@@ -11,7 +11,7 @@ use fakegpu::FakeHost;
 use serde_json::Value;
 
 mod common;
-use common::{client, gpuslice};
+use common::{client, gpuslice, slices_json, slices_text};
 
 #[test]
 fn run_with_memory_caps_the_child_and_slices_shows_it() {
@@ -60,23 +60,14 @@ fn run_with_memory_caps_the_child_and_slices_shows_it() {
         .read_line(&mut line)
         .unwrap();
     assert_eq!(line.trim(), "held 0");
-    let out = gpuslice(&h, ledgers.path(), &["slices", "--json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = slices_json(&h, ledgers.path());
     let s = &v["slices"][0];
     assert_eq!(s["devices"][0]["cap_bytes"], 1u64 << 30, "{v}");
     assert_eq!(s["devices"][0]["used_bytes"], 50_000_000, "{v}");
     assert_eq!(s["devices"][0]["uuid"], h.gpus()[0].uuid, "{v}");
     assert_eq!(s["processes"][0]["bytes"][0], 50_000_000, "{v}");
     assert_eq!(s["processes"][0]["state"], "live", "{v}");
-    let text = gpuslice(&h, ledgers.path(), &["slices"]).output().unwrap();
-    let text = String::from_utf8_lossy(&text.stdout);
+    let text = slices_text(&h, ledgers.path());
     assert!(text.contains("used 48MiB / cap 1024MiB"), "{text}");
 
     // SIGKILL the process in the slice; the launcher exits with 128+9 and

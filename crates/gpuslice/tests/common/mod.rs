@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use fakegpu::FakeHost;
+use serde_json::Value;
 
 pub const GPUSLICE: &str = env!("CARGO_BIN_EXE_gpuslice");
 
@@ -33,4 +34,23 @@ pub fn gpuslice(h: &FakeHost, ledgers: &Path, args: &[&str]) -> Command {
         .env_remove("GPUSLICE_COMPUTE_LIMIT")
         .env_remove("GPUSLICE_LEDGER");
     c
+}
+
+/// `gpuslice slices --json`, which must succeed.
+pub fn slices_json(h: &FakeHost, ledgers: &Path) -> Value {
+    let out = gpuslice(h, ledgers, &["slices", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// `gpuslice slices`, as text.
+pub fn slices_text(h: &FakeHost, ledgers: &Path) -> String {
+    let out = gpuslice(h, ledgers, &["slices"]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
