@@ -35,14 +35,6 @@ pub fn parse() -> Result<Cli, ExitCode> {
     Cli::try_parse().map_err(usage_error)
 }
 
-/// Whether `gpuslice` itself carries the command.
-pub fn is_lean(cli: &Cli) -> bool {
-    matches!(
-        cli.command,
-        Command::List | Command::Run(_) | Command::Slices
-    )
-}
-
 /// Runs a command `gpuslice` itself carries; None for the others.
 pub fn run_lean(cli: &Cli) -> Option<anyhow::Result<i32>> {
     Some(match &cli.command {

@@ -8,9 +8,8 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(code) => return code,
     };
-    if !gpuslice_cli::is_lean(&cli) {
-        return gpuslice_cli::exec_full();
-    }
+    // Set up before knowing whether this binary carries the command: a
+    // few microseconds, and gpuslice-full sets up its own.
     gpuslice_cli::init_logging(&cli);
     match gpuslice_cli::run_lean(&cli) {
         Some(result) => gpuslice_cli::finish(&cli, result),
