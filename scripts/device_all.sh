@@ -10,6 +10,7 @@
 #   exporter   issue 7: exporter during a capped GEMM, idle CPU (~100 s)
 #   compute    issue 5: compute share: one slice at 50/25/10/75 % (GEMM + small kernels, vs bare,
 #              interleaved), two slices 30/70, a CUDA graph at 50 %, no-limit overhead (~110 s)
+#   computediag  issue 5: what the GPU does under partial duty, without gpuslice (~45 s)
 #   plugin     issue 6: device plugin vs a test kubelet (v1beta1 over unix sockets): register,
 #              list (NUMA), Allocate gpu + gpu.shared run via `gpuslice run` + the probe, 60 s health (~85 s)
 # Run from the repo root as root after scripts/device-build.sh. Each part is
@@ -23,6 +24,8 @@ bounded() { echo "== $* ($(date -u +%T))"; timeout -s KILL "$@"; echo "   rc=$?"
 
 part_isolation() {
     bounded 120 python3 scripts/device_verify.py "$work"
+    # The private /dev mirrors every host /dev entry: how many there are here.
+    find /dev -xdev | wc -l >"$work/dev-entries.txt"
     # Where a launch spends its time (discovery is logged at debug).
     GPUSLICE_LOG_LEVEL=debug bounded 10 .device-carry/gpuslice run --gpus 0 --isolation env -- /bin/true \
         >"$work/run-debug.txt" 2>&1
@@ -50,8 +53,12 @@ part_exporter() {
 }
 part_compute() {
     # Workers stay up and are driven over stdin (one torch import each);
-    # the script stops itself at ~108 s and writes compute.json as it goes.
-    bounded 120 python3 scripts/device_compute.py "$work"
+    # the script stops itself at ~130 s and writes compute.json as it goes.
+    COMPUTE_BUDGET_S=${COMPUTE_BUDGET_S:-130} bounded 145 python3 scripts/device_compute.py "$work"
+}
+part_computediag() {
+    # Plain PyTorch, no gpuslice: event cost, work per GPU-second at partial duty, SM clock.
+    bounded 90 "${TORCH_PY:-/opt/torch/.venv/bin/python3}" scripts/device_compute_diag.py "$work"
 }
 part_plugin() {
     # The plugin and a test kubelet in a temp dir; Allocate answers applied
@@ -67,15 +74,21 @@ part_doctor() {
     timeout -s KILL 60 .device-carry/gpuslice doctor
 }
 
+# Collected after every part, so a run cut short still brings back the
+# parts that finished.
+collect() {
+    tar czf "$out/results.tgz" -C "$work" .
+    for f in isolation.json doctor.json cdi.json exporter.json plugin.json compute.json compute-diag.json; do
+        [ -f "$work/$f" ] && cp "$work/$f" "$out/"
+    done
+}
+
 for what in "$@"; do
     if declare -F "part_$what" >/dev/null; then
         "part_$what"
+        collect
     else
         echo "unknown part $what" >&2
     fi
-done
-tar czf "$out/results.tgz" -C "$work" .
-for f in isolation.json doctor.json cdi.json exporter.json plugin.json compute.json; do
-    [ -f "$work/$f" ] && cp "$work/$f" "$out/"
 done
 ls -la "$out"

@@ -16,6 +16,9 @@ Whole run bounded to ~110 s; levels in priority order.
 """
 import json, mmap, os, select, struct, subprocess, sys, time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from nvml_sampler import Nvml  # noqa: E402
+
 OUT = sys.argv[1] if len(sys.argv) > 1 else "/tmp/compute"
 os.makedirs(OUT, exist_ok=True)
 PY = os.environ.get("TORCH_PY", "/opt/torch/.venv/bin/python3")
@@ -137,6 +140,19 @@ for line in sys.stdin:
 '''
 
 
+NV = None
+
+
+def sampled(w, cmd, timeout=30):
+    """w.ask(cmd) with the SM clock and power sampled while it runs."""
+    if NV is None:
+        return w.ask(cmd, timeout)
+    with NV:
+        r = w.ask(cmd, timeout)
+    r.update(NV.summary())
+    return r
+
+
 def left():
     return BUDGET - (time.time() - T0)
 
@@ -206,6 +222,12 @@ def read_compute(ledger):
 
 
 def main():
+    global NV
+    try:
+        NV = Nvml()
+        R["driver"] = NV.driver
+    except Exception as e:  # noqa: BLE001
+        R["errors"].append(f"NVML sampler: {e!r}")
     base_env = dict(os.environ)
     for k in ("LD_PRELOAD", "GPUSLICE_COMPUTE_LIMIT", "GPUSLICE_MEMORY_LIMIT", "GPUSLICE_LEDGER"):
         base_env.pop(k, None)
@@ -241,8 +263,8 @@ def main():
                     R["errors"].append(f"skipped {pct}% {k}: time")
                     return
                 before = read_compute(ledger)
-                u = U.ask(f"{k} {secs}")
-                l = L.ask(f"{k} {secs}")
+                u = sampled(U, f"{k} {secs}")
+                l = sampled(L, f"{k} {secs}")
                 after = read_compute(ledger)
                 ratio = l["rate"] / u["rate"]
                 res[k] = {"unlimited": u, "limited": l, "ratio": ratio,
@@ -254,6 +276,8 @@ def main():
                 R["max_error_points"] = max(errs)
                 save()
 
+        # At 100 % nothing waits: what metering itself costs.
+        level(100)
         level(50)
         level(25)
         # Two slices at 30 / 70 together.

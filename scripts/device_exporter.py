@@ -98,6 +98,8 @@ def sample(phase, t0):
         s["sample_age_s"] = pick(m, "gpuslice_exporter_sample_age_seconds")
         s["collect_s"] = pick(m, "gpuslice_exporter_collect_duration_seconds")
         s["families"] = sorted({n for n, _ in m})
+        # XID events watched on the real driver (1), and any XID seen.
+        s["xid"] = {f"{n}{dict(l)}": v for (n, l), v in m.items() if "xid" in n}
     except Exception as e:  # noqa: BLE001
         s["error"] = str(e)
     s["nvidia_smi"] = smi()

@@ -44,7 +44,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// Name of the directory below the cgroup root that holds every slice.
 pub const SLICES_DIR: &str = "gpuslice";
 
-const MOUNTINFO: &str = "/proc/self/mountinfo";
+use crate::mountinfo::MOUNTINFO;
 
 /// Which cgroup version to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -150,22 +150,12 @@ impl CgroupDriver {
     ) -> Result<CgroupDriver, CgroupError> {
         let mut v2 = Vec::new();
         let mut v1 = Vec::new();
-        for line in mountinfo.lines() {
-            let Some((left, right)) = line.split_once(" - ") else {
-                continue;
-            };
-            let Some(mount_point) = left.split(' ').nth(4) else {
-                continue;
-            };
-            let mut right = right.split(' ');
-            let (Some(fstype), _source, Some(opts)) = (right.next(), right.next(), right.next())
-            else {
-                continue;
-            };
-            let mount_point = PathBuf::from(unescape(mount_point));
-            match fstype {
-                "cgroup2" => v2.push(mount_point),
-                "cgroup" if opts.split(',').any(|o| o == "devices") => v1.push(mount_point),
+        for m in crate::mountinfo::mounts(mountinfo) {
+            match m.fstype {
+                "cgroup2" => v2.push(m.mount_point),
+                "cgroup" if m.super_opts.split(',').any(|o| o == "devices") => {
+                    v1.push(m.mount_point)
+                }
                 _ => {}
             }
         }
@@ -218,29 +208,6 @@ impl CgroupDriver {
     pub fn slices_dir(&self) -> PathBuf {
         self.root().join(SLICES_DIR)
     }
-}
-
-/// Undoes the octal escapes (`\040` for a space…) of a mountinfo field.
-fn unescape(field: &str) -> String {
-    let b = field.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let octal = b
-            .get(i + 1..i + 4)
-            .filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)));
-        match (b[i], octal) {
-            (b'\\', Some(d)) => {
-                out.push((d[0] - b'0') << 6 | (d[1] - b'0') << 3 | (d[2] - b'0'));
-                i += 4;
-            }
-            (c, _) => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The `devices.deny` lines (`c MAJOR:MINOR rwm`, or `c MAJOR:* rwm`) that

@@ -13,6 +13,7 @@ pub mod cgroup;
 pub mod devfs;
 pub mod driver_proc;
 pub mod launcher;
+mod mountinfo;
 pub mod spawn;
 pub mod strict;
 pub mod userns;

@@ -221,6 +221,54 @@ fn full_isolation_does_not_recreate_nodes_and_masks_proc() {
 }
 
 #[test]
+fn the_private_dev_shows_the_live_host_dev_but_the_hidden_nodes() {
+    let h = host(4, false);
+    let dev = h.root().join("dev");
+    // What a real host's /dev has besides the driver's nodes: other
+    // devices, subdirectories, symlinks, and filesystems mounted inside.
+    nix::sys::stat::mknod(
+        &dev.join("ttyS9"),
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(0o620),
+        nix::sys::stat::makedev(4, 73),
+    )
+    .unwrap();
+    std::fs::create_dir_all(dev.join("disk/by-id")).unwrap();
+    std::os::unix::fs::symlink("../../ttyS9", dev.join("disk/by-id/serial")).unwrap();
+    std::fs::create_dir(dev.join("shm")).unwrap();
+    nix::mount::mount(
+        Some("tmpfs"),
+        &dev.join("shm"),
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        None::<&str>,
+    )
+    .unwrap();
+    std::fs::write(dev.join("shm/marker"), "host\n").unwrap();
+
+    let d = dev.display();
+    let script = format!(
+        "ls {d} | grep -c '^nvidia[0-9]'; \
+         readlink -f {d}/disk/by-id/serial; cat {d}/shm/marker; echo slice > {d}/shm/from-slice; \
+         touch {d}/slice-file && echo made; mkdir {d}/slice-dir && echo made-dir"
+    );
+    let out = open_in_slice(&h, &["--gpus", "1"], &script);
+    // The host's /dev appears after the slice has gone (a file made in
+    // the slice's /dev stays the slice's; one made in its /dev/shm is the
+    // host's, as that is the host's mount).
+    let host_ttys = dev.join("ttyS9").exists();
+    let shm_file = std::fs::read_to_string(dev.join("shm/from-slice")).unwrap_or_default();
+    let leaked = dev.join("slice-file").exists() || dev.join("slice-dir").exists();
+    nix::mount::umount(&dev.join("shm")).unwrap();
+    assert_eq!(
+        out,
+        format!("1\n{d}/ttyS9\nhost\nmade\nmade-dir\n"),
+        "inside the slice"
+    );
+    assert!(host_ttys && shm_file == "slice\n" && !leaked, "on the host");
+}
+
+#[test]
 fn environment_names_the_selection() {
     let h = host(4, false);
     let out = run(

@@ -147,7 +147,7 @@ fn plan(
         private_dev: isolation.private_dev().then_some(if rootless {
             NodeMode::Bind
         } else {
-            NodeMode::Mknod
+            NodeMode::Whiteout
         }),
         user_namespace,
         params_overlay,
