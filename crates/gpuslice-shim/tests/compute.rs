@@ -144,6 +144,41 @@ fn the_share_converges_to_the_target_on_every_launch_path() {
 }
 
 #[test]
+fn a_busy_stream_pays_one_event_per_launch() {
+    // The client waits for the GPU after every 8 launches: the first
+    // launch after each wait needs an event before it, the other 7 are
+    // measured from the event after the launch before them.
+    let s = Slice::new();
+    let v = result(
+        s.client(
+            "busy",
+            Some("100"),
+            &[
+                "--via", "procaddr", "compute", "kernel", KERNEL_NS, "0.5", "0.1",
+            ],
+        )
+        .output()
+        .unwrap(),
+    );
+    let launches = v["launches"].as_f64().unwrap();
+    let records = v["event_records"].as_f64().unwrap();
+    let per = records / launches;
+    assert!(
+        (1.0..=1.2).contains(&per),
+        "events per launch {per:.3} ({v}); a pair each would be 2"
+    );
+    // And the GPU time is still measured right: the slice's ledger holds
+    // the window's GPU time, plus at most the warm-up's.
+    let busy = v["busy_ns"].as_f64().unwrap();
+    let l = Ledger::open(&s.ledger_path("busy")).unwrap();
+    let charged = l.snapshot().compute[0].busy_ns as f64;
+    assert!(
+        charged >= busy * 0.99 && charged <= busy + 0.1e9 + 5e6,
+        "ledger {charged} ns for {busy} ns of GPU time in the window ({v})"
+    );
+}
+
+#[test]
 fn graph_launches_are_metered() {
     let s = Slice::new();
     let run = |pct: Option<&str>, name: &str| {

@@ -11,7 +11,8 @@
 //! the tail of their stream; `cuEventQuery` says whether host time has
 //! reached it, `cuEventElapsedTime` gives the difference in ms.
 //! `fakegpuBusyNs(dev)` (not a CUDA function) returns the GPU time the
-//! device has completed so far.
+//! device has completed so far, `fakegpuEventRecords()` how many events
+//! were recorded (what metering costs the GPU).
 
 use std::collections::BTreeMap;
 use std::ffi::{c_float, c_uint, c_void};
@@ -245,7 +246,10 @@ pub extern "C" fn cuEventDestroy_v2(event: Handle) -> CUresult {
     })
 }
 
+static EVENT_RECORDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 fn record(event: Handle, stream: Handle, ptsz: bool) -> CUresult {
+    EVENT_RECORDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     guard(CUDA_ERROR_UNKNOWN, || {
         rc(current_device().and_then(|_| {
             let k = key(stream, ptsz);
@@ -369,6 +373,12 @@ pub extern "C" fn cuStreamSynchronize_ptsz(stream: Handle) -> CUresult {
 pub(super) fn device_sync(dev: usize) {
     let at = timeline().dev_tail.get(&dev).map_or(0, |v| v.0);
     wait_until(at);
+}
+
+/// cuEventRecord calls so far. Test hook, not CUDA.
+#[no_mangle]
+pub extern "C" fn fakegpuEventRecords() -> u64 {
+    EVENT_RECORDS.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// GPU time device `dev` has completed by now (ns). Test hook, not CUDA.

@@ -925,6 +925,13 @@ fn compute(cu: &Cuda, mode: &str, kernel_ns: u64, seconds: f64, warmup: f64) {
         unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(c_int) -> u64>(busy_p) };
     // SAFETY: a plain call of the test hook.
     let busy = |d: c_int| unsafe { busy_f(d) };
+    let records_p = cu.dlsym("fakegpuEventRecords");
+    assert!(!records_p.is_null(), "fakegpuEventRecords");
+    // SAFETY: the fake driver's test hook: u64 (void).
+    let records_f =
+        unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> u64>(records_p) };
+    // SAFETY: a plain call of the test hook.
+    let records = || unsafe { records_f() };
     let sync = f!(
         cu,
         "cuCtxSynchronize",
@@ -1037,12 +1044,12 @@ fn compute(cu: &Cuda, mode: &str, kernel_ns: u64, seconds: f64, warmup: f64) {
     };
     let mut launch = launch;
     let t0 = Instant::now();
-    let mut mark: Option<(Instant, u64, u64)> = None;
+    let mut mark: Option<(Instant, u64, u64, u64)> = None;
     let mut n: u64 = 0;
     loop {
         let el = t0.elapsed().as_secs_f64();
         if mark.is_none() && el >= warmup {
-            mark = Some((Instant::now(), busy(0), n));
+            mark = Some((Instant::now(), busy(0), n, records()));
         }
         if el >= warmup + seconds {
             break;
@@ -1054,13 +1061,15 @@ fn compute(cu: &Cuda, mode: &str, kernel_ns: u64, seconds: f64, warmup: f64) {
             assert_eq!(unsafe { sync() }, 0);
         }
     }
-    let (m, b0, n0) = mark.expect("warm-up shorter than the run");
+    let (m, b0, n0, r0) = mark.expect("warm-up shorter than the run");
     let b1 = busy(0);
+    let r1 = records();
     let wall = m.elapsed().as_nanos();
     line(&[
         ("busy_ns", (b1 - b0).to_string()),
         ("wall_ns", wall.to_string()),
         ("launches", (n - n0).to_string()),
+        ("event_records", (r1 - r0).to_string()),
         ("share", format!("{:.4}", (b1 - b0) as f64 / wall as f64)),
     ]);
     // SAFETY: plain call.
