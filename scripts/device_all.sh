@@ -24,8 +24,13 @@ bounded() { echo "== $* ($(date -u +%T))"; timeout -s KILL "$@"; echo "   rc=$?"
 
 part_isolation() {
     bounded 120 python3 scripts/device_verify.py "$work"
-    # The private /dev mirrors every host /dev entry: how many there are here.
+    # The private /dev overlays the host's: how many entries it has here.
     find /dev -xdev | wc -l >"$work/dev-entries.txt"
+    # The isolation check's `bench launch` selects GPU 0, which on a 1-GPU
+    # machine hides nothing (no mount namespace is made); `--gpus none`
+    # hides the GPU: the private /dev, params overlay and BPF filter all work.
+    PATH="$PWD/.device-carry:$PATH" bounded 120 .device-carry/gpuslice-full bench launch --runs 300 --gpus none \
+        --json >"$work/launch-none.json"
     # Where a launch spends its time (discovery is logged at debug).
     GPUSLICE_LOG_LEVEL=debug bounded 10 .device-carry/gpuslice run --gpus 0 --isolation env -- /bin/true \
         >"$work/run-debug.txt" 2>&1
@@ -78,7 +83,7 @@ part_doctor() {
 # parts that finished.
 collect() {
     tar czf "$out/results.tgz" -C "$work" .
-    for f in isolation.json doctor.json cdi.json exporter.json plugin.json compute.json compute-diag.json; do
+    for f in isolation.json launch-none.json doctor.json cdi.json exporter.json plugin.json compute.json compute-diag.json; do
         [ -f "$work/$f" ] && cp "$work/$f" "$out/"
     done
 }

@@ -43,4 +43,12 @@ impl Isolation {
     pub fn cgroup(self) -> bool {
         matches!(self, Self::Full | Self::Cgroup)
     }
+    /// These layers less the mount namespace's (private `/dev`, driver
+    /// procfs): for a selection that leaves no node to hide.
+    pub fn without_namespace(self) -> Self {
+        match self {
+            Self::Full | Self::Cgroup => Self::Cgroup,
+            Self::Namespace | Self::Env => Self::Env,
+        }
+    }
 }

@@ -269,6 +269,20 @@ fn the_private_dev_shows_the_live_host_dev_but_the_hidden_nodes() {
 }
 
 #[test]
+fn a_selection_that_hides_nothing_makes_no_mount_namespace_but_keeps_the_cgroup() {
+    let h = host(2, true);
+    let host_ns = std::fs::read_link("/proc/self/ns/mnt").unwrap();
+    let script = "readlink /proc/self/ns/mnt; grep -c gpuslice /proc/self/cgroup";
+    let all = open_in_slice(&h, &["--gpus", "all"], script);
+    let one = open_in_slice(&h, &["--gpus", "1"], script);
+    let host_ns = host_ns.display().to_string();
+    assert_eq!(all, format!("{host_ns}\n1\n"), "--gpus all: {all}");
+    let mut lines = one.lines();
+    assert_ne!(lines.next(), Some(host_ns.as_str()), "--gpus 1: {one}");
+    assert_eq!(lines.next(), Some("1"), "--gpus 1: {one}");
+}
+
+#[test]
 fn environment_names_the_selection() {
     let h = host(4, false);
     let out = run(
