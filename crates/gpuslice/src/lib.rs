@@ -25,13 +25,12 @@ mod stats;
 use clap::{CommandFactory, Parser};
 use cli::{Cli, Command, LogFormat};
 use gpuslice_isolate::launcher::{LaunchError, EXIT_LAUNCH_FAILED};
-use std::process::ExitCode;
 
 /// The binary `gpuslice` hands the commands it does not carry to.
 pub const FULL_BINARY: &str = "gpuslice-full";
 
-/// Parses the command line; on a usage error, what to exit with.
-pub fn parse() -> Result<Cli, ExitCode> {
+/// Parses the command line; on a usage error, the exit status.
+pub fn parse() -> Result<Cli, u8> {
     Cli::try_parse().map_err(usage_error)
 }
 
@@ -88,7 +87,7 @@ pub(crate) fn gpuslice_exe() -> std::io::Result<std::path::PathBuf> {
 
 /// Replaces this process with `gpuslice-full` from the same directory,
 /// with the same arguments; returns only on failure.
-pub fn exec_full() -> ExitCode {
+pub fn exec_full() -> u8 {
     use std::os::unix::process::CommandExt;
     let full = std::env::current_exe()
         .ok()
@@ -98,19 +97,19 @@ pub fn exec_full() -> ExitCode {
             "gpuslice: this command is carried by {FULL_BINARY}, which is not installed next to \
              gpuslice (install both binaries into one directory)"
         );
-        return ExitCode::from(1);
+        return 1;
     };
     let err = std::process::Command::new(&full)
         .args(std::env::args_os().skip(1))
         .exec();
     eprintln!("gpuslice: cannot run {}: {err}", full.display());
-    ExitCode::from(1)
+    1
 }
 
-/// Reports `result` the way every command does and gives the exit code.
-pub fn finish(cli: &Cli, result: anyhow::Result<i32>) -> ExitCode {
+/// Reports `result` the way every command does and gives the exit status.
+pub fn finish(cli: &Cli, result: anyhow::Result<i32>) -> u8 {
     match result {
-        Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+        Ok(code) => code.clamp(0, 255) as u8,
         Err(e) => {
             eprintln!("gpuslice: {}", one_line(&e));
             let code = match (e.downcast_ref::<LaunchError>(), &cli.command) {
@@ -118,7 +117,7 @@ pub fn finish(cli: &Cli, result: anyhow::Result<i32>) -> ExitCode {
                 (_, Command::Run(_)) => EXIT_LAUNCH_FAILED,
                 _ => 1,
             };
-            ExitCode::from(code as u8)
+            code as u8
         }
     }
 }
@@ -131,11 +130,11 @@ fn one_line(e: &anyhow::Error) -> String {
 }
 
 /// clap's message cut to its first line; `run` exits 125 like `docker run`.
-fn usage_error(e: clap::Error) -> ExitCode {
+fn usage_error(e: clap::Error) -> u8 {
     use clap::error::ErrorKind::*;
     if matches!(e.kind(), DisplayHelp | DisplayVersion) {
         let _ = e.print();
-        return ExitCode::SUCCESS;
+        return 0;
     }
     let rendered = e.render().to_string();
     // clap spreads one error over several lines (the error, the missing
@@ -160,7 +159,11 @@ fn usage_error(e: clap::Error) -> ExitCode {
         "gpuslice: {} (see {hint})",
         message.trim_start_matches("error: ")
     );
-    ExitCode::from(if is_run { EXIT_LAUNCH_FAILED as u8 } else { 2 })
+    if is_run {
+        EXIT_LAUNCH_FAILED as u8
+    } else {
+        2
+    }
 }
 
 pub fn init_logging(cli: &Cli) {

@@ -283,6 +283,27 @@ fn a_selection_that_hides_nothing_makes_no_mount_namespace_but_keeps_the_cgroup(
 }
 
 #[test]
+fn the_command_gets_default_signal_dispositions() {
+    // The launcher is a Rust program, which ignores SIGPIPE; the command
+    // must not inherit that (`gpuslice run -- yes | head` has to end).
+    let h = host(1, false);
+    for iso in ["full", "env"] {
+        let out = open_in_slice(
+            &h,
+            &["--gpus", "0", "--isolation", iso],
+            "grep SigIgn /proc/self/status",
+        );
+        let mask = u64::from_str_radix(out.trim().trim_start_matches("SigIgn:").trim(), 16)
+            .unwrap_or_else(|e| panic!("{iso}: {out:?}: {e}"));
+        assert_eq!(
+            mask & (1 << (libc::SIGPIPE - 1)),
+            0,
+            "{iso}: SIGPIPE ignored: {out}"
+        );
+    }
+}
+
+#[test]
 fn environment_names_the_selection() {
     let h = host(4, false);
     let out = run(

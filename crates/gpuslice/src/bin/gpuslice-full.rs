@@ -6,8 +6,8 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     let cli = match gpuslice_cli::parse() {
         Ok(cli) => cli,
-        Err(code) => return code,
+        Err(code) => return ExitCode::from(code),
     };
     gpuslice_cli::init_logging(&cli);
-    gpuslice_cli::finish(&cli, gpuslice_cli::run_full(&cli))
+    ExitCode::from(gpuslice_cli::finish(&cli, gpuslice_cli::run_full(&cli)))
 }
