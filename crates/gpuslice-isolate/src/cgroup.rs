@@ -290,14 +290,27 @@ pub struct SliceCgroup {
 
 impl SliceCgroup {
     /// Makes `<root>/gpuslice/<slice_id>` (and `<root>/gpuslice` when
-    /// missing) and applies `policy` to it: `devices.deny` rules on v1, the
-    /// BPF device filter on v2 (skipped when the policy denies nothing).
-    /// On failure nothing it made is left behind (the shared parent stays).
+    /// missing) and applies `policy` to it ([`SliceCgroup::apply`]). On
+    /// failure nothing it made is left behind (the shared parent stays).
     pub fn create(
         driver: &CgroupDriver,
         slice_id: &str,
         policy: &DevicePolicy,
     ) -> Result<SliceCgroup, CgroupError> {
+        let cg = Self::create_empty(driver, slice_id)?;
+        if let Err(e) = cg.apply(policy) {
+            if let Err(r) = cg.remove() {
+                tracing::warn!("{r}");
+            }
+            return Err(e);
+        }
+        Ok(cg)
+    }
+
+    /// [`SliceCgroup::create`] without the policy: the launcher creates
+    /// the child inside it and applies the policy while the child builds
+    /// its mount namespace (the child waits for it before exec).
+    pub fn create_empty(driver: &CgroupDriver, slice_id: &str) -> Result<SliceCgroup, CgroupError> {
         if !valid_slice_id(slice_id) {
             return Err(CgroupError::InvalidSliceId {
                 id: slice_id.into(),
@@ -327,17 +340,13 @@ impl SliceCgroup {
             version: driver.version(),
             removed: false,
         };
-        if let Err(e) = cg.apply(policy) {
-            if let Err(r) = cg.remove() {
-                tracing::warn!("{r}");
-            }
-            return Err(e);
-        }
-        tracing::debug!(path = %cg.path.display(), version = %cg.version, "slice cgroup ready");
+        tracing::debug!(path = %cg.path.display(), version = %cg.version, "slice cgroup made");
         Ok(cg)
     }
 
-    fn apply(&self, policy: &DevicePolicy) -> Result<(), CgroupError> {
+    /// Applies `policy`: `devices.deny` rules on v1, the BPF device filter
+    /// on v2 (skipped when the policy denies nothing).
+    pub fn apply(&self, policy: &DevicePolicy) -> Result<(), CgroupError> {
         match self.version {
             Version::V1 => {
                 let deny = self.path.join("devices.deny");

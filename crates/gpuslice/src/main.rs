@@ -6,7 +6,8 @@
 //! thread's stack guard by reading `/proc/self/maps`, an alternate signal
 //! stack, ignoring SIGPIPE) is skipped: `gpuslice --version` went from
 //! 2.09 to 1.77 ms on the CI-like machine, side by side. Without it a stack overflow is a plain SIGSEGV and
-//! a closed stdout ends the process with SIGPIPE, as for C tools.
+//! a closed stdout ends `list` or `slices` with SIGPIPE, as for C tools
+//! (`run` ignores SIGPIPE itself: it must live to clean up).
 // (The test harness brings its own `main`.)
 #![cfg_attr(not(test), no_main)]
 
