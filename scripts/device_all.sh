@@ -20,7 +20,7 @@ set -u
 out=${1:?usage: scripts/device_all.sh OUTDIR PART [PART...]}
 shift
 work=$(mktemp -d)
-bounded() { echo "== $* ($(date -u +%T))"; timeout -s KILL "$@"; echo "   rc=$?"; }
+bounded() { echo "== $* ($(date -u +%T))" >&2; timeout -s KILL "$@"; echo "   rc=$?" >&2; }
 
 part_isolation() {
     bounded 120 python3 scripts/device_verify.py "$work"
