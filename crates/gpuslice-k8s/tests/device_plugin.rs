@@ -432,7 +432,19 @@ async fn reregisters_after_a_kubelet_restart() {
     let mut c = k.dial("gpuslice-gpu.sock").await.unwrap();
     let (devs, _s) = first_list(&mut c).await.unwrap();
     assert_eq!(devs.len(), 3);
-    assert!(p.state.borrow().registrations >= 6);
+    // The plugin counts a round once all its Register calls returned,
+    // which can be a moment after the kubelet saw them.
+    let mut state = p.state.clone();
+    let counted = tokio::time::timeout(
+        Duration::from_secs(5),
+        state.wait_for(|s| s.registrations >= 6),
+    )
+    .await;
+    assert!(
+        matches!(counted, Ok(Ok(_))),
+        "registrations counted: {}",
+        p.state.borrow().registrations
+    );
 }
 
 #[tokio::test]
