@@ -291,8 +291,8 @@ fn setup_child(plan: &SandboxPlan, procs: Option<File>, old_mask: &SigSet) -> Re
     if plan.strict {
         strict::lock_down().map_err(|e| e.to_string())?;
     }
-    // Rust's runtime ignores SIGPIPE in the launcher and exec keeps an
-    // ignored signal ignored: without this, `gpuslice run -- yes | head`
+    // The launcher ignores SIGPIPE ([`SignalGuard::block`]) and exec keeps
+    // an ignored signal ignored: without this, `gpuslice run -- yes | head`
     // would leave `yes` writing into a closed pipe (std's Command resets
     // it the same way).
     // SAFETY: SIG_DFL installs no handler; single-threaded child.

@@ -1,5 +1,6 @@
-//! `/proc/self/mountinfo`, the one table of mounts both the cgroup
-//! detection and the private `/dev` read.
+//! `/proc/self/mountinfo`, where the cgroup hierarchies are found. (The
+//! private `/dev` does not read it: on a Kubernetes node it has hundreds
+//! of lines, and a launch needs only the mounts below `/dev`.)
 
 use std::path::PathBuf;
 
