@@ -72,6 +72,13 @@ fn overlay(dev: &Path, policy: &DevicePolicy) -> io::Result<usize> {
 
     let host = File::open(dev).map_err(|e| ctx(e, "open", dev))?;
     let host_path = PathBuf::from(format!("/proc/self/fd/{}", host.as_raw_fd()));
+    let (upper, work) = (dev.join("upper"), dev.join("work"));
+    let opts = format!(
+        "lowerdir={},upperdir={},workdir={}",
+        host_path.display(),
+        option_path(&upper)?,
+        option_path(&work)?
+    );
     // The layers live on a scratch tmpfs mounted where the overlay goes:
     // the overlay then covers it, and both go with the mount namespace.
     mount(
@@ -82,7 +89,6 @@ fn overlay(dev: &Path, policy: &DevicePolicy) -> io::Result<usize> {
         Some("mode=700"),
     )
     .map_err(|e| ctx(e.into(), "mount tmpfs on", dev))?;
-    let (upper, work) = (dev.join("upper"), dev.join("work"));
     // The overlay's root takes the upper root's mode and owner.
     make_dir(&upper, dev_meta.mode(), dev_meta.uid(), dev_meta.gid())?;
     make_dir(&work, 0o700, 0, 0)?;
@@ -95,12 +101,6 @@ fn overlay(dev: &Path, policy: &DevicePolicy) -> io::Result<usize> {
         mknod(&path, SFlag::S_IFCHR, Mode::empty(), 0)
             .map_err(|e| ctx(e.into(), "whiteout", &path))?;
     }
-    let opts = format!(
-        "lowerdir={},upperdir={},workdir={}",
-        host_path.display(),
-        option_path(&upper)?,
-        option_path(&work)?
-    );
     mount(
         Some("gpuslice-dev"),
         dev,

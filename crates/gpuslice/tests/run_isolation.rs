@@ -284,7 +284,7 @@ fn a_selection_that_hides_nothing_makes_no_mount_namespace_but_keeps_the_cgroup(
 
 #[test]
 fn the_command_gets_default_signal_dispositions() {
-    // The launcher is a Rust program, which ignores SIGPIPE; the command
+    // The launcher ignores SIGPIPE (it must live to clean up); the command
     // must not inherit that (`gpuslice run -- yes | head` has to end).
     let h = host(1, false);
     for iso in ["full", "env"] {
