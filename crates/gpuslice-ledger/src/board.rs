@@ -291,26 +291,36 @@ impl Board {
     /// Every claimed slot.
     pub fn snapshot(&self) -> Vec<(usize, BoardSlot)> {
         (0..BOARD_SLOTS)
-            .filter_map(|s| {
-                let key = self.word(s, S_KEY).load(Ordering::Acquire);
-                (key != 0).then(|| {
-                    (
-                        s,
-                        BoardSlot {
-                            key,
-                            share_bp: self.word(s, S_SHARE).load(Ordering::Relaxed),
-                            mode: if self.word(s, S_MODE).load(Ordering::Relaxed) == 1 {
-                                Mode::Guaranteed
-                            } else {
-                                Mode::Cap
-                            },
-                            busy_ns: self.word(s, S_BUSY).load(Ordering::Relaxed),
-                            beat_ns: self.word(s, S_BEAT).load(Ordering::Relaxed),
-                        },
-                    )
-                })
-            })
+            .filter_map(|s| Some((s, self.slot(s)?)))
             .collect()
+    }
+
+    /// Slot `s` as read now; None when unclaimed (or out of range).
+    /// Allocation-free (the shim reads every slot each window).
+    pub fn slot(&self, s: usize) -> Option<BoardSlot> {
+        if s >= BOARD_SLOTS {
+            return None;
+        }
+        let key = self.word(s, S_KEY).load(Ordering::Acquire);
+        (key != 0).then(|| BoardSlot {
+            key,
+            share_bp: self.word(s, S_SHARE).load(Ordering::Relaxed),
+            mode: if self.word(s, S_MODE).load(Ordering::Relaxed) == 1 {
+                Mode::Guaranteed
+            } else {
+                Mode::Cap
+            },
+            busy_ns: self.word(s, S_BUSY).load(Ordering::Relaxed),
+            beat_ns: self.word(s, S_BEAT).load(Ordering::Relaxed),
+        })
+    }
+
+    /// Publishes the share of the slice holding `slot` (it may change
+    /// while the slice runs: `gpuslice slices --set-compute`, say).
+    pub fn set_share(&self, slot: usize, share_bp: u64) {
+        if slot < BOARD_SLOTS {
+            self.word(slot, S_SHARE).store(share_bp, Ordering::Relaxed);
+        }
     }
 
     /// GPU time used by every slot except `own`, summed: what a borrower

@@ -80,6 +80,35 @@ const COMPUTE_SIZE: usize = 64;
 pub const FILE_SIZE: usize = COMPUTE_OFF + MAX_DEVICES * COMPUTE_SIZE;
 /// A compute share of 100 % in [`Ledger::compute_share`] units (basis points).
 pub const FULL_SHARE: u64 = 10_000;
+
+/// How a slice's bucket refills while other slices share its GPU (the
+/// shim works it out from the GPU's [`board`] every few tens of ms).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refill {
+    /// The part of the share that applies, basis points of it: below
+    /// [`FULL_SHARE`] while the busy slices' shares add up to more than the
+    /// GPU gives them together, so each keeps its proportion.
+    pub scale_bp: u64,
+    /// A floor in basis points of wall time: the idle time a guaranteed
+    /// share may borrow (0 for a hard cap).
+    pub borrow_bp: u64,
+}
+
+impl Refill {
+    /// The share alone.
+    pub const SHARE: Refill = Refill {
+        scale_bp: FULL_SHARE,
+        borrow_bp: 0,
+    };
+
+    /// The refill rate, basis points of wall time, for a slice whose share
+    /// is `share_bp`: never above all of the GPU.
+    pub fn rate(self, share_bp: u64) -> u64 {
+        (share_bp * self.scale_bp.min(FULL_SHARE) / FULL_SHARE)
+            .max(self.borrow_bp)
+            .min(FULL_SHARE)
+    }
+}
 /// Default bucket size: GPU time a slice may run ahead after being idle.
 pub const DEFAULT_BURST_NS: u64 = 20_000_000;
 /// Largest slice id / UUID stored.
@@ -1054,10 +1083,10 @@ impl Ledger {
         self.compute_tokens_at(dev, now_ns, None)
     }
 
-    /// [`Ledger::compute_tokens`], refilling at `rate_bp` (basis points of
-    /// wall time) instead of the slice's share when given: a guaranteed
-    /// share borrowing idle time (see [`board`]). Never below the share.
-    pub fn compute_tokens_at(&self, dev: usize, now_ns: u64, rate_bp: Option<u64>) -> i64 {
+    /// [`Ledger::compute_tokens`], refilling as `refill` says instead of
+    /// at the slice's share when given (what the GPU's [`board`] shows of
+    /// the other slices: see [`Refill`]).
+    pub fn compute_tokens_at(&self, dev: usize, now_ns: u64, refill: Option<Refill>) -> i64 {
         if !self.has_compute(dev) {
             return i64::MAX;
         }
@@ -1070,7 +1099,7 @@ impl Ledger {
                 .is_ok()
         {
             let share = self.cword(dev, C_SHARE).load(Ordering::Relaxed);
-            let share = rate_bp.map_or(share, |r| r.clamp(share, FULL_SHARE));
+            let share = refill.map_or(share, |r| r.rate(share));
             let burst = self
                 .cword(dev, C_BURST)
                 .load(Ordering::Relaxed)

@@ -404,29 +404,48 @@ fn the_compute_bucket_refills_at_the_share_and_is_shared() {
 }
 
 #[test]
-fn a_borrowing_refill_is_never_below_the_share_nor_above_all_of_it() {
+fn a_refill_scales_the_live_share_or_borrows_but_never_exceeds_the_gpu() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("g.ledger");
     let l = Ledger::create(&p, "g", &specs(&[UNLIMITED])).unwrap();
     l.set_compute(0, 2500, 100_000_000).unwrap();
+    let borrow = |bp| {
+        Some(Refill {
+            scale_bp: FULL_SHARE,
+            borrow_bp: bp,
+        })
+    };
     assert_eq!(
-        l.compute_tokens_at(0, 1_000_000_000, Some(9000)),
+        l.compute_tokens_at(0, 1_000_000_000, borrow(9000)),
         100_000_000
     );
     l.compute_charge(0, 200_000_000);
     // 10 ms at a borrowed 90 %: 9 ms back.
     assert_eq!(
-        l.compute_tokens_at(0, 1_010_000_000, Some(9000)),
+        l.compute_tokens_at(0, 1_010_000_000, borrow(9000)),
         -91_000_000
     );
-    // A rate below the share refills at the share (2.5 ms per 10 ms).
+    // Borrowing less than the share refills at the share (2.5 ms per 10 ms).
     assert_eq!(
-        l.compute_tokens_at(0, 1_020_000_000, Some(100)),
+        l.compute_tokens_at(0, 1_020_000_000, borrow(100)),
         -88_500_000
     );
     // Above 100 % is 100 %.
     assert_eq!(
-        l.compute_tokens_at(0, 1_030_000_000, Some(50_000)),
+        l.compute_tokens_at(0, 1_030_000_000, borrow(50_000)),
         -78_500_000
     );
+    // Scaled to 80 % of the share: 2 ms per 10 ms.
+    let scaled = Some(Refill {
+        scale_bp: 8000,
+        borrow_bp: 0,
+    });
+    assert_eq!(l.compute_tokens_at(0, 1_040_000_000, scaled), -76_500_000);
+    // The scale applies to the share in force now, not the one at start.
+    l.set_compute(0, 5000, 100_000_000).unwrap();
+    assert_eq!(l.compute_tokens_at(0, 1_050_000_000, scaled), 100_000_000);
+    l.compute_charge(0, 200_000_000);
+    // 10 ms at 80 % of 50 %: 4 ms back.
+    assert_eq!(l.compute_tokens_at(0, 1_060_000_000, scaled), -96_000_000);
+    assert_eq!(Refill::SHARE.rate(3000), 3000);
 }

@@ -1,35 +1,56 @@
-//! The work-conserving compute mode (`GPUSLICE_COMPUTE_MODE=guaranteed`):
-//! a slice's share is what it is *guaranteed*; while the other slices of
-//! its GPU leave time idle, its bucket refills faster, up to all the idle
-//! time but [`MARGIN_BP`].
+//! What the other slices of a GPU do to a slice's refill rate, read from
+//! the GPU's board ([`gpuslice_ledger::board`]): every slice with a share,
+//! in either mode, adds the GPU time it measures to its slot there, and
+//! every [`WINDOW_NS`] one thread of each process turns the growth of the
+//! other slots into rates (smoothed over ~4 windows, up at once) and sets
+//! its bucket's [`Refill`]:
 //!
-//! What the others use comes from the GPU's board
-//! ([`gpuslice_ledger::board`]): every slice with a share, in either mode,
-//! adds the GPU time it measures to its slot there. Every [`WINDOW_NS`] one
-//! thread of each borrowing process turns the growth of the other slots
-//! into a rate (smoothed over ~4 windows) and sets the refill rate to
-//! `max(share, 100 % − others − margin)`. When another slice gets busy its
-//! use shows within a few windows and the borrower falls back to its share;
-//! the margin is what a slice coming back from idle runs on until then.
+//! - **Oversubscription.** When the busy slices' shares add up to more
+//!   than [`SHARED_CAPACITY_BP`], each refills at its share scaled by
+//!   `capacity / sum`, so they keep their proportions. Without it, the
+//!   GPU's time-slicing between contexts decides who loses the time the
+//!   context switches cost: on the H200 two GEMM slices capped at 30 and
+//!   70 % got 31 and 63 % (ratio 16 % off 3:7).
+//! - **Borrowing** (`GPUSLICE_COMPUTE_MODE=guaranteed`): a slice's share is
+//!   what it is *guaranteed*; while the others leave time idle its bucket
+//!   refills at `100 % − others − margin` instead. When another slice gets
+//!   busy its use shows within a few windows and the borrower falls back
+//!   to its share; the margin is what a slice coming back from idle runs
+//!   on until then.
 //!
-//! Not seen: GPU work of processes outside any slice with a share (the
+//! Not seen: GPU work of processes outside any slice with a share (a
 //! borrower may take time from them, as time-slicing would anyway).
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
 
-use gpuslice_ledger::board::{self, Board, Mode};
-use gpuslice_ledger::{Ledger, FULL_SHARE, MAX_DEVICES};
+use gpuslice_ledger::board::{self, Board, Mode, BOARD_SLOTS};
+use gpuslice_ledger::{Ledger, Refill, FULL_SHARE, MAX_DEVICES};
 
 use crate::sys::log_line;
 
-/// How often a borrower re-reads the board.
+/// How often the board is re-read.
 pub const WINDOW_NS: u64 = 20_000_000;
 /// Idle time a borrower leaves unused, so a slice that wakes up gets GPU
 /// time (and shows on the board) before the borrower backs off.
 pub const MARGIN_BP: u64 = 500;
+/// What busy slices of one GPU get of it together: time-slicing between
+/// contexts costs the rest (6–10 % with two GEMM slices on the H200,
+/// bench/results/compute-20261202T1912Z.json).
+pub const SHARED_CAPACITY_BP: u64 = 9000;
+/// A slice using less than this is not counted as busy (noise, a probe).
+const BUSY_FLOOR_BP: u64 = 100;
 
-/// One device's board slot and, when borrowing, the rate state.
+/// The board as seen at the end of the last window.
+struct Window {
+    /// Per slot: the key and GPU time read then.
+    seen: [(u64, u64); BOARD_SLOTS],
+    /// Per slot: smoothed use, basis points of wall time.
+    use_bp: [u64; BOARD_SLOTS],
+}
+
+/// One device's board slot and the refill worked out from the board.
 struct Seat {
     board: Board,
     key: u64,
@@ -37,15 +58,15 @@ struct Seat {
     slot: AtomicUsize,
     share: u64,
     mode: Mode,
-    borrowing: bool,
     /// Start of the current window (CLOCK_MONOTONIC ns; 0: not started).
     window_start: AtomicU64,
-    /// The others' summed GPU ns at the start of the window.
-    others_then: AtomicU64,
-    /// The others' smoothed use, basis points.
-    others_bp: AtomicU64,
-    /// Refill rate in force, basis points.
-    rate: AtomicU64,
+    /// Only the thread that closes a window touches it (try_lock: never
+    /// waits).
+    window: Mutex<Window>,
+    /// The [`Refill`] in force (two words: a reader may see one window's
+    /// scale with the next one's borrow, which is harmless).
+    scale_bp: AtomicU64,
+    borrow_bp: AtomicU64,
 }
 
 /// Per-device seats on the GPUs' boards.
@@ -66,11 +87,10 @@ fn slice_key(ledger: &Ledger) -> u64 {
 
 impl Boards {
     /// Takes a seat on the board of every device with a share, in either
-    /// mode: a capped slice that started before any borrower must still be
-    /// seen by the borrowers that come later. (Cost: a file opened at start
-    /// and one atomic add per measured launch.)
+    /// mode: every slice must be seen by the others, whenever it started.
+    /// (Cost: a file opened at start, one atomic add per measured launch
+    /// and one read of the board per window.)
     pub fn open(ledger: &Ledger, shares: &[u64], mode: Mode, dir: &Path) -> Option<Boards> {
-        let borrowing = mode == Mode::Guaranteed;
         // Best effort: a non-root slice may not create it under /run
         // (`gpuslice run` does, as root, sticky and world-writable).
         let _ = std::fs::create_dir_all(dir);
@@ -94,16 +114,19 @@ impl Boards {
                         slot: AtomicUsize::new(slot),
                         share,
                         mode,
-                        borrowing,
                         window_start: AtomicU64::new(0),
-                        others_then: AtomicU64::new(0),
-                        others_bp: AtomicU64::new(0),
-                        rate: AtomicU64::new(share),
+                        window: Mutex::new(Window {
+                            seen: [(0, 0); BOARD_SLOTS],
+                            use_bp: [0; BOARD_SLOTS],
+                        }),
+                        scale_bp: AtomicU64::new(FULL_SHARE),
+                        borrow_bp: AtomicU64::new(0),
                     }),
                     Err(e) => {
-                        if borrowing {
-                            log_line(&format!("device {dev}: {e}; the share is a hard cap"));
-                        }
+                        log_line(&format!(
+                            "device {dev}: {e}; the share applies as it is, whatever \
+                             the other slices of the GPU do"
+                        ));
                         None
                     }
                 }
@@ -125,20 +148,23 @@ impl Boards {
         }
     }
 
-    /// The refill rate for `dev` now: None when it does not borrow (the
-    /// share applies).
+    /// How `dev`'s bucket refills now, for a slice whose share is
+    /// `share_bp` (None: no seat, the share applies).
     #[inline]
-    pub fn rate(&self, dev: usize, now_ns: u64) -> Option<u64> {
-        let s = self.seats.get(dev)?.as_ref().filter(|s| s.borrowing)?;
+    pub fn refill(&self, dev: usize, now_ns: u64, share_bp: u64) -> Option<Refill> {
+        let s = self.seats.get(dev)?.as_ref()?;
         let start = s.window_start.load(Ordering::Acquire);
         if now_ns.saturating_sub(start) >= WINDOW_NS
             && s.window_start
                 .compare_exchange(start, now_ns, Ordering::AcqRel, Ordering::Relaxed)
                 .is_ok()
         {
-            s.update(start, now_ns);
+            s.update(start, now_ns, share_bp);
         }
-        Some(s.rate.load(Ordering::Relaxed))
+        Some(Refill {
+            scale_bp: s.scale_bp.load(Ordering::Relaxed),
+            borrow_bp: s.borrow_bp.load(Ordering::Relaxed),
+        })
     }
 }
 
@@ -158,29 +184,77 @@ impl Seat {
         Some(slot)
     }
 
-    /// Closes the window that began at `start` (0: the first one).
-    fn update(&self, start: u64, now: u64) {
-        let others = self.board.others_busy(self.slot.load(Ordering::Relaxed));
-        let then = self.others_then.swap(others, Ordering::AcqRel);
-        // A slot taken over by a new slice restarts at zero: skip that
-        // window rather than read a huge difference.
-        if start == 0 || others < then {
+    /// Closes the window that began at `start` (0: the first one, which
+    /// only takes the readings) for a slice whose share is now `share`.
+    fn update(&self, start: u64, now: u64, share: u64) {
+        let Ok(mut w) = self.window.try_lock() else {
+            return;
+        };
+        let own = self.slot.load(Ordering::Relaxed);
+        if self.board.holds(own, self.key) {
+            self.board.set_share(own, share);
+        }
+        let (mut others, mut demand) = (0u64, 0u64);
+        for s in 0..BOARD_SLOTS {
+            let other = self.board.slot(s).filter(|_| s != own);
+            let now_seen = other.map_or((0, 0), |o| (o.key, o.busy_ns));
+            let then = std::mem::replace(&mut w.seen[s], now_seen);
+            // An empty slot, or one taken over by a new slice (its count
+            // restarts): skip it this window rather than read a jump.
+            if start == 0 || now_seen.0 == 0 || then.0 != now_seen.0 || now_seen.1 < then.1 {
+                w.use_bp[s] = 0;
+                continue;
+            }
+            let used = (u128::from(now_seen.1 - then.1) * u128::from(FULL_SHARE)
+                / u128::from((now - start).max(1)))
+            .min(u128::from(FULL_SHARE)) as u64;
+            let old = w.use_bp[s];
+            // Up at once: a slice that gets busy must get its share back
+            // quickly; idle time is taken gradually.
+            let smoothed = if used >= old {
+                used
+            } else {
+                old - (old - used) / 4
+            };
+            w.use_bp[s] = smoothed;
+            others += smoothed;
+            demand += slice_demand(smoothed, other.map_or(0, |o| o.share_bp));
+        }
+        if start == 0 {
             return;
         }
-        let used_bp = (u128::from(others - then) * u128::from(FULL_SHARE)
-            / u128::from((now - start).max(1)))
-        .min(u128::from(FULL_SHARE)) as u64;
-        // Smoothed over ~4 windows, but up at once: a slice that gets busy
-        // must get its share back quickly; idle time is taken gradually.
-        let old = self.others_bp.load(Ordering::Relaxed);
-        let smoothed = if used_bp >= old {
-            used_bp
-        } else {
-            old - (old - used_bp) / 4
+        self.scale_bp
+            .store(scale_for(share, demand), Ordering::Relaxed);
+        let borrow = match self.mode {
+            Mode::Guaranteed => FULL_SHARE.saturating_sub(others + MARGIN_BP),
+            Mode::Cap => 0,
         };
-        self.others_bp.store(smoothed, Ordering::Relaxed);
-        let free = FULL_SHARE.saturating_sub(smoothed + MARGIN_BP);
-        self.rate.store(free.max(self.share), Ordering::Relaxed);
+        self.borrow_bp.store(borrow, Ordering::Relaxed);
+    }
+}
+
+/// What another slice asks of the GPU: its share while it uses at least
+/// half of it (it is pressing on its share, or borrowing beyond it), else
+/// what it uses.
+fn slice_demand(use_bp: u64, share_bp: u64) -> u64 {
+    if use_bp < BUSY_FLOOR_BP {
+        0
+    } else if share_bp > 0 && use_bp >= share_bp / 2 {
+        share_bp
+    } else {
+        use_bp
+    }
+}
+
+/// The part of our `share` that applies while the other slices ask for
+/// `demand`: all of it unless together they ask for more than the GPU
+/// gives busy slices, then the same proportion for every slice.
+fn scale_for(share: u64, demand: u64) -> u64 {
+    let total = share + demand;
+    if demand == 0 || total <= SHARED_CAPACITY_BP {
+        FULL_SHARE
+    } else {
+        SHARED_CAPACITY_BP * FULL_SHARE / total
     }
 }
 
@@ -203,6 +277,11 @@ mod tests {
         l
     }
 
+    /// The refill rate `b` gives a slice of share `share` at `now`.
+    fn rate(b: &Boards, share: u64, now: u64) -> u64 {
+        b.refill(0, now, share).unwrap().rate(share)
+    }
+
     #[test]
     fn a_borrower_takes_what_the_others_leave_and_gives_it_back() {
         let dir = tempfile::tempdir().unwrap();
@@ -210,27 +289,65 @@ mod tests {
         let (la, lb) = (ledger(dir.path(), "a", 3000), ledger(dir.path(), "b", 5000));
         let a = Boards::open(&la, &[3000], Mode::Guaranteed, &boards).unwrap();
         let b = Boards::open(&lb, &[5000], Mode::Cap, &boards).unwrap();
-        assert_eq!(b.rate(0, 1), None, "a capped slice never borrows");
+        assert_eq!(rate(&b, 5000, 1), 5000, "a capped slice never borrows");
         let ms = 1_000_000;
-        assert_eq!(a.rate(0, 100 * ms), Some(3000), "first window: the share");
+        assert_eq!(rate(&a, 3000, 100 * ms), 3000, "first window: the share");
         // b idle for a window: a may use all but the margin.
-        assert_eq!(a.rate(0, 120 * ms), Some(FULL_SHARE - MARGIN_BP));
+        assert_eq!(rate(&a, 3000, 120 * ms), FULL_SHARE - MARGIN_BP);
         // b busy at its 50 %: a is back to 100 - 50 - 5 = 45 % at once.
         b.record(0, 10 * ms, 130 * ms);
-        assert_eq!(a.rate(0, 140 * ms), Some(4500));
+        assert_eq!(rate(&a, 3000, 140 * ms), 4500);
         // Within a window nothing is re-read.
         b.record(0, 20 * ms, 145 * ms);
-        assert_eq!(a.rate(0, 150 * ms), Some(4500));
+        assert_eq!(rate(&a, 3000, 150 * ms), 4500);
         // b takes all it can: a keeps its guaranteed 30 %.
         b.record(0, 18 * ms, 160 * ms);
-        assert_eq!(a.rate(0, 160 * ms), Some(3000));
+        assert_eq!(rate(&a, 3000, 160 * ms), 3000);
         // b goes idle: a takes the time back gradually.
-        let rates: Vec<u64> = (9..14).map(|w| a.rate(0, w * 20 * ms).unwrap()).collect();
+        let rates: Vec<u64> = (9..14).map(|w| rate(&a, 3000, w * 20 * ms)).collect();
         assert!(rates.windows(2).all(|w| w[0] <= w[1]), "{rates:?}");
         assert!(
             rates[4] > 3000 && rates[4] < FULL_SHARE - MARGIN_BP,
             "{rates:?}"
         );
+    }
+
+    #[test]
+    fn oversubscribed_busy_slices_keep_their_proportions() {
+        let dir = tempfile::tempdir().unwrap();
+        let boards = dir.path().join("boards");
+        let (la, lb) = (ledger(dir.path(), "a", 3000), ledger(dir.path(), "b", 7000));
+        let a = Boards::open(&la, &[3000], Mode::Cap, &boards).unwrap();
+        let b = Boards::open(&lb, &[7000], Mode::Cap, &boards).unwrap();
+        let ms = 1_000_000;
+        // Window `w` closes at w * 20 ms; a and b each used `a_ms`, `b_ms`
+        // of GPU time in it. Returns both rates.
+        let window = |w: u64, a_ms: u64, b_ms: u64, b_share: u64| {
+            a.record(0, a_ms * ms, w * 20 * ms - ms);
+            b.record(0, b_ms * ms, w * 20 * ms - ms);
+            (rate(&a, 3000, w * 20 * ms), rate(&b, b_share, w * 20 * ms))
+        };
+        assert_eq!(window(5, 0, 0, 7000), (3000, 7000), "first window");
+        // Both busy (b starved below its 70 % by time-slicing, as on the
+        // H200): 30 + 70 asks more than the 90 % busy slices get, so each
+        // gets 90 % of its share.
+        assert_eq!(window(6, 6, 12, 7000), (2700, 6300));
+        // 30 + 60 fits: both get their shares (b's share changed live; a
+        // sees it once b has published it, a window later).
+        window(7, 6, 12, 6000);
+        assert_eq!(window(8, 6, 12, 6000), (3000, 6000));
+        // b back to 70 % but using under half of it: a, busy at its share,
+        // counts only b's use and keeps its 30 %; b's own rate is scaled
+        // (30 + 70 > 90), which costs it nothing while it uses 20 %.
+        let rates: Vec<_> = (9..15).map(|w| window(w, 6, 4, 7000)).collect();
+        assert_eq!(rates.last(), Some(&(3000, 6300)), "{rates:?}");
+        // Alone, even a 95 % share is not scaled.
+        let dir = tempfile::tempdir().unwrap();
+        let lc = ledger(dir.path(), "c", 9500);
+        let c = Boards::open(&lc, &[9500], Mode::Cap, &dir.path().join("boards")).unwrap();
+        c.record(0, 19 * ms, 119 * ms);
+        assert_eq!(rate(&c, 9500, 100 * ms), 9500);
+        assert_eq!(rate(&c, 9500, 120 * ms), 9500);
     }
 
     #[test]

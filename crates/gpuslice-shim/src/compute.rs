@@ -399,10 +399,11 @@ impl Ring {
         let mut now = t0;
         let mut behind = limit;
         loop {
-            // A guaranteed share refills faster while the GPU has idle time.
-            let rate = boards.and_then(|b| b.rate(dev, now));
-            let share = rate.unwrap_or(share).max(1);
-            let tokens = ledger.compute_tokens_at(dev, now, rate);
+            // What the other slices of the GPU do: borrowing idle time,
+            // or all scaled down while oversubscribed (crate::borrow).
+            let refill = boards.and_then(|b| b.refill(dev, now, ledger.compute_share(dev)));
+            let share = refill.map_or(share, |r| r.rate(share)).max(1);
+            let tokens = ledger.compute_tokens_at(dev, now, refill);
             let aged = (u128::from(now - t0) * u128::from(share) / u128::from(FULL_SHARE))
                 .min(u128::from(limit)) as i64;
             if tokens.saturating_add(aged) > 0 {

@@ -111,11 +111,20 @@ fn the_share_converges_to_the_target_on_every_launch_path() {
         .iter()
         .map(|(pct, via, mode)| {
             let name = format!("t{pct}");
-            let child = spawn(s.client(
+            let mut c = s.client(
                 &name,
                 Some(pct),
                 &["--via", via, "compute", mode, KERNEL_NS, SECONDS, WARMUP],
-            ));
+            );
+            // Each case on a board of its own, as if on a GPU of its own:
+            // together the shares are 250 % of the one fake GPU, which
+            // slices that see each other would split in proportion
+            // (oversubscribed_caps_keep_their_proportions).
+            c.env(
+                "GPUSLICE_BOARD_DIR",
+                s.dir.path().join(format!("boards-{name}")),
+            );
+            let child = spawn(c);
             (format!("{pct}% {via} {mode}"), child)
         })
         .collect();
@@ -323,4 +332,26 @@ fn a_guaranteed_share_borrows_idle_time_and_gives_it_back() {
     assert!(two[0] >= 28.0 && two[1] >= 58.0, "guarantees: {two:?}");
     assert!(two[0] + two[1] <= 97.0, "sum: {two:?}");
     eprintln!("alone {alone:?} capped {capped:?} pair {pair:?} two {two:?}");
+}
+
+#[test]
+fn oversubscribed_caps_keep_their_proportions() {
+    // 30 + 70 asks for more than busy slices get together (90 %: the rest
+    // goes to context switches on a real GPU). The fake GPU has no such
+    // loss, so what shows here is the scaling alone: 27 and 63.
+    let both = side_by_side(&Slice::new(), &[("a", "30", "cap"), ("b", "70", "cap")]);
+    assert!((both[0] - 27.0).abs() <= 2.0, "{both:?}");
+    assert!((both[1] - 63.0).abs() <= 3.0, "{both:?}");
+    let ratio = both[0] / both[1] / (3.0 / 7.0);
+    assert!(
+        (ratio - 1.0).abs() <= 0.08,
+        "ratio {ratio:.3} of 3:7: {both:?}"
+    );
+    // 30 + 60 fits: nobody is scaled.
+    let fits = side_by_side(&Slice::new(), &[("a", "30", "cap"), ("b", "60", "cap")]);
+    assert!(
+        (fits[0] - 30.0).abs() <= 2.0 && (fits[1] - 60.0).abs() <= 3.0,
+        "{fits:?}"
+    );
+    eprintln!("30/70 {both:?} 30/60 {fits:?}");
 }
