@@ -4,21 +4,29 @@
 //! wall time; a launch waits while the bucket is empty. See
 //! docs/compute-share.md.
 //!
-//! GPU time is measured, not guessed from grid sizes: each metered launch
-//! is followed by an event recorded on its stream, and the time from the
-//! event before it to that one is what the launch cost. The event before
-//! is the previous launch's when that one was still queued or running on
-//! the same stream as this launch was made (the GPU goes from one to the
-//! other without a gap; if it was done by the time the launch was queued,
-//! the launch is charged its estimate); else one recorded just before the
-//! launch. So a
-//! busy stream pays one event per launch, not two: an event costs the GPU
-//! a few microseconds (on the H200, a 35 µs kernel ran 3.3 % slower with
-//! one event after each launch, 6.9 % with a pair around each). Until the
-//! events complete the launch is charged an estimate (a moving average of
-//! measured launches of its kind on that device), corrected when measured;
-//! at most [`DEPTH`] launches per thread are in flight unmeasured, so
-//! queued work cannot run far ahead of the budget.
+//! GPU time is measured, not guessed from grid sizes, with events
+//! recorded on the launch's stream around *groups* of launches: the time
+//! from the event before a group to the one after it is what the group
+//! cost. An event costs the GPU a few microseconds (on the H200 a 35 µs
+//! kernel ran 3.3 % slower with one event after each launch, 6.9 % with a
+//! pair around each), so a stream that stays busy pays one event per
+//! group, not per launch:
+//! - a group starts from the previous group's end event when that is
+//!   still pending on the same stream (the GPU goes from one to the other
+//!   without a gap), else from an event recorded just before its launch;
+//! - a launch joins the open group while its stream still has work queued
+//!   (no gap inside the group);
+//! - the group is closed (its end event recorded) once it holds
+//!   [`GROUP_NS`] of estimated GPU time or [`GROUP_MAX`] launches, when
+//!   the GPU has reached it (its start event completed), when a launch
+//!   must wait for the bucket, or at the first launch after a fresh start.
+//!
+//! A group whose stream ran dry before it was closed cannot be measured:
+//! its launches keep their estimates (a moving average of measured
+//! launches of their kind on that device). Every launch is charged its
+//! estimate at once, corrected when its group is measured; at most
+//! [`DEPTH`] groups per thread are in flight unmeasured, so queued work
+//! cannot run far ahead of the budget.
 //!
 //! Hot path: no lock, no allocation, no getenv, no logging. Per-thread
 //! state lives in a const-initialised thread-local ring; the events are
@@ -34,8 +42,17 @@ use crate::cuda::*;
 use crate::real::Real;
 use crate::state::shim;
 
-/// Launches in flight per thread before a launch waits for the oldest.
+/// Groups in flight per thread before a launch waits for the oldest.
 pub const DEPTH: usize = 32;
+/// Estimated GPU time a group gathers before its end event is recorded:
+/// a group of 35 µs kernels pays one event (~1 µs) per ~200 µs.
+pub const GROUP_NS: u64 = 200_000;
+/// Launches a group gathers at most.
+pub const GROUP_MAX: u64 = 16;
+/// A launch that took longer than this from the stream check to its
+/// return may have let the stream run dry (the thread lost the CPU): its
+/// group is not trusted to have no gap.
+const STALL_NS: u64 = 50_000;
 /// Longest single sleep while the bucket is empty (reaction time).
 const MAX_NAP_NS: u64 = 2_000_000;
 const MIN_NAP_NS: u64 = 20_000;
@@ -50,11 +67,13 @@ static EVENT_RECORD: Real = Real::named(c"cuEventRecord");
 static EVENT_QUERY: Real = Real::named(c"cuEventQuery");
 static EVENT_ELAPSED_V2: Real = Real::named(c"cuEventElapsedTime_v2");
 static EVENT_ELAPSED: Real = Real::named(c"cuEventElapsedTime");
+static STREAM_QUERY: Real = Real::named(c"cuStreamQuery");
 
 type EventCreate = unsafe extern "C" fn(*mut CUevent, u32) -> CUresult;
 type EventRecord = unsafe extern "C" fn(CUevent, CUstream) -> CUresult;
 type EventQuery = unsafe extern "C" fn(CUevent) -> CUresult;
 type EventElapsed = unsafe extern "C" fn(*mut c_float, CUevent, CUevent) -> CUresult;
+type StreamQuery = unsafe extern "C" fn(CUstream) -> CUresult;
 
 /// What is launched: estimates are kept apart.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -81,17 +100,22 @@ fn nap(ns: u64) {
     std::thread::sleep(std::time::Duration::from_nanos(ns));
 }
 
+/// A group of launches on one stream, measured by one pair of events.
 struct Entry {
     /// This slot's own events (created once, reused).
     start: Cell<CUevent>,
     end: Cell<CUevent>,
-    /// What the launch is measured from: `start`, or the previous entry's
-    /// `end`.
+    /// What the group is measured from: `start`, or the previous group's
+    /// `end`; null once the group cannot be measured.
     from: Cell<CUevent>,
     stream: Cell<CUstream>,
+    /// Estimates charged for the group's launches, summed.
     est: Cell<u64>,
+    count: Cell<u64>,
     dev: Cell<usize>,
     kind: Cell<usize>,
+    /// Still gathering launches: `end` not recorded yet.
+    open: Cell<bool>,
 }
 
 impl Entry {
@@ -102,9 +126,28 @@ impl Entry {
             from: Cell::new(std::ptr::null_mut()),
             stream: Cell::new(std::ptr::null_mut()),
             est: Cell::new(0),
+            count: Cell::new(0),
             dev: Cell::new(0),
             kind: Cell::new(0),
+            open: Cell::new(false),
         }
+    }
+
+    /// Whether a launch of `kind` on `stream` of `dev` may join this group.
+    fn takes(&self, stream: CUstream, dev: usize, kind: Kind) -> bool {
+        self.open.get()
+            && self.stream.get() == stream
+            && self.dev.get() == dev
+            && self.kind.get() == kind as usize
+    }
+
+    /// Whether the group is full or the GPU has reached it: time to record
+    /// its end, while its stream still has work.
+    fn due(&self) -> bool {
+        self.from.get() == self.start.get()
+            || self.est.get() >= GROUP_NS
+            || self.count.get() >= GROUP_MAX
+            || !pending(self.from.get())
     }
 }
 
@@ -203,6 +246,12 @@ impl Ring {
         &self.e[i % DEPTH]
     }
 
+    /// The newest group, if any.
+    fn newest(&self) -> Option<&Entry> {
+        let len = self.len.get();
+        (len > 0).then(|| self.at(self.head.get() + len - 1))
+    }
+
     fn launch(
         &self,
         ledger: &Ledger,
@@ -214,7 +263,7 @@ impl Ring {
     ) -> CUresult {
         crate::hooks::relaxed(|| {
             self.harvest(ledger);
-            // One slot stays free: the newest entry's `end` may be the
+            // One slot stays free: the newest group's `end` may be the
             // `from` of the next one, so its slot must not be reused
             // before that one is measured.
             if self.len.get() >= DEPTH - 1 {
@@ -225,59 +274,110 @@ impl Ring {
         });
         let est = ESTIMATE[kind as usize][dev].load(Ordering::Relaxed);
         ledger.compute_charge(dev, est as i64);
-        let slot = self.at(self.head.get() + self.len.get());
-        let rec = self
-            .events(slot)
-            .filter(|record| match self.chained_from(stream) {
-                Some(prev_end) => {
-                    slot.from.set(prev_end);
-                    true
-                }
-                None => {
-                    slot.from.set(slot.start.get());
-                    // SAFETY: an event of this slot, the caller's stream.
-                    (unsafe { record(slot.start.get(), stream) }) == CUDA_SUCCESS
-                }
-            });
+        let t0 = now_ns();
+        let joined = self
+            .newest()
+            .filter(|g| g.takes(stream, dev, kind) && stream_busy(stream));
+        if joined.is_none() {
+            self.close_newest(ledger);
+        }
+        let group = joined.or_else(|| self.open_group(stream, dev, kind));
         let rc = call();
         if rc != CUDA_SUCCESS {
             ledger.compute_charge(dev, -(est as i64));
+            if group.is_some_and(|g| g.count.get() == 0) {
+                self.len.set(self.len.get() - 1); // opened for this launch
+            }
             return rc;
         }
-        // SAFETY: as above.
-        let measured =
-            rec.is_some_and(|record| unsafe { record(slot.end.get(), stream) } == CUDA_SUCCESS);
-        if measured && slot.from.get() != slot.start.get() && !pending(slot.from.get()) {
-            // The launch before was done by the time this one was queued
-            // (this thread lost the CPU between the check and the launch,
-            // say): the time from its event may include the GPU idling.
-            // This launch is charged its estimate instead.
-            slot.from.set(std::ptr::null_mut());
-        }
-        if measured {
-            slot.stream.set(stream);
-            slot.est.set(est);
-            slot.dev.set(dev);
-            slot.kind.set(kind as usize);
-            self.len.set(self.len.get() + 1);
+        let Some(g) = group else {
+            // Not measurable (no events): the estimate stays charged.
+            book(ledger, dev, est, 1);
+            return rc;
+        };
+        g.est.set(g.est.get() + est);
+        g.count.set(g.count.get() + 1);
+        let chained = g.from.get() != g.start.get();
+        // The group has no gap if its first launch was queued before the
+        // group it is chained to ended (checked now, conservatively), and
+        // later ones while the stream was busy, without a stall between
+        // the check and the launch.
+        let gap = if g.count.get() == 1 {
+            chained && !pending(g.from.get())
         } else {
-            // Not measurable (another context's stream, no events): the
-            // estimate stays charged.
-            record(ledger, dev, est);
+            now_ns() - t0 > STALL_NS
+        };
+        if gap {
+            g.from.set(std::ptr::null_mut());
+        }
+        if gap || g.due() {
+            self.close(ledger, g);
         }
         rc
     }
 
-    /// The newest entry's end event, when that launch was on `stream` and
-    /// is still queued or running: the next launch on `stream` starts
-    /// when it ends.
-    fn chained_from(&self, stream: CUstream) -> Option<CUevent> {
-        let len = self.len.get();
-        if len == 0 {
-            return None;
+    /// Opens a group for a launch on `stream` of `dev`: chained to the
+    /// newest group when that one is still pending there, else from an
+    /// event recorded now. None when events are not available.
+    fn open_group(&self, stream: CUstream, dev: usize, kind: Kind) -> Option<&Entry> {
+        let slot = self.at(self.head.get() + self.len.get());
+        let record = self.events(slot)?;
+        match self.chained_from(stream, dev) {
+            Some(prev_end) => slot.from.set(prev_end),
+            None => {
+                slot.from.set(slot.start.get());
+                // SAFETY: an event of this slot, the caller's stream.
+                if unsafe { record(slot.start.get(), stream) } != CUDA_SUCCESS {
+                    return None;
+                }
+            }
         }
-        let prev = self.at(self.head.get() + len - 1);
-        if prev.stream.get() != stream {
+        slot.stream.set(stream);
+        slot.dev.set(dev);
+        slot.kind.set(kind as usize);
+        slot.est.set(0);
+        slot.count.set(0);
+        slot.open.set(true);
+        self.len.set(self.len.get() + 1);
+        Some(slot)
+    }
+
+    /// Closes the newest group if it is open: its end is recorded while
+    /// its stream still has work, else (the stream ran dry, the time since
+    /// its start would count the idle GPU) it is dropped unmeasured.
+    fn close_newest(&self, ledger: &Ledger) {
+        let Some(g) = self.newest().filter(|g| g.open.get()) else {
+            return;
+        };
+        if !stream_busy(g.stream.get()) {
+            g.from.set(std::ptr::null_mut());
+        }
+        self.close(ledger, g);
+    }
+
+    /// Records the newest group's end event; a group that is not
+    /// measurable (or whose end cannot be recorded) is settled at once on
+    /// its estimates.
+    fn close(&self, ledger: &Ledger, g: &Entry) {
+        g.open.set(false);
+        // SAFETY: cuEventRecord(CUevent, CUstream).
+        let record = unsafe { EVENT_RECORD.func::<EventRecord>() };
+        let recorded = !g.from.get().is_null()
+            // SAFETY: an event of this slot, the group's stream.
+            && record.is_some_and(|r| unsafe { r(g.end.get(), g.stream.get()) } == CUDA_SUCCESS);
+        if !recorded {
+            // The newest group: nothing is chained to it yet.
+            self.len.set(self.len.get() - 1);
+            book(ledger, g.dev.get(), g.est.get(), g.count.get());
+        }
+    }
+
+    /// The newest group's end event, when that group ran on `stream` of
+    /// `dev` and is still queued or running: the next group on `stream`
+    /// starts when it ends.
+    fn chained_from(&self, stream: CUstream, dev: usize) -> Option<CUevent> {
+        let prev = self.newest()?;
+        if prev.open.get() || prev.stream.get() != stream || prev.dev.get() != dev {
             return None;
         }
         pending(prev.end.get()).then(|| prev.end.get())
@@ -303,8 +403,8 @@ impl Ring {
         Some(record)
     }
 
-    /// Measures the launches that finished, oldest first, and settles
-    /// their charges.
+    /// Measures the groups that finished, oldest first, and settles their
+    /// charges.
     fn harvest(&self, ledger: &Ledger) {
         if self.len.get() == 0 {
             return;
@@ -316,13 +416,16 @@ impl Ring {
         let elapsed = elapsed_fn();
         while self.len.get() > 0 {
             let e = self.at(self.head.get());
+            if e.open.get() {
+                break;
+            }
             // SAFETY: an event of ours.
             let q = unsafe { query(e.end.get()) };
             if q == CUDA_ERROR_NOT_READY {
                 break;
             }
             let mut ms: c_float = -1.0;
-            // A null `from`: not measurable, the estimate stands.
+            // A null `from`: not measurable, the estimates stand.
             if q == CUDA_SUCCESS && !e.from.get().is_null() {
                 if let Some(el) = elapsed {
                     // SAFETY: valid out-pointer, events of ours.
@@ -335,27 +438,32 @@ impl Ring {
         }
     }
 
-    /// Settles the oldest entry with the measured `ms` (negative: could
-    /// not be measured, the estimate stands).
+    /// Settles the oldest group with the measured `ms` (negative: could
+    /// not be measured, the estimates stand).
     fn settle(&self, ledger: &Ledger, e: &Entry, ms: c_float) {
-        let (dev, est) = (e.dev.get(), e.est.get());
+        let (dev, est, count) = (e.dev.get(), e.est.get(), e.count.get().max(1));
         let ns = if ms >= 0.0 {
             let ns = (f64::from(ms) * 1e6) as u64;
             ledger.compute_charge(dev, ns as i64 - est as i64);
+            let per_launch = ns / count;
             let avg = &ESTIMATE[e.kind.get()][dev];
             let old = avg.load(Ordering::Relaxed);
-            let new = if old == 0 { ns } else { old - old / 8 + ns / 8 };
+            let new = if old == 0 {
+                per_launch
+            } else {
+                old - old / 8 + per_launch / 8
+            };
             avg.store(new, Ordering::Relaxed);
             ns
         } else {
             est
         };
-        record(ledger, dev, ns);
+        book(ledger, dev, ns, count);
         self.head.set((self.head.get() + 1) % DEPTH);
         self.len.set(self.len.get() - 1);
     }
 
-    /// The ring is full: waits for the oldest launch to finish.
+    /// The ring is full: waits for the oldest group to finish.
     fn wait_oldest(&self, ledger: &Ledger) {
         // SAFETY: cuEventQuery(CUevent).
         let Some(query) = (unsafe { EVENT_QUERY.func::<EventQuery>() }) else {
@@ -363,8 +471,11 @@ impl Ring {
         };
         let t0 = now_ns();
         let e = self.at(self.head.get());
+        if e.open.get() {
+            self.close_newest(ledger); // only the newest is ever open
+        }
         // SAFETY: an event of ours.
-        while unsafe { query(e.end.get()) } == CUDA_ERROR_NOT_READY {
+        while self.len.get() > 0 && unsafe { query(e.end.get()) } == CUDA_ERROR_NOT_READY {
             if now_ns() - t0 > MAX_WAIT_NS {
                 self.settle(ledger, e, -1.0);
                 return;
@@ -392,12 +503,20 @@ impl Ring {
     /// The debt this allows is bounded by one launch, so the long-run rate
     /// is still exactly the share; alone, a launcher loses nothing (the
     /// bucket keeps refilling during its longer first nap).
+    ///
+    /// A launcher of short launches that has to wait waits until the bucket
+    /// holds a group's worth ([`GROUP_NS`], at most a quarter of the
+    /// burst): released one at a time, each would find the GPU idle and
+    /// need a pair of events; released together they run back to back and
+    /// share a group's end event.
     fn gate(&self, ledger: &Ledger, dev: usize, share: u64, est: u64) {
         let boards = shim().boards.as_ref();
-        let limit = est.min(ledger.compute_burst(dev) / 2);
+        let burst = ledger.compute_burst(dev);
+        let limit = est.min(burst / 2);
         let t0 = now_ns();
         let mut now = t0;
         let mut behind = limit;
+        let mut want: i64 = 0;
         loop {
             // What the other slices of the GPU do: borrowing idle time,
             // or all scaled down while oversubscribed (crate::borrow).
@@ -406,11 +525,22 @@ impl Ring {
             let tokens = ledger.compute_tokens_at(dev, now, refill);
             let aged = (u128::from(now - t0) * u128::from(share) / u128::from(FULL_SHARE))
                 .min(u128::from(limit)) as i64;
-            if tokens.saturating_add(aged) > 0 {
+            if tokens.saturating_add(aged) > want {
                 break;
             }
-            let debt = (tokens.unsigned_abs() + 1).saturating_sub(aged as u64)
-                + std::mem::take(&mut behind);
+            if now == t0 {
+                // About to wait: the GPU will run dry on this thread's
+                // work, so its open group is closed while it still can
+                // be measured.
+                self.close_newest(ledger);
+                if est < GROUP_NS {
+                    want = GROUP_NS.min(burst / 4) as i64;
+                }
+            }
+            let short = want
+                .saturating_add(1)
+                .saturating_sub(tokens.saturating_add(aged));
+            let debt = short.max(1) as u64 + std::mem::take(&mut behind);
             let wall = (u128::from(debt) * u128::from(FULL_SHARE) / u128::from(share))
                 .min(u128::from(MAX_NAP_NS)) as u64;
             nap(wall.max(MIN_NAP_NS));
@@ -434,10 +564,20 @@ fn pending(event: CUevent) -> bool {
     unsafe { query(event) == CUDA_ERROR_NOT_READY }
 }
 
-/// Books `ns` of GPU time for one launch on `dev`: in the ledger, and on
-/// the GPU's board when the slice has a seat there.
-fn record(ledger: &Ledger, dev: usize, ns: u64) {
-    ledger.compute_record(dev, ns, 1);
+/// Whether `stream` still has work queued or running.
+fn stream_busy(stream: CUstream) -> bool {
+    // SAFETY: cuStreamQuery(CUstream).
+    let Some(query) = (unsafe { STREAM_QUERY.func::<StreamQuery>() }) else {
+        return false;
+    };
+    // SAFETY: the caller's stream (or one it launched on).
+    unsafe { query(stream) == CUDA_ERROR_NOT_READY }
+}
+
+/// Books `ns` of GPU time for `launches` launches on `dev`: in the ledger,
+/// and on the GPU's board when the slice has a seat there.
+fn book(ledger: &Ledger, dev: usize, ns: u64, launches: u64) {
+    ledger.compute_record(dev, ns, launches);
     if let Some(b) = &shim().boards {
         b.record(dev, ns, now_ns());
     }

@@ -152,26 +152,38 @@ fn the_share_converges_to_the_target_on_every_launch_path() {
     eprintln!("{}", report.join("\n"));
 }
 
-#[test]
-fn a_busy_stream_pays_one_event_per_launch() {
-    // The client waits for the GPU after every 8 launches: the first
-    // launch after each wait needs an event before it, the other 7 are
-    // measured from the event after the launch before them.
-    let s = Slice::new();
+/// Runs one client of slice `name` at `pct` % with kernels of `kernel_ns`
+/// for 0.5 s after 0.1 s of warm-up; returns its result line and the GPU
+/// time its slice's ledger holds.
+fn metered_run(s: &Slice, name: &str, pct: &str, kernel_ns: &str) -> (Value, f64) {
     let v = result(
         s.client(
-            "busy",
-            Some("100"),
+            name,
+            Some(pct),
             &[
-                "--via", "procaddr", "compute", "kernel", KERNEL_NS, "0.5", "0.1",
+                "--via", "procaddr", "compute", "kernel", kernel_ns, "0.5", "0.1",
             ],
         )
         .output()
         .unwrap(),
     );
-    let launches = v["launches"].as_f64().unwrap();
-    let records = v["event_records"].as_f64().unwrap();
-    let per = records / launches;
+    let l = Ledger::open(&s.ledger_path(name)).unwrap();
+    let charged = l.snapshot().compute[0].busy_ns as f64;
+    (v, charged)
+}
+
+fn events_per_launch(v: &Value) -> f64 {
+    v["event_records"].as_f64().unwrap() / v["launches"].as_f64().unwrap()
+}
+
+#[test]
+fn a_busy_stream_pays_one_event_per_launch() {
+    // The client waits for the GPU after every 8 launches: the first
+    // launch after each wait needs an event before it; the 200 µs kernels
+    // fill a group each, measured from the event after the launch before.
+    let s = Slice::new();
+    let (v, charged) = metered_run(&s, "busy", "100", KERNEL_NS);
+    let per = events_per_launch(&v);
     assert!(
         (1.0..=1.2).contains(&per),
         "events per launch {per:.3} ({v}); a pair each would be 2"
@@ -179,12 +191,39 @@ fn a_busy_stream_pays_one_event_per_launch() {
     // And the GPU time is still measured right: the slice's ledger holds
     // the window's GPU time, plus at most the warm-up's.
     let busy = v["busy_ns"].as_f64().unwrap();
-    let l = Ledger::open(&s.ledger_path("busy")).unwrap();
-    let charged = l.snapshot().compute[0].busy_ns as f64;
     assert!(
         charged >= busy * 0.99 && charged <= busy + 0.1e9 + 5e6,
         "ledger {charged} ns for {busy} ns of GPU time in the window ({v})"
     );
+}
+
+#[test]
+fn short_kernels_on_a_busy_stream_share_their_events() {
+    // 20 µs kernels, 8 between waits: the first one gets a pair of
+    // events, the others join one group closed by one event.
+    let s = Slice::new();
+    let (v, charged) = metered_run(&s, "short", "100", "20000");
+    let per = events_per_launch(&v);
+    assert!(
+        per <= 0.5,
+        "events per launch {per:.3} ({v}); one each would be 1"
+    );
+    let busy = v["busy_ns"].as_f64().unwrap();
+    assert!(
+        charged >= busy * 0.97 && charged <= busy * 1.03 + 0.1e9,
+        "ledger {charged} ns for {busy} ns of GPU time in the window ({v})"
+    );
+    // Grouped, they are still held to a share.
+    let (v, _) = metered_run(&s, "short40", "40", "20000");
+    let got = share(&v);
+    assert!(
+        (got - 40.0).abs() <= 3.0,
+        "20 µs kernels at 40 %: {got:.1}% ({v})"
+    );
+    // Throttled, they are released a group's worth at a time (observed
+    // 0.43 events per launch; one at a time would be 2).
+    assert!(events_per_launch(&v) <= 0.7, "{v}");
+    eprintln!("short kernels at 40 %: {v}");
 }
 
 #[test]

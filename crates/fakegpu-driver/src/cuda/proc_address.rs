@@ -130,6 +130,8 @@ fn exact(name: &str) -> Option<*mut c_void> {
         cuEventElapsedTime_v2,
         cuStreamSynchronize,
         cuStreamSynchronize_ptsz,
+        cuStreamQuery,
+        cuStreamQuery_ptsz,
     )
 }
 
