@@ -11,6 +11,7 @@
 #   compute    issue 5: compute share: one slice at 50/25/10/75 % (GEMM + small kernels, vs bare,
 #              interleaved), two slices 30/70, a CUDA graph at 50 %, no-limit overhead (~110 s)
 #   computediag  issue 5: what the GPU does under partial duty, without gpuslice (~45 s)
+#   computetrace issue 5: one capped worker's bucket traced across workload and share changes (~25 s)
 #   plugin     issue 6: device plugin vs a test kubelet (v1beta1 over unix sockets): register,
 #              list (NUMA), Allocate gpu + gpu.shared run via `gpuslice run` + the probe, 60 s health (~85 s)
 # Run from the repo root as root after scripts/device-build.sh. Each part is
@@ -61,6 +62,10 @@ part_compute() {
     # the script stops itself at ~130 s and writes compute.json as it goes.
     COMPUTE_BUDGET_S=${COMPUTE_BUDGET_S:-130} bounded 145 python3 scripts/device_compute.py "$work"
 }
+part_computetrace() {
+    # The slice's bucket traced while one worker changes workload and share.
+    bounded 120 python3 scripts/device_compute_trace.py "$work"
+}
 part_computediag() {
     # Plain PyTorch, no gpuslice: event cost, work per GPU-second at partial duty, SM clock.
     bounded 90 "${TORCH_PY:-/opt/torch/.venv/bin/python3}" scripts/device_compute_diag.py "$work"
@@ -83,7 +88,7 @@ part_doctor() {
 # parts that finished.
 collect() {
     tar czf "$out/results.tgz" -C "$work" .
-    for f in isolation.json launch-none.json doctor.json cdi.json exporter.json plugin.json compute.json compute-diag.json; do
+    for f in isolation.json launch-none.json doctor.json cdi.json exporter.json plugin.json compute.json compute-diag.json compute-trace.json; do
         [ -f "$work/$f" ] && cp "$work/$f" "$out/"
     done
 }

@@ -14,16 +14,21 @@
 //! - a group starts from the previous group's end event when that is
 //!   still pending on the same stream (the GPU goes from one to the other
 //!   without a gap), else from an event recorded just before its launch;
-//! - a launch joins the open group while its stream still has work queued
-//!   (no gap inside the group);
+//! - a launch joins the open group while the GPU has not reached the group
+//!   yet (its start event is pending), or reached it so recently that the
+//!   group's own work is surely still running: no gap inside the group;
 //! - the group is closed (its end event recorded) once it holds
 //!   [`GROUP_NS`] of estimated GPU time or [`GROUP_MAX`] launches, when
-//!   the GPU has reached it (its start event completed), when a launch
-//!   must wait for the bucket, or at the first launch after a fresh start.
+//!   the GPU has reached it, when a launch must wait for the bucket, or at
+//!   the first launch after a fresh start.
 //!
-//! A group whose stream ran dry before it was closed cannot be measured:
-//! its launches keep their estimates (a moving average of measured
-//! launches of their kind on that device). Every launch is charged its
+//! Whether the *stream* is busy says nothing here: work the shim does not
+//! meter (a memset, a copy, a wait on another stream) keeps it busy after
+//! the group ran dry (on the H200, a GEMM loop's first launch after 2 s
+//! idle joined the group left open by the loop before, and the idle time
+//! was charged). A group that may have run dry before it was closed is not
+//! measured: its launches keep their estimates (a moving average of
+//! measured launches of their kind on that device). Every launch is charged its
 //! estimate at once, corrected when its group is measured; at most
 //! [`DEPTH`] groups per thread are in flight unmeasured, so queued work
 //! cannot run far ahead of the budget.
@@ -49,10 +54,14 @@ pub const DEPTH: usize = 32;
 pub const GROUP_NS: u64 = 200_000;
 /// Launches a group gathers at most.
 pub const GROUP_MAX: u64 = 16;
-/// A launch that took longer than this from the stream check to its
-/// return may have let the stream run dry (the thread lost the CPU): its
-/// group is not trusted to have no gap.
+/// A join that took longer than this (or than half the group's estimated
+/// work) from the check that the group was still ahead to the launch's
+/// return may have let the group run dry first (the thread lost the CPU):
+/// the group is not trusted to have no gap.
 const STALL_NS: u64 = 50_000;
+/// How long after its start event was last seen pending a group is still
+/// surely running (at most a quarter of its estimated work).
+const AHEAD_NS: u64 = 20_000;
 /// Longest single sleep while the bucket is empty (reaction time).
 const MAX_NAP_NS: u64 = 2_000_000;
 const MIN_NAP_NS: u64 = 20_000;
@@ -67,13 +76,11 @@ static EVENT_RECORD: Real = Real::named(c"cuEventRecord");
 static EVENT_QUERY: Real = Real::named(c"cuEventQuery");
 static EVENT_ELAPSED_V2: Real = Real::named(c"cuEventElapsedTime_v2");
 static EVENT_ELAPSED: Real = Real::named(c"cuEventElapsedTime");
-static STREAM_QUERY: Real = Real::named(c"cuStreamQuery");
 
 type EventCreate = unsafe extern "C" fn(*mut CUevent, u32) -> CUresult;
 type EventRecord = unsafe extern "C" fn(CUevent, CUstream) -> CUresult;
 type EventQuery = unsafe extern "C" fn(CUevent) -> CUresult;
 type EventElapsed = unsafe extern "C" fn(*mut c_float, CUevent, CUevent) -> CUresult;
-type StreamQuery = unsafe extern "C" fn(CUstream) -> CUresult;
 
 /// What is launched: estimates are kept apart.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -116,6 +123,8 @@ struct Entry {
     kind: Cell<usize>,
     /// Still gathering launches: `end` not recorded yet.
     open: Cell<bool>,
+    /// When `from` was last seen pending (CLOCK_MONOTONIC ns).
+    ahead_at: Cell<u64>,
 }
 
 impl Entry {
@@ -130,6 +139,7 @@ impl Entry {
             dev: Cell::new(0),
             kind: Cell::new(0),
             open: Cell::new(false),
+            ahead_at: Cell::new(0),
         }
     }
 
@@ -141,8 +151,22 @@ impl Entry {
             && self.kind.get() == kind as usize
     }
 
+    /// Whether the group's own work is surely not done at `now`: the GPU
+    /// has not reached it (its start is pending), or reached it after it
+    /// was last seen so less than a quarter of its estimated work ago.
+    fn ahead(&self, now: u64) -> bool {
+        if self.from.get().is_null() {
+            return false;
+        }
+        if pending(self.from.get()) {
+            self.ahead_at.set(now);
+            return true;
+        }
+        now.saturating_sub(self.ahead_at.get()) < (self.est.get() / 4).min(AHEAD_NS)
+    }
+
     /// Whether the group is full or the GPU has reached it: time to record
-    /// its end, while its stream still has work.
+    /// its end, while its own work still runs.
     fn due(&self) -> bool {
         self.from.get() == self.start.get()
             || self.est.get() >= GROUP_NS
@@ -277,11 +301,12 @@ impl Ring {
         let t0 = now_ns();
         let joined = self
             .newest()
-            .filter(|g| g.takes(stream, dev, kind) && stream_busy(stream));
+            .filter(|g| g.takes(stream, dev, kind) && g.ahead(t0));
+        let est_before = joined.map_or(0, |g| g.est.get());
         if joined.is_none() {
-            self.close_newest(ledger);
+            self.close_newest(ledger, t0);
         }
-        let group = joined.or_else(|| self.open_group(stream, dev, kind));
+        let group = joined.or_else(|| self.open_group(stream, dev, kind, t0));
         let rc = call();
         if rc != CUDA_SUCCESS {
             ledger.compute_charge(dev, -(est as i64));
@@ -300,12 +325,12 @@ impl Ring {
         let chained = g.from.get() != g.start.get();
         // The group has no gap if its first launch was queued before the
         // group it is chained to ended (checked now, conservatively), and
-        // later ones while the stream was busy, without a stall between
+        // later ones while the group was ahead, without a stall between
         // the check and the launch.
         let gap = if g.count.get() == 1 {
             chained && !pending(g.from.get())
         } else {
-            now_ns() - t0 > STALL_NS
+            now_ns() - t0 > (est_before / 2).min(STALL_NS)
         };
         if gap {
             g.from.set(std::ptr::null_mut());
@@ -319,7 +344,7 @@ impl Ring {
     /// Opens a group for a launch on `stream` of `dev`: chained to the
     /// newest group when that one is still pending there, else from an
     /// event recorded now. None when events are not available.
-    fn open_group(&self, stream: CUstream, dev: usize, kind: Kind) -> Option<&Entry> {
+    fn open_group(&self, stream: CUstream, dev: usize, kind: Kind, now: u64) -> Option<&Entry> {
         let slot = self.at(self.head.get() + self.len.get());
         let record = self.events(slot)?;
         match self.chained_from(stream, dev) {
@@ -338,18 +363,19 @@ impl Ring {
         slot.est.set(0);
         slot.count.set(0);
         slot.open.set(true);
+        slot.ahead_at.set(now);
         self.len.set(self.len.get() + 1);
         Some(slot)
     }
 
     /// Closes the newest group if it is open: its end is recorded while
-    /// its stream still has work, else (the stream ran dry, the time since
-    /// its start would count the idle GPU) it is dropped unmeasured.
-    fn close_newest(&self, ledger: &Ledger) {
+    /// its own work surely still runs, else (it may have run dry: the time
+    /// from its start would count the idle GPU) it is dropped unmeasured.
+    fn close_newest(&self, ledger: &Ledger, now: u64) {
         let Some(g) = self.newest().filter(|g| g.open.get()) else {
             return;
         };
-        if !stream_busy(g.stream.get()) {
+        if !g.ahead(now) {
             g.from.set(std::ptr::null_mut());
         }
         self.close(ledger, g);
@@ -472,7 +498,7 @@ impl Ring {
         let t0 = now_ns();
         let e = self.at(self.head.get());
         if e.open.get() {
-            self.close_newest(ledger); // only the newest is ever open
+            self.close_newest(ledger, t0); // only the newest is ever open
         }
         // SAFETY: an event of ours.
         while self.len.get() > 0 && unsafe { query(e.end.get()) } == CUDA_ERROR_NOT_READY {
@@ -532,7 +558,7 @@ impl Ring {
                 // About to wait: the GPU will run dry on this thread's
                 // work, so its open group is closed while it still can
                 // be measured.
-                self.close_newest(ledger);
+                self.close_newest(ledger, now);
                 if est < GROUP_NS {
                     want = GROUP_NS.min(burst / 4) as i64;
                 }
@@ -562,16 +588,6 @@ fn pending(event: CUevent) -> bool {
     };
     // SAFETY: an event of ours, recorded.
     unsafe { query(event) == CUDA_ERROR_NOT_READY }
-}
-
-/// Whether `stream` still has work queued or running.
-fn stream_busy(stream: CUstream) -> bool {
-    // SAFETY: cuStreamQuery(CUstream).
-    let Some(query) = (unsafe { STREAM_QUERY.func::<StreamQuery>() }) else {
-        return false;
-    };
-    // SAFETY: the caller's stream (or one it launched on).
-    unsafe { query(stream) == CUDA_ERROR_NOT_READY }
 }
 
 /// Books `ns` of GPU time for `launches` launches on `dev`: in the ledger,

@@ -9,8 +9,7 @@
 //! (default 10 µs). A graph launch runs for `$FAKEGPU_GRAPH_NS` (default
 //! 0). A launch on a capturing stream is captured, not run. Events record
 //! the tail of their stream; `cuEventQuery` says whether host time has
-//! reached it, `cuEventElapsedTime` gives the difference in ms, and
-//! `cuStreamQuery` whether the stream's work is done.
+//! reached it, `cuEventElapsedTime` gives the difference in ms.
 //! `fakegpuBusyNs(dev)` (not a CUDA function) returns the GPU time the
 //! device has completed so far, `fakegpuEventRecords()` how many events
 //! were recorded (what metering costs the GPU).
@@ -368,28 +367,6 @@ pub extern "C" fn cuStreamSynchronize(stream: Handle) -> CUresult {
 #[no_mangle]
 pub extern "C" fn cuStreamSynchronize_ptsz(stream: Handle) -> CUresult {
     stream_sync(stream, true)
-}
-
-fn stream_query(stream: Handle, ptsz: bool) -> CUresult {
-    guard(CUDA_ERROR_UNKNOWN, || {
-        let k = key(stream, ptsz);
-        let at = timeline().stream_tail.get(&k).copied().unwrap_or(0);
-        if at > now() {
-            CUDA_ERROR_NOT_READY
-        } else {
-            CUDA_SUCCESS
-        }
-    })
-}
-
-#[no_mangle]
-pub extern "C" fn cuStreamQuery(stream: Handle) -> CUresult {
-    stream_query(stream, false)
-}
-
-#[no_mangle]
-pub extern "C" fn cuStreamQuery_ptsz(stream: Handle) -> CUresult {
-    stream_query(stream, true)
 }
 
 /// Waits for all work of device `dev` (`cuCtxSynchronize`).

@@ -130,8 +130,6 @@ fn exact(name: &str) -> Option<*mut c_void> {
         cuEventElapsedTime_v2,
         cuStreamSynchronize,
         cuStreamSynchronize_ptsz,
-        cuStreamQuery,
-        cuStreamQuery_ptsz,
     )
 }
 
