@@ -35,6 +35,10 @@ argv = [dc.GPUSLICE, "run", "--gpus", "0", "--isolation", "env", "--compute", "1
 R = {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
      "columns": ["t", "share_bp", "tokens_ns", "busy_ns", "throttled_ns", "launches"],
      "events": [], "trace": []}
+try:
+    R["driver"] = dc.Nvml().driver
+except Exception as e:  # noqa: BLE001
+    R["driver_error"] = repr(e)
 w = dc.Worker("T", argv, env)
 try:
     info = w.read(60)
