@@ -394,3 +394,31 @@ fn oversubscribed_caps_keep_their_proportions() {
     );
     eprintln!("30/70 {both:?} 30/60 {fits:?}");
 }
+
+#[test]
+fn idle_time_is_not_charged_when_another_thread_keeps_the_stream_busy() {
+    // Each round one thread leaves a group of short kernels open and goes
+    // idle for 5 ms; another thread's 2 ms kernel then keeps the stream
+    // busy while the first thread launches again. The stream being busy
+    // says nothing about the first thread's group, which ran dry long ago:
+    // joining it would charge the 5 ms idle and the other thread's kernel
+    // once more (~7 ms a round on top of ~2.2 ms of GPU work).
+    let s = Slice::new();
+    let v = result(
+        s.client(
+            "shared",
+            Some("100"),
+            &["--via", "procaddr", "shared-stream", "40000", "20"],
+        )
+        .output()
+        .unwrap(),
+    );
+    let busy = v["busy_ns"].as_f64().unwrap();
+    let l = Ledger::open(&s.ledger_path("shared")).unwrap();
+    let charged = l.snapshot().compute[0].busy_ns as f64;
+    assert!(busy > 20.0 * 2.1e6, "{v}");
+    assert!(
+        (charged - busy).abs() <= busy * 0.05,
+        "ledger {charged} ns for {busy} ns of GPU time ({v})"
+    );
+}

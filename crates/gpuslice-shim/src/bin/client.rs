@@ -35,6 +35,12 @@
 //!   (`cuLaunchKernelEx`), `coop` (`cuLaunchCooperativeKernel`) or `graph`
 //!   (`cuGraphLaunch`; the graph runs `$FAKEGPU_GRAPH_NS`). Prints the
 //!   simulated GPU busy time and the wall time of the last SECONDS.
+//! - `shared-stream KERNEL_NS ROUNDS`: two threads launch on one stream.
+//!   Each round the main thread launches 4 kernels of KERNEL_NS and waits
+//!   5 ms (its work is done), a second thread launches one 2 ms kernel,
+//!   and 0.2 ms later the main thread launches one more while the stream
+//!   is busy with the other thread's kernel; then it synchronises. Prints
+//!   the simulated GPU busy time.
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::io::Write;
@@ -1076,6 +1082,106 @@ fn compute(cu: &Cuda, mode: &str, kernel_ns: u64, seconds: f64, warmup: f64) {
     unsafe { sync() };
 }
 
+/// See `shared-stream` in the module docs.
+fn shared_stream(cu: &Cuda, kernel_ns: u64, rounds: u32) {
+    let busy_p = cu.dlsym("fakegpuBusyNs");
+    assert!(!busy_p.is_null(), "fakegpuBusyNs");
+    // SAFETY: the fake driver's test hook: u64 (int).
+    let busy_f =
+        unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(c_int) -> u64>(busy_p) };
+    // SAFETY: a plain call of the test hook.
+    let busy = |d: c_int| unsafe { busy_f(d) };
+    let sync = f!(
+        cu,
+        "cuCtxSynchronize",
+        "cuCtxSynchronize",
+        unsafe extern "C" fn() -> R
+    );
+    let get_ctx = f!(
+        cu,
+        "cuCtxGetCurrent",
+        "cuCtxGetCurrent",
+        unsafe extern "C" fn(*mut *mut c_void) -> R
+    );
+    let set_ctx = f!(
+        cu,
+        "cuCtxSetCurrent",
+        "cuCtxSetCurrent",
+        unsafe extern "C" fn(*mut c_void) -> R
+    );
+    let stream_create = f!(
+        cu,
+        "cuStreamCreate",
+        "cuStreamCreate",
+        unsafe extern "C" fn(*mut *mut c_void, c_uint) -> R
+    );
+    let launch = f!(cu, "cuLaunchKernel", "cuLaunchKernel", Launch);
+    let (mut ctx, mut stream) = (std::ptr::null_mut(), std::ptr::null_mut());
+    // SAFETY: valid out-pointers.
+    unsafe {
+        assert_eq!(get_ctx(&mut ctx), 0);
+        assert_eq!(stream_create(&mut stream, 0), 0);
+    }
+    // Raw pointers are not Send: they cross to the other thread as numbers.
+    let (ctx, stream) = (ctx as usize, stream as usize);
+    let kernel = move |ns: u64| {
+        let mut ns = ns;
+        let mut params = [(&mut ns as *mut u64).cast::<c_void>()];
+        // SAFETY: valid arguments; params[0] points to a u64 that outlives
+        // the call (the fake driver reads it during the launch).
+        let rc = unsafe {
+            launch(
+                0x1000 as *mut c_void,
+                1,
+                1,
+                1,
+                1,
+                1,
+                1,
+                0,
+                stream as *mut c_void,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        assert_eq!(rc, 0, "launch");
+    };
+    let (go, rx) = std::sync::mpsc::channel::<bool>();
+    let (done_tx, done) = std::sync::mpsc::channel::<()>();
+    let other = std::thread::spawn(move || {
+        // SAFETY: the context the main thread uses.
+        assert_eq!(unsafe { set_ctx(ctx as *mut c_void) }, 0);
+        while let Ok(long) = rx.recv() {
+            kernel(if long { 2_000_000 } else { 1_000 });
+            done_tx.send(()).unwrap();
+        }
+    });
+    let b0 = busy(0);
+    let t0 = Instant::now();
+    for _ in 0..rounds {
+        (0..4).for_each(|_| kernel(kernel_ns));
+        std::thread::sleep(Duration::from_millis(5));
+        go.send(true).unwrap();
+        done.recv().unwrap();
+        std::thread::sleep(Duration::from_micros(200));
+        kernel(kernel_ns);
+        // SAFETY: plain call.
+        assert_eq!(unsafe { sync() }, 0);
+    }
+    // A last tiny launch each, so both threads settle what they measured.
+    go.send(false).unwrap();
+    done.recv().unwrap();
+    drop(go);
+    other.join().unwrap();
+    kernel(1_000);
+    // SAFETY: plain call.
+    assert_eq!(unsafe { sync() }, 0);
+    line(&[
+        ("busy_ns", (busy(0) - b0).to_string()),
+        ("wall_ns", t0.elapsed().as_nanos().to_string()),
+    ]);
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut via = "dlsym".to_string();
@@ -1155,6 +1261,14 @@ fn main() {
                 rest[2].parse().expect("KERNEL_NS"),
                 rest[3].parse().expect("SECONDS"),
                 rest[4].parse().expect("WARMUP"),
+            );
+            0
+        }
+        "shared-stream" => {
+            shared_stream(
+                &cu,
+                rest[1].parse().expect("KERNEL_NS"),
+                rest[2].parse().expect("ROUNDS"),
             );
             0
         }
