@@ -316,20 +316,11 @@ impl Board {
     }
 
     /// Publishes the share of the slice holding `slot` (it may change
-    /// while the slice runs: `gpuslice slices --set-compute`, say).
+    /// while the slice runs: its ledger's share word is live).
     pub fn set_share(&self, slot: usize, share_bp: u64) {
         if slot < BOARD_SLOTS {
             self.word(slot, S_SHARE).store(share_bp, Ordering::Relaxed);
         }
-    }
-
-    /// GPU time used by every slot except `own`, summed: what a borrower
-    /// differentiates over time. Allocation-free (called from the shim).
-    pub fn others_busy(&self, own: usize) -> u64 {
-        (0..BOARD_SLOTS)
-            .filter(|&s| s != own && self.word(s, S_KEY).load(Ordering::Acquire) != 0)
-            .map(|s| self.word(s, S_BUSY).load(Ordering::Relaxed))
-            .fold(0u64, u64::wrapping_add)
     }
 }
 
@@ -362,8 +353,11 @@ mod tests {
             (sa.busy_ns, sa.share_bp, sa.mode),
             (750, 3000, Mode::Guaranteed)
         );
-        assert_eq!(b.others_busy(a), 1000);
-        assert_eq!(b.others_busy(c), 750);
+        assert_eq!(b2.slot(c).map(|s| s.busy_ns), Some(1000));
+        // A share changed in a live slice is published for the others.
+        b.set_share(a, 2500);
+        assert_eq!(b2.slot(a).map(|s| s.share_bp), Some(2500));
+        assert_eq!(b.slot(BOARD_SLOTS), None);
     }
 
     #[test]

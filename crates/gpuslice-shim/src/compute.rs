@@ -28,10 +28,10 @@
 //! idle joined the group left open by the loop before, and the idle time
 //! was charged). A group that may have run dry before it was closed is not
 //! measured: its launches keep their estimates (a moving average of
-//! measured launches of their kind on that device). Every launch is charged its
-//! estimate at once, corrected when its group is measured; at most
-//! [`DEPTH`] groups per thread are in flight unmeasured, so queued work
-//! cannot run far ahead of the budget.
+//! measured launches of their kind on that device). Every launch is
+//! charged its estimate at once, corrected when its group is measured; at
+//! most [`DEPTH`] groups per thread are in flight unmeasured, so queued
+//! work cannot run far ahead of the budget.
 //!
 //! Hot path: no lock, no allocation, no getenv, no logging. Per-thread
 //! state lives in a const-initialised thread-local ring; the events are

@@ -923,14 +923,19 @@ type LaunchEx =
     unsafe extern "C" fn(*const LaunchConfig, *mut c_void, *mut *mut c_void, *mut *mut c_void) -> R;
 type GraphLaunch = unsafe extern "C" fn(*mut c_void, *mut c_void) -> R;
 
-fn compute(cu: &Cuda, mode: &str, kernel_ns: u64, seconds: f64, warmup: f64) {
+/// The fake driver's `fakegpuBusyNs`: GPU time device `d` has completed.
+fn fake_busy(cu: &Cuda) -> impl Fn(c_int) -> u64 {
     let busy_p = cu.dlsym("fakegpuBusyNs");
     assert!(!busy_p.is_null(), "fakegpuBusyNs");
     // SAFETY: the fake driver's test hook: u64 (int).
     let busy_f =
         unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(c_int) -> u64>(busy_p) };
     // SAFETY: a plain call of the test hook.
-    let busy = |d: c_int| unsafe { busy_f(d) };
+    move |d: c_int| unsafe { busy_f(d) }
+}
+
+fn compute(cu: &Cuda, mode: &str, kernel_ns: u64, seconds: f64, warmup: f64) {
+    let busy = fake_busy(cu);
     let records_p = cu.dlsym("fakegpuEventRecords");
     assert!(!records_p.is_null(), "fakegpuEventRecords");
     // SAFETY: the fake driver's test hook: u64 (void).
@@ -1084,13 +1089,7 @@ fn compute(cu: &Cuda, mode: &str, kernel_ns: u64, seconds: f64, warmup: f64) {
 
 /// See `shared-stream` in the module docs.
 fn shared_stream(cu: &Cuda, kernel_ns: u64, rounds: u32) {
-    let busy_p = cu.dlsym("fakegpuBusyNs");
-    assert!(!busy_p.is_null(), "fakegpuBusyNs");
-    // SAFETY: the fake driver's test hook: u64 (int).
-    let busy_f =
-        unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(c_int) -> u64>(busy_p) };
-    // SAFETY: a plain call of the test hook.
-    let busy = |d: c_int| unsafe { busy_f(d) };
+    let busy = fake_busy(cu);
     let sync = f!(
         cu,
         "cuCtxSynchronize",
