@@ -165,13 +165,13 @@ impl Entry {
         now.saturating_sub(self.ahead_at.get()) < (self.est.get() / 4).min(AHEAD_NS)
     }
 
-    /// Whether the group is full or the GPU has reached it: time to record
-    /// its end, while its own work still runs.
-    fn due(&self) -> bool {
-        self.from.get() == self.start.get()
+    /// Whether the group is full, fresh, or `reached` by the GPU (its start
+    /// done): time to record its end, while its own work still runs.
+    fn due(&self, reached: bool) -> bool {
+        reached
+            || self.from.get() == self.start.get()
             || self.est.get() >= GROUP_NS
             || self.count.get() >= GROUP_MAX
-            || !pending(self.from.get())
     }
 }
 
@@ -323,19 +323,20 @@ impl Ring {
         g.est.set(g.est.get() + est);
         g.count.set(g.count.get() + 1);
         let chained = g.from.get() != g.start.get();
+        let reached = chained && !pending(g.from.get());
         // The group has no gap if its first launch was queued before the
         // group it is chained to ended (checked now, conservatively), and
         // later ones while the group was ahead, without a stall between
         // the check and the launch.
         let gap = if g.count.get() == 1 {
-            chained && !pending(g.from.get())
+            reached
         } else {
             now_ns() - t0 > (est_before / 2).min(STALL_NS)
         };
         if gap {
             g.from.set(std::ptr::null_mut());
         }
-        if gap || g.due() {
+        if gap || g.due(reached) {
             self.close(ledger, g);
         }
         rc
