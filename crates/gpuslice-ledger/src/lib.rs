@@ -95,12 +95,6 @@ pub struct Refill {
 }
 
 impl Refill {
-    /// The share alone.
-    pub const SHARE: Refill = Refill {
-        scale_bp: FULL_SHARE,
-        borrow_bp: 0,
-    };
-
     /// The refill rate, basis points of wall time, for a slice whose share
     /// is `share_bp`: never above all of the GPU.
     pub fn rate(self, share_bp: u64) -> u64 {

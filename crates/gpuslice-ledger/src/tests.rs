@@ -447,5 +447,9 @@ fn a_refill_scales_the_live_share_or_borrows_but_never_exceeds_the_gpu() {
     l.compute_charge(0, 200_000_000);
     // 10 ms at 80 % of 50 %: 4 ms back.
     assert_eq!(l.compute_tokens_at(0, 1_060_000_000, scaled), -96_000_000);
-    assert_eq!(Refill::SHARE.rate(3000), 3000);
+    let share_alone = Refill {
+        scale_bp: FULL_SHARE,
+        borrow_bp: 0,
+    };
+    assert_eq!(share_alone.rate(3000), 3000);
 }

@@ -152,8 +152,9 @@ impl Entry {
     }
 
     /// Whether the group's own work is surely not done at `now`: the GPU
-    /// has not reached it (its start is pending), or reached it after it
-    /// was last seen so less than a quarter of its estimated work ago.
+    /// has not reached it (its start is pending; remembered as of `now`),
+    /// or reached it after it was last seen so less than a quarter of its
+    /// estimated work ago.
     fn ahead(&self, now: u64) -> bool {
         if self.from.get().is_null() {
             return false;
@@ -201,16 +202,15 @@ fn elapsed_fn() -> Option<EventElapsed> {
     v2.or_else(|| unsafe { EVENT_ELAPSED.func::<EventElapsed>() })
 }
 
-/// Whether launches on device ordinal `dev` are metered: the share (basis
-/// points) and the ledger, else None.
+/// Whether launches on device ordinal `dev` are metered: the ledger that
+/// holds their share, else None.
 #[inline]
-fn limited(dev: usize) -> Option<(&'static Ledger, u64)> {
+fn limited(dev: usize) -> Option<&'static Ledger> {
     let s = shim();
-    let share = *s.compute.get(dev)?;
-    if share == 0 {
+    if *s.compute.get(dev)? == 0 {
         return None;
     }
-    Some((s.ledger.as_ref()?, share))
+    s.ledger.as_ref()
 }
 
 /// Runs a launch (`call`) on `stream` under the compute share of the
@@ -233,7 +233,7 @@ fn metered(stream: CUstream, ptsz: bool, kind: Kind, call: impl FnOnce() -> CUre
     let Some(dev) = crate::hooks::current_device().and_then(|d| usize::try_from(d).ok()) else {
         return call();
     };
-    let Some((ledger, share)) = limited(dev) else {
+    let Some(ledger) = limited(dev) else {
         return call();
     };
     // A launch into a capturing stream adds a node to a graph: no GPU work
@@ -254,7 +254,7 @@ fn metered(stream: CUstream, ptsz: bool, kind: Kind, call: impl FnOnce() -> CUre
             return None; // re-entered (a launch from within a launch)
         }
         let f = call.take()?;
-        let rc = ring.launch(ledger, dev, share, rec_stream, kind, f);
+        let rc = ring.launch(ledger, dev, rec_stream, kind, f);
         ring.busy.set(false);
         Some(rc)
     });
@@ -280,7 +280,6 @@ impl Ring {
         &self,
         ledger: &Ledger,
         dev: usize,
-        share: u64,
         stream: CUstream,
         kind: Kind,
         call: impl FnOnce() -> CUresult,
@@ -294,7 +293,7 @@ impl Ring {
                 self.wait_oldest(ledger);
             }
             let est = ESTIMATE[kind as usize][dev].load(Ordering::Relaxed);
-            self.gate(ledger, dev, share, est);
+            self.gate(ledger, dev, est);
         });
         let est = ESTIMATE[kind as usize][dev].load(Ordering::Relaxed);
         ledger.compute_charge(dev, est as i64);
@@ -536,7 +535,7 @@ impl Ring {
     /// burst): released one at a time, each would find the GPU idle and
     /// need a pair of events; released together they run back to back and
     /// share a group's end event.
-    fn gate(&self, ledger: &Ledger, dev: usize, share: u64, est: u64) {
+    fn gate(&self, ledger: &Ledger, dev: usize, est: u64) {
         let boards = shim().boards.as_ref();
         let burst = ledger.compute_burst(dev);
         let limit = est.min(burst / 2);
@@ -545,9 +544,11 @@ impl Ring {
         let mut behind = limit;
         let mut want: i64 = 0;
         loop {
-            // What the other slices of the GPU do: borrowing idle time,
-            // or all scaled down while oversubscribed (crate::borrow).
-            let refill = boards.and_then(|b| b.refill(dev, now, ledger.compute_share(dev)));
+            // The share in force (it can change in a live slice), as the
+            // other slices of the GPU bend it: borrowing idle time, or all
+            // scaled down while oversubscribed (crate::borrow).
+            let share = ledger.compute_share(dev);
+            let refill = boards.and_then(|b| b.refill(dev, now, share));
             let share = refill.map_or(share, |r| r.rate(share)).max(1);
             let tokens = ledger.compute_tokens_at(dev, now, refill);
             let aged = (u128::from(now - t0) * u128::from(share) / u128::from(FULL_SHARE))
