@@ -9,9 +9,8 @@ need_pkgs=()
 command -v bwrap >/dev/null || need_pkgs+=(bubblewrap)
 command -v mknod >/dev/null || need_pkgs+=(coreutils)
 command -v unshare >/dev/null || need_pkgs+=(util-linux)
-# The exporter test: a real Prometheus and promtool; protoc for the PodResources client.
+# The exporter test: a real Prometheus and promtool.
 command -v prometheus >/dev/null || need_pkgs+=(prometheus)
-command -v protoc >/dev/null || need_pkgs+=(protobuf-compiler)
 # issue 10: the CDI spec consumed by a real runtime (podman with runc), on an
 # image made from busybox-static with podman import.
 command -v podman >/dev/null || need_pkgs+=(podman)

@@ -1,12 +1,13 @@
 //! Generates the kubelet PodResources v1 client (and, for the tests, server)
-//! from the vendored proto. Needs `protoc` (Debian: protobuf-compiler).
+//! from the vendored proto. The proto is compiled by protox (pure Rust): no
+//! system `protoc` is needed to build gpuslice.
 fn main() {
     println!("cargo:rerun-if-changed=proto/podresources_v1.proto");
+    let fds = protox::compile(["proto/podresources_v1.proto"], ["proto"])
+        .unwrap_or_else(|e| panic!("proto/podresources_v1.proto: {e}"));
     tonic_build::configure()
         .build_server(true)
         .build_client(true)
-        .compile_protos(&["proto/podresources_v1.proto"], &["proto"])
-        .expect(
-            "generating the PodResources client needs protoc (apt-get install protobuf-compiler)",
-        );
+        .compile_fds(fds)
+        .unwrap_or_else(|e| panic!("generating the PodResources client: {e}"));
 }
