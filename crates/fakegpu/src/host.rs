@@ -316,11 +316,6 @@ impl FakeHost {
         self.driver_lib_dir().join("libnvidia-ml.so.1")
     }
 
-    /// `<root>/.fakegpu/lib/libcuda.so.1`.
-    pub fn cuda_lib(&self) -> PathBuf {
-        self.driver_lib_dir().join("libcuda.so.1")
-    }
-
     /// The file [`FakeHost::env`] points `FAKEGPU_TRACE` at.
     pub fn trace_path(&self) -> PathBuf {
         self.path(STATE_DIR).join("trace.jsonl")

@@ -43,12 +43,12 @@ pub const PARAMS_FILE: &str = "gpuslice-params";
 pub const PRELOAD_FILE: &str = "gpuslice-ld.so.preload";
 
 /// Environment variables (common edits) recording what the spec was
-/// generated from, for `check`. Not annotations: those need CDI 0.6, and
-/// podman 4.x reads 0.5.
-const ANN_DRIVER: &str = "GPUSLICE_CDI_DRIVER_VERSION";
+/// generated from, for `check` and `gpuslice doctor` ([`recorded`]). Not
+/// annotations: those need CDI 0.6, and podman 4.x reads 0.5.
+pub const ANN_DRIVER: &str = "GPUSLICE_CDI_DRIVER_VERSION";
 const ANN_CAPS: &str = "NVIDIA_DRIVER_CAPABILITIES";
 const ANN_SHARED: &str = "GPUSLICE_CDI_SHARED";
-const ANN_STRIP: &str = "GPUSLICE_CDI_STRIP_HOST_ROOT";
+pub const ANN_STRIP: &str = "GPUSLICE_CDI_STRIP_HOST_ROOT";
 
 /// Driver capabilities, as in `NVIDIA_DRIVER_CAPABILITIES`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -217,6 +217,45 @@ pub fn parse(text: &str) -> Result<CdiSpec> {
     serde_yaml::from_str(text).context("not a CDI spec")
 }
 
+/// A spec's `kind` (`vendor/class`).
+pub fn kind(spec: &CdiSpec) -> String {
+    serde_json::to_value(spec).unwrap_or(Value::Null)["kind"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// The names of a spec's devices, in its order.
+pub fn device_names(spec: &CdiSpec) -> Vec<String> {
+    names_of(&serde_json::to_value(spec).unwrap_or(Value::Null))
+}
+
+fn names_of(v: &Value) -> Vec<String> {
+    v["devices"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|d| d["name"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// What `generate` recorded under `key` ([`ANN_DRIVER`], [`ANN_STRIP`], …)
+/// in the spec's common environment.
+pub fn recorded(spec: &CdiSpec, key: &str) -> Option<String> {
+    recorded_in(&serde_json::to_value(spec).ok()?, key)
+}
+
+fn recorded_in(v: &Value, key: &str) -> Option<String> {
+    v["containerEdits"]["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('=').map(str::to_string))
+}
+
 /// Writes the side files and then the spec, each through a temporary file
 /// in the same directory renamed into place.
 pub fn write_atomically(g: &Generated, output: &Path, format: Format) -> Result<()> {
@@ -277,14 +316,7 @@ fn check_against(
     opts: &Options,
 ) -> Result<CheckResult> {
     let old_v = serde_json::to_value(old)?;
-    let ann = |k: &str| {
-        old_v["containerEdits"]["env"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('=').map(str::to_string))
-    };
+    let ann = |k: &str| recorded_in(&old_v, k);
     let mut opts = opts.clone();
     if let Some((vendor, class)) = old_v["kind"].as_str().and_then(|k| k.split_once('/')) {
         opts.vendor = vendor.into();
@@ -310,17 +342,7 @@ fn check_against(
     }
     let new = generate_for(root, inv, &opts)?;
     let new_v = serde_json::to_value(&new.spec)?;
-    let names = |v: &Value| -> Vec<String> {
-        v["devices"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|d| d["name"].as_str().map(str::to_string))
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-    let (on, nn) = (names(&old_v), names(&new_v));
+    let (on, nn) = (names_of(&old_v), names_of(&new_v));
     if on != nn {
         let missing: Vec<_> = nn.iter().filter(|n| !on.contains(n)).cloned().collect();
         let extra: Vec<_> = on.iter().filter(|n| !nn.contains(n)).cloned().collect();

@@ -316,11 +316,6 @@ pub struct Ledger {
     version: u32,
 }
 
-/// `<dir>/<slice-id>.ledger` under [`ledger_dir`].
-pub fn default_path(slice_id: &str) -> PathBuf {
-    ledger_dir().join(format!("{slice_id}.ledger"))
-}
-
 /// `$GPUSLICE_LEDGER_DIR`, else [`DEFAULT_DIR`].
 pub fn ledger_dir() -> PathBuf {
     std::env::var_os(DIR_ENV)

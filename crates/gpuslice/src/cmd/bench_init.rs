@@ -18,7 +18,7 @@
 //! kept with its reason, left out of the statistics, reported in the table
 //! and the JSON, and makes the command exit 1.
 
-use crate::cli::Cli;
+use crate::global::Global;
 use crate::plot;
 use crate::stats::Summary;
 use anyhow::{bail, Context, Result};
@@ -282,7 +282,7 @@ impl Sample {
     }
 }
 
-pub fn run(cli: &Cli, args: &InitArgs) -> Result<i32> {
+pub fn run(global: &Global, args: &InitArgs) -> Result<i32> {
     let spec = Spec::new(args)?;
     let runs = args.runs.unwrap_or(match args.workload {
         Workload::Probe => 20,
@@ -295,10 +295,13 @@ pub fn run(cli: &Cli, args: &InitArgs) -> Result<i32> {
         bail!("--methods is empty");
     }
     let (date, stamp) = utc_now();
-    let inv = discover(&HostRoot::new(&cli.host_root), &DiscoverOptions::default())?;
+    let inv = discover(
+        &HostRoot::new(&global.host_root),
+        &DiscoverOptions::default(),
+    )?;
     let n = inv.gpus.len() as u32;
     if n == 0 {
-        bail!("no GPU found below {}", cli.host_root.display());
+        bail!("no GPU found below {}", global.host_root.display());
     }
     let counts = counts(&args.counts, n)?;
     let mut methods: Vec<Method> = Vec::new();
@@ -309,8 +312,8 @@ pub fn run(cli: &Cli, args: &InitArgs) -> Result<i32> {
     }
     // NVML is shut down again before the first run: a client holding the
     // driver open would change what start-up costs.
-    let host = host_facts(cli, &inv);
-    let mut cells = cells(cli, &spec, &counts, &methods, n)?;
+    let host = host_facts(global, &inv);
+    let mut cells = cells(global, &spec, &counts, &methods, n)?;
 
     let seed = args.seed.unwrap_or_else(|| {
         SystemTime::now()
@@ -351,8 +354,8 @@ pub fn run(cli: &Cli, args: &InitArgs) -> Result<i32> {
     }
     bar.finish_and_clear();
 
-    let doc = document(cli, args, &spec, &cells, runs, seed, &date, host);
-    if cli.json {
+    let doc = document(global, args, &spec, &cells, runs, seed, &date, host);
+    if global.json {
         println!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
         print!("{}", table(&spec, &cells, &doc));
@@ -393,8 +396,14 @@ fn counts(asked: &[u32], n: u32) -> Result<Vec<u32>> {
     Ok(counts)
 }
 
-fn cells(cli: &Cli, spec: &Spec, counts: &[u32], methods: &[Method], n: u32) -> Result<Vec<Cell>> {
-    let me: OsString = crate::gpuslice_exe()
+fn cells(
+    global: &Global,
+    spec: &Spec,
+    counts: &[u32],
+    methods: &[Method],
+    n: u32,
+) -> Result<Vec<Cell>> {
+    let me: OsString = crate::binaries::gpuslice_exe()
         .context("locating the gpuslice binary")?
         .into();
     let mut cells = Vec::new();
@@ -411,7 +420,7 @@ fn cells(cli: &Cli, spec: &Spec, counts: &[u32], methods: &[Method], n: u32) -> 
                     let mut a: Vec<OsString> = vec![
                         me.clone(),
                         "--host-root".into(),
-                        cli.host_root.clone().into(),
+                        global.host_root.clone().into(),
                         "run".into(),
                         "--gpus".into(),
                         selector.clone().into(),
@@ -647,7 +656,7 @@ fn summaries(spec: &Spec, cell: &Cell) -> BTreeMap<&'static str, Summary> {
 /// The document written to --out and printed with --json.
 #[allow(clippy::too_many_arguments)]
 fn document(
-    cli: &Cli,
+    global: &Global,
     args: &InitArgs,
     spec: &Spec,
     cells: &[Cell],
@@ -720,7 +729,7 @@ fn document(
         "command": argv,
         "command_line": shell_line(&std::env::args_os().collect::<Vec<_>>()),
         "gpuslice_version": env!("CARGO_PKG_VERSION"),
-        "host_root": cli.host_root,
+        "host_root": global.host_root,
         "host": host,
         "config": {
             "counts": cells.iter().map(|c| c.k).collect::<std::collections::BTreeSet<_>>(),
@@ -957,7 +966,7 @@ fn svg(spec: &Spec, cells: &[Cell], doc: &Value) -> Result<String> {
 }
 
 /// Facts about the machine, read before the first run.
-pub(crate) fn host_facts(cli: &Cli, inv: &Inventory) -> Value {
+pub(crate) fn host_facts(global: &Global, inv: &Inventory) -> Value {
     let read = |p: &str| {
         std::fs::read_to_string(p)
             .ok()
@@ -965,7 +974,7 @@ pub(crate) fn host_facts(cli: &Cli, inv: &Inventory) -> Value {
     };
     let mut models: Vec<&str> = inv.gpus.iter().map(|g| g.model.as_str()).collect();
     models.dedup();
-    let persistence = persistence_modes(cli, inv);
+    let persistence = persistence_modes(global, inv);
     let modes: Vec<Option<bool>> = inv
         .gpus
         .iter()
@@ -1025,10 +1034,10 @@ fn cgroup_mode() -> &'static str {
 
 /// Persistence mode per GPU UUID, read (never set) through NVML. NVML is
 /// asked only when discovery trusted it for this host root.
-fn persistence_modes(cli: &Cli, inv: &Inventory) -> Result<BTreeMap<String, bool>, String> {
+fn persistence_modes(global: &Global, inv: &Inventory) -> Result<BTreeMap<String, bool>, String> {
     if !inv.sources.iter().any(|s| s == "nvml") {
         return Err(inv.nvml_error.clone().unwrap_or_else(|| {
-            format!("NVML not used for host root {}", cli.host_root.display())
+            format!("NVML not used for host root {}", global.host_root.display())
         }));
     }
     let nvml = nvml_wrapper::Nvml::builder()

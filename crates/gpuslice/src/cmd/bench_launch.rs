@@ -5,7 +5,7 @@
 //! hits each alike. Each sample is the wall time from spawn to reaped exit
 //! of `/bin/true` (or `--cmd`), as the caller of each launcher sees it.
 
-use crate::cli::Cli;
+use crate::global::Global;
 use crate::stats::Summary;
 use anyhow::{bail, Context, Result};
 use gpuslice_core::discover::{discover, DiscoverOptions};
@@ -40,11 +40,14 @@ struct Variant {
     argv: Vec<String>,
 }
 
-pub fn run(cli: &Cli, args: &LaunchArgs) -> Result<i32> {
+pub fn run(global: &Global, args: &LaunchArgs) -> Result<i32> {
     let (date, _) = super::bench_init::utc_now();
-    let inv = discover(&HostRoot::new(&cli.host_root), &DiscoverOptions::default())?;
-    let host = super::bench_init::host_facts(cli, &inv);
-    let variants = variants(cli, args)?;
+    let inv = discover(
+        &HostRoot::new(&global.host_root),
+        &DiscoverOptions::default(),
+    )?;
+    let host = super::bench_init::host_facts(global, &inv);
+    let variants = variants(global, args)?;
     for v in &variants {
         timed_run(v)?;
     }
@@ -63,7 +66,7 @@ pub fn run(cli: &Cli, args: &LaunchArgs) -> Result<i32> {
         "benchmark": "launch",
         "date": date,
         "argv": std::env::args().collect::<Vec<_>>(),
-        "host_root": cli.host_root,
+        "host_root": global.host_root,
         "inventory_cache_dir": std::env::var(gpuslice_core::discover::cache::CACHE_DIR_ENV).ok(),
         "host": host,
         "runs": args.runs,
@@ -76,7 +79,7 @@ pub fn run(cli: &Cli, args: &LaunchArgs) -> Result<i32> {
             "overhead_ms": s.median - bare,
         })).collect::<Vec<_>>(),
     });
-    if cli.json {
+    if global.json {
         println!("{}", serde_json::to_string_pretty(&result)?);
     } else {
         println!(
@@ -101,10 +104,10 @@ pub fn run(cli: &Cli, args: &LaunchArgs) -> Result<i32> {
     Ok(0)
 }
 
-fn variants(cli: &Cli, args: &LaunchArgs) -> Result<Vec<Variant>> {
-    let me = crate::gpuslice_exe()?.display().to_string();
+fn variants(global: &Global, args: &LaunchArgs) -> Result<Vec<Variant>> {
+    let me = crate::binaries::gpuslice_exe()?.display().to_string();
     let cmd = args.cmd.display().to_string();
-    let root = cli.host_root.display().to_string();
+    let root = global.host_root.display().to_string();
     let isolated = |iso: &str| {
         let argv = [
             &me,

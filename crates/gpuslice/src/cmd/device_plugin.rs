@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::cli::Cli;
+use crate::global::Global;
 
 #[derive(Debug, Args)]
 pub struct DevicePluginArgs {
@@ -33,12 +33,12 @@ fn base_config(path: Option<&PathBuf>) -> Result<Config> {
     }
 }
 
-pub fn run(cli: &Cli, args: &DevicePluginArgs) -> Result<i32> {
+pub fn run(global: &Global, args: &DevicePluginArgs) -> Result<i32> {
     let mut cfg = base_config(args.config.as_ref())?;
     if let Some(d) = &args.plugin_dir {
         cfg.plugin_dir = d.clone();
     }
-    let mut opts = Options::new(cfg, HostRoot::new(&cli.host_root));
+    let mut opts = Options::new(cfg, HostRoot::new(&global.host_root));
     // A --plugin-dir override must survive reloads: reload from the file
     // only when nothing overrides it.
     if args.plugin_dir.is_none() {
@@ -92,7 +92,7 @@ fn sh(cmd: &mut std::process::Command) -> Value {
     }
 }
 
-pub fn selftest(cli: &Cli, args: &SelftestArgs) -> Result<i32> {
+pub fn selftest(global: &Global, args: &SelftestArgs) -> Result<i32> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -101,7 +101,7 @@ pub fn selftest(cli: &Cli, args: &SelftestArgs) -> Result<i32> {
         "label": args.label,
         "date_unix": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
     });
-    let r = rt.block_on(selftest_async(cli, args, &mut report));
+    let r = rt.block_on(selftest_async(global, args, &mut report));
     let ok = match &r {
         Ok(ok) => *ok,
         Err(e) => {
@@ -118,8 +118,8 @@ pub fn selftest(cli: &Cli, args: &SelftestArgs) -> Result<i32> {
     Ok(if ok { 0 } else { 1 })
 }
 
-async fn selftest_async(cli: &Cli, args: &SelftestArgs, rep: &mut Value) -> Result<bool> {
-    let exe = crate::gpuslice_exe()?;
+async fn selftest_async(global: &Global, args: &SelftestArgs, rep: &mut Value) -> Result<bool> {
+    let exe = crate::binaries::gpuslice_exe()?;
     let dir = exe.parent().map(PathBuf::from).unwrap_or_default();
     let probe = args
         .probe
@@ -130,13 +130,11 @@ async fn selftest_async(cli: &Cli, args: &SelftestArgs, rep: &mut Value) -> Resu
         plugin_dir: tmp.path().join("plugins"),
         ledger_dir: tmp.path().join("ledgers"),
         state_dir: tmp.path().join("state"),
-        shim: std::env::var_os("GPUSLICE_SHIM")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| dir.join("libgpuslice.so")),
+        shim: crate::shim::find().unwrap_or_else(|_| dir.join(crate::shim::FILE)),
         ..Config::default()
     };
     cfg.sharing.replicas = args.replicas;
-    let root = HostRoot::new(&cli.host_root);
+    let root = HostRoot::new(&global.host_root);
     let inv = discover(&root, &DiscoverOptions::default())?;
     rep["gpus"] = json!(inv
         .gpus
@@ -216,7 +214,7 @@ async fn selftest_async(cli: &Cli, args: &SelftestArgs, rep: &mut Value) -> Resu
             .unwrap_or_default();
         let mut cmd = std::process::Command::new(&exe);
         cmd.arg("--host-root")
-            .arg(&cli.host_root)
+            .arg(&global.host_root)
             .args(["run", "--gpus", &visible]);
         let mem = r.envs.get("GPUSLICE_MEMORY_LIMIT").cloned();
         if let Some(m) = &mem {
@@ -244,7 +242,7 @@ async fn selftest_async(cli: &Cli, args: &SelftestArgs, rep: &mut Value) -> Resu
         let smi = mem.as_ref().map(|m| {
             sh(std::process::Command::new(&exe)
                 .arg("--host-root")
-                .arg(&cli.host_root)
+                .arg(&global.host_root)
                 .args([
                     "run",
                     "--gpus",

@@ -1,14 +1,17 @@
 //! `gpuslice list`: what discovery found.
 
-use crate::cli::Cli;
+use crate::global::Global;
 use anyhow::Result;
 use gpuslice_core::discover::{discover, DiscoverOptions};
 use gpuslice_core::{HostRoot, Inventory};
 use std::fmt::Write;
 
-pub fn run(cli: &Cli) -> Result<i32> {
-    let inv = discover(&HostRoot::new(&cli.host_root), &DiscoverOptions::default())?;
-    if cli.json {
+pub fn run(global: &Global) -> Result<i32> {
+    let inv = discover(
+        &HostRoot::new(&global.host_root),
+        &DiscoverOptions::default(),
+    )?;
+    if global.json {
         println!("{}", serde_json::to_string_pretty(&inv)?);
     } else {
         print!("{}", table(&inv));

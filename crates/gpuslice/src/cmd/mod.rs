@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+pub mod bench;
 pub mod bench_init;
 pub mod bench_launch;
 pub mod cdi;

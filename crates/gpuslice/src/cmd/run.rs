@@ -1,6 +1,6 @@
 //! `gpuslice run`: a command that can reach only the selected GPUs.
 
-use crate::cli::{CgroupVersion, Cli, IsolationArg, RunArgs};
+use crate::global::Global;
 use anyhow::{anyhow, Context, Result};
 use gpuslice_core::discover::cache::discover_cached;
 use gpuslice_core::discover::DiscoverOptions;
@@ -12,6 +12,70 @@ use gpuslice_isolate::launcher::{launch, ChildCommand, SandboxPlan, SignalGuard}
 use gpuslice_isolate::Isolation;
 use std::ffi::{CString, OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum IsolationArg {
+    /// All four layers: private /dev, params overlay and /proc masking, device cgroup, env.
+    Full,
+    /// Device cgroup and env.
+    Cgroup,
+    /// Private /dev and env (what bubblewrap does).
+    Namespace,
+    /// CUDA_VISIBLE_DEVICES and friends only.
+    Env,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CgroupVersion {
+    V1,
+    V2,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// GPUs to expose: comma list of 3, 0-3, GPU-<uuid>, 0000:3b:00.0, MIG-<uuid>, <gpu>:<mig>, all, none.
+    #[arg(long, value_name = "SEL")]
+    pub gpus: String,
+
+    /// Isolation layers [default: full as root, namespace (user namespace) otherwise].
+    #[arg(long, value_enum)]
+    pub isolation: Option<IsolationArg>,
+
+    /// Also stop a root child from undoing the isolation (drops CAP_SYS_ADMIN, CAP_MKNOD, … and sets no_new_privs).
+    #[arg(long)]
+    pub strict: bool,
+
+    /// Device cgroup to use [default: v2 when mounted, else v1].
+    #[arg(long, value_enum, value_name = "VERSION")]
+    pub cgroup: Option<CgroupVersion>,
+
+    /// Cap GPU memory per selected GPU (e.g. 20GiB), enforced for every process of the slice by the preloaded libgpuslice.so.
+    #[arg(long, value_name = "SIZE")]
+    pub memory: Option<String>,
+
+    /// Compute share per selected GPU in percent of its time (e.g. 25): a hard cap on the GPU time of the slice's kernel and graph launches, shared by all its processes, enforced by the preloaded libgpuslice.so.
+    #[arg(long, value_name = "PCT")]
+    pub compute: Option<String>,
+
+    /// How --compute applies: `cap` never lets the slice exceed its share; `guaranteed` lets it also use GPU time the other slices of its GPUs leave idle (work-conserving), falling back to its share when they are busy.
+    #[arg(
+        long,
+        value_enum,
+        value_name = "MODE",
+        default_value = "cap",
+        requires = "compute"
+    )]
+    pub compute_mode: super::slices::ComputeMode,
+
+    /// Share a CUDA JIT cache between slices (sets CUDA_CACHE_PATH and CUDA_CACHE_MAXSIZE).
+    #[arg(long, value_name = "DIR")]
+    pub cuda_cache: Option<PathBuf>,
+
+    /// The command and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<OsString>,
+}
 
 /// Environment variables a slice sets, removed from the caller's first.
 const SLICE_ENV: &[&str] = &[
@@ -21,10 +85,10 @@ const SLICE_ENV: &[&str] = &[
     "GPUSLICE_SLICE",
 ];
 
-pub fn run(cli: &Cli, args: &RunArgs) -> Result<i32> {
+pub fn run(global: &Global, args: &RunArgs) -> Result<i32> {
     // Before discovery, which may load NVML and with it threads.
     let signals = SignalGuard::block()?;
-    let root = HostRoot::new(&cli.host_root);
+    let root = HostRoot::new(&global.host_root);
     let started = std::time::Instant::now();
     let inv = discover_for_run(&root, &args.gpus)?;
     tracing::debug!(elapsed_us = started.elapsed().as_micros() as u64, sources = ?inv.sources, "discovered");

@@ -5,33 +5,18 @@
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, Result};
 use gpuslice_core::{Inventory, Selection};
 use gpuslice_ledger::{board, DeviceSpec, Ledger, ProcessState};
 use serde_json::{json, Value};
 
-use crate::cli::{Cli, ComputeMode};
+use crate::global::Global;
 
-/// Where the shim is: `$GPUSLICE_SHIM`, else `libgpuslice.so` next to the
-/// gpuslice binary.
-pub fn shim_path() -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os("GPUSLICE_SHIM").filter(|p| !p.is_empty()) {
-        let p = PathBuf::from(p);
-        if p.is_file() {
-            return Ok(p);
-        }
-        bail!("GPUSLICE_SHIM={} is not a file", p.display());
-    }
-    let exe = std::env::current_exe().context("cannot find the gpuslice binary")?;
-    let p = exe.with_file_name("libgpuslice.so");
-    if p.is_file() {
-        Ok(p)
-    } else {
-        bail!(
-            "--memory/--compute need libgpuslice.so next to {} (or GPUSLICE_SHIM=path)",
-            exe.display()
-        )
-    }
+/// `run --compute-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ComputeMode {
+    Cap,
+    Guaranteed,
 }
 
 /// Creates the slice's ledger (one device per selected GPU, in
@@ -71,7 +56,7 @@ pub fn create_ledger(
     if devices.is_empty() {
         bail!("--memory/--compute need at least one GPU in --gpus");
     }
-    let shim = shim_path()?;
+    let shim = crate::shim::find().map_err(|e| anyhow!("--memory/--compute: {e}"))?;
     let dir = gpuslice_ledger::ledger_dir();
     gpuslice_ledger::ensure_dir(&dir)?;
     let path = dir.join(format!("{slice_id}.ledger"));
@@ -201,13 +186,13 @@ fn mib(v: &Value) -> String {
     )
 }
 
-pub fn run(cli: &Cli) -> Result<i32> {
+pub fn run(global: &Global) -> Result<i32> {
     let dir = gpuslice_ledger::ledger_dir();
     let slices: Vec<Value> = gpuslice_ledger::list_dir(&dir)
         .iter()
         .map(|p| describe(p))
         .collect();
-    if cli.json {
+    if global.json {
         println!(
             "{}",
             serde_json::to_string_pretty(
