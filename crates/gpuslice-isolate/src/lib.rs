@@ -1,6 +1,6 @@
 //! gpuslice-isolate: the sandbox a slice's processes run in.
 //!
-//! Four layers, each known to be insufficient alone (see DESIGN.md):
+//! Four layers, each known to be insufficient alone (see docs/architecture.md):
 //! 1. [`devfs`]: a private `/dev` without the unselected NVIDIA nodes;
 //! 2. [`driver_proc`]: `ModifyDeviceFiles: 0` and masked GPU dirs in procfs;
 //! 3. [`cgroup`]/[`bpf`]: a device cgroup that denies the unselected nodes;

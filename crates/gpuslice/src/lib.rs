@@ -61,6 +61,7 @@ pub fn run_full(cli: &Cli) -> anyhow::Result<i32> {
         Command::DevicePluginSelftest(args) => cmd::device_plugin::selftest(g, args),
         Command::Bench(c) => cmd::bench::run(g, c),
         Command::Doctor(args) => cmd::doctor::run(g, args),
+        Command::Fakehost(args) => cmd::fakehost::run(g, args),
         Command::Completions { shell } => {
             clap_complete::generate(
                 *shell,

@@ -12,7 +12,7 @@ use fakegpu::FakeHost;
 use serde_json::Value;
 
 mod common;
-use common::{client, gpuslice, slices_json, slices_text};
+use common::slice::{client, gpuslice, slices_json, slices_text};
 
 /// `gpuslice run --gpus 0 <limits> -- <client> compute kernel` (200 µs
 /// kernels, 1.2 s measured after 0.3 s).

@@ -10,7 +10,8 @@ use std::fs;
 use std::path::Path;
 use std::process::Command;
 
-const GPUSLICE: &str = env!("CARGO_BIN_EXE_gpuslice");
+mod common;
+use common::GPUSLICE;
 
 /// A host with nothing to complain about: ModifyDeviceFiles off and the
 /// user-space libraries of the loaded driver.

@@ -14,7 +14,8 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const GPUSLICE: &str = env!("CARGO_BIN_EXE_gpuslice");
+mod common;
+use common::GPUSLICE;
 const GIB: u64 = 1 << 30;
 
 struct Kill(Child);

@@ -3,7 +3,8 @@
 
 use fakegpu::FakeHost;
 
-const GPUSLICE: &str = env!("CARGO_BIN_EXE_gpuslice");
+mod common;
+use common::GPUSLICE;
 
 #[test]
 fn writes_the_feature_file() {

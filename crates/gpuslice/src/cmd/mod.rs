@@ -7,6 +7,7 @@ pub mod cdi;
 pub mod device_plugin;
 pub mod doctor;
 pub mod exporter;
+pub mod fakehost;
 pub mod labels;
 pub mod list;
 pub mod run;
