@@ -11,6 +11,7 @@
 
 use crate::cgroup::{self, CgroupDriver, SliceCgroup};
 use crate::devfs::{self, NodeMode};
+use crate::identity::{self, Identity};
 use crate::spawn::{self, Forked};
 use crate::{driver_proc, strict};
 use gpuslice_core::{DevicePolicy, HostRoot};
@@ -46,6 +47,9 @@ pub struct SandboxPlan {
     /// Layer 3.
     pub cgroup: Option<CgroupDriver>,
     pub strict: bool,
+    /// Who the command runs as (`--user`, or the sudo caller); None keeps
+    /// the launcher's own ids.
+    pub identity: Option<Identity>,
 }
 
 /// The program to run, its arguments and its whole environment.
@@ -287,6 +291,10 @@ fn setup_child(plan: &SandboxPlan, procs: Option<File>, old_mask: &SigSet) -> Re
     }
     if plan.private_dev.is_some() || plan.params_overlay.is_some() || !plan.masked_gpus.is_empty() {
         enter_mount_namespace(plan)?;
+    }
+    // After the mounts (they need root), before privileges are dropped.
+    if let Some(id) = &plan.identity {
+        identity::switch(id).map_err(|e| format!("switching to uid {}: {e}", id.uid))?;
     }
     if plan.strict {
         strict::lock_down().map_err(|e| e.to_string())?;

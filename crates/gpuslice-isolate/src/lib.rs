@@ -12,6 +12,7 @@ pub mod bpf;
 pub mod cgroup;
 pub mod devfs;
 pub mod driver_proc;
+pub mod identity;
 pub mod launcher;
 mod mountinfo;
 pub mod spawn;

@@ -26,9 +26,14 @@ pub const DROPPED: &[Capability] = &[
 
 /// Drop [`DROPPED`] from every set (bounding first) and set no_new_privs.
 pub fn lock_down() -> io::Result<()> {
+    // After a switch to a non-root user (`identity::switch`) the permitted
+    // and effective sets are already empty and the bounding set cannot be
+    // changed (that takes CAP_SETPCAP); with no_new_privs, set below, no
+    // exec can raise a capability from it.
+    let may_bound = caps::has_cap(None, CapSet::Effective, Capability::CAP_SETPCAP).unwrap_or(false);
     for &cap in DROPPED {
         // A capability this kernel does not know is one nobody can hold.
-        if caps::has_cap(None, CapSet::Bounding, cap).unwrap_or(false) {
+        if may_bound && caps::has_cap(None, CapSet::Bounding, cap).unwrap_or(false) {
             caps::drop(None, CapSet::Bounding, cap).map_err(other)?;
         }
         for set in [
