@@ -28,15 +28,14 @@ pub struct Identity {
 pub enum IdentityError {
     #[error("--user {spec:?}: no such user (give a name from the user database or a numeric uid)")]
     NoUser { spec: String },
-    #[error("--user {spec:?}: no such group (give a name from the group database or a numeric gid)")]
+    #[error(
+        "--user {spec:?}: no such group (give a name from the group database or a numeric gid)"
+    )]
     NoGroup { spec: String },
     #[error("--user {spec:?}: malformed, expected USER or USER:GROUP (names or numeric ids)")]
     Malformed { spec: String },
     #[error("looking up {what}: {source}")]
-    Lookup {
-        what: String,
-        source: nix::Error,
-    },
+    Lookup { what: String, source: nix::Error },
     #[error("{what}: {source}")]
     Switch {
         what: &'static str,
@@ -67,9 +66,8 @@ impl Identity {
             },
         };
         if let Some(group) = group {
-            id.gid = resolve_group(group).ok_or_else(|| IdentityError::NoGroup {
-                spec: spec.into(),
-            })??;
+            id.gid = resolve_group(group)
+                .ok_or_else(|| IdentityError::NoGroup { spec: spec.into() })??;
         }
         Ok(id)
     }

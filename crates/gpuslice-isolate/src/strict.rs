@@ -30,7 +30,8 @@ pub fn lock_down() -> io::Result<()> {
     // and effective sets are already empty and the bounding set cannot be
     // changed (that takes CAP_SETPCAP); with no_new_privs, set below, no
     // exec can raise a capability from it.
-    let may_bound = caps::has_cap(None, CapSet::Effective, Capability::CAP_SETPCAP).unwrap_or(false);
+    let may_bound =
+        caps::has_cap(None, CapSet::Effective, Capability::CAP_SETPCAP).unwrap_or(false);
     for &cap in DROPPED {
         // A capability this kernel does not know is one nobody can hold.
         if may_bound && caps::has_cap(None, CapSet::Bounding, cap).unwrap_or(false) {

@@ -24,6 +24,18 @@ pub enum Caller {
     User { uid: u32, gid: u32, via: Via },
 }
 
+/// Variables that point a root gpuslice at files it then trusts (the
+/// inventory cache, the shim it preloads, the ledger and board
+/// directories it writes): honoured from root only. For a policy-bound
+/// caller they are removed before anything reads them (sudo's env_reset
+/// drops them too, a setuid install passes everything through).
+pub const ROOT_ONLY_ENV: &[&str] = &[
+    "GPUSLICE_CACHE_DIR",
+    "GPUSLICE_SHIM",
+    "GPUSLICE_LEDGER_DIR",
+    "GPUSLICE_BOARD_DIR",
+];
+
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum CallerError {
     #[error("{var}={value:?} is not a numeric id; refusing to guess who called sudo")]

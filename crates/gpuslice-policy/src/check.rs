@@ -48,11 +48,19 @@ pub enum Refusal {
 }
 
 impl Policy {
+    /// Whether a bound caller may name this host root; checked before
+    /// anything under it is read as root.
+    pub fn check_host_root(&self, host_root: &Path) -> Result<(), Refusal> {
+        if self.host_roots.iter().any(|r| r == host_root) {
+            Ok(())
+        } else {
+            Err(Refusal::HostRoot(host_root.display().to_string()))
+        }
+    }
+
     /// Allowed: the name of the rule that allows it.
     pub fn check(&self, who: &Member, req: &Request, inv: &Inventory) -> Result<String, Refusal> {
-        if !self.host_roots.iter().any(|r| r == req.host_root) {
-            return Err(Refusal::HostRoot(req.host_root.display().to_string()));
-        }
+        self.check_host_root(req.host_root)?;
         let (uid, gid) = req.run_as;
         let own_group = who.groups.iter().any(|(g, _)| *g == gid);
         if (uid != who.uid && uid != 0) || (gid != 0 && !own_group) {
@@ -136,16 +144,29 @@ fn refusal(rule: &Rule, req: &Request, inv: &Inventory) -> Option<String> {
     }
     if let Some(max) = rule.max_memory {
         match req.memory {
-            None => return Some(format!("a run without --memory (max_memory = {max} bytes: add --memory at most that)")),
-            Some(m) if m > max => return Some(format!("--memory {m} bytes (max_memory = {max} bytes)")),
+            None => {
+                return Some(format!(
+                    "a run without --memory (max_memory = {max} bytes: add --memory at most that)"
+                ))
+            }
+            Some(m) if m > max => {
+                return Some(format!("--memory {m} bytes (max_memory = {max} bytes)"))
+            }
             _ => {}
         }
     }
     if let Some(max) = rule.max_compute {
         let pct = |bp: u64| bp as f64 / 100.0;
         match req.compute {
-            None => return Some(format!("a run without --compute (max_compute = {}: add --compute at most that)", pct(max))),
-            Some(c) if c > max => return Some(format!("--compute {} (max_compute = {})", pct(c), pct(max))),
+            None => {
+                return Some(format!(
+                    "a run without --compute (max_compute = {}: add --compute at most that)",
+                    pct(max)
+                ))
+            }
+            Some(c) if c > max => {
+                return Some(format!("--compute {} (max_compute = {})", pct(c), pct(max)))
+            }
             _ => {}
         }
     }
@@ -249,19 +270,47 @@ mod tests {
         let e = p.check(&alice, &r, &inv).unwrap_err().to_string();
         assert_eq!(e, "rule \"ml\" does not allow a run without --memory (max_memory = 8589934592 bytes: add --memory at most that)");
         r.memory = Some(9 << 30);
-        assert!(p.check(&alice, &r, &inv).unwrap_err().to_string().contains("max_memory"));
+        assert!(p
+            .check(&alice, &r, &inv)
+            .unwrap_err()
+            .to_string()
+            .contains("max_memory"));
         r.memory = Some(8 << 30);
         assert_eq!(p.check(&alice, &r, &inv), Ok("rule \"ml\"".into()));
         let two = Selection::gpus([2]);
-        let r2 = Request { selection: &two, ..r.clone() };
+        let r2 = Request {
+            selection: &two,
+            ..r.clone()
+        };
         let e = p.check(&alice, &r2, &inv).unwrap_err().to_string();
         assert!(e.contains("GPU 2"), "{e}");
         // A MIG device of a granted GPU is granted.
-        let mig = Selection { gpus: vec![], migs: vec![(0, 0)] };
-        assert!(p.check(&alice, &Request { selection: &mig, ..r.clone() }, &inv).is_ok());
+        let mig = Selection {
+            gpus: vec![],
+            migs: vec![(0, 0)],
+        };
+        assert!(p
+            .check(
+                &alice,
+                &Request {
+                    selection: &mig,
+                    ..r.clone()
+                },
+                &inv
+            )
+            .is_ok());
         // `none` needs no GPU.
         let none = Selection::default();
-        assert!(p.check(&alice, &Request { selection: &none, ..r.clone() }, &inv).is_ok());
+        assert!(p
+            .check(
+                &alice,
+                &Request {
+                    selection: &none,
+                    ..r.clone()
+                },
+                &inv
+            )
+            .is_ok());
     }
 
     #[test]
@@ -273,26 +322,49 @@ mod tests {
         let mut r = req(&sel, 1000);
         r.memory = Some(1 << 30);
         r.run_as = (0, 0);
-        assert!(p.check(&alice, &r, &inv).unwrap_err().to_string().contains("allow_root"));
+        assert!(p
+            .check(&alice, &r, &inv)
+            .unwrap_err()
+            .to_string()
+            .contains("allow_root"));
         r.run_as = (1001, 1001);
-        assert!(matches!(p.check(&alice, &r, &inv), Err(Refusal::OtherUser { .. })));
+        assert!(matches!(
+            p.check(&alice, &r, &inv),
+            Err(Refusal::OtherUser { .. })
+        ));
         r.run_as = (1000, 50);
-        assert!(p.check(&alice, &r, &inv).is_ok(), "its own supplementary group");
+        assert!(
+            p.check(&alice, &r, &inv).is_ok(),
+            "its own supplementary group"
+        );
         r.privileged = true;
-        assert!(p.check(&alice, &r, &inv).unwrap_err().to_string().contains("allow_privileged"));
+        assert!(p
+            .check(&alice, &r, &inv)
+            .unwrap_err()
+            .to_string()
+            .contains("allow_privileged"));
         let mut rb = req(&sel, 0);
         rb.privileged = true;
         assert_eq!(p.check(&bob, &rb, &inv), Ok("rule \"ops\"".into()));
         let host = Path::new("/host");
         rb.host_root = host;
-        assert!(matches!(p.check(&bob, &rb, &inv), Err(Refusal::HostRoot(_))));
+        assert!(matches!(
+            p.check(&bob, &rb, &inv),
+            Err(Refusal::HostRoot(_))
+        ));
         let eve = member(1002, "eve", &[(1002, "eve")]);
         assert_eq!(
-            p.check(&eve, &req(&sel, 1002), &inv).unwrap_err().to_string(),
+            p.check(&eve, &req(&sel, 1002), &inv)
+                .unwrap_err()
+                .to_string(),
             "no rule of the policy names user eve (uid 1002) or one of its groups"
         );
         // By numeric uid.
-        let by_id = Policy::parse("[[rule]]\nusers = [\"1002\"]\ngpus = [\"0\"]\n", Path::new("/p")).unwrap();
+        let by_id = Policy::parse(
+            "[[rule]]\nusers = [\"1002\"]\ngpus = [\"0\"]\n",
+            Path::new("/p"),
+        )
+        .unwrap();
         assert!(by_id.check(&eve, &req(&sel, 1002), &inv).is_ok());
     }
 
@@ -300,15 +372,36 @@ mod tests {
     fn gpus_of_other_hosts_grant_nothing_and_caps_need_flags() {
         let (p, inv) = (policy(), inv());
         let carol = member(1003, "carol", &[(1003, "carol")]);
-        let mig = Selection { gpus: vec![], migs: vec![(0, 0)] };
+        let mig = Selection {
+            gpus: vec![],
+            migs: vec![(0, 0)],
+        };
         let mut r = req(&mig, 1003);
-        assert!(p.check(&carol, &r, &inv).unwrap_err().to_string().contains("--compute"));
+        assert!(p
+            .check(&carol, &r, &inv)
+            .unwrap_err()
+            .to_string()
+            .contains("--compute"));
         r.compute = Some(2600);
-        assert!(p.check(&carol, &r, &inv).unwrap_err().to_string().contains("max_compute = 25"));
+        assert!(p
+            .check(&carol, &r, &inv)
+            .unwrap_err()
+            .to_string()
+            .contains("max_compute = 25"));
         r.compute = Some(2500);
         assert!(p.check(&carol, &r, &inv).is_ok());
         let whole = Selection::gpus([0]);
-        let e = p.check(&carol, &Request { selection: &whole, ..r }, &inv).unwrap_err().to_string();
+        let e = p
+            .check(
+                &carol,
+                &Request {
+                    selection: &whole,
+                    ..r
+                },
+                &inv,
+            )
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("GPU 0"), "{e}");
     }
 }

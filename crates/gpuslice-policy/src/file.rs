@@ -285,14 +285,38 @@ mod tests {
     #[test]
     fn errors_name_the_field() {
         for (text, field, want) in [
-            ("[[rule]]\nusers = [\"a\"]\nmax_mem = \"1G\"\n", "rule[0].max_mem", "line 3: unknown field `max_mem`"),
-            ("[[rule]]\nusers = [\"a\"]\n[[rule]]\nusers = [\"b\"]\nmax_memory = 5\n", "rule[1].max_memory", "expected a string"),
-            ("[[rule]]\nusers = [\"a\"]\nmax_memory = \"lots\"\n", "rule[0].max_memory", "not a size"),
-            ("[[rule]]\nusers = [\"a\"]\nmax_compute = 150\n", "rule[0].max_compute", "percentage"),
-            ("[[rule]]\nusers = \"a\"\n", "rule[0].users", "expected a sequence"),
-            ("[[rule]]\ngpus = [\"0\"]\n", "rule[0]", "no users and no groups"),
+            (
+                "[[rule]]\nusers = [\"a\"]\nmax_mem = \"1G\"\n",
+                "rule[0].max_mem",
+                "line 3: unknown field `max_mem`",
+            ),
+            (
+                "[[rule]]\nusers = [\"a\"]\n[[rule]]\nusers = [\"b\"]\nmax_memory = 5\n",
+                "rule[1].max_memory",
+                "expected a string",
+            ),
+            (
+                "[[rule]]\nusers = [\"a\"]\nmax_memory = \"lots\"\n",
+                "rule[0].max_memory",
+                "not a size",
+            ),
+            (
+                "[[rule]]\nusers = [\"a\"]\nmax_compute = 150\n",
+                "rule[0].max_compute",
+                "percentage",
+            ),
+            (
+                "[[rule]]\nusers = \"a\"\n",
+                "rule[0].users",
+                "expected a sequence",
+            ),
+            (
+                "[[rule]]\ngpus = [\"0\"]\n",
+                "rule[0]",
+                "no users and no groups",
+            ),
             ("hosts = []\n", "hosts", "unknown field `hosts`"),
-            ("[[rule]\n", ".", "invalid"),
+            ("[[rule]\n", ".", "line 1: unclosed array table"),
         ] {
             match parse(text) {
                 Err(PolicyError::Invalid {
@@ -321,7 +345,10 @@ mod tests {
             return; // the rest needs files owned by root and by others
         }
         set(0o664).unwrap();
-        assert!(matches!(Policy::load(&path), Err(PolicyError::Untrusted { .. })));
+        assert!(matches!(
+            Policy::load(&path),
+            Err(PolicyError::Untrusted { .. })
+        ));
         set(0o644).unwrap();
         std::os::unix::fs::chown(&path, Some(65534), None).unwrap();
         let e = Policy::load(&path).unwrap_err().to_string();
@@ -352,8 +379,14 @@ mod tests {
             gid: 1000,
             via,
         };
-        assert_eq!(path_for(&user(Via::Setuid), env.clone()), Path::new(DEFAULT_PATH));
-        assert_eq!(path_for(&user(Via::Sudo), env.clone()), env.clone().unwrap());
+        assert_eq!(
+            path_for(&user(Via::Setuid), env.clone()),
+            Path::new(DEFAULT_PATH)
+        );
+        assert_eq!(
+            path_for(&user(Via::Sudo), env.clone()),
+            env.clone().unwrap()
+        );
         assert_eq!(path_for(&user(Via::Sudo), None), Path::new(DEFAULT_PATH));
     }
 }

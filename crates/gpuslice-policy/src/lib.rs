@@ -15,6 +15,6 @@ pub mod caller;
 pub mod check;
 pub mod file;
 
-pub use caller::{Caller, CallerError, Via};
+pub use caller::{Caller, CallerError, Via, ROOT_ONLY_ENV};
 pub use check::{Member, Refusal, Request};
 pub use file::{Policy, PolicyError, Rule};

@@ -36,6 +36,29 @@ pub fn parse() -> Result<Cli, u8> {
     Cli::try_parse().map_err(usage_error)
 }
 
+/// In a setuid-root install, every command but `run` (which the admin
+/// policy decides) gives root up for good before doing anything: `list`,
+/// `doctor`, `cdi generate --output` … run as the real user, so they
+/// cannot read or write what that user could not.
+pub fn shed_setuid(cli: &Cli) -> anyhow::Result<()> {
+    use gpuslice_policy::{Caller, Via};
+    let setuid = matches!(
+        Caller::detect()?,
+        Caller::User {
+            via: Via::Setuid,
+            ..
+        }
+    );
+    if setuid && !matches!(cli.command, Command::Run(_)) {
+        // The supplementary groups are already the user's: setuid exec
+        // changes only the effective (and saved) uid.
+        let (uid, gid) = (nix::unistd::getuid(), nix::unistd::getgid());
+        nix::unistd::setresgid(gid, gid, gid)?;
+        nix::unistd::setresuid(uid, uid, uid)?;
+    }
+    Ok(())
+}
+
 /// Runs a command `gpuslice` itself carries; None for the others.
 pub fn run_lean(cli: &Cli) -> Option<anyhow::Result<i32>> {
     let g = &cli.global;

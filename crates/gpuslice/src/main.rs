@@ -22,6 +22,10 @@ pub extern "C" fn main(_argc: c_int, _argv: *const *const c_char) -> c_int {
             // Set up before knowing whether this binary carries the
             // command: a few microseconds, and gpuslice-full sets up its own.
             gpuslice::init_logging(&cli);
+            if let Err(e) = gpuslice::shed_setuid(&cli) {
+                eprintln!("gpuslice: giving up the setuid privilege: {e}");
+                std::process::exit(1);
+            }
             match gpuslice::run_lean(&cli) {
                 Some(result) => gpuslice::finish(&cli, result),
                 None => gpuslice::exec_full(),

@@ -12,3 +12,4 @@ pub mod labels;
 pub mod list;
 pub mod run;
 pub mod slices;
+pub mod tenant;

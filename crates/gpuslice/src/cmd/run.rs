@@ -1,5 +1,6 @@
 //! `gpuslice run`: a command that can reach only the selected GPUs.
 
+use super::tenant::Tenant;
 use crate::global::Global;
 use anyhow::{anyhow, Context, Result};
 use gpuslice_core::discover::cache::discover_cached;
@@ -46,6 +47,10 @@ pub struct RunArgs {
     #[arg(long)]
     pub strict: bool,
 
+    /// Run the command as USER[:GROUP] (names or numeric ids; supplementary groups from the group database) [default: the invoking user when run through sudo, else gpuslice's own ids].
+    #[arg(long, value_name = "USER[:GROUP]")]
+    pub user: Option<String>,
+
     /// Device cgroup to use [default: v2 when mounted, else v1].
     #[arg(long, value_enum, value_name = "VERSION")]
     pub cgroup: Option<CgroupVersion>,
@@ -89,13 +94,16 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<i32> {
     // Before discovery, which may load NVML and with it threads.
     let signals = SignalGuard::block()?;
     let root = HostRoot::new(&global.host_root);
+    let tenant = Tenant::resolve(&root, args)?;
     let started = std::time::Instant::now();
     let inv = discover_for_run(&root, &args.gpus)?;
     tracing::debug!(elapsed_us = started.elapsed().as_micros() as u64, sources = ?inv.sources, "discovered");
     let sel = Selection::parse(&args.gpus, &inv)?;
+    tenant.enforce(&root, &inv, &sel, args)?;
     let isolation = isolation(args.isolation);
     let rootless = !nix::unistd::geteuid().is_root();
-    let plan = plan(&root, &inv, &sel, isolation, args, rootless)?;
+    let mut plan = plan(&root, &inv, &sel, isolation, args, rootless)?;
+    plan.identity = tenant.identity.clone();
     let slice_id = new_slice_id();
     tracing::info!(
         slice = slice_id,
@@ -106,6 +114,7 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<i32> {
         masked = plan.masked_gpus.len(),
         cgroup = ?plan.cgroup,
         strict = plan.strict,
+        uid = plan.identity.as_ref().map(|i| i.uid),
         "isolation layers"
     );
     let cmd = ChildCommand {
@@ -114,7 +123,7 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<i32> {
             .iter()
             .map(|a| cstring(a))
             .collect::<Result<_>>()?,
-        env: child_env(&inv, &sel, &slice_id, args)?,
+        env: child_env(&inv, &sel, &slice_id, args, &tenant)?,
     };
     if args.memory.is_none() && args.compute.is_none() {
         return Ok(launch(&signals, &plan, &slice_id, &cmd)?);
@@ -228,6 +237,7 @@ fn plan(
         masked_gpus,
         cgroup,
         strict: args.strict,
+        identity: None,
     })
 }
 
@@ -269,6 +279,7 @@ fn child_env(
     sel: &Selection,
     slice_id: &str,
     args: &RunArgs,
+    tenant: &Tenant,
 ) -> Result<Vec<CString>> {
     let visible = sel.visible_devices(inv);
     let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
@@ -283,9 +294,17 @@ fn child_env(
     env.push(("CUDA_DEVICE_ORDER".into(), "PCI_BUS_ID".into()));
     env.push(("NVIDIA_VISIBLE_DEVICES".into(), nvidia_visible.into()));
     env.push(("GPUSLICE_SLICE".into(), slice_id.into()));
+    if let Some(id) = &tenant.identity {
+        for (k, v) in id.env() {
+            env.retain(|(name, _)| name != k);
+            env.push((k.into(), v.into()));
+        }
+    }
     if let Some(dir) = &args.cuda_cache {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("cannot create --cuda-cache {}", dir.display()))?;
+        if !tenant.runs_unprivileged() {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create --cuda-cache {}", dir.display()))?;
+        }
         env.retain(|(k, _)| k != "CUDA_CACHE_PATH" && k != "CUDA_CACHE_MAXSIZE");
         env.push(("CUDA_CACHE_PATH".into(), dir.into()));
         // The driver's maximum: a shared cache should not evict itself.

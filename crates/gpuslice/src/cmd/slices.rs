@@ -33,17 +33,11 @@ pub fn create_ledger(
     mode: ComputeMode,
     env: &mut Vec<CString>,
 ) -> Result<PathBuf> {
-    let cap = match memory {
-        None => gpuslice_ledger::UNLIMITED,
-        Some(m) => gpuslice_ledger::parse_size(m)
-            .filter(|&c| c > 0)
-            .ok_or_else(|| anyhow!("--memory {m:?}: not a size (e.g. 20GiB, 512MiB)"))?,
-    };
-    let share = match compute {
-        None => 0,
-        Some(c) => parse_percent(c)
-            .ok_or_else(|| anyhow!("--compute {c:?}: not a percentage in (0, 100] (e.g. 25)"))?,
-    };
+    let cap = memory
+        .map(parse_memory)
+        .transpose()?
+        .unwrap_or(gpuslice_ledger::UNLIMITED);
+    let share = compute.map(parse_compute).transpose()?.unwrap_or(0);
     let visible = sel.visible_devices(inv);
     let devices: Vec<DeviceSpec> = visible
         .split(',')
@@ -105,6 +99,19 @@ pub fn create_ledger(
     }
     tracing::info!(ledger = %path.display(), shim = %shim.display(), cap, share_bp = share, "slice limits");
     Ok(path)
+}
+
+/// `run --memory`: bytes.
+pub fn parse_memory(m: &str) -> Result<u64> {
+    gpuslice_ledger::parse_size(m)
+        .filter(|&c| c > 0)
+        .ok_or_else(|| anyhow!("--memory {m:?}: not a size (e.g. 20GiB, 512MiB)"))
+}
+
+/// `run --compute`: basis points.
+pub fn parse_compute(c: &str) -> Result<u64> {
+    parse_percent(c)
+        .ok_or_else(|| anyhow!("--compute {c:?}: not a percentage in (0, 100] (e.g. 25)"))
 }
 
 /// `25`, `12.5`, `50%` → basis points (1..=10000).
