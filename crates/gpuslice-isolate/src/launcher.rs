@@ -335,11 +335,14 @@ fn enter_mount_namespace(plan: &SandboxPlan) -> Result<(), String> {
 
     let dev = plan.root.dev();
     if let Some(nodes) = plan.private_dev {
+        // The root's /dev itself must not be a link out of it.
+        plan.root
+            .open_beneath("dev", nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY)
+            .map_err(|e| e.to_string())?;
         // No logging here: a forked child must not take the stderr lock
         // another thread of the parent may have held at fork.
         devfs::mount_private_dev(&dev, &plan.policy, nodes).map_err(|e| e.to_string())?;
     }
-    let nvidia_proc = plan.root.nvidia_proc();
     if let Some(params) = &plan.params_overlay {
         // Stage on the private /dev's tmpfs when there is one; else on /dev/shm.
         let staging = if plan.private_dev.is_some() {
@@ -347,10 +350,9 @@ fn enter_mount_namespace(plan: &SandboxPlan) -> Result<(), String> {
         } else {
             "/dev/shm".into()
         };
-        driver_proc::overlay_params(&nvidia_proc.join("params"), params, &staging)
-            .map_err(|e| e.to_string())?;
+        driver_proc::overlay_params(&plan.root, params, &staging).map_err(|e| e.to_string())?;
     }
-    driver_proc::mask_gpu_dirs(&nvidia_proc, &plan.masked_gpus).map_err(|e| e.to_string())?;
+    driver_proc::mask_gpu_dirs(&plan.root, &plan.masked_gpus).map_err(|e| e.to_string())?;
     nix::sys::stat::umask(umask);
     Ok(())
 }

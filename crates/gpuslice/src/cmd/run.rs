@@ -199,11 +199,11 @@ fn plan(
         isolation.without_namespace()
     };
     let params_overlay = if isolation.driver_proc() {
-        let path = root.nvidia_proc().join("params");
-        match std::fs::read_to_string(&path) {
+        // Read as root and shown to the slice: never through a link.
+        match root.read_beneath("proc/driver/nvidia/params") {
             Ok(p) => Some(params_without_modify(&p)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => return Err(anyhow!("cannot read {}: {e}", path.display())),
+            Err(e) => return Err(anyhow!("cannot read the driver's params: {e}")),
         }
     } else {
         None
