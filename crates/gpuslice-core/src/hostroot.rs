@@ -56,7 +56,8 @@ impl HostRoot {
         let rel = rel.as_ref();
         let rel = rel.strip_prefix("/").unwrap_or(rel);
         let dir = File::open(&self.0)?;
-        let flags = flags | OFlag::O_CLOEXEC | OFlag::O_NOCTTY;
+        // Only O_CLOEXEC: openat2 refuses O_PATH with most other flags (EINVAL).
+        let flags = flags | OFlag::O_CLOEXEC;
         let how = OpenHow::new()
             .flags(flags)
             .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS);
@@ -152,8 +153,11 @@ mod tests {
         std::os::unix::fs::symlink(&secret, root.join("proc/driver/nvidia/params")).unwrap();
         std::os::unix::fs::symlink("../../../../secret", root.join("proc/driver/nvidia/rel"))
             .unwrap();
-        std::os::unix::fs::symlink(tmp.path(), root.join("proc/driver/nvidia/gpus/0000:01:00.0"))
-            .unwrap();
+        std::os::unix::fs::symlink(
+            tmp.path(),
+            root.join("proc/driver/nvidia/gpus/0000:01:00.0"),
+        )
+        .unwrap();
         std::os::unix::fs::symlink("proc", root.join("p")).unwrap();
         let r = HostRoot::new(&root);
         assert_eq!(r.read_beneath("/proc/driver/nvidia/version").unwrap(), "v");
@@ -170,10 +174,22 @@ mod tests {
         }
         // The fallback walk says the same.
         let dir: OwnedFd = File::open(&root).unwrap().into();
-        for rel in ["proc/driver/nvidia/params", "p/driver/nvidia/version", "proc/../x"] {
+        for rel in [
+            "proc/driver/nvidia/params",
+            "p/driver/nvidia/version",
+            "proc/../x",
+        ] {
             let e = walk_no_symlinks(dir.try_clone().unwrap(), Path::new(rel), OFlag::O_RDONLY);
-            assert!(matches!(e, Err(nix::Error::ELOOP | nix::Error::EXDEV)), "{rel}: {e:?}");
+            assert!(
+                matches!(e, Err(nix::Error::ELOOP | nix::Error::EXDEV)),
+                "{rel}: {e:?}"
+            );
         }
-        assert!(walk_no_symlinks(dir, Path::new("proc/driver/nvidia/version"), OFlag::O_RDONLY).is_ok());
+        assert!(walk_no_symlinks(
+            dir,
+            Path::new("proc/driver/nvidia/version"),
+            OFlag::O_RDONLY
+        )
+        .is_ok());
     }
 }

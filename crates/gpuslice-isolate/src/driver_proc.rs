@@ -70,8 +70,14 @@ fn bind_read_only(source: &Path, target: &OwnedFd, root: &HostRoot) -> io::Resul
     // at the file under it, a fresh lookup crosses into the bind.
     let bound = root.open_beneath(PARAMS, OFlag::O_PATH)?;
     let ro = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY;
-    mount(None::<&str>, &fd_path(&bound), None::<&str>, ro, None::<&str>)
-        .map_err(|e| ctx(e.into(), "remount read-only", &shown))
+    mount(
+        None::<&str>,
+        &fd_path(&bound),
+        None::<&str>,
+        ro,
+        None::<&str>,
+    )
+    .map_err(|e| ctx(e.into(), "remount read-only", &shown))
 }
 
 /// The path through which a mount lands on what `fd` is.

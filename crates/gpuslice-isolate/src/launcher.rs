@@ -337,7 +337,10 @@ fn enter_mount_namespace(plan: &SandboxPlan) -> Result<(), String> {
     if let Some(nodes) = plan.private_dev {
         // The root's /dev itself must not be a link out of it.
         plan.root
-            .open_beneath("dev", nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY)
+            .open_beneath(
+                "dev",
+                nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY,
+            )
             .map_err(|e| e.to_string())?;
         // No logging here: a forked child must not take the stderr lock
         // another thread of the parent may have held at fork.

@@ -27,7 +27,10 @@ pub(crate) fn read_optional(path: &Path) -> Result<Option<String>, DiscoverError
 /// [`read_optional`] for a driver file below the root, opened without
 /// following any link ([`HostRoot::read_beneath`]): a linked `params` or
 /// `information` is an error, never read through.
-pub(crate) fn read_driver_file(root: &HostRoot, rel: &str) -> Result<Option<String>, DiscoverError> {
+pub(crate) fn read_driver_file(
+    root: &HostRoot,
+    rel: &str,
+) -> Result<Option<String>, DiscoverError> {
     match root.read_beneath(rel) {
         Ok(s) => Ok(Some(s)),
         Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
