@@ -514,3 +514,95 @@ fn compute_boards_directory() {
         "chmod 1777",
     );
 }
+
+#[test]
+fn policy_file_and_sudo_rule() {
+    use std::os::unix::fs::PermissionsExt;
+    let h = healthy().build().expect("fake host");
+    let etc = h.root().join("etc");
+    std::fs::create_dir_all(etc.join("gpuslice")).unwrap();
+    std::fs::create_dir_all(etc.join("sudoers.d")).unwrap();
+    let policy = etc.join("gpuslice/policy.toml");
+    let sudoers = etc.join("sudoers.d/gpuslice");
+
+    // A sudo rule that hands out every subcommand, with no policy file.
+    std::fs::write(
+        &sudoers,
+        "%gpu ALL=(root) NOPASSWD: /usr/local/bin/gpuslice\n",
+    )
+    .unwrap();
+    let (code, v) = doctor(&h, &[]);
+    found(
+        &v,
+        code,
+        "policy.sudo",
+        "warn",
+        &["arbitrary arguments", "no valid policy"],
+        "run *",
+    );
+    std::fs::write(
+        &sudoers,
+        "%gpu ALL=(root) NOPASSWD: /usr/local/bin/gpuslice run *\n",
+    )
+    .unwrap();
+    let (code, v) = doctor(&h, &[]);
+    found(
+        &v,
+        code,
+        "policy.sudo",
+        "warn",
+        &["every run of theirs is refused"],
+        "policy.toml",
+    );
+
+    // A valid, root-owned policy: both pass.
+    std::fs::write(&policy, "[[rule]]\ngroups = [\"gpu\"]\ngpus = [\"0-1\"]\n").unwrap();
+    std::fs::set_permissions(&policy, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let (code, v) = doctor(&h, &[]);
+    assert_eq!(check(&v, "policy.file")["status"], "pass", "{v:#}");
+    assert_eq!(check(&v, "policy.sudo")["status"], "pass", "{v:#}");
+    assert_eq!(code, 0, "{v:#}");
+
+    // Group-writable; a field of the wrong type; a GPU this host lacks
+    // (without the sudo rule, which would warn about a bad policy too).
+    std::fs::remove_file(&sudoers).unwrap();
+    std::fs::set_permissions(&policy, std::fs::Permissions::from_mode(0o664)).unwrap();
+    let (code, v) = doctor(&h, &[]);
+    found(
+        &v,
+        code,
+        "policy.file",
+        "fail",
+        &["group- or world-writable"],
+        "chmod 644",
+    );
+    std::fs::set_permissions(&policy, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::write(
+        &policy,
+        "[[rule]]\ngroups = [\"gpu\"]\nmax_compute = \"half\"\n",
+    )
+    .unwrap();
+    let (code, v) = doctor(&h, &[]);
+    found(
+        &v,
+        code,
+        "policy.file",
+        "fail",
+        &["rule[0].max_compute"],
+        "field",
+    );
+    std::fs::write(
+        &policy,
+        "[[rule]]\ngroups = [\"gpu\"]\ngpus = [\"GPU-ffffffff\"]\n",
+    )
+    .unwrap();
+    let (code, v) = doctor(&h, &[]);
+    found(
+        &v,
+        code,
+        "policy.file",
+        "warn",
+        &["GPU-ffffffff"],
+        "gpuslice list",
+    );
+}
