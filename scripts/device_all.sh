@@ -12,6 +12,8 @@
 #              interleaved), two slices 30/70, a CUDA graph at 50 %, no-limit overhead (~110 s)
 #   computediag  issue 5: what the GPU does under partial duty, without gpuslice (~45 s)
 #   computetrace issue 5: one capped worker's bucket traced across workload and share changes (~25 s)
+#   users      issue 15: torch/jax/cupy on --gpus 0 as --user nobody, none of them see a GPU with
+#              --gpus none (root and nobody), a mknod'ed alias of /dev/nvidia0 hidden by number (~60 s)
 #   plugin     issue 6: device plugin vs a test kubelet (v1beta1 over unix sockets): register,
 #              list (NUMA), Allocate gpu + gpu.shared run via `gpuslice run` + the probe, 60 s health (~85 s)
 # Run from the repo root as root after scripts/device-build.sh. Each part is
@@ -78,6 +80,11 @@ part_plugin() {
         --bench-allocs 10000 --restarts 3 --label "H200 (real driver)" \
         --probe "$(pwd)/.device-carry/gpuslice-cuda-probe" --out "$work/plugin.json"
 }
+part_users() {
+    # Makes /dev/gpualias (a copy of /dev/nvidia0) and removes it again.
+    bounded 240 python3 scripts/device_users.py "$work"
+    rm -f /dev/gpualias
+}
 part_doctor() {
     # Exit 0 all pass, 1 warnings, 2 failures: the verdict is in the JSON.
     bounded 60 .device-carry/gpuslice doctor --json >"$work/doctor.json"
@@ -88,7 +95,7 @@ part_doctor() {
 # parts that finished.
 collect() {
     tar czf "$out/results.tgz" -C "$work" .
-    for f in isolation.json launch-none.json doctor.json cdi.json exporter.json plugin.json compute.json compute-diag.json compute-trace.json; do
+    for f in isolation.json launch-none.json doctor.json cdi.json exporter.json plugin.json compute.json compute-diag.json compute-trace.json users.json; do
         [ -f "$work/$f" ] && cp "$work/$f" "$out/"
     done
 }
