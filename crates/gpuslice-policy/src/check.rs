@@ -120,10 +120,8 @@ fn refusal(rule: &Rule, req: &Request, inv: &Inventory) -> Option<String> {
     if req.privileged && !rule.allow_privileged {
         return Some("--privileged or a weaker --isolation (allow_privileged = false)".into());
     }
-    if req.run_as.0 == 0 || req.run_as.1 == 0 {
-        if !rule.allow_root {
-            return Some("running as root (allow_root = false)".into());
-        }
+    if (req.run_as.0 == 0 || req.run_as.1 == 0) && !rule.allow_root {
+        return Some("running as root (allow_root = false)".into());
     }
     match granted(rule, inv) {
         Err(e) => return Some(format!("anything: its gpus list is invalid here: {e}")),
