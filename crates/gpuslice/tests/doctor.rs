@@ -525,84 +525,49 @@ fn policy_file_and_sudo_rule() {
     let policy = etc.join("gpuslice/policy.toml");
     let sudoers = etc.join("sudoers.d/gpuslice");
 
-    // A sudo rule that hands out every subcommand, with no policy file.
-    std::fs::write(
-        &sudoers,
-        "%gpu ALL=(root) NOPASSWD: /usr/local/bin/gpuslice\n",
-    )
-    .unwrap();
-    let (code, v) = doctor(&h, &[]);
-    found(
-        &v,
-        code,
-        "policy.sudo",
-        "warn",
-        &["arbitrary arguments", "no valid policy"],
-        "run *",
-    );
-    std::fs::write(
-        &sudoers,
-        "%gpu ALL=(root) NOPASSWD: /usr/local/bin/gpuslice run *\n",
-    )
-    .unwrap();
-    let (code, v) = doctor(&h, &[]);
-    found(
-        &v,
-        code,
-        "policy.sudo",
-        "warn",
-        &["every run of theirs is refused"],
-        "policy.toml",
-    );
-
-    // A valid, root-owned policy: both pass.
+    // Sudo rules, without a policy file, then with a valid one.
+    let rule = "%gpu ALL=(root) NOPASSWD: /usr/local/bin/gpuslice";
+    for (sudo, want, fix) in [
+        (rule.to_string(), "arbitrary arguments", "run *"),
+        (
+            format!("{rule} run *"),
+            "every run of theirs is refused",
+            "policy.toml",
+        ),
+    ] {
+        std::fs::write(&sudoers, sudo + "\n").unwrap();
+        let (code, v) = doctor(&h, &[]);
+        found(&v, code, "policy.sudo", "warn", &[want], fix);
+    }
     std::fs::write(&policy, "[[rule]]\ngroups = [\"gpu\"]\ngpus = [\"0-1\"]\n").unwrap();
     std::fs::set_permissions(&policy, std::fs::Permissions::from_mode(0o644)).unwrap();
     let (code, v) = doctor(&h, &[]);
     assert_eq!(check(&v, "policy.file")["status"], "pass", "{v:#}");
     assert_eq!(check(&v, "policy.sudo")["status"], "pass", "{v:#}");
     assert_eq!(code, 0, "{v:#}");
-
     // Group-writable; a field of the wrong type; a GPU this host lacks
     // (without the sudo rule, which would warn about a bad policy too).
     std::fs::remove_file(&sudoers).unwrap();
-    std::fs::set_permissions(&policy, std::fs::Permissions::from_mode(0o664)).unwrap();
-    let (code, v) = doctor(&h, &[]);
-    found(
-        &v,
-        code,
-        "policy.file",
-        "fail",
-        &["group- or world-writable"],
-        "chmod 644",
-    );
-    std::fs::set_permissions(&policy, std::fs::Permissions::from_mode(0o644)).unwrap();
-    std::fs::write(
-        &policy,
-        "[[rule]]\ngroups = [\"gpu\"]\nmax_compute = \"half\"\n",
-    )
-    .unwrap();
-    let (code, v) = doctor(&h, &[]);
-    found(
-        &v,
-        code,
-        "policy.file",
-        "fail",
-        &["rule[0].max_compute"],
-        "field",
-    );
-    std::fs::write(
-        &policy,
-        "[[rule]]\ngroups = [\"gpu\"]\ngpus = [\"GPU-ffffffff\"]\n",
-    )
-    .unwrap();
-    let (code, v) = doctor(&h, &[]);
-    found(
-        &v,
-        code,
-        "policy.file",
-        "warn",
-        &["GPU-ffffffff"],
-        "gpuslice list",
-    );
+    for (mode, text, status, detail, fix) in [
+        (0o664, "", "fail", "group- or world-writable", "chmod 644"),
+        (
+            0o644,
+            "max_compute = \"half\"\n",
+            "fail",
+            "rule[0].max_compute",
+            "field",
+        ),
+        (
+            0o644,
+            "gpus = [\"GPU-ffffffff\"]\n",
+            "warn",
+            "GPU-ffffffff",
+            "gpuslice list",
+        ),
+    ] {
+        std::fs::write(&policy, format!("[[rule]]\ngroups = [\"gpu\"]\n{text}")).unwrap();
+        std::fs::set_permissions(&policy, std::fs::Permissions::from_mode(mode)).unwrap();
+        let (code, v) = doctor(&h, &[]);
+        found(&v, code, "policy.file", status, &[detail], fix);
+    }
 }

@@ -121,12 +121,42 @@ fn policy(text: &str) -> PolicyFile {
 }
 
 /// `gpuslice run` as if `user` had called `sudo gpuslice …`.
-fn sudo(h: &FakeHost, user: &TestUser, p: &PolicyFile, args: &[&str]) -> Command {
+fn sudo_cmd(h: &FakeHost, user: &TestUser, p: &PolicyFile, args: &[&str]) -> Command {
     let mut c = gpuslice(h, args);
     c.env("SUDO_UID", user.uid.to_string())
         .env("SUDO_GID", user.gid.to_string())
         .env("GPUSLICE_POLICY", &p.path);
     c
+}
+
+fn sudo(h: &FakeHost, user: &TestUser, p: &PolicyFile, args: &[&str]) -> Output {
+    sudo_cmd(h, user, p, args).output().unwrap()
+}
+
+/// `gpuslice run …` as root, its output.
+fn root_run(h: &FakeHost, args: &[&str]) -> Output {
+    gpuslice(h, args).output().unwrap()
+}
+
+/// Exit 125 with one line saying `want`.
+fn refused(out: &Output, want: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    assert!(err.contains(want), "wanted {want:?}: {err}");
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A policy with one rule for `user` on every GPU of `h`, plus `extra` lines.
+fn rule_for(h: &FakeHost, user: &TestUser, extra: &str) -> PolicyFile {
+    policy(&format!(
+        "host_roots = [{:?}]\n[[rule]]\nusers = [{:?}]\ngpus = [\"all\"]\n{extra}",
+        h.root().display().to_string(),
+        user.name
+    ))
 }
 
 /// The Uid, Gid, Groups and CapEff lines of /proc/self/status in the slice.
@@ -144,117 +174,80 @@ fn status_line(out: &str, key: &str) -> Vec<u32> {
         .collect()
 }
 
+/// `run --gpus 1 [--user SPEC] -- sh -c STATUS` as root: its output.
+fn status_as(h: &FakeHost, user: Option<&str>) -> String {
+    let mut args = vec!["run", "--gpus", "1"];
+    if let Some(spec) = user {
+        args.extend(["--user", spec]);
+    }
+    args.extend(["--", "sh", "-c", STATUS]);
+    let out = root_run(h, &args);
+    assert!(out.status.success(), "--user {user:?}: {}", text(&out));
+    text(&out)
+}
+
 #[test]
 fn user_by_name_and_id_runs_with_its_groups_and_no_root_powers() {
     let h = host(2);
     let u = TestUser::new();
+    let mut want_groups = vec![u.gid, u.extra_gid];
+    want_groups.sort();
     for spec in [u.name.clone(), u.uid.to_string()] {
-        let out = gpuslice(
-            &h,
-            &[
-                "run", "--gpus", "1", "--user", &spec, "--", "sh", "-c", STATUS,
-            ],
-        )
-        .output()
-        .unwrap();
-        let t = text(&out);
-        assert!(out.status.success(), "--user {spec}: {t}");
+        let t = status_as(&h, Some(&spec));
         assert_eq!(status_line(&t, "Uid:"), [u.uid; 4], "--user {spec}: {t}");
         assert_eq!(status_line(&t, "Gid:"), [u.gid; 4], "--user {spec}: {t}");
         let mut groups = status_line(&t, "Groups:");
         groups.sort();
-        let mut want = vec![u.gid, u.extra_gid];
-        want.sort();
-        assert_eq!(groups, want, "--user {spec}: supplementary groups: {t}");
+        assert_eq!(
+            groups, want_groups,
+            "--user {spec}: supplementary groups: {t}"
+        );
         assert!(
             t.contains("CapEff:\t0000000000000000"),
             "--user {spec}: {t}"
         );
-        assert!(
-            t.contains(&format!("user={} home=/nonexistent/{}", u.name, u.name)),
-            "{t}"
-        );
+        let env = format!("user={} home=/nonexistent/{}", u.name, u.name);
+        assert!(t.contains(&env), "{t}");
     }
     // USER:GROUP by name; a bare numeric id the database does not know.
-    let spec = format!("{}:gpsx{}", u.name, &u.name[4..]);
-    let out = gpuslice(
-        &h,
-        &[
-            "run", "--gpus", "1", "--user", &spec, "--", "sh", "-c", STATUS,
-        ],
-    )
-    .output()
-    .unwrap();
-    assert_eq!(
-        status_line(&text(&out), "Gid:"),
-        [u.extra_gid; 4],
-        "{}",
-        text(&out)
-    );
-    let out = gpuslice(
-        &h,
-        &[
-            "run",
-            "--gpus",
-            "1",
-            "--user",
-            "4242:4343",
-            "--",
-            "sh",
-            "-c",
-            STATUS,
-        ],
-    )
-    .output()
-    .unwrap();
-    let t = text(&out);
+    let t = status_as(&h, Some(&format!("{}:gpsx{}", u.name, &u.name[4..])));
+    assert_eq!(status_line(&t, "Gid:"), [u.extra_gid; 4], "{t}");
+    let t = status_as(&h, Some("4242:4343"));
     assert_eq!(status_line(&t, "Uid:"), [4242; 4], "{t}");
     assert_eq!(status_line(&t, "Gid:"), [4343; 4], "{t}");
     assert!(status_line(&t, "Groups:").is_empty(), "{t}");
     // Without --user, root stays root (the opt-out the test can fail on).
-    let out = gpuslice(&h, &["run", "--gpus", "1", "--", "sh", "-c", STATUS])
-        .output()
-        .unwrap();
-    assert_eq!(status_line(&text(&out), "Uid:"), [0; 4]);
+    assert_eq!(status_line(&status_as(&h, None), "Uid:"), [0; 4]);
     // The selected GPU still works for the user; the others stay hidden.
-    let out = gpuslice(
-        &h,
-        &[
-            "run",
-            "--gpus",
-            "1",
-            "--user",
-            &u.name,
-            "--",
-            PROBE,
-            "--ignore-visible-devices",
-        ],
-    )
-    .output()
-    .unwrap();
+    let probe = [
+        "run",
+        "--gpus",
+        "1",
+        "--user",
+        &u.name,
+        "--",
+        PROBE,
+        "--ignore-visible-devices",
+    ];
+    let out = root_run(&h, &probe);
     let v: serde_json::Value =
         serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out)));
     assert_eq!(v["count"], 1, "{v}");
     // An unknown user: exit 125, one line.
-    let out = gpuslice(
-        &h,
-        &[
-            "run",
-            "--gpus",
-            "1",
-            "--user",
-            "no-such-user-zz",
-            "--",
-            "true",
-        ],
-    )
-    .output()
-    .unwrap();
-    assert_eq!(out.status.code(), Some(125));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("no such user") && err.trim().lines().count() == 1,
-        "{err}"
+    refused(
+        &root_run(
+            &h,
+            &[
+                "run",
+                "--gpus",
+                "1",
+                "--user",
+                "no-such-user-zz",
+                "--",
+                "true",
+            ],
+        ),
+        "no such user",
     );
 }
 
@@ -262,72 +255,34 @@ fn user_by_name_and_id_runs_with_its_groups_and_no_root_powers() {
 fn under_sudo_the_command_runs_as_the_caller_unless_the_policy_allows_root() {
     let h = host(2);
     let u = TestUser::new();
-    let root_h = h.root().display().to_string();
-    let p = policy(&format!(
-        "host_roots = [{root_h:?}]\n[[rule]]\nusers = [{:?}]\ngpus = [\"all\"]\n",
-        u.name
-    ));
+    let p = rule_for(&h, &u, "");
     let out = sudo(
         &h,
         &u,
         &p,
         &["run", "--gpus", "1", "--", "sh", "-c", STATUS],
-    )
-    .output()
-    .unwrap();
+    );
     let t = text(&out);
     assert!(out.status.success(), "{t}");
     assert_eq!(status_line(&t, "Uid:"), [u.uid; 4], "{t}");
     assert!(t.contains(&format!("user={}", u.name)), "{t}");
     // --user root: refused by this policy, allowed by one that says so.
-    let out = sudo(
-        &h,
-        &u,
-        &p,
-        &["run", "--gpus", "1", "--user", "root", "--", "id", "-u"],
-    )
-    .output()
-    .unwrap();
-    assert_eq!(out.status.code(), Some(125), "{}", text(&out));
-    assert!(text(&out).contains("allow_root = false"), "{}", text(&out));
-    let p_root = policy(&format!(
-        "host_roots = [{root_h:?}]\n[[rule]]\nusers = [{:?}]\ngpus = [\"all\"]\nallow_root = true\n",
-        u.name
-    ));
-    let out = sudo(
-        &h,
-        &u,
-        &p_root,
-        &["run", "--gpus", "1", "--user", "root", "--", "id", "-u"],
-    )
-    .output()
-    .unwrap();
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout),
-        "0\n",
-        "{}",
-        text(&out)
-    );
+    let as_root = ["run", "--gpus", "1", "--user", "root", "--", "id", "-u"];
+    refused(&sudo(&h, &u, &p, &as_root), "allow_root = false");
+    let p_root = rule_for(&h, &u, "allow_root = true\n");
+    assert_eq!(stdout(&sudo(&h, &u, &p_root, &as_root)), "0\n");
     // Another user's identity: never.
-    let out = sudo(
-        &h,
-        &u,
-        &p_root,
-        &["run", "--gpus", "1", "--user", "nobody", "--", "id", "-u"],
-    )
-    .output()
-    .unwrap();
-    assert_eq!(out.status.code(), Some(125));
-    assert!(
-        text(&out).contains("runs commands only as itself"),
-        "{}",
-        text(&out)
+    let as_nobody = ["run", "--gpus", "1", "--user", "nobody", "--", "id", "-u"];
+    refused(
+        &sudo(&h, &u, &p_root, &as_nobody),
+        "runs commands only as itself",
     );
 }
 
-/// Slice cgroups and ledgers a refused run must not leave.
-fn leftovers(h: &FakeHost, ledgers: &Path) -> Vec<String> {
-    let mut left: Vec<String> = std::fs::read_dir(ledgers)
+/// Ledgers (in the default directory: a bound caller cannot choose
+/// another) and mounts below the fake host, which a run must not leave.
+fn leftovers(h: &FakeHost) -> Vec<String> {
+    let mut left: Vec<String> = std::fs::read_dir(gpuslice_ledger::ledger_dir())
         .into_iter()
         .flatten()
         .flatten()
@@ -344,152 +299,69 @@ fn the_policy_allows_and_refuses_selections_caps_users_and_privileges() {
     let h = host(4);
     let u = TestUser::new();
     let other = TestUser::new();
-    let ledgers = tempfile::tempdir().unwrap();
+    let before = leftovers(&h);
     let root_h = h.root().display().to_string();
     let p = policy(&format!(
         "host_roots = [{root_h:?}]\n\
          [[rule]]\nname = \"team\"\ngroups = [\"gpsx{}\"]\ngpus = [\"1\", \"3\"]\nmax_memory = \"1GiB\"\nmax_compute = 50\n",
         &u.name[4..]
     ));
-    let allowed: &[&[&str]] = &[
-        &["--gpus", "1", "--memory", "1GiB", "--compute", "50"],
-        &["--gpus", "1,3", "--memory", "512MiB", "--compute", "10"],
-        &["--gpus", "none", "--memory", "1GiB", "--compute", "50"],
-    ];
-    for args in allowed {
+    let run = |args: &str| {
         let mut a = vec!["run"];
-        a.extend_from_slice(args);
-        a.extend(["--", "true"]);
-        let out = sudo(&h, &u, &p, &a)
-            .env("GPUSLICE_LEDGER_DIR", ledgers.path())
-            .output()
-            .unwrap();
-        // `none` with --memory: refused by the CLI, not by the policy.
-        if args[1] == "none" {
-            assert!(
-                text(&out).contains("need at least one GPU"),
-                "{args:?}: {}",
-                text(&out)
-            );
-            continue;
-        }
-        assert!(out.status.success(), "{args:?}: {}", text(&out));
+        a.extend(args.split_whitespace());
+        a.extend(["--", "touch", "/tmp/gpuslice-policy-must-not-run"]);
+        sudo(&h, &u, &p, &a)
+    };
+    let caps = "--memory 1GiB --compute 50";
+    for args in [
+        format!("--gpus 1 {caps}"),
+        "--gpus 1,3 --memory 512MiB --compute 10".into(),
+    ] {
+        let out = run(&args);
+        assert!(out.status.success(), "{args}: {}", text(&out));
+        std::fs::remove_file("/tmp/gpuslice-policy-must-not-run").unwrap();
     }
-    let refused: &[(&[&str], &str)] = &[
+    for (args, want) in [
+        (format!("--gpus 0 {caps}"), "GPU 0"),
+        (format!("--gpus all {caps}"), "GPU 0"),
+        ("--gpus 1 --compute 50".into(), "without --memory"),
+        ("--gpus 1 --memory 2GiB --compute 50".into(), "max_memory"),
+        ("--gpus 1 --memory 1GiB".into(), "without --compute"),
         (
-            &["--gpus", "0", "--memory", "1GiB", "--compute", "50"],
-            "GPU 0",
-        ),
-        (
-            &["--gpus", "all", "--memory", "1GiB", "--compute", "50"],
-            "GPU 0",
-        ),
-        (&["--gpus", "1", "--compute", "50"], "without --memory"),
-        (
-            &["--gpus", "1", "--memory", "2GiB", "--compute", "50"],
-            "max_memory",
-        ),
-        (&["--gpus", "1", "--memory", "1GiB"], "without --compute"),
-        (
-            &["--gpus", "1", "--memory", "1GiB", "--compute", "60"],
+            "--gpus 1 --memory 1GiB --compute 60".into(),
             "max_compute = 50",
         ),
         (
-            &[
-                "--gpus",
-                "1",
-                "--memory",
-                "1GiB",
-                "--compute",
-                "50",
-                "--isolation",
-                "env",
-            ],
+            format!("--gpus 1 {caps} --isolation env"),
             "allow_privileged",
         ),
-        (
-            &[
-                "--gpus",
-                "1",
-                "--memory",
-                "1GiB",
-                "--compute",
-                "50",
-                "--user",
-                "root",
-            ],
-            "allow_root",
-        ),
-        (
-            &[
-                "--gpus",
-                "1",
-                "--memory",
-                "1GiB",
-                "--compute",
-                "50",
-                "--user",
-                "0:0",
-            ],
-            "allow_root",
-        ),
-    ];
-    for (args, want) in refused {
-        let mut a = vec!["run"];
-        a.extend_from_slice(args);
-        a.extend(["--", "touch", "/tmp/gpuslice-policy-must-not-run"]);
-        let out = sudo(&h, &u, &p, &a)
-            .env("GPUSLICE_LEDGER_DIR", ledgers.path())
-            .stderr(Stdio::piped())
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(125), "{args:?}: {err}");
-        assert_eq!(
-            err.trim_end().lines().count(),
-            1,
-            "{args:?}: one line: {err}"
-        );
-        assert!(
-            err.contains("refused by policy") && err.contains("rule \"team\""),
-            "{args:?}: {err}"
-        );
-        assert!(err.contains(want), "{args:?}: {err}");
+        (format!("--gpus 1 {caps} --user root"), "allow_root"),
+        (format!("--gpus 1 {caps} --user 0:0"), "allow_root"),
+    ] {
+        let out = run(&args);
+        refused(&out, want);
+        refused(&out, "refused by policy");
+        refused(&out, "rule \"team\"");
         assert!(
             !Path::new("/tmp/gpuslice-policy-must-not-run").exists(),
-            "{args:?} ran"
+            "{args} ran"
         );
     }
-    // Not named by any rule; a host root the policy does not list.
-    let out = sudo(&h, &other, &p, &["run", "--gpus", "1", "--", "true"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(125));
-    assert!(
-        text(&out).contains("no rule of the policy names user"),
-        "{}",
-        text(&out)
+    // Not named by any rule; a host root the policy does not list; no file.
+    let true_ = ["run", "--gpus", "1", "--", "true"];
+    refused(
+        &sudo(&h, &other, &p, &true_),
+        "no rule of the policy names user",
     );
-    let elsewhere = host(4);
-    let out = sudo(&elsewhere, &u, &p, &["run", "--gpus", "1", "--", "true"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(125));
-    assert!(
-        text(&out).contains("not in the policy's host_roots"),
-        "{}",
-        text(&out)
+    refused(
+        &sudo(&host(4), &u, &p, &true_),
+        "not in the policy's host_roots",
     );
-    // No policy file at all: nobody but root.
     let missing = PolicyFile {
         _dir: tempfile::tempdir().unwrap(),
         path: PathBuf::from("/nonexistent/gpuslice/policy.toml"),
     };
-    let out = sudo(&h, &u, &missing, &["run", "--gpus", "none", "--", "true"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(125));
-    assert!(text(&out).contains("no policy file"), "{}", text(&out));
+    refused(&sudo(&h, &u, &missing, &true_), "no policy file");
     // Root itself is not bound by the policy (the test can fail: the same
     // refused request passes for root).
     let out = gpuslice(
@@ -500,11 +372,7 @@ fn the_policy_allows_and_refuses_selections_caps_users_and_privileges() {
     .output()
     .unwrap();
     assert!(out.status.success(), "{}", text(&out));
-    assert!(
-        leftovers(&h, ledgers.path()).is_empty(),
-        "{:?}",
-        leftovers(&h, ledgers.path())
-    );
+    assert_eq!(leftovers(&h), before);
 }
 
 #[test]
@@ -529,14 +397,10 @@ fn bad_policy_files_are_refused_naming_the_field() {
             "rule[0]: names no users and no groups",
         ),
     ] {
-        let p = policy(body);
-        let out = sudo(&h, &u, &p, &["run", "--gpus", "0", "--", "true"])
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(125), "{body}: {err}");
-        assert!(err.contains(want), "{body}: {err}");
-        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        refused(
+            &sudo(&h, &u, &policy(body), &["run", "--gpus", "0", "--", "true"]),
+            want,
+        );
     }
 }
 
@@ -545,64 +409,28 @@ fn a_non_root_caller_cannot_point_gpuslice_at_its_own_policy() {
     let h = host(1);
     let u = TestUser::new();
     let root_h = h.root().display().to_string();
-    let permissive = format!(
-        "host_roots = [{root_h:?}]\n[[rule]]\nusers = [{:?}]\ngpus = [\"all\"]\nallow_root = true\nallow_privileged = true\n",
-        u.name
-    );
-    // Under sudo: a file the user owns, or one in a directory the user may write.
-    let p = policy(&permissive);
+    let p = rule_for(&h, &u, "allow_root = true\nallow_privileged = true\n");
+    let as_root = ["run", "--gpus", "0", "--user", "root", "--", "id", "-u"];
+    let dir_mode = |mode| {
+        std::fs::set_permissions(
+            p.path.parent().unwrap(),
+            std::fs::Permissions::from_mode(mode),
+        )
+        .unwrap()
+    };
+    // Under sudo: a file the user owns, or one in a directory others may write.
     std::os::unix::fs::chown(&p.path, Some(u.uid), None).unwrap();
-    let out = sudo(
-        &h,
-        &u,
-        &p,
-        &["run", "--gpus", "0", "--user", "root", "--", "true"],
-    )
-    .output()
-    .unwrap();
-    assert_eq!(out.status.code(), Some(125));
-    assert!(
-        text(&out).contains(&format!("owned by uid {}", u.uid)),
-        "{}",
-        text(&out)
+    refused(
+        &sudo(&h, &u, &p, &as_root),
+        &format!("owned by uid {}", u.uid),
     );
     std::os::unix::fs::chown(&p.path, Some(0), None).unwrap();
-    std::fs::set_permissions(
-        p.path.parent().unwrap(),
-        std::fs::Permissions::from_mode(0o777),
-    )
-    .unwrap();
-    let out = sudo(
-        &h,
-        &u,
-        &p,
-        &["run", "--gpus", "0", "--user", "root", "--", "true"],
-    )
-    .output()
-    .unwrap();
-    assert_eq!(out.status.code(), Some(125));
-    assert!(text(&out).contains("world-writable"), "{}", text(&out));
-    // The same file, made root's: now honoured (so the refusals above are
+    dir_mode(0o777);
+    refused(&sudo(&h, &u, &p, &as_root), "world-writable");
+    // The same file, made root's alone: honoured (so the refusals above are
     // the ownership checks, not something else).
-    std::fs::set_permissions(
-        p.path.parent().unwrap(),
-        std::fs::Permissions::from_mode(0o700),
-    )
-    .unwrap();
-    let out = sudo(
-        &h,
-        &u,
-        &p,
-        &["run", "--gpus", "0", "--user", "root", "--", "id", "-u"],
-    )
-    .output()
-    .unwrap();
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout),
-        "0\n",
-        "{}",
-        text(&out)
-    );
+    dir_mode(0o700);
+    assert_eq!(stdout(&sudo(&h, &u, &p, &as_root)), "0\n");
 
     // A setuid-root install run by the user: GPUSLICE_POLICY is ignored
     // (only /etc/gpuslice/policy.toml counts), whoever owns the file.
@@ -611,35 +439,26 @@ fn a_non_root_caller_cannot_point_gpuslice_at_its_own_policy() {
     let exe = dir.path().join("gpuslice");
     std::fs::copy(GPUSLICE, &exe).unwrap();
     std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o4755)).unwrap();
-    let out = Command::new("setpriv")
-        .args([
-            &format!("--reuid={}", u.uid),
-            &format!("--regid={}", u.gid),
-            "--init-groups",
-        ])
-        .arg(&exe)
-        .args([
-            "--host-root",
-            &root_h,
-            "run",
-            "--gpus",
-            "0",
-            "--user",
-            "root",
-            "--",
-            "id",
-            "-u",
-        ])
-        .envs(h.env())
-        .env("GPUSLICE_POLICY", &p.path)
-        .env_remove("SUDO_UID")
-        .output()
-        .expect("setpriv (util-linux)");
+    let as_user = |args: &[&str]| {
+        Command::new("setpriv")
+            .arg(format!("--reuid={}", u.uid))
+            .arg(format!("--regid={}", u.gid))
+            .arg("--init-groups")
+            .arg(&exe)
+            .args(["--host-root", &root_h])
+            .args(args)
+            .envs(h.env())
+            .env("GPUSLICE_POLICY", &p.path)
+            .env_remove("SUDO_UID")
+            .output()
+            .expect("setpriv (util-linux)")
+    };
+    let out = as_user(&as_root);
     let t = text(&out);
     assert_eq!(out.status.code(), Some(125), "{t}");
     assert!(t.contains("/etc/gpuslice/policy.toml"), "{t}");
     assert!(!t.contains(&p.path.display().to_string()), "{t}");
-    assert!(!String::from_utf8_lossy(&out.stdout).contains('0'), "{t}");
+    assert!(!stdout(&out).contains('0'), "{t}");
     // Every other command of the setuid binary runs as the user: a CDI
     // spec cannot be written where only root may write (with root kept,
     // gpuslice-full, exec'ed from the setuid binary, would write it).
@@ -650,18 +469,7 @@ fn a_non_root_caller_cannot_point_gpuslice_at_its_own_policy() {
     .unwrap();
     let private = tempfile::tempdir().unwrap(); // root's, 0700
     let spec = private.path().join("spec.json");
-    let out = Command::new("setpriv")
-        .args([
-            &format!("--reuid={}", u.uid),
-            &format!("--regid={}", u.gid),
-            "--init-groups",
-        ])
-        .arg(&exe)
-        .args(["--host-root", &root_h, "cdi", "generate", "--output"])
-        .arg(&spec)
-        .envs(h.env())
-        .output()
-        .unwrap();
+    let out = as_user(&["cdi", "generate", "--output", spec.to_str().unwrap()]);
     assert!(!spec.exists(), "written as root: {}", text(&out));
     assert!(text(&out).contains("ermission denied"), "{}", text(&out));
 }
@@ -732,14 +540,12 @@ fn host_root_symlinks_out_of_the_root_are_refused_and_nothing_is_read() {
     let cat = format!("cat {}", params.display());
     // The opt-out the test can fail on: a plain params is shown (with
     // ModifyDeviceFiles forced to 0).
-    let out = gpuslice(
+    let out = root_run(
         &h,
         &[
             "run", "--gpus", "1", "--user", "nobody", "--", "sh", "-c", &cat,
         ],
-    )
-    .output()
-    .unwrap();
+    );
     assert!(
         text(&out).contains("ModifyDeviceFiles: 0"),
         "{}",
@@ -764,39 +570,24 @@ fn host_root_symlinks_out_of_the_root_are_refused_and_nothing_is_read() {
     std::fs::remove_file(&params).unwrap();
     std::fs::write(&params, "ModifyDeviceFiles: 1\n").unwrap();
 
-    // A masked GPU directory that links out: error, no mount lands there.
-    let gpus = h.root().join("proc/driver/nvidia/gpus");
-    let bus0 = std::fs::read_dir(&gpus)
+    // A masked GPU directory, and the root's /dev, linking out of the
+    // root: refused, and no mount lands where they point.
+    let bus0 = std::fs::read_dir(h.root().join("proc/driver/nvidia/gpus"))
         .unwrap()
         .flatten()
         .map(|e| e.path())
         .min()
         .unwrap();
-    let moved = secret_dir.path().join("gpu0");
-    std::fs::rename(&bus0, &moved).unwrap();
-    std::os::unix::fs::symlink(&moved, &bus0).unwrap();
-    let out = gpuslice(&h, &["run", "--gpus", "1", "--", "true"])
-        .output()
-        .unwrap();
-    let t = text(&out);
-    assert_eq!(out.status.code(), Some(125), "{t}");
-    assert!(t.contains("symbolic link"), "{t}");
-    std::fs::remove_file(&bus0).unwrap();
-    std::fs::rename(&moved, &bus0).unwrap();
-
-    // The root's /dev linking out of it.
-    let dev = h.root().join("dev");
-    let real_dev = secret_dir.path().join("dev");
-    std::fs::rename(&dev, &real_dev).unwrap();
-    std::os::unix::fs::symlink(&real_dev, &dev).unwrap();
-    let out = gpuslice(&h, &["run", "--gpus", "1", "--", "true"])
-        .output()
-        .unwrap();
-    let t = text(&out);
-    assert_eq!(out.status.code(), Some(125), "{t}");
-    assert!(t.contains("symbolic link"), "{t}");
-    std::fs::remove_file(&dev).unwrap();
-    std::fs::rename(&real_dev, &dev).unwrap();
+    for (i, path) in [bus0, h.root().join("dev")].iter().enumerate() {
+        let moved = secret_dir.path().join(format!("moved{i}"));
+        std::fs::rename(path, &moved).unwrap();
+        std::os::unix::fs::symlink(&moved, path).unwrap();
+        let out = root_run(&h, &["run", "--gpus", "1", "--", "true"]);
+        std::fs::remove_file(path).unwrap();
+        std::fs::rename(&moved, path).unwrap();
+        assert_eq!(out.status.code(), Some(125), "{}", text(&out));
+        assert!(text(&out).contains("symbolic link"), "{}", text(&out));
+    }
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!mounts.contains(&secret_dir.path().display().to_string()));
 }
