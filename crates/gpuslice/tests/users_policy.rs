@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 
-const GPUSLICE: &str = env!("CARGO_BIN_EXE_gpuslice");
+mod common;
+use common::GPUSLICE;
 const PROBE: &str = env!("CARGO_BIN_EXE_gpuslice-cuda-probe");
 
 /// A fake host of `n` GPUs that other users may traverse (its tempdir is
