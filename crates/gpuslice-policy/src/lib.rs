@@ -6,7 +6,7 @@
 //! `sudo gpuslice run --gpus 0 -- bash` is a root shell. So:
 //! - [`caller`] says whose request it is (root, a sudo caller, the real
 //!   user of a setuid install, or an unprivileged user running it plainly);
-//! - [`file`] loads the admin's policy (`/etc/gpuslice/policy.toml`) only
+//! - [`file`](mod@file) loads the admin's policy (`/etc/gpuslice/policy.toml`) only
 //!   from a root-owned, non-writable file, with errors that name the field;
 //! - [`check`] decides one request against it, failing closed: no policy
 //!   file, no rule for the caller, or a rule not met, and the run is refused.
