@@ -377,6 +377,52 @@ fn the_policy_allows_and_refuses_selections_caps_users_and_privileges() {
 }
 
 #[test]
+fn a_sudo_caller_cannot_choose_the_shim_root_preloads() {
+    let h = host(2);
+    let u = TestUser::new();
+    let p = rule_for(&h, &u, "");
+    // Any file will do: gpuslice only checks that it is one.
+    let fake_shim = tempfile::NamedTempFile::new().unwrap();
+    let args = [
+        "run",
+        "--gpus",
+        "1",
+        "--memory",
+        "1GiB",
+        "--",
+        "sh",
+        "-c",
+        "echo $LD_PRELOAD",
+    ];
+    let mut as_user = sudo_cmd(&h, &u, &p, &args);
+    let out = as_user
+        .env("GPUSLICE_SHIM", fake_shim.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        !stdout(&out).contains(&fake_shim.path().display().to_string()),
+        "{}",
+        text(&out)
+    );
+    assert!(
+        stdout(&out).contains("gpuslice"),
+        "the real shim: {}",
+        text(&out)
+    );
+    // Root may (the control: the assertion above can fail).
+    let out = gpuslice(&h, &args)
+        .env("GPUSLICE_SHIM", fake_shim.path())
+        .output()
+        .unwrap();
+    assert!(
+        stdout(&out).contains(&fake_shim.path().display().to_string()),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
 fn bad_policy_files_are_refused_naming_the_field() {
     let h = host(1);
     let u = TestUser::new();
