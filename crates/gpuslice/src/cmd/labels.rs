@@ -39,7 +39,7 @@ pub fn run(global: &Global, args: &LabelsArgs) -> Result<i32> {
         &DiscoverOptions::default(),
     )?;
     let facts = labels::nvml_facts(None);
-    let l = labels::labels(&inv, &facts, cfg.as_ref(), &prefix);
+    let l = labels::labels(&inv, &facts, cfg.as_ref(), &prefix)?;
     let text = labels::render(&l);
     if args.output.as_os_str() == "-" {
         print!("{text}");
