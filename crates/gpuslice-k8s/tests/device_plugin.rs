@@ -597,7 +597,9 @@ async fn a_whole_and_a_shared_request_never_land_on_one_gpu() {
     let mut w = k.dial("gpuslice-gpu.sock").await.unwrap();
     let mut s = k.dial("gpuslice-gpu.shared.sock").await.unwrap();
     for id in [uuid(2), uuid(3)] {
-        let e = allocate_one(&mut w, &[id.clone()]).await.unwrap_err();
+        let e = allocate_one(&mut w, std::slice::from_ref(&id))
+            .await
+            .unwrap_err();
         assert_eq!(e.code(), Code::InvalidArgument, "{id} whole: {e}");
     }
     for g in [0, 1] {
