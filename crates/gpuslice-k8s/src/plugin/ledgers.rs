@@ -23,14 +23,15 @@
 //! old pod's counters.
 //!
 //! The tenant writes in its directory: every path in it is opened without
-//! following symbolic links, only regular files are read as ledgers, and
+//! following symbolic links, only regular files are read as ledgers (a
+//! device node is never opened), a ledger is read from a private copy, and
 //! `remove_dir_all` does not follow links.
 
 use gpuslice_ledger::procfs::{self, Liveness};
 use gpuslice_ledger::{Ledger, ProcessState};
 use std::collections::HashSet;
 use std::fs::{self, OpenOptions};
-use std::io;
+use std::io::{self, Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
@@ -45,6 +46,8 @@ const INIT_PID_NS: u64 = 0xEFFF_FFFC;
 /// A ledger that does not open may be one a process is creating right now
 /// for this long (creation takes microseconds).
 const CREATING: Duration = Duration::from_secs(10);
+/// More than any ledger layout is long (a longer file is not a ledger).
+const COPY_LIMIT: u64 = 4 * gpuslice_ledger::FILE_SIZE as u64;
 
 /// Allocate and the sweep, one at a time (over every ledger directory).
 static LOCK: Mutex<()> = Mutex::new(());
@@ -61,6 +64,8 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    #[error(transparent)]
+    Ledger(gpuslice_ledger::Error),
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> Error + '_ {
@@ -110,13 +115,7 @@ pub fn sweep(ledger_dir: &Path, held: &HashSet<String>, grace: Duration) -> Swep
     for name in names {
         let dir = ledger_dir.join(&name);
         let _held = lock();
-        let young = dir
-            .symlink_metadata()
-            .and_then(|m| m.modified())
-            .ok()
-            .and_then(|t| t.elapsed().ok())
-            .is_none_or(|age| age < grace);
-        if young {
+        if younger_than(dir.symlink_metadata(), grace) {
             continue;
         }
         if in_use(&dir) {
@@ -150,18 +149,8 @@ pub fn in_use(dir: &Path) -> bool {
         let ledger = match open_ledger(&path) {
             Ok(Some(l)) => l,
             Ok(None) => continue, // not a regular file: no shim's ledger
-            Err(_) => {
-                let recent = e
-                    .metadata()
-                    .and_then(|m| m.modified())
-                    .ok()
-                    .and_then(|t| t.elapsed().ok())
-                    .is_none_or(|age| age < CREATING);
-                if recent {
-                    return true;
-                }
-                continue;
-            }
+            Err(_) if younger_than(e.metadata(), CREATING) => return true,
+            Err(_) => continue,
         };
         for p in ledger.snapshot().processes {
             let live = match p.state {
@@ -179,28 +168,43 @@ pub fn in_use(dir: &Path) -> bool {
     false
 }
 
-/// Opens `path` as a ledger without following a link; None when it is not
-/// a regular file.
-fn open_ledger(path: &Path) -> Result<Option<Ledger>, gpuslice_ledger::Error> {
-    let io = |source| gpuslice_ledger::Error::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    let f = OpenOptions::new()
+/// Whether a file was modified less than `age` ago (or its time is unknown).
+fn younger_than(meta: io::Result<fs::Metadata>, age: Duration) -> bool {
+    meta.and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.elapsed().ok())
+        .is_none_or(|a| a < age)
+}
+
+/// A copy of the ledger at `path`, opened without following a link and
+/// without opening anything but a regular file (a device node planted by
+/// the tenant is never opened); None when it is not a regular file. A
+/// copy, because the tenant may truncate its file while a mapping of it
+/// is read, which would kill the plugin with SIGBUS.
+fn open_ledger(path: &Path) -> Result<Option<Ledger>, Error> {
+    // O_PATH: a handle on the inode that opens nothing.
+    let handle = OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(path);
-    let f = match f {
-        Ok(f) => f,
-        // A symbolic link.
-        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Ok(None),
-        Err(e) => return Err(io(e)),
-    };
-    if !f.metadata().map_err(io)?.is_file() {
+        .custom_flags(libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(io_err(path))?;
+    if !handle.metadata().map_err(io_err(path))?.is_file() {
         return Ok(None);
     }
-    // The same inode again, through the descriptor: never another file.
-    Ledger::open(Path::new(&format!("/proc/self/fd/{}", f.as_raw_fd()))).map(Some)
+    // The same inode again, through the handle: a regular file.
+    let mut data = Vec::new();
+    fs::File::open(fd_path(&handle))
+        .and_then(|f| f.take(COPY_LIMIT).read_to_end(&mut data))
+        .map_err(io_err(path))?;
+    let mut copy = tempfile::tempfile().map_err(io_err(Path::new("a temporary file")))?;
+    copy.write_all(&data).map_err(io_err(path))?;
+    Ledger::open(&fd_path(&copy))
+        .map(Some)
+        .map_err(Error::Ledger)
+}
+
+fn fd_path(f: &fs::File) -> std::path::PathBuf {
+    format!("/proc/self/fd/{}", f.as_raw_fd()).into()
 }
 
 /// The host's processes as (pid in their innermost namespace, start time).
