@@ -463,11 +463,7 @@ impl Config {
                 }
                 .to_string()
             });
-            if !crate::plugin::testkubelet::valid_extended_resource(&format!(
-                "{}/{name}",
-                self.prefix
-            )) || name.starts_with("mig-")
-            {
+            if !valid_name_part(&name) || name.starts_with("mig-") {
                 bail!("{at}.resource: {name:?} is not a resource name (letters, digits, '-', '_', '.'; not mig-*)");
             }
             if let Some((role, replicas, first)) = resources.get(&name) {
@@ -485,6 +481,17 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// The name part of a qualified Kubernetes name (a resource's name after
+/// the prefix): 1-63 of `A-Z a-z 0-9 - _ .`, alphanumeric at both ends.
+pub fn valid_name_part(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_')
+        && s.as_bytes()[0].is_ascii_alphanumeric()
+        && s.as_bytes()[s.len() - 1].is_ascii_alphanumeric()
 }
 
 fn describe(role: RoleName, replicas: Option<u32>) -> String {

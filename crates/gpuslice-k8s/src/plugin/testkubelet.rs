@@ -8,6 +8,7 @@
 //! pods a test says hold devices. Used by the integration tests and by the
 //! hidden `gpuslice device-plugin-selftest`.
 
+use super::config::valid_name_part;
 use super::server::{dial, API_VERSION, KUBELET_SOCKET};
 use super::v1beta1 as api;
 use super::v1beta1::device_plugin_client::DevicePluginClient;
@@ -74,14 +75,7 @@ pub fn valid_extended_resource(name: &str) -> bool {
     let Some((domain, rest)) = name.split_once('/') else {
         return false;
     };
-    let ok = |s: &str| {
-        !s.is_empty()
-            && s.len() <= 63
-            && s.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_')
-            && s.as_bytes()[0].is_ascii_alphanumeric()
-            && s.as_bytes()[s.len() - 1].is_ascii_alphanumeric()
-    };
+    let ok = valid_name_part;
     ok(domain) && ok(rest) && !domain.ends_with("kubernetes.io")
 }
 
