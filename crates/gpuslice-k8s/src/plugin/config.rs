@@ -300,7 +300,7 @@ impl Config {
             v => v,
         };
         check_keys(&value, "")?;
-        check_roles(&value)?;
+        locate_role_errors(&value)?;
         let cfg: Config = serde_yaml::from_value(value.clone())
             .map_err(|e| anyhow!("{}: {e}", locate(&value, &[]).unwrap_or_else(|| ".".into())))?;
         cfg.validate()?;
@@ -505,7 +505,7 @@ fn describe(role: RoleName, replicas: Option<u32>) -> String {
 
 /// Each `roles` item alone, so that a bad value is named by its path
 /// (`roles[1].role`), not only as `roles`.
-fn check_roles(v: &Value) -> Result<()> {
+fn locate_role_errors(v: &Value) -> Result<()> {
     let Some(Value::Sequence(items)) = v.get("roles") else {
         if let Some(other) = v.get("roles") {
             if !other.is_null() {
