@@ -87,12 +87,16 @@ pub struct State {
     pub ledgers: LedgerSweeps,
 }
 
+/// How many removed directory names [`LedgerSweeps`] keeps (a daemon runs
+/// for months).
+pub const REMOVED_KEPT: usize = 256;
+
 /// What the ledger sweeps did.
 #[derive(Debug, Clone, Default)]
 pub struct LedgerSweeps {
     /// Sweeps that ran (the kubelet answered).
     pub sweeps: u64,
-    /// Every directory removed so far.
+    /// Directories removed so far (the last [`REMOVED_KEPT`] of them).
     pub removed: Vec<String>,
     /// The last sweep's directories whose pod is gone but a process may remain.
     pub in_use: Vec<String>,
@@ -461,6 +465,8 @@ async fn sweep_ledgers(plan: Arc<Plan>, state: Arc<watch::Sender<State>>) {
             let l = &mut s.ledgers;
             l.sweeps += 1;
             l.removed.extend(swept.removed);
+            let over = l.removed.len().saturating_sub(REMOVED_KEPT);
+            l.removed.drain(..over);
             l.in_use = swept.in_use;
             l.last_error = swept.errors.into_iter().next();
         });
