@@ -14,8 +14,11 @@
 #   computetrace issue 5: one capped worker's bucket traced across workload and share changes (~25 s)
 #   users      issue 15: torch/jax/cupy on --gpus 0 as --user nobody, none of them see a GPU with
 #              --gpus none (root and nobody), a mknod'ed alias of /dev/nvidia0 hidden by number (~60 s)
-#   plugin     issue 6: device plugin vs a test kubelet (v1beta1 over unix sockets): register,
-#              list (NUMA), Allocate gpu + gpu.shared run via `gpuslice run` + the probe, 60 s health (~85 s)
+#   plugin     issues 6, 20: device plugin vs a test kubelet (v1beta1 over unix sockets): the GPU
+#              whole (register, list (NUMA), Allocate run via `gpuslice run` + the probe), then
+#              shared 4 ways (only gpu.shared served; two 1-replica requests packed onto it, both
+#              slices run the probe at once; ledger dirs removed once PodResources drops the pods),
+#              kubelet restarts, 60 s health (~90 s)
 # Run from the repo root as root after scripts/device-build.sh. Each part is
 # bounded; everything lands in OUTDIR/results.tgz (the device tool brings
 # back few files), plus the small JSON summaries beside it.
@@ -73,11 +76,15 @@ part_computediag() {
     bounded 90 "${TORCH_PY:-/opt/torch/.venv/bin/python3}" scripts/device_compute_diag.py "$work"
 }
 part_plugin() {
-    # The plugin and a test kubelet in a temp dir; Allocate answers applied
-    # by `gpuslice run` with the CUDA probe; Allocate p99 over 10,000 calls;
-    # re-registration after 3 kubelet restarts; 60 s without a health event.
+    # The plugin and a test kubelet in a temp dir. Phase 1, the GPU whole:
+    # Allocate applied by `gpuslice run` with the CUDA probe. Phase 2, the
+    # GPU shared (--replicas 4): no whole resource, two one-replica
+    # requests packed onto the GPU, both slices run the probe at once, their
+    # ledger dirs swept once the test PodResources drops the pods. Allocate
+    # p99 over 10,000 calls per role; re-registration after 3 kubelet
+    # restarts; 60 s without a health event. pass=true when every check holds.
     bounded 100 .device-carry/gpuslice device-plugin-selftest --watch-secs "${WATCH_SECS:-60}" \
-        --bench-allocs 10000 --restarts 3 --label "H200 (real driver)" \
+        --replicas 4 --bench-allocs 10000 --restarts 3 --label "H200 (real driver)" \
         --probe "$(pwd)/.device-carry/gpuslice-cuda-probe" --out "$work/plugin.json"
 }
 part_users() {

@@ -28,7 +28,7 @@ pub enum Command {
     Run(cmd::run::RunArgs),
     /// Live slices with a memory cap or compute share: their processes, cap, share and use per GPU (from their ledgers).
     Slices,
-    /// The kubelet device plugin: nvidia.com/gpu (whole), gpu.shared (replicas capped by the shim), mig-<profile>.
+    /// The kubelet device plugin: each GPU in one role: nvidia.com/gpu (whole), gpu.shared (replicas capped by the shim) or mig-<profile>.
     DevicePlugin(cmd::device_plugin::DevicePluginArgs),
     /// Drive the device plugin with a test kubelet and report JSON (the GPU machine's check, benchmarks).
     #[command(hide = true)]

@@ -4,6 +4,8 @@
 //! directory, so it is unit-tested and benchmarked without gRPC.
 
 use super::config::{ComputeMode, Config, MigStrategy};
+use super::ledgers;
+use super::roles::{self, Role, RoleError};
 use super::v1beta1 as api;
 use crate::cdi::{CONTAINER_LEDGER_DIR, CONTAINER_SHIM};
 use gpuslice_core::model::{NVIDIACTL_MINOR, NVIDIA_MAJOR, NVIDIA_MODESET_MINOR};
@@ -115,16 +117,52 @@ pub struct Plan {
 }
 
 impl Plan {
-    pub fn new(cfg: Config, root: HostRoot, inv: Inventory) -> Self {
+    /// What `cfg` offers on `inv`; an error names the `roles` field that
+    /// does not resolve (an unknown GPU, or one GPU in two roles).
+    pub fn new(cfg: Config, root: HostRoot, inv: Inventory) -> Result<Self, RoleError> {
         let mut warnings = Vec::new();
-        let mut whole = Vec::new();
-        let mut shared = Vec::new();
-        let mut migs: BTreeMap<String, Vec<Entry>> = BTreeMap::new();
-        let replicas = cfg.sharing.replicas;
-        for g in &inv.gpus {
-            let mig_on = g.mig_enabled == Some(true) || !g.migs.is_empty();
-            if mig_on {
-                if cfg.strategies.mig == MigStrategy::Mixed {
+        // Resource short name -> (kind, entries), in the order first seen.
+        let mut offered: Vec<(String, Kind, Vec<Entry>)> = Vec::new();
+        let mut add = |short: String, kind: Kind, e: Entry| match offered
+            .iter_mut()
+            .find(|(s, _, _)| *s == short)
+        {
+            Some((_, _, v)) => v.push(e),
+            None => offered.push((short, kind, vec![e])),
+        };
+        for (g, a) in inv.gpus.iter().zip(roles::resolve(&cfg, &inv)?) {
+            if let Some(why) = a.unfit {
+                warnings.push(why);
+                continue;
+            }
+            let entry = |id: String, mig: Option<u32>| Entry {
+                id,
+                gpu: g.index,
+                mig,
+                numa: g.numa_node,
+            };
+            let short = a.resource.unwrap_or_default();
+            match a.role {
+                Role::Whole => add(short, Kind::Whole, entry(g.uuid.clone(), None)),
+                Role::Shared { replicas } => {
+                    if g.memory_bytes.is_none() {
+                        warnings.push(format!(
+                            "GPU {} not shared: its memory size is unknown ({})",
+                            g.index,
+                            inv.nvml_error.as_deref().unwrap_or("NVML gave none")
+                        ));
+                        continue;
+                    }
+                    for r in 0..replicas {
+                        let id = format!("{}{REPLICA_SEP}{r}", g.uuid);
+                        add(short.clone(), Kind::Shared { replicas }, entry(id, None));
+                    }
+                }
+                Role::Mig if cfg.strategies.mig == MigStrategy::None => warnings.push(format!(
+                    "GPU {} is in MIG mode and the MIG strategy is none: not offered",
+                    g.index
+                )),
+                Role::Mig => {
                     for m in &g.migs {
                         let (Some(uuid), Some(profile)) = (&m.uuid, &m.profile) else {
                             warnings.push(format!(
@@ -133,65 +171,30 @@ impl Plan {
                             ));
                             continue;
                         };
-                        migs.entry(profile.clone()).or_default().push(Entry {
-                            id: uuid.clone(),
-                            gpu: g.index,
-                            mig: Some(m.index),
-                            numa: g.numa_node,
-                        });
+                        let kind = Kind::Mig {
+                            profile: profile.clone(),
+                        };
+                        add(
+                            format!("mig-{profile}"),
+                            kind,
+                            entry(uuid.clone(), Some(m.index)),
+                        );
                     }
-                } else {
-                    warnings.push(format!(
-                        "GPU {} is in MIG mode and the MIG strategy is none: not offered",
-                        g.index
-                    ));
-                }
-                continue;
-            }
-            if cfg.strategies.whole {
-                whole.push(Entry {
-                    id: g.uuid.clone(),
-                    gpu: g.index,
-                    mig: None,
-                    numa: g.numa_node,
-                });
-            }
-            if replicas > 0 {
-                if g.memory_bytes.is_none() {
-                    warnings.push(format!(
-                        "GPU {} not shared: its memory size is unknown ({})",
-                        g.index,
-                        inv.nvml_error.as_deref().unwrap_or("NVML gave none")
-                    ));
-                    continue;
-                }
-                for r in 0..replicas {
-                    shared.push(Entry {
-                        id: format!("{}{REPLICA_SEP}{r}", g.uuid),
-                        gpu: g.index,
-                        mig: None,
-                        numa: g.numa_node,
-                    });
                 }
             }
         }
+        // Whole, then shared, then MIG resources; by name within each.
+        let rank = |k: &Kind| match k {
+            Kind::Whole => 0,
+            Kind::Shared { .. } => 1,
+            Kind::Mig { .. } => 2,
+        };
+        offered.sort_by(|a, b| (rank(&a.1), &a.0).cmp(&(rank(&b.1), &b.0)));
         let p = &cfg.prefix;
-        let mut resources = Vec::new();
-        if cfg.strategies.whole {
-            resources.push(Resource::new(p, "gpu".into(), Kind::Whole, whole));
-        }
-        if replicas > 0 {
-            resources.push(Resource::new(
-                p,
-                "gpu.shared".into(),
-                Kind::Shared { replicas },
-                shared,
-            ));
-        }
-        for (profile, entries) in migs {
-            let short = format!("mig-{profile}");
-            resources.push(Resource::new(p, short, Kind::Mig { profile }, entries));
-        }
+        let resources: Vec<Resource> = offered
+            .into_iter()
+            .map(|(short, kind, entries)| Resource::new(p, short, kind, entries))
+            .collect();
         for r in &resources {
             for e in &r.entries {
                 if e.id.len() > MAX_ID_LEN {
@@ -211,14 +214,14 @@ impl Plan {
         .into_iter()
         .filter(|n| root.dev().join(n).exists())
         .collect();
-        Plan {
+        Ok(Plan {
             cfg,
             root,
             inv,
             resources,
             warnings,
             control,
-        }
+        })
     }
 
     /// Host path of `/dev/<rel>` as the runtime should open it.
@@ -362,10 +365,9 @@ impl Plan {
                 format!("{CONTAINER_LEDGER_DIR}/{slice}.ledger"),
             );
             let ledger_dir = self.cfg.ledger_dir.join(&slice);
-            if let Err(e) = std::fs::create_dir_all(&ledger_dir) {
+            if let Err(e) = ledgers::prepare(&ledger_dir) {
                 return Err(BadRequest(format!(
-                    "cannot create the ledger directory {}: {e}",
-                    ledger_dir.display()
+                    "cannot prepare the ledger directory: {e}"
                 )));
             }
             resp.mounts.push(api::Mount {

@@ -1,13 +1,17 @@
 //! `gpuslice device-plugin`: the kubelet device plugin (gpuslice-k8s::plugin),
 //! and the hidden `device-plugin-selftest` that drives it with the test
-//! kubelet (the GPU machine has no Kubernetes) and benchmarks it.
+//! kubelet (the GPU machine has no Kubernetes) and benchmarks it: every GPU
+//! whole, then every GPU shared (two replicas packed onto one GPU, both
+//! slices running CUDA at once).
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use gpuslice_core::discover::{discover, DiscoverOptions};
 use gpuslice_core::HostRoot;
 use gpuslice_k8s::plugin::config::Config;
-use gpuslice_k8s::plugin::testkubelet::{allocate_one, first_list, next_list, TestKubelet};
+use gpuslice_k8s::plugin::testkubelet::{
+    self, allocate_one, first_list, next_list, preferred_one, PodDevices, PodResources, TestKubelet,
+};
 use gpuslice_k8s::plugin::{self, Options};
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -53,7 +57,7 @@ pub struct SelftestArgs {
     /// Write the JSON report here.
     #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
-    /// Replicas per GPU of gpu.shared.
+    /// Replicas per GPU in the shared phase.
     #[arg(long, default_value_t = 4)]
     pub replicas: u32,
     /// Watch ListAndWatch for health changes this long (no XID is expected).
@@ -82,7 +86,11 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
 }
 
 fn sh(cmd: &mut std::process::Command) -> Value {
-    match cmd.output() {
+    sh_all(vec![cmd]).remove(0)
+}
+
+fn output_json(o: std::io::Result<std::process::Output>) -> Value {
+    match o {
         Ok(o) => json!({
             "rc": o.status.code(),
             "stdout": String::from_utf8_lossy(&o.stdout).trim(),
@@ -90,6 +98,79 @@ fn sh(cmd: &mut std::process::Command) -> Value {
         }),
         Err(e) => json!({"rc": null, "error": e.to_string()}),
     }
+}
+
+/// Runs the commands at the same time; their results in order.
+fn sh_all(cmds: Vec<&mut std::process::Command>) -> Vec<Value> {
+    use std::process::Stdio;
+    let children: Vec<std::io::Result<std::process::Child>> = cmds
+        .into_iter()
+        .map(|c| c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn())
+        .collect();
+    children
+        .into_iter()
+        .map(|c| output_json(c.and_then(|c| c.wait_with_output())))
+        .collect()
+}
+
+/// `gpuslice run` applying an Allocate answer (its GPUs and memory cap)
+/// to `what`.
+fn run_with(
+    global: &Global,
+    exe: &std::path::Path,
+    r: &plugin::v1beta1::ContainerAllocateResponse,
+    what: &[&std::ffi::OsStr],
+) -> std::process::Command {
+    let visible = r
+        .envs
+        .get("CUDA_VISIBLE_DEVICES")
+        .cloned()
+        .unwrap_or_default();
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("--host-root")
+        .arg(&global.host_root)
+        .args(["run", "--gpus", &visible]);
+    if let Some(m) = r.envs.get("GPUSLICE_MEMORY_LIMIT") {
+        cmd.args(["--memory", m]);
+    }
+    cmd.arg("--").args(what);
+    cmd
+}
+
+/// The probe's JSON (its last line) and whether it allocated.
+fn probe_result(run: &Value) -> (Value, bool) {
+    let probe_json: Value = run["stdout"]
+        .as_str()
+        .and_then(|s| s.lines().last())
+        .and_then(|l| serde_json::from_str(l).ok())
+        .unwrap_or(Value::Null);
+    let ok = run["rc"] == json!(0)
+        && probe_json["error"].is_null()
+        && probe_json["alloc_rc"] == json!(0);
+    (probe_json, ok)
+}
+
+fn allocation_json(r: &plugin::v1beta1::ContainerAllocateResponse) -> Value {
+    json!({
+        "envs": r.envs,
+        "devices": r.devices.iter().map(|d| json!([d.container_path, d.host_path, d.permissions])).collect::<Vec<_>>(),
+        "mounts": r.mounts.iter().map(|m| json!([m.container_path, m.host_path, m.read_only])).collect::<Vec<_>>(),
+    })
+}
+
+async fn bench_allocs(client: &mut testkubelet::Client, id: &str, n: usize) -> Result<Value> {
+    let ids = [id.to_string()];
+    let mut ms = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        allocate_one(client, &ids).await?;
+        ms.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let mean = ms.iter().sum::<f64>() / ms.len() as f64;
+    Ok(json!({
+        "calls": ms.len(), "mean_ms": mean, "p50_ms": pct(&mut ms, 0.5),
+        "p99_ms": pct(&mut ms, 0.99), "max_ms": pct(&mut ms, 1.0),
+    }))
 }
 
 pub fn selftest(global: &Global, args: &SelftestArgs) -> Result<i32> {
@@ -118,6 +199,10 @@ pub fn selftest(global: &Global, args: &SelftestArgs) -> Result<i32> {
     Ok(if ok { 0 } else { 1 })
 }
 
+/// Two phases on the host's GPUs: every GPU whole (register, list with
+/// NUMA, Allocate + the probe), then every GPU shared (one resource only;
+/// two one-replica Allocates packed onto the first GPU, both slices running
+/// the probe at once; re-registration after kubelet restarts; health).
 async fn selftest_async(global: &Global, args: &SelftestArgs, rep: &mut Value) -> Result<bool> {
     let exe = crate::binaries::gpuslice_exe()?;
     let dir = exe.parent().map(PathBuf::from).unwrap_or_default();
@@ -126,14 +211,33 @@ async fn selftest_async(global: &Global, args: &SelftestArgs, rep: &mut Value) -
         .clone()
         .unwrap_or_else(|| dir.join("gpuslice-cuda-probe"));
     let tmp = tempfile::tempdir()?;
-    let mut cfg = Config {
+    let podres_socket = tmp.path().join("pod-resources/kubelet.sock");
+    let mut base = Config {
         plugin_dir: tmp.path().join("plugins"),
         ledger_dir: tmp.path().join("ledgers"),
         state_dir: tmp.path().join("state"),
+        board_dir: tmp.path().join("boards"),
         shim: crate::shim::find().unwrap_or_else(|_| dir.join(crate::shim::FILE)),
         ..Config::default()
     };
-    cfg.sharing.replicas = args.replicas;
+    base.ledger_cleanup.interval_seconds = 1;
+    base.ledger_cleanup.grace_seconds = 0;
+    base.ledger_cleanup.pod_resources_socket = podres_socket.clone();
+    let mut whole_cfg = Config {
+        roles: Config::parse("roles: [{gpus: others, role: whole}]")?.roles,
+        ..base.clone()
+    };
+    whole_cfg.ledger_cleanup.enabled = false;
+    let shared_cfg = Config {
+        roles: Config::parse(&format!(
+            "roles: [{{gpus: others, role: shared, replicas: {}}}]",
+            args.replicas
+        ))?
+        .roles,
+        ..base.clone()
+    };
+    rep["roles"] = json!({"whole": "roles: [{gpus: others, role: whole}]",
+        "shared": format!("roles: [{{gpus: others, role: shared, replicas: {}}}]", args.replicas)});
     let root = HostRoot::new(&global.host_root);
     let inv = discover(&root, &DiscoverOptions::default())?;
     rep["gpus"] = json!(inv
@@ -154,14 +258,19 @@ async fn selftest_async(global: &Global, args: &SelftestArgs, rep: &mut Value) -
         ok &= pass;
         rep["checks"][name] = json!({"pass": pass, "detail": detail});
     };
+    let spawn = |cfg: &Config| {
+        let mut opts = Options::new(cfg.clone(), root.clone());
+        opts.poll = Duration::from_millis(100);
+        plugin::spawn(opts)
+    };
 
-    let mut k = TestKubelet::start(&cfg.plugin_dir).await?;
+    // Phase 1: every GPU whole.
+    let mut k = TestKubelet::start(&base.plugin_dir).await?;
     let t0 = Instant::now();
-    let mut opts = Options::new(cfg.clone(), root.clone());
-    opts.poll = Duration::from_millis(100);
-    let p = plugin::spawn(opts)?;
-    let names = ["nvidia.com/gpu", "nvidia.com/gpu.shared"];
-    let regs = k.registrations_of(&names, Duration::from_secs(20)).await?;
+    let p = spawn(&whole_cfg)?;
+    let regs = k
+        .registrations_of(&["nvidia.com/gpu"], Duration::from_secs(20))
+        .await?;
     let reg: Vec<Value> = regs
         .iter()
         .map(|r| json!({"resource": r.req.resource_name, "endpoint": r.req.endpoint, "version": r.req.version, "after_ms": (r.at - t0).as_secs_f64() * 1e3}))
@@ -171,7 +280,7 @@ async fn selftest_async(global: &Global, args: &SelftestArgs, rep: &mut Value) -
 
     // ListAndWatch: the GPU with the NUMA node sysfs gives.
     let mut c = k.dial("gpuslice-gpu.sock").await?;
-    let (devs, mut stream) = first_list(&mut c).await?;
+    let (devs, _stream) = first_list(&mut c).await?;
     let sys_numa = std::fs::read_to_string(root.join(format!(
         "sys/bus/pci/devices/{}/numa_node",
         g0.pci_bus_id.to_lowercase()
@@ -195,115 +304,131 @@ async fn selftest_async(global: &Global, args: &SelftestArgs, rep: &mut Value) -
         json!({"listed": listed, "sysfs_numa_node": sys_numa}),
     );
 
-    // Allocate each kind, then run the probe with what it says.
+    let r = allocate_one(&mut c, std::slice::from_ref(&g0.uuid)).await?;
+    let run = sh(&mut run_with(global, &exe, &r, &[probe.as_os_str()]));
+    let (probe_json, probe_ok) = probe_result(&run);
+    let env_ok = r.envs.get("CUDA_VISIBLE_DEVICES") == Some(&g0.uuid)
+        && !r.envs.contains_key("GPUSLICE_MEMORY_LIMIT")
+        && r.devices
+            .iter()
+            .any(|d| d.container_path == format!("/dev/nvidia{}", g0.minor));
+    check(
+        rep,
+        "allocate_gpu",
+        env_ok && probe_ok,
+        json!({"id": g0.uuid, "allocation": allocation_json(&r), "run": run, "probe": probe_json}),
+    );
+    if args.bench_allocs > 0 {
+        rep["bench"]["allocate_gpu"] = bench_allocs(&mut c, &g0.uuid, args.bench_allocs).await?;
+    }
+    p.stop()?;
+
+    // Phase 2: every GPU shared. The whole resource is gone: no GPU is in two.
+    let podres = PodResources::start(&podres_socket).await?;
+    let p = spawn(&shared_cfg)?;
+    let names = ["nvidia.com/gpu.shared"];
+    k.registrations_of(&names, Duration::from_secs(20)).await?;
+    let served = p.state.borrow().resources.clone();
     let mut cs = k.dial("gpuslice-gpu.shared.sock").await?;
     let (sdevs, _ss) = first_list(&mut cs).await?;
-    for (kind, client, id) in [
-        ("gpu", &mut c, g0.uuid.clone()),
-        (
-            "gpu.shared",
-            &mut cs,
-            sdevs.first().map(|d| d.id.clone()).unwrap_or_default(),
-        ),
-    ] {
-        let r = allocate_one(client, std::slice::from_ref(&id)).await?;
-        let visible = r
-            .envs
-            .get("CUDA_VISIBLE_DEVICES")
-            .cloned()
-            .unwrap_or_default();
-        let mut cmd = std::process::Command::new(&exe);
-        cmd.arg("--host-root")
-            .arg(&global.host_root)
-            .args(["run", "--gpus", &visible]);
-        let mem = r.envs.get("GPUSLICE_MEMORY_LIMIT").cloned();
-        if let Some(m) = &mem {
-            cmd.args(["--memory", m]);
-        }
-        cmd.arg("--").arg(&probe);
-        let run = sh(&mut cmd);
-        let probe_json: Value = run["stdout"]
-            .as_str()
-            .and_then(|s| s.lines().last())
-            .and_then(|l| serde_json::from_str(l).ok())
-            .unwrap_or(Value::Null);
-        let probe_ok = run["rc"] == json!(0)
-            && probe_json["error"].is_null()
-            && probe_json["alloc_rc"] == json!(0);
-        let want_mem = g0
-            .memory_bytes
-            .map(|m| (m / u64::from(args.replicas)).to_string());
-        let env_ok = visible == g0.uuid
-            && (kind == "gpu" || mem == want_mem)
-            && r.devices
-                .iter()
-                .any(|d| d.container_path == format!("/dev/nvidia{}", g0.minor));
-        // The cap as NVML reports it inside the slice (informative).
-        let smi = mem.as_ref().map(|m| {
-            sh(std::process::Command::new(&exe)
-                .arg("--host-root")
-                .arg(&global.host_root)
-                .args([
-                    "run",
-                    "--gpus",
-                    &visible,
-                    "--memory",
-                    m,
-                    "--",
-                    "nvidia-smi",
-                    "--query-gpu=memory.total",
-                    "--format=csv,noheader,nounits",
-                ]))
-        });
-        check(
-            rep,
-            &format!("allocate_{kind}"),
-            env_ok && probe_ok,
-            json!({
-                "id": id,
-                "envs": r.envs,
-                "devices": r.devices.iter().map(|d| json!([d.container_path, d.host_path, d.permissions])).collect::<Vec<_>>(),
-                "mounts": r.mounts.iter().map(|m| json!([m.container_path, m.host_path, m.read_only])).collect::<Vec<_>>(),
-                "expected_memory_limit": want_mem,
-                "run": run,
-                "probe": probe_json,
-                "nvidia_smi_memory_total_mib_in_slice": smi,
-            }),
-        );
+    let all: Vec<String> = sdevs.iter().map(|d| d.id.clone()).collect();
+    let on_g0 = all.iter().filter(|i| i.starts_with(&g0.uuid)).count();
+    check(
+        rep,
+        "one_role_per_gpu",
+        !served.iter().any(|r| r == "nvidia.com/gpu") && on_g0 == args.replicas as usize,
+        json!({"resources": served, "shared_ids": all}),
+    );
+    // Two pods of one replica each, the second asked after the first got
+    // its replica: packing puts both on the first GPU.
+    let first = preferred_one(&mut cs, &all, &[], 1).await?;
+    let rest: Vec<String> = all.iter().filter(|i| !first.contains(i)).cloned().collect();
+    let second = preferred_one(&mut cs, &rest, &[], 1).await?;
+    let packed = first.len() == 1
+        && second.len() == 1
+        && first[0].starts_with(&g0.uuid)
+        && second[0].starts_with(&g0.uuid);
+    check(
+        rep,
+        "packed",
+        packed,
+        json!({"first": first, "second": second}),
+    );
+    // The kubelet lists both pods (the sweep keeps their ledger dirs).
+    podres.set(vec![
+        PodDevices::new("a", "nvidia.com/gpu.shared", &first),
+        PodDevices::new("b", "nvidia.com/gpu.shared", &second),
+    ]);
+    let ra = allocate_one(&mut cs, &first).await?;
+    let rb = allocate_one(&mut cs, &second).await?;
+    let mut runs = sh_all(vec![
+        &mut run_with(global, &exe, &ra, &[probe.as_os_str()]),
+        &mut run_with(global, &exe, &rb, &[probe.as_os_str()]),
+    ]);
+    let want_mem = g0
+        .memory_bytes
+        .map(|m| (m / u64::from(args.replicas)).to_string());
+    let mut slices = Vec::new();
+    let mut all_ok = true;
+    for (r, run) in [(&ra, runs.remove(0)), (&rb, runs.remove(0))] {
+        let (probe_json, probe_ok) = probe_result(&run);
+        let env_ok = r.envs.get("CUDA_VISIBLE_DEVICES") == Some(&g0.uuid)
+            && r.envs.get("GPUSLICE_MEMORY_LIMIT") == want_mem.as_ref();
+        all_ok &= env_ok && probe_ok;
+        slices.push(json!({"allocation": allocation_json(r), "run": run, "probe": probe_json}));
     }
-
+    // The cap as NVML reports it inside one slice (informative).
+    let smi = ra.envs.get("GPUSLICE_MEMORY_LIMIT").map(|_| {
+        let q = [
+            "nvidia-smi",
+            "--query-gpu=memory.total",
+            "--format=csv,noheader,nounits",
+        ]
+        .map(std::ffi::OsStr::new);
+        sh(&mut run_with(global, &exe, &ra, &q))
+    });
+    check(
+        rep,
+        "allocate_gpu.shared",
+        all_ok,
+        json!({"slices": slices, "expected_memory_limit": want_mem,
+               "nvidia_smi_memory_total_mib_in_slice": smi}),
+    );
+    // Both pods gone: the sweep removes their ledger dirs (no process uses them).
+    let slices: Vec<String> = [&ra, &rb]
+        .iter()
+        .filter_map(|r| r.envs.get("GPUSLICE_SLICE").cloned())
+        .collect();
+    let kept = slices.iter().all(|s| base.ledger_dir.join(s).is_dir());
+    podres.set(vec![]);
+    let t = Instant::now();
+    let gone = |p: &plugin::Handle| {
+        let st = p.state.borrow();
+        slices.iter().all(|s| st.ledgers.removed.contains(s))
+    };
+    while !gone(&p) && t.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let removed = gone(&p) && slices.iter().all(|s| !base.ledger_dir.join(s).exists());
+    check(
+        rep,
+        "ledger_cleanup",
+        kept && removed && slices.len() == 2,
+        json!({"slices": slices, "kept_while_listed": kept, "removed_after_ms": t.elapsed().as_secs_f64() * 1e3,
+               "ledgers": format!("{:?}", p.state.borrow().ledgers)}),
+    );
     if args.bench_allocs > 0 {
-        let mut b = json!({});
-        for (kind, client, id) in [
-            ("gpu", &mut c, g0.uuid.clone()),
-            (
-                "gpu.shared",
-                &mut cs,
-                sdevs.first().map(|d| d.id.clone()).unwrap_or_default(),
-            ),
-        ] {
-            let ids = [id];
-            let mut ms = Vec::with_capacity(args.bench_allocs);
-            for _ in 0..args.bench_allocs {
-                let t = Instant::now();
-                allocate_one(client, &ids).await?;
-                ms.push(t.elapsed().as_secs_f64() * 1e3);
-            }
-            let mean = ms.iter().sum::<f64>() / ms.len() as f64;
-            b[format!("allocate_{kind}")] = json!({
-                "calls": ms.len(), "mean_ms": mean, "p50_ms": pct(&mut ms, 0.5),
-                "p99_ms": pct(&mut ms, 0.99), "max_ms": pct(&mut ms, 1.0),
-            });
-        }
-        rep["bench"] = b;
+        rep["bench"]["allocate_gpu.shared"] =
+            bench_allocs(&mut cs, &first[0], args.bench_allocs).await?;
     }
+    let mut stream = first_list(&mut cs).await?.1;
     if args.restarts > 0 {
         let mut lat = Vec::new();
         for _ in 0..args.restarts {
             k.stop().await;
             tokio::time::sleep(Duration::from_millis(300)).await;
             let t = Instant::now();
-            k = TestKubelet::start(&cfg.plugin_dir).await?;
+            k = TestKubelet::start(&base.plugin_dir).await?;
             let regs = k.registrations_of(&names, Duration::from_secs(10)).await?;
             let last = regs.iter().map(|r| r.at - t).max().unwrap_or_default();
             lat.push(last.as_secs_f64() * 1e3);
@@ -315,8 +440,8 @@ async fn selftest_async(global: &Global, args: &SelftestArgs, rep: &mut Value) -
             worst <= 1000.0,
             json!({"latencies_ms": lat, "max_ms": worst, "poll_ms": 100}),
         );
-        c = k.dial("gpuslice-gpu.sock").await?;
-        stream = first_list(&mut c).await?.1;
+        cs = k.dial("gpuslice-gpu.shared.sock").await?;
+        stream = first_list(&mut cs).await?.1;
     }
 
     // Health: no event and no change for watch_secs.
@@ -343,5 +468,6 @@ async fn selftest_async(global: &Global, args: &SelftestArgs, rep: &mut Value) -
     );
     k.stop().await;
     p.stop()?;
+    podres.stop().await;
     Ok(ok)
 }

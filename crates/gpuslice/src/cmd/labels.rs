@@ -17,7 +17,7 @@ pub struct LabelsArgs {
     #[arg(long, short, value_name = "FILE", default_value = DEFAULT_FEATURES_FILE)]
     pub output: PathBuf,
 
-    /// The device plugin's YAML config: adds the sharing mode, replicas and MIG strategy, and its prefix is the default.
+    /// The device plugin's YAML config: adds each GPU's role, the sharing mode, replicas and MIG strategy, and its prefix is the default.
     #[arg(long, value_name = "FILE", env = "GPUSLICE_DEVICE_PLUGIN_CONFIG")]
     pub config: Option<PathBuf>,
 
@@ -39,7 +39,7 @@ pub fn run(global: &Global, args: &LabelsArgs) -> Result<i32> {
         &DiscoverOptions::default(),
     )?;
     let facts = labels::nvml_facts(None);
-    let l = labels::labels(&inv, &facts, cfg.as_ref(), &prefix);
+    let l = labels::labels(&inv, &facts, cfg.as_ref(), &prefix)?;
     let text = labels::render(&l);
     if args.output.as_os_str() == "-" {
         print!("{text}");
