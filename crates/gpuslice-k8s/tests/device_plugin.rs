@@ -10,8 +10,8 @@
 use fakegpu::FakeHost;
 use gpuslice_core::HostRoot;
 use gpuslice_k8s::plugin::config::Config;
-use gpuslice_k8s::plugin::testkubelet::{allocate_one, first_list, preferred_one, TestKubelet};
 use gpuslice_k8s::plugin::{spawn, Handle, Options};
+use gpuslice_testkit::kubelet::{allocate_one, first_list, preferred_one, TestKubelet};
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::OnceLock;
@@ -729,7 +729,7 @@ impl Drop for Attached {
 // server needs a runtime thread of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ledger_dirs_go_once_their_pod_is_gone_and_no_process_uses_them() {
-    use gpuslice_k8s::plugin::testkubelet::{PodDevices, PodResources};
+    use gpuslice_testkit::kubelet::{PodDevices, PodResources};
     let t = tempfile::tempdir().unwrap();
     let socket = t.path().join("pod-resources/kubelet.sock");
     let podres = PodResources::start(&socket).await.unwrap();

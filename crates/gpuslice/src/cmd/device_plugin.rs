@@ -9,10 +9,11 @@ use clap::Args;
 use gpuslice_core::discover::{discover, DiscoverOptions};
 use gpuslice_core::HostRoot;
 use gpuslice_k8s::plugin::config::Config;
-use gpuslice_k8s::plugin::testkubelet::{
-    self, allocate_one, first_list, next_list, preferred_one, PodDevices, PodResources, TestKubelet,
-};
 use gpuslice_k8s::plugin::{self, Options};
+use gpuslice_testkit::kubelet::{
+    self as testkubelet, allocate_one, first_list, next_list, preferred_one, PodDevices,
+    PodResources, TestKubelet,
+};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
