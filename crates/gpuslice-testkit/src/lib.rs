@@ -7,8 +7,23 @@
 //!   (`GPUSLICE_TEST_SKIP=1`), and then says `SKIPPED` with the reason.
 //! - [`kubelet`]: the kubelet's side of the device-plugin protocol, for
 //!   the device-plugin tests and `gpuslice device-plugin-selftest`.
+//! - Helper binaries the tests spawn ([`built`]): `gpuslice-ledger-exercise`.
 
 pub mod kubelet;
+
+use std::path::PathBuf;
+
+/// A binary of the workspace the tests spawn, built into the running test's
+/// target directory; panics with how to build it when it is missing.
+pub fn built(name: &str, package: &str) -> PathBuf {
+    let dirs = fakegpu::artifact_dirs();
+    dirs.iter()
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| {
+            panic!("{name} not found in {dirs:?}: build it with `cargo build -p {package}`")
+        })
+}
 
 /// Set to `1` to skip, outside CI, the tests this host cannot run.
 pub const SKIP_ENV: &str = "GPUSLICE_TEST_SKIP";

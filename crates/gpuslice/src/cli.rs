@@ -42,7 +42,7 @@ pub enum Command {
     Cdi(cmd::cdi::CdiCommand),
     /// Benchmarks that back gpuslice's claims.
     #[command(subcommand)]
-    Bench(cmd::bench::BenchCommand),
+    Bench(gpuslice_bench::BenchCommand),
     /// Check the host, its isolation and its Kubernetes wiring; each finding with a one-line fix (exit 0 pass, 1 warn, 2 fail).
     Doctor(cmd::doctor::DoctorArgs),
     /// SIMULATION: build a fake GPU host in DIR to try gpuslice without NVIDIA hardware (then: gpuslice --host-root DIR list).

@@ -21,9 +21,7 @@ mod binaries;
 pub mod cli;
 mod cmd;
 pub mod global;
-mod plot;
 pub mod shim;
-mod stats;
 
 pub use binaries::{exec_full, FULL_BINARY};
 use clap::{CommandFactory, Parser};
@@ -82,7 +80,14 @@ pub fn run_full(cli: &Cli) -> anyhow::Result<i32> {
         Command::Labels(args) => cmd::labels::run(g, args),
         Command::DevicePlugin(args) => cmd::device_plugin::run(g, args),
         Command::DevicePluginSelftest(args) => cmd::device_plugin::selftest(g, args),
-        Command::Bench(c) => cmd::bench::run(g, c),
+        Command::Bench(c) => gpuslice_bench::run(
+            &gpuslice_bench::Setup {
+                host_root: g.host_root.clone(),
+                json: g.json,
+                gpuslice: binaries::gpuslice_exe()?,
+            },
+            c,
+        ),
         Command::Doctor(args) => cmd::doctor::run(g, args),
         Command::Fakehost(args) => cmd::fakehost::run(g, args),
         Command::Completions { shell } => {

@@ -1,8 +1,5 @@
 //! One module per subcommand.
 
-pub mod bench;
-pub mod bench_init;
-pub mod bench_launch;
 pub mod cdi;
 pub mod device_plugin;
 pub mod doctor;
