@@ -14,6 +14,8 @@
 #   computetrace issue 5: one capped worker's bucket traced across workload and share changes (~25 s)
 #   users      issue 15: torch/jax/cupy on --gpus 0 as --user nobody, none of them see a GPU with
 #              --gpus none (root and nobody), a mknod'ed alias of /dev/nvidia0 hidden by number (~60 s)
+#   layout     issue 18: the installed shim name (libgpuslice.so) found and preloaded by
+#              `run --memory` with the real driver; bench launch from gpuslice-bench (~40 s)
 #   plugin     issues 6, 20: device plugin vs a test kubelet (v1beta1 over unix sockets): the GPU
 #              whole (register, list (NUMA), Allocate run via `gpuslice run` + the probe), then
 #              shared 4 ways (only gpu.shared served; two 1-replica requests packed onto it, both
@@ -92,6 +94,9 @@ part_users() {
     bounded 240 python3 scripts/device_users.py "$work"
     rm -f /dev/gpualias
 }
+part_layout() {
+    bounded 240 bash scripts/device_layout.sh "$work"
+}
 part_doctor() {
     # Exit 0 all pass, 1 warnings, 2 failures: the verdict is in the JSON.
     bounded 60 .device-carry/gpuslice doctor --json >"$work/doctor.json"
@@ -102,7 +107,7 @@ part_doctor() {
 # parts that finished.
 collect() {
     tar czf "$out/results.tgz" -C "$work" .
-    for f in isolation.json launch-none.json doctor.json cdi.json exporter.json plugin.json compute.json compute-diag.json compute-trace.json users.json; do
+    for f in isolation.json launch-none.json layout.json doctor.json cdi.json exporter.json plugin.json compute.json compute-diag.json compute-trace.json users.json; do
         [ -f "$work/$f" ] && cp "$work/$f" "$out/"
     done
 }
