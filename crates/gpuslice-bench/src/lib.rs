@@ -1,6 +1,7 @@
 //! `gpuslice bench`: the benchmarks that back gpuslice's claims, with
 //! their statistics (`stats.rs`), SVG plots (`plot.rs`) and the facts
-//! about the machine each result records (`host.rs`).
+//! about the machine each result records (`host.rs`); and the device
+//! plugin's self-test against a test kubelet (`plugin.rs`).
 //!
 //! The CLI (`gpuslice-full`) hands it a [`Setup`]: the benchmarks time
 //! the `gpuslice` binary users call, which this crate does not link.
@@ -13,10 +14,12 @@ mod host;
 mod init;
 mod launch;
 mod plot;
+mod plugin;
 mod stats;
 
 pub use init::InitArgs;
 pub use launch::LaunchArgs;
+pub use plugin::{selftest as plugin_selftest, SelftestArgs};
 
 use anyhow::Result;
 use clap::Subcommand;
@@ -31,6 +34,8 @@ pub struct Setup {
     pub json: bool,
     /// The `gpuslice` binary whose launches are measured.
     pub gpuslice: PathBuf,
+    /// The shim (`libgpuslice.so`) the device plugin hands to shared replicas.
+    pub shim: PathBuf,
 }
 
 #[derive(Debug, Subcommand)]

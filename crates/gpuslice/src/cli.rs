@@ -32,7 +32,7 @@ pub enum Command {
     DevicePlugin(cmd::device_plugin::DevicePluginArgs),
     /// Drive the device plugin with a test kubelet and report JSON (the GPU machine's check, benchmarks).
     #[command(hide = true)]
-    DevicePluginSelftest(cmd::device_plugin::SelftestArgs),
+    DevicePluginSelftest(gpuslice_bench::SelftestArgs),
     /// Write node labels (product, memory, driver, MIG, NVLink, sharing) as a Node Feature Discovery feature file.
     Labels(cmd::labels::LabelsArgs),
     /// Serve Prometheus metrics for GPUs (NVML) and slices (ledgers) on /metrics.
