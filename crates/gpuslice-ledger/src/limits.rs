@@ -61,9 +61,9 @@ const HEADER: &str = "gpuslice-limits 1";
 
 #[derive(Debug, thiserror::Error)]
 pub enum LimitsError {
-    #[error("{0:?} is not a memory size (e.g. 20GiB, 512MiB, 1.5GB, or bytes)")]
+    #[error("{0:?} is not a size (e.g. 20GiB, 512MiB, 1.5GB, or bytes)")]
     BadSize(String),
-    #[error("{0:?} is not a compute share in percent, in (0, 100] (e.g. 25 or 12.5)")]
+    #[error("{0:?} is not a percentage in (0, 100] (e.g. 25 or 12.5)")]
     BadShare(String),
     #[error("{0:?} is not a compute mode (cap or guaranteed)")]
     BadMode(String),
@@ -493,7 +493,7 @@ mod tests {
         assert_eq!("20GiB".parse::<MemorySize>().unwrap(), MemorySize(20 << 30));
         assert!("0".parse::<MemorySize>().is_err());
         let e = "lots".parse::<MemorySize>().unwrap_err().to_string();
-        assert!(e.contains("\"lots\" is not a memory size (e.g. 20GiB"), "{e}");
+        assert!(e.contains("\"lots\" is not a size (e.g. 20GiB"), "{e}");
         let c: ComputeShare = "12.5%".parse().unwrap();
         assert_eq!((c.basis_points(), c.to_string()), (1250, "12.5".into()));
         assert_eq!("30".parse::<ComputeShare>().unwrap().to_string(), "30");
