@@ -39,6 +39,7 @@
 //! Nothing on the reservation path allocates, locks, or makes a syscall.
 
 pub mod board;
+pub mod enforcement;
 pub mod limits;
 mod map;
 pub mod procfs;

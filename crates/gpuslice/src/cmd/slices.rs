@@ -4,6 +4,8 @@
 use std::path::Path;
 
 use anyhow::Result;
+use gpuslice_ledger::enforcement::{ProcessCheck, ProcessTable};
+use gpuslice_ledger::limits::{verify_and_read, LIMITS_FILE, USAGE_FILE};
 use gpuslice_ledger::{board, Ledger, ProcessState};
 use serde_json::{json, Value};
 
@@ -16,14 +18,27 @@ pub enum ComputeMode {
     Guaranteed,
 }
 
-fn describe(path: &Path) -> Value {
-    let ledger = match Ledger::open(path) {
+fn describe(path: &Path, table: &ProcessTable) -> Value {
+    let mut ledger = match Ledger::open(path) {
         Ok(l) => l,
         Err(e) => return json!({ "ledger": path.display().to_string(), "error": e.to_string() }),
     };
+    // A slice with a limits record: its caps and shares are the record's
+    // (the ledger's copies are the slice's to write).
+    let record = path.parent().map(|d| d.join(LIMITS_FILE)).filter(|_| {
+        path.file_name().is_some_and(|n| n == USAGE_FILE)
+    });
+    let limits = record.as_deref().map(|r| verify_and_read(r, false));
+    if let Some(Ok(l)) = &limits {
+        if let Err(e) = ledger.pin(l) {
+            return json!({ "ledger": path.display().to_string(), "error": e.to_string() });
+        }
+    }
     // Whoever reads a ledger reclaims its dead processes' bytes.
     let reaped = ledger.reap().ok();
     let s = ledger.snapshot();
+    let checks = table.check(&s.slice_id, &s);
+    let check_of = |pid: u32| checks.iter().find(|c| c.pid == pid);
     json!({
         "slice": s.slice_id,
         "ledger": path.display().to_string(),
@@ -36,6 +51,11 @@ fn describe(path: &Path) -> Value {
             "peak_bytes": d.peak,
             "refusals": d.refusals,
         })).collect::<Vec<_>>(),
+        "limits": match &limits {
+            None => json!("self-imposed (environment)"),
+            Some(Ok(_)) => json!("root's record"),
+            Some(Err(e)) => json!(format!("unusable: {e}")),
+        },
         "processes": s.processes.iter().map(|p| json!({
             "pid": p.pid,
             "name": p.comm,
@@ -45,7 +65,16 @@ fn describe(path: &Path) -> Value {
                 ProcessState::OtherNamespace => "other-pid-namespace",
             },
             "bytes": p.bytes,
+            "enforced": check_of(p.pid).map(ProcessCheck::enforced),
         })).collect::<Vec<_>>(),
+        // GPU processes of the slice (its cgroup) the shim does not hold.
+        "unenforced": checks.iter().filter(|c| c.flagged()).map(|c| json!({
+            "pid": c.pid,
+            "name": c.comm,
+            "shim_loaded": c.shim,
+            "attached": c.attached,
+        })).collect::<Vec<_>>(),
+        "attach_failures": s.attach_failures,
         "compute": s.compute.iter().map(|c| {
             let age_ns = now_ms().saturating_sub(s.created_unix_ms) as f64 * 1e6;
             json!({
@@ -91,9 +120,10 @@ fn mib(v: &Value) -> String {
 
 pub fn run(global: &Global) -> Result<i32> {
     let dir = gpuslice_ledger::ledger_dir();
+    let table = ProcessTable::scan();
     let slices: Vec<Value> = gpuslice_ledger::list_dir(&dir)
         .iter()
-        .map(|p| describe(p))
+        .map(|p| describe(p, &table))
         .collect();
     if global.json {
         println!(
@@ -158,12 +188,31 @@ pub fn run(global: &Global) -> Result<i32> {
                 .map(mib)
                 .collect();
             println!(
-                "  pid {:>7} {:<16} {:<10} {}",
+                "  pid {:>7} {:<16} {:<10} {}{}",
                 p["pid"],
                 p["name"].as_str().unwrap_or(""),
                 p["state"].as_str().unwrap_or(""),
-                bytes.join(" ")
+                bytes.join(" "),
+                if p["enforced"] == true { "  enforced" } else { "" }
             );
+        }
+        for p in s["unenforced"].as_array().into_iter().flatten() {
+            println!(
+                "  pid {:>7} {:<16} NOT ENFORCED: a GPU process of the slice {}",
+                p["pid"],
+                p["name"].as_str().unwrap_or(""),
+                if p["shim_loaded"] == true {
+                    "that could not join the ledger"
+                } else {
+                    "without the shim"
+                }
+            );
+        }
+        if let Some(n) = s["attach_failures"].as_u64().filter(|&n| n > 0) {
+            println!("  {n} process(es) could not join the ledger: their CUDA initialisation failed");
+        }
+        if let Some(l) = s["limits"].as_str().filter(|l| l.starts_with("unusable")) {
+            println!("  limits {l}");
         }
     }
     Ok(0)
