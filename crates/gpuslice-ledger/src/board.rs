@@ -175,8 +175,13 @@ pub fn publish_share(dir: &Path, uuid: &str, key: u64, share_bp: u64) -> io::Res
             )));
         }
     }
-    std::fs::write(&record, format!("{share_bp}
-"))?;
+    std::fs::write(
+        &record,
+        format!(
+            "{share_bp}
+"
+        ),
+    )?;
     std::fs::set_permissions(&record, std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
     Ok(record)
 }
@@ -205,7 +210,10 @@ pub fn root_share(dir: &Path, uuid: &str, key: u64) -> Option<u64> {
     }
     let mut text = String::new();
     f.read_to_string(&mut text).ok()?;
-    text.trim().parse().ok().filter(|&bp| bp <= crate::FULL_SHARE)
+    text.trim()
+        .parse()
+        .ok()
+        .filter(|&bp| bp <= crate::FULL_SHARE)
 }
 
 impl Board {

@@ -144,10 +144,7 @@ mod tests {
         let l = crate::Ledger::create(&dir.path().join("s.ledger"), "s", &[]).unwrap();
         let slot = l.attach().unwrap();
         let found = ProcessTable::scan().check("no-such-cgroup", &l.snapshot());
-        let me = found
-            .iter()
-            .find(|p| p.pid == std::process::id())
-            .unwrap();
+        let me = found.iter().find(|p| p.pid == std::process::id()).unwrap();
         assert!(me.attached && !me.shim && !me.enforced());
         l.detach(slot);
     }

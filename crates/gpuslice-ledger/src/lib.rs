@@ -1195,7 +1195,8 @@ impl Ledger {
                 }
             }
         }
-        (tokens.load(Ordering::Acquire) as i64).min(self.compute_burst(dev).min(i64::MAX as u64) as i64)
+        (tokens.load(Ordering::Acquire) as i64)
+            .min(self.compute_burst(dev).min(i64::MAX as u64) as i64)
     }
 
     /// Draws `ns` of GPU time from `dev`'s bucket (a negative value gives

@@ -137,7 +137,12 @@ impl FromStr for ComputeShare {
     /// `25`, `12.5`, `50%`.
     fn from_str(s: &str) -> Result<Self, LimitsError> {
         let bad = || LimitsError::BadShare(s.to_string());
-        let v: f64 = s.trim().trim_end_matches('%').trim().parse().map_err(|_| bad())?;
+        let v: f64 = s
+            .trim()
+            .trim_end_matches('%')
+            .trim()
+            .parse()
+            .map_err(|_| bad())?;
         if !(v > 0.0 && v <= 100.0) {
             return Err(bad());
         }
@@ -281,9 +286,15 @@ impl SliceLimits {
                     }
                     let memory = match *mem {
                         "unlimited" => None,
-                        m => Some(m.parse::<u64>().ok().filter(|&b| b > 0).map(MemorySize).ok_or_else(
-                            || bad(n, format!("memory {m:?} is not a number of bytes")),
-                        )?),
+                        m => Some(
+                            m.parse::<u64>()
+                                .ok()
+                                .filter(|&b| b > 0)
+                                .map(MemorySize)
+                                .ok_or_else(|| {
+                                    bad(n, format!("memory {m:?} is not a number of bytes"))
+                                })?,
+                        ),
                     };
                     let compute = match bp.parse::<u64>() {
                         Ok(0) => None,
@@ -293,7 +304,11 @@ impl SliceLimits {
                         Err(_) => return Err(bad(n, format!("compute_bp {bp:?} is not a number"))),
                     };
                     limits.devices.push(DeviceLimits {
-                        uuid: if *uuid == "-" { String::new() } else { uuid.to_string() },
+                        uuid: if *uuid == "-" {
+                            String::new()
+                        } else {
+                            uuid.to_string()
+                        },
                         memory,
                         compute,
                     });
@@ -324,7 +339,8 @@ impl SliceLimits {
         let result = (|| {
             write_file_atomically(&paths.limits, self.render().as_bytes(), 0o644)
                 .map_err(io(&paths.limits))?;
-            let ledger = crate::Ledger::create(&paths.usage, &self.slice_id, &self.ledger_devices())?;
+            let ledger =
+                crate::Ledger::create(&paths.usage, &self.slice_id, &self.ledger_devices())?;
             for (d, dev) in self.devices.iter().enumerate() {
                 if let Some(c) = dev.compute {
                     ledger.set_compute(d, c.basis_points(), crate::DEFAULT_BURST_NS)?;
@@ -515,12 +531,20 @@ mod tests {
         assert!(env.contains(&("GPUSLICE_COMPUTE_LIMIT".into(), "12.5".into())));
         for (bad, want) in [
             ("nope\n", "line 1"),
-            ("gpuslice-limits 1\nslice a\ndevice G memory 0 compute_bp 0\n", "line 3"),
-            ("gpuslice-limits 1\nslice a\ndevice G memory 1 compute_bp 10001\n", "10001"),
+            (
+                "gpuslice-limits 1\nslice a\ndevice G memory 0 compute_bp 0\n",
+                "line 3",
+            ),
+            (
+                "gpuslice-limits 1\nslice a\ndevice G memory 1 compute_bp 10001\n",
+                "10001",
+            ),
             ("gpuslice-limits 1\nslice a\ncap 9\n", "unknown line"),
             ("gpuslice-limits 1\n", "no valid `slice`"),
         ] {
-            let e = SliceLimits::parse(bad, Path::new("/r/limits")).unwrap_err().to_string();
+            let e = SliceLimits::parse(bad, Path::new("/r/limits"))
+                .unwrap_err()
+                .to_string();
             assert!(e.contains("/r/limits") && e.contains(want), "{bad:?}: {e}");
         }
     }
@@ -543,14 +567,20 @@ mod tests {
         if nix_is_root() {
             assert_eq!(verify_and_read(&paths.limits, false).unwrap(), sample());
             // A tmpdir is not a read-only mount.
-            let e = verify_and_read(&paths.limits, true).unwrap_err().to_string();
+            let e = verify_and_read(&paths.limits, true)
+                .unwrap_err()
+                .to_string();
             assert!(e.contains("its mount is writable"), "{e}");
             fs::set_permissions(&paths.limits, fs::Permissions::from_mode(0o666)).unwrap();
-            let e = verify_and_read(&paths.limits, false).unwrap_err().to_string();
+            let e = verify_and_read(&paths.limits, false)
+                .unwrap_err()
+                .to_string();
             assert!(e.contains("mode 666"), "{e}");
             fs::set_permissions(&paths.limits, fs::Permissions::from_mode(0o644)).unwrap();
             std::os::unix::fs::chown(&paths.limits, Some(65534), None).unwrap();
-            let e = verify_and_read(&paths.limits, false).unwrap_err().to_string();
+            let e = verify_and_read(&paths.limits, false)
+                .unwrap_err()
+                .to_string();
             assert!(e.contains("owned by uid 65534"), "{e}");
         }
         paths.remove();

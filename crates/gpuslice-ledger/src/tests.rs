@@ -476,11 +476,15 @@ fn a_pinned_ledger_ignores_caps_shares_and_tokens_written_into_the_file() {
     l.dev(0, D_CAP).store(8 * GIB, Ordering::SeqCst);
     l.cword(0, C_SHARE).store(FULL_SHARE, Ordering::SeqCst);
     l.cword(0, C_BURST).store(u64::MAX / 2, Ordering::SeqCst);
-    l.cword(0, C_TOKENS).store(i64::MAX as u64, Ordering::SeqCst);
+    l.cword(0, C_TOKENS)
+        .store(i64::MAX as u64, Ordering::SeqCst);
     assert_eq!(l.cap(0), 8 * GIB, "the unpinned view reads the file");
     let slot = pinned.attach().unwrap();
     assert!(pinned.reserve(slot, 0, GIB).is_ok());
-    assert!(pinned.reserve(slot, 0, 1).is_err(), "the record's cap holds");
+    assert!(
+        pinned.reserve(slot, 0, 1).is_err(),
+        "the record's cap holds"
+    );
     assert_eq!(pinned.compute_share(0), 3000);
     assert_eq!(pinned.compute_burst(0), DEFAULT_BURST_NS);
     // Forged tokens are worth one bucket at most.

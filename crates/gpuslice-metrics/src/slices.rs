@@ -46,7 +46,11 @@ pub fn collect(dir: &Path, inv: Option<&Inventory>, out: &mut Sample) -> usize {
                     ("pid", c.pid.to_string()),
                     ("comm", c.comm.clone()),
                 ];
-                out.push(m::SLICE_PROC_ENFORCED, &l, f64::from(u8::from(c.enforced())));
+                out.push(
+                    m::SLICE_PROC_ENFORCED,
+                    &l,
+                    f64::from(u8::from(c.enforced())),
+                );
             }
         }
         let procs = snap

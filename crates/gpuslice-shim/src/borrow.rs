@@ -243,11 +243,13 @@ impl Seat {
             let claimed = other.map_or(0, |o| o.share_bp);
             demand += match &self.root_shares {
                 None => slice_demand(smoothed, claimed),
-                Some((dir, uuid)) => match root_share_of(&mut w.roots[s], dir, uuid, now_seen.0, now) {
-                    // Never more than root gave it, whatever it claims.
-                    Some(root) => slice_demand(smoothed, root).min(root),
-                    None => 0,
-                },
+                Some((dir, uuid)) => {
+                    match root_share_of(&mut w.roots[s], dir, uuid, now_seen.0, now) {
+                        // Never more than root gave it, whatever it claims.
+                        Some(root) => slice_demand(smoothed, root).min(root),
+                        None => 0,
+                    }
+                }
             };
         }
         if start == 0 {
@@ -442,7 +444,11 @@ mod tests {
         };
         assert_eq!(window(5, 0), 3000);
         for w in 6..12 {
-            assert_eq!(window(w, 20), 3000, "window {w}: forged slots moved a capped slice");
+            assert_eq!(
+                window(w, 20),
+                3000,
+                "window {w}: forged slots moved a capped slice"
+            );
         }
         // A real slice b with a root-written 70 %, busy: a is scaled to
         // 90 % / (30 + 70) of its share, never lower, forged slots or not.
@@ -463,7 +469,10 @@ mod tests {
         // capped slice goes back to its share, never above it.
         for w in 20..40 {
             // As an attacker would: straight into the (world-writable) file.
-            let f = std::fs::OpenOptions::new().write(true).open(board.path()).unwrap();
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(board.path())
+                .unwrap();
             for &s in forged.iter().chain([&bslot]) {
                 std::os::unix::fs::FileExt::write_at(&f, &[0u8; 8], (64 + s * 64 + 24) as u64)
                     .unwrap();

@@ -45,7 +45,9 @@ pub struct Config {
 /// Parses a percentage (`25`, `12.5`, `50%`) into basis points, 1..=10000.
 #[cfg(test)]
 fn parse_percent(text: &str) -> Option<u64> {
-    text.parse::<ComputeShare>().ok().map(ComputeShare::basis_points)
+    text.parse::<ComputeShare>()
+        .ok()
+        .map(ComputeShare::basis_points)
 }
 
 impl Config {

@@ -87,7 +87,11 @@ impl Shim {
     /// through uncapped; CUDA initialisation fails.
     fn closed(cfg: Config, why: String) -> Shim {
         let why = format!("{why}; CUDA is refused in this slice (fails closed)");
-        log_line(&why);
+        // Said by cuInit (every process of the slice loads the shim; most
+        // never use CUDA).
+        if cfg.log {
+            log_line(&why);
+        }
         Shim {
             ledger: None,
             memory_active: false,
@@ -123,7 +127,11 @@ impl Shim {
             .iter()
             .enumerate()
             .map(|(i, d)| match d.uuid.is_empty() {
-                true => cfg.nvml.get(i).cloned().unwrap_or(NvmlMatch::Index(i as u32)),
+                true => cfg
+                    .nvml
+                    .get(i)
+                    .cloned()
+                    .unwrap_or(NvmlMatch::Index(i as u32)),
                 false => NvmlMatch::Uuid(d.uuid.clone()),
             })
             .collect();

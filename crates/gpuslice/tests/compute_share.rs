@@ -118,7 +118,10 @@ fn a_guaranteed_share_runs_past_it_while_the_gpu_is_idle() {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     boards.sort();
-    assert_eq!(boards, [format!("{}.board", h.gpus()[0].uuid), "shares".into()]);
+    assert_eq!(
+        boards,
+        [format!("{}.board", h.gpus()[0].uuid), "shares".into()]
+    );
     // The root-written share record went with the slice.
     let shares = ledgers.path().join("boards/shares").join(&h.gpus()[0].uuid);
     assert_eq!(std::fs::read_dir(&shares).unwrap().count(), 0, "{shares:?}");

@@ -25,9 +25,10 @@ fn describe(path: &Path, table: &ProcessTable) -> Value {
     };
     // A slice with a limits record: its caps and shares are the record's
     // (the ledger's copies are the slice's to write).
-    let record = path.parent().map(|d| d.join(LIMITS_FILE)).filter(|_| {
-        path.file_name().is_some_and(|n| n == USAGE_FILE)
-    });
+    let record = path
+        .parent()
+        .map(|d| d.join(LIMITS_FILE))
+        .filter(|_| path.file_name().is_some_and(|n| n == USAGE_FILE));
     let limits = record.as_deref().map(|r| verify_and_read(r, false));
     if let Some(Ok(l)) = &limits {
         if let Err(e) = ledger.pin(l) {
@@ -193,7 +194,11 @@ pub fn run(global: &Global) -> Result<i32> {
                 p["name"].as_str().unwrap_or(""),
                 p["state"].as_str().unwrap_or(""),
                 bytes.join(" "),
-                if p["enforced"] == true { "  enforced" } else { "" }
+                if p["enforced"] == true {
+                    "  enforced"
+                } else {
+                    ""
+                }
             );
         }
         for p in s["unenforced"].as_array().into_iter().flatten() {
@@ -209,7 +214,9 @@ pub fn run(global: &Global) -> Result<i32> {
             );
         }
         if let Some(n) = s["attach_failures"].as_u64().filter(|&n| n > 0) {
-            println!("  {n} process(es) could not join the ledger: their CUDA initialisation failed");
+            println!(
+                "  {n} process(es) could not join the ledger: their CUDA initialisation failed"
+            );
         }
         if let Some(l) = s["limits"].as_str().filter(|l| l.starts_with("unusable")) {
             println!("  limits {l}");
