@@ -256,9 +256,21 @@ fn shown_shares(shares: &[u64]) -> String {
 
 /// The usage ledger of a slice with a limits record: it must open
 /// read-write (this process joins it), match the record, and is pinned to
-/// it (caps and shares from the record, never from the file).
+/// it (caps and shares from the record, never from the file). Missing, it
+/// is created (a CDI container's first process).
 fn open_recorded(limits: &SliceLimits, usage: &Path) -> Result<Ledger, String> {
-    let mut ledger = Ledger::open(usage).map_err(|e| e.to_string())?;
+    // A CDI spec can mount the record but not make a ledger per container:
+    // the first process makes it in the container's own (tmpfs) slice
+    // directory. Everywhere else root made it.
+    let mut ledger = match Ledger::open(usage) {
+        Err(gpuslice_ledger::Error::Io { source, .. })
+            if source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            Ledger::open_or_create(usage, &limits.slice_id, &limits.ledger_devices())
+        }
+        other => other,
+    }
+    .map_err(|e| e.to_string())?;
     if !ledger.writable() {
         return Err(format!(
             "the slice's usage ledger {} is read-only for this process (uid {})",
