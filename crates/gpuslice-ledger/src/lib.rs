@@ -328,7 +328,8 @@ pub struct Ledger {
 /// This process's copy of a slice's limits (see [`Ledger::pin`]).
 struct Pinned {
     caps: [u64; MAX_DEVICES],
-    shares: [u64; MAX_DEVICES],
+    /// Root may change a live slice's shares ([`Ledger::repin_shares`]).
+    shares: [AtomicU64; MAX_DEVICES],
 }
 
 /// `$GPUSLICE_LEDGER_DIR`, else [`DEFAULT_DIR`].
@@ -668,14 +669,27 @@ impl Ledger {
         }
         let mut p = Pinned {
             caps: [UNLIMITED; MAX_DEVICES],
-            shares: [0; MAX_DEVICES],
+            shares: [const { AtomicU64::new(0) }; MAX_DEVICES],
         };
         for (i, d) in limits.devices.iter().enumerate() {
             p.caps[i] = d.cap_bytes();
-            p.shares[i] = d.share_bp();
+            p.shares[i] = AtomicU64::new(d.share_bp());
         }
         self.pinned = Some(Box::new(p));
         Ok(())
+    }
+
+    /// Takes the shares of a re-read limits record (root changed a live
+    /// slice's share); the caps stay as pinned. Ignored unless pinned and
+    /// of the same devices.
+    pub fn repin_shares(&self, limits: &limits::SliceLimits) {
+        if let Some(p) = &self.pinned {
+            if limits.devices.len() == self.device_count {
+                for (i, d) in limits.devices.iter().enumerate() {
+                    p.shares[i].store(d.share_bp(), Ordering::Relaxed);
+                }
+            }
+        }
     }
 
     /// Whether caps and shares come from a limits record ([`Ledger::pin`]).
@@ -1109,7 +1123,7 @@ impl Ledger {
             return 0;
         }
         match &self.pinned {
-            Some(p) => p.shares[dev],
+            Some(p) => p.shares[dev].load(Ordering::Relaxed),
             None => self.cword(dev, C_SHARE).load(Ordering::Relaxed),
         }
     }

@@ -46,6 +46,9 @@ pub struct Shim {
     /// Why this process must not use CUDA (a capped slice whose records
     /// are unusable): `cuInit` fails with this.
     pub closed: Option<String>,
+    /// The limits record, and whether it must be on a read-only mount
+    /// (re-read for live share changes, [`refresh_shares`]).
+    pub record: Option<(std::path::PathBuf, bool)>,
 }
 
 static SHIM: OnceLock<Shim> = OnceLock::new();
@@ -76,7 +79,12 @@ impl Shim {
         match limits::locate(cfg.slice_dir.as_deref()) {
             Located::None => Self::self_imposed(cfg),
             Located::Slice { limits, paths } => match open_recorded(&limits, &paths.usage) {
-                Ok(ledger) => Self::recorded(cfg, limits, ledger),
+                Ok(ledger) => {
+                    let fixed = paths == limits::RecordPaths::in_slice();
+                    let mut s = Self::recorded(cfg, limits, ledger);
+                    s.record = Some((paths.limits, fixed));
+                    s
+                }
                 Err(why) => Self::closed(cfg, why),
             },
             Located::Broken(e) => Self::closed(cfg, e.to_string()),
@@ -104,6 +112,7 @@ impl Shim {
             nvml: cfg.nvml,
             recorded: true,
             closed: Some(why),
+            record: None,
         }
     }
 
@@ -157,6 +166,7 @@ impl Shim {
             nvml,
             recorded: true,
             closed: None,
+            record: None,
         }
     }
 
@@ -227,6 +237,7 @@ impl Shim {
             nvml: cfg.nvml,
             recorded: false,
             closed: None,
+            record: None,
         }
     }
 
@@ -281,6 +292,33 @@ fn open_recorded(limits: &SliceLimits, usage: &Path) -> Result<Ledger, String> {
     }
     ledger.pin(limits).map_err(|e| e.to_string())?;
     Ok(ledger)
+}
+
+static RECORD_READ_NS: AtomicU64 = AtomicU64::new(0);
+/// How often a live slice's limits record is re-read for share changes.
+const RECORD_RECHECK_NS: u64 = 250_000_000;
+
+/// Root may change a live slice's compute shares by rewriting its limits
+/// record in place (the slice cannot: it is read-only there). Called by
+/// the compute gate; re-reads and re-verifies the record at most every
+/// [`RECORD_RECHECK_NS`] (one thread does; the others go on). Caps are
+/// not changed live.
+pub fn refresh_shares(now_ns: u64) {
+    let s = shim();
+    let (Some((path, need_ro)), Some(ledger)) = (&s.record, &s.ledger) else {
+        return;
+    };
+    let last = RECORD_READ_NS.load(Ordering::Relaxed);
+    if now_ns.saturating_sub(last) < RECORD_RECHECK_NS
+        || RECORD_READ_NS
+            .compare_exchange(last, now_ns, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+    {
+        return;
+    }
+    if let Ok(l) = limits::verify_and_read(path, *need_ro) {
+        ledger.repin_shares(&l);
+    }
 }
 
 /// `cuInit`'s verdict: None to go on to the driver, else why not. In a
