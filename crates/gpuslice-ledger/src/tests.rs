@@ -492,6 +492,13 @@ fn a_pinned_ledger_ignores_caps_shares_and_tokens_written_into_the_file() {
         pinned.compute_tokens(0, 5_000_000_000),
         DEFAULT_BURST_NS as i64
     );
+    // Root rewrote the record with another share: the caps stay pinned.
+    let mut halved = limits.clone();
+    halved.devices[0].compute = limits::ComputeShare::from_basis_points(1500);
+    halved.devices[0].memory = Some(limits::MemorySize(8 * GIB));
+    pinned.repin_shares(&halved);
+    assert_eq!(pinned.compute_share(0), 1500);
+    assert_eq!(pinned.cap(0), GIB);
     // A record for another geometry is refused.
     let mut other = Ledger::open(&path).unwrap();
     let mut two = limits.clone();
