@@ -136,7 +136,7 @@ fn mask(m: &Path, visible: &[PathBuf], staging: &Path) -> io::Result<()> {
         }
         let stage = staging.join(format!(".keep-{i}"));
         fs::create_dir(&stage).map_err(|e| ctx(e, "create", &stage))?;
-        bind_tree(v, &stage)?;
+        crate::devfs::bind_from(v, &stage)?;
         kept.push((stage, m.join(rel)));
     }
     mount(
@@ -149,20 +149,9 @@ fn mask(m: &Path, visible: &[PathBuf], staging: &Path) -> io::Result<()> {
     .map_err(|e| ctx(e.into(), "mask", m))?;
     for (stage, at) in &kept {
         fs::create_dir_all(at).map_err(|e| ctx(e, "create", at))?;
-        bind_tree(stage, at)?;
+        crate::devfs::bind_from(stage, at)?;
     }
     remount_read_only(m)
-}
-
-fn bind_tree(source: &Path, target: &Path) -> io::Result<()> {
-    mount(
-        Some(source),
-        target,
-        None::<&str>,
-        MsFlags::MS_BIND | MsFlags::MS_REC,
-        None::<&str>,
-    )
-    .map_err(|e| ctx(e.into(), "bind-mount onto", target))
 }
 
 /// Binds `source` on `target`, then sets `flags` on the new mount (a bind
