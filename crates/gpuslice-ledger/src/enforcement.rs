@@ -1,5 +1,5 @@
 //! Proof that a slice's limits are applied: per process of the slice,
-//! whether it uses the GPU, has the shim loaded and has joined the
+//! whether it uses the GPU, has the shim (`libgpuslice*.so`) loaded and has joined the
 //! slice's ledger. A GPU process of the slice without both is *not
 //! enforced* (a static binary, a program with its own driver, one moved
 //! into the slice's cgroup from outside) and is flagged by `gpuslice
@@ -84,7 +84,8 @@ impl ProcessTable {
                     pid,
                     comm: comm.trim().to_string(),
                     gpu: maps_library(&maps, "libcuda.so") || holds_nvidia_node(pid),
-                    shim: maps_library(&maps, "libgpuslice.so"),
+                    // Installed as libgpuslice.so; libgpuslice_shim.so in a build tree.
+                    shim: maps_library(&maps, "libgpuslice"),
                     attached: attached.contains(&pid),
                 })
             })

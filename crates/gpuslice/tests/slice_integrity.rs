@@ -21,7 +21,8 @@ use fakegpu::FakeHost;
 use serde_json::Value;
 
 mod common;
-use common::{client, gpuslice, slices_json, slices_text, GPUSLICE};
+use common::slice::{client, gpuslice, slices_json, slices_text};
+use common::GPUSLICE;
 
 const MIB: u64 = 1 << 20;
 const CAP: &str = "100MiB";
@@ -311,7 +312,11 @@ fn a_gpu_process_of_the_slice_without_the_shim_is_flagged() {
     // links its libcuda.so.1 to the fake driver's own file name, so give
     // this process a copy under the real kind of name.
     let libdir = tempfile::tempdir().unwrap();
-    std::fs::copy(h.cuda_lib(), libdir.path().join("libcuda.so.1")).unwrap();
+    std::fs::copy(
+        h.driver_lib_dir().join("libcuda.so.1"),
+        libdir.path().join("libcuda.so.1"),
+    )
+    .unwrap();
     let mut escaped = Kill(
         Command::new(&c)
             .args(["hold", "1000"])
