@@ -224,6 +224,17 @@ fn a_broken_ledger_fails_closed() {
             "layout version 9",
         ),
         (format!("truncate -s 4096 {usage}"), "corrupt"),
+        // Every process slot taken (by live processes of another pid
+        // namespace, which are never reclaimed from here).
+        (
+            format!(
+                "printf '\\002\\000\\000\\000\\001\\000\\000\\000' > /tmp/gs-$$; head -c 8 /dev/zero >> /tmp/gs-$$; \
+                 printf '\\071\\060\\000\\000\\000\\000\\000\\000' >> /tmp/gs-$$; head -c 296 /dev/zero >> /tmp/gs-$$; \
+                 for i in $(seq 1024); do cat /tmp/gs-$$; done > /tmp/gs-$$.all; \
+                 dd if=/tmp/gs-$$.all of={usage} bs=4352 seek=1 conv=notrunc 2>/dev/null; rm -f /tmp/gs-$$ /tmp/gs-$$.all"
+            ),
+            "process slots of the ledger are in use",
+        ),
         // The ledger is fine, but this process may not write it.
         (
             format!("chmod 0644 {usage}; exec setpriv --reuid=65534 --regid=65534 --clear-groups"),
