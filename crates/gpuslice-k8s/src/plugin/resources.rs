@@ -325,7 +325,10 @@ impl Plan {
             // Made afresh, root-only (prepare's directory is empty).
             let _ = std::fs::remove_dir(&dir);
             limits.write_records(&dir).map_err(|e| {
-                BadRequest(format!("cannot write the slice's records in {}: {e}", dir.display()))
+                BadRequest(format!(
+                    "cannot write the slice's records in {}: {e}",
+                    dir.display()
+                ))
             })?
         };
         let at = |name: &str| format!("{SLICE_DIR}/{name}");
