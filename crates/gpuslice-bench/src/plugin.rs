@@ -98,7 +98,7 @@ fn run_with(
     cmd.arg("--host-root")
         .arg(&setup.host_root)
         .args(["run", "--gpus", &visible]);
-    if let Some(m) = r.envs.get("GPUSLICE_MEMORY_LIMIT") {
+    if let Some(m) = r.envs.get(&memory_env()) {
         cmd.args(["--memory", m]);
     }
     cmd.arg("--").args(what);
@@ -276,7 +276,7 @@ async fn selftest_async(setup: &Setup, args: &SelftestArgs, rep: &mut Value) -> 
     let run = sh(&mut run_with(setup, &exe, &r, &[probe.as_os_str()]));
     let (probe_json, probe_ok) = probe_result(&run);
     let env_ok = r.envs.get("CUDA_VISIBLE_DEVICES") == Some(&g0.uuid)
-        && !r.envs.contains_key("GPUSLICE_MEMORY_LIMIT")
+        && !r.envs.contains_key(&memory_env())
         && r.devices
             .iter()
             .any(|d| d.container_path == format!("/dev/nvidia{}", g0.minor));
@@ -341,12 +341,12 @@ async fn selftest_async(setup: &Setup, args: &SelftestArgs, rep: &mut Value) -> 
     for (r, run) in [(&ra, runs.remove(0)), (&rb, runs.remove(0))] {
         let (probe_json, probe_ok) = probe_result(&run);
         let env_ok = r.envs.get("CUDA_VISIBLE_DEVICES") == Some(&g0.uuid)
-            && r.envs.get("GPUSLICE_MEMORY_LIMIT") == want_mem.as_ref();
+            && r.envs.get(&memory_env()) == want_mem.as_ref();
         all_ok &= env_ok && probe_ok;
         slices.push(json!({"allocation": allocation_json(r), "run": run, "probe": probe_json}));
     }
     // The cap as NVML reports it inside one slice (informative).
-    let smi = ra.envs.get("GPUSLICE_MEMORY_LIMIT").map(|_| {
+    let smi = ra.envs.get(&memory_env()).map(|_| {
         let q = [
             "nvidia-smi",
             "--query-gpu=memory.total",
@@ -438,4 +438,10 @@ async fn selftest_async(setup: &Setup, args: &SelftestArgs, rep: &mut Value) -> 
     p.stop()?;
     podres.stop().await;
     Ok(ok)
+}
+
+/// The variable a replica's cap of ordinal 0 is told in (the slice
+/// contract's spelling; the shim reads the limits record, not this).
+fn memory_env() -> String {
+    format!("{}_0", gpuslice_ledger::limits::ENV_MEMORY)
 }

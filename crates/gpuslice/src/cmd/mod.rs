@@ -8,5 +8,6 @@ pub mod fakehost;
 pub mod labels;
 pub mod list;
 pub mod run;
+pub mod slice_setup;
 pub mod slices;
 pub mod tenant;
