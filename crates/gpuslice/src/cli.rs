@@ -106,9 +106,21 @@ pub struct RunArgs {
     #[arg(long, value_enum)]
     pub isolation: Option<IsolationArg>,
 
-    /// Also stop a root child from undoing the isolation (drops CAP_SYS_ADMIN, CAP_MKNOD, … and sets no_new_privs).
-    #[arg(long)]
+    /// Keep no capability at all (a root command is uid 0 without any), on top of the default confinement.
+    #[arg(long, conflicts_with = "privileged")]
     pub strict: bool,
+
+    /// Run as full root with every capability, no seccomp filter, no PID or cgroup namespace and the caller's descriptors: NOT a security boundary (the command can undo the GPU isolation).
+    #[arg(long)]
+    pub privileged: bool,
+
+    /// PID namespace: `private` (default) gives the slice its own /proc and an init; `host` shares the host's.
+    #[arg(long, value_enum, value_name = "MODE", default_value = "private")]
+    pub pid: PidMode,
+
+    /// Pass descriptors 3 .. 3+N on to the command (as runc); all others are closed.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub preserve_fds: u32,
 
     /// Device cgroup to use [default: v2 when mounted, else v1].
     #[arg(long, value_enum, value_name = "VERSION")]
@@ -139,6 +151,13 @@ pub struct RunArgs {
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<OsString>,
+}
+
+/// `run --pid`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PidMode {
+    Private,
+    Host,
 }
 
 /// `run --compute-mode`.

@@ -1,6 +1,6 @@
 //! `gpuslice run`: a command that can reach only the selected GPUs.
 
-use crate::cli::{CgroupVersion, Cli, IsolationArg, RunArgs};
+use crate::cli::{CgroupVersion, Cli, IsolationArg, PidMode, RunArgs};
 use anyhow::{anyhow, Context, Result};
 use gpuslice_core::discover::cache::discover_cached;
 use gpuslice_core::discover::DiscoverOptions;
@@ -9,6 +9,7 @@ use gpuslice_isolate::cgroup::{new_slice_id, CgroupDriver, Version};
 use gpuslice_isolate::devfs::NodeMode;
 use gpuslice_isolate::driver_proc::params_without_modify;
 use gpuslice_isolate::launcher::{launch, ChildCommand, SandboxPlan, SignalGuard};
+use gpuslice_isolate::privileges::Privileges;
 use gpuslice_isolate::Isolation;
 use std::ffi::{CString, OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
@@ -22,8 +23,17 @@ const SLICE_ENV: &[&str] = &[
 ];
 
 pub fn run(cli: &Cli, args: &RunArgs) -> Result<i32> {
+    // Before anything opens a descriptor that could fill a gap among them.
+    gpuslice_isolate::fds::check_preserved(args.preserve_fds)?;
     // Before discovery, which may load NVML and with it threads.
     let signals = SignalGuard::block()?;
+    if args.privileged {
+        eprintln!(
+            "gpuslice: WARNING: --privileged: the command runs as full root (every capability, \
+             no seccomp filter, no PID or cgroup namespace, writable /sys); it can undo the GPU \
+             isolation and reach other slices. This is NOT a security boundary."
+        );
+    }
     let root = HostRoot::new(&cli.host_root);
     let started = std::time::Instant::now();
     let inv = discover_for_run(&root, &args.gpus)?;
@@ -41,7 +51,8 @@ pub fn run(cli: &Cli, args: &RunArgs) -> Result<i32> {
         params_overlay = plan.params_overlay.is_some(),
         masked = plan.masked_gpus.len(),
         cgroup = ?plan.cgroup,
-        strict = plan.strict,
+        privileges = ?plan.privileges,
+        pid_namespace = plan.pid_namespace,
         "isolation layers"
     );
     let cmd = ChildCommand {
@@ -117,8 +128,9 @@ fn plan(
     let policy = DevicePolicy::for_selection(inv, sel);
     // The mount-namespace layers hide nodes: when the selection leaves no
     // node of this host out (every GPU, no MIG left over), they would hide
-    // nothing, and a namespace costs ~0.5 ms to make and tear down. The
-    // device cgroup stays: it also refuses GPU nodes that appear later.
+    // nothing, and are left out. The device cgroup stays: it also refuses
+    // GPU nodes that appear later. A confined command still gets a mount
+    // namespace, for its /proc and a read-only /sys (SandboxPlan).
     let hides = !policy.denies_nothing_known();
     let isolation = if hides {
         isolation
@@ -150,7 +162,14 @@ fn plan(
     } else {
         None
     };
-    let user_namespace = rootless && (isolation.private_dev() || params_overlay.is_some());
+    let privileges = match (args.privileged, args.strict) {
+        (true, _) => Privileges::Privileged,
+        (false, true) => Privileges::Strict,
+        (false, false) => Privileges::Default,
+    };
+    let pid_namespace = privileges.confined() && args.pid == PidMode::Private;
+    let user_namespace = rootless
+        && (isolation.private_dev() || params_overlay.is_some() || privileges.confined());
     Ok(SandboxPlan {
         root: root.clone(),
         policy,
@@ -163,7 +182,11 @@ fn plan(
         params_overlay,
         masked_gpus,
         cgroup,
-        strict: args.strict,
+        privileges,
+        // Unshared by the launcher, which needs root for it; a non-root
+        // caller's command shares the host's (docs/security.md).
+        pid_namespace: pid_namespace && !rootless,
+        preserve_fds: args.preserve_fds,
     })
 }
 
