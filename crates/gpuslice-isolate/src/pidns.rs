@@ -53,7 +53,7 @@ pub fn mount_proc() -> io::Result<()> {
 pub fn supervise(command: Pid, signals: &SigSet) -> i32 {
     // Without a signalfd (out of fds) the loop still reaps, by blocking in
     // waitpid; relaying is what is lost.
-    let sfd = SignalFd::with_flags(signals, SfdFlags::SFD_CLOEXEC).ok();
+    let sfd = SignalFd::with_flags(signals, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK).ok();
     loop {
         loop {
             match waitpid(None::<Pid>, Some(WaitPidFlag::WNOHANG)) {
