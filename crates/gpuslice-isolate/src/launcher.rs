@@ -359,9 +359,12 @@ fn exec_command(
     // SAFETY: SIG_DFL installs no handler; single-threaded child.
     unsafe { nix::sys::signal::signal(Signal::SIGPIPE, nix::sys::signal::SigHandler::SigDfl) }
         .map_err(|e| (EXIT_LAUNCH_FAILED, format!("resetting SIGPIPE: {e}")))?;
-    old_mask
-        .thread_set_mask()
-        .map_err(|e| (EXIT_LAUNCH_FAILED, format!("restoring the signal mask: {e}")))?;
+    old_mask.thread_set_mask().map_err(|e| {
+        (
+            EXIT_LAUNCH_FAILED,
+            format!("restoring the signal mask: {e}"),
+        )
+    })?;
     let err = nix::unistd::execvpe(&cmd.argv[0], &cmd.argv, &cmd.env).unwrap_err();
     let code = match err {
         nix::Error::ENOENT => 127,

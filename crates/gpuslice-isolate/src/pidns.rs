@@ -58,9 +58,7 @@ pub fn supervise(command: Pid, signals: &SigSet) -> i32 {
         loop {
             match waitpid(None::<Pid>, Some(WaitPidFlag::WNOHANG)) {
                 Ok(WaitStatus::Exited(pid, code)) if pid == command => return code,
-                Ok(WaitStatus::Signaled(pid, sig, _)) if pid == command => {
-                    return 128 + sig as i32
-                }
+                Ok(WaitStatus::Signaled(pid, sig, _)) if pid == command => return 128 + sig as i32,
                 Ok(WaitStatus::StillAlive) => break,
                 Ok(_) => continue, // an orphan reaped
                 Err(nix::Error::EINTR) => continue,

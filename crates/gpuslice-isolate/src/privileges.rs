@@ -21,7 +21,7 @@
 //! capability (it still owns root-owned files: see docs/security.md).
 //! `--privileged` keeps everything and sets nothing: today's full root.
 
-use caps::{CapSet, CapsHashSet, Capability};
+use caps::{CapSet, Capability, CapsHashSet};
 use std::io;
 
 /// How much of root the command keeps.

@@ -112,7 +112,12 @@ impl Drop for Victim {
 fn descendant_named(ancestor: u32, comm: &str) -> Option<u32> {
     let ppid = |pid: u32| -> Option<u32> {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
+        stat.rsplit_once(')')?
+            .1
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()
     };
     std::fs::read_dir("/proc")
         .ok()?
@@ -148,7 +153,9 @@ fn a_slice_cannot_move_itself_out_of_its_cgroup() {
         let flags = ["--gpus", "1", "--cgroup", v];
         let out = in_slice(&h, &flags, &script);
         assert!(
-            out.contains("Read-only file system") && !out.contains("moved") && !out.contains("made"),
+            out.contains("Read-only file system")
+                && !out.contains("moved")
+                && !out.contains("made"),
             "{v}: {out}"
         );
         let out = in_slice(&h, &[&flags[..], PRIVILEGED].concat(), &script);
@@ -254,7 +261,13 @@ fn setuid_to_a_host_users_uid_does_not_reach_its_proc_root() {
     let h = host();
     // A process of nobody's outside any slice, as on a shared server.
     let mut nobody = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "sleep", "60"])
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "sleep",
+            "60",
+        ])
         .spawn()
         .unwrap();
     let hidden = format!("{}/dev/nvidia0", root_of(&h));
@@ -279,7 +292,9 @@ fn a_slice_cannot_detach_its_device_filter() {
     let script = format!(
         "{}; mknod {r}/made-$$ c 195 0 2>/dev/null; \
          (exec 3<{r}/made-$$) 2>&1 | sed 's/.*: //'; rm -f {r}/made-$$",
-        attack(&format!("bpf-detach {m}$(sed -n 's/^0:://p' /proc/self/cgroup)"))
+        attack(&format!(
+            "bpf-detach {m}$(sed -n 's/^0:://p' /proc/self/cgroup)"
+        ))
     );
     let flags = ["--gpus", "1", "--cgroup", "v2"];
     let out = in_slice(&h, &flags, &script);
@@ -391,7 +406,10 @@ fn preserve_fds_must_name_open_descriptors() {
 
 /// Host pids of processes whose command line is exactly `argv`.
 fn processes_running(argv: &[&str]) -> Vec<u32> {
-    let want: Vec<u8> = argv.iter().flat_map(|a| [a.as_bytes(), b"\0"].concat()).collect();
+    let want: Vec<u8> = argv
+        .iter()
+        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
+        .collect();
     std::fs::read_dir("/proc")
         .unwrap()
         .flatten()
@@ -420,4 +438,3 @@ fn a_process_that_detaches_does_not_outlive_its_slice() {
         assert_eq!(left.is_empty(), flags.is_empty(), "{flags:?}: {left:?}");
     }
 }
-

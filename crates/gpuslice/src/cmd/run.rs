@@ -168,8 +168,8 @@ fn plan(
         (false, false) => Privileges::Default,
     };
     let pid_namespace = privileges.confined() && args.pid == PidMode::Private;
-    let user_namespace = rootless
-        && (isolation.private_dev() || params_overlay.is_some() || privileges.confined());
+    let user_namespace =
+        rootless && (isolation.private_dev() || params_overlay.is_some() || privileges.confined());
     Ok(SandboxPlan {
         root: root.clone(),
         policy,
