@@ -78,6 +78,12 @@ part_plugin() {
         --bench-allocs 10000 --restarts 3 --label "H200 (real driver)" \
         --probe "$(pwd)/.device-carry/gpuslice-cuda-probe" --out "$work/plugin.json"
 }
+part_boundary() {
+    bounded 240 python3 scripts/device_boundary.py "$work"
+    # The launch with every layer, beside bwrap's nearest and a bare exec.
+    PATH="$PWD/.device-carry:$PATH" bounded 120 .device-carry/gpuslice bench launch --runs 300 --gpus none \
+        --json >"$work/launch-boundary.json"
+}
 part_doctor() {
     # Exit 0 all pass, 1 warnings, 2 failures: the verdict is in the JSON.
     bounded 60 .device-carry/gpuslice doctor --json >"$work/doctor.json"
@@ -88,7 +94,7 @@ part_doctor() {
 # parts that finished.
 collect() {
     tar czf "$out/results.tgz" -C "$work" .
-    for f in isolation.json launch-none.json doctor.json cdi.json exporter.json plugin.json compute.json compute-diag.json compute-trace.json; do
+    for f in isolation.json launch-none.json doctor.json cdi.json exporter.json plugin.json compute.json compute-diag.json compute-trace.json boundary.json launch-boundary.json; do
         [ -f "$work/$f" ] && cp "$work/$f" "$out/"
     done
 }
