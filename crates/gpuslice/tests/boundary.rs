@@ -370,6 +370,20 @@ fn a_slice_cannot_unshare_or_setns() {
 }
 
 #[test]
+fn a_slice_cannot_write_the_hosts_sysctls() {
+    let h = host();
+    // Writing the host's hostname back unchanged: harmless, and what
+    // kernel.core_pattern (a host root shell) would take alike.
+    let script = "cat /proc/sys/kernel/hostname > /tmp/hn.$$; \
+                  cat /tmp/hn.$$ > /proc/sys/kernel/hostname 2>/dev/null && echo wrote; rm -f /tmp/hn.$$";
+    assert_eq!(in_slice(&h, &["--gpus", "1"], script), "");
+    assert_eq!(
+        in_slice(&h, &["--gpus", "1", "--privileged"], script),
+        "wrote\n"
+    );
+}
+
+#[test]
 fn descriptors_beyond_stdio_are_not_inherited() {
     let h = host();
     let r = root_of(&h);
