@@ -5,8 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -p gpuslice -p gpuslice-shim
 rm -rf .device-carry && mkdir -p .device-carry
-cp target/release/gpuslice target/release/gpuslice-full target/release/gpuslice-cuda-probe \
-    target/release/libgpuslice.so .device-carry/
+scripts/install.sh .device-carry
+cp target/release/gpuslice-cuda-probe .device-carry/
 # The GPU machine has no package registry: bring Debian's bubblewrap for
 # the launch benchmark (it links only glibc, libcap and libselinux).
 if command -v bwrap >/dev/null; then cp "$(command -v bwrap)" .device-carry/; fi

@@ -12,8 +12,22 @@
 #              interleaved), two slices 30/70, a CUDA graph at 50 %, no-limit overhead (~110 s)
 #   computediag  issue 5: what the GPU does under partial duty, without gpuslice (~45 s)
 #   computetrace issue 5: one capped worker's bucket traced across workload and share changes (~25 s)
-#   plugin     issue 6: device plugin vs a test kubelet (v1beta1 over unix sockets): register,
-#              list (NUMA), Allocate gpu + gpu.shared run via `gpuslice run` + the probe, 60 s health (~85 s)
+#   integrity  issue 17: env -i / su nobody capped under --memory 20GiB --compute 30, a 30 % slice
+#              beside a board forger, the 30/70 pair, a GPT-2-like loop eager and compiled at 50 % (~330 s)
+#   users      issue 15: torch/jax/cupy on --gpus 0 as --user nobody, none of them see a GPU with
+#              --gpus none (root and nobody), a mknod'ed alias of /dev/nvidia0 hidden by number (~60 s)
+#   boundary   issue 15: the adversarial suite's attacks against the real driver with --gpus none under
+#              the default flags, --strict (each must hold) and --privileged (each shown to get
+#              through); torch/jax/cupy see no GPU under --gpus none and work under --gpus 0 as
+#              --user nobody; bench launch (default vs bwrap --unshare-pid --unshare-cgroup --dev
+#              vs bare /bin/true, interleaved, 300 rounds). boundary.json "pass" (~240 s)
+#   layout     issue 18: the installed shim name (libgpuslice.so) found and preloaded by
+#              `run --memory` with the real driver; bench launch from gpuslice-bench (~40 s)
+#   plugin     issues 6, 20: device plugin vs a test kubelet (v1beta1 over unix sockets): the GPU
+#              whole (register, list (NUMA), Allocate run via `gpuslice run` + the probe), then
+#              shared 4 ways (only gpu.shared served; two 1-replica requests packed onto it, both
+#              slices run the probe at once; ledger dirs removed once PodResources drops the pods),
+#              kubelet restarts, 60 s health (~90 s)
 # Run from the repo root as root after scripts/device-build.sh. Each part is
 # bounded; everything lands in OUTDIR/results.tgz (the device tool brings
 # back few files), plus the small JSON summaries beside it.
@@ -70,19 +84,35 @@ part_computediag() {
     # Plain PyTorch, no gpuslice: event cost, work per GPU-second at partial duty, SM clock.
     bounded 90 "${TORCH_PY:-/opt/torch/.venv/bin/python3}" scripts/device_compute_diag.py "$work"
 }
+part_integrity() {
+    # Slices no tenant can tamper with: limits from root's record, the shim
+    # loaded whatever the environment, the board's bound (device_integrity.py).
+    INTEGRITY_BUDGET_S=${INTEGRITY_BUDGET_S:-330} bounded 350 python3 scripts/device_integrity.py "$work"
+}
 part_plugin() {
-    # The plugin and a test kubelet in a temp dir; Allocate answers applied
-    # by `gpuslice run` with the CUDA probe; Allocate p99 over 10,000 calls;
-    # re-registration after 3 kubelet restarts; 60 s without a health event.
+    # The plugin and a test kubelet in a temp dir. Phase 1, the GPU whole:
+    # Allocate applied by `gpuslice run` with the CUDA probe. Phase 2, the
+    # GPU shared (--replicas 4): no whole resource, two one-replica
+    # requests packed onto the GPU, both slices run the probe at once, their
+    # ledger dirs swept once the test PodResources drops the pods. Allocate
+    # p99 over 10,000 calls per role; re-registration after 3 kubelet
+    # restarts; 60 s without a health event. pass=true when every check holds.
     bounded 100 .device-carry/gpuslice device-plugin-selftest --watch-secs "${WATCH_SECS:-60}" \
-        --bench-allocs 10000 --restarts 3 --label "H200 (real driver)" \
+        --replicas 4 --bench-allocs 10000 --restarts 3 --label "H200 (real driver)" \
         --probe "$(pwd)/.device-carry/gpuslice-cuda-probe" --out "$work/plugin.json"
 }
+part_users() {
+    # Makes /dev/gpualias (a copy of /dev/nvidia0) and removes it again.
+    bounded 240 python3 scripts/device_users.py "$work"
+    rm -f /dev/gpualias
+}
+part_layout() {
+    bounded 240 bash scripts/device_layout.sh "$work"
+}
 part_boundary() {
-    bounded 240 python3 scripts/device_boundary.py "$work"
-    # The launch with every layer, beside bwrap's nearest and a bare exec.
-    PATH="$PWD/.device-carry:$PATH" bounded 120 .device-carry/gpuslice bench launch --runs 300 --gpus none \
-        --json >"$work/launch-boundary.json"
+    # The attacks against the real driver (default, --strict, --privileged),
+    # the frameworks, and the launch benchmark (device_boundary.py).
+    bounded 330 python3 scripts/device_boundary.py "$work"
 }
 part_doctor() {
     # Exit 0 all pass, 1 warnings, 2 failures: the verdict is in the JSON.
@@ -94,7 +124,7 @@ part_doctor() {
 # parts that finished.
 collect() {
     tar czf "$out/results.tgz" -C "$work" .
-    for f in isolation.json launch-none.json doctor.json cdi.json exporter.json plugin.json compute.json compute-diag.json compute-trace.json boundary.json launch-boundary.json; do
+    for f in isolation.json launch-none.json layout.json doctor.json cdi.json exporter.json plugin.json compute.json compute-diag.json compute-trace.json users.json integrity.json boundary.json launch-boundary.json; do
         [ -f "$work/$f" ] && cp "$work/$f" "$out/"
     done
 }

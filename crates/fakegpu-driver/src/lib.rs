@@ -4,7 +4,7 @@
 //! (default `/`): `.fakegpu/kernel.json` stands in for what the real driver
 //! learns from the kernel through ioctls, `proc/driver/nvidia/params` for the
 //! module parameters, and `dev/` for the device nodes. It behaves like the
-//! real driver where gpuslice depends on it (see DESIGN.md, "The fake GPU
+//! real driver where gpuslice depends on it (see docs/architecture.md, "The fake GPU
 //! host"): which GPUs `cuInit` can reach, when it re-creates a missing node,
 //! what `CUDA_VISIBLE_DEVICES` selects, and per-device memory accounting.
 //!

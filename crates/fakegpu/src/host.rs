@@ -19,6 +19,14 @@ pub const MAX_GPUS: u32 = 14;
 
 /// Where the kernel truth and the driver's helpers live, under the root.
 const STATE_DIR: &str = ".fakegpu";
+/// The kernel truth, under the root: what marks a tree as a fake host.
+pub const KERNEL_FILE: &str = ".fakegpu/kernel.json";
+
+/// Whether `root` holds a fake host (so that `gpuslice list` can say it
+/// shows a simulation).
+pub fn is_fake_host(root: &Path) -> bool {
+    root.join(KERNEL_FILE).is_file()
+}
 
 /// A fake GPU host under a root directory: device nodes, procfs, sysfs and
 /// the kernel truth the fake driver reads. A temporary root is removed when
@@ -149,7 +157,7 @@ impl FakeHostBuilder {
             tree::write_driver_libs(&root, version)?;
         }
         let json = serde_json::to_string_pretty(&kernel).map_err(io::Error::other)?;
-        tree::write(&root.join(STATE_DIR).join("kernel.json"), &json)?;
+        tree::write(&root.join(KERNEL_FILE), &json)?;
         Ok(FakeHost { root, kernel, tmp })
     }
 
@@ -314,11 +322,6 @@ impl FakeHost {
     /// `<root>/.fakegpu/lib/libnvidia-ml.so.1` (for `Nvml::builder().lib_path`).
     pub fn nvml_lib(&self) -> PathBuf {
         self.driver_lib_dir().join("libnvidia-ml.so.1")
-    }
-
-    /// `<root>/.fakegpu/lib/libcuda.so.1`.
-    pub fn cuda_lib(&self) -> PathBuf {
-        self.driver_lib_dir().join("libcuda.so.1")
     }
 
     /// The file [`FakeHost::env`] points `FAKEGPU_TRACE` at.

@@ -1,4 +1,5 @@
-//! The fake GPU host used by the tests (CI has no GPU).
+//! The fake GPU host used by the tests (CI has no GPU) and by
+//! `gpuslice fakehost`, the simulation a newcomer tries first.
 //!
 //! [`FakeHost`] builds, under a root directory, what gpuslice reads and
 //! masks on a real host: device nodes made with mknod (NVIDIA majors and
@@ -6,7 +7,7 @@
 //! `proc/driver/nvidia/*`, `proc/devices`, `sys/bus/pci/devices/*`,
 //! `sys/class/drm/*`, and `.fakegpu/kernel.json`, the "kernel truth" the fake
 //! driver (crate `fakegpu-driver`, built as `libfakegpu_driver.so`) reads in
-//! place of the real driver's ioctls. See DESIGN.md, "The fake GPU host".
+//! place of the real driver's ioctls. See docs/architecture.md, "The fake GPU host".
 //!
 //! ```no_run
 //! let host = fakegpu::FakeHost::builder().gpus(4).build().unwrap();
@@ -27,7 +28,7 @@ pub mod tree;
 
 use std::path::PathBuf;
 
-pub use host::{FakeHost, FakeHostBuilder, MAX_GPUS};
+pub use host::{is_fake_host, FakeHost, FakeHostBuilder, KERNEL_FILE, MAX_GPUS};
 pub use kernel::{Kernel, KernelGpu, KernelMig};
 pub use probe::{
     format_uuid, probe_command, run_probe, ProbeAlloc, ProbeDevice, ProbeNvml, ProbeReport,

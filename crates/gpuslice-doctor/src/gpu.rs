@@ -370,7 +370,7 @@ pub struct Xid {
 }
 
 /// XIDs raised by applications (bad programs, not bad GPUs); the device
-/// plugin ignores the same set (DESIGN.md).
+/// plugin ignores the same set (docs/architecture.md).
 pub const APPLICATION_XIDS: [u32; 6] = [13, 31, 43, 45, 68, 109];
 /// XIDs after which the GPU needs a reset or the node draining.
 pub const CRITICAL_XIDS: [u32; 9] = [48, 61, 62, 64, 74, 79, 95, 119, 154];

@@ -4,12 +4,12 @@
 //! with the kubelet, and an NVIDIA container toolkit that would hand out
 //! the same GPUs behind gpuslice's back.
 //!
-//! CDI specs are YAML or JSON. No YAML parser is pulled in for this: the
-//! few keys needed (`kind`, device `name`s, `path`/`hostPath`) are read
-//! line by line, which CDI's flat layout allows; JSON is parsed properly.
+//! Specs are read by `gpuslice-k8s`'s CDI parser, the one `gpuslice cdi
+//! check` uses: a spec it cannot parse is reported as unreadable.
 
 use crate::{list, looks_like_version, Check, Context};
 use gpuslice_core::HostRoot;
+use gpuslice_k8s::cdi;
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::fs;
@@ -47,11 +47,6 @@ pub struct Spec {
     /// Why the file could not be read, when it could not.
     pub error: Option<String>,
 }
-
-/// The env entry in which `gpuslice cdi generate` records the driver.
-pub const DRIVER_ANNOTATION: &str = "GPUSLICE_CDI_DRIVER_VERSION=";
-/// And whether it wrote host paths relative to the host root.
-pub const STRIP_ANNOTATION: &str = "GPUSLICE_CDI_STRIP_HOST_ROOT=true";
 
 impl Spec {
     /// Written by gpuslice: of its kind, or (another `--vendor`/`--class`)
@@ -94,12 +89,10 @@ pub fn read_specs(root: &HostRoot) -> Vec<Spec> {
     files
         .into_iter()
         .map(|f| match fs::read_to_string(&f) {
-            Ok(text) => {
-                let json = f.extension().is_some_and(|x| x == "json");
-                let mut s = parse_spec(&text, json);
-                s.file = f;
-                s
-            }
+            Ok(text) => Spec {
+                file: f,
+                ..parse_spec(&text)
+            },
             Err(e) => Spec {
                 file: f,
                 error: Some(e.to_string()),
@@ -109,95 +102,21 @@ pub fn read_specs(root: &HostRoot) -> Vec<Spec> {
         .collect()
 }
 
-fn unquote(v: &str) -> String {
-    let v = v.trim();
-    let v = v.split(" #").next().unwrap_or(v).trim();
-    v.trim_matches(|c| c == '"' || c == '\'').to_string()
-}
-
-/// The facts of one spec's text.
-pub fn parse_spec(text: &str, json: bool) -> Spec {
-    let mut s = Spec {
-        driver_version: text.find(DRIVER_ANNOTATION).map(|at| {
-            text[at + DRIVER_ANNOTATION.len()..]
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '.')
-                .collect()
-        }),
-        strip_host_root: text.contains(STRIP_ANNOTATION),
-        ..Default::default()
-    };
-    if json {
-        match serde_json::from_str::<Value>(text) {
-            Ok(v) => {
-                s.kind = v["kind"].as_str().map(str::to_string);
-                if let Some(devs) = v["devices"].as_array() {
-                    s.names = devs
-                        .iter()
-                        .filter_map(|d| d["name"].as_str().map(str::to_string))
-                        .collect();
-                }
-                walk_json(&v, &mut s.host_paths);
-            }
-            Err(e) => s.error = Some(format!("not valid JSON: {e}")),
-        }
-        return s;
-    }
-    // YAML, line by line: a `- ` starts a list item; in each item the host
-    // path is `hostPath` when present, else `path`.
-    let (mut path, mut host_path): (Option<String>, Option<String>) = (None, None);
-    for raw in text.lines() {
-        let line = raw.trim();
-        if line.starts_with('#') || line.is_empty() {
-            continue;
-        }
-        let (item, body) = match line.strip_prefix("- ") {
-            Some(b) => (true, b.trim()),
-            None => (line == "-", line),
-        };
-        if item {
-            flush(&mut path, &mut host_path, &mut s.host_paths);
-        }
-        let Some((key, value)) = body.split_once(':') else {
-            continue;
-        };
-        let value = unquote(value);
-        match key.trim() {
-            "kind" if raw.starts_with("kind") => s.kind = Some(value),
-            "name" if !value.is_empty() => s.names.push(value),
-            "path" => path = Some(value),
-            "hostPath" => host_path = Some(value),
-            _ => {}
-        }
-    }
-    flush(&mut path, &mut host_path, &mut s.host_paths);
-    s
-}
-
-/// Ends a YAML list item: its host path is `hostPath`, else `path`.
-fn flush(path: &mut Option<String>, host: &mut Option<String>, out: &mut Vec<String>) {
-    if let Some(p) = host.take().or(path.take()) {
-        out.push(p);
-    }
-    *path = None;
-}
-
-fn walk_json(v: &Value, out: &mut Vec<String>) {
-    match v {
-        Value::Object(m) => {
-            let host = m
-                .get("hostPath")
-                .and_then(Value::as_str)
-                .or_else(|| m.get("path").and_then(Value::as_str));
-            if let Some(p) = host {
-                out.push(p.to_string());
-            }
-            for x in m.values() {
-                walk_json(x, out);
-            }
-        }
-        Value::Array(a) => a.iter().for_each(|x| walk_json(x, out)),
-        _ => {}
+/// The facts of one spec's text (YAML or JSON).
+pub fn parse_spec(text: &str) -> Spec {
+    match cdi::parse(text) {
+        Ok(spec) => Spec {
+            kind: Some(cdi::kind(&spec)),
+            names: cdi::device_names(&spec),
+            host_paths: cdi::host_paths(&spec),
+            driver_version: cdi::recorded(&spec, cdi::ANN_DRIVER),
+            strip_host_root: cdi::recorded(&spec, cdi::ANN_STRIP).as_deref() == Some("true"),
+            ..Default::default()
+        },
+        Err(e) => Spec {
+            error: Some(format!("{e:#}")),
+            ..Default::default()
+        },
     }
 }
 
@@ -571,28 +490,32 @@ containerEdits:
 
     #[test]
     fn yaml_and_json_specs() {
-        let s = parse_spec(YAML, false);
+        let s = parse_spec(YAML);
+        assert_eq!(s.error, None);
         assert_eq!(s.kind.as_deref(), Some(GPUSLICE_CDI_KIND));
         assert_eq!(s.names, ["0", "GPU-fa4e0000-0000-4000-8000-000000000000"]);
+        // Every host path once, sorted.
         assert_eq!(
             s.host_paths,
             [
                 "/dev/nvidia0",
-                "/dev/nvidia0",
                 "/dev/nvidiactl",
+                "/usr/bin/gpuslice",
                 "/usr/lib/x86_64-linux-gnu/libcuda.so.580.159.04",
-                "/usr/bin/gpuslice"
             ]
         );
         let json = r#"{"cdiVersion":"0.6.0","kind":"nvidia.com/gpu","devices":[{"name":"all",
             "containerEdits":{"deviceNodes":[{"path":"/dev/nvidia0"},{"path":"/dev/x","hostPath":"/dev/nvidia1"}]}}]}"#;
-        let j = parse_spec(json, true);
+        let j = parse_spec(json);
         assert_eq!(j.kind.as_deref(), Some(NVIDIA_CDI_KIND));
         assert_eq!(j.names, ["all"]);
         assert_eq!(j.host_paths, ["/dev/nvidia0", "/dev/nvidia1"]);
-        assert!(parse_spec("{", true).error.is_some());
-        let annotated = "kind: example.com/gpu\ncontainerEdits:\n  env:\n  - GPUSLICE_CDI_DRIVER_VERSION=580.159.04\n";
-        let a = parse_spec(annotated, false);
+        assert!(parse_spec("{").error.is_some());
+        // Not a CDI spec (no cdiVersion, no devices): unreadable, as a
+        // runtime would find it.
+        assert!(parse_spec("kind: example.com/gpu\n").error.is_some());
+        let annotated = "cdiVersion: 0.6.0\nkind: example.com/gpu\ndevices: []\ncontainerEdits:\n  env:\n  - GPUSLICE_CDI_DRIVER_VERSION=580.159.04\n";
+        let a = parse_spec(annotated);
         assert_eq!(a.driver_version.as_deref(), Some("580.159.04"));
         assert!(a.is_gpuslice() && !j.is_gpuslice());
     }
@@ -624,7 +547,7 @@ containerEdits:
             .join("usr/lib/x86_64-linux-gnu/libcuda.so.580.159.04");
         fs::create_dir_all(lib.parent().unwrap()).unwrap();
         fs::write(&lib, "").unwrap();
-        let s = parse_spec(YAML, false);
+        let s = parse_spec(YAML);
         let uuid = vec!["GPU-fa4e0000-0000-4000-8000-000000000000".to_string()];
         assert!(staleness(&s, &root, Some("580.159.04"), &uuid).is_empty());
         let mut recorded = s.clone();

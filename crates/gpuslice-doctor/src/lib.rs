@@ -11,7 +11,9 @@
 //! - [`gpu`]: persistence, MIG, PCIe links, NUMA, NVLink, XID errors, ECC
 //!   and remapped rows, memory held by processes outside any slice;
 //! - [`k8s`]: the CDI spec, the device-plugin socket, a conflicting NVIDIA
-//!   container toolkit.
+//!   container toolkit;
+//! - [`policy`]: the admin policy file for non-root callers and a sudo rule
+//!   for gpuslice.
 //!
 //! Files are read below the [`HostRoot`]. The inventory comes from
 //! [`gpuslice_core::discover`], and NVML is used only when discovery used
@@ -29,6 +31,7 @@ pub mod driver;
 pub mod gpu;
 pub mod isolation;
 pub mod k8s;
+pub mod policy;
 mod report;
 
 pub use report::{render_table, Summary};
@@ -220,12 +223,13 @@ type Family = fn(&Context) -> Vec<Check>;
 /// Runs every check.
 pub fn run(opts: &Options) -> Report {
     let ctx = Context::new(opts);
-    let families: [(&str, Family); 5] = [
+    let families: [(&str, Family); 6] = [
         ("driver", driver::checks),
         ("devices", devices::checks),
         ("isolation", isolation::checks),
         ("gpu", gpu::checks),
         ("k8s", k8s::checks),
+        ("policy", policy::checks),
     ];
     let mut checks = Vec::new();
     for (family, f) in families {

@@ -115,10 +115,6 @@ fn overlay(dev: &Path, policy: &DevicePolicy) -> io::Result<usize> {
     Ok(hidden.len())
 }
 
-/// Directories of `/dev` where the NVIDIA driver's nodes live besides
-/// its top-level `nvidia*` nodes: MIG capabilities and DRM.
-const NODE_DIRS: [&str; 2] = ["nvidia-caps", "dri"];
-
 /// What the overlay must do about the host's `/dev`.
 #[derive(Default)]
 struct Survey {
@@ -129,53 +125,59 @@ struct Survey {
     nested: Vec<PathBuf>,
 }
 
-/// One pass over the top of `dev`. Denied nodes are looked for where the
-/// driver makes them: `nvidia*` at the top and everything in
-/// [`NODE_DIRS`]; nested mounts are the top-level directories on another
-/// filesystem. Only those entries are stat'ed (~5 µs each on the CI-like
-/// machine; a host has a hundred ttys and more that cannot be NVIDIA's),
-/// and no mount table is read (hundreds of lines on a Kubernetes node).
-/// A GPU node made under another name stays visible, and the device cgroup
-/// still refuses it; a mount on a single file in `/dev` (a container's
-/// `/dev/console`) is not carried over.
+/// One pass over `dev` and the directories below it on the same
+/// filesystem. A node is denied by its device number, whatever its name or
+/// directory: a copy of `/dev/nvidia0` made as `/dev/gpu-alias0` or
+/// `/dev/sub/nvidia0` is hidden like the original (a symlink to a hidden
+/// node is left dangling). Only what can matter is stat'ed: character
+/// devices (for their number) and directories (for their filesystem, so
+/// nested mounts are bound again rather than walked); the entry types come
+/// from the directory listing itself. No mount table is read (hundreds of
+/// lines on a Kubernetes node). A mount on a single file in `/dev` (a
+/// container's `/dev/console`) is not carried over.
 fn survey(dev: &Path, dev_id: u64, policy: &DevicePolicy) -> io::Result<Survey> {
     let mut out = Survey::default();
-    for item in fs::read_dir(dev).map_err(|e| ctx(e, "read", dev))? {
+    walk(dev, Path::new(""), dev_id, policy, &mut out)?;
+    Ok(out)
+}
+
+fn walk(
+    dev: &Path,
+    rel: &Path,
+    dev_id: u64,
+    policy: &DevicePolicy,
+    out: &mut Survey,
+) -> io::Result<()> {
+    let dir = dev.join(rel);
+    for item in fs::read_dir(&dir).map_err(|e| ctx(e, "read", &dir))? {
         let item = item?;
-        let name = item.file_name();
-        if item.file_type()?.is_dir() {
+        let file_type = item.file_type()?;
+        let rel = rel.join(item.file_name());
+        if file_type.is_dir() {
             let meta = match item.metadata() {
                 Ok(m) => m,
                 Err(e) if e.kind() == io::ErrorKind::NotFound => continue, // vanished meanwhile
                 Err(e) => return Err(ctx(e, "stat", &item.path())),
             };
             if meta.dev() != dev_id {
-                out.nested.push(name.into());
-            } else if NODE_DIRS.iter().any(|d| name == *d) {
-                let dir = item.path();
-                for inner in fs::read_dir(&dir).map_err(|e| ctx(e, "read", &dir))? {
-                    let inner = inner?;
-                    let rel = Path::new(&name).join(inner.file_name());
-                    check_node(&inner, rel, policy, &mut out.hidden)?;
-                }
+                out.nested.push(rel);
+            } else {
+                walk(dev, &rel, dev_id, policy, out)?;
             }
-        } else if name.as_encoded_bytes().starts_with(b"nvidia") {
-            check_node(&item, name.into(), policy, &mut out.hidden)?;
+        } else if file_type.is_char_device() {
+            check_node(&item, rel, policy, &mut out.hidden)?;
         }
     }
-    Ok(out)
+    Ok(())
 }
 
-/// Adds `rel` to `out` when `item` is a char node `policy` denies.
+/// Adds `rel` to `out` when the char node `item` is one `policy` denies.
 fn check_node(
     item: &fs::DirEntry,
     rel: PathBuf,
     policy: &DevicePolicy,
     out: &mut Vec<PathBuf>,
 ) -> io::Result<()> {
-    if !item.file_type()?.is_char_device() {
-        return Ok(());
-    }
     let rdev = match item.metadata() {
         Ok(m) => m.rdev(),
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()), // vanished meanwhile
@@ -325,7 +327,7 @@ fn create(dev: &Path, host: &Path, e: &Entry) -> io::Result<()> {
 }
 
 /// Bind-mounts `source` (with the mounts below it) onto `target`.
-fn bind_from(source: &Path, target: &Path) -> io::Result<()> {
+pub(crate) fn bind_from(source: &Path, target: &Path) -> io::Result<()> {
     mount(
         Some(source),
         target,

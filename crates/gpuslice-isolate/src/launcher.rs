@@ -18,18 +18,23 @@
 //! 3. mounts: a fresh `/proc`, the private `/dev`, the params overlay and
 //!    the masked GPU dirs on that `/proc`, `/sys` read-only ([`readonly`]);
 //! 4. wait for the launcher's device filter;
-//! 5. the user switch (see [`switch_identity`]);
-//! 6. descriptors beyond 0–2 (and `--preserve-fds`) close-on-exec ([`fds`]);
-//! 7. capabilities down to the kept set, no_new_privs ([`privileges`]);
-//! 8. the seccomp filter, last, so the calls above are not filtered
+//! 5. descriptors beyond 0–2 (and `--preserve-fds`) close-on-exec ([`fds`]);
+//! 6. the bounding set down to the kept capabilities (that takes
+//!    CAP_SETPCAP, which a switch to a non-root user loses; runc's order);
+//! 7. the user switch ([`identity::switch`]: CAP_SETUID/CAP_SETGID; a
+//!    non-root uid leaves every capability behind);
+//! 8. the other capability sets down to the kept ones, no_new_privs
+//!    ([`privileges`]);
+//! 9. the seccomp filter, last, so the calls above are not filtered
 //!    ([`seccomp`]);
-//! 9. with a PID namespace: fork the command and stay as its init; else exec.
+//! 10. with a PID namespace: fork the command and stay as its init; else exec.
 
 use crate::cgroup::{self, CgroupDriver, SliceCgroup};
 use crate::devfs::{self, NodeMode};
+use crate::identity::{self, Identity};
 use crate::privileges::Privileges;
 use crate::spawn::{self, Forked};
-use crate::{driver_proc, fds, pidns, privileges, readonly, relay, seccomp};
+use crate::{driver_proc, fds, pidns, privileges, readonly, relay, seccomp, slicefs};
 use gpuslice_core::{DevicePolicy, HostRoot};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sched::{unshare, CloneFlags};
@@ -72,15 +77,23 @@ pub struct SandboxPlan {
     pub pid_namespace: bool,
     /// Descriptors 3 .. 3+N the command inherits (`--preserve-fds N`).
     pub preserve_fds: u32,
+    /// Who the command runs as (`--user`, or the sudo caller); None keeps
+    /// the launcher's own ids.
+    pub identity: Option<Identity>,
+    /// The slice's limits record, usage ledger and shim at their fixed
+    /// place, and other slices' records hidden ([`slicefs`]); needs a
+    /// mount namespace, so it makes one.
+    pub slice_files: Option<slicefs::SliceFiles>,
 }
 
 impl SandboxPlan {
     /// Whether the child makes a mount namespace: for the GPU layers, the
-    /// PID namespace's `/proc`, or a read-only `/sys`.
+    /// slice's files, the PID namespace's `/proc`, or a read-only `/sys`.
     pub fn mount_namespace(&self) -> bool {
         self.private_dev.is_some()
             || self.params_overlay.is_some()
             || !self.masked_gpus.is_empty()
+            || self.slice_files.is_some()
             || self.pid_namespace
             || self.privileges.confined()
     }
@@ -305,7 +318,6 @@ fn child_main(
         // The launcher could not put the device filter on; it says why.
         return Err((EXIT_LAUNCH_FAILED, String::new()));
     }
-    switch_identity(plan).map_err(failed)?;
     confine(plan, filters).map_err(failed)?;
     if !plan.pid_namespace {
         return exec_command(cmd, &signals.old_mask);
@@ -326,25 +338,38 @@ fn child_main(
     }
 }
 
-/// Where the user switch goes (`--user`, the sudo caller; issue 15's
-/// `identity::switch()`): after the namespaces and mounts, which need
-/// root, and before the capability drop and the seccomp filter (setgroups,
-/// setgid and setuid need CAP_SETGID/CAP_SETUID; the drop after it is
-/// what keeps a root command from regaining the others).
-fn switch_identity(_plan: &SandboxPlan) -> Result<(), String> {
+/// Steps 5–9: descriptors, capabilities around the user switch,
+/// no_new_privs, seccomp.
+fn confine(plan: &SandboxPlan, filters: &[seccompiler::BpfProgram]) -> Result<(), String> {
+    let kept = plan.privileges.kept();
+    if plan.privileges.confined() {
+        fds::close_on_exec_beyond(plan.preserve_fds).map_err(|e| e.to_string())?;
+    }
+    if let Some(kept) = kept {
+        privileges::limit_bounding(kept).map_err(|e| e.to_string())?;
+    }
+    if let Some(id) = &plan.identity {
+        switch_identity(id)?;
+    }
+    if let Some(kept) = kept {
+        privileges::drop_to(kept).map_err(|e| e.to_string())?;
+    }
+    if plan.privileges.confined() {
+        seccomp::install(filters).map_err(|e| e.to_string())?;
+    }
     Ok(())
 }
 
-/// Steps 6–8: descriptors, capabilities and no_new_privs, seccomp.
-fn confine(plan: &SandboxPlan, filters: &[seccompiler::BpfProgram]) -> Result<(), String> {
-    if !plan.privileges.confined() {
-        return Ok(());
+/// Become `id`, and die with the launcher again: a change of credentials
+/// clears the parent-death signal set in step 1.
+fn switch_identity(id: &Identity) -> Result<(), String> {
+    let parent = nix::unistd::getppid();
+    identity::switch(id).map_err(|e| format!("switching to uid {}: {e}", id.uid))?;
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(|e| format!("prctl: {e}"))?;
+    if nix::unistd::getppid() != parent {
+        return Err("the launcher exited during the user switch".into());
     }
-    fds::close_on_exec_beyond(plan.preserve_fds).map_err(|e| e.to_string())?;
-    if let Some(kept) = plan.privileges.kept() {
-        privileges::drop_to(kept).map_err(|e| e.to_string())?;
-    }
-    seccomp::install(filters).map_err(|e| e.to_string())
+    Ok(())
 }
 
 /// The command's side: default SIGPIPE, the caller's signal mask, exec.
@@ -424,11 +449,17 @@ fn enter_mount_namespace(plan: &SandboxPlan) -> Result<(), String> {
     }
     let dev = plan.root.dev();
     if let Some(nodes) = plan.private_dev {
+        // The root's /dev itself must not be a link out of it.
+        plan.root
+            .open_beneath(
+                "dev",
+                nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY,
+            )
+            .map_err(|e| e.to_string())?;
         // No logging here: a forked child must not take the stderr lock
         // another thread of the parent may have held at fork.
         devfs::mount_private_dev(&dev, &plan.policy, nodes).map_err(|e| e.to_string())?;
     }
-    let nvidia_proc = plan.root.nvidia_proc();
     if let Some(params) = &plan.params_overlay {
         // Stage on the private /dev's tmpfs when there is one; else on /dev/shm.
         let staging = if plan.private_dev.is_some() {
@@ -436,10 +467,12 @@ fn enter_mount_namespace(plan: &SandboxPlan) -> Result<(), String> {
         } else {
             "/dev/shm".into()
         };
-        driver_proc::overlay_params(&nvidia_proc.join("params"), params, &staging)
-            .map_err(|e| e.to_string())?;
+        driver_proc::overlay_params(&plan.root, params, &staging).map_err(|e| e.to_string())?;
     }
-    driver_proc::mask_gpu_dirs(&nvidia_proc, &plan.masked_gpus).map_err(|e| e.to_string())?;
+    driver_proc::mask_gpu_dirs(&plan.root, &plan.masked_gpus).map_err(|e| e.to_string())?;
+    if let Some(files) = &plan.slice_files {
+        slicefs::mount_slice_files(files).map_err(|e| e.to_string())?;
+    }
     if plan.privileges.confined() {
         read_only_sys(plan).map_err(|e| e.to_string())?;
     }

@@ -1,6 +1,6 @@
 //! gpuslice-isolate: the sandbox a slice's processes run in.
 //!
-//! Four layers, each known to be insufficient alone (see DESIGN.md):
+//! Four layers, each known to be insufficient alone (see docs/architecture.md):
 //! 1. [`devfs`]: a private `/dev` without the unselected NVIDIA nodes;
 //! 2. [`driver_proc`]: `ModifyDeviceFiles: 0` and masked GPU dirs in procfs;
 //! 3. [`cgroup`]/[`bpf`]: a device cgroup that denies the unselected nodes;
@@ -16,6 +16,7 @@ pub mod cgroup;
 pub mod devfs;
 pub mod driver_proc;
 pub mod fds;
+pub mod identity;
 pub mod launcher;
 mod mountinfo;
 pub mod pidns;
@@ -23,6 +24,7 @@ pub mod privileges;
 pub mod readonly;
 mod relay;
 pub mod seccomp;
+pub mod slicefs;
 pub mod spawn;
 pub mod userns;
 

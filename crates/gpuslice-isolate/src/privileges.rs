@@ -67,23 +67,31 @@ impl Privileges {
     }
 }
 
-/// Reduce every capability set of the calling thread to `kept`: the
-/// bounding set first (so no later exec can get the others back), then
-/// ambient and inheritable (emptied: nothing is passed on by them), then
-/// effective and permitted; and set no_new_privs, so a setuid or
-/// file-capability program gains nothing either.
-///
-/// Must run after the namespaces and mounts are made (they need
-/// CAP_SYS_ADMIN) and after the user switch (setuid/setgid need their
-/// capabilities), before the seccomp filter.
-pub fn drop_to(kept: &[Capability]) -> io::Result<()> {
-    let kept: CapsHashSet = kept.iter().copied().collect();
+/// Reduce the bounding set of the calling thread to `kept`, so that no
+/// later exec can get the others back. Takes CAP_SETPCAP: call it before a
+/// switch to a non-root user, which loses it.
+pub fn limit_bounding(kept: &[Capability]) -> io::Result<()> {
     for cap in caps::all() {
         // A capability this kernel does not know is one nobody holds.
         if !kept.contains(&cap) && caps::has_cap(None, CapSet::Bounding, cap).unwrap_or(false) {
             caps::drop(None, CapSet::Bounding, cap).map_err(other)?;
         }
     }
+    Ok(())
+}
+
+/// Reduce the other capability sets of the calling thread to `kept`:
+/// ambient and inheritable emptied (nothing is passed on by them),
+/// effective and permitted cut to `kept`; and set no_new_privs, so a
+/// setuid or file-capability program gains nothing either. Lowering needs
+/// no capability, so this also holds after a switch to a non-root user
+/// (which has already emptied them).
+///
+/// Must run after the namespaces and mounts are made (they need
+/// CAP_SYS_ADMIN), after [`limit_bounding`] and the user switch
+/// (setuid/setgid need their capabilities), before the seccomp filter.
+pub fn drop_to(kept: &[Capability]) -> io::Result<()> {
+    let kept: CapsHashSet = kept.iter().copied().collect();
     caps::clear(None, CapSet::Ambient).map_err(other)?;
     caps::clear(None, CapSet::Inheritable).map_err(other)?;
     for set in [CapSet::Effective, CapSet::Permitted] {

@@ -19,6 +19,10 @@ use container_device_interface::specs::config::Spec as CdiSpec;
 use gpuslice_core::discover::{discover, DiscoverOptions};
 use gpuslice_core::model::{NVIDIACTL_MINOR, NVIDIA_MAJOR, NVIDIA_MODESET_MINOR};
 use gpuslice_core::{DevicePolicy, HostRoot, Inventory, Selection};
+use gpuslice_ledger::board::Mode;
+use gpuslice_ledger::limits::{
+    ComputeShare, DeviceLimits, MemorySize, SliceLimits, LIMITS_FILE, SLICE_DIR,
+};
 use serde_json::{json, Value};
 use std::fs;
 use std::io::Write;
@@ -35,20 +39,19 @@ pub const DYNAMIC_DIR: &str = "/var/run/cdi";
 pub const CONTAINER_LIB_DIR: &str = "/usr/local/nvidia/lib64";
 /// Inside the container: the shim of the shared variants.
 pub const CONTAINER_SHIM: &str = "/usr/local/gpuslice/libgpuslice.so";
-/// Inside the container: the ledger directory of the shared variants (a
-/// tmpfs private to the container, so each container has its own share).
-pub const CONTAINER_LEDGER_DIR: &str = "/run/gpuslice/slices";
+/// Side files holding the shared variants' limits records: `<prefix><name>`.
+pub const LIMITS_PREFIX: &str = "gpuslice-limits-";
 /// Side files written next to the spec.
 pub const PARAMS_FILE: &str = "gpuslice-params";
 pub const PRELOAD_FILE: &str = "gpuslice-ld.so.preload";
 
 /// Environment variables (common edits) recording what the spec was
-/// generated from, for `check`. Not annotations: those need CDI 0.6, and
-/// podman 4.x reads 0.5.
-const ANN_DRIVER: &str = "GPUSLICE_CDI_DRIVER_VERSION";
+/// generated from, for `check` and `gpuslice doctor` ([`recorded`]). Not
+/// annotations: those need CDI 0.6, and podman 4.x reads 0.5.
+pub const ANN_DRIVER: &str = "GPUSLICE_CDI_DRIVER_VERSION";
 const ANN_CAPS: &str = "NVIDIA_DRIVER_CAPABILITIES";
 const ANN_SHARED: &str = "GPUSLICE_CDI_SHARED";
-const ANN_STRIP: &str = "GPUSLICE_CDI_STRIP_HOST_ROOT";
+pub const ANN_STRIP: &str = "GPUSLICE_CDI_STRIP_HOST_ROOT";
 
 /// Driver capabilities, as in `NVIDIA_DRIVER_CAPABILITIES`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -217,6 +220,45 @@ pub fn parse(text: &str) -> Result<CdiSpec> {
     serde_yaml::from_str(text).context("not a CDI spec")
 }
 
+/// A spec's `kind` (`vendor/class`).
+pub fn kind(spec: &CdiSpec) -> String {
+    serde_json::to_value(spec).unwrap_or(Value::Null)["kind"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// The names of a spec's devices, in its order.
+pub fn device_names(spec: &CdiSpec) -> Vec<String> {
+    names_of(&serde_json::to_value(spec).unwrap_or(Value::Null))
+}
+
+fn names_of(v: &Value) -> Vec<String> {
+    v["devices"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|d| d["name"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// What `generate` recorded under `key` ([`ANN_DRIVER`], [`ANN_STRIP`], …)
+/// in the spec's common environment.
+pub fn recorded(spec: &CdiSpec, key: &str) -> Option<String> {
+    recorded_in(&serde_json::to_value(spec).ok()?, key)
+}
+
+fn recorded_in(v: &Value, key: &str) -> Option<String> {
+    v["containerEdits"]["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('=').map(str::to_string))
+}
+
 /// Writes the side files and then the spec, each through a temporary file
 /// in the same directory renamed into place.
 pub fn write_atomically(g: &Generated, output: &Path, format: Format) -> Result<()> {
@@ -277,14 +319,7 @@ fn check_against(
     opts: &Options,
 ) -> Result<CheckResult> {
     let old_v = serde_json::to_value(old)?;
-    let ann = |k: &str| {
-        old_v["containerEdits"]["env"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('=').map(str::to_string))
-    };
+    let ann = |k: &str| recorded_in(&old_v, k);
     let mut opts = opts.clone();
     if let Some((vendor, class)) = old_v["kind"].as_str().and_then(|k| k.split_once('/')) {
         opts.vendor = vendor.into();
@@ -310,17 +345,7 @@ fn check_against(
     }
     let new = generate_for(root, inv, &opts)?;
     let new_v = serde_json::to_value(&new.spec)?;
-    let names = |v: &Value| -> Vec<String> {
-        v["devices"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|d| d["name"].as_str().map(str::to_string))
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-    let (on, nn) = (names(&old_v), names(&new_v));
+    let (on, nn) = (names_of(&old_v), names_of(&new_v));
     if on != nn {
         let missing: Vec<_> = nn.iter().filter(|n| !on.contains(n)).cloned().collect();
         let extra: Vec<_> = on.iter().filter(|n| !nn.contains(n)).cloned().collect();
@@ -690,14 +715,29 @@ impl Builder<'_> {
         }
         for &n in &self.opts.shared {
             let name = format!("{}-shared-{n}", gpu.index);
+            let limits = SliceLimits {
+                slice_id: name.clone(),
+                mode: Mode::Cap,
+                devices: vec![DeviceLimits {
+                    uuid: gpu.uuid.clone(),
+                    memory: Some(MemorySize((memory / n as u64).max(1))),
+                    compute: Some(ComputeShare::fraction(1, n as u64)),
+                }],
+            };
+            // Root's record of the variant's limits, written beside the
+            // spec (root-owned, 0644) and bound read-only at the fixed
+            // place; each container's usage ledger is made by its first
+            // process in a tmpfs of its own.
+            let record = self.opts.spec_dir.join(format!("{LIMITS_PREFIX}{name}"));
+            self.side_files.push((record.clone(), limits.render()));
             let mut e = self.selection_edits(&Selection::gpus([gpu.index]));
-            e["env"] = json!([
-                format!("GPUSLICE_MEMORY_LIMIT={}", memory / n as u64),
-                format!("GPUSLICE_COMPUTE_LIMIT={}", 100 / n),
-                format!("GPUSLICE_LEDGER={CONTAINER_LEDGER_DIR}/{name}.ledger"),
-                format!("GPUSLICE_SLICE={name}"),
-                format!("NVIDIA_VISIBLE_DEVICES={}", gpu.uuid),
-            ]);
+            let mut env: Vec<String> = limits
+                .env()
+                .into_iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            env.push(format!("NVIDIA_VISIBLE_DEVICES={}", gpu.uuid));
+            e["env"] = json!(env);
             e["mounts"] = json!([
                 {
                     "hostPath": self.host(&shim),
@@ -711,9 +751,14 @@ impl Builder<'_> {
                 },
                 {
                     "hostPath": "tmpfs",
-                    "containerPath": CONTAINER_LEDGER_DIR,
+                    "containerPath": SLICE_DIR,
                     "type": "tmpfs",
                     "options": ["nosuid", "nodev", "noexec", "mode=1777", "size=16m"],
+                },
+                {
+                    "hostPath": self.host(&record),
+                    "containerPath": format!("{SLICE_DIR}/{LIMITS_FILE}"),
+                    "options": ["ro", "nosuid", "nodev", "noexec", "bind"],
                 },
             ]);
             devices.push(device(&name, e));

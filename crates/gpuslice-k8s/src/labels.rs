@@ -23,8 +23,10 @@
 //! | `mig.strategy` | `mixed`/`none` (with `--config`) |
 //! | `gpu.nvlink` | `true` when a GPU has an active NVLink peer (NVML; left out without it) |
 //! | `gpu.form-factor` | `SXM` or `PCIe` (heuristic, below; left out when unknown) |
-//! | `gpu.sharing-strategy` | `gpuslice` when the plugin offers `gpu.shared`, else `none` (with `--config`) |
-//! | `gpu.replicas` | replicas per GPU of `gpu.shared` (with `--config`; 1 when not shared) |
+//! | `gpu.sharing-strategy` | `gpuslice` when the plugin shares a GPU, else `none` (with `--config`) |
+//! | `gpu.replicas` | replicas per GPU of the first shared GPU (with `--config`; 1 when none is shared) |
+//! | `gpu.<index>.role` | that GPU's role: `whole`, `shared`, `mig`, or `none` when not offered (with `--config`) |
+//! | `gpu.<index>.replicas` | replicas of that GPU, when shared (with `--config`) |
 //!
 //! Product and memory are those of the first GPU (nodes are assumed
 //! homogeneous, as GPU Feature Discovery does).
@@ -37,6 +39,7 @@
 //! left out when NVML was not there to ask.
 
 use crate::plugin::config::{Config, MigStrategy};
+use crate::plugin::roles::{self, Role};
 use anyhow::{bail, Context, Result};
 use gpuslice_core::Inventory;
 use std::collections::BTreeMap;
@@ -141,12 +144,14 @@ pub fn form_factor(inv: &Inventory) -> Option<&'static str> {
 }
 
 /// The labels of a node: name (with prefix) to value, every value valid.
+/// An error when `cfg`'s roles do not resolve on `inv` (the plugin would
+/// refuse the same config).
 pub fn labels(
     inv: &Inventory,
     nvml: &NvmlFacts,
     cfg: Option<&Config>,
     prefix: &str,
-) -> BTreeMap<String, String> {
+) -> Result<BTreeMap<String, String>> {
     let mut l = BTreeMap::new();
     let mut put = |k: &str, v: String| {
         let v = sanitize_value(&v);
@@ -200,15 +205,30 @@ pub fn labels(
         put("mig.capable", m.to_string());
     }
     if let Some(cfg) = cfg {
-        let shared = cfg.sharing.replicas >= 2;
+        let assigned = roles::resolve(cfg, inv)?;
+        let mut replicas = None;
+        for a in &assigned {
+            let role = if a.unfit.is_some() {
+                "none"
+            } else {
+                a.role.name()
+            };
+            put(&format!("gpu.{}.role", a.gpu), role.into());
+            if let (None, Role::Shared { replicas: r }) = (&a.unfit, a.role) {
+                put(&format!("gpu.{}.replicas", a.gpu), r.to_string());
+                replicas.get_or_insert(r);
+            }
+        }
         put(
             "gpu.sharing-strategy",
-            if shared { "gpuslice" } else { "none" }.into(),
+            if replicas.is_some() {
+                "gpuslice"
+            } else {
+                "none"
+            }
+            .into(),
         );
-        put(
-            "gpu.replicas",
-            if shared { cfg.sharing.replicas } else { 1 }.to_string(),
-        );
+        put("gpu.replicas", replicas.unwrap_or(1).to_string());
         put(
             "mig.strategy",
             match cfg.strategies.mig {
@@ -218,7 +238,7 @@ pub fn labels(
             .into(),
         );
     }
-    l
+    Ok(l)
 }
 
 /// The feature file's text: a comment line, then `name=value` lines.
@@ -337,7 +357,7 @@ mod tests {
             driver_version: Some("550.54.15".into()),
             ..Default::default()
         };
-        let l = labels(&inv, &NvmlFacts::default(), None, "nvidia.com");
+        let l = labels(&inv, &NvmlFacts::default(), None, "nvidia.com").unwrap();
         assert_eq!(l["nvidia.com/gpu.product"], "NVIDIA-A100-80GB-PCIe");
         assert_eq!(l["nvidia.com/gpu.memory"], "81920");
         assert_eq!(l["nvidia.com/cuda.driver-version.revision"], "15");
@@ -357,7 +377,7 @@ mod tests {
 
     #[test]
     fn no_gpus() {
-        let l = labels(&Inventory::default(), &NvmlFacts::default(), None, "x.io");
+        let l = labels(&Inventory::default(), &NvmlFacts::default(), None, "x.io").unwrap();
         assert_eq!(l["x.io/gpu.count"], "0");
         assert_eq!(l["x.io/gpu.present"], "false");
         assert!(!l.contains_key("x.io/gpu.product"));

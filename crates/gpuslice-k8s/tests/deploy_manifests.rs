@@ -145,6 +145,17 @@ fn check_daemonset(ds: &DaemonSet) {
         .iter()
         .find(|c| c.name == "device-plugin")
         .unwrap();
+    // The ledger sweep asks the kubelet's PodResources API and checks the
+    // host's processes.
+    assert!(
+        plugin
+            .volume_mounts
+            .iter()
+            .flatten()
+            .any(|m| m.mount_path == "/var/lib/kubelet/pod-resources"),
+        "the plugin has no PodResources socket"
+    );
+    assert_eq!(pod.host_pid, Some(true));
     let cmd = plugin.command.clone().unwrap().join(" ");
     assert!(
         cmd.contains("device-plugin --config /etc/gpuslice/config.yaml"),

@@ -2,12 +2,16 @@
 //! protocol over unix sockets, on a fake GPU host (4 GPUs, GPU 3 in MIG
 //! mode with two 1g.18gb instances). The fake NVML is loaded in-process,
 //! so every test of this binary shares one host (FAKEGPU_ROOT).
+//!
+//! Each GPU has one role. `MIXED` gives GPUs 0 and 1 the role whole and
+//! GPU 2 shared (GPU 3, in MIG mode, serves its MIG devices); `SHARED`
+//! shares GPUs 0-2; the empty config offers them whole.
 
 use fakegpu::FakeHost;
 use gpuslice_core::HostRoot;
 use gpuslice_k8s::plugin::config::Config;
-use gpuslice_k8s::plugin::testkubelet::{allocate_one, first_list, preferred_one, TestKubelet};
 use gpuslice_k8s::plugin::{spawn, Handle, Options};
+use gpuslice_testkit::kubelet::{allocate_one, first_list, preferred_one, TestKubelet};
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::OnceLock;
@@ -61,10 +65,15 @@ const ALL: [&str; 3] = [
     "nvidia.com/gpu.shared",
     "nvidia.com/mig-1g.18gb",
 ];
+const WHOLE_AND_MIG: [&str; 2] = ["nvidia.com/gpu", "nvidia.com/mig-1g.18gb"];
+const SHARED_AND_MIG: [&str; 2] = ["nvidia.com/gpu.shared", "nvidia.com/mig-1g.18gb"];
+const MIXED: &str =
+    "roles: [{gpus: [0, 1], role: whole}, {gpus: [2], role: shared, replicas: 4}]\n";
+const SHARED: &str = "roles: [{gpus: others, role: shared, replicas: 4}]\n";
 
 #[tokio::test]
 async fn registers_each_resource_and_lists_devices_with_numa() {
-    let (_t, _p, mut k) = setup("").await;
+    let (_t, _p, mut k) = setup(MIXED).await;
     let regs = k
         .registrations_of(&ALL, Duration::from_secs(10))
         .await
@@ -96,17 +105,19 @@ async fn registers_each_resource_and_lists_devices_with_numa() {
             )
         })
         .collect();
-    // GPU 3 is in MIG mode: offered only as MIG devices.
-    let want: Vec<(String, String, i64)> = (0..3)
-        .map(|i| (uuid(i), "Healthy".to_string(), [0, 0, 1][i]))
+    // GPU 2 is shared, GPU 3 in MIG mode: offered only as MIG devices.
+    let want: Vec<(String, String, i64)> = (0..2)
+        .map(|i| (uuid(i), "Healthy".to_string(), 0))
         .collect();
     assert_eq!(got, want);
 
     let mut c = k.dial("gpuslice-gpu.shared.sock").await.unwrap();
     let (devs, _s) = first_list(&mut c).await.unwrap();
-    assert_eq!(devs.len(), 3 * 4);
+    let ids: Vec<_> = devs.iter().map(|d| d.id.clone()).collect();
+    let want: Vec<_> = (0..4).map(|r| format!("{}::{r}", uuid(2))).collect();
+    assert_eq!(ids, want);
     assert!(devs.iter().all(|d| d.id.len() <= 63));
-    assert_eq!(devs[5].id, format!("{}::1", uuid(1)));
+    assert_eq!(devs[0].topology.as_ref().unwrap().nodes[0].id, 1);
 
     let mut c = k.dial("gpuslice-mig-1g.18gb.sock").await.unwrap();
     let (devs, _s) = first_list(&mut c).await.unwrap();
@@ -132,7 +143,7 @@ fn set(v: &[&str]) -> BTreeSet<String> {
 #[tokio::test]
 async fn allocates_whole_gpus_with_exactly_their_nodes() {
     let (t, _p, mut k) = setup("strategies: {cdi: true}").await;
-    k.registrations_of(&ALL, Duration::from_secs(10))
+    k.registrations_of(&WHOLE_AND_MIG, Duration::from_secs(10))
         .await
         .unwrap();
     let mut c = k.dial("gpuslice-gpu.sock").await.unwrap();
@@ -174,8 +185,8 @@ async fn allocates_whole_gpus_with_exactly_their_nodes() {
 
 #[tokio::test]
 async fn allocates_shared_replicas_with_the_shim_and_a_cap() {
-    let (t, _p, mut k) = setup("").await;
-    k.registrations_of(&ALL, Duration::from_secs(10))
+    let (t, _p, mut k) = setup(SHARED).await;
+    k.registrations_of(&SHARED_AND_MIG, Duration::from_secs(10))
         .await
         .unwrap();
     let mut c = k.dial("gpuslice-gpu.shared.sock").await.unwrap();
@@ -184,21 +195,21 @@ async fn allocates_shared_replicas_with_the_shim_and_a_cap() {
     let r = allocate_one(&mut c, &[format!("{}::3", uuid(1))])
         .await
         .unwrap();
-    assert_eq!(r.envs["GPUSLICE_MEMORY_LIMIT"], (mem / 4).to_string());
+    assert_eq!(r.envs["GPUSLICE_MEMORY_LIMIT_0"], (mem / 4).to_string());
     assert_eq!(r.envs["GPUSLICE_COMPUTE_LIMIT"], "25");
     assert_eq!(r.envs["CUDA_VISIBLE_DEVICES"], uuid(1));
     assert!(dev_paths(&r).contains("/dev/nvidia1") && !dev_paths(&r).contains("/dev/nvidia0"));
     let slice = r.envs["GPUSLICE_SLICE"].clone();
-    assert_eq!(
-        r.envs["GPUSLICE_LEDGER"],
-        format!("/run/gpuslice/slices/{slice}.ledger")
+    assert!(
+        !r.envs.contains_key("GPUSLICE_LEDGER"),
+        "the fixed place, not a variable"
     );
     let mounts: Vec<(String, String, bool)> = r
         .mounts
         .iter()
         .map(|m| (m.container_path.clone(), m.host_path.clone(), m.read_only))
         .collect();
-    let ledger_dir = t.path().join("ledgers").join(&slice);
+    let records = t.path().join("ledgers").join(&slice);
     assert_eq!(
         mounts,
         vec![
@@ -213,22 +224,34 @@ async fn allocates_shared_replicas_with_the_shim_and_a_cap() {
                 true
             ),
             (
-                "/run/gpuslice/slices".into(),
-                ledger_dir.display().to_string(),
-                false
+                "/run/gpuslice/slice/limits".into(),
+                records.join("limits").display().to_string(),
+                true
             ),
             (
-                "/run/gpuslice/gpus".into(),
-                t.path().join("boards").display().to_string(),
+                "/run/gpuslice/slice/usage".into(),
+                records.join("usage").display().to_string(),
                 false
             ),
         ]
     );
-    assert!(ledger_dir.is_dir());
-    assert_eq!(r.envs["GPUSLICE_BOARD_DIR"], "/run/gpuslice/gpus");
-    assert!(
-        !r.envs.contains_key("GPUSLICE_COMPUTE_MODE"),
+    // Root's record: root-only directory, read-only record; the replica's
+    // ledger is all it may write.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: std::path::PathBuf| p.metadata().unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode(records.clone()), 0o700);
+    assert_eq!(mode(records.join("limits")), 0o644);
+    let limits = gpuslice_ledger::limits::verify_and_read(&records.join("limits"), false).unwrap();
+    assert_eq!(limits.devices[0].memory.unwrap().0, mem / 4);
+    assert_eq!(limits.devices[0].share_bp(), 2500);
+    assert_eq!(
+        limits.mode,
+        gpuslice_ledger::board::Mode::Cap,
         "a hard cap by default"
+    );
+    assert!(
+        !r.envs.contains_key("GPUSLICE_BOARD_DIR"),
+        "no board in cap mode"
     );
     assert_eq!(
         std::fs::read_to_string(t.path().join("state/ld.so.preload")).unwrap(),
@@ -248,14 +271,26 @@ async fn allocates_shared_replicas_with_the_shim_and_a_cap() {
     );
     assert_eq!(r.envs["GPUSLICE_MEMORY_LIMIT_0"], (mem / 4 * 2).to_string());
     assert_eq!(r.envs["GPUSLICE_MEMORY_LIMIT_1"], (mem / 4).to_string());
-    assert_eq!(r.envs["GPUSLICE_MEMORY_LIMIT"], (mem / 4).to_string());
     assert!(mem > 100 * GIB);
+    // Of another slice's records, nothing is mounted writable: every
+    // read-write mount is this replica's own usage ledger.
+    let own = t.path().join("ledgers").join(&r.envs["GPUSLICE_SLICE"]);
+    for m in r.mounts.iter().filter(|m| !m.read_only) {
+        assert_eq!(
+            m.host_path,
+            own.join("usage").display().to_string(),
+            "{m:?}"
+        );
+    }
+    // Allocated again (a new container for the same IDs): fresh records.
+    let again = allocate_one(&mut c, &ids).await.unwrap();
+    assert_eq!(again.envs["GPUSLICE_SLICE"], r.envs["GPUSLICE_SLICE"]);
 }
 
 #[tokio::test]
 async fn allocates_mig_devices_with_their_caps() {
     let (_t, _p, mut k) = setup("").await;
-    k.registrations_of(&ALL, Duration::from_secs(10))
+    k.registrations_of(&WHOLE_AND_MIG, Duration::from_secs(10))
         .await
         .unwrap();
     let mut c = k.dial("gpuslice-mig-1g.18gb.sock").await.unwrap();
@@ -279,7 +314,7 @@ async fn allocates_mig_devices_with_their_caps() {
 #[tokio::test]
 async fn bad_and_foreign_requests_are_invalid_argument() {
     let (_t, _p, mut k) = setup("").await;
-    k.registrations_of(&ALL, Duration::from_secs(10))
+    k.registrations_of(&WHOLE_AND_MIG, Duration::from_secs(10))
         .await
         .unwrap();
     let mut c = k.dial("gpuslice-gpu.sock").await.unwrap();
@@ -317,9 +352,9 @@ async fn bad_and_foreign_requests_are_invalid_argument() {
 }
 
 #[tokio::test]
-async fn preferred_allocation_uses_topology_and_packs_replicas() {
+async fn preferred_allocation_of_whole_gpus_follows_topology() {
     let (_t, _p, mut k) = setup("").await;
-    k.registrations_of(&ALL, Duration::from_secs(10))
+    k.registrations_of(&WHOLE_AND_MIG, Duration::from_secs(10))
         .await
         .unwrap();
     let mut c = k.dial("gpuslice-gpu.sock").await.unwrap();
@@ -333,56 +368,88 @@ async fn preferred_allocation_uses_topology_and_packs_replicas() {
     assert_eq!(got, vec![uuid(1), uuid(0)]);
     let got = preferred_one(&mut c, &all, &[uuid(2)], 2).await.unwrap();
     assert_eq!(got[0], uuid(2));
+}
 
+/// The GPU indices of replica IDs.
+fn gpus_of(ids: &[String]) -> Vec<usize> {
+    ids.iter()
+        .map(|i| (0..4).find(|g| i.starts_with(&uuid(*g))).unwrap())
+        .collect()
+}
+
+/// Replica IDs of the shared list minus `taken` replicas on each GPU.
+fn available(all: &[String], taken: &[(usize, usize)]) -> Vec<String> {
+    all.iter()
+        .filter(|id| {
+            !taken
+                .iter()
+                .any(|&(g, n)| (0..n).any(|r| **id == format!("{}::{r}", uuid(g))))
+        })
+        .cloned()
+        .collect()
+}
+
+#[tokio::test]
+async fn preferred_allocation_packs_replicas_onto_the_fullest_gpu() {
+    let (_t, _p, mut k) = setup(SHARED).await;
+    k.registrations_of(&SHARED_AND_MIG, Duration::from_secs(10))
+        .await
+        .unwrap();
     let mut s = k.dial("gpuslice-gpu.shared.sock").await.unwrap();
     let (devs, _st) = first_list(&mut s).await.unwrap();
-    let avail: Vec<String> = devs.iter().map(|d| d.id.clone()).collect();
-    // Packing: 3 replicas on one GPU.
-    let got = preferred_one(&mut s, &avail, &[], 3).await.unwrap();
-    let gpus: BTreeSet<_> = got
-        .iter()
-        .map(|i| i.split("::").next().unwrap().to_string())
-        .collect();
-    assert_eq!(gpus.len(), 1, "{got:?}");
+    let all: Vec<String> = devs.iter().map(|d| d.id.clone()).collect();
+    // The issue's case: GPU 0 holds one replica; the next goes to GPU 0,
+    // not to an empty GPU.
+    let avail = available(&all, &[(0, 1)]);
+    let got = preferred_one(&mut s, &avail, &[], 1).await.unwrap();
+    assert_eq!(gpus_of(&got), vec![0]);
+    // The fullest with room, even at a higher index: GPU 2 holds 3, GPU 1 holds 2.
+    let avail = available(&all, &[(1, 2), (2, 3)]);
+    let got = preferred_one(&mut s, &avail, &[], 1).await.unwrap();
+    assert_eq!(gpus_of(&got), vec![2]);
+    let got = preferred_one(&mut s, &avail, &[], 2).await.unwrap();
+    assert_eq!(gpus_of(&got), vec![1, 1], "GPU 2 has room for one only");
+    // Nothing empty yet: three on one GPU.
+    let got = preferred_one(&mut s, &all, &[], 3).await.unwrap();
+    assert_eq!(gpus_of(&got), vec![0, 0, 0]);
     // must_include on GPU 2 pulls the rest onto GPU 2.
     let must = format!("{}::2", uuid(2));
-    let got = preferred_one(&mut s, &avail, std::slice::from_ref(&must), 4)
+    let got = preferred_one(&mut s, &all, std::slice::from_ref(&must), 4)
         .await
         .unwrap();
     assert_eq!(got[0], must);
-    assert!(got.iter().all(|i| i.starts_with(&uuid(2))), "{got:?}");
-    // With only partial room, the fewest GPUs: 3 free on GPU 0, 4 on GPU 1 → 5 = 4 + 1.
-    let avail2: Vec<String> = avail
-        .iter()
-        .filter(|i| **i != format!("{}::0", uuid(0)) && !i.starts_with(&uuid(2)))
-        .cloned()
+    assert_eq!(gpus_of(&got), vec![2; 4]);
+    // No GPU holds five: the fewest GPUs (4 on the emptiest, then 1).
+    let avail = available(&all, &[(0, 1)]);
+    let avail: Vec<String> = avail
+        .into_iter()
+        .filter(|i| !i.starts_with(&uuid(2)))
         .collect();
-    let got = preferred_one(&mut s, &avail2, &[], 5).await.unwrap();
-    let on1 = got.iter().filter(|i| i.starts_with(&uuid(1))).count();
-    assert_eq!(on1, 4, "{got:?}");
+    let got = preferred_one(&mut s, &avail, &[], 5).await.unwrap();
+    assert_eq!(gpus_of(&got), vec![1, 1, 1, 1, 0]);
 }
 
 #[tokio::test]
 async fn spread_option_spreads_replicas() {
-    let (_t, _p, mut k) = setup("sharing: {spread: true}").await;
-    k.registrations_of(&ALL, Duration::from_secs(10))
+    let (_t, _p, mut k) = setup(&format!("{SHARED}sharing: {{spread: true}}")).await;
+    k.registrations_of(&SHARED_AND_MIG, Duration::from_secs(10))
         .await
         .unwrap();
     let mut s = k.dial("gpuslice-gpu.shared.sock").await.unwrap();
     let (devs, _st) = first_list(&mut s).await.unwrap();
-    let avail: Vec<String> = devs.iter().map(|d| d.id.clone()).collect();
-    let got = preferred_one(&mut s, &avail, &[], 3).await.unwrap();
-    let gpus: BTreeSet<_> = got
-        .iter()
-        .map(|i| i.split("::").next().unwrap().to_string())
-        .collect();
-    assert_eq!(gpus.len(), 3, "{got:?}");
+    let all: Vec<String> = devs.iter().map(|d| d.id.clone()).collect();
+    let got = preferred_one(&mut s, &all, &[], 3).await.unwrap();
+    assert_eq!(gpus_of(&got), vec![0, 1, 2]);
+    // The emptiest first: GPU 0 holds one, so 1 and 2 come before it.
+    let avail = available(&all, &[(0, 1)]);
+    let got = preferred_one(&mut s, &avail, &[], 4).await.unwrap();
+    assert_eq!(gpus_of(&got), vec![1, 2, 0, 1]);
 }
 
 #[tokio::test]
 async fn guaranteed_mode_lets_replicas_borrow() {
-    let (t, _p, mut k) = setup("sharing: {computeMode: guaranteed}").await;
-    k.registrations_of(&ALL, Duration::from_secs(10))
+    let (t, _p, mut k) = setup(&format!("{SHARED}sharing: {{computeMode: guaranteed}}")).await;
+    k.registrations_of(&SHARED_AND_MIG, Duration::from_secs(10))
         .await
         .unwrap();
     let mut c = k.dial("gpuslice-gpu.shared.sock").await.unwrap();
@@ -398,6 +465,18 @@ async fn guaranteed_mode_lets_replicas_borrow() {
         .any(|m| m.container_path == "/run/gpuslice/gpus"
             && m.host_path == boards.display().to_string()
             && !m.read_only));
+    // Root's share records ride read-only on top: a replica cannot vouch
+    // for a share of its own making.
+    assert!(r
+        .mounts
+        .iter()
+        .any(|m| m.container_path == "/run/gpuslice/gpus/shares"
+            && m.host_path == boards.join("shares").display().to_string()
+            && m.read_only));
+    let records = std::fs::read_dir(boards.join("shares").join(uuid(2)))
+        .unwrap()
+        .count();
+    assert_eq!(records, 1);
     // World-writable and sticky, like /tmp: replicas run as any user.
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(
@@ -408,7 +487,7 @@ async fn guaranteed_mode_lets_replicas_borrow() {
 
 #[tokio::test]
 async fn reregisters_after_a_kubelet_restart() {
-    let (t, p, mut k) = setup("").await;
+    let (t, p, mut k) = setup(MIXED).await;
     k.registrations_of(&ALL, Duration::from_secs(10))
         .await
         .unwrap();
@@ -428,10 +507,13 @@ async fn reregisters_after_a_kubelet_restart() {
         took < Duration::from_secs(1),
         "re-registration took {took:?}"
     );
-    // Served again on fresh sockets.
+    // Served again on fresh sockets, each GPU still in its one resource.
     let mut c = k.dial("gpuslice-gpu.sock").await.unwrap();
     let (devs, _s) = first_list(&mut c).await.unwrap();
-    assert_eq!(devs.len(), 3);
+    assert_eq!(devs.len(), 2);
+    let mut c = k.dial("gpuslice-gpu.shared.sock").await.unwrap();
+    let (devs, _s) = first_list(&mut c).await.unwrap();
+    assert!(devs.iter().all(|d| d.id.starts_with(&uuid(2))) && devs.len() == 4);
     // The plugin counts a round once all its Register calls returned,
     // which can be a moment after the kubelet saw them.
     let mut state = p.state.clone();
@@ -454,7 +536,8 @@ async fn reload_rereads_the_config_and_keeps_running_on_a_bad_one() {
     let plugins = t.path().join("plugins");
     let write = |replicas: &str| {
         let text = format!(
-            "pluginDir: {}\nledgerDir: {}\nstateDir: {}\nsharing:\n  replicas: {replicas}\nstrategies: {{mig: none}}\n",
+            "pluginDir: {}\nledgerDir: {}\nstateDir: {}\nstrategies: {{mig: none}}\n\
+             roles: [{{gpus: [0], role: whole}}, {{gpus: others, role: shared, replicas: {replicas}}}]\n",
             plugins.display(),
             t.path().join("l").display(),
             t.path().join("s").display()
@@ -474,7 +557,13 @@ async fn reload_rereads_the_config_and_keeps_running_on_a_bad_one() {
         .await
         .unwrap();
     let mut c = k.dial("gpuslice-gpu.shared.sock").await.unwrap();
-    assert_eq!(first_list(&mut c).await.unwrap().0.len(), 3 * 2);
+    assert_eq!(first_list(&mut c).await.unwrap().0.len(), 2 * 2);
+    assert!(p
+        .state
+        .borrow()
+        .warnings
+        .iter()
+        .any(|w| w.contains("GPU 3 is in MIG mode")));
 
     write("8");
     p.reload();
@@ -482,18 +571,35 @@ async fn reload_rereads_the_config_and_keeps_running_on_a_bad_one() {
         .await
         .unwrap();
     let mut c = k.dial("gpuslice-gpu.shared.sock").await.unwrap();
-    assert_eq!(first_list(&mut c).await.unwrap().0.len(), 3 * 8);
+    assert_eq!(first_list(&mut c).await.unwrap().0.len(), 2 * 8);
 
-    std::fs::write(&file, "sharing: {replicaz: 3}\n").unwrap();
-    p.reload();
-    let s = p
-        .wait_for(Duration::from_secs(5), |s| s.last_error.is_some())
-        .unwrap();
-    assert!(s.last_error.unwrap().contains("sharing.replicaz"));
+    // Bad configs are refused, naming the field; the plugin keeps the old one.
+    for (text, want) in [
+        ("sharing: {replicaz: 3}\n", "sharing.replicaz"),
+        // Index 1 and its UUID: one GPU in two roles.
+        (
+            &*format!(
+                "roles: [{{gpus: [1], role: whole}}, {{gpus: ['{}'], role: shared, replicas: 2}}]\n",
+                uuid(1)
+            ),
+            "roles[1].gpus[0]: GPU 1",
+        ),
+        ("roles: [{gpus: [0, 7], role: whole}]\n", "roles[0].gpus[1]: no GPU matches \"7\""),
+        ("roles: [{gpus: others, role: shared, replicas: 0}]\n", "roles[0].replicas: 0"),
+    ] {
+        std::fs::write(&file, text).unwrap();
+        p.reload();
+        let s = p
+            .wait_for(Duration::from_secs(5), |s| {
+                s.last_error.as_deref().is_some_and(|e| e.contains(want))
+            })
+            .unwrap();
+        assert!(s.generations == 2, "{text}: not loaded");
+    }
     let mut c = k.dial("gpuslice-gpu.shared.sock").await.unwrap();
     assert_eq!(
         first_list(&mut c).await.unwrap().0.len(),
-        3 * 8,
+        2 * 8,
         "still the old config"
     );
     p.stop().unwrap();
@@ -501,4 +607,247 @@ async fn reload_rereads_the_config_and_keeps_running_on_a_bad_one() {
         !plugins.join("gpuslice-gpu.sock").exists(),
         "socket removed on stop"
     );
+}
+
+/// The GPU indices a resource lists.
+async fn listed_gpus(k: &TestKubelet, endpoint: &str) -> BTreeSet<usize> {
+    let mut c = k.dial(endpoint).await.unwrap();
+    let (devs, _s) = first_list(&mut c).await.unwrap();
+    let ids: Vec<String> = devs.into_iter().map(|d| d.id).collect();
+    gpus_of(&ids).into_iter().collect()
+}
+
+#[tokio::test]
+async fn a_whole_and_a_shared_request_never_land_on_one_gpu() {
+    let (_t, _p, mut k) = setup(MIXED).await;
+    k.registrations_of(&ALL, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let whole = listed_gpus(&k, "gpuslice-gpu.sock").await;
+    let shared = listed_gpus(&k, "gpuslice-gpu.shared.sock").await;
+    assert_eq!(whole, [0, 1].into());
+    assert_eq!(shared, [2].into());
+    assert!(whole.is_disjoint(&shared));
+
+    // Whatever the kubelet asks, each resource hands out only its own GPUs.
+    let mut w = k.dial("gpuslice-gpu.sock").await.unwrap();
+    let mut s = k.dial("gpuslice-gpu.shared.sock").await.unwrap();
+    for id in [uuid(2), uuid(3)] {
+        let e = allocate_one(&mut w, std::slice::from_ref(&id))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{id} whole: {e}");
+    }
+    for g in [0, 1] {
+        let e = allocate_one(&mut s, &[format!("{}::0", uuid(g))])
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "GPU {g} shared: {e}");
+    }
+    let a = allocate_one(&mut w, &[uuid(0), uuid(1)]).await.unwrap();
+    let b = allocate_one(&mut s, &[format!("{}::0", uuid(2))])
+        .await
+        .unwrap();
+    let nodes = |r: &gpuslice_k8s::plugin::v1beta1::ContainerAllocateResponse| -> BTreeSet<String> {
+        dev_paths(r)
+            .into_iter()
+            .filter(|p| {
+                p.strip_prefix("/dev/nvidia")
+                    .is_some_and(|n| n.parse::<u32>().is_ok())
+            })
+            .collect()
+    };
+    assert_eq!(nodes(&a), set(&["/dev/nvidia0", "/dev/nvidia1"]));
+    assert_eq!(nodes(&b), set(&["/dev/nvidia2"]));
+    assert_eq!(b.envs["CUDA_VISIBLE_DEVICES"], uuid(2));
+}
+
+#[tokio::test]
+async fn a_bad_role_config_is_refused_at_start_naming_the_field() {
+    for (text, want) in [
+        (
+            format!(
+                "roles: [{{gpus: [0], role: whole}}, {{gpus: ['{}'], role: shared, replicas: 4}}]",
+                host().gpus()[0].pci_bus_id
+            ),
+            "roles[1].gpus[0]: GPU 0",
+        ),
+        (
+            "roles: [{gpus: [GPU-ffff], role: whole}]".to_string(),
+            "roles[0].gpus[0]: no GPU matches \"GPU-ffff\"",
+        ),
+    ] {
+        let t = tempfile::tempdir().unwrap();
+        let p = start(config(t.path(), &text));
+        let e = format!("{:#}", p.stop().unwrap_err());
+        assert!(e.contains(want), "{text}: {e}");
+        assert!(
+            !t.path().join("plugins").exists()
+                || std::fs::read_dir(t.path().join("plugins"))
+                    .unwrap()
+                    .next()
+                    .is_none(),
+            "no socket left behind"
+        );
+    }
+}
+
+/// Not a test of its own: the process `Attached` runs (with
+/// GPUSLICE_TEST_ATTACH set) to hold a slot in a ledger until killed.
+#[test]
+fn helper_attach_to_a_ledger_and_wait() {
+    let Ok(path) = std::env::var("GPUSLICE_TEST_ATTACH") else {
+        return;
+    };
+    let l = gpuslice_ledger::Ledger::open_or_create(
+        Path::new(&path),
+        "k8s-test",
+        &[gpuslice_ledger::DeviceSpec {
+            uuid: "GPU-test".into(),
+            cap: GIB,
+        }],
+    )
+    .unwrap();
+    let _slot = l.attach().unwrap();
+    println!("attached {}", std::process::id());
+    std::thread::sleep(Duration::from_secs(600));
+}
+
+/// A process holding a slot in the ledger at `path`, optionally in a pid
+/// namespace of its own (as a container's processes are).
+struct Attached(std::process::Child);
+
+impl Attached {
+    fn start(path: &Path, own_pid_namespace: bool) -> Self {
+        use std::io::BufRead;
+        let exe = std::env::current_exe().unwrap();
+        let mut cmd = if own_pid_namespace {
+            let mut c = std::process::Command::new("unshare");
+            c.args(["--pid", "--fork", "--mount-proc", "--kill-child"])
+                .arg(exe);
+            c
+        } else {
+            std::process::Command::new(exe)
+        };
+        let mut child = cmd
+            .args([
+                "--exact",
+                "helper_attach_to_a_ledger_and_wait",
+                "--nocapture",
+            ])
+            .env("GPUSLICE_TEST_ATTACH", path)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let line = out
+            .lines()
+            .map_while(Result::ok)
+            .find(|l| l.starts_with("attached"));
+        assert!(line.is_some(), "the helper did not attach");
+        Attached(child)
+    }
+
+    fn kill(mut self) {
+        self.0.kill().unwrap();
+        self.0.wait().unwrap();
+    }
+}
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+// The test waits synchronously (wait_for, the helper): the PodResources
+// server needs a runtime thread of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ledger_dirs_go_once_their_pod_is_gone_and_no_process_uses_them() {
+    use gpuslice_testkit::kubelet::{PodDevices, PodResources};
+    let t = tempfile::tempdir().unwrap();
+    let socket = t.path().join("pod-resources/kubelet.sock");
+    let podres = PodResources::start(&socket).await.unwrap();
+    let text = format!(
+        "{SHARED}ledgerCleanup: {{intervalSeconds: 1, graceSeconds: 0, podResourcesSocket: {}}}",
+        socket.display()
+    );
+    let cfg = config(t.path(), &text);
+    let mut k = TestKubelet::start(&cfg.plugin_dir).await.unwrap();
+    let p = start(cfg);
+    k.registrations_of(&SHARED_AND_MIG, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let mut s = k.dial("gpuslice-gpu.shared.sock").await.unwrap();
+    // Three pods, each with a replica; the kubelet lists them.
+    let ids: Vec<Vec<String>> = (0..3).map(|g| vec![format!("{}::1", uuid(g))]).collect();
+    let pods: Vec<PodDevices> = ["a", "b", "c"]
+        .iter()
+        .zip(&ids)
+        .map(|(n, i)| PodDevices::new(n, "nvidia.com/gpu.shared", i))
+        .collect();
+    podres.set(pods.clone());
+    let mut dirs = Vec::new();
+    for i in &ids {
+        let r = allocate_one(&mut s, i).await.unwrap();
+        let slice = r.envs["GPUSLICE_SLICE"].clone();
+        dirs.push((t.path().join("ledgers").join(&slice), slice));
+    }
+    let ledger = |d: &(std::path::PathBuf, String)| d.0.join(format!("{}.ledger", d.1));
+    // a: a live process in a pid namespace of its own; b: a process
+    // SIGKILLed while attached (its slot stays); c: no ledger at all.
+    let a = Attached::start(&ledger(&dirs[0]), true);
+    Attached::start(&ledger(&dirs[1]), false).kill();
+    let sweeps = |n: u64| {
+        let p = &p;
+        move || {
+            p.wait_for(Duration::from_secs(10), |s| s.ledgers.sweeps >= n)
+                .unwrap()
+        }
+    };
+    let now = p.state.borrow().ledgers.sweeps;
+    let st = sweeps(now + 2)();
+    assert!(
+        st.ledgers.removed.is_empty(),
+        "pods listed: {:?}",
+        st.ledgers
+    );
+    assert!(dirs.iter().all(|d| d.0.is_dir()));
+
+    // The kubelet drops every pod: b and c go, a stays while its process lives.
+    podres.set(vec![]);
+    let st = sweeps(st.ledgers.sweeps + 2)();
+    let mut removed = st.ledgers.removed.clone();
+    removed.sort();
+    let mut want = vec![dirs[1].1.clone(), dirs[2].1.clone()];
+    want.sort();
+    assert_eq!(removed, want, "{:?}", st.ledgers);
+    assert_eq!(st.ledgers.in_use, vec![dirs[0].1.clone()]);
+    assert!(dirs[0].0.is_dir() && ledger(&dirs[0]).is_file());
+    assert!(!dirs[1].0.exists() && !dirs[2].0.exists());
+    assert_eq!(st.ledgers.last_error, None);
+
+    // Its process gone (the namespace with it), a goes too.
+    a.kill();
+    let st = sweeps(st.ledgers.sweeps + 2)();
+    assert!(st.ledgers.removed.contains(&dirs[0].1), "{:?}", st.ledgers);
+    assert!(!dirs[0].0.exists());
+
+    // No answer from the kubelet: nothing is removed, the error is said.
+    podres.stop().await;
+    let r = allocate_one(&mut s, &ids[0]).await.unwrap();
+    let dir = t.path().join("ledgers").join(&r.envs["GPUSLICE_SLICE"]);
+    let st = p
+        .wait_for(Duration::from_secs(10), |s| {
+            s.ledgers
+                .last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("PodResources"))
+        })
+        .unwrap();
+    let n = st.ledgers.removed.len();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(dir.is_dir());
+    assert_eq!(p.state.borrow().ledgers.removed.len(), n);
 }

@@ -4,17 +4,17 @@
 use fakegpu::FakeHost;
 use gpuslice_core::HostRoot;
 use gpuslice_k8s::plugin::config::Config;
-use gpuslice_k8s::plugin::testkubelet::{first_list, next_list, TestKubelet};
 use gpuslice_k8s::plugin::{spawn, Options};
+use gpuslice_testkit::kubelet::{first_list, next_list, TestKubelet};
 use std::time::Duration;
 
 #[tokio::test]
 async fn xids_mark_gpus_unhealthy_and_they_recover() {
-    let host = FakeHost::builder().gpus(2).build().unwrap();
+    let host = FakeHost::builder().gpus(3).build().unwrap();
     std::env::set_var("FAKEGPU_ROOT", host.root());
     let t = tempfile::tempdir().unwrap();
     let mut cfg =
-        Config::parse("health: {recoverAfterSeconds: 1}\nsharing: {replicas: 2}").unwrap();
+        Config::parse("health: {recoverAfterSeconds: 1}\nroles: [{gpus: [0, 1], role: whole}, {gpus: [2], role: shared, replicas: 2}]").unwrap();
     cfg.plugin_dir = t.path().join("plugins");
     cfg.ledger_dir = t.path().join("l");
     cfg.state_dir = t.path().join("s");
@@ -50,13 +50,15 @@ async fn xids_mark_gpus_unhealthy_and_they_recover() {
     p.wait_for(Duration::from_secs(3), |s| s.health.ignored_events == 6)
         .unwrap();
 
-    // A real one: GPU 1 unhealthy on both resources; the full list is re-sent.
+    // A real one on each role: GPU 1 (whole), then GPU 2 (shared): only
+    // its devices turn unhealthy; the full list is re-sent.
     host.inject_xid(1, 79).unwrap();
     let l = next_list(&mut stream, Duration::from_secs(3))
         .await
         .unwrap();
     let health: Vec<_> = l.iter().map(|d| d.health.as_str()).collect();
     assert_eq!(health, vec!["Healthy", "Unhealthy"]);
+    host.inject_xid(2, 79).unwrap();
     let l = next_list(&mut shared, Duration::from_secs(3))
         .await
         .unwrap();
@@ -68,8 +70,8 @@ async fn xids_mark_gpus_unhealthy_and_they_recover() {
     assert_eq!(
         bad,
         vec![
-            format!("{}::0", host.gpus()[1].uuid),
-            format!("{}::1", host.gpus()[1].uuid)
+            format!("{}::0", host.gpus()[2].uuid),
+            format!("{}::1", host.gpus()[2].uuid)
         ]
     );
 
@@ -78,7 +80,11 @@ async fn xids_mark_gpus_unhealthy_and_they_recover() {
         .await
         .unwrap();
     assert!(l.iter().all(|d| d.health == "Healthy"), "{l:?}");
+    let l = next_list(&mut shared, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(l.iter().all(|d| d.health == "Healthy"), "{l:?}");
     let s = p.state.borrow().clone();
-    assert_eq!(s.health.critical_events, 1);
+    assert_eq!(s.health.critical_events, 2);
     p.stop().unwrap();
 }

@@ -19,8 +19,13 @@ fn fake_host_labels() {
     let inv = discover(&HostRoot::new(h.root()), &opts).unwrap();
     let facts = labels::nvml_facts(Some(&h.nvml_lib()));
     assert_eq!(facts.compute_capability, Some((9, 0)));
-    let cfg = Config::parse("prefix: example.com\nsharing: {replicas: 8}\n").unwrap();
-    let l = labels::labels(&inv, &facts, Some(&cfg), &cfg.prefix);
+    // GPU 1 is in MIG mode: it serves its MIG devices.
+    let cfg = Config::parse(
+        "prefix: example.com\n\
+         roles: [{gpus: [0], role: whole}, {gpus: others, role: shared, replicas: 8}]\n",
+    )
+    .unwrap();
+    let l = labels::labels(&inv, &facts, Some(&cfg), &cfg.prefix).unwrap();
     let want = [
         ("gpu.product", "NVIDIA-H200"),
         ("gpu.memory", "143771"),
@@ -36,6 +41,12 @@ fn fake_host_labels() {
         ("gpu.form-factor", "SXM"),
         ("gpu.sharing-strategy", "gpuslice"),
         ("gpu.replicas", "8"),
+        ("gpu.0.role", "whole"),
+        ("gpu.1.role", "mig"),
+        ("gpu.2.role", "shared"),
+        ("gpu.2.replicas", "8"),
+        ("gpu.3.role", "shared"),
+        ("gpu.3.replicas", "8"),
     ];
     for (k, v) in want {
         assert_eq!(
@@ -47,6 +58,23 @@ fn fake_host_labels() {
     for (k, v) in &l {
         assert!(k.starts_with("example.com/") && valid_value(v), "{k}={v}");
     }
+    assert!(!l.contains_key("example.com/gpu.0.replicas"));
+
+    // A role the GPU cannot serve says none; a GPU named twice is refused
+    // as the plugin refuses it.
+    let cfg =
+        Config::parse("roles: [{gpus: [1], role: whole}, {gpus: others, role: whole}]").unwrap();
+    let unfit = labels::labels(&inv, &facts, Some(&cfg), "x.io").unwrap();
+    assert_eq!(unfit["x.io/gpu.1.role"], "none");
+    assert_eq!(unfit["x.io/gpu.sharing-strategy"], "none");
+    assert_eq!(unfit["x.io/gpu.replicas"], "1");
+    let cfg =
+        Config::parse("roles: [{gpus: [0], role: whole}, {gpus: ['0-1'], role: mig}]").unwrap();
+    let e = labels::labels(&inv, &facts, Some(&cfg), "x.io").unwrap_err();
+    assert!(
+        format!("{e:#}").starts_with("roles[1].gpus[0]: GPU 0"),
+        "{e:#}"
+    );
 
     // The file NFD reads: comments and name=value lines only.
     let out = h
@@ -75,7 +103,8 @@ fn fake_host_labels() {
         &labels::nvml_facts(Some(&one.nvml_lib())),
         None,
         "nvidia.com",
-    );
+    )
+    .unwrap();
     assert_eq!(l["nvidia.com/gpu.form-factor"], "PCIe");
     assert_eq!(l["nvidia.com/gpu.nvlink"], "false");
     assert!(!l.contains_key("nvidia.com/gpu.replicas"));

@@ -18,12 +18,15 @@ use serde_json::Value;
 const CLIENT: &str = env!("CARGO_BIN_EXE_gpuslice-shim-client");
 const MIB: u64 = 1 << 20;
 
+/// The shim as cargo writes it (installed, it is renamed libgpuslice.so).
+const SHIM_FILE: &str = "libgpuslice_shim.so";
+
 fn shim_so() -> PathBuf {
     fakegpu::artifact_dirs()
         .into_iter()
-        .map(|d| d.join("libgpuslice.so"))
+        .map(|d| d.join(SHIM_FILE))
         .find(|p| p.is_file())
-        .expect("libgpuslice.so next to the test binary (cargo build -p gpuslice-shim)")
+        .expect("libgpuslice_shim.so next to the test binary (cargo build -p gpuslice-shim)")
 }
 
 struct Slice {
@@ -301,9 +304,9 @@ fn without_a_cap_the_driver_s_own_functions_are_handed_out() {
         ("dlsym", "cuGetProcAddress_v2"),
     ] {
         let uncapped = defining_file(&s, false, via, name);
-        assert_ne!(uncapped, "libgpuslice.so", "{via} {name}");
+        assert_ne!(uncapped, SHIM_FILE, "{via} {name}");
         let capped = defining_file(&s, true, via, name);
-        assert_eq!(capped, "libgpuslice.so", "{via} {name}");
+        assert_eq!(capped, SHIM_FILE, "{via} {name}");
     }
 }
 

@@ -17,47 +17,74 @@
 // for a terminal (`GPU-<uuid>`), not for rustdoc's HTML.
 #![allow(rustdoc::invalid_html_tags)]
 
+mod binaries;
 pub mod cli;
 mod cmd;
-mod plot;
-mod stats;
+pub mod global;
+pub mod shim;
 
+pub use binaries::{exec_full, FULL_BINARY};
 use clap::{CommandFactory, Parser};
-use cli::{Cli, Command, LogFormat};
+use cli::{Cli, Command};
+use global::LogFormat;
 use gpuslice_isolate::launcher::{LaunchError, EXIT_LAUNCH_FAILED};
-
-/// The binary `gpuslice` hands the commands it does not carry to.
-pub const FULL_BINARY: &str = "gpuslice-full";
 
 /// Parses the command line; on a usage error, the exit status.
 pub fn parse() -> Result<Cli, u8> {
     Cli::try_parse().map_err(usage_error)
 }
 
+/// In a setuid-root install, every command but `run` (which the admin
+/// policy decides) gives root up for good before doing anything: `list`,
+/// `doctor`, `cdi generate --output` … run as the real user, so they
+/// cannot read or write what that user could not.
+pub fn shed_setuid(cli: &Cli) -> anyhow::Result<()> {
+    use gpuslice_policy::{Caller, Via};
+    let setuid = matches!(
+        Caller::detect()?,
+        Caller::User {
+            via: Via::Setuid,
+            ..
+        }
+    );
+    if setuid && !matches!(cli.command, Command::Run(_)) {
+        // The supplementary groups are already the user's: setuid exec
+        // changes only the effective (and saved) uid.
+        let (uid, gid) = (nix::unistd::getuid(), nix::unistd::getgid());
+        nix::unistd::setresgid(gid, gid, gid)?;
+        nix::unistd::setresuid(uid, uid, uid)?;
+    }
+    Ok(())
+}
+
 /// Runs a command `gpuslice` itself carries; None for the others.
 pub fn run_lean(cli: &Cli) -> Option<anyhow::Result<i32>> {
+    let g = &cli.global;
     Some(match &cli.command {
-        Command::List => cmd::list::run(cli),
-        Command::Run(args) => cmd::run::run(cli, args),
-        Command::Slices => cmd::slices::run(cli),
+        Command::List => cmd::list::run(g),
+        Command::Run(args) => cmd::run::run(g, args),
+        Command::Slices => cmd::slices::run(g),
         _ => return None,
     })
 }
 
 /// Every command.
 pub fn run_full(cli: &Cli) -> anyhow::Result<i32> {
+    let g = &cli.global;
     match &cli.command {
-        Command::List => cmd::list::run(cli),
-        Command::Run(args) => cmd::run::run(cli, args),
-        Command::Slices => cmd::slices::run(cli),
-        Command::Cdi(c) => cmd::cdi::run(cli, c),
-        Command::Exporter(args) => cmd::exporter::run(cli, args),
-        Command::Labels(args) => cmd::labels::run(cli, args),
-        Command::DevicePlugin(args) => cmd::device_plugin::run(cli, args),
-        Command::DevicePluginSelftest(args) => cmd::device_plugin::selftest(cli, args),
-        Command::Bench(cli::BenchCommand::Launch(args)) => cmd::bench_launch::run(cli, args),
-        Command::Bench(cli::BenchCommand::Init(args)) => cmd::bench_init::run(cli, args),
-        Command::Doctor(args) => cmd::doctor::run(cli, args),
+        Command::List => cmd::list::run(g),
+        Command::Run(args) => cmd::run::run(g, args),
+        Command::Slices => cmd::slices::run(g),
+        Command::Cdi(c) => cmd::cdi::run(g, c),
+        Command::Exporter(args) => cmd::exporter::run(g, args),
+        Command::Labels(args) => cmd::labels::run(g, args),
+        Command::DevicePlugin(args) => cmd::device_plugin::run(g, args),
+        Command::DevicePluginSelftest(args) => {
+            gpuslice_bench::plugin_selftest(&bench_setup(g)?, args)
+        }
+        Command::Bench(c) => gpuslice_bench::run(&bench_setup(g)?, c),
+        Command::Doctor(args) => cmd::doctor::run(g, args),
+        Command::Fakehost(args) => cmd::fakehost::run(g, args),
         Command::Completions { shell } => {
             clap_complete::generate(
                 *shell,
@@ -74,36 +101,16 @@ pub fn run_full(cli: &Cli) -> anyhow::Result<i32> {
     }
 }
 
-/// The `gpuslice` binary (the one whose `run` users call): this one, or,
-/// in `gpuslice-full`, its sibling. Benchmarks and self-tests time and run
-/// that one.
-pub(crate) fn gpuslice_exe() -> std::io::Result<std::path::PathBuf> {
-    let exe = std::env::current_exe()?;
-    Ok(match exe.file_name() {
-        Some(n) if n == FULL_BINARY => exe.with_file_name("gpuslice"),
-        _ => exe,
+/// What the benchmarks and self-tests (crate gpuslice-bench) run against.
+fn bench_setup(g: &global::Global) -> std::io::Result<gpuslice_bench::Setup> {
+    let gpuslice = binaries::gpuslice_exe()?;
+    let shim = shim::find().unwrap_or_else(|_| gpuslice.with_file_name(shim::FILE));
+    Ok(gpuslice_bench::Setup {
+        host_root: g.host_root.clone(),
+        json: g.json,
+        gpuslice,
+        shim,
     })
-}
-
-/// Replaces this process with `gpuslice-full` from the same directory,
-/// with the same arguments; returns only on failure.
-pub fn exec_full() -> u8 {
-    use std::os::unix::process::CommandExt;
-    let full = std::env::current_exe()
-        .ok()
-        .and_then(|exe| Some(exe.parent()?.join(FULL_BINARY)));
-    let Some(full) = full.filter(|p| p.is_file()) else {
-        eprintln!(
-            "gpuslice: this command is carried by {FULL_BINARY}, which is not installed next to \
-             gpuslice (install both binaries into one directory)"
-        );
-        return 1;
-    };
-    let err = std::process::Command::new(&full)
-        .args(std::env::args_os().skip(1))
-        .exec();
-    eprintln!("gpuslice: cannot run {}: {err}", full.display());
-    1
 }
 
 /// Reports `result` the way every command does and gives the exit status.
@@ -169,7 +176,7 @@ fn usage_error(e: clap::Error) -> u8 {
 pub fn init_logging(cli: &Cli) {
     use tracing_subscriber::filter::{LevelFilter, Targets};
     use tracing_subscriber::prelude::*;
-    let level = match cli.verbose {
+    let level = match cli.global.verbose {
         0 => LevelFilter::WARN,
         1 => LevelFilter::INFO,
         _ => LevelFilter::DEBUG,
@@ -184,7 +191,7 @@ pub fn init_logging(cli: &Cli) {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     let registry = tracing_subscriber::registry();
-    match cli.log_format {
+    match cli.global.log_format {
         LogFormat::Json => registry.with(layer.json().with_filter(filter)).init(),
         LogFormat::Text => registry
             .with(layer.without_time().with_target(false).with_filter(filter))

@@ -17,14 +17,18 @@ use std::ffi::{c_char, c_int};
 #[cfg(not(test))]
 #[no_mangle]
 pub extern "C" fn main(_argc: c_int, _argv: *const *const c_char) -> c_int {
-    let code = match gpuslice_cli::parse() {
+    let code = match gpuslice::parse() {
         Ok(cli) => {
             // Set up before knowing whether this binary carries the
             // command: a few microseconds, and gpuslice-full sets up its own.
-            gpuslice_cli::init_logging(&cli);
-            match gpuslice_cli::run_lean(&cli) {
-                Some(result) => gpuslice_cli::finish(&cli, result),
-                None => gpuslice_cli::exec_full(),
+            gpuslice::init_logging(&cli);
+            if let Err(e) = gpuslice::shed_setuid(&cli) {
+                eprintln!("gpuslice: giving up the setuid privilege: {e}");
+                std::process::exit(1);
+            }
+            match gpuslice::run_lean(&cli) {
+                Some(result) => gpuslice::finish(&cli, result),
+                None => gpuslice::exec_full(),
             }
         }
         Err(code) => code,

@@ -10,7 +10,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-const GPUSLICE: &str = env!("CARGO_BIN_EXE_gpuslice");
+mod common;
+use common::GPUSLICE;
 const METHODS: [&str; 5] = ["none", "env", "namespace", "cgroup", "full"];
 /// Simulated cuInit cost per reachable GPU.
 const INIT_MS_PER_GPU: u64 = 15;

@@ -3,7 +3,8 @@
 use fakegpu::FakeHost;
 use std::process::Command;
 
-const GPUSLICE: &str = env!("CARGO_BIN_EXE_gpuslice");
+mod common;
+use common::GPUSLICE;
 
 #[test]
 fn completions_and_man_page_come_from_the_cli_definition() {

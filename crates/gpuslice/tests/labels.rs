@@ -3,13 +3,18 @@
 
 use fakegpu::FakeHost;
 
-const GPUSLICE: &str = env!("CARGO_BIN_EXE_gpuslice");
+mod common;
+use common::GPUSLICE;
 
 #[test]
 fn writes_the_feature_file() {
     let h = FakeHost::builder().gpus(2).build().unwrap();
     let cfg = h.path("plugin.yaml");
-    std::fs::write(&cfg, "prefix: example.com\nsharing: {replicas: 3}\n").unwrap();
+    std::fs::write(
+        &cfg,
+        "prefix: example.com\nroles: [{gpus: [1], role: shared, replicas: 3}, {gpus: others, role: whole}]\n",
+    )
+    .unwrap();
     let out = h.path("features.d/gpuslice");
     let o = h
         .command(GPUSLICE)
@@ -29,6 +34,9 @@ fn writes_the_feature_file() {
         "example.com/gpu.count=2\n",
         "example.com/gpu.replicas=3\n",
         "example.com/gpu.sharing-strategy=gpuslice\n",
+        "example.com/gpu.0.role=whole\n",
+        "example.com/gpu.1.role=shared\n",
+        "example.com/gpu.1.replicas=3\n",
         "example.com/gpu.compute.major=9\n",
         "example.com/gpu.form-factor=SXM\n",
     ] {

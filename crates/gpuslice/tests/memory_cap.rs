@@ -11,7 +11,7 @@ use fakegpu::FakeHost;
 use serde_json::Value;
 
 mod common;
-use common::{client, gpuslice, slices_json, slices_text};
+use common::slice::{client, gpuslice, slices_json, slices_text};
 
 #[test]
 fn run_with_memory_caps_the_child_and_slices_shows_it() {

@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-const GPUSLICE: &str = env!("CARGO_BIN_EXE_gpuslice");
+mod common;
+use common::GPUSLICE;
 const PROBE: &str = env!("CARGO_BIN_EXE_gpuslice-cuda-probe");
 
 fn host(gpus: u32, modify_device_files: bool) -> FakeHost {

@@ -24,6 +24,23 @@ pub(crate) fn read_optional(path: &Path) -> Result<Option<String>, DiscoverError
     }
 }
 
+/// [`read_optional`] for a driver file below the root, opened without
+/// following any link ([`HostRoot::read_beneath`]): a linked `params` or
+/// `information` is an error, never read through.
+pub(crate) fn read_driver_file(
+    root: &HostRoot,
+    rel: &str,
+) -> Result<Option<String>, DiscoverError> {
+    match root.read_beneath(rel) {
+        Ok(s) => Ok(Some(s)),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(DiscoverError::Read {
+            path: root.join(rel),
+            source,
+        }),
+    }
+}
+
 /// Reads a file whose absence or failure only costs detail (sysfs
 /// attributes: some return EINVAL or EIO on devices that lack the feature).
 pub(crate) fn read_lenient(path: &Path) -> Option<String> {

@@ -3,7 +3,7 @@
 //! capability minors. This needs no library and works in any container
 //! that sees the host's `/proc`, so it is always the base of discovery.
 
-use super::fsutil::{dir_names, numbered, read_lenient, read_optional};
+use super::fsutil::{dir_names, numbered, read_driver_file, read_lenient, read_optional};
 use super::DiscoverError;
 use crate::hostroot::HostRoot;
 use crate::model::{Gpu, Majors, MigDevice};
@@ -57,12 +57,12 @@ pub(crate) fn scan(root: &HostRoot) -> Result<ProcfsScan, DiscoverError> {
     for (key, minor) in table.as_deref().map(parse_mig_minors).unwrap_or_default() {
         cap_minors.0.entry(key).or_insert(minor);
     }
-    let mut gpus = read_gpus(&nv.join("gpus"))?;
+    let mut gpus = read_gpus(root)?;
     for gpu in &mut gpus {
         gpu.migs = procfs_migs(gpu.minor, &instances, &cap_minors);
     }
-    let version = read_optional(&nv.join("version"))?;
-    let params = read_optional(&nv.join("params"))?;
+    let version = read_driver_file(root, "proc/driver/nvidia/version")?;
+    let params = read_driver_file(root, "proc/driver/nvidia/params")?;
     let devices = read_optional(&root.join("proc/devices"))?;
     Ok(ProcfsScan {
         gpus,
@@ -81,11 +81,12 @@ pub(crate) fn scan(root: &HostRoot) -> Result<ProcfsScan, DiscoverError> {
 
 /// One `Gpu` per `gpus/<bus>/information`, sorted by bus id. A directory
 /// without an information file (a GPU going away mid-scan) is skipped.
-fn read_gpus(dir: &Path) -> Result<Vec<Gpu>, DiscoverError> {
+fn read_gpus(root: &HostRoot) -> Result<Vec<Gpu>, DiscoverError> {
     let mut gpus = Vec::new();
-    for name in dir_names(dir) {
-        let path = dir.join(&name).join("information");
-        if let Some(text) = read_optional(&path)? {
+    for name in dir_names(&root.nvidia_proc().join("gpus")) {
+        let rel = format!("proc/driver/nvidia/gpus/{name}/information");
+        let path = root.join(&rel);
+        if let Some(text) = read_driver_file(root, &rel)? {
             gpus.push(parse_information(&text, &name, &path)?);
         }
     }

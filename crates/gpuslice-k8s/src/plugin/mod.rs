@@ -6,7 +6,8 @@
 //! replicas per GPU, `<uuid>::<r>`, capped by the shim) and, with the
 //! mixed MIG strategy, `<prefix>/mig-<profile>`. See [`resources`] for what
 //! Allocate answers, [`preferred`] for GetPreferredAllocation, [`health`]
-//! for XID health.
+//! for XID health, [`roles`] for which resource each GPU is in, and
+//! [`ledgers`] for removing the ledger directories of pods that are gone.
 //!
 //! Lifecycle ([`serve`]): load the config, discover the GPUs, start the
 //! health watcher, bind the sockets, register each resource with
@@ -14,14 +15,17 @@
 //! kubelet restart, which also deletes our sockets) or one of our sockets
 //! is gone, bind again and re-register. A reload (SIGHUP) re-reads the
 //! config and rediscovers; a config that does not load leaves the running
-//! plugin as it is.
+//! plugin as it is. Every `ledgerCleanup.intervalSeconds`, a sweep asks
+//! the kubelet's PodResources API which devices pods hold and removes the
+//! ledger directories of the others that no process uses.
 
 pub mod config;
 pub mod health;
+pub mod ledgers;
 pub mod preferred;
 pub mod resources;
+pub mod roles;
 pub mod server;
-pub mod testkubelet;
 
 /// The generated kubelet device-plugin API.
 #[allow(clippy::all, missing_docs)]
@@ -34,6 +38,7 @@ use config::Config;
 use gpuslice_core::discover::{discover, DiscoverOptions};
 use gpuslice_core::HostRoot;
 use resources::Plan;
+use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -78,6 +83,23 @@ pub struct State {
     pub warnings: Vec<String>,
     pub last_error: Option<String>,
     pub health: health::Snapshot,
+    pub ledgers: LedgerSweeps,
+}
+
+/// How many removed directory names [`LedgerSweeps`] keeps (a daemon runs
+/// for months).
+pub const REMOVED_KEPT: usize = 256;
+
+/// What the ledger sweeps did.
+#[derive(Debug, Clone, Default)]
+pub struct LedgerSweeps {
+    /// Sweeps that ran (the kubelet answered).
+    pub sweeps: u64,
+    /// Directories removed so far (the last [`REMOVED_KEPT`] of them).
+    pub removed: Vec<String>,
+    /// The last sweep's directories whose pod is gone but a process may remain.
+    pub in_use: Vec<String>,
+    pub last_error: Option<String>,
 }
 
 pub enum Control {
@@ -189,6 +211,16 @@ struct Generation {
     served: Vec<server::Served>,
     registered: bool,
     kubelet_id: Option<(u64, u64)>,
+    _sweeper: Option<AbortOnDrop>,
+}
+
+/// A task that ends with its owner.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 fn load(
@@ -210,7 +242,7 @@ fn load(
             ..Default::default()
         },
     )?;
-    let plan = Plan::new(cfg, opts.host_root.clone(), inv);
+    let plan = Plan::new(cfg, opts.host_root.clone(), inv)?;
     plan.prepare()
         .with_context(|| format!("cannot write {} (stateDir)", plan.preload_file().display()))?;
     for w in &plan.warnings {
@@ -227,8 +259,13 @@ fn kubelet_id(dir: &Path) -> Option<(u64, u64)> {
 }
 
 impl Generation {
-    fn new(opts: &Options) -> Result<Self> {
+    fn new(opts: &Options, state: &Arc<watch::Sender<State>>) -> Result<Self> {
         let (plan, watcher, health) = load(opts)?;
+        let sweeper = plan
+            .cfg
+            .ledger_cleanup
+            .enabled
+            .then(|| AbortOnDrop(tokio::spawn(sweep_ledgers(plan.clone(), state.clone()))));
         std::fs::create_dir_all(&plan.cfg.plugin_dir).with_context(|| {
             format!(
                 "cannot create the plugin dir {}",
@@ -242,6 +279,7 @@ impl Generation {
             served: Vec::new(),
             registered: false,
             kubelet_id: None,
+            _sweeper: sweeper,
         })
     }
 
@@ -335,7 +373,8 @@ pub async fn serve(
     mut ctl: mpsc::UnboundedReceiver<Control>,
     state: watch::Sender<State>,
 ) -> Result<()> {
-    let mut gen = Generation::new(&opts)?;
+    let state = Arc::new(state);
+    let mut gen = Generation::new(&opts, &state)?;
     let publish = |gen: &Generation, state: &watch::Sender<State>| {
         state.send_modify(|s| {
             s.resources = gen.plan.resources.iter().map(|r| r.name.clone()).collect();
@@ -351,7 +390,7 @@ pub async fn serve(
     loop {
         tokio::select! {
             c = ctl.recv() => match c {
-                Some(Control::Reload) => match Generation::new(&opts) {
+                Some(Control::Reload) => match Generation::new(&opts, &state) {
                     Ok(new) => {
                         gen.stop_serving().await;
                         gen = new;
@@ -379,5 +418,56 @@ pub async fn serve(
                 state.send_modify(|s| s.health = h);
             }
         }
+    }
+}
+
+/// Every `ledgerCleanup.intervalSeconds`: the slice ids of the devices the
+/// kubelet says pods hold, then [`ledgers::sweep`]. No answer, no sweep.
+async fn sweep_ledgers(plan: Arc<Plan>, state: Arc<watch::Sender<State>>) {
+    let cfg = &plan.cfg.ledger_cleanup;
+    let mut tick = tokio::time::interval(Duration::from_secs(cfg.interval_seconds));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let held =
+            match gpuslice_metrics::pods::list(&cfg.pod_resources_socket, Duration::from_secs(5))
+                .await
+            {
+                Ok(a) => a
+                    .iter()
+                    .map(|a| resources::slice_id(&a.device_id))
+                    .collect::<HashSet<String>>(),
+                Err(e) => {
+                    let e = format!("ledger cleanup skipped: {e:#}");
+                    tracing::warn!("{e}");
+                    state.send_modify(|s| s.ledgers.last_error = Some(e));
+                    continue;
+                }
+            };
+        let dir = plan.cfg.ledger_dir.clone();
+        let grace = Duration::from_secs(cfg.grace_seconds);
+        let swept =
+            match tokio::task::spawn_blocking(move || ledgers::sweep(&dir, &held, grace)).await {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::error!("ledger sweep: {e}");
+                    continue;
+                }
+            };
+        for name in &swept.removed {
+            tracing::info!("removed the ledger directory {name}: its pod is gone");
+        }
+        for e in &swept.errors {
+            tracing::warn!("ledger cleanup: {e}");
+        }
+        state.send_modify(|s| {
+            let l = &mut s.ledgers;
+            l.sweeps += 1;
+            l.removed.extend(swept.removed);
+            let over = l.removed.len().saturating_sub(REMOVED_KEPT);
+            l.removed.drain(..over);
+            l.in_use = swept.in_use;
+            l.last_error = swept.errors.into_iter().next();
+        });
     }
 }

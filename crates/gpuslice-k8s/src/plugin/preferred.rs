@@ -4,9 +4,15 @@
 //! with the best links to those already chosen (an NVLink peer 100 per
 //! link direction, the same NUMA node 10, the same PCIe root complex (bus
 //! domain and upper bus nibble) 1); ties go to the lowest index, so the
-//! answer is deterministic. Replicas: packed onto the fewest GPUs (the GPUs
-//! already used first, then the GPU with the most free replicas), or with
-//! `spread` onto as many GPUs as possible.
+//! answer is deterministic. Replicas (`pack`): packed, filling the
+//! fullest GPU that still has room, or with `spread` onto as many GPUs as
+//! possible, emptiest first.
+//!
+//! This is a preference only: the kubelet may ignore it (it does when the
+//! Topology Manager decides, and it always passes `available` minus what
+//! it has handed out), and two pods admitted at once each see the same
+//! `available`. It cannot guarantee packing; a GPU's role guarantees that
+//! no GPU is in two resources.
 
 use super::resources::{BadRequest, Entry, Kind, Resource};
 use gpuslice_core::{Gpu, Inventory};
@@ -118,24 +124,98 @@ fn topology<'a>(
     }
 }
 
+/// Replicas, one at a time: a GPU this allocation already uses while it
+/// has room; else, packing, the fullest GPU (fewest free replicas) that
+/// still has room for all that is left, or, when none has, the GPU with
+/// the most free replicas (the fewest GPUs); spreading, the GPU this
+/// allocation uses least, emptiest first. Ties go to the lowest index.
 fn pack<'a>(chosen: &mut Vec<&'a Entry>, pool: Vec<&'a Entry>, size: usize, spread: bool) {
     let mut free: BTreeMap<u32, Vec<&'a Entry>> = BTreeMap::new();
     for e in pool {
         free.entry(e.gpu).or_default().push(e);
     }
     while chosen.len() < size {
+        let need = size - chosen.len();
         let used = |g: u32| chosen.iter().filter(|c| c.gpu == g).count();
-        let pick = free
-            .iter()
-            .filter(|(_, v)| !v.is_empty())
-            .max_by_key(|(g, v)| {
-                let u = used(**g) as i64;
-                let key = if spread { -u } else { u };
-                (key, v.len() as i64, -(**g as i64))
-            })
-            .map(|(g, _)| *g);
-        let Some(g) = pick else { break };
+        let room = free.iter().filter(|(_, v)| !v.is_empty());
+        let pick = if spread {
+            room.min_by_key(|(g, v)| (used(**g), std::cmp::Reverse(v.len()), **g))
+        } else if let Some(own) = room.clone().find(|(g, _)| used(**g) > 0) {
+            Some(own)
+        } else if let Some(fits) = room
+            .clone()
+            .filter(|(_, v)| v.len() >= need)
+            .min_by_key(|(g, v)| (v.len(), **g))
+        {
+            Some(fits)
+        } else {
+            room.min_by_key(|(g, v)| (std::cmp::Reverse(v.len()), **g))
+        };
+        let Some(g) = pick.map(|(g, _)| *g) else {
+            break;
+        };
         let v = free.get_mut(&g).expect("picked from the map");
         chosen.push(v.remove(0));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// GPU g with `free` of its 4 replicas available: `g::r` for the last ones.
+    fn pool(free: &[(u32, usize)]) -> Vec<Entry> {
+        free.iter()
+            .flat_map(|&(g, n)| {
+                (4 - n..4).map(move |r| Entry {
+                    id: format!("G{g}::{r}"),
+                    gpu: g,
+                    mig: None,
+                    numa: None,
+                })
+            })
+            .collect()
+    }
+
+    fn gpus_of(free: &[(u32, usize)], must: &[&str], size: usize, spread: bool) -> Vec<u32> {
+        let p = pool(free);
+        let mut chosen: Vec<&Entry> = must
+            .iter()
+            .map(|m| p.iter().find(|e| e.id == *m).unwrap())
+            .collect();
+        let rest = p
+            .iter()
+            .filter(|e| !must.contains(&e.id.as_str()))
+            .collect();
+        pack(&mut chosen, rest, size, spread);
+        chosen.iter().map(|e| e.gpu).collect()
+    }
+
+    #[test]
+    fn packing_fills_the_fullest_gpu_that_has_room() {
+        // GPU 0 holds one replica already (3 free), GPUs 1 and 2 none.
+        let host = [(0, 3), (1, 4), (2, 4)];
+        assert_eq!(gpus_of(&host, &[], 1, false), vec![0]);
+        assert_eq!(gpus_of(&host, &[], 3, false), vec![0, 0, 0]);
+        // Four do not fit on GPU 0: the fullest that fits them all.
+        assert_eq!(gpus_of(&host, &[], 4, false), vec![1, 1, 1, 1]);
+        // Fullest first even at a higher index.
+        assert_eq!(gpus_of(&[(0, 4), (1, 1), (2, 2)], &[], 1, false), vec![1]);
+        assert_eq!(
+            gpus_of(&[(0, 4), (1, 1), (2, 2)], &[], 2, false),
+            vec![2, 2]
+        );
+        // Nothing holds five: the most free first, then the fullest with room.
+        assert_eq!(gpus_of(&host, &[], 5, false), vec![1, 1, 1, 1, 0]);
+        // must_include pulls the rest onto its GPU while it has room.
+        assert_eq!(gpus_of(&host, &["G2::0"], 3, false), vec![2, 2, 2]);
+    }
+
+    #[test]
+    fn spreading_takes_the_emptiest_gpus_one_each() {
+        let host = [(0, 3), (1, 4), (2, 4)];
+        assert_eq!(gpus_of(&host, &[], 1, true), vec![1]);
+        assert_eq!(gpus_of(&host, &[], 3, true), vec![1, 2, 0]);
+        assert_eq!(gpus_of(&host, &[], 4, true), vec![1, 2, 0, 1]);
     }
 }

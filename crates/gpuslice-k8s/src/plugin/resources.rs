@@ -1,14 +1,21 @@
 //! What the plugin offers: one [`Resource`] per resource name, built from
 //! the inventory and the config, and the answer to Allocate for a set of
-//! its device IDs. Pure apart from the mkdir of a shared slice's ledger
-//! directory, so it is unit-tested and benchmarked without gRPC.
+//! its device IDs. Pure apart from writing a shared slice's records (its
+//! limits and usage ledger), so it is unit-tested and benchmarked without
+//! gRPC.
 
 use super::config::{ComputeMode, Config, MigStrategy};
+use super::ledgers;
+use super::roles::{self, Role, RoleError};
 use super::v1beta1 as api;
-use crate::cdi::{CONTAINER_LEDGER_DIR, CONTAINER_SHIM};
+use crate::cdi::CONTAINER_SHIM;
 use gpuslice_core::model::{NVIDIACTL_MINOR, NVIDIA_MAJOR, NVIDIA_MODESET_MINOR};
 use gpuslice_core::{DevicePolicy, HostRoot, Inventory, Selection};
-use gpuslice_ledger::board::{BOARD_DIR_ENV, DEFAULT_BOARD_DIR};
+use gpuslice_ledger::board::{self, Mode, BOARD_DIR_ENV, DEFAULT_BOARD_DIR};
+use gpuslice_ledger::limits::{
+    ComputeShare, DeviceLimits, MemorySize, RecordPaths, SliceLimits, LIMITS_FILE, SLICE_DIR,
+    USAGE_FILE,
+};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
@@ -115,16 +122,52 @@ pub struct Plan {
 }
 
 impl Plan {
-    pub fn new(cfg: Config, root: HostRoot, inv: Inventory) -> Self {
+    /// What `cfg` offers on `inv`; an error names the `roles` field that
+    /// does not resolve (an unknown GPU, or one GPU in two roles).
+    pub fn new(cfg: Config, root: HostRoot, inv: Inventory) -> Result<Self, RoleError> {
         let mut warnings = Vec::new();
-        let mut whole = Vec::new();
-        let mut shared = Vec::new();
-        let mut migs: BTreeMap<String, Vec<Entry>> = BTreeMap::new();
-        let replicas = cfg.sharing.replicas;
-        for g in &inv.gpus {
-            let mig_on = g.mig_enabled == Some(true) || !g.migs.is_empty();
-            if mig_on {
-                if cfg.strategies.mig == MigStrategy::Mixed {
+        // Resource short name -> (kind, entries), in the order first seen.
+        let mut offered: Vec<(String, Kind, Vec<Entry>)> = Vec::new();
+        let mut add = |short: String, kind: Kind, e: Entry| match offered
+            .iter_mut()
+            .find(|(s, _, _)| *s == short)
+        {
+            Some((_, _, v)) => v.push(e),
+            None => offered.push((short, kind, vec![e])),
+        };
+        for (g, a) in inv.gpus.iter().zip(roles::resolve(&cfg, &inv)?) {
+            if let Some(why) = a.unfit {
+                warnings.push(why);
+                continue;
+            }
+            let entry = |id: String, mig: Option<u32>| Entry {
+                id,
+                gpu: g.index,
+                mig,
+                numa: g.numa_node,
+            };
+            let short = a.resource.unwrap_or_default();
+            match a.role {
+                Role::Whole => add(short, Kind::Whole, entry(g.uuid.clone(), None)),
+                Role::Shared { replicas } => {
+                    if g.memory_bytes.is_none() {
+                        warnings.push(format!(
+                            "GPU {} not shared: its memory size is unknown ({})",
+                            g.index,
+                            inv.nvml_error.as_deref().unwrap_or("NVML gave none")
+                        ));
+                        continue;
+                    }
+                    for r in 0..replicas {
+                        let id = format!("{}{REPLICA_SEP}{r}", g.uuid);
+                        add(short.clone(), Kind::Shared { replicas }, entry(id, None));
+                    }
+                }
+                Role::Mig if cfg.strategies.mig == MigStrategy::None => warnings.push(format!(
+                    "GPU {} is in MIG mode and the MIG strategy is none: not offered",
+                    g.index
+                )),
+                Role::Mig => {
                     for m in &g.migs {
                         let (Some(uuid), Some(profile)) = (&m.uuid, &m.profile) else {
                             warnings.push(format!(
@@ -133,65 +176,30 @@ impl Plan {
                             ));
                             continue;
                         };
-                        migs.entry(profile.clone()).or_default().push(Entry {
-                            id: uuid.clone(),
-                            gpu: g.index,
-                            mig: Some(m.index),
-                            numa: g.numa_node,
-                        });
+                        let kind = Kind::Mig {
+                            profile: profile.clone(),
+                        };
+                        add(
+                            format!("mig-{profile}"),
+                            kind,
+                            entry(uuid.clone(), Some(m.index)),
+                        );
                     }
-                } else {
-                    warnings.push(format!(
-                        "GPU {} is in MIG mode and the MIG strategy is none: not offered",
-                        g.index
-                    ));
-                }
-                continue;
-            }
-            if cfg.strategies.whole {
-                whole.push(Entry {
-                    id: g.uuid.clone(),
-                    gpu: g.index,
-                    mig: None,
-                    numa: g.numa_node,
-                });
-            }
-            if replicas > 0 {
-                if g.memory_bytes.is_none() {
-                    warnings.push(format!(
-                        "GPU {} not shared: its memory size is unknown ({})",
-                        g.index,
-                        inv.nvml_error.as_deref().unwrap_or("NVML gave none")
-                    ));
-                    continue;
-                }
-                for r in 0..replicas {
-                    shared.push(Entry {
-                        id: format!("{}{REPLICA_SEP}{r}", g.uuid),
-                        gpu: g.index,
-                        mig: None,
-                        numa: g.numa_node,
-                    });
                 }
             }
         }
+        // Whole, then shared, then MIG resources; by name within each.
+        let rank = |k: &Kind| match k {
+            Kind::Whole => 0,
+            Kind::Shared { .. } => 1,
+            Kind::Mig { .. } => 2,
+        };
+        offered.sort_by(|a, b| (rank(&a.1), &a.0).cmp(&(rank(&b.1), &b.0)));
         let p = &cfg.prefix;
-        let mut resources = Vec::new();
-        if cfg.strategies.whole {
-            resources.push(Resource::new(p, "gpu".into(), Kind::Whole, whole));
-        }
-        if replicas > 0 {
-            resources.push(Resource::new(
-                p,
-                "gpu.shared".into(),
-                Kind::Shared { replicas },
-                shared,
-            ));
-        }
-        for (profile, entries) in migs {
-            let short = format!("mig-{profile}");
-            resources.push(Resource::new(p, short, Kind::Mig { profile }, entries));
-        }
+        let resources: Vec<Resource> = offered
+            .into_iter()
+            .map(|(short, kind, entries)| Resource::new(p, short, kind, entries))
+            .collect();
         for r in &resources {
             for e in &r.entries {
                 if e.id.len() > MAX_ID_LEN {
@@ -211,14 +219,14 @@ impl Plan {
         .into_iter()
         .filter(|n| root.dev().join(n).exists())
         .collect();
-        Plan {
+        Ok(Plan {
             cfg,
             root,
             inv,
             resources,
             warnings,
             control,
-        }
+        })
     }
 
     /// Host path of `/dev/<rel>` as the runtime should open it.
@@ -255,6 +263,110 @@ impl Plan {
             std::fs::write(self.preload_file(), format!("{CONTAINER_SHIM}\n"))?;
         }
         Ok(())
+    }
+
+    /// A shared allocation's limits: per GPU, its replicas' part of the
+    /// memory and of the time (one unit each: bytes, basis points).
+    fn replica_limits(
+        &self,
+        slice: &str,
+        replicas: u32,
+        per_gpu: &BTreeMap<u32, Vec<&Entry>>,
+    ) -> SliceLimits {
+        let devices = per_gpu
+            .iter()
+            .filter_map(|(gpu, on)| {
+                self.inv
+                    .gpus
+                    .iter()
+                    .find(|g| g.index == *gpu)
+                    .map(|g| (g, on))
+            })
+            .map(|(g, on)| {
+                let mem = g.memory_bytes.unwrap_or(0);
+                DeviceLimits {
+                    uuid: g.uuid.clone(),
+                    memory: Some(MemorySize(
+                        (mem / u64::from(replicas) * on.len() as u64).max(1),
+                    )),
+                    compute: Some(ComputeShare::fraction(on.len() as u64, u64::from(replicas))),
+                }
+            })
+            .collect();
+        SliceLimits {
+            slice_id: slice.to_string(),
+            mode: match self.cfg.sharing.compute_mode {
+                ComputeMode::Cap => Mode::Cap,
+                ComputeMode::Guaranteed => Mode::Guaranteed,
+            },
+            devices,
+        }
+    }
+
+    /// Writes a replica's records (root's limits, its usage ledger) under
+    /// `<ledgerDir>/<slice>/` and returns its mounts: the shim and the
+    /// preload list read-only, its own limits read-only and its own usage
+    /// ledger read-write at the fixed place, nothing of other slices
+    /// writable. Guaranteed mode adds the GPUs' boards (which every
+    /// borrower must write; what can be forged there is bounded, see
+    /// docs/security.md) with the root-written shares read-only.
+    fn slice_mounts(&self, limits: &SliceLimits) -> Result<Vec<api::Mount>, BadRequest> {
+        let dir = self.cfg.ledger_dir.join(&limits.slice_id);
+        // The kubelet may allocate the same device IDs again to a new
+        // container: a leftover nothing uses is removed ([`ledgers`]);
+        // one a process of the old pod still uses is kept, records and
+        // all (the same IDs have the same limits).
+        ledgers::prepare(&dir)
+            .map_err(|e| BadRequest(format!("cannot prepare the ledger directory: {e}")))?;
+        let existing = RecordPaths::under(&dir);
+        let records = if existing.limits.is_file() {
+            existing
+        } else {
+            // Made afresh, root-only (prepare's directory is empty).
+            let _ = std::fs::remove_dir(&dir);
+            limits.write_records(&dir).map_err(|e| {
+                BadRequest(format!(
+                    "cannot write the slice's records in {}: {e}",
+                    dir.display()
+                ))
+            })?
+        };
+        let at = |name: &str| format!("{SLICE_DIR}/{name}");
+        let mount = |container_path: String, host: &Path, read_only: bool| api::Mount {
+            container_path,
+            host_path: self.host_path(host),
+            read_only,
+        };
+        let mut mounts = vec![
+            mount(CONTAINER_SHIM.into(), &self.cfg.shim, true),
+            mount("/etc/ld.so.preload".into(), &self.preload_file(), true),
+            mount(at(LIMITS_FILE), &records.limits, true),
+            mount(at(USAGE_FILE), &records.usage, false),
+        ];
+        if limits.mode == Mode::Guaranteed {
+            let boards = &self.cfg.board_dir;
+            gpuslice_ledger::ensure_dir(boards)
+                .map_err(|e| BadRequest(format!("cannot create the board directory: {e}")))?;
+            let key = board::ledger_key(&records.usage)
+                .map_err(|e| BadRequest(format!("{}: {e}", records.usage.display())))?;
+            for d in &limits.devices {
+                board::publish_share(boards, &d.uuid, key, d.share_bp()).map_err(|e| {
+                    BadRequest(format!(
+                        "cannot record the share on {}: {e}",
+                        boards.display()
+                    ))
+                })?;
+            }
+            mounts.push(mount(DEFAULT_BOARD_DIR.into(), boards, false));
+            mounts.push(mount(
+                board::shares_dir(Path::new(DEFAULT_BOARD_DIR))
+                    .display()
+                    .to_string(),
+                &board::shares_dir(boards),
+                true,
+            ));
+        }
+        Ok(mounts)
     }
 
     /// The answer for one container asking for `ids` of resource `res`.
@@ -335,69 +447,11 @@ impl Plan {
         let slice = slice_id(&entries[0].id);
         env.insert("GPUSLICE_SLICE".into(), slice.clone());
         if let Kind::Shared { replicas } = res.kind {
-            let mut caps = Vec::new();
-            let mut shares = Vec::new();
-            for (gpu, on) in &per_gpu {
-                let mem = self
-                    .inv
-                    .gpus
-                    .iter()
-                    .find(|g| g.index == *gpu)
-                    .and_then(|g| g.memory_bytes)
-                    .unwrap_or(0);
-                caps.push(mem / u64::from(replicas) * on.len() as u64);
-                shares.push(100 * on.len() as u32 / replicas);
-            }
-            let min = caps.iter().copied().min().unwrap_or(0);
-            env.insert("GPUSLICE_MEMORY_LIMIT".into(), min.to_string());
-            if caps.len() > 1 {
-                for (ordinal, cap) in caps.iter().enumerate() {
-                    env.insert(format!("GPUSLICE_MEMORY_LIMIT_{ordinal}"), cap.to_string());
-                }
-            }
-            let share = shares.iter().copied().min().unwrap_or(100).max(1);
-            env.insert("GPUSLICE_COMPUTE_LIMIT".into(), share.to_string());
-            env.insert(
-                "GPUSLICE_LEDGER".into(),
-                format!("{CONTAINER_LEDGER_DIR}/{slice}.ledger"),
-            );
-            let ledger_dir = self.cfg.ledger_dir.join(&slice);
-            if let Err(e) = std::fs::create_dir_all(&ledger_dir) {
-                return Err(BadRequest(format!(
-                    "cannot create the ledger directory {}: {e}",
-                    ledger_dir.display()
-                )));
-            }
-            resp.mounts.push(api::Mount {
-                container_path: CONTAINER_SHIM.into(),
-                host_path: self.host_path(&self.cfg.shim),
-                read_only: true,
-            });
-            resp.mounts.push(api::Mount {
-                container_path: "/etc/ld.so.preload".into(),
-                host_path: self.host_path(&self.preload_file()),
-                read_only: true,
-            });
-            resp.mounts.push(api::Mount {
-                container_path: CONTAINER_LEDGER_DIR.into(),
-                host_path: self.host_path(&ledger_dir),
-                read_only: false,
-            });
-            // Every replica publishes its GPU time on the GPUs' boards,
-            // which borrowing (guaranteed) replicas read.
-            if let Err(e) = gpuslice_ledger::ensure_dir(&self.cfg.board_dir) {
-                return Err(BadRequest(format!(
-                    "cannot create the board directory: {e}"
-                )));
-            }
-            resp.mounts.push(api::Mount {
-                container_path: DEFAULT_BOARD_DIR.into(),
-                host_path: self.host_path(&self.cfg.board_dir),
-                read_only: false,
-            });
-            env.insert(BOARD_DIR_ENV.into(), DEFAULT_BOARD_DIR.into());
+            let limits = self.replica_limits(&slice, replicas, &per_gpu);
+            env.extend(limits.env());
+            resp.mounts.extend(self.slice_mounts(&limits)?);
             if self.cfg.sharing.compute_mode == ComputeMode::Guaranteed {
-                env.insert("GPUSLICE_COMPUTE_MODE".into(), "guaranteed".into());
+                env.insert(BOARD_DIR_ENV.into(), DEFAULT_BOARD_DIR.into());
             }
         }
         if self.cfg.strategies.cdi {

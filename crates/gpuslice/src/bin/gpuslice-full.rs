@@ -4,10 +4,10 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let cli = match gpuslice_cli::parse() {
+    let cli = match gpuslice::parse() {
         Ok(cli) => cli,
         Err(code) => return ExitCode::from(code),
     };
-    gpuslice_cli::init_logging(&cli);
-    ExitCode::from(gpuslice_cli::finish(&cli, gpuslice_cli::run_full(&cli)))
+    gpuslice::init_logging(&cli);
+    ExitCode::from(gpuslice::finish(&cli, gpuslice::run_full(&cli)))
 }

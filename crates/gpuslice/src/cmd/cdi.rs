@@ -1,7 +1,7 @@
 //! `gpuslice cdi generate|check`: CDI specs for container runtimes (the
 //! work is in `gpuslice_k8s::cdi`).
 
-use crate::cli::Cli;
+use crate::global::Global;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use gpuslice_core::HostRoot;
@@ -67,10 +67,10 @@ pub enum HookCommand {
     },
 }
 
-pub fn run(cli: &Cli, cmd: &CdiCommand) -> Result<i32> {
-    let root = HostRoot::new(&cli.host_root);
+pub fn run(global: &Global, cmd: &CdiCommand) -> Result<i32> {
+    let root = HostRoot::new(&global.host_root);
     match cmd {
-        CdiCommand::Generate(a) => generate(cli, &root, a),
+        CdiCommand::Generate(a) => generate(global, &root, a),
         CdiCommand::Check(a) => check(&root, a),
         CdiCommand::Hook(HookCommand::Params { file }) => {
             let mut state = String::new();
@@ -83,22 +83,13 @@ pub fn run(cli: &Cli, cmd: &CdiCommand) -> Result<i32> {
 
 fn base_options(spec_dir: &Path) -> Options {
     Options {
-        shim: shim(),
+        shim: crate::shim::find().ok(),
         hook: std::env::current_exe()
             .ok()
             .and_then(|p| p.canonicalize().ok()),
         spec_dir: spec_dir.to_path_buf(),
         ..Options::default()
     }
-}
-
-/// `$GPUSLICE_SHIM`, else `libgpuslice.so` next to this binary.
-fn shim() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("GPUSLICE_SHIM").filter(|p| !p.is_empty()) {
-        return Some(PathBuf::from(p)).filter(|p| p.is_file());
-    }
-    let exe = std::env::current_exe().ok()?.canonicalize().ok()?;
-    Some(exe.with_file_name("libgpuslice.so")).filter(|p| p.is_file())
 }
 
 fn spec_dir(output: &Path) -> PathBuf {
@@ -111,7 +102,7 @@ fn spec_dir(output: &Path) -> PathBuf {
     dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf())
 }
 
-fn generate(cli: &Cli, root: &HostRoot, a: &GenerateArgs) -> Result<i32> {
+fn generate(global: &Global, root: &HostRoot, a: &GenerateArgs) -> Result<i32> {
     let output = a
         .output
         .clone()
@@ -149,7 +140,7 @@ fn generate(cli: &Cli, root: &HostRoot, a: &GenerateArgs) -> Result<i32> {
     let devices = serde_json::to_value(&g.spec)?["devices"]
         .as_array()
         .map_or(0, Vec::len);
-    if cli.json {
+    if global.json {
         println!(
             "{}",
             serde_json::json!({

@@ -1,6 +1,6 @@
 //! `gpuslice doctor`: runs the checks of `gpuslice-doctor` and prints them.
 
-use crate::cli::Cli;
+use crate::global::Global;
 use anyhow::Result;
 use clap::Args;
 use gpuslice_core::HostRoot;
@@ -16,14 +16,14 @@ pub struct DoctorArgs {
 }
 
 /// Exit code 0 when every check passed or was skipped, 1 with warnings, 2 with failures.
-pub fn run(cli: &Cli, args: &DoctorArgs) -> Result<i32> {
+pub fn run(global: &Global, args: &DoctorArgs) -> Result<i32> {
     let opts = Options {
-        host_root: HostRoot::new(&cli.host_root),
+        host_root: HostRoot::new(&global.host_root),
         cgroup_root: args.cgroup_root.clone(),
         ..Default::default()
     };
     let report = gpuslice_doctor::run(&opts);
-    if cli.json {
+    if global.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         let color = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();

@@ -7,7 +7,7 @@ use gpuslice_metrics::{bench, parse_duration, pods, Config, Exporter, DEFAULT_LI
 use serde_json::json;
 use std::path::PathBuf;
 
-use crate::cli::Cli;
+use crate::global::Global;
 
 #[derive(Debug, Args)]
 pub struct ExporterArgs {
@@ -32,7 +32,7 @@ pub struct ExporterArgs {
     pub bench_scrapes: Option<usize>,
 }
 
-pub fn run(cli: &Cli, args: &ExporterArgs) -> Result<i32> {
+pub fn run(global: &Global, args: &ExporterArgs) -> Result<i32> {
     let interval = parse_duration(&args.interval)
         .filter(|d| !d.is_zero())
         .ok_or_else(|| {
@@ -41,11 +41,11 @@ pub fn run(cli: &Cli, args: &ExporterArgs) -> Result<i32> {
                 args.interval
             )
         })?;
-    let host_root = HostRoot::new(&cli.host_root);
+    let host_root = HostRoot::new(&global.host_root);
     let socket = args
         .pod_resources_socket
         .clone()
-        .unwrap_or_else(|| cli.host_root.join(pods::DEFAULT_SOCKET));
+        .unwrap_or_else(|| global.host_root.join(pods::DEFAULT_SOCKET));
     let cfg = Config {
         listen: match args.bench_scrapes {
             Some(_) => "127.0.0.1:0".into(),

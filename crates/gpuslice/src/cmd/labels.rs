@@ -9,7 +9,7 @@ use gpuslice_k8s::labels::{self, DEFAULT_FEATURES_FILE};
 use gpuslice_k8s::plugin::config::Config;
 use std::path::PathBuf;
 
-use crate::cli::Cli;
+use crate::global::Global;
 
 #[derive(Debug, Args)]
 pub struct LabelsArgs {
@@ -17,7 +17,7 @@ pub struct LabelsArgs {
     #[arg(long, short, value_name = "FILE", default_value = DEFAULT_FEATURES_FILE)]
     pub output: PathBuf,
 
-    /// The device plugin's YAML config: adds the sharing mode, replicas and MIG strategy, and its prefix is the default.
+    /// The device plugin's YAML config: adds each GPU's role, the sharing mode, replicas and MIG strategy, and its prefix is the default.
     #[arg(long, value_name = "FILE", env = "GPUSLICE_DEVICE_PLUGIN_CONFIG")]
     pub config: Option<PathBuf>,
 
@@ -26,7 +26,7 @@ pub struct LabelsArgs {
     pub prefix: Option<String>,
 }
 
-pub fn run(cli: &Cli, args: &LabelsArgs) -> Result<i32> {
+pub fn run(global: &Global, args: &LabelsArgs) -> Result<i32> {
     let cfg = args.config.as_deref().map(Config::load).transpose()?;
     let prefix = args
         .prefix
@@ -34,9 +34,12 @@ pub fn run(cli: &Cli, args: &LabelsArgs) -> Result<i32> {
         .or_else(|| cfg.as_ref().map(|c| c.prefix.clone()))
         .unwrap_or_else(|| labels::DEFAULT_PREFIX.to_string());
     labels::check_prefix(&prefix)?;
-    let inv = discover(&HostRoot::new(&cli.host_root), &DiscoverOptions::default())?;
+    let inv = discover(
+        &HostRoot::new(&global.host_root),
+        &DiscoverOptions::default(),
+    )?;
     let facts = labels::nvml_facts(None);
-    let l = labels::labels(&inv, &facts, cfg.as_ref(), &prefix);
+    let l = labels::labels(&inv, &facts, cfg.as_ref(), &prefix)?;
     let text = labels::render(&l);
     if args.output.as_os_str() == "-" {
         print!("{text}");

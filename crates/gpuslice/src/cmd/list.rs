@@ -1,17 +1,26 @@
 //! `gpuslice list`: what discovery found.
 
-use crate::cli::Cli;
+use crate::global::Global;
 use anyhow::Result;
 use gpuslice_core::discover::{discover, DiscoverOptions};
 use gpuslice_core::{HostRoot, Inventory};
 use std::fmt::Write;
 
-pub fn run(cli: &Cli) -> Result<i32> {
-    let inv = discover(&HostRoot::new(&cli.host_root), &DiscoverOptions::default())?;
-    if cli.json {
+pub fn run(global: &Global) -> Result<i32> {
+    let inv = discover(
+        &HostRoot::new(&global.host_root),
+        &DiscoverOptions::default(),
+    )?;
+    if global.json {
         println!("{}", serde_json::to_string_pretty(&inv)?);
     } else {
         print!("{}", table(&inv));
+        if fakegpu::is_fake_host(&global.host_root) {
+            println!(
+                "SIMULATION: {} is a fake GPU host (gpuslice fakehost); these GPUs do not exist",
+                global.host_root.display()
+            );
+        }
     }
     Ok(0)
 }

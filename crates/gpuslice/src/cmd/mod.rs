@@ -1,12 +1,13 @@
 //! One module per subcommand.
 
-pub mod bench_init;
-pub mod bench_launch;
 pub mod cdi;
 pub mod device_plugin;
 pub mod doctor;
 pub mod exporter;
+pub mod fakehost;
 pub mod labels;
 pub mod list;
 pub mod run;
+pub mod slice_setup;
 pub mod slices;
+pub mod tenant;

@@ -1,6 +1,7 @@
 //! `gpuslice run`: a command that can reach only the selected GPUs.
 
-use crate::cli::{CgroupVersion, Cli, IsolationArg, PidMode, RunArgs};
+use super::tenant::Tenant;
+use crate::global::Global;
 use anyhow::{anyhow, Context, Result};
 use gpuslice_core::discover::cache::discover_cached;
 use gpuslice_core::discover::DiscoverOptions;
@@ -13,6 +14,93 @@ use gpuslice_isolate::privileges::Privileges;
 use gpuslice_isolate::Isolation;
 use std::ffi::{CString, OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum IsolationArg {
+    /// All four layers: private /dev, params overlay and /proc masking, device cgroup, env.
+    Full,
+    /// Device cgroup and env.
+    Cgroup,
+    /// Private /dev and env (what bubblewrap does).
+    Namespace,
+    /// CUDA_VISIBLE_DEVICES and friends only.
+    Env,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CgroupVersion {
+    V1,
+    V2,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// GPUs to expose: comma list of 3, 0-3, GPU-<uuid>, 0000:3b:00.0, MIG-<uuid>, <gpu>:<mig>, all, none.
+    #[arg(long, value_name = "SEL")]
+    pub gpus: String,
+
+    /// Isolation layers [default: full as root, namespace (user namespace) otherwise].
+    #[arg(long, value_enum)]
+    pub isolation: Option<IsolationArg>,
+
+    /// Keep no capability at all (a root command is uid 0 without any), on top of the default confinement.
+    #[arg(long, conflicts_with = "privileged")]
+    pub strict: bool,
+
+    /// Run as full root with every capability, no seccomp filter, no PID or cgroup namespace and the caller's descriptors: NOT a security boundary (the command can undo the GPU isolation).
+    #[arg(long)]
+    pub privileged: bool,
+
+    /// PID namespace: `private` (default) gives the slice its own /proc and an init; `host` shares the host's.
+    #[arg(long, value_enum, value_name = "MODE", default_value = "private")]
+    pub pid: PidMode,
+
+    /// Pass descriptors 3 .. 3+N on to the command (as runc); all others are closed.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub preserve_fds: u32,
+
+    /// Run the command as USER[:GROUP] (names or numeric ids; supplementary groups from the group database) [default: the invoking user when run through sudo, else gpuslice's own ids].
+    #[arg(long, value_name = "USER[:GROUP]")]
+    pub user: Option<String>,
+
+    /// Device cgroup to use [default: v2 when mounted, else v1].
+    #[arg(long, value_enum, value_name = "VERSION")]
+    pub cgroup: Option<CgroupVersion>,
+
+    /// Cap GPU memory per selected GPU (e.g. 20GiB), applied to every process of the slice by libgpuslice.so (preloaded through the slice's /etc/ld.so.preload; see docs/security.md for what it does not stop).
+    #[arg(long, value_name = "SIZE")]
+    pub memory: Option<gpuslice_ledger::limits::MemorySize>,
+
+    /// Compute share per selected GPU in percent of its time (e.g. 25): a hard cap on the GPU time of the slice's kernel and graph launches, shared by all its processes, applied by libgpuslice.so like --memory.
+    #[arg(long, value_name = "PCT")]
+    pub compute: Option<gpuslice_ledger::limits::ComputeShare>,
+
+    /// How --compute applies: `cap` never lets the slice exceed its share; `guaranteed` lets it also use GPU time the other slices of its GPUs leave idle (work-conserving), falling back to its share when they are busy.
+    #[arg(
+        long,
+        value_enum,
+        value_name = "MODE",
+        default_value = "cap",
+        requires = "compute"
+    )]
+    pub compute_mode: super::slices::ComputeMode,
+
+    /// Share a CUDA JIT cache between slices (sets CUDA_CACHE_PATH and CUDA_CACHE_MAXSIZE).
+    #[arg(long, value_name = "DIR")]
+    pub cuda_cache: Option<PathBuf>,
+
+    /// The command and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<OsString>,
+}
+
+/// `run --pid`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PidMode {
+    Private,
+    Host,
+}
 
 /// Environment variables a slice sets, removed from the caller's first.
 const SLICE_ENV: &[&str] = &[
@@ -22,11 +110,18 @@ const SLICE_ENV: &[&str] = &[
     "GPUSLICE_SLICE",
 ];
 
-pub fn run(cli: &Cli, args: &RunArgs) -> Result<i32> {
+pub fn run(global: &Global, args: &RunArgs) -> Result<i32> {
     // Before anything opens a descriptor that could fill a gap among them.
     gpuslice_isolate::fds::check_preserved(args.preserve_fds)?;
     // Before discovery, which may load NVML and with it threads.
     let signals = SignalGuard::block()?;
+    let root = HostRoot::new(&global.host_root);
+    let tenant = Tenant::resolve(&root, args)?;
+    let started = std::time::Instant::now();
+    let inv = discover_for_run(&root, &args.gpus)?;
+    tracing::debug!(elapsed_us = started.elapsed().as_micros() as u64, sources = ?inv.sources, "discovered");
+    let sel = Selection::parse(&args.gpus, &inv)?;
+    tenant.enforce(&root, &inv, &sel, args)?;
     if args.privileged {
         eprintln!(
             "gpuslice: WARNING: --privileged: the command runs as full root (every capability, \
@@ -34,14 +129,10 @@ pub fn run(cli: &Cli, args: &RunArgs) -> Result<i32> {
              isolation and reach other slices. This is NOT a security boundary."
         );
     }
-    let root = HostRoot::new(&cli.host_root);
-    let started = std::time::Instant::now();
-    let inv = discover_for_run(&root, &args.gpus)?;
-    tracing::debug!(elapsed_us = started.elapsed().as_micros() as u64, sources = ?inv.sources, "discovered");
-    let sel = Selection::parse(&args.gpus, &inv)?;
     let isolation = isolation(args.isolation);
     let rootless = !nix::unistd::geteuid().is_root();
-    let plan = plan(&root, &inv, &sel, isolation, args, rootless)?;
+    let mut plan = plan(&root, &inv, &sel, isolation, args, rootless)?;
+    plan.identity = tenant.identity.clone();
     let slice_id = new_slice_id();
     tracing::info!(
         slice = slice_id,
@@ -53,6 +144,7 @@ pub fn run(cli: &Cli, args: &RunArgs) -> Result<i32> {
         cgroup = ?plan.cgroup,
         privileges = ?plan.privileges,
         pid_namespace = plan.pid_namespace,
+        uid = plan.identity.as_ref().map(|i| i.uid),
         "isolation layers"
     );
     let cmd = ChildCommand {
@@ -61,25 +153,19 @@ pub fn run(cli: &Cli, args: &RunArgs) -> Result<i32> {
             .iter()
             .map(|a| cstring(a))
             .collect::<Result<_>>()?,
-        env: child_env(&inv, &sel, &slice_id, args)?,
+        env: child_env(&inv, &sel, &slice_id, args, &tenant)?,
     };
     if args.memory.is_none() && args.compute.is_none() {
         return Ok(launch(&signals, &plan, &slice_id, &cmd)?);
     }
-    // Memory cap / compute share: the slice's ledger, and the shim
-    // preloaded into the child.
+    // Memory cap / compute share: the slice's records, written by root
+    // and mounted at the slice's fixed place, with the shim preloaded.
     let mut cmd = cmd;
-    let ledger = super::slices::create_ledger(
-        &inv,
-        &sel,
-        &slice_id,
-        args.memory.as_deref(),
-        args.compute.as_deref(),
-        args.compute_mode,
-        &mut cmd.env,
-    )?;
+    let limits = super::slice_setup::limits_of(&inv, &sel, &slice_id, args)?;
+    let (records, files) = super::slice_setup::set_up(&limits, rootless, &mut cmd.env)?;
+    plan.slice_files = files;
     let result = launch(&signals, &plan, &slice_id, &cmd);
-    let _ = std::fs::remove_file(&ledger);
+    drop(records);
     Ok(result?)
 }
 
@@ -138,11 +224,11 @@ fn plan(
         isolation.without_namespace()
     };
     let params_overlay = if isolation.driver_proc() {
-        let path = root.nvidia_proc().join("params");
-        match std::fs::read_to_string(&path) {
+        // Read as root and shown to the slice: never through a link.
+        match root.read_beneath("proc/driver/nvidia/params") {
             Ok(p) => Some(params_without_modify(&p)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => return Err(anyhow!("cannot read {}: {e}", path.display())),
+            Err(e) => return Err(anyhow!("cannot read the driver's params: {e}")),
         }
     } else {
         None
@@ -187,6 +273,8 @@ fn plan(
         // caller's command shares the host's (docs/security.md).
         pid_namespace: pid_namespace && !rootless,
         preserve_fds: args.preserve_fds,
+        identity: None,
+        slice_files: None,
     })
 }
 
@@ -228,6 +316,7 @@ fn child_env(
     sel: &Selection,
     slice_id: &str,
     args: &RunArgs,
+    tenant: &Tenant,
 ) -> Result<Vec<CString>> {
     let visible = sel.visible_devices(inv);
     let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
@@ -242,9 +331,17 @@ fn child_env(
     env.push(("CUDA_DEVICE_ORDER".into(), "PCI_BUS_ID".into()));
     env.push(("NVIDIA_VISIBLE_DEVICES".into(), nvidia_visible.into()));
     env.push(("GPUSLICE_SLICE".into(), slice_id.into()));
+    if let Some(id) = &tenant.identity {
+        for (k, v) in id.env() {
+            env.retain(|(name, _)| name != k);
+            env.push((k.into(), v.into()));
+        }
+    }
     if let Some(dir) = &args.cuda_cache {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("cannot create --cuda-cache {}", dir.display()))?;
+        if !tenant.runs_unprivileged() {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create --cuda-cache {}", dir.display()))?;
+        }
         env.retain(|(k, _)| k != "CUDA_CACHE_PATH" && k != "CUDA_CACHE_MAXSIZE");
         env.push(("CUDA_CACHE_PATH".into(), dir.into()));
         // The driver's maximum: a shared cache should not evict itself.

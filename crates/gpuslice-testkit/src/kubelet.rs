@@ -3,15 +3,20 @@
 //! checks each request the way the kubelet's device manager does (API
 //! version, extended resource name, endpoint socket present in the
 //! directory), and dials plugins to drive ListAndWatch,
-//! GetPreferredAllocation and Allocate. Used by the integration tests and
-//! by the hidden `gpuslice device-plugin-selftest`.
+//! GetPreferredAllocation and Allocate. [`PodResources`] serves the
+//! kubelet's PodResources API (v1 `List`) on its own socket, listing the
+//! pods a test says hold devices. Used by the integration tests and by the
+//! hidden `gpuslice device-plugin-selftest`.
 
-use super::server::{dial, API_VERSION, KUBELET_SOCKET};
-use super::v1beta1 as api;
-use super::v1beta1::device_plugin_client::DevicePluginClient;
-use super::v1beta1::registration_server::{Registration, RegistrationServer};
 use anyhow::{bail, Context, Result};
+use gpuslice_k8s::plugin::config::valid_name_part;
+use gpuslice_k8s::plugin::server::{dial, API_VERSION, KUBELET_SOCKET};
+use gpuslice_k8s::plugin::v1beta1 as api;
+use gpuslice_k8s::plugin::v1beta1::device_plugin_client::DevicePluginClient;
+use gpuslice_k8s::plugin::v1beta1::registration_server::{Registration, RegistrationServer};
+use gpuslice_metrics::pods::v1 as podres;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::UnixListenerStream;
@@ -70,14 +75,7 @@ pub fn valid_extended_resource(name: &str) -> bool {
     let Some((domain, rest)) = name.split_once('/') else {
         return false;
     };
-    let ok = |s: &str| {
-        !s.is_empty()
-            && s.len() <= 63
-            && s.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_')
-            && s.as_bytes()[0].is_ascii_alphanumeric()
-            && s.as_bytes()[s.len() - 1].is_ascii_alphanumeric()
-    };
+    let ok = valid_name_part;
     ok(domain) && ok(rest) && !domain.ends_with("kubernetes.io")
 }
 
@@ -240,4 +238,110 @@ pub async fn preferred_one(
         .next()
         .map(|c| c.device_i_ds)
         .unwrap_or_default())
+}
+
+/// One container holding devices, as PodResources `List` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodDevices {
+    pub namespace: String,
+    pub pod: String,
+    pub container: String,
+    pub resource: String,
+    pub device_ids: Vec<String>,
+}
+
+impl PodDevices {
+    pub fn new(pod: &str, resource: &str, device_ids: &[String]) -> Self {
+        PodDevices {
+            namespace: "default".into(),
+            pod: pod.into(),
+            container: "main".into(),
+            resource: resource.into(),
+            device_ids: device_ids.to_vec(),
+        }
+    }
+}
+
+type Pods = Arc<Mutex<Vec<PodDevices>>>;
+
+struct Lister(Pods);
+
+#[tonic::async_trait]
+impl podres::pod_resources_lister_server::PodResourcesLister for Lister {
+    async fn list(
+        &self,
+        _: Request<podres::ListPodResourcesRequest>,
+    ) -> Result<Response<podres::ListPodResourcesResponse>, Status> {
+        let pods = self.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let pod_resources = pods
+            .into_iter()
+            .map(|p| podres::PodResources {
+                name: p.pod,
+                namespace: p.namespace,
+                containers: vec![podres::ContainerResources {
+                    name: p.container,
+                    devices: vec![podres::ContainerDevices {
+                        resource_name: p.resource,
+                        device_ids: p.device_ids,
+                    }],
+                }],
+            })
+            .collect();
+        Ok(Response::new(podres::ListPodResourcesResponse {
+            pod_resources,
+        }))
+    }
+}
+
+/// The kubelet's PodResources socket, listing what [`PodResources::set`] says.
+pub struct PodResources {
+    pub socket: PathBuf,
+    pods: Pods,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl PodResources {
+    pub async fn start(socket: &Path) -> Result<Self> {
+        if let Some(d) = socket.parent() {
+            std::fs::create_dir_all(d)?;
+        }
+        let _ = std::fs::remove_file(socket);
+        let listener = tokio::net::UnixListener::bind(socket)
+            .with_context(|| format!("binding {}", socket.display()))?;
+        let pods: Pods = Arc::default();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let svc = podres::pod_resources_lister_server::PodResourcesListerServer::new(Lister(
+            pods.clone(),
+        ));
+        let task = tokio::spawn(async move {
+            let _ = tonic::transport::Server::builder()
+                .add_service(svc)
+                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
+                    let _ = stopped.await;
+                })
+                .await;
+        });
+        Ok(PodResources {
+            socket: socket.to_path_buf(),
+            pods,
+            stop: Some(stop),
+            task: Some(task),
+        })
+    }
+
+    /// The pods `List` answers with from now on.
+    pub fn set(&self, pods: Vec<PodDevices>) {
+        *self.pods.lock().unwrap_or_else(|p| p.into_inner()) = pods;
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.task.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(2), t).await;
+        }
+        let _ = std::fs::remove_file(&self.socket);
+    }
 }

@@ -1,0 +1,381 @@
+//! The ledger directories of shared replicas: Allocate prepares
+//! `<ledgerDir>/<slice>/` ([`prepare`]); a periodic sweep ([`sweep`])
+//! removes the directory once the pod that holds the replica is gone.
+//!
+//! A directory is removed only when all of these hold:
+//! - the kubelet's PodResources `List` names no container holding a device
+//!   whose slice id is the directory's name (the caller passes that set; no
+//!   answer from the kubelet, no sweep);
+//! - Allocate did not prepare it within the grace period (the kubelet
+//!   records an allocation only after Allocate returns);
+//! - no process may still use it ([`in_use`]): every process slot of every
+//!   ledger in it belongs to a process that is gone.
+//!
+//! Processes of a replica live in their container's pid namespace. Their
+//! slots are checked against the host's processes (NSpid and start time),
+//! which needs the plugin in the host's pid namespace (`hostPID: true`);
+//! elsewhere such a slot counts as live, and the directory stays.
+//!
+//! Allocate and the sweep take one lock, so a directory is never removed
+//! between Allocate preparing it and Allocate returning. A directory left
+//! from an earlier pod of the same replica (its id is reused) is emptied
+//! by [`prepare`] when nothing uses it, so the new pod never inherits the
+//! old pod's counters.
+//!
+//! The tenant writes in its directory: every path in it is opened without
+//! following symbolic links, only regular files are read as ledgers (a
+//! device node is never opened), a ledger is read from a private copy, and
+//! `remove_dir_all` does not follow links.
+
+use gpuslice_ledger::procfs::{self, Liveness};
+use gpuslice_ledger::{Ledger, ProcessState};
+use std::collections::HashSet;
+use std::fs::{self, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::io::AsRawFd;
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
+use thiserror::Error;
+
+/// Names of the directories the plugin makes (see `resources::slice_id`).
+pub const SLICE_PREFIX: &str = "k8s-";
+/// Inode of the host's (initial) pid namespace: PROC_PID_INIT_INO in the kernel.
+const INIT_PID_NS: u64 = 0xEFFF_FFFC;
+/// A ledger that does not open may be one a process is creating right now
+/// for this long (creation takes microseconds).
+const CREATING: Duration = Duration::from_secs(10);
+/// More than any ledger layout is long (a longer file is not a ledger).
+const COPY_LIMIT: u64 = 4 * gpuslice_ledger::FILE_SIZE as u64;
+
+/// Allocate and the sweep, one at a time (over every ledger directory).
+static LOCK: Mutex<()> = Mutex::new(());
+
+fn lock() -> std::sync::MutexGuard<'static, ()> {
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[derive(Debug, Error)]
+pub enum Error {
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error(transparent)]
+    Ledger(gpuslice_ledger::Error),
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> Error + '_ {
+    move |source| Error::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// What one sweep did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Swept {
+    pub removed: Vec<String>,
+    /// The pod is gone but a process may still use it.
+    pub in_use: Vec<String>,
+    pub errors: Vec<String>,
+}
+
+/// Makes `dir` ready for a new allocation: a leftover that nothing uses is
+/// removed first; the directory's time is set to now (the sweep's grace).
+pub fn prepare(dir: &Path) -> Result<(), Error> {
+    let _held = lock();
+    if dir.symlink_metadata().is_ok() && !in_use(dir) {
+        fs::remove_dir_all(dir).map_err(io_err(dir))?;
+    }
+    fs::create_dir_all(dir).map_err(io_err(dir))?;
+    fs::File::open(dir)
+        .and_then(|f| f.set_modified(SystemTime::now()))
+        .map_err(io_err(dir))
+}
+
+/// Removes the directories in `ledger_dir` that no pod holds (`held`: the
+/// slice ids of the devices the kubelet lists), older than `grace`, that no
+/// process uses.
+pub fn sweep(ledger_dir: &Path, held: &HashSet<String>, grace: Duration) -> Swept {
+    let mut out = Swept::default();
+    let Ok(entries) = fs::read_dir(ledger_dir) else {
+        return out; // nothing allocated yet
+    };
+    let mut names: Vec<String> = entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| n.starts_with(SLICE_PREFIX) && !held.contains(n))
+        .collect();
+    names.sort();
+    for name in names {
+        let dir = ledger_dir.join(&name);
+        let _held = lock();
+        if younger_than(dir.symlink_metadata(), grace) {
+            continue;
+        }
+        if in_use(&dir) {
+            out.in_use.push(name);
+            continue;
+        }
+        match fs::remove_dir_all(&dir) {
+            Ok(()) => out.removed.push(name),
+            Err(e) => out.errors.push(format!("{}: {e}", dir.display())),
+        }
+    }
+    out
+}
+
+/// Whether a process may still use the ledger directory `dir`: a ledger in
+/// it has a process slot whose process is alive, or may be (being claimed,
+/// or in a pid namespace we cannot see into), or a ledger is being created.
+/// Conservative: what cannot be read counts as in use.
+pub fn in_use(dir: &Path) -> bool {
+    let entries = match fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return false,
+        Err(_) => return true,
+    };
+    let mut host = None;
+    for e in entries.flatten() {
+        let path = e.path();
+        // A replica's usage ledger (`usage`, beside root's `limits`), or a
+        // ledger an older plugin's shim made (`*.ledger`).
+        let usage = path
+            .file_name()
+            .is_some_and(|n| n == gpuslice_ledger::limits::USAGE_FILE);
+        if !usage && path.extension().is_none_or(|x| x != "ledger") {
+            continue;
+        }
+        let ledger = match open_ledger(&path) {
+            Ok(Some(l)) => l,
+            Ok(None) => continue, // not a regular file: no shim's ledger
+            Err(_) if younger_than(e.metadata(), CREATING) => return true,
+            Err(_) => continue,
+        };
+        for p in ledger.snapshot().processes {
+            let live = match p.state {
+                ProcessState::Live => procfs::liveness(p.pid, p.start_time) == Liveness::Alive,
+                ProcessState::Transient => true,
+                ProcessState::OtherNamespace => host
+                    .get_or_insert_with(HostProcesses::scan)
+                    .may_be_alive(p.pid, p.start_time),
+            };
+            if live {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+/// Whether a file was modified less than `age` ago (or its time is unknown).
+fn younger_than(meta: io::Result<fs::Metadata>, age: Duration) -> bool {
+    meta.and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.elapsed().ok())
+        .is_none_or(|a| a < age)
+}
+
+/// A copy of the ledger at `path`, opened without following a link and
+/// without opening anything but a regular file (a device node planted by
+/// the tenant is never opened); None when it is not a regular file. A
+/// copy, because the tenant may truncate its file while a mapping of it
+/// is read, which would kill the plugin with SIGBUS.
+fn open_ledger(path: &Path) -> Result<Option<Ledger>, Error> {
+    // O_PATH: a handle on the inode that opens nothing.
+    let handle = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(io_err(path))?;
+    if !handle.metadata().map_err(io_err(path))?.is_file() {
+        return Ok(None);
+    }
+    // The same inode again, through the handle: a regular file.
+    let mut data = Vec::new();
+    fs::File::open(fd_path(&handle))
+        .and_then(|f| f.take(COPY_LIMIT).read_to_end(&mut data))
+        .map_err(io_err(path))?;
+    let mut copy = tempfile::tempfile().map_err(io_err(Path::new("a temporary file")))?;
+    copy.write_all(&data).map_err(io_err(path))?;
+    Ledger::open(&fd_path(&copy))
+        .map(Some)
+        .map_err(Error::Ledger)
+}
+
+fn fd_path(f: &fs::File) -> std::path::PathBuf {
+    format!("/proc/self/fd/{}", f.as_raw_fd()).into()
+}
+
+/// The host's processes as (pid in their innermost namespace, start time).
+struct HostProcesses {
+    /// None: not in the host's pid namespace, so not every process is seen.
+    seen: Option<HashSet<(u32, u64)>>,
+}
+
+impl HostProcesses {
+    fn scan() -> Self {
+        if procfs::own_pid_namespace() != INIT_PID_NS {
+            return HostProcesses { seen: None };
+        }
+        let mut seen = HashSet::new();
+        for e in fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            let Ok(status) = fs::read_to_string(format!("/proc/{pid}/status")) else {
+                continue;
+            };
+            let inner = status
+                .lines()
+                .find_map(|l| l.strip_prefix("NSpid:"))
+                .and_then(|l| l.split_whitespace().last())
+                .and_then(|s| s.parse::<u32>().ok());
+            if let (Some(inner), Some(st)) = (inner, procfs::stat(pid)) {
+                if st.state != 'Z' && st.state != 'X' {
+                    seen.insert((inner, st.start_time));
+                }
+            }
+        }
+        HostProcesses { seen: Some(seen) }
+    }
+
+    fn may_be_alive(&self, pid: u32, start_time: u64) -> bool {
+        self.seen
+            .as_ref()
+            .is_none_or(|s| s.contains(&(pid, start_time)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuslice_ledger::DeviceSpec;
+
+    fn ledger_in(dir: &Path) -> Ledger {
+        fs::create_dir_all(dir).unwrap();
+        Ledger::create(
+            &dir.join("k8s-x.ledger"),
+            "k8s-x",
+            &[DeviceSpec {
+                uuid: "GPU-x".into(),
+                cap: 1 << 30,
+            }],
+        )
+        .unwrap()
+    }
+
+    fn age(dir: &Path, secs: u64) {
+        let t = SystemTime::now() - Duration::from_secs(secs);
+        fs::File::open(dir).unwrap().set_modified(t).unwrap();
+    }
+
+    #[test]
+    fn a_live_slot_keeps_the_directory_and_a_detached_one_does_not() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("k8s-x");
+        let l = ledger_in(&dir);
+        let slot = l.attach().unwrap();
+        age(&dir, 120);
+        let none = HashSet::new();
+        let s = sweep(t.path(), &none, Duration::from_secs(60));
+        assert_eq!(s.in_use, vec!["k8s-x".to_string()]);
+        assert!(dir.is_dir());
+        l.detach(slot);
+        let s = sweep(t.path(), &none, Duration::from_secs(60));
+        assert_eq!(s.removed, vec!["k8s-x".to_string()]);
+        assert!(!dir.exists());
+    }
+
+    #[test]
+    fn held_young_and_foreign_directories_stay() {
+        let t = tempfile::tempdir().unwrap();
+        for n in ["k8s-held", "k8s-young", "not-ours"] {
+            fs::create_dir_all(t.path().join(n)).unwrap();
+            age(&t.path().join(n), if n == "k8s-young" { 1 } else { 120 });
+        }
+        // A link named like ours is not followed nor removed.
+        let target = t.path().join("not-ours");
+        std::os::unix::fs::symlink(&target, t.path().join("k8s-link")).unwrap();
+        let held: HashSet<String> = ["k8s-held".to_string()].into();
+        let s = sweep(t.path(), &held, Duration::from_secs(60));
+        assert_eq!(s, Swept::default());
+        for n in ["k8s-held", "k8s-young", "not-ours", "k8s-link"] {
+            assert!(t.path().join(n).symlink_metadata().is_ok(), "{n}");
+        }
+    }
+
+    #[test]
+    fn links_and_junk_in_a_tenant_directory_are_not_followed() {
+        let t = tempfile::tempdir().unwrap();
+        let outside = t.path().join("outside");
+        fs::create_dir_all(&outside).unwrap();
+        fs::write(outside.join("keep"), "x").unwrap();
+        let dir = t.path().join("k8s-evil");
+        fs::create_dir_all(&dir).unwrap();
+        // A ledger name that is a link to a live ledger elsewhere, a FIFO,
+        // an old garbage file, and a link to a directory.
+        let live = ledger_in(&outside);
+        let _slot = live.attach().unwrap();
+        std::os::unix::fs::symlink(outside.join("k8s-x.ledger"), dir.join("a.ledger")).unwrap();
+        nix_mkfifo(&dir.join("b.ledger"));
+        fs::write(dir.join("c.ledger"), "junk").unwrap();
+        age_file(&dir.join("c.ledger"), 120);
+        std::os::unix::fs::symlink(&outside, dir.join("d")).unwrap();
+        assert!(!in_use(&dir));
+        age(&dir, 120);
+        let s = sweep(t.path(), &HashSet::new(), Duration::from_secs(60));
+        assert_eq!(s.removed, vec!["k8s-evil".to_string()]);
+        assert!(outside.join("keep").exists() && outside.join("k8s-x.ledger").exists());
+        // A garbage ledger written just now may be one being created.
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("c.ledger"), "").unwrap();
+        assert!(in_use(&dir));
+    }
+
+    fn nix_mkfifo(p: &Path) {
+        let st = std::process::Command::new("mkfifo")
+            .arg(p)
+            .status()
+            .unwrap();
+        assert!(st.success());
+    }
+
+    fn age_file(p: &Path, secs: u64) {
+        let t = SystemTime::now() - Duration::from_secs(secs);
+        fs::OpenOptions::new()
+            .write(true)
+            .open(p)
+            .unwrap()
+            .set_modified(t)
+            .unwrap();
+    }
+
+    #[test]
+    fn prepare_empties_a_leftover_nothing_uses_and_keeps_one_in_use() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("k8s-x");
+        drop(ledger_in(&dir));
+        fs::write(dir.join("old"), "x").unwrap();
+        age(&dir, 120);
+        prepare(&dir).unwrap();
+        assert!(dir.is_dir() && !dir.join("old").exists());
+        let age_now = dir
+            .metadata()
+            .unwrap()
+            .modified()
+            .unwrap()
+            .elapsed()
+            .unwrap();
+        assert!(age_now < Duration::from_secs(5));
+        let l = ledger_in(&dir);
+        let _slot = l.attach().unwrap();
+        prepare(&dir).unwrap();
+        assert!(dir.join("k8s-x.ledger").exists(), "in use: kept");
+    }
+}

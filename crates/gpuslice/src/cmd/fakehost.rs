@@ -1,0 +1,103 @@
+//! `gpuslice fakehost DIR`: a simulated GPU host to try gpuslice on a
+//! machine without NVIDIA hardware.
+//!
+//! It is the tests' fake host (crate `fakegpu`): real device nodes made
+//! with mknod (NVIDIA majors and minors, so the kernel's device cgroup
+//! applies to them), `proc/driver/nvidia` and `sys/bus/pci` files in the
+//! driver's formats. `gpuslice --host-root DIR …` then discovers, hides
+//! and denies those nodes exactly as it does a real host's. Only
+//! `gpuslice-full` carries this command: the launcher's start-up path
+//! (`run`) links none of it.
+
+use crate::global::Global;
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use fakegpu::FakeHost;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Args)]
+pub struct FakehostArgs {
+    /// Directory to build the simulated host in (created; must be empty or absent).
+    #[arg(value_name = "DIR")]
+    pub dir: PathBuf,
+
+    /// Number of simulated GPUs (NVIDIA H200, 141 GiB, driver 580).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=fakegpu::MAX_GPUS as i64))]
+    pub gpus: u32,
+}
+
+pub fn run(global: &Global, args: &FakehostArgs) -> Result<i32> {
+    let dir = &args.dir;
+    let existed = dir.exists();
+    if existed && !is_empty_dir(dir)? {
+        bail!(
+            "{} is not empty: give a new or empty directory for the simulated host",
+            dir.display()
+        );
+    }
+    if !nix::unistd::geteuid().is_root() {
+        bail!("fakehost needs root: it makes device nodes with mknod (run it in a root shell, or with sudo)");
+    }
+    let host = FakeHost::builder().gpus(args.gpus).root(dir).build();
+    let host = match host {
+        Ok(h) => h,
+        Err(e) => {
+            // Leave nothing behind.
+            if existed {
+                clear_dir(dir);
+            } else {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+            return Err(e)
+                .with_context(|| format!("cannot build the simulated host in {}", dir.display()));
+        }
+    };
+    let root = host.keep();
+    if global.json {
+        println!(
+            "{}",
+            serde_json::json!({ "simulation": true, "host_root": root, "gpus": args.gpus })
+        );
+    } else {
+        print!("{}", walkthrough(&root, args.gpus));
+    }
+    Ok(0)
+}
+
+/// What was built and the commands to try next.
+fn walkthrough(root: &Path, gpus: u32) -> String {
+    let r = root.display();
+    let pick = gpus.min(4) - 1;
+    // Another GPU of the host, or (one GPU) a minor no GPU has.
+    let other = if pick > 0 { pick - 1 } else { 1 };
+    format!(
+        "SIMULATION: a fake GPU host with {gpus} simulated NVIDIA H200 GPUs in {r}\n\
+         (device nodes made with mknod, /proc/driver/nvidia and /sys files; no real GPU or driver).\n\
+         gpuslice reads, hides and denies them as it does a real host's. Try:\n\
+         \n  gpuslice --host-root {r} list\n\
+         \x20 gpuslice --host-root {r} run --gpus {pick} -- ls {r}/dev\n\
+         \x20     # only nvidia{pick} of the GPU nodes is left: a private /dev hides the others\n\
+         \x20 gpuslice --host-root {r} run --gpus {pick} -- sh -c 'mknod {r}/dev/nvidia{other} c 195 {other}; cat {r}/dev/nvidia{pick}'\n\
+         \x20     # re-creating another GPU's node: Operation not permitted (the slice's device cgroup);\n\
+         \x20     # its own GPU's node opens as far as a fake node can: No such device or address\n\
+         \nRemove it with: rm -rf {r}\n"
+    )
+}
+
+fn is_empty_dir(dir: &Path) -> Result<bool> {
+    let mut entries = std::fs::read_dir(dir)
+        .with_context(|| format!("{} is not a readable directory", dir.display()))?;
+    Ok(entries.next().is_none())
+}
+
+/// Empties a directory that was empty before we wrote into it.
+fn clear_dir(dir: &Path) {
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        let _ = if p.is_dir() && !p.is_symlink() {
+            std::fs::remove_dir_all(&p)
+        } else {
+            std::fs::remove_file(&p)
+        };
+    }
+}

@@ -1,0 +1,117 @@
+//! `run` on behalf of someone: whom the command runs as (`--user`, the
+//! sudo caller by default) and, for a caller that is not root, the admin
+//! policy (see `gpuslice_policy`). The policy is decided before anything
+//! is created, so a refusal leaves nothing behind.
+
+use super::run::{IsolationArg, PidMode, RunArgs};
+use anyhow::{anyhow, Result};
+use gpuslice_core::{HostRoot, Inventory, Selection};
+use gpuslice_isolate::identity::Identity;
+use gpuslice_policy::{Caller, Member, Policy, Request, ROOT_ONLY_ENV};
+use std::path::PathBuf;
+
+/// Who asked, whom for, and the policy that decides it.
+pub struct Tenant {
+    pub caller: Caller,
+    /// Who the command runs as; None: gpuslice's own ids.
+    pub identity: Option<Identity>,
+    policy: Option<(Policy, PathBuf)>,
+}
+
+impl Tenant {
+    /// Before discovery (which reads the host root as root): finds the
+    /// caller, drops the variables only root may set, resolves `--user`,
+    /// and for a bound caller loads the policy and checks the host root.
+    pub fn resolve(root: &HostRoot, args: &RunArgs) -> Result<Self> {
+        let caller = Caller::detect()?;
+        if caller.is_bound() {
+            // gpuslice run is single-threaded here: nothing reads the
+            // environment concurrently.
+            for var in ROOT_ONLY_ENV {
+                std::env::remove_var(var);
+            }
+        }
+        let identity = match (&args.user, caller) {
+            (Some(spec), _) => Some(Identity::parse(spec)?),
+            (None, Caller::User { uid, gid, .. }) => Some(Identity::of_uid(uid, gid)?),
+            (None, _) => None,
+        };
+        let policy = if caller.is_bound() {
+            let (policy, path) = Policy::load_for(&caller)?;
+            policy
+                .check_host_root(root.path())
+                .map_err(|r| anyhow!("refused by policy {}: {r}", path.display()))?;
+            Some((policy, path))
+        } else {
+            None
+        };
+        Ok(Self {
+            caller,
+            identity,
+            policy,
+        })
+    }
+
+    /// Whether the command runs as someone other than root: then root does
+    /// nothing on its behalf that it could not do itself (`--cuda-cache`
+    /// is left for the command to create).
+    pub fn runs_unprivileged(&self) -> bool {
+        self.identity.as_ref().is_some_and(|i| i.uid != 0)
+    }
+
+    /// A bound caller's request against the policy; Ok for everyone else.
+    pub fn enforce(
+        &self,
+        root: &HostRoot,
+        inv: &Inventory,
+        sel: &Selection,
+        args: &RunArgs,
+    ) -> Result<()> {
+        let (Some((policy, path)), Caller::User { uid, gid, .. }) = (&self.policy, self.caller)
+        else {
+            return Ok(());
+        };
+        let request = Request {
+            host_root: root.path(),
+            selection: sel,
+            memory: args.memory.map(|m| m.0),
+            compute: args.compute.map(|c| c.basis_points()),
+            run_as: self.identity.as_ref().map_or((0, 0), |i| (i.uid, i.gid)),
+            // Anything that gives up a layer of the boundary: --privileged,
+            // the host's PID namespace, fewer isolation layers.
+            privileged: args.privileged
+                || args.pid == PidMode::Host
+                || args.isolation.is_some_and(|i| i != IsolationArg::Full),
+        };
+        let rule = policy
+            .check(&member(uid, gid)?, &request, inv)
+            .map_err(|r| anyhow!("refused by policy {}: {r}", path.display()))?;
+        tracing::info!(policy = %path.display(), %rule, uid, "allowed");
+        Ok(())
+    }
+}
+
+/// The caller as the policy's rules name it: user name, primary and
+/// supplementary groups from the user and group databases.
+fn member(uid: u32, gid: u32) -> Result<Member> {
+    let user = Identity::of_uid(uid, gid)?;
+    let mut gids = user.groups.clone();
+    gids.push(gid);
+    gids.sort_unstable();
+    gids.dedup();
+    let groups = gids
+        .into_iter()
+        .map(|g| {
+            let name = nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(g))
+                .ok()
+                .flatten()
+                .map(|g| g.name);
+            (g, name)
+        })
+        .collect();
+    Ok(Member {
+        uid,
+        name: user.name,
+        groups,
+    })
+}

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs what `cargo build --release -p gpuslice -p gpuslice-shim` built
+# into one directory (default /usr/local/bin): `gpuslice`, `gpuslice-full`
+# (which `gpuslice` execs for the commands it does not carry) and the shim,
+# renamed from cargo's libgpuslice_shim.so to its installed name
+# libgpuslice.so (the name `gpuslice run --memory`, the CDI specs and the
+# DaemonSet use). Usage: scripts/install.sh [DIR]  (run as root for /usr/local/bin)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dest="${1:-/usr/local/bin}"
+for f in gpuslice gpuslice-full libgpuslice_shim.so; do
+  [ -f "target/release/$f" ] || {
+    echo "scripts/install.sh: target/release/$f is missing: run cargo build --release first" >&2
+    exit 1
+  }
+done
+install -d "$dest"
+install -m 0755 target/release/gpuslice target/release/gpuslice-full "$dest/"
+install -m 0755 target/release/libgpuslice_shim.so "$dest/libgpuslice.so"
+echo "installed gpuslice, gpuslice-full and libgpuslice.so into $dest"
