@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Issue 15 on the real GPU host: the attacks of crates/gpuslice/tests/boundary.rs
-against the real driver (run as root from the repo root after
-scripts/device-build.sh; writes OUT/boundary.json).
+against the real driver, the frameworks, and the launch benchmark (run as
+root from the repo root after scripts/device-build.sh; writes
+OUT/boundary.json and OUT/launch-boundary.json; ~150 s, bounded at 330 s
+by scripts/device_all.sh).
 
 Every attack runs with `--gpus none` (on a 1-GPU host every layer is then
 active: private /dev without nvidia0, params overlay, BPF device filter,
@@ -9,7 +11,17 @@ PID and cgroup namespaces, read-only /sys, capabilities, seccomp) under the
 default flags, `--strict`, and `--privileged` (where it should get
 through, so a "held" is not an accident of the test). An attack got
 through when its script printed ATTACK-OK. Then PyTorch, JAX and CuPy: no
-GPU under `--gpus none`, working under `--gpus 0` (default flags, root).
+GPU under `--gpus none` (default flags, root), a computation on the GPU
+under `--gpus 0 --user nobody`. Then `gpuslice bench launch --gpus none
+--runs 300`: bare /bin/true, the default launch (every layer), --privileged,
+env, and bwrap --unshare-pid --unshare-cgroup --dev /dev, interleaved.
+
+"pass" is true when: every attack held under the default flags and under
+--strict; the control attacks (PRIVILEGED_CONTROLS) got through under
+--privileged; each framework saw 0 GPUs under --gpus none and >= 1 GPU with
+a correct result under --gpus 0 as nobody; the default launch's median is
+<= bwrap's and within +2.5 ms of bare /bin/true's. "criteria" says which
+of these held.
 """
 import datetime, json, os, subprocess, sys, time
 
@@ -72,11 +84,52 @@ def attacks(victim_pid, nobody_pid, host_pid):
     }
 
 
+# Attacks that must get through under --privileged, so that "held" above
+# is the boundary's doing (the issue's H200 repro is umount-dev).
+PRIVILEGED_CONTROLS = ["cgroup-move-self", "umount-dev", "mknod", "unshare", "inherited-fd"]
+
+# Each prints one JSON line: the GPUs it sees and, with one, 2048.0.
 FRAMEWORKS = {
-    "torch": "import torch; print(torch.cuda.device_count()); torch.cuda.device_count() and print(float(torch.ones(4).cuda().sum()))",
-    "jax": "import jax; g=[d for d in jax.devices() if d.platform=='gpu']; print(len(g)); g and print(float(jax.numpy.ones(4).sum()))",
-    "cupy": "import cupy; n=cupy.cuda.runtime.getDeviceCount(); print(n); print(float(cupy.ones(4).sum()))",
+    "torch": "import json,torch;n=torch.cuda.device_count();"
+    "r=float((torch.ones(1024,device='cuda')*2).sum()) if n else None;"
+    "print(json.dumps({'devices':n,'result':r}))",
+    "jax": "import json,jax;d=[x for x in jax.devices() if x.platform=='gpu'];"
+    "r=float(jax.numpy.ones(1024).sum()*2) if d else None;"
+    "print(json.dumps({'devices':len(d),'result':r}))",
+    "cupy": "import json,cupy;\ntry:\n n=cupy.cuda.runtime.getDeviceCount()\nexcept Exception as e:\n n=0\n"
+    "r=float((cupy.ones(1024)*2).sum()) if n else None\nprint(json.dumps({'devices':n,'result':r}))",
 }
+# (flags, what must be seen): no GPU as root; the GPU as a non-root user.
+FRAMEWORK_RUNS = {"none": (["--gpus", "none"], 0), "0-as-nobody": (["--gpus", "0", "--user", "nobody"], 1)}
+
+
+def last_json(rec):
+    for line in reversed(rec.get("stdout", "").splitlines()):
+        try:
+            return json.loads(line)
+        except ValueError:
+            continue
+    return None
+
+
+def launch_bench(res):
+    env = dict(os.environ, PATH=CARRY + ":" + os.environ.get("PATH", ""))
+    rec = sh([os.path.join(CARRY, "gpuslice-full"), "bench", "launch", "--runs", "300", "--gpus", "none",
+              "--json", "--out", os.path.join(OUT, "launch-boundary.json")], timeout=150, env=env)
+    res["launch"] = {"argv": rec["argv"], "rc": rec["rc"], "stderr": rec.get("stderr", "")}
+    try:  # the whole result from --out (sh() keeps only stdout's tail)
+        with open(os.path.join(OUT, "launch-boundary.json")) as f:
+            j = json.load(f) if rec["rc"] == 0 else {}
+    except (OSError, ValueError):
+        j = {}
+    med = {v["name"]: v["ms"]["median"] for v in j.get("variants", [])}
+    res["launch"]["median_ms"] = med
+    bare, default, bwrap = med.get("bare"), med.get("gpuslice default"), med.get("bwrap pid+cgroup+dev")
+    res["launch"]["default_minus_bare_ms"] = None if None in (bare, default) else round(default - bare, 3)
+    return {
+        "launch_default_le_bwrap": None not in (default, bwrap) and default <= bwrap,
+        "launch_default_within_2.5ms_of_bare": None not in (default, bare) and default - bare <= 2.5,
+    }
 
 
 def interpreter(module):
@@ -116,17 +169,32 @@ def main():
         for fw, code in FRAMEWORKS.items():
             py = interpreter(fw)
             res["frameworks"][fw] = {"python": py}
-            if py is None:
-                continue
-            for sel in ["none", "0"]:
-                res["frameworks"][fw][sel] = sh([GS, "run", "--gpus", sel, "--", py, "-c", code], timeout=120)
+            for run, (flags, want) in FRAMEWORK_RUNS.items():
+                if py is None:
+                    continue
+                rec = sh([GS, "run"] + flags + ["--", py, "-c", code], timeout=120, cwd="/tmp")
+                seen = last_json(rec) or {}
+                rec["seen"] = seen
+                rec["ok"] = rec["rc"] == 0 and (
+                    seen.get("devices") == 0 if want == 0 else
+                    (seen.get("devices") or 0) >= 1 and seen.get("result") == 2048.0)
+                res["frameworks"][fw][run] = rec
                 save()
     finally:
         victim.kill(); nobody.kill(); victim.wait(); nobody.wait()
     res["summary"] = {m: sorted(n for n, r in res["attacks"].items() if r[m]["result"] == "broken") for m in MODES}
+    crit = {
+        "every_attack_held_default": bool(res["attacks"]) and not res["summary"]["default"],
+        "every_attack_held_strict": bool(res["attacks"]) and not res["summary"]["strict"],
+        "privileged_controls_got_through": all(c in res["summary"]["privileged"] for c in PRIVILEGED_CONTROLS),
+        "frameworks": all(res["frameworks"].get(fw, {}).get(run, {}).get("ok") for fw in FRAMEWORKS
+                          for run in FRAMEWORK_RUNS),
+    }
+    crit.update(launch_bench(res))
+    res["criteria"] = crit
+    res["pass"] = all(crit.values())
     save()
-    print(json.dumps(res["summary"], indent=1))
-
+    print(json.dumps({"summary": res["summary"], "criteria": crit, "pass": res["pass"]}, indent=1))
 
 if __name__ == "__main__":
     main()

@@ -247,6 +247,16 @@ pub fn launch(
     let setup_error = read_to_end(err_rx);
     let code = wait_relaying(child, &signals.signals);
     if let Some(c) = cgroup {
+        // Without a PID namespace (or with --privileged) a process the
+        // command left behind is still running in the slice.
+        match c.kill_remaining() {
+            Ok(0) => {}
+            Ok(n) => tracing::warn!(
+                slice = slice_id,
+                "killed {n} process(es) left in the slice after its command exited"
+            ),
+            Err(e) => tracing::warn!(slice = slice_id, "{e}"),
+        }
         if let Err(e) = c.remove() {
             tracing::warn!("{e}");
         }

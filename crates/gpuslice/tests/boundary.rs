@@ -439,11 +439,26 @@ fn processes_running(argv: &[&str]) -> Vec<u32> {
 #[test]
 fn a_process_that_detaches_does_not_outlive_its_slice() {
     let h = host();
-    for (flags, secs) in [(&[][..], "987601"), (PRIVILEGED, "987602")] {
-        let script = format!("setsid sleep {secs} </dev/null >/dev/null 2>&1 & echo started");
+    // Out of the slice cgroup first, in whichever hierarchy holds it.
+    let escape = "for f in /sys/fs/cgroup/cgroup.procs /sys/fs/cgroup/unified/cgroup.procs \
+                  /sys/fs/cgroup/devices/cgroup.procs; do echo $$ > $f; done 2>/dev/null; ";
+    for (flags, pre, secs, survives) in [
+        // The PID namespace's init takes it down with it.
+        (&[][..], "", "987601", false),
+        // No PID namespace: the launcher kills what is left in the cgroup.
+        (&["--pid", "host"][..], "", "987602", false),
+        (PRIVILEGED, "", "987603", false),
+        // Only a process that left the slice's cgroup survives it, and
+        // only --privileged can leave (a_slice_cannot_move_itself…).
+        (PRIVILEGED, escape, "987604", true),
+    ] {
+        let script = format!("{pre}setsid sleep {secs} </dev/null >/dev/null 2>&1 & echo started");
         let out = in_slice(&h, &[&["--gpus", "1"][..], flags].concat(), &script);
-        // (--privileged: the launcher also warns that its cgroup stays busy.)
         assert!(out.starts_with("started\n"), "{flags:?}: {out}");
+        // Not unseen: the launcher says what it killed.
+        if flags == ["--pid", "host"] {
+            assert!(out.contains("killed 1 process(es) left in the slice"), "{out}");
+        }
         std::thread::sleep(Duration::from_millis(200));
         let left = processes_running(&["sleep", secs]);
         for pid in &left {
@@ -452,7 +467,6 @@ fn a_process_that_detaches_does_not_outlive_its_slice() {
                 nix::sys::signal::Signal::SIGKILL,
             );
         }
-        // The PID namespace's init took it with it; --privileged has none.
-        assert_eq!(left.is_empty(), flags.is_empty(), "{flags:?}: {left:?}");
+        assert_eq!(!left.is_empty(), survives, "{flags:?} {pre}: {left:?}");
     }
 }
