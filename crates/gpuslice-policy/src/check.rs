@@ -118,7 +118,9 @@ fn names(rule: &Rule, who: &Member) -> bool {
 /// Why `rule` does not allow `req`; None when it does.
 fn refusal(rule: &Rule, req: &Request, inv: &Inventory) -> Option<String> {
     if req.privileged && !rule.allow_privileged {
-        return Some("--privileged, --pid host or a weaker --isolation (allow_privileged = false)".into());
+        return Some(
+            "--privileged, --pid host or a weaker --isolation (allow_privileged = false)".into(),
+        );
     }
     if (req.run_as.0 == 0 || req.run_as.1 == 0) && !rule.allow_root {
         return Some("running as root (allow_root = false)".into());

@@ -68,6 +68,16 @@ fn cgroup_mount(version: &str) -> &'static str {
     }
 }
 
+/// The device cgroup versions this host has: v1 where its devices
+/// hierarchy is mounted (hybrid hosts like CI's), v2 everywhere.
+fn versions() -> Vec<&'static str> {
+    let v1 = Path::new("/sys/fs/cgroup/devices/cgroup.procs").exists();
+    [("v1", v1), ("v2", true)]
+        .into_iter()
+        .filter_map(|(v, has)| has.then_some(v))
+        .collect()
+}
+
 /// The path of `pid`'s cgroup in hierarchy `version`, from the host.
 fn cgroup_of(pid: u32, version: &str) -> String {
     let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
@@ -89,11 +99,17 @@ impl Victim {
         let mut c = Command::new(GPUSLICE);
         c.arg("--host-root").arg(h.root()).arg("run").args(flags);
         c.args(["--", "sleep", "60"]).envs(h.env());
-        let launcher = c.stderr(Stdio::null()).spawn().unwrap();
+        // Owned by the Victim at once: its Drop reaps the launcher even
+        // when the start times out.
+        let mut v = Victim {
+            launcher: c.stderr(Stdio::null()).spawn().unwrap(),
+            pid: 0,
+        };
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            if let Some(pid) = descendant_named(launcher.id(), "sleep") {
-                return Victim { launcher, pid };
+            if let Some(pid) = descendant_named(v.launcher.id(), "sleep") {
+                v.pid = pid;
+                return v;
             }
             assert!(Instant::now() < deadline, "the victim slice did not start");
             std::thread::sleep(Duration::from_millis(20));
@@ -142,7 +158,7 @@ fn descendant_named(ancestor: u32, comm: &str) -> Option<u32> {
 #[test]
 fn a_slice_cannot_move_itself_out_of_its_cgroup() {
     let h = host();
-    for v in ["v1", "v2"] {
+    for v in versions() {
         let m = cgroup_mount(v);
         let script = format!(
             "echo $$ > {m}/cgroup.procs && echo moved-to-root; \
@@ -166,7 +182,7 @@ fn a_slice_cannot_move_itself_out_of_its_cgroup() {
 #[test]
 fn a_slice_cannot_move_another_slices_process() {
     let h = host();
-    for v in ["v1", "v2"] {
+    for v in versions() {
         let victim = Victim::start(&h, &["--gpus", "0", "--cgroup", v]);
         let before = cgroup_of(victim.pid, v);
         assert!(before.contains("gpuslice/"), "{v}: {before}");
@@ -442,31 +458,43 @@ fn a_process_that_detaches_does_not_outlive_its_slice() {
     // Out of the slice cgroup first, in whichever hierarchy holds it.
     let escape = "for f in /sys/fs/cgroup/cgroup.procs /sys/fs/cgroup/unified/cgroup.procs \
                   /sys/fs/cgroup/devices/cgroup.procs; do echo $$ > $f; done 2>/dev/null; ";
-    for (flags, pre, secs, survives) in [
-        // The PID namespace's init takes it down with it.
-        (&[][..], "", "987601", false),
-        // No PID namespace: the launcher kills what is left in the cgroup.
-        (&["--pid", "host"][..], "", "987602", false),
-        (PRIVILEGED, "", "987603", false),
-        // Only a process that left the slice's cgroup survives it, and
-        // only --privileged can leave (a_slice_cannot_move_itself…).
-        (PRIVILEGED, escape, "987604", true),
-    ] {
+    let cases = versions().into_iter().flat_map(|v| {
+        [
+            // The PID namespace's init takes it down with it.
+            (v, &[][..], "", false),
+            // No PID namespace: the launcher kills what is left in the
+            // cgroup (v2: cgroup.kill; v1: each pid).
+            (v, &["--pid", "host"][..], "", false),
+            (v, PRIVILEGED, "", false),
+            // Only a process that left the slice's cgroup survives it, and
+            // only --privileged can leave (a_slice_cannot_move_itself…).
+            (v, PRIVILEGED, escape, true),
+        ]
+    });
+    for (i, (v, flags, pre, survives)) in cases.enumerate() {
+        let secs = format!("9876{i:02}");
         let script = format!("{pre}setsid sleep {secs} </dev/null >/dev/null 2>&1 & echo started");
-        let out = in_slice(&h, &[&["--gpus", "1"][..], flags].concat(), &script);
-        assert!(out.starts_with("started\n"), "{flags:?}: {out}");
+        let out = in_slice(
+            &h,
+            &[&["--gpus", "1", "--cgroup", v][..], flags].concat(),
+            &script,
+        );
+        assert!(out.starts_with("started\n"), "{v} {flags:?}: {out}");
         // Not unseen: the launcher says what it killed.
         if flags == ["--pid", "host"] {
-            assert!(out.contains("killed 1 process(es) left in the slice"), "{out}");
+            assert!(
+                out.contains("killed 1 process(es) left in the slice"),
+                "{v}: {out}"
+            );
         }
         std::thread::sleep(Duration::from_millis(200));
-        let left = processes_running(&["sleep", secs]);
+        let left = processes_running(&["sleep", &secs]);
         for pid in &left {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(*pid as i32),
                 nix::sys::signal::Signal::SIGKILL,
             );
         }
-        assert_eq!(!left.is_empty(), survives, "{flags:?} {pre}: {left:?}");
+        assert_eq!(!left.is_empty(), survives, "{v} {flags:?} {pre}: {left:?}");
     }
 }

@@ -79,7 +79,10 @@ fn fakehost_then_list_and_run_show_the_isolation_on_a_simulated_host() {
             err.contains(&format!("{d}/dev/nvidia2: Operation not permitted")),
             "{flags:?}: {err}"
         );
-        assert!(err.contains("No such device or address"), "{flags:?}: {err}");
+        assert!(
+            err.contains("No such device or address"),
+            "{flags:?}: {err}"
+        );
     }
 
     // The same, unisolated (--isolation env, --privileged): the node can
