@@ -498,3 +498,90 @@ fn a_process_that_detaches_does_not_outlive_its_slice() {
         assert_eq!(!left.is_empty(), survives, "{v} {flags:?} {pre}: {left:?}");
     }
 }
+
+/// The capability and confinement lines of /proc/self/status in the slice.
+fn status_of(h: &FakeHost, flags: &[&str]) -> String {
+    let script =
+        "grep -E '^(Uid|CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp):' /proc/self/status";
+    in_slice(h, &[&["--gpus", "1"][..], flags].concat(), script)
+}
+
+#[test]
+fn a_non_root_user_holds_no_capability_and_cannot_get_one_back() {
+    let h = host();
+    // The bounding set is cut before the switch (it takes CAP_SETPCAP,
+    // which the switch loses): docker's set less MKNOD, NET_RAW and
+    // NET_BIND_SERVICE by default, nothing under --strict.
+    for (flags, bounding) in [
+        (&["--user", "nobody"][..], "00000000a00401fb"),
+        (&["--user", "nobody", "--strict"][..], "0000000000000000"),
+    ] {
+        let out = status_of(&h, flags);
+        assert!(out.contains("Uid:\t65534"), "{flags:?}: {out}");
+        for set in ["CapInh", "CapPrm", "CapEff", "CapAmb"] {
+            assert!(
+                out.contains(&format!("{set}:\t0000000000000000")),
+                "{flags:?}: {out}"
+            );
+        }
+        assert!(
+            out.contains(&format!("CapBnd:\t{bounding}")),
+            "{flags:?}: {out}"
+        );
+        assert!(
+            out.contains("NoNewPrivs:\t1") && out.contains("Seccomp:\t2"),
+            "{flags:?}: {out}"
+        );
+    }
+    // Root by default keeps exactly the bounding set's capabilities.
+    let out = status_of(&h, &[]);
+    assert!(out.contains("CapEff:\t00000000a00401fb"), "{out}");
+    // --privileged: a full bounding set (a setuid program would get it all
+    // back), no no_new_privs, no filter.
+    let out = status_of(&h, &["--user", "nobody", "--privileged"]);
+    assert!(!out.contains("CapBnd:\t00000000a00401fb"), "{out}");
+    assert!(
+        out.contains("NoNewPrivs:\t0") && out.contains("Seccomp:\t0"),
+        "{out}"
+    );
+}
+
+#[test]
+fn a_user_command_dies_with_its_killed_launcher() {
+    // A change of credentials clears the parent-death signal: the child
+    // sets it again after the user switch, else the command would run on,
+    // unsupervised, once the launcher is SIGKILLed (--pid host: no PID
+    // namespace takes it down).
+    let h = host();
+    for (i, flags) in [&["--pid", "host"][..], &[]].into_iter().enumerate() {
+        let secs = format!("98771{i}");
+        let mut c = Command::new(GPUSLICE);
+        c.arg("--host-root").arg(h.root()).arg("run");
+        c.args(["--gpus", "1", "--user", "nobody"]).args(flags);
+        c.args(["--", "sleep", &secs]).envs(h.env());
+        let mut launcher = c.stderr(Stdio::null()).spawn().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while processes_running(&["sleep", &secs]).is_empty() {
+            if Instant::now() > deadline {
+                let _ = launcher.kill();
+                let _ = launcher.wait();
+                panic!("{flags:?}: the slice did not start");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        launcher.kill().unwrap();
+        launcher.wait().unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let left = processes_running(&["sleep", &secs]);
+        for pid in &left {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        assert!(
+            left.is_empty(),
+            "{flags:?}: outlived its launcher: {left:?}"
+        );
+    }
+}
