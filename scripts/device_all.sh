@@ -16,6 +16,11 @@
 #              beside a board forger, the 30/70 pair, a GPT-2-like loop eager and compiled at 50 % (~330 s)
 #   users      issue 15: torch/jax/cupy on --gpus 0 as --user nobody, none of them see a GPU with
 #              --gpus none (root and nobody), a mknod'ed alias of /dev/nvidia0 hidden by number (~60 s)
+#   boundary   issue 15: the adversarial suite's attacks against the real driver with --gpus none under
+#              the default flags, --strict (each must hold) and --privileged (each shown to get
+#              through); torch/jax/cupy see no GPU under --gpus none and work under --gpus 0 as
+#              --user nobody; bench launch (default vs bwrap --unshare-pid --unshare-cgroup --dev
+#              vs bare /bin/true, interleaved, 300 rounds). boundary.json "pass" (~240 s)
 #   layout     issue 18: the installed shim name (libgpuslice.so) found and preloaded by
 #              `run --memory` with the real driver; bench launch from gpuslice-bench (~40 s)
 #   plugin     issues 6, 20: device plugin vs a test kubelet (v1beta1 over unix sockets): the GPU
@@ -104,6 +109,11 @@ part_users() {
 part_layout() {
     bounded 240 bash scripts/device_layout.sh "$work"
 }
+part_boundary() {
+    # The attacks against the real driver (default, --strict, --privileged),
+    # the frameworks, and the launch benchmark (device_boundary.py).
+    bounded 330 python3 scripts/device_boundary.py "$work"
+}
 part_doctor() {
     # Exit 0 all pass, 1 warnings, 2 failures: the verdict is in the JSON.
     bounded 60 .device-carry/gpuslice doctor --json >"$work/doctor.json"
@@ -114,7 +124,7 @@ part_doctor() {
 # parts that finished.
 collect() {
     tar czf "$out/results.tgz" -C "$work" .
-    for f in isolation.json launch-none.json layout.json doctor.json cdi.json exporter.json plugin.json compute.json compute-diag.json compute-trace.json users.json integrity.json; do
+    for f in isolation.json launch-none.json layout.json doctor.json cdi.json exporter.json plugin.json compute.json compute-diag.json compute-trace.json users.json integrity.json boundary.json launch-boundary.json; do
         [ -f "$work/$f" ] && cp "$work/$f" "$out/"
     done
 }

@@ -105,19 +105,10 @@ fn variants(ctx: &Setup, args: &LaunchArgs) -> Result<Vec<Variant>> {
     let me = ctx.gpuslice.display().to_string();
     let cmd = args.cmd.display().to_string();
     let root = ctx.host_root.display().to_string();
-    let isolated = |iso: &str| {
-        let argv = [
-            &me,
-            "--host-root",
-            &root,
-            "run",
-            "--gpus",
-            &args.gpus,
-            "--isolation",
-            iso,
-            "--",
-            &cmd,
-        ];
+    let isolated = |extra: &[&str]| {
+        let mut argv = vec![&me[..], "--host-root", &root, "run", "--gpus", &args.gpus];
+        argv.extend_from_slice(extra);
+        argv.extend(["--", &cmd]);
         argv.iter().map(|s| s.to_string()).collect()
     };
     let mut v = vec![
@@ -126,30 +117,37 @@ fn variants(ctx: &Setup, args: &LaunchArgs) -> Result<Vec<Variant>> {
             argv: vec![cmd.clone()],
         },
         Variant {
-            name: "gpuslice full",
-            argv: isolated("full"),
+            // Every layer: private /dev, params overlay, device cgroup, PID
+            // and cgroup namespaces with the slice's /proc, read-only /sys,
+            // capabilities, no_new_privs, seccomp, descriptors closed.
+            name: "gpuslice default",
+            argv: isolated(&[]),
+        },
+        Variant {
+            // The GPU layers only, as full root (no boundary).
+            name: "gpuslice privileged",
+            argv: isolated(&["--privileged"]),
         },
         Variant {
             name: "gpuslice env",
-            argv: isolated("env"),
+            argv: isolated(&["--isolation", "env", "--privileged"]),
         },
     ];
     if let Some(bwrap) = which("bwrap") {
-        // bubblewrap with a fresh /dev and one GPU node bound in: less than
-        // full isolation does (no params overlay, no device cgroup).
-        let node = format!("{}/dev/nvidia0", root.trim_end_matches('/'));
+        // bubblewrap's nearest equivalent of the default: PID and cgroup
+        // namespaces and a fresh /dev (with no GPU node: less than the
+        // slice gets), on the host's root.
         v.push(Variant {
-            name: "bwrap --dev + 1 node",
+            name: "bwrap pid+cgroup+dev",
             argv: [
                 &bwrap,
                 "--dev-bind",
                 "/",
                 "/",
+                "--unshare-pid",
+                "--unshare-cgroup",
                 "--dev",
                 "/dev",
-                "--dev-bind",
-                &node,
-                "/dev/nvidia0",
                 &cmd,
             ]
             .iter()

@@ -50,9 +50,51 @@ pub fn checks(ctx: &Context) -> Vec<Check> {
     vec![
         hierarchy,
         filter,
+        boundary(),
         userns(&ctx.root),
         compute_boards(&ctx.root),
     ]
+}
+
+/// What `run` confines a command with by default (docs/security.md): the
+/// seccomp filter compiles for this architecture and this kernel filters
+/// system calls, and it has PID, cgroup and mount namespaces. These are
+/// this kernel's, whatever the host root.
+pub fn boundary() -> Check {
+    const NAME: &str = "isolation.boundary";
+    const FIX: &str = "a kernel with CONFIG_SECCOMP_FILTER, CONFIG_PID_NS and CONFIG_CGROUPS \
+                       (cgroup namespaces); without them only `run --privileged` works, which \
+                       is not a boundary";
+    let filters = match gpuslice_isolate::seccomp::compile() {
+        Ok(f) => f,
+        Err(e) => return Check::fail(NAME, format!("the seccomp filter: {e}"), FIX),
+    };
+    let status = fs::read_to_string("/proc/self/status").unwrap_or_default();
+    if !status.lines().any(|l| l.starts_with("Seccomp:")) {
+        return Check::fail(
+            NAME,
+            "this kernel has no seccomp (no Seccomp: in /proc/self/status)",
+            FIX,
+        );
+    }
+    let missing: Vec<&str> = ["pid", "cgroup", "mnt"]
+        .into_iter()
+        .filter(|ns| !Path::new("/proc/self/ns").join(ns).exists())
+        .collect();
+    if !missing.is_empty() {
+        return Check::fail(
+            NAME,
+            format!("this kernel has no {} namespaces", missing.join(", ")),
+            FIX,
+        );
+    }
+    Check::pass(
+        NAME,
+        format!(
+            "seccomp filter ({} programs) and PID, cgroup and mount namespaces available",
+            filters.len()
+        ),
+    )
 }
 
 /// The GPUs' compute boards (docs/compute-share.md): a directory every

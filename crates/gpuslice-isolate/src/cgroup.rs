@@ -432,6 +432,72 @@ impl SliceCgroup {
         })
     }
 
+    /// The processes in the cgroup (pids as the caller's PID namespace
+    /// numbers them).
+    pub fn pids(&self) -> io::Result<Vec<u32>> {
+        Ok(fs::read_to_string(self.procs_file())?
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect())
+    }
+
+    /// Kills every process still in the cgroup once its command is gone
+    /// (one that went `setsid` and into the background without a PID
+    /// namespace to take it down, say), so that nothing outlives the
+    /// slice's cleanup; returns how many there were. cgroup v2's
+    /// `cgroup.kill` where the kernel has it (5.14), else each pid through
+    /// a pidfd, signalled only while that pid is still listed in the
+    /// cgroup (a pid reused outside it is never hit).
+    pub fn kill_remaining(&self) -> io::Result<usize> {
+        let mut seen = std::collections::HashSet::new();
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        loop {
+            let pids = self.pids()?;
+            if pids.is_empty() {
+                return Ok(seen.len());
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(io::Error::other(format!(
+                    "{} processes still in {} after SIGKILL",
+                    pids.len(),
+                    self.path.display()
+                )));
+            }
+            seen.extend(pids.iter().copied());
+            let killed_all = self.version == Version::V2
+                && fs::write(self.path.join("cgroup.kill"), "1").is_ok();
+            if !killed_all {
+                for pid in pids {
+                    self.kill_member(pid);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    fn kill_member(&self, pid: u32) {
+        let Ok(pidfd) = crate::launcher::pidfd_open(nix::unistd::Pid::from_raw(pid as i32)) else {
+            return; // gone already
+        };
+        // The pidfd names one process for good; the pid, if listed now,
+        // is that process or a newer one in this cgroup (either is the
+        // slice's to kill).
+        if !self.pids().is_ok_and(|p| p.contains(&pid)) {
+            return;
+        }
+        // SAFETY: pidfd_send_signal takes a pidfd we own, a signal number,
+        // a null siginfo and no flags.
+        unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                std::os::fd::AsRawFd::as_raw_fd(&pidfd),
+                libc::SIGKILL,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
+    }
+
     /// Removes the cgroup, retrying for about a second while the kernel
     /// still counts a process that just exited (EBUSY). A cgroup already
     /// gone counts as removed.

@@ -8,12 +8,33 @@
 //!
 //! `gpuslice run` is single-threaded, so the child may allocate between
 //! fork and exec (no other thread can hold the allocator's lock).
+//!
+//! The child's steps, in this order (each needs what the next takes away):
+//! 1. join the slice cgroup (cgroup v1; on v2 it was created inside it);
+//! 2. namespaces: mount and cgroup (the cgroup namespace is rooted at the
+//!    slice cgroup it is now in), a user namespace for a non-root caller;
+//!    the PID namespace was unshared by the launcher, so the child is its
+//!    PID 1 ([`pidns`]);
+//! 3. mounts: a fresh `/proc`, the private `/dev`, the params overlay and
+//!    the masked GPU dirs on that `/proc`, `/sys` read-only ([`readonly`]);
+//! 4. wait for the launcher's device filter;
+//! 5. descriptors beyond 0–2 (and `--preserve-fds`) close-on-exec ([`fds`]);
+//! 6. the bounding set down to the kept capabilities (that takes
+//!    CAP_SETPCAP, which a switch to a non-root user loses; runc's order);
+//! 7. the user switch ([`identity::switch`]: CAP_SETUID/CAP_SETGID; a
+//!    non-root uid leaves every capability behind);
+//! 8. the other capability sets down to the kept ones, no_new_privs
+//!    ([`privileges`]);
+//! 9. the seccomp filter, last, so the calls above are not filtered
+//!    ([`seccomp`]);
+//! 10. with a PID namespace: fork the command and stay as its init; else exec.
 
 use crate::cgroup::{self, CgroupDriver, SliceCgroup};
 use crate::devfs::{self, NodeMode};
 use crate::identity::{self, Identity};
+use crate::privileges::Privileges;
 use crate::spawn::{self, Forked};
-use crate::{driver_proc, slicefs, strict};
+use crate::{driver_proc, fds, pidns, privileges, readonly, relay, seccomp, slicefs};
 use gpuslice_core::{DevicePolicy, HostRoot};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sched::{unshare, CloneFlags};
@@ -25,6 +46,7 @@ use std::ffi::CString;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::path::Path;
 use thiserror::Error;
 
 /// Exit code when gpuslice fails before the child runs (as `docker run`).
@@ -46,7 +68,15 @@ pub struct SandboxPlan {
     pub masked_gpus: Vec<String>,
     /// Layer 3.
     pub cgroup: Option<CgroupDriver>,
-    pub strict: bool,
+    /// What the command keeps of root; anything but
+    /// [`Privileges::Privileged`] also gets the seccomp filter, a cgroup
+    /// namespace, a read-only `/sys` and no inherited descriptors.
+    pub privileges: Privileges,
+    /// A PID namespace with its own `/proc` and an init (`--pid host`:
+    /// false). Needs root: the launcher unshares it.
+    pub pid_namespace: bool,
+    /// Descriptors 3 .. 3+N the command inherits (`--preserve-fds N`).
+    pub preserve_fds: u32,
     /// Who the command runs as (`--user`, or the sudo caller); None keeps
     /// the launcher's own ids.
     pub identity: Option<Identity>,
@@ -54,6 +84,19 @@ pub struct SandboxPlan {
     /// place, and other slices' records hidden ([`slicefs`]); needs a
     /// mount namespace, so it makes one.
     pub slice_files: Option<slicefs::SliceFiles>,
+}
+
+impl SandboxPlan {
+    /// Whether the child makes a mount namespace: for the GPU layers, the
+    /// slice's files, the PID namespace's `/proc`, or a read-only `/sys`.
+    pub fn mount_namespace(&self) -> bool {
+        self.private_dev.is_some()
+            || self.params_overlay.is_some()
+            || !self.masked_gpus.is_empty()
+            || self.slice_files.is_some()
+            || self.pid_namespace
+            || self.privileges.confined()
+    }
 }
 
 /// The program to run, its arguments and its whole environment.
@@ -67,6 +110,8 @@ pub struct ChildCommand {
 pub enum LaunchError {
     #[error(transparent)]
     Cgroup(#[from] cgroup::CgroupError),
+    #[error(transparent)]
+    Seccomp(#[from] seccomp::SeccompError),
     #[error("{what}: {source}")]
     Sys {
         what: &'static str,
@@ -84,20 +129,6 @@ fn sys(what: &'static str) -> impl FnOnce(nix::Error) -> LaunchError {
         source: e.into(),
     }
 }
-
-/// Signals the launcher relays to the child when another process sent
-/// them; the ones a terminal sends reach the child directly, since it is in
-/// the launcher's foreground process group.
-const RELAYED: &[Signal] = &[
-    Signal::SIGINT,
-    Signal::SIGTERM,
-    Signal::SIGHUP,
-    Signal::SIGQUIT,
-    Signal::SIGUSR1,
-    Signal::SIGUSR2,
-    Signal::SIGWINCH,
-    Signal::SIGALRM,
-];
 
 /// The launcher's signal set, blocked from the start of `run`.
 ///
@@ -122,7 +153,7 @@ impl SignalGuard {
             .map_err(sys("ignoring SIGPIPE"))?;
         let mut signals = SigSet::empty();
         signals.add(Signal::SIGCHLD);
-        RELAYED.iter().for_each(|s| signals.add(*s));
+        relay::RELAYED.iter().for_each(|s| signals.add(*s));
         let old_mask = signals
             .thread_swap_mask(SigmaskHow::SIG_BLOCK)
             .map_err(sys("blocking signals"))?;
@@ -144,6 +175,12 @@ pub fn launch(
     slice_id: &str,
     cmd: &ChildCommand,
 ) -> Result<i32, LaunchError> {
+    // Compiled here: the child only installs it.
+    let filters = if plan.privileges.confined() {
+        seccomp::compile()?
+    } else {
+        vec![]
+    };
     let cgroup = match &plan.cgroup {
         Some(driver) => {
             cgroup::reap_stale(driver);
@@ -163,12 +200,17 @@ pub fn launch(
             })?,
         None => (None, None),
     };
-    let old_mask = &signals.old_mask;
     let (err_rx, err_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(sys("pipe"))?;
     // The device filter goes on while the child builds its namespace: the
     // child execs only once a byte comes through here (~0.1 ms of BPF
     // verifying off every launch on the H200).
     let (go_rx, go_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(sys("pipe"))?;
+    if plan.pid_namespace {
+        // The next child of this process is PID 1 of a new namespace. The
+        // launcher forks once and starts no thread after this (the kernel
+        // refuses new threads across a pending PID namespace).
+        unshare(CloneFlags::CLONE_NEWPID).map_err(sys("unshare(pid namespace)"))?;
+    }
 
     // SAFETY: the child runs ordinary Rust code until exec. gpuslice run
     // starts no threads of its own (the clone3 path checks there is none);
@@ -180,7 +222,7 @@ pub fn launch(
         Forked::Child => {
             drop(err_rx);
             drop(go_tx);
-            let (code, err) = child_main(plan, procs, old_mask, go_rx, cmd).unwrap_err();
+            let (code, err) = child_main(plan, procs, signals, go_rx, cmd, &filters).unwrap_err();
             let mut tx = File::from(err_tx);
             let _ = tx.write_all(format!("{code} {err}").as_bytes());
             // SAFETY: _exit skips atexit handlers and destructors of the
@@ -205,6 +247,16 @@ pub fn launch(
     let setup_error = read_to_end(err_rx);
     let code = wait_relaying(child, &signals.signals);
     if let Some(c) = cgroup {
+        // Without a PID namespace (or with --privileged) a process the
+        // command left behind is still running in the slice.
+        match c.kill_remaining() {
+            Ok(0) => {}
+            Ok(n) => tracing::warn!(
+                slice = slice_id,
+                "killed {n} process(es) left in the slice after its command exited"
+            ),
+            Err(e) => tracing::warn!(slice = slice_id, "{e}"),
+        }
         if let Err(e) = c.remove() {
             tracing::warn!("{e}");
         }
@@ -259,21 +311,95 @@ fn read_to_end(fd: OwnedFd) -> Option<String> {
     (!msg.is_empty()).then_some(msg)
 }
 
-/// Child side: join the cgroup, build the namespace, drop privileges,
-/// exec. Returns only on failure, with the exit code and a one-line reason.
+/// Child side: the steps of the module docs. Returns only on failure,
+/// with the exit code and a one-line reason (for the init: never).
 fn child_main(
     plan: &SandboxPlan,
     procs: Option<File>,
-    old_mask: &SigSet,
+    signals: &SignalGuard,
     go: OwnedFd,
     cmd: &ChildCommand,
+    filters: &[seccompiler::BpfProgram],
 ) -> Result<std::convert::Infallible, (i32, String)> {
-    setup_child(plan, procs, old_mask).map_err(|e| (EXIT_LAUNCH_FAILED, e))?;
+    let failed = |e: String| (EXIT_LAUNCH_FAILED, e);
+    setup_child(plan, procs).map_err(failed)?;
     let mut byte = [0u8; 1];
     if !matches!(File::from(go).read(&mut byte), Ok(1)) {
         // The launcher could not put the device filter on; it says why.
         return Err((EXIT_LAUNCH_FAILED, String::new()));
     }
+    confine(plan, filters).map_err(failed)?;
+    if !plan.pid_namespace {
+        return exec_command(cmd, &signals.old_mask);
+    }
+    // SAFETY: this child is single-threaded (forked from the launcher).
+    match unsafe { fork() }.map_err(|e| failed(format!("fork: {e}")))? {
+        ForkResult::Child => exec_command(cmd, &signals.old_mask),
+        ForkResult::Parent { child } => {
+            // The launcher reads the error pipe to its end: the init's
+            // copy must go (the command's closes on exec), with every other
+            // descriptor the init does not need.
+            let _ = fds::close_all_beyond_stdio();
+            let _ = pidns::undumpable();
+            let code = pidns::supervise(child, &signals.signals);
+            // SAFETY: as the caller's _exit: nothing of the parent's state runs.
+            unsafe { libc::_exit(code) }
+        }
+    }
+}
+
+/// Steps 5–9: descriptors, capabilities around the user switch,
+/// no_new_privs, seccomp.
+fn confine(plan: &SandboxPlan, filters: &[seccompiler::BpfProgram]) -> Result<(), String> {
+    let kept = plan.privileges.kept();
+    if plan.privileges.confined() {
+        fds::close_on_exec_beyond(plan.preserve_fds).map_err(|e| e.to_string())?;
+    }
+    if let Some(kept) = kept {
+        privileges::limit_bounding(kept).map_err(|e| e.to_string())?;
+    }
+    if let Some(id) = &plan.identity {
+        switch_identity(id)?;
+    }
+    if let Some(kept) = kept {
+        privileges::drop_to(kept).map_err(|e| e.to_string())?;
+    }
+    if plan.privileges.confined() {
+        seccomp::install(filters).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// Become `id`, and die with the launcher again: a change of credentials
+/// clears the parent-death signal set in step 1.
+fn switch_identity(id: &Identity) -> Result<(), String> {
+    let parent = nix::unistd::getppid();
+    identity::switch(id).map_err(|e| format!("switching to uid {}: {e}", id.uid))?;
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(|e| format!("prctl: {e}"))?;
+    if nix::unistd::getppid() != parent {
+        return Err("the launcher exited during the user switch".into());
+    }
+    Ok(())
+}
+
+/// The command's side: default SIGPIPE, the caller's signal mask, exec.
+fn exec_command(
+    cmd: &ChildCommand,
+    old_mask: &SigSet,
+) -> Result<std::convert::Infallible, (i32, String)> {
+    // The launcher ignores SIGPIPE ([`SignalGuard::block`]) and exec keeps
+    // an ignored signal ignored: without this, `gpuslice run -- yes | head`
+    // would leave `yes` writing into a closed pipe (std's Command resets
+    // it the same way).
+    // SAFETY: SIG_DFL installs no handler; single-threaded child.
+    unsafe { nix::sys::signal::signal(Signal::SIGPIPE, nix::sys::signal::SigHandler::SigDfl) }
+        .map_err(|e| (EXIT_LAUNCH_FAILED, format!("resetting SIGPIPE: {e}")))?;
+    old_mask.thread_set_mask().map_err(|e| {
+        (
+            EXIT_LAUNCH_FAILED,
+            format!("restoring the signal mask: {e}"),
+        )
+    })?;
     let err = nix::unistd::execvpe(&cmd.argv[0], &cmd.argv, &cmd.env).unwrap_err();
     let code = match err {
         nix::Error::ENOENT => 127,
@@ -286,45 +412,31 @@ fn child_main(
     ))
 }
 
-fn setup_child(plan: &SandboxPlan, procs: Option<File>, old_mask: &SigSet) -> Result<(), String> {
+/// Steps 1–3.
+fn setup_child(plan: &SandboxPlan, procs: Option<File>) -> Result<(), String> {
     // Die with the launcher: a killed launcher must not leave a child
-    // running unsupervised in a cgroup nobody removes.
+    // running unsupervised in a cgroup nobody removes (with a PID
+    // namespace, the whole namespace goes with it).
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(|e| format!("prctl: {e}"))?;
     if let Some(procs) = procs {
         cgroup::enter_self(&procs).map_err(|e| format!("joining the slice cgroup: {e}"))?;
     }
-    if plan.private_dev.is_some()
-        || plan.params_overlay.is_some()
-        || !plan.masked_gpus.is_empty()
-        || plan.slice_files.is_some()
-    {
+    if plan.mount_namespace() {
         enter_mount_namespace(plan)?;
     }
-    // After the mounts (they need root), before privileges are dropped.
-    if let Some(id) = &plan.identity {
-        identity::switch(id).map_err(|e| format!("switching to uid {}: {e}", id.uid))?;
-    }
-    if plan.strict {
-        strict::lock_down().map_err(|e| e.to_string())?;
-    }
-    // The launcher ignores SIGPIPE ([`SignalGuard::block`]) and exec keeps
-    // an ignored signal ignored: without this, `gpuslice run -- yes | head`
-    // would leave `yes` writing into a closed pipe (std's Command resets
-    // it the same way).
-    // SAFETY: SIG_DFL installs no handler; single-threaded child.
-    unsafe { nix::sys::signal::signal(Signal::SIGPIPE, nix::sys::signal::SigHandler::SigDfl) }
-        .map_err(|e| format!("resetting SIGPIPE: {e}"))?;
-    old_mask
-        .thread_set_mask()
-        .map_err(|e| format!("restoring the signal mask: {e}"))
+    Ok(())
 }
 
 fn enter_mount_namespace(plan: &SandboxPlan) -> Result<(), String> {
-    let flags = if plan.user_namespace {
-        CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNS
-    } else {
-        CloneFlags::CLONE_NEWNS
-    };
+    let mut flags = CloneFlags::CLONE_NEWNS;
+    if plan.user_namespace {
+        flags |= CloneFlags::CLONE_NEWUSER;
+    }
+    if plan.privileges.confined() {
+        // Rooted at the slice cgroup the child is in by now: /proc/self/cgroup
+        // says `/`, and (with nsdelegate) no cgroup outside is writable.
+        flags |= CloneFlags::CLONE_NEWCGROUP;
+    }
     unshare(flags).map_err(|e| format!("unshare(mount namespace): {e}"))?;
     if plan.user_namespace {
         crate::userns::map_self().map_err(|e| e.to_string())?;
@@ -341,6 +453,10 @@ fn enter_mount_namespace(plan: &SandboxPlan) -> Result<(), String> {
     // The mirror must get the host's exact modes; the child gets our umask back.
     let umask = nix::sys::stat::umask(nix::sys::stat::Mode::empty());
 
+    // First: the driver's procfs overlays below go on the slice's /proc.
+    if plan.pid_namespace {
+        pidns::mount_proc().map_err(|e| e.to_string())?;
+    }
     let dev = plan.root.dev();
     if let Some(nodes) = plan.private_dev {
         // The root's /dev itself must not be a link out of it.
@@ -367,8 +483,22 @@ fn enter_mount_namespace(plan: &SandboxPlan) -> Result<(), String> {
     if let Some(files) = &plan.slice_files {
         slicefs::mount_slice_files(files).map_err(|e| e.to_string())?;
     }
+    if plan.privileges.confined() {
+        read_only_sys(plan).map_err(|e| e.to_string())?;
+    }
     nix::sys::stat::umask(umask);
     Ok(())
+}
+
+/// `/sys` read-only with everything below it, and the cgroup hierarchy in
+/// use when it is mounted elsewhere.
+fn read_only_sys(plan: &SandboxPlan) -> io::Result<()> {
+    let sys = Path::new("/sys");
+    readonly::read_only_tree(sys)?;
+    match &plan.cgroup {
+        Some(driver) if !driver.root().starts_with(sys) => readonly::read_only_tree(driver.root()),
+        _ => Ok(()),
+    }
 }
 
 /// Wait for `child`, relaying signals other processes send us. The child's
@@ -395,15 +525,7 @@ fn wait_relaying(child: Pid, signals: &SigSet) -> Result<i32, LaunchError> {
             Ok(_) | Err(nix::Error::EINTR) => {}
             Err(e) => return Err(sys("poll")(e)),
         }
-        while let Ok(Some(info)) = sfd.read_signal() {
-            let Ok(sig) = Signal::try_from(info.ssi_signo as i32) else {
-                continue;
-            };
-            // A terminal's signals (SI_KERNEL) already reached the child.
-            if sig != Signal::SIGCHLD && info.ssi_code != libc::SI_KERNEL {
-                let _ = nix::sys::signal::kill(child, sig);
-            }
-        }
+        relay::relay_pending(&sfd, child);
     }
 }
 

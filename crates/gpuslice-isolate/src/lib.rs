@@ -6,18 +6,26 @@
 //! 3. [`cgroup`]/[`bpf`]: a device cgroup that denies the unselected nodes;
 //! 4. the environment (`CUDA_VISIBLE_DEVICES`…), set by the caller.
 //!
-//! [`launcher`] puts a command inside them.
+//! [`launcher`] puts a command inside them, and by default confines it so
+//! that it cannot undo them or reach another slice: [`pidns`] (its own PID
+//! namespace and `/proc`), a cgroup namespace and [`readonly`] `/sys`,
+//! [`privileges`] (capabilities, no_new_privs), [`seccomp`], [`fds`].
 
 pub mod bpf;
 pub mod cgroup;
 pub mod devfs;
 pub mod driver_proc;
+pub mod fds;
 pub mod identity;
 pub mod launcher;
 mod mountinfo;
+pub mod pidns;
+pub mod privileges;
+pub mod readonly;
+mod relay;
+pub mod seccomp;
 pub mod slicefs;
 pub mod spawn;
-pub mod strict;
 pub mod userns;
 
 use serde::Serialize;

@@ -264,7 +264,8 @@ pub enum ProcessState {
     Live,
     /// Being claimed or reclaimed right now.
     Transient,
-    /// Live in another pid namespace: cannot be checked from here.
+    /// Live in a pid namespace this one cannot see into (pid as recorded
+    /// there); a descendant namespace's processes are shown `Live` with our pid.
     OtherNamespace,
 }
 
@@ -915,6 +916,7 @@ impl Ledger {
 
     fn reap_inner(&self, stale_image: Option<(u32, u64)>, mut out: Option<&mut Reaped>) {
         let pidns = procfs::own_pid_namespace();
+        let foreign = self.foreign_pids(pidns);
         for i in 0..MAX_SLOTS {
             let w = self.slot_word(i, S_STATE).load(Ordering::SeqCst);
             let pid = (w >> 32) as u32;
@@ -922,9 +924,12 @@ impl Ledger {
                 LIVE => {
                     let start = self.slot_word(i, S_START).load(Ordering::Relaxed);
                     let ns = self.slot_word(i, S_PIDNS).load(Ordering::Relaxed);
-                    ns == pidns
-                        && (stale_image == Some((pid, start))
-                            || procfs::liveness(pid, start) == procfs::Liveness::Dead)
+                    if ns == pidns {
+                        stale_image == Some((pid, start))
+                            || procfs::liveness(pid, start) == procfs::Liveness::Dead
+                    } else {
+                        foreign.liveness(ns, pid, start) == Some(procfs::Liveness::Dead)
+                    }
                 }
                 // A reclaimer that died half-way: finish its work.
                 RECLAIMING => !map::pid_exists(pid),
@@ -1016,9 +1021,27 @@ impl Ledger {
         repaired
     }
 
-    /// Reads everything without taking a lock.
+    /// The slots' processes of other PID namespaces, seen from ours: an
+    /// empty scan (no `/proc` walk) when every live slot is of ours, as in
+    /// the shim inside a slice.
+    fn foreign_pids(&self, pidns: u64) -> procfs::ForeignPids {
+        let others: std::collections::HashSet<u64> = (0..MAX_SLOTS)
+            .filter(|&i| self.slot_word(i, S_STATE).load(Ordering::Acquire) & TAG_MASK == LIVE)
+            .map(|i| self.slot_word(i, S_PIDNS).load(Ordering::Relaxed))
+            .filter(|&ns| ns != pidns)
+            .collect();
+        if others.is_empty() {
+            return procfs::ForeignPids::default();
+        }
+        procfs::ForeignPids::scan(&others)
+    }
+
+    /// Reads everything without taking a lock. Processes of other PID
+    /// namespaces that can be seen from ours are shown live, with our pid
+    /// for them.
     pub fn snapshot(&self) -> Snapshot {
         let pidns = procfs::own_pid_namespace();
+        let foreign = self.foreign_pids(pidns);
         let devices = (0..self.device_count)
             .map(|d| {
                 let cap = self.cap(d);
@@ -1039,10 +1062,15 @@ impl Ledger {
                 continue;
             }
             let ns = self.slot_word(i, S_PIDNS).load(Ordering::Relaxed);
-            let state = match w & TAG_MASK {
-                LIVE if ns != pidns => ProcessState::OtherNamespace,
-                LIVE => ProcessState::Live,
-                _ => ProcessState::Transient,
+            let start_time = self.slot_word(i, S_START).load(Ordering::Relaxed);
+            let recorded = (w >> 32) as u32;
+            let (state, pid) = match w & TAG_MASK {
+                LIVE if ns == pidns => (ProcessState::Live, recorded),
+                LIVE => match foreign.resolve(ns, recorded, start_time) {
+                    Some(here) => (ProcessState::Live, here),
+                    None => (ProcessState::OtherNamespace, recorded),
+                },
+                _ => (ProcessState::Transient, recorded),
             };
             let mut comm = [0u8; 16];
             comm[..8].copy_from_slice(
@@ -1059,8 +1087,8 @@ impl Ledger {
             );
             processes.push(ProcessUsage {
                 slot: i,
-                pid: (w >> 32) as u32,
-                start_time: self.slot_word(i, S_START).load(Ordering::Relaxed),
+                pid,
+                start_time,
                 comm: str_field(&comm),
                 attached_unix_ms: self.slot_word(i, S_ATTACHED_MS).load(Ordering::Relaxed),
                 state,

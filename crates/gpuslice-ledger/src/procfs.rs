@@ -40,6 +40,94 @@ pub fn own_pid_namespace() -> u64 {
     std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino())
 }
 
+/// Inode of the initial PID namespace (`PROC_PID_INIT_INO`): a process in
+/// it sees every process of the machine in its `/proc`.
+const INITIAL_PID_NAMESPACE: u64 = 0xEFFF_FFFC;
+
+/// The processes of other (descendant) PID namespaces as this one sees
+/// them. A slice's processes record their pid as their own PID namespace
+/// numbers it (`gpuslice run` gives each slice one, with its own `/proc`,
+/// where `NSpid` shows only that number); from outside, `/proc/<pid>/ns/pid`
+/// and the last field of `NSpid` map it back to ours.
+#[derive(Debug, Default)]
+pub struct ForeignPids {
+    /// (namespace inode, pid in it) → (pid here, start time).
+    found: std::collections::HashMap<(u64, u32), (u32, u64)>,
+    /// Namespaces with at least one process seen.
+    seen: std::collections::HashSet<u64>,
+    /// Whether we see every process (we are in the initial namespace), so
+    /// a namespace without any is gone rather than out of sight.
+    complete: bool,
+}
+
+impl ForeignPids {
+    /// One pass over `/proc`, keeping the processes of `namespaces` only.
+    pub fn scan(namespaces: &std::collections::HashSet<u64>) -> Self {
+        let mut out = ForeignPids {
+            complete: own_pid_namespace() == INITIAL_PID_NAMESPACE,
+            ..Self::default()
+        };
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            out.complete = false;
+            return out;
+        };
+        for pid in dir
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        {
+            let Ok(ns) = std::fs::metadata(format!("/proc/{pid}/ns/pid")) else {
+                continue;
+            };
+            if !namespaces.contains(&ns.ino()) {
+                continue;
+            }
+            out.seen.insert(ns.ino());
+            let inner = std::fs::read_to_string(format!("/proc/{pid}/status"))
+                .ok()
+                .and_then(|s| innermost_pid(&s));
+            if let (Some(inner), Some(st)) = (inner, stat(pid)) {
+                if st.state != 'Z' && st.state != 'X' {
+                    out.found.insert((ns.ino(), inner), (pid, st.start_time));
+                }
+            }
+        }
+        out
+    }
+
+    /// Our pid for the process recorded as `pid` in namespace `ns`, started
+    /// at `start_time`; None when it is not (or no longer) there.
+    pub fn resolve(&self, ns: u64, pid: u32, start_time: u64) -> Option<u32> {
+        self.found
+            .get(&(ns, pid))
+            .filter(|(_, start)| *start == start_time)
+            .map(|(here, _)| *here)
+    }
+
+    /// Liveness of that process; None when it cannot be told from here
+    /// (its namespace is out of our sight).
+    pub fn liveness(&self, ns: u64, pid: u32, start_time: u64) -> Option<Liveness> {
+        if self.resolve(ns, pid, start_time).is_some() {
+            Some(Liveness::Alive)
+        } else if self.seen.contains(&ns) || self.complete {
+            Some(Liveness::Dead)
+        } else {
+            None
+        }
+    }
+}
+
+/// The last field of `NSpid:` in a status text: the pid in the process's
+/// own namespace.
+pub fn innermost_pid(status: &str) -> Option<u32> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))?
+        .split_whitespace()
+        .last()?
+        .parse()
+        .ok()
+}
+
 /// Liveness of a process recorded as (pid, start time).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Liveness {
@@ -77,6 +165,54 @@ mod tests {
         assert_eq!(s.comm, "my (odd) name");
         assert_eq!(s.state, 'S');
         assert_eq!(s.start_time, 987654);
+    }
+
+    #[test]
+    fn nspid_gives_the_innermost_pid() {
+        assert_eq!(innermost_pid("Name:\tx\nNSpid:\t4242\t2\n"), Some(2));
+        assert_eq!(innermost_pid("NSpid:\t7\n"), Some(7));
+        assert_eq!(innermost_pid("Name:\tx\n"), None);
+    }
+
+    #[test]
+    fn a_process_in_a_child_pid_namespace_resolves_to_its_host_pid() {
+        // SAFETY: geteuid cannot fail and touches no memory.
+        if unsafe { libc::geteuid() } != 0 && std::env::var_os("CI").is_none() {
+            return; // unshare -p needs root; CI runs as root
+        }
+        let mut child = std::process::Command::new("unshare")
+            .args(["--pid", "--fork", "--kill-child", "sleep", "30"])
+            .spawn()
+            .expect("unshare (util-linux)");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        // The sleep is pid 1 of the new namespace; find its host pid.
+        let (host, ns) = loop {
+            let found = std::fs::read_dir("/proc").unwrap().flatten().find_map(|e| {
+                let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+                let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+                let ppid_is_unshare = status
+                    .lines()
+                    .any(|l| l == format!("PPid:\t{}", child.id()));
+                let ns = std::fs::metadata(format!("/proc/{pid}/ns/pid")).ok()?.ino();
+                (ppid_is_unshare && innermost_pid(&status) == Some(1)).then_some((pid, ns))
+            });
+            if let Some(f) = found {
+                break f;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no sleep in a new pid namespace"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        let start = stat(host).unwrap().start_time;
+        let pids = ForeignPids::scan(&[ns].into());
+        assert_eq!(pids.resolve(ns, 1, start), Some(host));
+        assert_eq!(pids.liveness(ns, 1, start), Some(Liveness::Alive));
+        assert_eq!(pids.liveness(ns, 1, start + 1), Some(Liveness::Dead));
+        assert_eq!(pids.liveness(ns, 2, start), Some(Liveness::Dead));
+        let _ = child.kill();
+        let _ = child.wait();
     }
 
     #[test]

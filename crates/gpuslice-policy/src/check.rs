@@ -26,7 +26,7 @@ pub struct Request<'a> {
     pub compute: Option<u64>,
     /// The uid and primary gid the command would run as.
     pub run_as: (u32, u32),
-    /// `--privileged`, or isolation weaker than the default.
+    /// `--privileged`, `--pid host`, or isolation weaker than the default.
     pub privileged: bool,
 }
 
@@ -118,7 +118,9 @@ fn names(rule: &Rule, who: &Member) -> bool {
 /// Why `rule` does not allow `req`; None when it does.
 fn refusal(rule: &Rule, req: &Request, inv: &Inventory) -> Option<String> {
     if req.privileged && !rule.allow_privileged {
-        return Some("--privileged or a weaker --isolation (allow_privileged = false)".into());
+        return Some(
+            "--privileged, --pid host or a weaker --isolation (allow_privileged = false)".into(),
+        );
     }
     if (req.run_as.0 == 0 || req.run_as.1 == 0) && !rule.allow_root {
         return Some("running as root (allow_root = false)".into());

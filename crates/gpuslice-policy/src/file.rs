@@ -12,7 +12,7 @@
 //! max_memory = "20GiB"        # --memory must be given and at most this
 //! max_compute = 50            # --compute must be given and at most this (percent)
 //! allow_root = false          # --user root (uid or gid 0)
-//! allow_privileged = false    # --privileged, or an --isolation weaker than full
+//! allow_privileged = false    # --privileged, --pid host, or an --isolation weaker than full
 //! ```
 //!
 //! The file decides what root does for other users, so it is trusted only

@@ -64,20 +64,29 @@ fn fakehost_then_list_and_run_show_the_isolation_on_a_simulated_host() {
         assert!(dir.join(format!("dev/nvidia{i}")).exists(), "nvidia{i}");
     }
 
-    // The walkthrough's attack: re-creating GPU 2's node is refused by the
-    // device cgroup; GPU 3's own node is reachable (ENXIO: a fake node has
-    // no driver behind it, but the open got past the cgroup).
+    // The walkthrough's attack: re-creating GPU 2's node is refused (by
+    // default the slice has no CAP_MKNOD; under --privileged, which keeps
+    // it, by the device cgroup); GPU 3's own node is reachable (ENXIO: a
+    // fake node has no driver behind it, but the open got past the cgroup).
     let script = format!("mknod {d}/dev/nvidia2 c 195 2; cat {d}/dev/nvidia3");
-    let out = host_root_run(&dir, &["--gpus", "3", "--", "sh", "-c", &script]);
-    let err = text(&out.stderr);
-    assert!(
-        err.contains(&format!("{d}/dev/nvidia2: Operation not permitted")),
-        "{err}"
-    );
-    assert!(err.contains("No such device or address"), "{err}");
+    for flags in [&[][..], &["--privileged"]] {
+        let mut argv = vec!["--gpus", "3"];
+        argv.extend_from_slice(flags);
+        argv.extend(["--", "sh", "-c", &script]);
+        let out = host_root_run(&dir, &argv);
+        let err = text(&out.stderr);
+        assert!(
+            err.contains(&format!("{d}/dev/nvidia2: Operation not permitted")),
+            "{flags:?}: {err}"
+        );
+        assert!(
+            err.contains("No such device or address"),
+            "{flags:?}: {err}"
+        );
+    }
 
-    // The same, unisolated (--isolation env): the node can be made, which
-    // is what the cgroup stops above.
+    // The same, unisolated (--isolation env, --privileged): the node can
+    // be made, which is what the cgroup stops above.
     let out = host_root_run(
         &dir,
         &[
@@ -85,6 +94,7 @@ fn fakehost_then_list_and_run_show_the_isolation_on_a_simulated_host() {
             "3",
             "--isolation",
             "env",
+            "--privileged",
             "--",
             "sh",
             "-c",

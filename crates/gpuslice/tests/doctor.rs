@@ -100,6 +100,7 @@ fn healthy_fake_host_passes() {
         "devices.modify-device-files",
         "isolation.cgroup",
         "isolation.device-filter",
+        "isolation.boundary",
         "gpu.persistence",
         "gpu.mig",
         "gpu.pcie",

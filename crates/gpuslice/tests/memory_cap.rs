@@ -73,6 +73,17 @@ fn run_with_memory_caps_the_child_and_slices_shows_it() {
     // SIGKILL the process in the slice; the launcher exits with 128+9 and
     // removes the ledger.
     let pid = s["processes"][0]["pid"].as_i64().unwrap() as i32;
+    // The slice has its own PID namespace (where the shim recorded pid 2):
+    // `slices` shows the host's pid for it, from NSpid.
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    assert!(
+        status.contains("Name:\tgpuslice-shim-c")
+            && status.contains("NSpid:\t")
+            && status
+                .lines()
+                .any(|l| l.starts_with("NSpid:") && l.ends_with("\t2")),
+        "pid {pid} is not the slice's client: {status}"
+    );
     // SAFETY: plain kill(2) of the child we started.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
     let status = holder.wait().unwrap();

@@ -66,7 +66,13 @@ fn open_in_slice(h: &FakeHost, run_args: &[&str], script: &str) -> String {
     args.extend_from_slice(run_args);
     args.extend(["--", "sh", "-c", script]);
     let out = run(h, &args);
-    String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr)
+    // Less --privileged's warning, which every such run prints.
+    let stderr: String = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter(|l| !l.starts_with("gpuslice: WARNING: --privileged"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    String::from_utf8_lossy(&out.stdout).to_string() + &stderr
 }
 
 fn node(h: &FakeHost, minor: u32) -> String {
@@ -99,6 +105,10 @@ fn device_count_inside_the_slice_equals_the_selection() {
     assert_eq!(v["init_rc"], 100, "--gpus none must leave no device: {v}");
 }
 
+/// The device layers themselves, under `--privileged` (full root, the
+/// host's PID namespace): what holds even when the command may mknod and
+/// reach the host's /dev through /proc (tests/boundary.rs: the default
+/// takes those paths away too).
 #[test]
 fn unselected_nodes_fail_by_every_path_and_selected_ones_open() {
     let h = host(4, true);
@@ -112,7 +122,11 @@ fn unselected_nodes_fail_by_every_path_and_selected_ones_open() {
             try_open("made", &made.display().to_string()),
             made = made.display()
         );
-        let out = open_in_slice(&h, &["--gpus", "1", "--cgroup", cg], &script);
+        let out = open_in_slice(
+            &h,
+            &["--gpus", "1", "--cgroup", cg, "--privileged"],
+            &script,
+        );
         let line = |label: &str| {
             out.lines()
                 .find(|l| l.starts_with(label))
@@ -159,6 +173,8 @@ fn namespace_alone_is_defeated_by_modify_device_files() {
             "1",
             "--isolation",
             "namespace",
+            // Full root: libcuda may mknod (the default drops CAP_MKNOD).
+            "--privileged",
             "--",
             PROBE,
             "--ignore-visible-devices",
@@ -269,18 +285,31 @@ fn the_private_dev_shows_the_live_host_dev_but_the_hidden_nodes() {
     assert!(host_ttys && shm_file == "slice\n" && !leaked, "on the host");
 }
 
+/// Under `--privileged` a selection that hides nothing needs no mount
+/// namespace; by default one is made anyway (the slice's /proc, a
+/// read-only /sys), with a cgroup namespace rooted at the slice cgroup.
 #[test]
 fn a_selection_that_hides_nothing_makes_no_mount_namespace_but_keeps_the_cgroup() {
     let h = host(2, true);
     let host_ns = std::fs::read_link("/proc/self/ns/mnt").unwrap();
     let script = "readlink /proc/self/ns/mnt; grep -c gpuslice /proc/self/cgroup";
-    let all = open_in_slice(&h, &["--gpus", "all"], script);
-    let one = open_in_slice(&h, &["--gpus", "1"], script);
+    let all = open_in_slice(&h, &["--gpus", "all", "--privileged"], script);
+    let one = open_in_slice(&h, &["--gpus", "1", "--privileged"], script);
     let host_ns = host_ns.display().to_string();
     assert_eq!(all, format!("{host_ns}\n1\n"), "--gpus all: {all}");
     let mut lines = one.lines();
     assert_ne!(lines.next(), Some(host_ns.as_str()), "--gpus 1: {one}");
     assert_eq!(lines.next(), Some("1"), "--gpus 1: {one}");
+    for sel in ["all", "1"] {
+        let out = open_in_slice(
+            &h,
+            &["--gpus", sel, "--cgroup", "v2"],
+            "readlink /proc/self/ns/mnt; grep '^0::' /proc/self/cgroup",
+        );
+        let mut lines = out.lines();
+        assert_ne!(lines.next(), Some(host_ns.as_str()), "--gpus {sel}: {out}");
+        assert_eq!(lines.next(), Some("0::/"), "--gpus {sel}: {out}");
+    }
 }
 
 #[test]
@@ -588,6 +617,9 @@ fn the_child_starts_inside_its_cgroup_with_either_version() {
                 "1",
                 "--cgroup",
                 cg,
+                // The host's cgroup namespace, to see the path (by default
+                // the slice's cgroup is the root of its own: `0::/`).
+                "--privileged",
                 "--",
                 "cat",
                 "/proc/self/cgroup",

@@ -78,7 +78,8 @@ fn walkthrough(root: &Path, gpus: u32) -> String {
          \x20 gpuslice --host-root {r} run --gpus {pick} -- ls {r}/dev\n\
          \x20     # only nvidia{pick} of the GPU nodes is left: a private /dev hides the others\n\
          \x20 gpuslice --host-root {r} run --gpus {pick} -- sh -c 'mknod {r}/dev/nvidia{other} c 195 {other}; cat {r}/dev/nvidia{pick}'\n\
-         \x20     # re-creating another GPU's node: Operation not permitted (the slice's device cgroup);\n\
+         \x20     # re-creating another GPU's node: Operation not permitted (no CAP_MKNOD in the slice;\n\
+         \x20     # with --privileged, which keeps it, the slice's device cgroup still refuses the node);\n\
          \x20     # its own GPU's node opens as far as a fake node can: No such device or address\n\
          \nRemove it with: rm -rf {r}\n"
     )

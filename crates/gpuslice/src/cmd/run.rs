@@ -10,6 +10,7 @@ use gpuslice_isolate::cgroup::{new_slice_id, CgroupDriver, Version};
 use gpuslice_isolate::devfs::NodeMode;
 use gpuslice_isolate::driver_proc::params_without_modify;
 use gpuslice_isolate::launcher::{launch, ChildCommand, SandboxPlan, SignalGuard};
+use gpuslice_isolate::privileges::Privileges;
 use gpuslice_isolate::Isolation;
 use std::ffi::{CString, OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
@@ -43,9 +44,21 @@ pub struct RunArgs {
     #[arg(long, value_enum)]
     pub isolation: Option<IsolationArg>,
 
-    /// Also stop a root child from undoing the isolation (drops CAP_SYS_ADMIN, CAP_MKNOD, … and sets no_new_privs).
-    #[arg(long)]
+    /// Keep no capability at all (a root command is uid 0 without any), on top of the default confinement.
+    #[arg(long, conflicts_with = "privileged")]
     pub strict: bool,
+
+    /// Run as full root with every capability, no seccomp filter, no PID or cgroup namespace and the caller's descriptors: NOT a security boundary (the command can undo the GPU isolation).
+    #[arg(long)]
+    pub privileged: bool,
+
+    /// PID namespace: `private` (default) gives the slice its own /proc and an init; `host` shares the host's.
+    #[arg(long, value_enum, value_name = "MODE", default_value = "private")]
+    pub pid: PidMode,
+
+    /// Pass descriptors 3 .. 3+N on to the command (as runc); all others are closed.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub preserve_fds: u32,
 
     /// Run the command as USER[:GROUP] (names or numeric ids; supplementary groups from the group database) [default: the invoking user when run through sudo, else gpuslice's own ids].
     #[arg(long, value_name = "USER[:GROUP]")]
@@ -82,6 +95,13 @@ pub struct RunArgs {
     pub command: Vec<OsString>,
 }
 
+/// `run --pid`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PidMode {
+    Private,
+    Host,
+}
+
 /// Environment variables a slice sets, removed from the caller's first.
 const SLICE_ENV: &[&str] = &[
     "CUDA_VISIBLE_DEVICES",
@@ -91,6 +111,8 @@ const SLICE_ENV: &[&str] = &[
 ];
 
 pub fn run(global: &Global, args: &RunArgs) -> Result<i32> {
+    // Before anything opens a descriptor that could fill a gap among them.
+    gpuslice_isolate::fds::check_preserved(args.preserve_fds)?;
     // Before discovery, which may load NVML and with it threads.
     let signals = SignalGuard::block()?;
     let root = HostRoot::new(&global.host_root);
@@ -100,6 +122,13 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<i32> {
     tracing::debug!(elapsed_us = started.elapsed().as_micros() as u64, sources = ?inv.sources, "discovered");
     let sel = Selection::parse(&args.gpus, &inv)?;
     tenant.enforce(&root, &inv, &sel, args)?;
+    if args.privileged {
+        eprintln!(
+            "gpuslice: WARNING: --privileged: the command runs as full root (every capability, \
+             no seccomp filter, no PID or cgroup namespace, writable /sys); it can undo the GPU \
+             isolation and reach other slices. This is NOT a security boundary."
+        );
+    }
     let isolation = isolation(args.isolation);
     let rootless = !nix::unistd::geteuid().is_root();
     let mut plan = plan(&root, &inv, &sel, isolation, args, rootless)?;
@@ -113,7 +142,8 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<i32> {
         params_overlay = plan.params_overlay.is_some(),
         masked = plan.masked_gpus.len(),
         cgroup = ?plan.cgroup,
-        strict = plan.strict,
+        privileges = ?plan.privileges,
+        pid_namespace = plan.pid_namespace,
         uid = plan.identity.as_ref().map(|i| i.uid),
         "isolation layers"
     );
@@ -184,8 +214,9 @@ fn plan(
     let policy = DevicePolicy::for_selection(inv, sel);
     // The mount-namespace layers hide nodes: when the selection leaves no
     // node of this host out (every GPU, no MIG left over), they would hide
-    // nothing, and a namespace costs ~0.5 ms to make and tear down. The
-    // device cgroup stays: it also refuses GPU nodes that appear later.
+    // nothing, and are left out. The device cgroup stays: it also refuses
+    // GPU nodes that appear later. A confined command still gets a mount
+    // namespace, for its /proc and a read-only /sys (SandboxPlan).
     let hides = !policy.denies_nothing_known();
     let isolation = if hides {
         isolation
@@ -217,7 +248,14 @@ fn plan(
     } else {
         None
     };
-    let user_namespace = rootless && (isolation.private_dev() || params_overlay.is_some());
+    let privileges = match (args.privileged, args.strict) {
+        (true, _) => Privileges::Privileged,
+        (false, true) => Privileges::Strict,
+        (false, false) => Privileges::Default,
+    };
+    let pid_namespace = privileges.confined() && args.pid == PidMode::Private;
+    let user_namespace =
+        rootless && (isolation.private_dev() || params_overlay.is_some() || privileges.confined());
     Ok(SandboxPlan {
         root: root.clone(),
         policy,
@@ -230,7 +268,11 @@ fn plan(
         params_overlay,
         masked_gpus,
         cgroup,
-        strict: args.strict,
+        privileges,
+        // Unshared by the launcher, which needs root for it; a non-root
+        // caller's command shares the host's (docs/security.md).
+        pid_namespace: pid_namespace && !rootless,
+        preserve_fds: args.preserve_fds,
         identity: None,
         slice_files: None,
     })

@@ -3,7 +3,7 @@
 //! policy (see `gpuslice_policy`). The policy is decided before anything
 //! is created, so a refusal leaves nothing behind.
 
-use super::run::{IsolationArg, RunArgs};
+use super::run::{IsolationArg, PidMode, RunArgs};
 use anyhow::{anyhow, Result};
 use gpuslice_core::{HostRoot, Inventory, Selection};
 use gpuslice_isolate::identity::Identity;
@@ -77,7 +77,11 @@ impl Tenant {
             memory: args.memory.map(|m| m.0),
             compute: args.compute.map(|c| c.basis_points()),
             run_as: self.identity.as_ref().map_or((0, 0), |i| (i.uid, i.gid)),
-            privileged: args.isolation.is_some_and(|i| i != IsolationArg::Full),
+            // Anything that gives up a layer of the boundary: --privileged,
+            // the host's PID namespace, fewer isolation layers.
+            privileged: args.privileged
+                || args.pid == PidMode::Host
+                || args.isolation.is_some_and(|i| i != IsolationArg::Full),
         };
         let rule = policy
             .check(&member(uid, gid)?, &request, inv)

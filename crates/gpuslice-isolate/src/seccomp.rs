@@ -1,0 +1,228 @@
+//! The seccomp filter of a confined command, built with `seccompiler`.
+//!
+//! A deny list (the rest is allowed), as docker's default profile is in
+//! effect for these calls: each denied call returns EPERM, so a program
+//! that probes (a mount helper, an unshare check) fails cleanly instead
+//! of being killed. It stops what the dropped capabilities alone would not
+//! stop where a capability is not checked or is not ours to drop:
+//! namespace calls (unshare/setns/clone with namespace flags: a user
+//! namespace needs no capability and hands out all of them inside),
+//! ptrace and `process_vm_*` (the same uid needs no capability), the new
+//! mount API, `open_by_handle_at`, keyrings, `perf_event_open`, `bpf`,
+//! module, kexec, reboot, swap, `acct`, `userfaultfd`, io_uring (which
+//! would run calls this filter never sees).
+//!
+//! `clone3` gets ENOSYS, as under docker: its flags are in memory a filter
+//! cannot read, and ENOSYS makes glibc fall back to `clone`, whose flags
+//! the filter checks.
+//!
+//! Only the native ABI passes (seccompiler kills a call made through
+//! another, such as i386's `int 0x80`); x32 is not compiled into the
+//! kernels we run on (`CONFIG_X86_X32_ABI` off on Ubuntu) — see
+//! docs/security.md.
+//!
+//! The filter is compiled in the launcher, before the fork, and installed
+//! by the child as its last step before exec (after the mounts, the user
+//! switch and the capability drop, which use some of these calls).
+
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule, TargetArch,
+};
+use std::collections::BTreeMap;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SeccompError {
+    #[error("seccomp filter: this architecture ({0}) is not supported by seccompiler; use --privileged to run without the filter")]
+    Arch(&'static str),
+    #[error("building the seccomp filter: {0}")]
+    Build(#[from] seccompiler::BackendError),
+    #[error("installing the seccomp filter: {0}")]
+    Install(#[from] seccompiler::Error),
+}
+
+/// Calls a confined command gets EPERM for, whatever their arguments.
+const DENIED: &[libc::c_long] = &[
+    // Mounts, old and new API: the private /dev and the params overlay
+    // stay in place, no new devtmpfs or procfs.
+    libc::SYS_mount,
+    libc::SYS_umount2,
+    libc::SYS_pivot_root,
+    libc::SYS_fsopen,
+    libc::SYS_fsconfig,
+    libc::SYS_fsmount,
+    libc::SYS_fspick,
+    libc::SYS_move_mount,
+    libc::SYS_open_tree,
+    libc::SYS_mount_setattr,
+    // Other processes.
+    libc::SYS_ptrace,
+    libc::SYS_process_vm_readv,
+    libc::SYS_process_vm_writev,
+    libc::SYS_kcmp,
+    libc::SYS_pidfd_getfd,
+    // Namespaces.
+    libc::SYS_unshare,
+    libc::SYS_setns,
+    // The device filter and the kernel.
+    libc::SYS_bpf,
+    libc::SYS_perf_event_open,
+    libc::SYS_init_module,
+    libc::SYS_finit_module,
+    libc::SYS_delete_module,
+    libc::SYS_kexec_load,
+    libc::SYS_kexec_file_load,
+    libc::SYS_reboot,
+    libc::SYS_swapon,
+    libc::SYS_swapoff,
+    libc::SYS_acct,
+    libc::SYS_quotactl,
+    libc::SYS_syslog,
+    libc::SYS_settimeofday,
+    libc::SYS_clock_settime,
+    libc::SYS_clock_adjtime,
+    libc::SYS_adjtimex,
+    libc::SYS_sethostname,
+    libc::SYS_setdomainname,
+    libc::SYS_fanotify_init,
+    libc::SYS_userfaultfd,
+    // Files by handle: around the mount table and the private /dev.
+    libc::SYS_open_by_handle_at,
+    libc::SYS_name_to_handle_at,
+    // Keyrings are not namespaced.
+    libc::SYS_keyctl,
+    libc::SYS_add_key,
+    libc::SYS_request_key,
+    // io_uring runs calls this filter does not see.
+    libc::SYS_io_uring_setup,
+    libc::SYS_io_uring_enter,
+    libc::SYS_io_uring_register,
+    #[cfg(target_arch = "x86_64")]
+    libc::SYS_iopl,
+    #[cfg(target_arch = "x86_64")]
+    libc::SYS_ioperm,
+    #[cfg(target_arch = "x86_64")]
+    libc::SYS_uselib,
+];
+
+/// Every `CLONE_NEW*` flag: a `clone` with any of them is denied.
+const NAMESPACE_FLAGS: &[libc::c_int] = &[
+    libc::CLONE_NEWNS,
+    libc::CLONE_NEWUTS,
+    libc::CLONE_NEWIPC,
+    libc::CLONE_NEWUSER,
+    libc::CLONE_NEWPID,
+    libc::CLONE_NEWNET,
+    libc::CLONE_NEWCGROUP,
+    0x80, // CLONE_NEWTIME
+];
+
+/// The confined command's filters: denied calls (EPERM), then `clone3`
+/// (ENOSYS). Two programs because a seccompiler filter has one action
+/// for every match; the kernel runs both on every call.
+pub fn compile() -> Result<Vec<BpfProgram>, SeccompError> {
+    let arch = TargetArch::try_from(std::env::consts::ARCH)
+        .map_err(|_| SeccompError::Arch(std::env::consts::ARCH))?;
+    let mut denied: BTreeMap<i64, Vec<SeccompRule>> =
+        DENIED.iter().map(|&nr| (nr, vec![])).collect();
+    denied.insert(libc::SYS_clone, clone_with_namespaces()?);
+    let deny = SeccompFilter::new(
+        denied,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EPERM as u32),
+        arch,
+    )?;
+    let clone3 = SeccompFilter::new(
+        [(libc::SYS_clone3, vec![])].into(),
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::ENOSYS as u32),
+        arch,
+    )?;
+    Ok(vec![deny.try_into()?, clone3.try_into()?])
+}
+
+/// One rule per namespace flag (rules of a call are or-ed): the flags
+/// are `clone`'s first argument on every architecture we build for.
+fn clone_with_namespaces() -> Result<Vec<SeccompRule>, seccompiler::BackendError> {
+    NAMESPACE_FLAGS
+        .iter()
+        .map(|&flag| {
+            let flag = flag as u64;
+            SeccompRule::new(vec![SeccompCondition::new(
+                0,
+                SeccompCmpArgLen::Qword,
+                SeccompCmpOp::MaskedEq(flag),
+                flag,
+            )?])
+        })
+        .collect()
+}
+
+/// Installs `filters` on the calling thread (sets no_new_privs first, as
+/// the kernel requires without CAP_SYS_ADMIN). The child is single-threaded.
+pub fn install(filters: &[BpfProgram]) -> Result<(), SeccompError> {
+    for f in filters {
+        seccompiler::apply_filter(f)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// In a forked child: install the filters, then try `f`; the child's
+    /// exit code is the errno it got (0 for success).
+    fn errno_under_filter(f: fn() -> libc::c_long) -> i32 {
+        let filters = compile().unwrap();
+        // SAFETY: the child only makes raw syscalls and _exits.
+        match unsafe { nix::unistd::fork() }.unwrap() {
+            nix::unistd::ForkResult::Child => {
+                let code = match install(&filters) {
+                    Ok(()) if f() == -1 => nix::errno::Errno::last_raw(),
+                    Ok(()) => 0,
+                    Err(_) => 255,
+                };
+                // SAFETY: _exit in the forked child.
+                unsafe { libc::_exit(code) }
+            }
+            nix::unistd::ForkResult::Parent { child } => {
+                match nix::sys::wait::waitpid(child, None).unwrap() {
+                    nix::sys::wait::WaitStatus::Exited(_, c) => c,
+                    other => panic!("{other:?}"),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn namespace_calls_are_denied_and_a_plain_fork_is_not() {
+        fn unshare_user() -> libc::c_long {
+            // SAFETY: unshare takes a flag word.
+            libc::c_long::from(unsafe { libc::unshare(libc::CLONE_NEWUSER) })
+        }
+        fn clone3_null() -> libc::c_long {
+            // SAFETY: a null clone_args pointer is refused by the kernel
+            // (EFAULT) or the filter (ENOSYS); nothing is written.
+            unsafe { libc::syscall(libc::SYS_clone3, std::ptr::null::<u8>(), 0usize) }
+        }
+        fn umount_nonexistent() -> libc::c_long {
+            // SAFETY: a NUL-terminated path and a flag word.
+            unsafe { libc::syscall(libc::SYS_umount2, c"/nonexistent".as_ptr(), 0) }
+        }
+        fn getpid_ok() -> libc::c_long {
+            // SAFETY: getpid takes nothing and cannot fail.
+            let pid = unsafe { libc::syscall(libc::SYS_getpid) };
+            if pid > 0 {
+                0
+            } else {
+                -1
+            }
+        }
+        assert_eq!(errno_under_filter(unshare_user), libc::EPERM);
+        assert_eq!(errno_under_filter(clone3_null), libc::ENOSYS);
+        assert_eq!(errno_under_filter(umount_nonexistent), libc::EPERM);
+        // getpid is allowed: the filter is a deny list.
+        assert_eq!(errno_under_filter(getpid_ok), 0);
+    }
+}

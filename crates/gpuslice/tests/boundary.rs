@@ -1,0 +1,587 @@
+//! The slice as a boundary, attacked (issue 15). Each test makes one
+//! attack from a root command in a slice on the fake GPU host with the
+//! real kernel, asserts that it is refused by default, and shows that the
+//! same attack gets through under `--privileged` (full root, today's
+//! behaviour), so that the test fails if the defence goes. Needs root
+//! (CI runs as root; see scripts/test.sh).
+//!
+//! Raw calls (ptrace, process_vm_readv, bpf) come from
+//! tests/boundary/attack.py, which scripts/device_all.sh (PART boundary)
+//! runs against the real driver too.
+
+use fakegpu::FakeHost;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const GPUSLICE: &str = env!("CARGO_BIN_EXE_gpuslice");
+const ATTACK: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/boundary/attack.py");
+const PRIVILEGED: &[&str] = &["--privileged"];
+
+fn host() -> FakeHost {
+    FakeHost::builder()
+        .gpus(4)
+        .modify_device_files(true)
+        .build()
+        .expect("build fake host")
+}
+
+/// `gpuslice --host-root <fake> run <flags> -- sh -c <script>`.
+fn command(h: &FakeHost, flags: &[&str], script: &str) -> Command {
+    let mut c = Command::new(GPUSLICE);
+    c.arg("--host-root").arg(h.root()).arg("run");
+    c.args(flags).args(["--", "sh", "-c", script]);
+    c.envs(h.env()).env("LC_ALL", "C");
+    c
+}
+
+/// What the script printed (stdout, then stderr less --privileged's warning).
+fn in_slice(h: &FakeHost, flags: &[&str], script: &str) -> String {
+    let out = command(h, flags, script).output().expect("spawn gpuslice");
+    let stderr: String = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter(|l| !l.starts_with("gpuslice: WARNING: --privileged"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    String::from_utf8_lossy(&out.stdout).into_owned() + &stderr
+}
+
+/// The attack helper's command line (one word out: ok or an errno name).
+fn attack(args: &str) -> String {
+    let python = ["/usr/bin/python3", "/usr/local/bin/python3"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .unwrap_or("python3");
+    format!("{python} {ATTACK} {args}")
+}
+
+fn root_of(h: &FakeHost) -> String {
+    h.root().display().to_string()
+}
+
+/// Where a cgroup version is mounted on this host (hybrid: v2 under unified).
+fn cgroup_mount(version: &str) -> &'static str {
+    match version {
+        "v1" => "/sys/fs/cgroup/devices",
+        _ if Path::new("/sys/fs/cgroup/unified/cgroup.procs").exists() => "/sys/fs/cgroup/unified",
+        _ => "/sys/fs/cgroup",
+    }
+}
+
+/// The device cgroup versions this host has: v1 where its devices
+/// hierarchy is mounted (hybrid hosts like CI's), v2 everywhere.
+fn versions() -> Vec<&'static str> {
+    let v1 = Path::new("/sys/fs/cgroup/devices/cgroup.procs").exists();
+    [("v1", v1), ("v2", true)]
+        .into_iter()
+        .filter_map(|(v, has)| has.then_some(v))
+        .collect()
+}
+
+/// The path of `pid`'s cgroup in hierarchy `version`, from the host.
+fn cgroup_of(pid: u32, version: &str) -> String {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    let want = if version == "v1" { ":devices:" } else { "0::" };
+    text.lines()
+        .find_map(|l| l.find(want).map(|i| l[i + want.len()..].to_string()))
+        .unwrap_or_default()
+}
+
+/// A slice running `sleep` (another tenant), found from the host.
+struct Victim {
+    launcher: Child,
+    /// Host pid of its `sleep`.
+    pid: u32,
+}
+
+impl Victim {
+    fn start(h: &FakeHost, flags: &[&str]) -> Victim {
+        let mut c = Command::new(GPUSLICE);
+        c.arg("--host-root").arg(h.root()).arg("run").args(flags);
+        c.args(["--", "sleep", "60"]).envs(h.env());
+        // Owned by the Victim at once: its Drop reaps the launcher even
+        // when the start times out.
+        let mut v = Victim {
+            launcher: c.stderr(Stdio::null()).spawn().unwrap(),
+            pid: 0,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(pid) = descendant_named(v.launcher.id(), "sleep") {
+                v.pid = pid;
+                return v;
+            }
+            assert!(Instant::now() < deadline, "the victim slice did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Victim {
+    fn drop(&mut self) {
+        let _ = self.launcher.kill();
+        let _ = self.launcher.wait();
+    }
+}
+
+/// A process named `comm` whose parent chain reaches `ancestor` (host view).
+fn descendant_named(ancestor: u32, comm: &str) -> Option<u32> {
+    let ppid = |pid: u32| -> Option<u32> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        stat.rsplit_once(')')?
+            .1
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()
+    };
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&p| {
+            std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == comm)
+        })
+        .find(|&p| {
+            let mut at = p;
+            for _ in 0..8 {
+                match ppid(at) {
+                    Some(a) if a == ancestor => return true,
+                    Some(a) if a > 1 => at = a,
+                    _ => return false,
+                }
+            }
+            false
+        })
+}
+
+#[test]
+fn a_slice_cannot_move_itself_out_of_its_cgroup() {
+    let h = host();
+    for v in versions() {
+        let m = cgroup_mount(v);
+        let script = format!(
+            "echo $$ > {m}/cgroup.procs && echo moved-to-root; \
+             echo $$ > {m}/gpuslice/cgroup.procs 2>/dev/null && echo moved-to-parent; \
+             mkdir {m}/gpuslice/evil-$$ && echo made-sibling && rmdir {m}/gpuslice/evil-$$; \
+             grep -c gpuslice /proc/self/cgroup"
+        );
+        let flags = ["--gpus", "1", "--cgroup", v];
+        let out = in_slice(&h, &flags, &script);
+        assert!(
+            out.contains("Read-only file system")
+                && !out.contains("moved")
+                && !out.contains("made"),
+            "{v}: {out}"
+        );
+        let out = in_slice(&h, &[&flags[..], PRIVILEGED].concat(), &script);
+        assert!(out.contains("moved-to-root"), "{v} --privileged: {out}");
+    }
+}
+
+#[test]
+fn a_slice_cannot_move_another_slices_process() {
+    let h = host();
+    for v in versions() {
+        let victim = Victim::start(&h, &["--gpus", "0", "--cgroup", v]);
+        let before = cgroup_of(victim.pid, v);
+        assert!(before.contains("gpuslice/"), "{v}: {before}");
+        let script = format!(
+            "echo {} > {}/cgroup.procs && echo moved",
+            victim.pid,
+            cgroup_mount(v)
+        );
+        let flags = ["--gpus", "1", "--cgroup", v];
+        let out = in_slice(&h, &flags, &script);
+        assert!(!out.contains("moved"), "{v}: {out}");
+        assert_eq!(cgroup_of(victim.pid, v), before, "{v}: {out}");
+        let out = in_slice(&h, &[&flags[..], PRIVILEGED].concat(), &script);
+        assert!(out.contains("moved"), "{v} --privileged: {out}");
+        assert!(!cgroup_of(victim.pid, v).contains("gpuslice/"), "{v}");
+    }
+}
+
+#[test]
+fn a_slice_cannot_ptrace_another_slice() {
+    let h = host();
+    let victim = Victim::start(&h, &["--gpus", "0"]);
+    let script = attack(&format!("ptrace {}", victim.pid));
+    // The seccomp filter answers before the kernel looks the pid up (which
+    // names nothing in the slice's own PID namespace: see the /proc tests).
+    assert_eq!(in_slice(&h, &["--gpus", "1"], &script), "EPERM\n");
+    // The host's PID namespace: the victim is visible, and still EPERM.
+    assert_eq!(
+        in_slice(&h, &["--gpus", "1", "--pid", "host"], &script),
+        "EPERM\n"
+    );
+    assert_eq!(
+        in_slice(&h, &["--gpus", "1", "--privileged"], &script),
+        "ok\n"
+    );
+}
+
+#[test]
+fn a_slice_cannot_read_another_slices_memory() {
+    let h = host();
+    let victim = Victim::start(&h, &["--gpus", "0"]);
+    let script = attack(&format!("vmread {}", victim.pid));
+    assert_eq!(in_slice(&h, &["--gpus", "1"], &script), "ENOENT\n");
+    assert_eq!(
+        in_slice(&h, &["--gpus", "1", "--pid", "host"], &script),
+        "EPERM\n"
+    );
+    assert_eq!(
+        in_slice(&h, &["--gpus", "1", "--privileged"], &script),
+        "ok\n"
+    );
+}
+
+#[test]
+fn a_slice_cannot_ptrace_its_launcher_or_init() {
+    let h = host();
+    // The parent: the slice's init by default, the launcher with --pid host.
+    let script = attack("ptrace $PPID");
+    assert_eq!(in_slice(&h, &["--gpus", "1"], &script), "EPERM\n");
+    assert_eq!(
+        in_slice(&h, &["--gpus", "1", "--pid", "host"], &script),
+        "EPERM\n"
+    );
+    assert_eq!(
+        in_slice(&h, &["--gpus", "1", "--privileged"], &script),
+        "ok\n"
+    );
+}
+
+#[test]
+fn proc_pid_root_of_other_slices_and_host_processes_is_not_there() {
+    let h = host();
+    let victim = Victim::start(&h, &["--gpus", "0"]);
+    let hidden = format!("{}/dev/nvidia0", root_of(&h));
+    let script = format!(
+        "for p in {} {}; do [ -c /proc/$p/root{hidden} ] && echo reached || echo unreachable; done",
+        victim.pid,
+        std::process::id()
+    );
+    assert_eq!(
+        in_slice(&h, &["--gpus", "1"], &script),
+        "unreachable\nunreachable\n"
+    );
+    assert_eq!(
+        in_slice(&h, &["--gpus", "1", "--privileged"], &script),
+        "reached\nreached\n"
+    );
+}
+
+#[test]
+fn setuid_to_a_host_users_uid_does_not_reach_its_proc_root() {
+    let h = host();
+    // A process of nobody's outside any slice, as on a shared server.
+    let mut nobody = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "sleep",
+            "60",
+        ])
+        .spawn()
+        .unwrap();
+    let hidden = format!("{}/dev/nvidia0", root_of(&h));
+    let script = format!(
+        "setpriv --reuid=65534 --regid=65534 --clear-groups -- sh -c \
+         '[ -c /proc/{}/root{hidden} ] && echo reached || echo unreachable'",
+        nobody.id()
+    );
+    let default = in_slice(&h, &["--gpus", "1"], &script);
+    let privileged = in_slice(&h, &["--gpus", "1", "--privileged"], &script);
+    let _ = nobody.kill();
+    let _ = nobody.wait();
+    assert_eq!(default, "unreachable\n");
+    assert_eq!(privileged, "reached\n");
+}
+
+#[test]
+fn a_slice_cannot_detach_its_device_filter() {
+    let h = host();
+    let r = root_of(&h);
+    let m = cgroup_mount("v2");
+    let script = format!(
+        "{}; mknod {r}/made-$$ c 195 0 2>/dev/null; \
+         (exec 3<{r}/made-$$) 2>&1 | sed 's/.*: //'; rm -f {r}/made-$$",
+        attack(&format!(
+            "bpf-detach {m}$(sed -n 's/^0:://p' /proc/self/cgroup)"
+        ))
+    );
+    let flags = ["--gpus", "1", "--cgroup", "v2"];
+    let out = in_slice(&h, &flags, &script);
+    assert!(out.starts_with("EPERM\n"), "{out}");
+    let out = in_slice(&h, &[&flags[..], PRIVILEGED].concat(), &script);
+    // Detached: the node opens as far as a fake node can (ENXIO).
+    assert_eq!(out, "ok\nNo such device or address\n");
+}
+
+#[test]
+fn a_slice_cannot_unmount_or_remount_its_dev_and_params() {
+    let h = host();
+    let r = root_of(&h);
+    let p = format!("{r}/proc/driver/nvidia/params");
+    let script = format!(
+        "while umount -l {r}/dev 2>/dev/null; do :; done; umount {p} 2>/dev/null; \
+         mount -o remount,rw {p} 2>/dev/null; \
+         ls {r}/dev | grep -c '^nvidia0$'; grep ModifyDeviceFiles {p}"
+    );
+    assert_eq!(
+        in_slice(&h, &["--gpus", "1"], &script),
+        "0\nModifyDeviceFiles: 0\n"
+    );
+    assert_eq!(
+        in_slice(&h, &["--gpus", "1", "--privileged"], &script),
+        "1\nModifyDeviceFiles: 1\n"
+    );
+}
+
+#[test]
+fn a_slice_cannot_mount_a_new_devtmpfs_or_procfs() {
+    let h = host();
+    let script = "d=$(mktemp -d); \
+         mount -t devtmpfs devtmpfs $d 2>/dev/null && echo devtmpfs && umount $d; \
+         mount -t proc proc $d 2>/dev/null && echo procfs && umount $d; rmdir $d";
+    assert_eq!(in_slice(&h, &["--gpus", "1"], script), "");
+    assert_eq!(
+        in_slice(&h, &["--gpus", "1", "--privileged"], script),
+        "devtmpfs\nprocfs\n"
+    );
+}
+
+#[test]
+fn a_slice_cannot_mknod() {
+    let h = host();
+    // Not a GPU node (the device cgroup refuses those even to full root,
+    // tests/run_isolation.rs): the capability is what is tested here.
+    let script = format!(
+        "mknod {r}/m-$$ c 1 3 2>&1 | sed 's/.*: //'; [ -c {r}/m-$$ ] && echo made; rm -f {r}/m-$$",
+        r = root_of(&h)
+    );
+    assert_eq!(
+        in_slice(&h, &["--gpus", "1"], &script),
+        "Operation not permitted\n"
+    );
+    assert_eq!(
+        in_slice(&h, &["--gpus", "1", "--privileged"], &script),
+        "made\n"
+    );
+}
+
+#[test]
+fn a_slice_cannot_unshare_or_setns() {
+    let h = host();
+    let script = "unshare -m true 2>/dev/null && echo mount-ns; \
+                  unshare -U true 2>/dev/null && echo user-ns; \
+                  nsenter -t $PPID -m true 2>/dev/null && echo setns";
+    assert_eq!(in_slice(&h, &["--gpus", "1"], script), "");
+    assert_eq!(
+        in_slice(&h, &["--gpus", "1", "--privileged"], script),
+        "mount-ns\nuser-ns\nsetns\n"
+    );
+}
+
+#[test]
+fn a_slice_cannot_write_the_hosts_sysctls() {
+    let h = host();
+    // Writing the host's hostname back unchanged: harmless, and what
+    // kernel.core_pattern (a host root shell) would take alike.
+    let script = "cat /proc/sys/kernel/hostname > /tmp/hn.$$; \
+                  cat /tmp/hn.$$ > /proc/sys/kernel/hostname && echo wrote; rm -f /tmp/hn.$$";
+    let out = in_slice(&h, &["--gpus", "1"], script);
+    assert!(
+        out.contains("Read-only file system") && !out.contains("wrote"),
+        "{out}"
+    );
+    assert_eq!(
+        in_slice(&h, &["--gpus", "1", "--privileged"], script),
+        "wrote\n"
+    );
+}
+
+#[test]
+fn descriptors_beyond_stdio_are_not_inherited() {
+    let h = host();
+    let r = root_of(&h);
+    // The caller holds the host's /dev (with the hidden node) on fds 3–5.
+    let run = |flags: &str| {
+        let script = format!(
+            "exec 3<{r}/dev 4<{r}/dev 5<{r}/dev; exec {GPUSLICE} --host-root {r} run --gpus 1 {flags} \
+             -- sh -c 'ls /proc/self/fd/5/ 2>/dev/null | grep -c \"^nvidia0$\"'"
+        );
+        let out = Command::new("sh")
+            .args(["-c", &script])
+            .envs(h.env())
+            .stderr(Stdio::null())
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(run(""), "0\n");
+    assert_eq!(run("--preserve-fds 3"), "1\n");
+    assert_eq!(run("--privileged"), "1\n");
+}
+
+#[test]
+fn preserve_fds_must_name_open_descriptors() {
+    let h = host();
+    let out = command(&h, &["--gpus", "1", "--preserve-fds", "40"], "true")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains("--preserve-fds 40: descriptor"), "{err}");
+}
+
+/// Host pids of processes whose command line is exactly `argv`.
+fn processes_running(argv: &[&str]) -> Vec<u32> {
+    let want: Vec<u8> = argv
+        .iter()
+        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
+        .collect();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| c == want))
+        .collect()
+}
+
+#[test]
+fn a_process_that_detaches_does_not_outlive_its_slice() {
+    let h = host();
+    // Out of the slice cgroup first, in whichever hierarchy holds it.
+    let escape = "for f in /sys/fs/cgroup/cgroup.procs /sys/fs/cgroup/unified/cgroup.procs \
+                  /sys/fs/cgroup/devices/cgroup.procs; do echo $$ > $f; done 2>/dev/null; ";
+    let cases = versions().into_iter().flat_map(|v| {
+        [
+            // The PID namespace's init takes it down with it.
+            (v, &[][..], "", false),
+            // No PID namespace: the launcher kills what is left in the
+            // cgroup (v2: cgroup.kill; v1: each pid).
+            (v, &["--pid", "host"][..], "", false),
+            (v, PRIVILEGED, "", false),
+            // Only a process that left the slice's cgroup survives it, and
+            // only --privileged can leave (a_slice_cannot_move_itself…).
+            (v, PRIVILEGED, escape, true),
+        ]
+    });
+    for (i, (v, flags, pre, survives)) in cases.enumerate() {
+        let secs = format!("9876{i:02}");
+        let script = format!("{pre}setsid sleep {secs} </dev/null >/dev/null 2>&1 & echo started");
+        let out = in_slice(
+            &h,
+            &[&["--gpus", "1", "--cgroup", v][..], flags].concat(),
+            &script,
+        );
+        assert!(out.starts_with("started\n"), "{v} {flags:?}: {out}");
+        // Not unseen: the launcher says what it killed.
+        if flags == ["--pid", "host"] {
+            assert!(
+                out.contains("killed 1 process(es) left in the slice"),
+                "{v}: {out}"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        let left = processes_running(&["sleep", &secs]);
+        for pid in &left {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        assert_eq!(!left.is_empty(), survives, "{v} {flags:?} {pre}: {left:?}");
+    }
+}
+
+/// The capability and confinement lines of /proc/self/status in the slice.
+fn status_of(h: &FakeHost, flags: &[&str]) -> String {
+    let script =
+        "grep -E '^(Uid|CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp):' /proc/self/status";
+    in_slice(h, &[&["--gpus", "1"][..], flags].concat(), script)
+}
+
+#[test]
+fn a_non_root_user_holds_no_capability_and_cannot_get_one_back() {
+    let h = host();
+    // The bounding set is cut before the switch (it takes CAP_SETPCAP,
+    // which the switch loses): docker's set less MKNOD, NET_RAW and
+    // NET_BIND_SERVICE by default, nothing under --strict.
+    for (flags, bounding) in [
+        (&["--user", "nobody"][..], "00000000a00401fb"),
+        (&["--user", "nobody", "--strict"][..], "0000000000000000"),
+    ] {
+        let out = status_of(&h, flags);
+        assert!(out.contains("Uid:\t65534"), "{flags:?}: {out}");
+        for set in ["CapInh", "CapPrm", "CapEff", "CapAmb"] {
+            assert!(
+                out.contains(&format!("{set}:\t0000000000000000")),
+                "{flags:?}: {out}"
+            );
+        }
+        assert!(
+            out.contains(&format!("CapBnd:\t{bounding}")),
+            "{flags:?}: {out}"
+        );
+        assert!(
+            out.contains("NoNewPrivs:\t1") && out.contains("Seccomp:\t2"),
+            "{flags:?}: {out}"
+        );
+    }
+    // Root by default keeps exactly the bounding set's capabilities.
+    let out = status_of(&h, &[]);
+    assert!(out.contains("CapEff:\t00000000a00401fb"), "{out}");
+    // --privileged: a full bounding set (a setuid program would get it all
+    // back), no no_new_privs, no filter.
+    let out = status_of(&h, &["--user", "nobody", "--privileged"]);
+    assert!(!out.contains("CapBnd:\t00000000a00401fb"), "{out}");
+    assert!(
+        out.contains("NoNewPrivs:\t0") && out.contains("Seccomp:\t0"),
+        "{out}"
+    );
+}
+
+#[test]
+fn a_user_command_dies_with_its_killed_launcher() {
+    // A change of credentials clears the parent-death signal: the child
+    // sets it again after the user switch, else the command would run on,
+    // unsupervised, once the launcher is SIGKILLed (--pid host: no PID
+    // namespace takes it down).
+    let h = host();
+    for (i, flags) in [&["--pid", "host"][..], &[]].into_iter().enumerate() {
+        let secs = format!("98771{i}");
+        let mut c = Command::new(GPUSLICE);
+        c.arg("--host-root").arg(h.root()).arg("run");
+        c.args(["--gpus", "1", "--user", "nobody"]).args(flags);
+        c.args(["--", "sleep", &secs]).envs(h.env());
+        let mut launcher = c.stderr(Stdio::null()).spawn().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while processes_running(&["sleep", &secs]).is_empty() {
+            if Instant::now() > deadline {
+                let _ = launcher.kill();
+                let _ = launcher.wait();
+                panic!("{flags:?}: the slice did not start");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        launcher.kill().unwrap();
+        launcher.wait().unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let left = processes_running(&["sleep", &secs]);
+        for pid in &left {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        assert!(
+            left.is_empty(),
+            "{flags:?}: outlived its launcher: {left:?}"
+        );
+    }
+}
