@@ -108,3 +108,7 @@ pub struct NvmlMemoryV2 {
     pub free: u64,
     pub used: u64,
 }
+
+pub type CUcontext = *mut c_void;
+/// `CUmodule`, `CUlibrary`, `CUgreenCtx`: opaque handles.
+pub type CUhandle = *mut c_void;

@@ -945,6 +945,7 @@ pub unsafe fn mipmapped_destroy(real: &Real, arr: CUarray) -> CUresult {
 /// total), free = min(real free, cap − used), never underflowing.
 fn slice_view(t: Target, real_total: u64, real_free: u64) -> (u64, u64) {
     settle_device(t);
+    let _ = crate::resident::settle(t, false);
     let cap = shim().caps[t.dev];
     let total = cap.min(real_total);
     let left = total.saturating_sub(t.ledger.used(t.dev));
@@ -1003,6 +1004,45 @@ pub unsafe fn mem_get_info_v1(real: &Real, free: *mut c_uint, total: *mut c_uint
         }
         if let Some(v) = free.as_mut() {
             *v = t_free.min(u64::from(c_uint::MAX)) as c_uint;
+        }
+    }
+    rc
+}
+
+/// The cap of device ordinal `dev`, when it has one.
+fn cap_of(dev: CUdevice) -> Option<u64> {
+    let s = shim();
+    s.ledger.as_ref()?;
+    let d = usize::try_from(dev).ok().filter(|&d| d < MAX_DEVICES)?;
+    Some(s.caps[d]).filter(|&c| c != gpuslice_ledger::UNLIMITED)
+}
+
+/// # Safety
+/// C contract of `cuDeviceTotalMem_v2`: the total is the cap (what
+/// `torch.cuda.get_device_properties().total_memory` reports).
+pub unsafe fn device_total_mem(real: &Real, bytes: *mut usize, dev: CUdevice) -> CUresult {
+    let f = real_fn!(real, unsafe extern "C" fn(*mut usize, CUdevice) -> CUresult);
+    // SAFETY: caller contract.
+    let rc = unsafe { f(bytes, dev) };
+    if rc == CUDA_SUCCESS {
+        if let Some(cap) = cap_of(dev) {
+            // SAFETY: written by the driver on success.
+            unsafe { *bytes = (*bytes).min(cap.min(usize::MAX as u64) as usize) };
+        }
+    }
+    rc
+}
+
+/// # Safety
+/// C contract of `cuDeviceTotalMem` (the pre-3.2, 32-bit ABI).
+pub unsafe fn device_total_mem_v1(real: &Real, bytes: *mut c_uint, dev: CUdevice) -> CUresult {
+    let f = real_fn!(real, unsafe extern "C" fn(*mut c_uint, CUdevice) -> CUresult);
+    // SAFETY: caller contract.
+    let rc = unsafe { f(bytes, dev) };
+    if rc == CUDA_SUCCESS {
+        if let Some(cap) = cap_of(dev) {
+            // SAFETY: written by the driver on success.
+            unsafe { *bytes = u64::from(*bytes).min(cap) as c_uint };
         }
     }
     rc

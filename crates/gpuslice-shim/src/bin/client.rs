@@ -152,6 +152,10 @@ fn init(cu: &Cuda) {
         assert_eq!(retain(&mut ctx, 0), 0, "primary context");
         assert_eq!(set(ctx), 0, "set current");
     }
+    // A memory query settles the context's charge to what the driver
+    // measures (the estimate otherwise stands until a refusal), so what
+    // the paths below charge is seen against a settled baseline.
+    let _ = mem_info(cu);
 }
 
 type Alloc = unsafe extern "C" fn(*mut u64, usize) -> R;
