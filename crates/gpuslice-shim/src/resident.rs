@@ -126,6 +126,7 @@ fn create_context(
         add_overhead(t, e);
         CONTEXT_CHARGED[t.dev].store(true, Ordering::Release);
         record(e);
+        settle_soon(t);
         return rc;
     }
     let rc = call();
@@ -589,6 +590,22 @@ pub unsafe fn ctx_set_limit(real: &Real, limit: c_int, value: usize) -> CUresult
 }
 
 // ------------------------------------------------------------ measurement
+
+/// Measures the new context off the caller's path: `nvmlInit` costs ~10 ms
+/// on a real GPU, more than a first CUDA call may pay, and until then the
+/// estimate (usually above the real figure) holds its place.
+fn settle_soon(t: Target) {
+    if shim().context_bytes.is_some() {
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("gpuslice-measure".into())
+        .spawn(move || crate::real::guard((), || drop(settle(t, true))));
+    if spawned.is_err() {
+        // No thread: the next memory query or refusal measures instead.
+        LAST_SETTLE[t.dev].store(0, Ordering::Release);
+    }
+}
 
 fn now_ns() -> u64 {
     let mut ts = libc::timespec {

@@ -37,7 +37,13 @@ struct Slice {
 }
 
 fn slice(cap: &str) -> Slice {
-    let host = FakeHost::builder().gpus(2).build().expect("fake host");
+    slice_on(FakeHost::builder().gpus(2), cap)
+}
+
+/// A slice on a fake host built by `builder` (contexts and modules holding
+/// device memory, for the physical-cap tests).
+fn slice_on(builder: fakegpu::FakeHostBuilder, cap: &str) -> Slice {
+    let host = builder.build().expect("fake host");
     let dir = tempfile::tempdir().unwrap();
     let ledger = dir.path().join("test.ledger");
     Slice {
@@ -322,4 +328,141 @@ fn a_corrupt_ledger_is_reported_and_the_cap_still_holds_per_process() {
     assert!(err.contains("not a gpuslice ledger"), "{err}");
     let v = &lines(&out)[0];
     assert_eq!(n(v, "count"), 14, "{v}");
+}
+
+// ------------------------------------------------------------ physical cap
+
+const CTX: u64 = 96 * MIB;
+const MODULE: u64 = 8 * MIB;
+
+fn physical_slice(cap: &str) -> Slice {
+    slice_on(
+        FakeHost::builder().gpus(2).ctx_bytes(CTX).module_bytes(MODULE),
+        cap,
+    )
+}
+
+#[test]
+fn contexts_modules_and_limits_are_charged_as_the_driver_holds_them() {
+    let s = physical_slice("1GiB");
+    for via in ["dlsym", "procaddr", "global"] {
+        let v = &s.run(&["--via", via, "resident"])[0];
+        // The context as NVML measures it (the estimate is settled by the
+        // first memory query), not 0 and not the 512 MiB estimate.
+        assert_eq!(n(v, "context") as u64, CTX, "{via}: {v}");
+        assert_eq!(n(v, "rc_load"), 0, "{via}: {v}");
+        assert_eq!(n(v, "module") as u64, MODULE, "{via}: {v}");
+        // 64 MiB of heap over the default 8 MiB the context holds.
+        assert_eq!(n(v, "rc_heap"), 0, "{via}: {v}");
+        assert_eq!(n(v, "heap") as u64, 56 * MIB, "{via}: {v}");
+        assert_eq!(n(v, "total") as u64, 1 << 30, "{via}: total is the cap: {v}");
+        assert_eq!(n(v, "after_unload") as u64, 56 * MIB, "{via}: {v}");
+        assert_eq!(n(v, "after_heap_back"), 0, "{via}: {v}");
+    }
+    assert_eq!(s.ledger().used(0), 0, "all released at exit");
+}
+
+#[test]
+fn context_bytes_overrides_the_measurement() {
+    let s = physical_slice("1GiB");
+    let out = s
+        .client(&["resident"])
+        .env("GPUSLICE_CONTEXT_BYTES", "300MiB")
+        .output()
+        .unwrap();
+    let v = &lines(&out)[0];
+    assert_eq!(n(v, "context") as u64, 300 * MIB, "{v}");
+}
+
+#[test]
+fn a_context_that_does_not_fit_is_refused() {
+    // 150 MiB: the 96 MiB context fits only once measured (the 512 MiB
+    // estimate does not); beside 146 MiB a second one does not.
+    let s = physical_slice("150MiB");
+    let first = hold(&s, 50 * MIB);
+    assert_eq!(first.1, (0, 0), "the first process fits");
+    // A second context (96 MiB) does not fit beside 146 MiB.
+    let second = hold(&s, MIB);
+    assert_eq!(second.1 .0, 2, "context refused with OUT_OF_MEMORY");
+    let sum = nvml_sum(&s);
+    assert!(sum <= 150 * MIB, "physical {sum} over the cap");
+    drop((first, second));
+}
+
+/// A child killed when dropped (a failed assertion leaves no holder behind).
+struct Held(std::process::Child);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `hold-soft BYTES`: (child, (context rc, alloc rc)), once the
+/// slice's charge has settled (the context is measured in the background
+/// after its estimate is reserved).
+fn hold(s: &Slice, bytes: u64) -> (Held, (i64, i64)) {
+    let mut c = s
+        .client(&["hold-soft", &bytes.to_string()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(c.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let v: Value = serde_json::from_str(line.trim()).unwrap_or_else(|e| panic!("{line}: {e}"));
+    let c = Held(c);
+    // Wait for the background measurement: the ledger then holds what
+    // NVML counts for the slice's processes.
+    let deadline = Instant::now() + std::time::Duration::from_secs(10);
+    while s.ledger().used(0) > nvml_sum(s) && Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    (c, (n(&v, "ctx"), n(&v, "alloc")))
+}
+
+/// What the host's NVML sums over the processes on GPU 0.
+fn nvml_sum(s: &Slice) -> u64 {
+    let out = s.host.command(CLIENT).arg("nvml-procs").output().unwrap();
+    n(&lines(&out)[0], "sum") as u64
+}
+
+#[test]
+fn several_processes_in_one_slice_stay_within_the_cap_in_physical_memory() {
+    // Each process: a 96 MiB context and a 200 MiB allocation (296 MiB);
+    // a 1000 MiB cap holds three, and a fourth's context (888 + 96 = 984)
+    // but not its allocation; a fifth gets no context.
+    for procs in [1usize, 2, 5, 8] {
+        let s = physical_slice("1000MiB");
+        let held: Vec<_> = (0..procs).map(|_| hold(&s, 200 * MIB)).collect();
+        let ok = held.iter().filter(|h| h.1 == (0, 0)).count();
+        let sum = nvml_sum(&s);
+        assert!(
+            sum <= 1000 * MIB,
+            "{procs} processes: physical {} MiB over the 1000 MiB cap: {:?}",
+            sum / MIB,
+            held.iter().map(|h| h.1).collect::<Vec<_>>()
+        );
+        assert_eq!(ok, procs.min(3), "{procs} processes");
+        if procs >= 4 {
+            assert_eq!(held[3].1, (0, 2), "the fourth's allocation is refused");
+        }
+        if procs >= 5 {
+            assert_eq!(held[4].1 .0, 2, "the fifth's context is refused");
+        }
+    }
+}
+
+#[test]
+fn every_process_charges_its_own_context() {
+    // Each process of the slice holds its own context: the ledger holds at
+    // least what NVML sums over them.
+    let s = physical_slice("1GiB");
+    let a = hold(&s, 10 * MIB);
+    let b = hold(&s, 10 * MIB);
+    assert_eq!((a.1, b.1), ((0, 0), (0, 0)));
+    assert_eq!(s.ledger().used(0), 2 * (CTX + 10 * MIB));
+    assert_eq!(nvml_sum(&s), 2 * (CTX + 10 * MIB));
 }

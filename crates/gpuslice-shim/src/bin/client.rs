@@ -1209,8 +1209,17 @@ fn main() {
         ]);
         return;
     }
+    match cmd {
+        "hold-soft" => hold_soft(&cu, rest[1].parse().expect("BYTES")),
+        "nvml-procs" => nvml_procs(),
+        _ => {}
+    }
     init(&cu);
     let code = match cmd {
+        "resident" => {
+            resident(&cu);
+            0
+        }
         "paths" => {
             paths(&cu);
             0
@@ -1298,4 +1307,115 @@ fn main() {
         }
     };
     std::process::exit(code);
+}
+
+/// Driver-held memory: context, a module, a heap limit, the reported total.
+fn resident(cu: &Cuda) {
+    type Load = unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> R;
+    type Unload = unsafe extern "C" fn(*mut c_void) -> R;
+    type SetLimit = unsafe extern "C" fn(c_int, usize) -> R;
+    type Total = unsafe extern "C" fn(*mut usize, c_int) -> R;
+    let load = f!(cu, "cuModuleLoadData", "cuModuleLoadData", Load);
+    let unload = f!(cu, "cuModuleUnload", "cuModuleUnload", Unload);
+    let set_limit = f!(cu, "cuCtxSetLimit", "cuCtxSetLimit", SetLimit);
+    let total = f!(cu, "cuDeviceTotalMem", "cuDeviceTotalMem_v2", Total);
+    let context = used();
+    let mut m = std::ptr::null_mut();
+    let image = [0u8; 16];
+    // SAFETY: valid out-pointer and image buffer.
+    let rc_load = unsafe { load(&mut m, image.as_ptr().cast()) };
+    let with_module = used();
+    // CU_LIMIT_MALLOC_HEAP_SIZE = 2.
+    // SAFETY: plain driver call.
+    let rc_heap = unsafe { set_limit(2, 64 * MIB) };
+    let with_heap = used();
+    let mut t = 0usize;
+    // SAFETY: valid out-pointer.
+    let rc_total = unsafe { total(&mut t, 0) };
+    // SAFETY: the module just loaded.
+    let rc_unload = if rc_load == 0 { unsafe { unload(m) } } else { -1 };
+    let unloaded = used();
+    // SAFETY: plain driver call; back to the default 8 MiB.
+    let rc_heap_back = unsafe { set_limit(2, 8 * MIB) };
+    line(&[
+        ("context", context.to_string()),
+        ("rc_load", rc_load.to_string()),
+        ("module", (with_module - context).to_string()),
+        ("rc_heap", rc_heap.to_string()),
+        ("heap", (with_heap as i128 - with_module as i128).to_string()),
+        ("rc_total", rc_total.to_string()),
+        ("total", t.to_string()),
+        ("rc_unload", rc_unload.to_string()),
+        ("after_unload", (unloaded as i128 - context as i128).to_string()),
+        ("rc_heap_back", rc_heap_back.to_string()),
+        ("after_heap_back", (used() as i128 - context as i128).to_string()),
+    ]);
+}
+
+/// Creates the primary context and allocates `bytes` without asserting
+/// (either may be refused), reports both codes, and holds until killed.
+fn hold_soft(cu: &Cuda, bytes: usize) -> ! {
+    let cu_init = f!(cu, "cuInit", "cuInit", unsafe extern "C" fn(c_uint) -> R);
+    type Retain = unsafe extern "C" fn(*mut *mut c_void, c_int) -> R;
+    let retain = f!(cu, "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRetain", Retain);
+    let set = f!(cu, "cuCtxSetCurrent", "cuCtxSetCurrent", unsafe extern "C" fn(*mut c_void) -> R);
+    let alloc = f!(cu, "cuMemAlloc", "cuMemAlloc_v2", Alloc);
+    let mut ctx = std::ptr::null_mut();
+    let mut p = 0;
+    // SAFETY: plain driver calls with valid out-pointers.
+    let (rc_ctx, rc_alloc) = unsafe {
+        assert_eq!(cu_init(0), 0, "cuInit");
+        let rc_ctx = retain(&mut ctx, 0);
+        let rc_alloc = if rc_ctx == 0 {
+            set(ctx);
+            alloc(&mut p, bytes)
+        } else {
+            -1
+        };
+        (rc_ctx, rc_alloc)
+    };
+    line(&[("ctx", rc_ctx.to_string()), ("alloc", rc_alloc.to_string())]);
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+}
+
+/// NVML's per-process usage of GPU index 0, as the host sums it.
+fn nvml_procs() -> ! {
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct Info {
+        pid: c_uint,
+        used: u64,
+        gi: c_uint,
+        ci: c_uint,
+    }
+    // SAFETY: dlopen/dlsym of NVML by name; signatures from nvml.h.
+    unsafe {
+        let h = libc::dlopen(c"libnvidia-ml.so.1".as_ptr(), libc::RTLD_NOW);
+        assert!(!h.is_null(), "dlopen libnvidia-ml.so.1");
+        let sym = |n: &std::ffi::CStr| {
+            let p = libc::dlsym(h, n.as_ptr());
+            assert!(!p.is_null(), "{n:?}");
+            p
+        };
+        let init: unsafe extern "C" fn() -> c_int = std::mem::transmute(sym(c"nvmlInit_v2"));
+        let by_index: unsafe extern "C" fn(c_uint, *mut *mut c_void) -> c_int =
+            std::mem::transmute(sym(c"nvmlDeviceGetHandleByIndex_v2"));
+        let procs: unsafe extern "C" fn(*mut c_void, *mut c_uint, *mut Info) -> c_int =
+            std::mem::transmute(sym(c"nvmlDeviceGetComputeRunningProcesses_v3"));
+        assert_eq!(init(), 0);
+        let mut dev = std::ptr::null_mut();
+        assert_eq!(by_index(0, &mut dev), 0);
+        let mut buf = [Info::default(); 256];
+        let mut n = buf.len() as c_uint;
+        assert_eq!(procs(dev, &mut n, buf.as_mut_ptr()), 0);
+        let list = &buf[..n as usize];
+        let pids: Vec<String> = list.iter().map(|i| i.pid.to_string()).collect();
+        line(&[
+            ("sum", list.iter().map(|i| i.used).sum::<u64>().to_string()),
+            ("pids", format!("[{}]", pids.join(","))),
+        ]);
+    }
+    std::process::exit(0)
 }

@@ -53,6 +53,7 @@ pub fn create_ledger(
     let shim = crate::shim::find().map_err(|e| anyhow!("--memory/--compute: {e}"))?;
     let dir = gpuslice_ledger::ledger_dir();
     gpuslice_ledger::ensure_dir(&dir)?;
+    reap_stale_ledgers(&dir);
     let path = dir.join(format!("{slice_id}.ledger"));
     let ledger = Ledger::create(&path, slice_id, &devices)?;
     if share > 0 {
@@ -99,6 +100,40 @@ pub fn create_ledger(
     }
     tracing::info!(ledger = %path.display(), shim = %shim.display(), cap, share_bp = share, "slice limits");
     Ok(path)
+}
+
+/// Removes the ledgers a dead launcher left behind (a SIGKILLed `run`
+/// never removes its own), as its cgroups are reaped: a ledger goes when
+/// the process that created it is gone (or its pid was reused) *and*,
+/// after its dead processes are reclaimed, no live process of any pid
+/// namespace holds a slot. Returns the files removed; anything that cannot
+/// be judged is kept.
+pub fn reap_stale_ledgers(dir: &Path) -> Vec<PathBuf> {
+    let mut removed = Vec::new();
+    for path in gpuslice_ledger::list_dir(dir) {
+        let Ok(ledger) = Ledger::open(&path) else {
+            continue;
+        };
+        let before = ledger.snapshot();
+        let created =
+            std::time::UNIX_EPOCH + std::time::Duration::from_millis(before.created_unix_ms);
+        if before.creator_pid == 0
+            || gpuslice_isolate::cgroup::launcher_alive(before.creator_pid, created)
+        {
+            continue;
+        }
+        if ledger.reap().is_err() || !ledger.snapshot().processes.is_empty() {
+            continue; // read-only to us, or still in use
+        }
+        match std::fs::remove_file(&path) {
+            Ok(()) => {
+                tracing::info!(ledger = %path.display(), "removed the ledger of a dead launcher");
+                removed.push(path);
+            }
+            Err(e) => tracing::debug!(ledger = %path.display(), "kept: {e}"),
+        }
+    }
+    removed
 }
 
 /// `run --memory`: bytes.
@@ -195,6 +230,7 @@ fn mib(v: &Value) -> String {
 
 pub fn run(global: &Global) -> Result<i32> {
     let dir = gpuslice_ledger::ledger_dir();
+    reap_stale_ledgers(&dir);
     let slices: Vec<Value> = gpuslice_ledger::list_dir(&dir)
         .iter()
         .map(|p| describe(p))
