@@ -1036,7 +1036,10 @@ pub unsafe fn device_total_mem(real: &Real, bytes: *mut usize, dev: CUdevice) ->
 /// # Safety
 /// C contract of `cuDeviceTotalMem` (the pre-3.2, 32-bit ABI).
 pub unsafe fn device_total_mem_v1(real: &Real, bytes: *mut c_uint, dev: CUdevice) -> CUresult {
-    let f = real_fn!(real, unsafe extern "C" fn(*mut c_uint, CUdevice) -> CUresult);
+    let f = real_fn!(
+        real,
+        unsafe extern "C" fn(*mut c_uint, CUdevice) -> CUresult
+    );
     // SAFETY: caller contract.
     let rc = unsafe { f(bytes, dev) };
     if rc == CUDA_SUCCESS {

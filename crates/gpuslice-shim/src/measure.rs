@@ -58,9 +58,11 @@ fn own_pids() -> Vec<u32> {
     let mut pids: Vec<u32> = std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("NSpid:"))
-                .map(|v| v.split_whitespace().filter_map(|p| p.parse().ok()).collect())
+            s.lines().find_map(|l| l.strip_prefix("NSpid:")).map(|v| {
+                v.split_whitespace()
+                    .filter_map(|p| p.parse().ok())
+                    .collect()
+            })
         })
         .unwrap_or_default();
     pids.push(std::process::id());
@@ -70,7 +72,12 @@ fn own_pids() -> Vec<u32> {
 fn open(matches: &[NvmlMatch]) -> Option<Nvml> {
     // SAFETY: dlopen of the NVML library by soname; RTLD_LOCAL keeps its
     // symbols out of the global scope.
-    let lib = unsafe { libc::dlopen(c"libnvidia-ml.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    let lib = unsafe {
+        libc::dlopen(
+            c"libnvidia-ml.so.1".as_ptr(),
+            libc::RTLD_NOW | libc::RTLD_LOCAL,
+        )
+    };
     if lib.is_null() {
         return None;
     }

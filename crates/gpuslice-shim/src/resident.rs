@@ -79,8 +79,7 @@ fn sub_overhead(dev: usize, bytes: u64) -> u64 {
     let mut cur = OVERHEAD[dev].load(Ordering::Acquire);
     loop {
         let take = cur.min(bytes);
-        match OVERHEAD[dev].compare_exchange(cur, cur - take, Ordering::AcqRel, Ordering::Acquire)
-        {
+        match OVERHEAD[dev].compare_exchange(cur, cur - take, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => return take,
             Err(now) => cur = now,
         }
@@ -135,7 +134,9 @@ fn create_context(
     }
     let before = OVERHEAD[t.dev].load(Ordering::Acquire);
     let measured = settle(t, true);
-    let charged = OVERHEAD[t.dev].load(Ordering::Acquire).saturating_sub(before);
+    let charged = OVERHEAD[t.dev]
+        .load(Ordering::Acquire)
+        .saturating_sub(before);
     if !measured || t.ledger.used(t.dev) > t.ledger.cap(t.dev) {
         undo();
         release_overhead(t.dev, charged);
@@ -183,7 +184,10 @@ macro_rules! real_fn {
 /// # Safety
 /// C contract of `cuDevicePrimaryCtxRetain`.
 pub unsafe fn primary_ctx_retain(real: &Real, pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
-    let f = real_fn!(real, unsafe extern "C" fn(*mut CUcontext, CUdevice) -> CUresult);
+    let f = real_fn!(
+        real,
+        unsafe extern "C" fn(*mut CUcontext, CUdevice) -> CUresult
+    );
     let t = target(dev).filter(|_| !pctx.is_null());
     let first = t.is_some_and(|t| PRIMARY_REFS[t.dev].load(Ordering::Acquire) == 0);
     match t {
@@ -280,8 +284,16 @@ fn created(
 
 /// # Safety
 /// C contract of `cuCtxCreate_v2`.
-pub unsafe fn ctx_create(real: &Real, pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult {
-    let f = real_fn!(real, unsafe extern "C" fn(*mut CUcontext, c_uint, CUdevice) -> CUresult);
+pub unsafe fn ctx_create(
+    real: &Real,
+    pctx: *mut CUcontext,
+    flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    let f = real_fn!(
+        real,
+        unsafe extern "C" fn(*mut CUcontext, c_uint, CUdevice) -> CUresult
+    );
     match target(dev).filter(|_| !pctx.is_null()) {
         // SAFETY: caller contract.
         Some(t) => created(t, pctx, &CTX_DESTROY, || unsafe { f(pctx, flags, dev) }),
@@ -304,7 +316,9 @@ pub unsafe fn ctx_create_v3(
     let f = real_fn!(real, F);
     match target(dev).filter(|_| !pctx.is_null()) {
         // SAFETY: caller contract.
-        Some(t) => created(t, pctx, &CTX_DESTROY, || unsafe { f(pctx, params, n, flags, dev) }),
+        Some(t) => created(t, pctx, &CTX_DESTROY, || unsafe {
+            f(pctx, params, n, flags, dev)
+        }),
         // SAFETY: caller contract.
         None => unsafe { f(pctx, params, n, flags, dev) },
     }
@@ -323,7 +337,9 @@ pub unsafe fn ctx_create_v4(
     let f = real_fn!(real, F);
     match target(dev).filter(|_| !pctx.is_null()) {
         // SAFETY: caller contract.
-        Some(t) => created(t, pctx, &CTX_DESTROY, || unsafe { f(pctx, params, flags, dev) }),
+        Some(t) => created(t, pctx, &CTX_DESTROY, || unsafe {
+            f(pctx, params, flags, dev)
+        }),
         // SAFETY: caller contract.
         None => unsafe { f(pctx, params, flags, dev) },
     }
@@ -342,7 +358,9 @@ pub unsafe fn green_ctx_create(
     let f = real_fn!(real, F);
     match target(dev).filter(|_| !pctx.is_null()) {
         // SAFETY: caller contract.
-        Some(t) => created(t, pctx, &GREEN_DESTROY, || unsafe { f(pctx, desc, dev, flags) }),
+        Some(t) => created(t, pctx, &GREEN_DESTROY, || unsafe {
+            f(pctx, desc, dev, flags)
+        }),
         // SAFETY: caller contract.
         None => unsafe { f(pctx, desc, dev, flags) },
     }
@@ -452,7 +470,10 @@ fn load(kind: Loaded, out: *mut CUhandle, call: impl FnOnce() -> CUresult) -> CU
 /// # Safety
 /// C contract of `cuModuleLoad`.
 pub unsafe fn module_load(real: &Real, m: *mut CUhandle, fname: *const c_char) -> CUresult {
-    let f = real_fn!(real, unsafe extern "C" fn(*mut CUhandle, *const c_char) -> CUresult);
+    let f = real_fn!(
+        real,
+        unsafe extern "C" fn(*mut CUhandle, *const c_char) -> CUresult
+    );
     // SAFETY: caller contract.
     load(Loaded::Module, m, || unsafe { f(m, fname) })
 }
@@ -460,7 +481,10 @@ pub unsafe fn module_load(real: &Real, m: *mut CUhandle, fname: *const c_char) -
 /// # Safety
 /// C contract of `cuModuleLoadData` and `cuModuleLoadFatBinary`.
 pub unsafe fn module_load_data(real: &Real, m: *mut CUhandle, image: *const c_void) -> CUresult {
-    let f = real_fn!(real, unsafe extern "C" fn(*mut CUhandle, *const c_void) -> CUresult);
+    let f = real_fn!(
+        real,
+        unsafe extern "C" fn(*mut CUhandle, *const c_void) -> CUresult
+    );
     // SAFETY: caller contract.
     load(Loaded::Module, m, || unsafe { f(m, image) })
 }
@@ -515,7 +539,9 @@ pub unsafe fn library_load(
     let f = real_fn!(real, F);
     // SAFETY: caller contract.
     load(Loaded::Library, lib, || unsafe {
-        f(lib, code, jit_opts, jit_vals, n_jit, lib_opts, lib_vals, n_lib)
+        f(
+            lib, code, jit_opts, jit_vals, n_jit, lib_opts, lib_vals, n_lib,
+        )
     })
 }
 
@@ -600,7 +626,11 @@ fn settle_soon(t: Target) {
     }
     let spawned = std::thread::Builder::new()
         .name("gpuslice-measure".into())
-        .spawn(move || crate::real::guard((), || drop(settle(t, true))));
+        .spawn(move || {
+            crate::real::guard((), || {
+                let _ = settle(t, true);
+            })
+        });
     if spawned.is_err() {
         // No thread: the next memory query or refusal measures instead.
         LAST_SETTLE[t.dev].store(0, Ordering::Release);
@@ -617,10 +647,42 @@ fn now_ns() -> u64 {
     (ts.tv_sec as u64).saturating_mul(1_000_000_000) + ts.tv_nsec as u64
 }
 
+/// One reading of what the driver holds beyond this process's allocations:
+/// NVML's figure minus the allocations' charges, taken with the slot
+/// unchanged across the NVML query. A reading where NVML shows less than
+/// the allocations are charged has an allocation in flight (reserved, not
+/// yet made by the driver): it is taken again, 2 ms later, up to 25 times;
+/// failing that, None (nothing is lowered on a doubt).
+fn reading(t: Target) -> Option<u64> {
+    let s = shim();
+    for _ in 0..25 {
+        let before = t.ledger.slot_bytes(t.slot, t.dev);
+        let overhead = OVERHEAD[t.dev].load(Ordering::Acquire);
+        let used = crate::measure::process_used(&s.nvml, t.dev)?;
+        let allocations = before.saturating_sub(overhead);
+        let stable = t.ledger.slot_bytes(t.slot, t.dev) == before
+            && OVERHEAD[t.dev].load(Ordering::Acquire) == overhead;
+        if stable && used >= allocations {
+            return Some(used - allocations);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    None
+}
+
+/// The driver-held bytes: the larger of two readings 2 ms apart (an
+/// allocation made by the driver between them shows in the second).
+fn driver_held(t: Target) -> Option<u64> {
+    let first = reading(t)?;
+    std::thread::sleep(std::time::Duration::from_millis(2));
+    Some(first.max(reading(t)?))
+}
+
 /// Brings this process's driver-held charge on `t`'s device to what NVML
 /// measures (its usage minus its allocations' charges). `force`: also when
-/// measured less than [`SETTLE_EVERY_NS`] ago (before a refusal).
-/// Returns whether a measurement was made.
+/// measured less than [`SETTLE_EVERY_NS`] ago, and lower the charge too
+/// (background and refusal paths; a memory query only raises it). Returns
+/// whether a measurement was made.
 pub fn settle(t: Target, force: bool) -> bool {
     let s = shim();
     if s.context_bytes.is_some() {
@@ -631,17 +693,53 @@ pub fn settle(t: Target, force: bool) -> bool {
     if !force && last != 0 && now.saturating_sub(last) < SETTLE_EVERY_NS {
         return false;
     }
-    LAST_SETTLE[t.dev].store(now.max(1), Ordering::Release);
-    let Some(used) = crate::measure::process_used(&s.nvml, t.dev) else {
+    // One measurement at a time per device (two applying the same reading
+    // would lower the charge twice); a memory query does not wait.
+    let busy = &SETTLING[t.dev];
+    while busy
+        .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+    {
+        if !force {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let done = measure_and_apply(t, force);
+    busy.store(false, Ordering::Release);
+    done
+}
+
+static SETTLING: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
+
+fn measure_and_apply(t: Target, force: bool) -> bool {
+    let s = shim();
+    LAST_SETTLE[t.dev].store(now_ns().max(1), Ordering::Release);
+    // A memory query takes one reading and only raises the charge; the
+    // careful pair (2 ms) is for the background and refusal paths.
+    let measured = if force { driver_held(t) } else { reading(t) };
+    let Some(want) = measured else {
+        if s.log {
+            crate::sys::log_line(&format!(
+                "device {}: NVML cannot measure this process",
+                t.dev
+            ));
+        }
         return false;
     };
     let overhead = OVERHEAD[t.dev].load(Ordering::Acquire);
-    let allocations = t.ledger.slot_bytes(t.slot, t.dev).saturating_sub(overhead);
-    let want = used.saturating_sub(allocations);
+    if s.log {
+        crate::sys::log_line(&format!(
+            "device {}: the driver holds {} MiB for this process beyond its allocations (charged {} MiB)",
+            t.dev,
+            want >> 20,
+            overhead >> 20
+        ));
+    }
     if want > overhead {
         add_overhead(t, want - overhead);
         t.adjust((want - overhead) as i128);
-    } else if want < overhead {
+    } else if want < overhead && force {
         release_overhead(t.dev, overhead - want);
     }
     true

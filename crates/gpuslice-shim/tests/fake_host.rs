@@ -337,7 +337,10 @@ const MODULE: u64 = 8 * MIB;
 
 fn physical_slice(cap: &str) -> Slice {
     slice_on(
-        FakeHost::builder().gpus(2).ctx_bytes(CTX).module_bytes(MODULE),
+        FakeHost::builder()
+            .gpus(2)
+            .ctx_bytes(CTX)
+            .module_bytes(MODULE),
         cap,
     )
 }
@@ -355,7 +358,11 @@ fn contexts_modules_and_limits_are_charged_as_the_driver_holds_them() {
         // 64 MiB of heap over the default 8 MiB the context holds.
         assert_eq!(n(v, "rc_heap"), 0, "{via}: {v}");
         assert_eq!(n(v, "heap") as u64, 56 * MIB, "{via}: {v}");
-        assert_eq!(n(v, "total") as u64, 1 << 30, "{via}: total is the cap: {v}");
+        assert_eq!(
+            n(v, "total") as u64,
+            1 << 30,
+            "{via}: total is the cap: {v}"
+        );
         assert_eq!(n(v, "after_unload") as u64, 56 * MIB, "{via}: {v}");
         assert_eq!(n(v, "after_heap_back"), 0, "{via}: {v}");
     }

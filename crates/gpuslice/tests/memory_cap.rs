@@ -104,7 +104,9 @@ fn the_ledger_of_a_sigkilled_launcher_is_reaped_but_never_while_a_process_uses_i
     let mut launcher = gpuslice(
         &h,
         ledgers.path(),
-        &["run", "--gpus", "0", "--memory", "1GiB", "--", client, "hold", "1000000"],
+        &[
+            "run", "--gpus", "0", "--memory", "1GiB", "--", client, "hold", "1000000",
+        ],
     )
     .stdout(Stdio::piped())
     .spawn()
@@ -150,7 +152,11 @@ fn the_ledger_of_a_sigkilled_launcher_is_reaped_but_never_while_a_process_uses_i
         .unwrap();
     assert_eq!(line.trim(), "held 0");
     let v = slices_json(&h, ledgers.path());
-    assert_eq!(v["slices"].as_array().unwrap().len(), 1, "kept while used: {v}");
+    assert_eq!(
+        v["slices"].as_array().unwrap().len(),
+        1,
+        "kept while used: {v}"
+    );
     assert_eq!(v["slices"][0]["devices"][0]["used_bytes"], 2_000_000, "{v}");
 
     // Once nobody uses it, `gpuslice slices` reaps it.

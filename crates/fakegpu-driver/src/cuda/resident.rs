@@ -91,7 +91,11 @@ pub fn primary_destroyed(dev: usize) {
 /// # Safety
 /// `pctx` must be null or valid for a write.
 #[no_mangle]
-pub unsafe extern "C" fn cuCtxCreate_v2(pctx: *mut CUcontext, _flags: c_uint, dev: CUdevice) -> CUresult {
+pub unsafe extern "C" fn cuCtxCreate_v2(
+    pctx: *mut CUcontext,
+    _flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
         rc(device(dev).and_then(|_| {
             if pctx.is_null() {
@@ -123,8 +127,8 @@ pub unsafe extern "C" fn cuCtxCreate_v2(pctx: *mut CUcontext, _flags: c_uint, de
 pub extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
         rc(state().and_then(|_| {
-            let (dev, ptr) = with(|r| r.created.remove(&(ctx as usize)))
-                .ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+            let (dev, ptr) =
+                with(|r| r.created.remove(&(ctx as usize))).ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
             drop_hold(ptr);
             if current_device().ok() == Some(dev) {
                 set_current(None);

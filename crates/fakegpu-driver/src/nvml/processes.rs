@@ -24,7 +24,9 @@ pub struct NvmlProcessInfo {
 
 fn list(t: &Target) -> Vec<(u32, u64)> {
     let gi = t.mig().map(|m| m.gi);
-    memory::processes(t.gpu().info.minor, gi).into_iter().collect()
+    memory::processes(t.gpu().info.minor, gi)
+        .into_iter()
+        .collect()
 }
 
 /// The NVML size protocol: with too small a buffer (or none), the count

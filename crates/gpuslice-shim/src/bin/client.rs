@@ -1333,7 +1333,11 @@ fn resident(cu: &Cuda) {
     // SAFETY: valid out-pointer.
     let rc_total = unsafe { total(&mut t, 0) };
     // SAFETY: the module just loaded.
-    let rc_unload = if rc_load == 0 { unsafe { unload(m) } } else { -1 };
+    let rc_unload = if rc_load == 0 {
+        unsafe { unload(m) }
+    } else {
+        -1
+    };
     let unloaded = used();
     // SAFETY: plain driver call; back to the default 8 MiB.
     let rc_heap_back = unsafe { set_limit(2, 8 * MIB) };
@@ -1342,13 +1346,22 @@ fn resident(cu: &Cuda) {
         ("rc_load", rc_load.to_string()),
         ("module", (with_module - context).to_string()),
         ("rc_heap", rc_heap.to_string()),
-        ("heap", (with_heap as i128 - with_module as i128).to_string()),
+        (
+            "heap",
+            (with_heap as i128 - with_module as i128).to_string(),
+        ),
         ("rc_total", rc_total.to_string()),
         ("total", t.to_string()),
         ("rc_unload", rc_unload.to_string()),
-        ("after_unload", (unloaded as i128 - context as i128).to_string()),
+        (
+            "after_unload",
+            (unloaded as i128 - context as i128).to_string(),
+        ),
         ("rc_heap_back", rc_heap_back.to_string()),
-        ("after_heap_back", (used() as i128 - context as i128).to_string()),
+        (
+            "after_heap_back",
+            (used() as i128 - context as i128).to_string(),
+        ),
     ]);
 }
 
@@ -1357,8 +1370,18 @@ fn resident(cu: &Cuda) {
 fn hold_soft(cu: &Cuda, bytes: usize) -> ! {
     let cu_init = f!(cu, "cuInit", "cuInit", unsafe extern "C" fn(c_uint) -> R);
     type Retain = unsafe extern "C" fn(*mut *mut c_void, c_int) -> R;
-    let retain = f!(cu, "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRetain", Retain);
-    let set = f!(cu, "cuCtxSetCurrent", "cuCtxSetCurrent", unsafe extern "C" fn(*mut c_void) -> R);
+    let retain = f!(
+        cu,
+        "cuDevicePrimaryCtxRetain",
+        "cuDevicePrimaryCtxRetain",
+        Retain
+    );
+    let set = f!(
+        cu,
+        "cuCtxSetCurrent",
+        "cuCtxSetCurrent",
+        unsafe extern "C" fn(*mut c_void) -> R
+    );
     let alloc = f!(cu, "cuMemAlloc", "cuMemAlloc_v2", Alloc);
     let mut ctx = std::ptr::null_mut();
     let mut p = 0;
