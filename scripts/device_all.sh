@@ -12,6 +12,10 @@
 #              interleaved), two slices 30/70, a CUDA graph at 50 %, no-limit overhead (~110 s)
 #   computediag  issue 5: what the GPU does under partial duty, without gpuslice (~45 s)
 #   computetrace issue 5: one capped worker's bucket traced across workload and share changes (~25 s)
+#   memphys    issue 16: physical memory cap (1/2/5/8 processes in one 20 GiB slice, host NVML sum),
+#              usable memory for torch, the client matrix (device_memphys.py, ~200 s), the GPT-2
+#              training ratio bare vs gpuslice interleaved (device_gpt2.py, ~120 s), and the perf
+#              ratios of device_shim.py (first tensor, malloc/free, GEMM; ROUNDS=2, ~60 s)
 #   users      issue 15: torch/jax/cupy on --gpus 0 as --user nobody, none of them see a GPU with
 #              --gpus none (root and nobody), a mknod'ed alias of /dev/nvidia0 hidden by number (~60 s)
 #   plugin     issues 6, 20: device plugin vs a test kubelet (v1beta1 over unix sockets): the GPU
@@ -55,6 +59,12 @@ part_shim() {
     local only=()
     [ -n "${SHIM_ONLY:-}" ] && only=(--only "$SHIM_ONLY")
     bounded 470 python3 scripts/device_shim.py "$work/shim" --rounds "${ROUNDS:-3}" "${only[@]}"
+}
+part_memphys() {
+    bounded 220 python3 scripts/device_memphys.py "$work/memphys"
+    cp "$work/memphys/memphys.json" "$work/memphys.json" 2>/dev/null
+    bounded 150 python3 scripts/device_gpt2.py "$work/gpt2.json" --rounds 5 --steps 30
+    bounded 90 python3 scripts/device_shim.py "$work/memphys-perf" --rounds 2 --only perf
 }
 part_cdi() {
     bounded 60 python3 scripts/device_cdi.py "$work"
@@ -102,7 +112,7 @@ part_doctor() {
 # parts that finished.
 collect() {
     tar czf "$out/results.tgz" -C "$work" .
-    for f in isolation.json launch-none.json doctor.json cdi.json exporter.json plugin.json compute.json compute-diag.json compute-trace.json users.json; do
+    for f in memphys.json gpt2.json isolation.json launch-none.json doctor.json cdi.json exporter.json plugin.json compute.json compute-diag.json compute-trace.json users.json; do
         [ -f "$work/$f" ] && cp "$work/$f" "$out/"
     done
 }

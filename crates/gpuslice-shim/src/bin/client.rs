@@ -152,10 +152,13 @@ fn init(cu: &Cuda) {
         assert_eq!(retain(&mut ctx, 0), 0, "primary context");
         assert_eq!(set(ctx), 0, "set current");
     }
-    // A memory query settles the context's charge to what the driver
-    // measures (the estimate otherwise stands until a refusal), so what
-    // the paths below charge is seen against a settled baseline.
-    let _ = mem_info(cu);
+    // The context is charged at an estimate (512 MiB) and measured in the
+    // background; wait for that (the fake contexts are smaller), so what
+    // the commands below charge is seen against a settled baseline.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while used() >= 512 * MIB as u64 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 type Alloc = unsafe extern "C" fn(*mut u64, usize) -> R;
