@@ -13,8 +13,9 @@ tokens, and then waits. The host tells them in turn to run a round of
 STEPS steps (bare, gpuslice, bare, gpuslice, ...), so neither compiles
 nor warms up inside a measured round and the GPU runs one at a time.
 Writes the steps/s of every round and the median ratio gpuslice / bare
-(target >= 0.99). With GPUSLICE_LOG=1 in the environment, the capped
-worker's shim log (stderr) is kept in the JSON too.
+(target >= 0.99). The capped worker runs with GPUSLICE_LOG=1: its shim
+log, ending with the number of calls per interposed function, is kept in
+the JSON (`gpuslice_stderr_tail`).
 """
 
 import datetime
@@ -116,6 +117,9 @@ def main():
     steps = int(args[args.index("--steps") + 1]) if "--steps" in args else 40
     cap = args[args.index("--cap") + 1] if "--cap" in args else "20GiB"
     env = dict(os.environ)
+    # The capped worker logs, at exit, how often each interposed function
+    # was called (the per-step hot path, if any): kept in the JSON.
+    capped_env = dict(env, GPUSLICE_LOG="1")
     bare_cmd = [sys.executable, "-c", WORKER]
     capped_cmd = [GPUSLICE, "run", "--gpus", "0", "--memory", cap, "--", sys.executable, "-c", WORKER]
     result = {
@@ -131,7 +135,7 @@ def main():
     # Compile one after the other (the Inductor cache helps the second).
     bare = start(bare_cmd, env)
     result["bare_ready"] = read_json(bare)
-    capped = start(capped_cmd, env)
+    capped = start(capped_cmd, capped_env)
     result["gpuslice_ready"] = read_json(capped)
     for _ in range(rounds):
         for name, p in (("bare", bare), ("gpuslice", capped)):

@@ -32,6 +32,7 @@ macro_rules! families {
                 /// The C contract of the interposed function.
                 pub unsafe extern "C" fn inst<const I: usize> $args -> $ret {
                     // SAFETY: forwarded C contract.
+                    crate::stats::count(Family::$fam as usize);
                     guard(999, || unsafe { call_hook!($hook, &REAL[I], $names) })
                 }
 
@@ -60,6 +61,7 @@ macro_rules! families {
                         },
                     );
                     // SAFETY: forwarded C contract.
+                    crate::stats::count(Family::$fam as usize);
                     guard(999, || unsafe { call_hook!($hook, &R, $names) })
                 }
             )*
@@ -100,6 +102,9 @@ macro_rules! families {
                 match self { $(Family::$fam => $fam::wrappers()),* }
             }
         }
+
+        /// Every family, in declaration order (for the call counts).
+        pub const ALL: &[Family] = &[$(Family::$fam),*];
 
         /// The family of an exported name we interpose.
         pub fn export_family(name: &[u8]) -> Option<Family> {
@@ -368,6 +373,7 @@ mod tests {
         );
         assert!(EXPORTS.contains(&"cuGraphUpload_ptsz"));
         assert_eq!(EXPORTS.len(), 58);
+        assert!(ALL.len() <= 64, "the call counts hold 64 families");
     }
 
     #[test]

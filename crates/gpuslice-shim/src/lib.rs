@@ -37,18 +37,24 @@ mod procaddr;
 mod real;
 mod resident;
 mod state;
+mod stats;
 mod sys;
 mod table;
 
 extern "C" fn constructor() {
     real::guard((), || {
         sys::resolve_real_dlsym();
-        state::init();
+        if state::init().log {
+            stats::enable();
+        }
     });
 }
 
 extern "C" fn destructor() {
-    real::guard((), state::detach_at_exit);
+    real::guard((), || {
+        stats::report();
+        state::detach_at_exit();
+    });
 }
 
 #[used]
