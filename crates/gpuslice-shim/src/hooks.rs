@@ -576,15 +576,32 @@ pub unsafe fn graph_launch(real: &Real, exec: CUgraphExec, stream: CUstream) -> 
         unsafe extern "C" fn(CUgraphExec, CUstream) -> CUresult
     );
     // SAFETY: caller contract.
-    let rc = compute::launch(stream, real.ptsz(), compute::Kind::Graph, || unsafe {
+    let rc = compute::launch(stream, real, compute::Kind::Graph, || unsafe {
         f(exec, stream)
     });
-    if rc == CUDA_SUCCESS {
+    if rc == CUDA_SUCCESS && shim().memory_active {
         if let Some(t) = target_current() {
-            settle_graph(t);
+            settle_graph_now_and_then(t);
         }
     }
     rc
+}
+
+/// Graph launches come every step of a graph-captured loop; the graph
+/// pool grows on an exec's first launch and is then reused, so it is
+/// re-read at most every [`GRAPH_SETTLE_EVERY_NS`] (growth shows up that
+/// much later at most; a refusal re-reads it at once).
+const GRAPH_SETTLE_EVERY_NS: u64 = 10_000_000;
+static LAST_GRAPH_SETTLE: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+
+fn settle_graph_now_and_then(t: Target) {
+    let now = crate::resident::now_ns();
+    let last = LAST_GRAPH_SETTLE[t.dev].load(Ordering::Relaxed);
+    if last != 0 && now.saturating_sub(last) < GRAPH_SETTLE_EVERY_NS {
+        return;
+    }
+    LAST_GRAPH_SETTLE[t.dev].store(now.max(1), Ordering::Relaxed);
+    settle_graph(t);
 }
 
 /// # Safety
@@ -638,7 +655,7 @@ pub unsafe fn launch_kernel(
     ) -> CUresult;
     let f = real_fn!(real, F);
     // SAFETY: caller contract.
-    compute::launch(stream, real.ptsz(), compute::Kind::Kernel, || unsafe {
+    compute::launch(stream, real, compute::Kind::Kernel, || unsafe {
         f(func, gx, gy, gz, bx, by, bz, shmem, stream, params, extra)
     })
 }
@@ -673,7 +690,7 @@ pub unsafe fn launch_cooperative(
     ) -> CUresult;
     let f = real_fn!(real, F);
     // SAFETY: caller contract.
-    compute::launch(stream, real.ptsz(), compute::Kind::Kernel, || unsafe {
+    compute::launch(stream, real, compute::Kind::Kernel, || unsafe {
         f(func, gx, gy, gz, bx, by, bz, shmem, stream, params)
     })
 }
@@ -700,7 +717,7 @@ pub unsafe fn launch_kernel_ex(
         return unsafe { f(config, func, params, extra) };
     };
     // SAFETY: caller contract.
-    compute::launch(c.stream, real.ptsz(), compute::Kind::Kernel, || unsafe {
+    compute::launch(c.stream, real, compute::Kind::Kernel, || unsafe {
         f(config, func, params, extra)
     })
 }

@@ -637,7 +637,8 @@ fn settle_soon(t: Target) {
     }
 }
 
-fn now_ns() -> u64 {
+/// A monotonic clock in ns (the coarse one: a vDSO read, ~ms resolution).
+pub fn now_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
