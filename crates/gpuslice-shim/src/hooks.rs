@@ -160,6 +160,8 @@ fn untrack(table: &Handles, key: u64, call: impl FnOnce() -> CUresult) -> CUresu
     rc
 }
 
+/// The real function of a hook's family as `$ty`, or the hook returns
+/// `CUDA_ERROR_NOT_INITIALIZED`.
 macro_rules! real_fn {
     ($real:expr, $ty:ty) => {
         // SAFETY: the family's signature is `$ty`.
@@ -169,6 +171,7 @@ macro_rules! real_fn {
         }
     };
 }
+pub(crate) use real_fn;
 
 // ------------------------------------------------------------ plain
 
@@ -962,7 +965,7 @@ pub unsafe fn mipmapped_destroy(real: &Real, arr: CUarray) -> CUresult {
 /// total), free = min(real free, cap − used), never underflowing.
 fn slice_view(t: Target, real_total: u64, real_free: u64) -> (u64, u64) {
     settle_device(t);
-    let _ = crate::resident::settle(t, false);
+    let _ = crate::resident::settle(t, crate::resident::Why::Query);
     let cap = shim().caps[t.dev];
     let total = cap.min(real_total);
     let left = total.saturating_sub(t.ledger.used(t.dev));

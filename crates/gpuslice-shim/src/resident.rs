@@ -133,7 +133,7 @@ fn create_context(
         return rc;
     }
     let before = OVERHEAD[t.dev].load(Ordering::Acquire);
-    let measured = settle(t, true);
+    let measured = settle(t, Why::Context);
     let charged = OVERHEAD[t.dev]
         .load(Ordering::Acquire)
         .saturating_sub(before);
@@ -169,15 +169,7 @@ fn release_primary(dev: CUdevice) {
     }
 }
 
-macro_rules! real_fn {
-    ($real:expr, $ty:ty) => {
-        // SAFETY: the family's signature is `$ty`.
-        match unsafe { $real.func::<$ty>() } {
-            Some(f) => f,
-            None => return CUDA_ERROR_NOT_INITIALIZED,
-        }
-    };
-}
+use crate::hooks::real_fn;
 
 // ------------------------------------------------------------ contexts
 
@@ -628,7 +620,7 @@ fn settle_soon(t: Target) {
         .name("gpuslice-measure".into())
         .spawn(move || {
             crate::real::guard((), || {
-                let _ = settle(t, true);
+                let _ = settle(t, Why::Context);
             })
         });
     if spawned.is_err() {
@@ -679,21 +671,42 @@ fn driver_held(t: Target) -> Option<u64> {
     Some(first.max(reading(t)?))
 }
 
+/// Why a measurement is asked for, which says how often it may run and
+/// whether it may lower the charge.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Why {
+    /// A context was just created: always measured, may lower.
+    Context,
+    /// Before a refusal: may lower; at most every [`REFUSAL_SETTLE_EVERY_NS`]
+    /// (a caller retrying in a loop does not pay it each time).
+    Refusal,
+    /// A memory query: at most every [`SETTLE_EVERY_NS`], one reading,
+    /// only raises.
+    Query,
+}
+
+/// Least time between two measurements made before refusals.
+pub const REFUSAL_SETTLE_EVERY_NS: u64 = 10_000_000;
+
 /// Brings this process's driver-held charge on `t`'s device to what NVML
-/// measures (its usage minus its allocations' charges). `force`: also when
-/// measured less than [`SETTLE_EVERY_NS`] ago, and lower the charge too
-/// (background and refusal paths; a memory query only raises it). Returns
-/// whether a measurement was made.
-pub fn settle(t: Target, force: bool) -> bool {
+/// measures (its usage minus its allocations' charges). Returns whether a
+/// measurement was made.
+pub fn settle(t: Target, why: Why) -> bool {
     let s = shim();
     if s.context_bytes.is_some() {
         return false; // the operator's figure overrides the measurement
     }
+    let every = match why {
+        Why::Context => 0,
+        Why::Refusal => REFUSAL_SETTLE_EVERY_NS,
+        Why::Query => SETTLE_EVERY_NS,
+    };
     let now = now_ns();
     let last = LAST_SETTLE[t.dev].load(Ordering::Acquire);
-    if !force && last != 0 && now.saturating_sub(last) < SETTLE_EVERY_NS {
+    if every > 0 && last != 0 && now.saturating_sub(last) < every {
         return false;
     }
+    let force = why != Why::Query;
     // One measurement at a time per device (two applying the same reading
     // would lower the charge twice); a memory query does not wait.
     let busy = &SETTLING[t.dev];

@@ -299,7 +299,7 @@ impl Target {
     fn reserve_slow(self, bytes: u64) -> bool {
         let _ = self.ledger.reap();
         crate::hooks::settle_device(self);
-        let _ = crate::resident::settle(self, true);
+        let _ = crate::resident::settle(self, crate::resident::Why::Refusal);
         match self.ledger.reserve(self.slot, self.dev, bytes) {
             Ok(()) => true,
             Err(over) => {

@@ -38,5 +38,9 @@ pub fn report() {
             (n > 0).then(|| format!("{f:?}={n}"))
         })
         .collect();
-    log_line(&format!("pid {} calls: {}", std::process::id(), counts.join(" ")));
+    log_line(&format!(
+        "pid {} calls: {}",
+        std::process::id(),
+        counts.join(" ")
+    ));
 }

@@ -93,8 +93,8 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v2(
     count: *mut c_uint,
     infos: *mut NvmlProcessInfo,
 ) -> NvmlReturn {
-    // SAFETY: forwarded contract.
-    unsafe { fill_infos(device, count, infos, info) }
+    // SAFETY: the same record layout and contract as _v3.
+    unsafe { nvmlDeviceGetComputeRunningProcesses_v3(device, count, infos) }
 }
 
 /// # Safety
