@@ -19,6 +19,10 @@ use container_device_interface::specs::config::Spec as CdiSpec;
 use gpuslice_core::discover::{discover, DiscoverOptions};
 use gpuslice_core::model::{NVIDIACTL_MINOR, NVIDIA_MAJOR, NVIDIA_MODESET_MINOR};
 use gpuslice_core::{DevicePolicy, HostRoot, Inventory, Selection};
+use gpuslice_ledger::board::Mode;
+use gpuslice_ledger::limits::{
+    ComputeShare, DeviceLimits, MemorySize, SliceLimits, LIMITS_FILE, SLICE_DIR,
+};
 use serde_json::{json, Value};
 use std::fs;
 use std::io::Write;
@@ -35,9 +39,8 @@ pub const DYNAMIC_DIR: &str = "/var/run/cdi";
 pub const CONTAINER_LIB_DIR: &str = "/usr/local/nvidia/lib64";
 /// Inside the container: the shim of the shared variants.
 pub const CONTAINER_SHIM: &str = "/usr/local/gpuslice/libgpuslice.so";
-/// Inside the container: the ledger directory of the shared variants (a
-/// tmpfs private to the container, so each container has its own share).
-pub const CONTAINER_LEDGER_DIR: &str = "/run/gpuslice/slices";
+/// Side files holding the shared variants' limits records: `<prefix><name>`.
+pub const LIMITS_PREFIX: &str = "gpuslice-limits-";
 /// Side files written next to the spec.
 pub const PARAMS_FILE: &str = "gpuslice-params";
 pub const PRELOAD_FILE: &str = "gpuslice-ld.so.preload";
@@ -712,14 +715,29 @@ impl Builder<'_> {
         }
         for &n in &self.opts.shared {
             let name = format!("{}-shared-{n}", gpu.index);
+            let limits = SliceLimits {
+                slice_id: name.clone(),
+                mode: Mode::Cap,
+                devices: vec![DeviceLimits {
+                    uuid: gpu.uuid.clone(),
+                    memory: Some(MemorySize((memory / n as u64).max(1))),
+                    compute: Some(ComputeShare::fraction(1, n as u64)),
+                }],
+            };
+            // Root's record of the variant's limits, written beside the
+            // spec (root-owned, 0644) and bound read-only at the fixed
+            // place; each container's usage ledger is made by its first
+            // process in a tmpfs of its own.
+            let record = self.opts.spec_dir.join(format!("{LIMITS_PREFIX}{name}"));
+            self.side_files.push((record.clone(), limits.render()));
             let mut e = self.selection_edits(&Selection::gpus([gpu.index]));
-            e["env"] = json!([
-                format!("GPUSLICE_MEMORY_LIMIT={}", memory / n as u64),
-                format!("GPUSLICE_COMPUTE_LIMIT={}", 100 / n),
-                format!("GPUSLICE_LEDGER={CONTAINER_LEDGER_DIR}/{name}.ledger"),
-                format!("GPUSLICE_SLICE={name}"),
-                format!("NVIDIA_VISIBLE_DEVICES={}", gpu.uuid),
-            ]);
+            let mut env: Vec<String> = limits
+                .env()
+                .into_iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            env.push(format!("NVIDIA_VISIBLE_DEVICES={}", gpu.uuid));
+            e["env"] = json!(env);
             e["mounts"] = json!([
                 {
                     "hostPath": self.host(&shim),
@@ -733,9 +751,14 @@ impl Builder<'_> {
                 },
                 {
                     "hostPath": "tmpfs",
-                    "containerPath": CONTAINER_LEDGER_DIR,
+                    "containerPath": SLICE_DIR,
                     "type": "tmpfs",
                     "options": ["nosuid", "nodev", "noexec", "mode=1777", "size=16m"],
+                },
+                {
+                    "hostPath": self.host(&record),
+                    "containerPath": format!("{SLICE_DIR}/{LIMITS_FILE}"),
+                    "options": ["ro", "nosuid", "nodev", "noexec", "bind"],
                 },
             ]);
             devices.push(device(&name, e));

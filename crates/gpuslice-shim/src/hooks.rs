@@ -191,8 +191,8 @@ pub unsafe fn mem_alloc(real: &Real, dptr: *mut CUdeviceptr, size: usize) -> CUr
     }
     // SAFETY: caller contract.
     let rc = unsafe { f(dptr, size) };
-    // SAFETY: dptr non-null; written by the driver on success.
     let key = if rc == CUDA_SUCCESS {
+        // SAFETY: dptr non-null; written by the driver on success.
         unsafe { *dptr }
     } else {
         0
@@ -223,8 +223,8 @@ pub unsafe fn mem_alloc_managed(
     }
     // SAFETY: caller contract.
     let rc = unsafe { f(dptr, size, flags) };
-    // SAFETY: as in mem_alloc.
     let key = if rc == CUDA_SUCCESS {
+        // SAFETY: as in mem_alloc.
         unsafe { *dptr }
     } else {
         0
@@ -430,8 +430,8 @@ pub unsafe fn mem_alloc_async(
             }
             // SAFETY: caller contract.
             let rc = unsafe { f(dptr, size, stream) };
-            // SAFETY: as in mem_alloc.
             let key = if rc == CUDA_SUCCESS {
+                // SAFETY: as in mem_alloc.
                 unsafe { *dptr }
             } else {
                 0
@@ -471,8 +471,8 @@ pub unsafe fn mem_alloc_from_pool_async(
         }
         // SAFETY: caller contract.
         let rc = unsafe { f(dptr, size, pool, stream) };
-        // SAFETY: as in mem_alloc.
         let key = if rc == CUDA_SUCCESS {
+            // SAFETY: as in mem_alloc.
             unsafe { *dptr }
         } else {
             0
@@ -770,8 +770,8 @@ pub unsafe fn mem_create(
     }
     // SAFETY: caller contract.
     let rc = unsafe { f(handle, size, prop, flags) };
-    // SAFETY: handle non-null; written on success.
     let key = if rc == CUDA_SUCCESS {
+        // SAFETY: handle non-null; written on success.
         unsafe { *handle }
     } else {
         0

@@ -31,6 +31,7 @@ mod config;
 mod cuda;
 mod families;
 mod hooks;
+mod init;
 mod measure;
 mod nvml;
 mod procaddr;

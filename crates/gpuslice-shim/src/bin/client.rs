@@ -229,6 +229,7 @@ fn paths(cu: &Cuda) {
             // SAFETY: valid out-pointer.
             (unsafe { alloc(&mut p, 3 * MIB) }, p)
         },
+        // SAFETY: p is the allocation made above, freed once.
         |p| unsafe { free(p) },
     );
 
@@ -245,6 +246,7 @@ fn paths(cu: &Cuda) {
             // SAFETY: valid out-pointers.
             (unsafe { pitch(&mut p, &mut pitch_out, 1000, 1024, 4) }, p)
         },
+        // SAFETY: p is the allocation made above, freed once.
         |p| unsafe { free(p) },
     );
 
@@ -261,6 +263,7 @@ fn paths(cu: &Cuda) {
             // SAFETY: valid out-pointer.
             (unsafe { managed(&mut p, 5 * MIB, 1) }, p)
         },
+        // SAFETY: p is the allocation made above, freed once.
         |p| unsafe { free(p) },
     );
 
@@ -352,6 +355,7 @@ fn paths(cu: &Cuda) {
                 p,
             )
         },
+        // SAFETY: p came from the pool above; the pool is destroyed after its last allocation.
         |p| unsafe {
             let rc = free_async(p, std::ptr::null_mut());
             destroy_pool(pool);
@@ -386,6 +390,7 @@ fn paths(cu: &Cuda) {
             // SAFETY: valid arguments.
             (unsafe { create(&mut h, 4 * MIB, &prop, 0) }, h)
         },
+        // SAFETY: h is the handle created above, released once.
         |h| unsafe { release(h) },
     );
 
@@ -432,6 +437,7 @@ fn paths(cu: &Cuda) {
             // SAFETY: valid arguments.
             (unsafe { arr2(&mut a, &d2) }, a as u64)
         },
+        // SAFETY: a is the array created above, destroyed once.
         |a| unsafe { arr_destroy(a as *mut c_void) },
     );
     let d3 = Desc3D {
@@ -449,6 +455,7 @@ fn paths(cu: &Cuda) {
             // SAFETY: valid arguments.
             (unsafe { arr3(&mut a, &d3) }, a as u64)
         },
+        // SAFETY: a is the array created above, destroyed once.
         |a| unsafe { arr_destroy(a as *mut c_void) },
     );
     let dm = Desc3D {
@@ -466,6 +473,7 @@ fn paths(cu: &Cuda) {
             // SAFETY: valid arguments.
             (unsafe { mip(&mut a, &dm, 4) }, a as u64)
         },
+        // SAFETY: a is the mipmapped array created above, destroyed once.
         |a| unsafe { mip_destroy(a as *mut c_void) },
     );
 
@@ -509,6 +517,7 @@ fn paths(cu: &Cuda) {
     );
     path(
         "graph mem node",
+        // SAFETY: the graph calls get live out-pointers and the handles they returned.
         || unsafe {
             let mut g = std::ptr::null_mut();
             assert_eq!(graph_create(&mut g, 0), 0);
@@ -525,6 +534,7 @@ fn paths(cu: &Cuda) {
             assert_eq!(instantiate(&mut exec, g, 0), 0);
             (launch(exec, std::ptr::null_mut()), exec as u64)
         },
+        // SAFETY: exec is the graph instantiated above, destroyed once.
         |exec| unsafe {
             exec_destroy(exec as *mut c_void);
             graph_trim(0)
