@@ -13,9 +13,11 @@
 #   computediag  issue 5: what the GPU does under partial duty, without gpuslice (~45 s)
 #   computetrace issue 5: one capped worker's bucket traced across workload and share changes (~25 s)
 #   memphys    issue 16: physical memory cap (1/2/5/8 processes in one 20 GiB slice, host NVML sum),
-#              usable memory for torch, the client matrix (device_memphys.py, ~200 s), the GPT-2
-#              training ratio bare vs gpuslice interleaved (device_gpt2.py, ~120 s), and the perf
-#              ratios of device_shim.py (first tensor, malloc/free, GEMM; ROUNDS=2, ~60 s)
+#              usable memory for torch, the client matrix, array sizes the driver reports
+#              (device_memphys.py, ~210 s)
+#   gpt2       issue 16: the torch.compile'd GPT-2 bare vs --memory 20GiB, 6 interleaved rounds, with
+#              the shim's per-family call counts (device_gpt2.py, ~130 s), then the perf ratios of
+#              device_shim.py in the same run (first tensor, malloc/free, GEMM; ROUNDS=2, ~60 s)
 #   integrity  issue 17: env -i / su nobody capped under --memory 20GiB --compute 30, a 30 % slice
 #              beside a board forger, the 30/70 pair, a GPT-2-like loop eager and compiled at 50 % (~330 s)
 #   users      issue 15: torch/jax/cupy on --gpus 0 as --user nobody, none of them see a GPU with
@@ -65,9 +67,11 @@ part_shim() {
     bounded 470 python3 scripts/device_shim.py "$work/shim" --rounds "${ROUNDS:-3}" "${only[@]}"
 }
 part_memphys() {
-    bounded 220 python3 scripts/device_memphys.py "$work/memphys"
+    bounded 240 python3 scripts/device_memphys.py "$work/memphys"
     cp "$work/memphys/memphys.json" "$work/memphys.json" 2>/dev/null
-    bounded 150 python3 scripts/device_gpt2.py "$work/gpt2.json" --rounds 5 --steps 30
+}
+part_gpt2() {
+    bounded 170 python3 scripts/device_gpt2.py "$work/gpt2.json" --rounds 6 --steps 30
     bounded 90 python3 scripts/device_shim.py "$work/memphys-perf" --rounds 2 --only perf
 }
 part_cdi() {

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Issue 16 on the real GPU: the memory cap holds in physical memory.
 
-    python3 scripts/device_memphys.py OUT_DIR [--only procs,torch,clients]
+    python3 scripts/device_memphys.py OUT_DIR [--only procs,torch,clients,arrays]
 
 Run as root from the repository root after scripts/device-build.sh. Writes
 OUT_DIR/memphys.json (rewritten after every case: a run cut short keeps
@@ -21,7 +21,21 @@ what it measured), with the exact command, date and driver version.
            physical use (NVML) at the end: torch default and
            expandable_segments, a CUDA-graph pool, JAX, CuPy default and
            cudaMallocAsync pools, numba, cuda-python cuMemAlloc and
-           cuMemCreate.
+           cuMemCreate. Each: physical use <= cap, something obtained,
+           and the total it reports (mem_get_info, cuDeviceTotalMem) ==
+           cap where it reports one (`total_is_cap`).
+  arrays   without gpuslice: what the real driver reports for CUDA
+           arrays (cuArray3DCreate plain and with
+           CUDA_ARRAY3D_DEFERRED_MAPPING, cuMipmappedArrayCreate): the
+           drop in cuMemGetInfo's free memory, and what
+           cuArrayGetMemoryRequirements / cuMipmappedArrayGetMemoryRequirements
+           return (rc, size, alignment), next to the shim's estimate
+           (texels x channels x element size). Recorded, not judged: the
+           next session settles the shim's array charging against it.
+
+Top-level `pass`: every procs case within the cap, torch's usable memory
+and total_memory == cap, every client within the cap with memory obtained
+and total == cap where reported.
 """
 
 import datetime
@@ -288,6 +302,99 @@ sys.stdin.readline()
 }
 CLIENTS["torch_expandable"] = (CLIENTS["torch_expandable"][0], CLIENTS["torch_default"][1])
 
+# What the real driver holds for arrays and what it reports (bare, no
+# gpuslice). Every call guarded: a field that fails records its error.
+ARRAYS = r'''
+from cuda.bindings import driver as d
+import json
+d.cuInit(0); _, dev = d.cuDeviceGet(0); _, ctx = d.cuDevicePrimaryCtxRetain(dev); d.cuCtxSetCurrent(ctx)
+U8 = d.CUarray_format.CU_AD_FORMAT_UNSIGNED_INT8
+F32 = d.CUarray_format.CU_AD_FORMAT_FLOAT
+DEFERRED = int(getattr(d, "CUDA_ARRAY3D_DEFERRED_MAPPING", 0x80))
+def free():
+    d.cuCtxSynchronize()
+    return d.cuMemGetInfo()[1]
+def desc(w, h, depth, fmt, ch, flags):
+    x = d.CUDA_ARRAY3D_DESCRIPTOR()
+    x.Width, x.Height, x.Depth, x.Format, x.NumChannels, x.Flags = w, h, depth, fmt, ch, flags
+    return x
+cases = [
+    ("2d_4096x4096_u8x1", 4096, 4096, 0, U8, 1, 1, 1),
+    ("2d_8192x8192_f32x4", 8192, 8192, 0, F32, 4, 1, 4 * 4),
+    ("3d_512x512x64_f32x1", 512, 512, 64, F32, 1, 1, 4),
+    ("1d_65536_u8x4", 65536, 0, 0, U8, 4, 1, 4),
+]
+out = []
+for name, w, h, depth, fmt, ch, _, elem in cases:
+    texels = w * max(h, 1) * max(depth, 1)
+    for flags, tag in ((0, ""), (DEFERRED, "_deferred")):
+        rec = {"case": name + tag, "flags": flags, "estimate": texels * elem}
+        try:
+            before = free()
+            err, arr = d.cuArray3DCreate(desc(w, h, depth, fmt, ch, flags))
+            rec["rc_create"] = int(err)
+            if err == d.CUresult.CUDA_SUCCESS:
+                rec["free_drop"] = before - free()
+                r = d.cuArrayGetMemoryRequirements(arr, dev)
+                rec["rc_requirements"] = int(r[0])
+                if r[0] == d.CUresult.CUDA_SUCCESS:
+                    rec["requirements_size"] = int(r[1].size)
+                    rec["requirements_alignment"] = int(r[1].alignment)
+                d.cuArrayDestroy(arr)
+                rec["free_back"] = free() - before
+        except Exception as e:
+            rec["error"] = repr(e)[:300]
+        out.append(rec)
+for flags, tag in ((0, ""), (DEFERRED, "_deferred")):
+    rec = {"case": "mipmapped_2048x2048_f32x4_levels8" + tag, "flags": flags,
+           "estimate": sum((2048 >> l) ** 2 * 16 for l in range(8))}
+    try:
+        before = free()
+        err, mm = d.cuMipmappedArrayCreate(desc(2048, 2048, 0, F32, 4, flags), 8)
+        rec["rc_create"] = int(err)
+        if err == d.CUresult.CUDA_SUCCESS:
+            rec["free_drop"] = before - free()
+            r = d.cuMipmappedArrayGetMemoryRequirements(mm, dev)
+            rec["rc_requirements"] = int(r[0])
+            if r[0] == d.CUresult.CUDA_SUCCESS:
+                rec["requirements_size"] = int(r[1].size)
+                rec["requirements_alignment"] = int(r[1].alignment)
+            d.cuMipmappedArrayDestroy(mm)
+            rec["free_back"] = free() - before
+    except Exception as e:
+        rec["error"] = repr(e)[:300]
+    out.append(rec)
+print(json.dumps(out))
+'''
+
+
+def arrays():
+    p = subprocess.run([PY, "-c", ARRAYS], capture_output=True, text=True, timeout=60)
+    rec = {"command": [PY, "-c", "<ARRAYS>"], "rc": p.returncode, "stderr_tail": p.stderr[-1500:]}
+    lines = [l for l in p.stdout.splitlines() if l.startswith("[")]
+    if lines:
+        rec["cases"] = json.loads(lines[-1])
+    return rec
+
+
+def verdict():
+    """The top-level pass (see the module docs) and what failed."""
+    failed = []
+    procs = RESULT.get("procs", {})
+    for n in ("1", "2", "5", "8"):
+        if not procs.get(n, {}).get("pass"):
+            failed.append("procs " + n)
+    torch = RESULT.get("torch", {})
+    if not (torch.get("usable_pass") and torch.get("total_is_cap") and torch.get("pass")):
+        failed.append("torch")
+    for name in CLIENTS:
+        if name == "torch_default":
+            continue
+        c = RESULT.get("clients", {}).get(name, {})
+        if not (c.get("pass") and c.get("got_mib", 0) > 0 and c.get("total_is_cap", True)):
+            failed.append("client " + name)
+    return failed
+
 
 def client(name, timeout=75):
     extra, code = CLIENTS[name]
@@ -307,6 +414,11 @@ def client(name, timeout=75):
         rec["physical_used_mib"] = total / MIB
         rec["got_mib"] = (rec.get("got") or 0) / MIB
         rec["pass"] = rec["physical_used_mib"] <= rec["cap_mib"]
+        # JAX's bytes_limit is its own budget, not the device's total.
+        totals = [rec.get(k) for k in ("total", "device_total", "props_total")
+                  if not name.startswith("jax") and rec.get(k) is not None]
+        if totals:
+            rec["total_is_cap"] = all(t == CAP_BYTES for t in totals)
         p.stdin.write("\n")
         p.stdin.flush()
     try:
@@ -324,7 +436,7 @@ def main():
     args = sys.argv[1:]
     os.makedirs(args[0], exist_ok=True)
     OUT = os.path.join(args[0], "memphys.json")
-    only = set(args[args.index("--only") + 1].split(",")) if "--only" in args else {"procs", "torch", "clients"}
+    only = set(args[args.index("--only") + 1].split(",")) if "--only" in args else {"procs", "torch", "clients", "arrays"}
     RESULT.update({
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
         "command": " ".join([PY] + sys.argv),
@@ -356,7 +468,17 @@ def main():
                 continue
             RESULT["clients"][name] = client(name)
             save()
-    print(json.dumps({k: v for k, v in RESULT.items() if k in ("date", "driver")}))
+    if "arrays" in only:
+        try:
+            RESULT["arrays"] = arrays()
+        except Exception as e:
+            RESULT["arrays"] = {"error": repr(e)[:300]}
+        save()
+    failed = verdict()
+    RESULT["failed"] = failed
+    RESULT["pass"] = not failed
+    save()
+    print(json.dumps({k: v for k, v in RESULT.items() if k in ("date", "driver", "pass", "failed")}))
 
 
 if __name__ == "__main__":

@@ -161,6 +161,13 @@ families! {
     MemRelease: crate::hooks::mem_release,
         (handle: u64), (handle) -> CUresult,
         [cuMemRelease];
+    MemMap: crate::hooks::mem_map,
+        (ptr: CUdeviceptr, size: usize, offset: usize, handle: u64, flags: u64),
+        (ptr, size, offset, handle, flags) -> CUresult,
+        [cuMemMap];
+    MemUnmap: crate::hooks::mem_unmap,
+        (ptr: CUdeviceptr, size: usize), (ptr, size) -> CUresult,
+        [cuMemUnmap];
     ArrayCreate: crate::hooks::array_create,
         (arr: *mut CUarray, desc: *const ArrayDescriptor), (arr, desc) -> CUresult,
         [cuArrayCreate_v2];
@@ -300,6 +307,8 @@ pub fn proc_family(name: &[u8], version: c_int) -> Option<Family> {
         b"cuMemPoolDestroy" => Some(MemPoolDestroy),
         b"cuMemCreate" => Some(MemCreate),
         b"cuMemRelease" => Some(MemRelease),
+        b"cuMemMap" => Some(MemMap),
+        b"cuMemUnmap" => Some(MemUnmap),
         b"cuArrayCreate" => v2_at(ArrayCreate, 3020),
         b"cuArray3DCreate" => v2_at(Array3DCreate, 3020),
         b"cuArrayDestroy" => Some(ArrayDestroy),
@@ -378,7 +387,7 @@ mod tests {
             Some(Family::NvmlMemoryInfoV2)
         );
         assert!(EXPORTS.contains(&"cuGraphUpload_ptsz"));
-        assert_eq!(EXPORTS.len(), 59);
+        assert_eq!(EXPORTS.len(), 61);
         assert!(ALL.len() <= 64, "the call counts hold 64 families");
     }
 

@@ -14,8 +14,10 @@
 //! a capture (its own, or another thread's in global mode), invalidating
 //! that capture; they run with the thread's capture mode relaxed.
 
+use std::collections::BTreeMap;
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard};
 
 use gpuslice_ledger::MAX_DEVICES;
 
@@ -783,8 +785,101 @@ pub unsafe fn mem_create(
 /// C contract of `cuMemRelease`.
 pub unsafe fn mem_release(real: &Real, handle: u64) -> CUresult {
     let f = real_fn!(real, unsafe extern "C" fn(u64) -> CUresult);
+    {
+        let mut m = mappings();
+        if m.count.contains_key(&handle) {
+            // Still mapped: the driver frees the memory at the last unmap,
+            // so the charge moves aside until then.
+            let Some(v) = HANDLES.remove(handle) else {
+                drop(m);
+                // SAFETY: caller contract.
+                return unsafe { f(handle) };
+            };
+            // SAFETY: caller contract.
+            let rc = unsafe { f(handle) };
+            if rc == CUDA_SUCCESS {
+                m.released.insert(handle, v);
+            } else {
+                HANDLES.insert(handle, v);
+            }
+            return rc;
+        }
+    }
     // SAFETY: caller contract.
     untrack(&HANDLES, handle, || unsafe { f(handle) })
+}
+
+/// The mappings of charged VMM handles (what the driver keeps a handle
+/// alive by). Mapping is rare (a segment grows or shrinks), so a lock
+/// serves here, off the allocation path.
+struct Mappings {
+    /// mapped address → (size, handle).
+    at: BTreeMap<u64, (u64, u64)>,
+    /// charged handle → its number of mappings.
+    count: BTreeMap<u64, u32>,
+    /// handles released while mapped → their charge (packed), released at
+    /// their last unmap.
+    released: BTreeMap<u64, u64>,
+}
+
+static MAPPINGS: Mutex<Mappings> = Mutex::new(Mappings {
+    at: BTreeMap::new(),
+    count: BTreeMap::new(),
+    released: BTreeMap::new(),
+});
+
+fn mappings() -> MutexGuard<'static, Mappings> {
+    MAPPINGS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// # Safety
+/// C contract of `cuMemMap`.
+pub unsafe fn mem_map(
+    real: &Real,
+    ptr: CUdeviceptr,
+    size: usize,
+    offset: usize,
+    handle: u64,
+    flags: u64,
+) -> CUresult {
+    type F = unsafe extern "C" fn(CUdeviceptr, usize, usize, u64, u64) -> CUresult;
+    let f = real_fn!(real, F);
+    // SAFETY: caller contract.
+    let rc = unsafe { f(ptr, size, offset, handle, flags) };
+    if rc == CUDA_SUCCESS && HANDLES.get(handle).is_some() {
+        let mut m = mappings();
+        m.at.insert(ptr, (size as u64, handle));
+        *m.count.entry(handle).or_insert(0) += 1;
+    }
+    rc
+}
+
+/// # Safety
+/// C contract of `cuMemUnmap`.
+pub unsafe fn mem_unmap(real: &Real, ptr: CUdeviceptr, size: usize) -> CUresult {
+    let f = real_fn!(real, unsafe extern "C" fn(CUdeviceptr, usize) -> CUresult);
+    // SAFETY: caller contract.
+    let rc = unsafe { f(ptr, size) };
+    if rc != CUDA_SUCCESS {
+        return rc;
+    }
+    let end = ptr.saturating_add(size as u64);
+    let mut m = mappings();
+    while let Some((&at, &(_, handle))) = m.at.range(ptr..end).next() {
+        m.at.remove(&at);
+        let left = m.count.get_mut(&handle).map_or(0, |n| {
+            *n = n.saturating_sub(1);
+            *n
+        });
+        if left == 0 {
+            m.count.remove(&handle);
+            if let Some(v) = m.released.remove(&handle) {
+                let (dev, bytes) = unpack(v);
+                state::release(dev, bytes);
+            }
+        }
+    }
+    rc
 }
 
 // ------------------------------------------------------------ arrays
@@ -965,7 +1060,7 @@ pub unsafe fn mipmapped_destroy(real: &Real, arr: CUarray) -> CUresult {
 /// total), free = min(real free, cap − used), never underflowing.
 fn slice_view(t: Target, real_total: u64, real_free: u64) -> (u64, u64) {
     settle_device(t);
-    let _ = crate::resident::settle(t, crate::resident::Why::Query);
+    crate::resident::settle_later(t);
     let cap = shim().caps[t.dev];
     let total = cap.min(real_total);
     let left = total.saturating_sub(t.ledger.used(t.dev));

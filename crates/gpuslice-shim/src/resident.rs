@@ -15,9 +15,9 @@
 //!   fails with `CUDA_ERROR_OUT_OF_MEMORY`.
 //! - [`settle`] replaces these estimates with the measurement: what NVML
 //!   says this process holds ([`crate::measure`]) minus what its
-//!   allocations are charged. It runs before any refusal and on memory
-//!   queries (at most every [`SETTLE_EVERY_NS`]), never on the allocation
-//!   path. `GPUSLICE_CONTEXT_BYTES`, when set, overrides the measurement.
+//!   allocations are charged. It runs before any refusal and, in the
+//!   background, after memory queries (at most every [`SETTLE_EVERY_NS`]),
+//!   never on the allocation path nor on a query's. `GPUSLICE_CONTEXT_BYTES`, when set, overrides the measurement.
 //!
 //! Per device, [`OVERHEAD`] is what this process's slot holds for all of
 //! it; it is released when the device's last context goes.
@@ -68,6 +68,7 @@ pub fn reset_after_fork() {
         PRIMARY_REFS[d].store(0, Ordering::Relaxed);
         CONTEXT_CHARGED[d].store(false, Ordering::Relaxed);
         LAST_SETTLE[d].store(0, Ordering::Relaxed);
+        QUEUED[d].store(false, Ordering::Relaxed);
     }
 }
 
@@ -629,6 +630,45 @@ fn settle_soon(t: Target) {
     }
 }
 
+/// A memory query's measurement, made off the caller's thread: NVML's
+/// per-process query is a driver round trip of a millisecond or more, and
+/// a reading with an allocation in flight is retried every 2 ms, which a
+/// program that asks for free memory inside its loop (allocators sizing
+/// themselves, cuBLAS/cuDNN heuristics) would pay every
+/// [`SETTLE_EVERY_NS`]. The query answers with the charge as it stands; the
+/// measurement raises it at most a few ms later (a refusal measures
+/// inline). One measurement per device is in flight at a time.
+pub fn settle_later(t: Target) {
+    if shim().context_bytes.is_some() {
+        return;
+    }
+    let last = LAST_SETTLE[t.dev].load(Ordering::Acquire);
+    if last != 0 && now_ns().saturating_sub(last) < SETTLE_EVERY_NS {
+        return;
+    }
+    let queued = &QUEUED[t.dev];
+    if queued
+        .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+    {
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("gpuslice-measure".into())
+        .spawn(move || {
+            crate::real::guard((), || {
+                let _ = settle(t, Why::Query);
+            });
+            QUEUED[t.dev].store(false, Ordering::Release);
+        });
+    if spawned.is_err() {
+        queued.store(false, Ordering::Release);
+    }
+}
+
+/// Whether a memory query's measurement is in flight, per device.
+static QUEUED: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
+
 /// A monotonic clock in ns (the coarse one: a vDSO read, ~ms resolution).
 pub fn now_ns() -> u64 {
     let mut ts = libc::timespec {
@@ -680,8 +720,8 @@ pub enum Why {
     /// Before a refusal: may lower; at most every [`REFUSAL_SETTLE_EVERY_NS`]
     /// (a caller retrying in a loop does not pay it each time).
     Refusal,
-    /// A memory query: at most every [`SETTLE_EVERY_NS`], one reading,
-    /// only raises.
+    /// After a memory query, in the background ([`settle_later`]): at most
+    /// every [`SETTLE_EVERY_NS`], one reading, only raises.
     Query,
 }
 

@@ -473,3 +473,70 @@ fn every_process_charges_its_own_context() {
     assert_eq!(s.ledger().used(0), 2 * (CTX + 10 * MIB));
     assert_eq!(nvml_sum(&s), 2 * (CTX + 10 * MIB));
 }
+
+#[test]
+fn a_forked_child_s_exit_keeps_the_parent_s_charges() {
+    let s = slice("1GiB");
+    let v = &s.run(&["fork", &(30 * MIB).to_string()])[0];
+    assert_eq!(n(v, "rc"), 0, "{v}");
+    assert_eq!(n(v, "child_status"), 0, "{v}");
+    assert!(n(v, "before") as u64 >= 30 * MIB, "{v}");
+    assert_eq!(
+        n(v, "after_child"),
+        n(v, "before"),
+        "the child released the parent's bytes: {v}"
+    );
+    assert_eq!(s.ledger().used(0), 0, "all released at the parent's exit");
+}
+
+#[test]
+fn two_devices_are_charged_and_capped_each_on_its_own() {
+    let s = physical_slice("1GiB");
+    let both = format!("{},{}", s.host.gpus()[0].uuid, s.host.gpus()[1].uuid);
+    let run = |b0: u64, b1: u64| {
+        let out = s
+            .client(&["two-devices", &b0.to_string(), &b1.to_string()])
+            .env("CUDA_VISIBLE_DEVICES", &both)
+            .output()
+            .unwrap();
+        lines(&out)[0].clone()
+    };
+    // Each device: its own context (as NVML measures it) and allocation.
+    let v = run(100 * MIB, 300 * MIB);
+    assert_eq!((n(&v, "rc0"), n(&v, "rc1")), (0, 0), "{v}");
+    assert_eq!(n(&v, "used0") as u64, CTX + 100 * MIB, "{v}");
+    assert_eq!(n(&v, "used1") as u64, CTX + 300 * MIB, "{v}");
+    assert_eq!(n(&v, "free1") as u64, (1 << 30) - CTX - 300 * MIB, "{v}");
+    // Device 1's cap is its own: what device 0 holds does not count there,
+    // and an allocation over it on device 1 is refused.
+    let v = run(800 * MIB, 1000 * MIB);
+    assert_eq!(n(&v, "rc0"), 0, "{v}");
+    assert_eq!(n(&v, "rc1"), 2, "over device 1's cap: {v}");
+    assert_eq!(n(&v, "used1") as u64, CTX, "{v}");
+    assert_eq!((s.ledger().used(0), s.ledger().used(1)), (0, 0));
+}
+
+#[test]
+fn a_handle_released_while_mapped_stays_charged_until_its_last_unmap() {
+    let s = physical_slice("1GiB");
+    for via in ["dlsym", "procaddr"] {
+        let v = &s.run(&["--via", via, "vmm-mapped", &(64 * MIB).to_string()])[0];
+        for rc in [
+            "rc_create",
+            "rc_reserve",
+            "rc_map",
+            "rc_release",
+            "rc_unmap",
+        ] {
+            assert_eq!(n(v, rc), 0, "{via} {rc}: {v}");
+        }
+        let at = |k: &str| (v[k][0].as_u64().unwrap(), v[k][1].as_u64().unwrap());
+        // [ledger, NVML]: the driver holds the memory until the unmap, and
+        // the charge follows it.
+        let (mapped, released, unmapped) = (at("mapped"), at("released"), at("unmapped"));
+        assert_eq!(mapped, (CTX + 64 * MIB, CTX + 64 * MIB), "{via}: {v}");
+        assert_eq!(released, mapped, "{via}: released while mapped: {v}");
+        assert_eq!(unmapped, (CTX, CTX), "{via}: after the last unmap: {v}");
+    }
+    assert_eq!(s.ledger().used(0), 0);
+}

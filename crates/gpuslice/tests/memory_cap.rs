@@ -132,11 +132,12 @@ fn the_ledger_of_a_sigkilled_launcher_is_reaped_but_never_while_a_process_uses_i
     assert!(std::path::Path::new(&ledger).exists(), "left behind");
 
     // A live process joins the orphaned ledger: it must not be reaped.
+    // The installed name, or the build tree's.
     let shim = fakegpu::artifact_dirs()
         .into_iter()
-        .map(|d| d.join("libgpuslice.so"))
+        .flat_map(|d| [d.join("libgpuslice.so"), d.join("libgpuslice_shim.so")])
         .find(|p| p.is_file())
-        .expect("libgpuslice.so built");
+        .expect("the shim built (cargo build -p gpuslice-shim)");
     let mut user = h
         .command(client)
         .args(["hold", "2000000"])

@@ -59,6 +59,21 @@ struct Ext {
     /// array handle → bytes.
     arrays: BTreeMap<u64, u64>,
     graphs: Graphs,
+    vmm: Vmm,
+}
+
+/// VMM handles and their mappings, as the real driver keeps them: a handle
+/// released while still mapped keeps its memory until its last mapping is
+/// unmapped.
+#[derive(Default)]
+struct Vmm {
+    next_va: u64,
+    /// live handle (from `cuMemCreate`) → number of mappings.
+    mapped: BTreeMap<u64, u32>,
+    /// handles released while mapped: freed at their last unmap.
+    released: std::collections::BTreeSet<u64>,
+    /// mapped address → (size, handle).
+    at: BTreeMap<u64, (u64, u64)>,
 }
 
 static EXT: Mutex<Option<Ext>> = Mutex::new(None);
@@ -476,17 +491,123 @@ pub unsafe extern "C" fn cuMemCreate(
         }
         rc(state().and_then(|_| {
             let h = dev_alloc(id as usize, size as u64)?;
+            with(|e| e.vmm.mapped.insert(h, 0));
             // SAFETY: caller contract.
             unsafe { out(handle, h) }
         }))
     })
 }
 
+/// Releases a handle: its memory goes now if it is not mapped, else at its
+/// last `cuMemUnmap`. A handle released already is invalid.
 #[no_mangle]
 pub extern "C" fn cuMemRelease(handle: u64) -> CUresult {
-    guard(CUDA_ERROR_UNKNOWN, || match memory::free(handle) {
-        true => CUDA_SUCCESS,
-        false => CUDA_ERROR_INVALID_VALUE,
+    guard(CUDA_ERROR_UNKNOWN, || {
+        with(|e| {
+            if e.vmm.released.contains(&handle) {
+                return CUDA_ERROR_INVALID_VALUE;
+            }
+            match e.vmm.mapped.get(&handle) {
+                Some(&n) if n > 0 => {
+                    e.vmm.released.insert(handle);
+                    CUDA_SUCCESS
+                }
+                _ => {
+                    e.vmm.mapped.remove(&handle);
+                    match memory::free(handle) {
+                        true => CUDA_SUCCESS,
+                        false => CUDA_ERROR_INVALID_VALUE,
+                    }
+                }
+            }
+        })
+    })
+}
+
+const VA_BASE: u64 = 0x7e00_0000_0000;
+
+/// A range of virtual addresses (no memory behind it).
+///
+/// # Safety
+/// `ptr` null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAddressReserve(
+    ptr: *mut CUdeviceptr,
+    size: usize,
+    _align: usize,
+    _addr: CUdeviceptr,
+    _flags: u64,
+) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        if size == 0 {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        rc(state().and_then(|_| {
+            let va = with(|e| {
+                let va = e.vmm.next_va.max(VA_BASE);
+                e.vmm.next_va = va + (size as u64).div_ceil(POOL_STEP) * POOL_STEP;
+                va
+            });
+            // SAFETY: caller contract.
+            unsafe { out(ptr, va) }
+        }))
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemAddressFree(_ptr: CUdeviceptr, _size: usize) -> CUresult {
+    CUDA_SUCCESS
+}
+
+/// Maps `handle` at `ptr`: the handle's memory lives while it is mapped.
+#[no_mangle]
+pub extern "C" fn cuMemMap(
+    ptr: CUdeviceptr,
+    size: usize,
+    _offset: usize,
+    handle: u64,
+    _flags: u64,
+) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        with(|e| {
+            let v = &mut e.vmm;
+            if size == 0 || v.released.contains(&handle) || v.at.contains_key(&ptr) {
+                return CUDA_ERROR_INVALID_VALUE;
+            }
+            let Some(n) = v.mapped.get_mut(&handle) else {
+                return CUDA_ERROR_INVALID_VALUE;
+            };
+            *n += 1;
+            v.at.insert(ptr, (size as u64, handle));
+            CUDA_SUCCESS
+        })
+    })
+}
+
+/// Unmaps every mapping in `[ptr, ptr + size)`; a released handle's
+/// memory is freed with its last mapping.
+#[no_mangle]
+pub extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        with(|e| {
+            let v = &mut e.vmm;
+            let end = ptr.saturating_add(size as u64);
+            if v.at.range(ptr..end).next().is_none() {
+                return CUDA_ERROR_INVALID_VALUE;
+            }
+            while let Some((&a, &(_, h))) = v.at.range(ptr..end).next() {
+                v.at.remove(&a);
+                let left = v.mapped.get_mut(&h).map_or(0, |n| {
+                    *n = n.saturating_sub(1);
+                    *n
+                });
+                if left == 0 && v.released.remove(&h) {
+                    v.mapped.remove(&h);
+                    memory::free(h);
+                }
+            }
+            CUDA_SUCCESS
+        })
     })
 }
 

@@ -1303,6 +1303,22 @@ fn main() {
             rest[2].parse().expect("SEED"),
             rest[3].parse().expect("MAX_BLOCK"),
         ),
+        "vmm-mapped" => {
+            vmm_mapped(&cu, rest[1].parse().expect("BYTES"));
+            0
+        }
+        "fork" => {
+            fork_keeps_charges(&cu, rest[1].parse().expect("BYTES"));
+            0
+        }
+        "two-devices" => {
+            two_devices(
+                &cu,
+                rest[1].parse().expect("BYTES0"),
+                rest[2].parse().expect("BYTES1"),
+            );
+            0
+        }
         "hold" => {
             let alloc = f!(cu, "cuMemAlloc", "cuMemAlloc_v2", Alloc);
             let mut p = 0;
@@ -1417,7 +1433,8 @@ fn hold_soft(cu: &Cuda, bytes: usize) -> ! {
 }
 
 /// NVML's per-process usage of GPU index 0, as the host sums it.
-fn nvml_procs() -> ! {
+/// (pid, bytes) of every process NVML lists on GPU 0.
+fn nvml_list() -> Vec<(u32, u64)> {
     #[repr(C)]
     #[derive(Clone, Copy, Default)]
     struct Info {
@@ -1446,12 +1463,156 @@ fn nvml_procs() -> ! {
         let mut buf = [Info::default(); 256];
         let mut n = buf.len() as c_uint;
         assert_eq!(procs(dev, &mut n, buf.as_mut_ptr()), 0);
-        let list = &buf[..n as usize];
-        let pids: Vec<String> = list.iter().map(|i| i.pid.to_string()).collect();
-        line(&[
-            ("sum", list.iter().map(|i| i.used).sum::<u64>().to_string()),
-            ("pids", format!("[{}]", pids.join(","))),
-        ]);
+        buf[..n as usize].iter().map(|i| (i.pid, i.used)).collect()
     }
+}
+
+fn nvml_procs() -> ! {
+    let list = nvml_list();
+    let pids: Vec<String> = list.iter().map(|i| i.0.to_string()).collect();
+    line(&[
+        ("sum", list.iter().map(|i| i.1).sum::<u64>().to_string()),
+        ("pids", format!("[{}]", pids.join(","))),
+    ]);
     std::process::exit(0)
+}
+
+/// What the host's NVML says this process holds on GPU 0.
+fn nvml_own() -> u64 {
+    let me = std::process::id();
+    nvml_list().iter().filter(|i| i.0 == me).map(|i| i.1).sum()
+}
+
+/// A VMM handle created, mapped, released while mapped, then unmapped:
+/// the ledger's use and NVML's figure for this process after each step.
+fn vmm_mapped(cu: &Cuda, size: usize) {
+    type Reserve = unsafe extern "C" fn(*mut u64, usize, usize, u64, u64) -> R;
+    type Map = unsafe extern "C" fn(u64, usize, usize, u64, u64) -> R;
+    let create = f!(
+        cu,
+        "cuMemCreate",
+        "cuMemCreate",
+        unsafe extern "C" fn(*mut u64, usize, *const Prop, u64) -> R
+    );
+    let release = f!(
+        cu,
+        "cuMemRelease",
+        "cuMemRelease",
+        unsafe extern "C" fn(u64) -> R
+    );
+    let reserve = f!(cu, "cuMemAddressReserve", "cuMemAddressReserve", Reserve);
+    let map = f!(cu, "cuMemMap", "cuMemMap", Map);
+    let unmap = f!(
+        cu,
+        "cuMemUnmap",
+        "cuMemUnmap",
+        unsafe extern "C" fn(u64, usize) -> R
+    );
+    let prop = Prop {
+        type_: 1,
+        handle_types: 0,
+        loc_type: 1,
+        loc_id: 0,
+        win32: std::ptr::null_mut(),
+        flags: [0; 8],
+    };
+    let (mut h, mut va) = (0, 0);
+    let mut out = Vec::new();
+    // SAFETY: valid arguments; the handle is mapped once, released once,
+    // unmapped once.
+    unsafe {
+        out.push(("rc_create", create(&mut h, size, &prop, 0)));
+        out.push(("rc_reserve", reserve(&mut va, size, 0, 0, 0)));
+        out.push(("rc_map", map(va, size, 0, h, 0)));
+    }
+    let mapped = (used(), nvml_own());
+    // SAFETY: as above.
+    out.push(("rc_release", unsafe { release(h) }));
+    let released = (used(), nvml_own());
+    // SAFETY: as above.
+    out.push(("rc_unmap", unsafe { unmap(va, size) }));
+    let unmapped = (used(), nvml_own());
+    let mut kv: Vec<(&str, String)> = out.iter().map(|(k, v)| (*k, v.to_string())).collect();
+    for (k, (u, n)) in [
+        ("mapped", mapped),
+        ("released", released),
+        ("unmapped", unmapped),
+    ] {
+        kv.push((k, format!("[{u},{n}]")));
+    }
+    line(&kv);
+}
+
+/// Allocates `bytes`, forks a child that exits without touching CUDA, and
+/// reports the ledger before the fork, after the child's exit, and the
+/// child's status: a child's exit must not release the parent's charges.
+fn fork_keeps_charges(cu: &Cuda, bytes: usize) {
+    let alloc = f!(cu, "cuMemAlloc", "cuMemAlloc_v2", Alloc);
+    let mut p = 0;
+    // SAFETY: valid out-pointer.
+    let rc = unsafe { alloc(&mut p, bytes) };
+    let before = used();
+    // SAFETY: the child only calls exit (its atexit handlers and the
+    // shim's destructor run, as they would in a real forked worker).
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        std::process::exit(0);
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child just forked.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    line(&[
+        ("rc", rc.to_string()),
+        ("before", before.to_string()),
+        ("after_child", used().to_string()),
+        ("child_status", status.to_string()),
+    ]);
+}
+
+/// Allocates `b0` on device 0 and `b1` on device 1 (each through its
+/// primary context) and reports each device's ledger use and free memory.
+fn two_devices(cu: &Cuda, b0: usize, b1: usize) {
+    type Retain = unsafe extern "C" fn(*mut *mut c_void, c_int) -> R;
+    let retain = f!(
+        cu,
+        "cuDevicePrimaryCtxRetain",
+        "cuDevicePrimaryCtxRetain",
+        Retain
+    );
+    let set = f!(
+        cu,
+        "cuCtxSetCurrent",
+        "cuCtxSetCurrent",
+        unsafe extern "C" fn(*mut c_void) -> R
+    );
+    let alloc = f!(cu, "cuMemAlloc", "cuMemAlloc_v2", Alloc);
+    let mut ctx = [std::ptr::null_mut(); 2];
+    let mut rcs = Vec::new();
+    let mut free = Vec::new();
+    for (dev, bytes) in [(0, b0), (1, b1)] {
+        let mut p = 0;
+        // SAFETY: plain driver calls with valid out-pointers.
+        unsafe {
+            assert_eq!(retain(&mut ctx[dev], dev as c_int), 0, "context {dev}");
+            assert_eq!(set(ctx[dev]), 0);
+        }
+        // As in `init`: the context's estimate gives way to the
+        // background measurement first.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while ledger().map_or(0, |l| l.used(dev)) >= 512 * MIB as u64 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // SAFETY: valid out-pointer.
+        rcs.push(unsafe { alloc(&mut p, bytes) });
+        free.push(mem_info(cu).1);
+    }
+    let ledger = ledger().expect("ledger");
+    line(&[
+        ("rc0", rcs[0].to_string()),
+        ("rc1", rcs[1].to_string()),
+        ("used0", ledger.used(0).to_string()),
+        ("used1", ledger.used(1).to_string()),
+        ("free0", free[0].to_string()),
+        ("free1", free[1].to_string()),
+    ]);
 }
