@@ -31,8 +31,8 @@ macro_rules! families {
                 /// # Safety
                 /// The C contract of the interposed function.
                 pub unsafe extern "C" fn inst<const I: usize> $args -> $ret {
-                    // SAFETY: forwarded C contract.
                     crate::stats::count(Family::$fam as usize);
+                    // SAFETY: forwarded C contract.
                     guard(999, || unsafe { call_hook!($hook, &REAL[I], $names) })
                 }
 
@@ -60,8 +60,8 @@ macro_rules! families {
                             Err(_) => c"",
                         },
                     );
-                    // SAFETY: forwarded C contract.
                     crate::stats::count(Family::$fam as usize);
+                    // SAFETY: forwarded C contract.
                     guard(999, || unsafe { call_hook!($hook, &R, $names) })
                 }
             )*
@@ -151,6 +151,9 @@ families! {
     MemPoolTrimTo: crate::hooks::mem_pool_trim_to,
         (pool: CUmemoryPool, keep: usize), (pool, keep) -> CUresult,
         [cuMemPoolTrimTo];
+    MemPoolCreate: crate::hooks::mem_pool_create,
+        (pool: *mut CUmemoryPool, props: *const MemPoolPropsHead), (pool, props) -> CUresult,
+        [cuMemPoolCreate];
     MemPoolDestroy: crate::hooks::mem_pool_destroy,
         (pool: CUmemoryPool), (pool) -> CUresult,
         [cuMemPoolDestroy];
@@ -304,6 +307,7 @@ pub fn proc_family(name: &[u8], version: c_int) -> Option<Family> {
         b"cuMemFree" => v2_at(MemFree, 3020),
         b"cuMemFreeAsync" => Some(MemFreeAsync),
         b"cuMemPoolTrimTo" => Some(MemPoolTrimTo),
+        b"cuMemPoolCreate" => Some(MemPoolCreate),
         b"cuMemPoolDestroy" => Some(MemPoolDestroy),
         b"cuMemCreate" => Some(MemCreate),
         b"cuMemRelease" => Some(MemRelease),
@@ -387,7 +391,7 @@ mod tests {
             Some(Family::NvmlMemoryInfoV2)
         );
         assert!(EXPORTS.contains(&"cuGraphUpload_ptsz"));
-        assert_eq!(EXPORTS.len(), 61);
+        assert_eq!(EXPORTS.len(), 62);
         assert!(ALL.len() <= 64, "the call counts hold 64 families");
     }
 

@@ -24,7 +24,7 @@ use gpuslice_ledger::MAX_DEVICES;
 use crate::compute;
 use crate::cuda::*;
 use crate::real::Real;
-use crate::state::{self, shim, target, target_current, Target};
+use crate::state::{self, shim, target, target_current, target_no_context, Target};
 use crate::sys::log_line;
 use crate::table::{pack, unpack, Handles};
 
@@ -47,6 +47,7 @@ static ARRAY_DESTROY: Real = Real::named(c"cuArrayDestroy");
 static MIPMAP_DESTROY: Real = Real::named(c"cuMipmappedArrayDestroy");
 static MEM_FREE: Real = Real::named(c"cuMemFree_v2");
 static STREAM_IS_CAPTURING: Real = Real::named(c"cuStreamIsCapturing");
+static STREAM_GET_DEVICE: Real = Real::named(c"cuStreamGetDevice");
 static EXCHANGE_CAPTURE_MODE: Real = Real::named(c"cuThreadExchangeStreamCaptureMode");
 
 const MIB2: u64 = 2 << 20;
@@ -369,6 +370,26 @@ fn settle_pool(e: &PoolEntry, t: Target, hold: u64) {
     t.adjust(now as i128 - old as i128 - hold as i128);
 }
 
+/// The device a stream-ordered allocation lands on: a created stream's
+/// own (the context it was made in), asked of the driver; the current
+/// context's for the default streams (NULL, `CU_STREAM_LEGACY`,
+/// `CU_STREAM_PER_THREAD`) or where the driver cannot tell (before CUDA
+/// 12.8, no `cuStreamGetDevice`).
+fn stream_target(stream: CUstream) -> Option<Target> {
+    if stream as usize > 2 {
+        type F = unsafe extern "C" fn(CUstream, *mut CUdevice) -> CUresult;
+        // SAFETY: cuStreamGetDevice(CUstream, CUdevice*).
+        if let Some(f) = unsafe { STREAM_GET_DEVICE.func::<F>() } {
+            let mut dev: CUdevice = 0;
+            // SAFETY: valid out-pointer; a bad stream is the driver's to refuse.
+            if unsafe { f(stream, &mut dev) } == CUDA_SUCCESS {
+                return target(dev);
+            }
+        }
+    }
+    target_current()
+}
+
 /// Stream-ordered allocation from `pool`: holds the growth the pool may
 /// need (nothing when its free reserve covers `size`, else `size` rounded
 /// to 2 MiB) before the call, then settles to the pool's reserved memory.
@@ -414,7 +435,7 @@ pub unsafe fn mem_alloc_async(
         real,
         unsafe extern "C" fn(*mut CUdeviceptr, usize, CUstream) -> CUresult
     );
-    let Some(t) = target_current().filter(|_| size > 0 && !dptr.is_null()) else {
+    let Some(t) = stream_target(stream).filter(|_| size > 0 && !dptr.is_null()) else {
         // SAFETY: caller contract.
         return unsafe { f(dptr, size, stream) };
     };
@@ -454,10 +475,18 @@ pub unsafe fn mem_alloc_from_pool_async(
 ) -> CUresult {
     type F = unsafe extern "C" fn(*mut CUdeviceptr, usize, CUmemoryPool, CUstream) -> CUresult;
     let f = real_fn!(real, F);
-    // The pool is charged to the device of the current context (pools are
-    // per device and used from a context on it in practice).
-    let Some(t) = target_current().filter(|_| size > 0 && !dptr.is_null() && !pool.is_null())
-    else {
+    // A host or managed pool holds no device memory; a device pool made
+    // through cuMemPoolCreate is charged to its device; any other (a
+    // device's default pool) to the current context's device.
+    let t = if HOST_POOLS.get(pool as u64).is_some() {
+        None
+    } else {
+        match find_pool(pool) {
+            Some(e) => target(e.dev.load(Ordering::Acquire) as CUdevice),
+            None => target_current(),
+        }
+    };
+    let Some(t) = t.filter(|_| size > 0 && !dptr.is_null() && !pool.is_null()) else {
         // SAFETY: caller contract.
         return unsafe { f(dptr, size, pool, stream) };
     };
@@ -515,6 +544,40 @@ pub unsafe fn mem_pool_trim_to(real: &Real, pool: CUmemoryPool, keep: usize) -> 
     rc
 }
 
+/// Pools made on the host or as managed memory: not charged.
+static HOST_POOLS: Handles = Handles::new(6, 10);
+
+/// # Safety
+/// C contract of `cuMemPoolCreate`.
+pub unsafe fn mem_pool_create(
+    real: &Real,
+    pool: *mut CUmemoryPool,
+    props: *const MemPoolPropsHead,
+) -> CUresult {
+    type F = unsafe extern "C" fn(*mut CUmemoryPool, *const MemPoolPropsHead) -> CUresult;
+    let f = real_fn!(real, F);
+    // SAFETY: caller contract.
+    let rc = unsafe { f(pool, props) };
+    if rc != CUDA_SUCCESS || !shim().active() {
+        return rc;
+    }
+    // SAFETY: the driver accepted both: `props` a CUmemPoolProps, `pool`
+    // written.
+    let (Some(p), Some(&made)) = (unsafe { props.as_ref() }, unsafe { pool.as_ref() }) else {
+        return rc;
+    };
+    if p.alloc_type == CU_MEM_ALLOCATION_TYPE_PINNED
+        && p.location_type == CU_MEM_LOCATION_TYPE_DEVICE
+    {
+        if let Some(t) = target_no_context(p.location_id) {
+            let _ = pool_entry(made, t.dev);
+        }
+    } else {
+        HOST_POOLS.insert(made as u64, 1);
+    }
+    rc
+}
+
 /// # Safety
 /// C contract of `cuMemPoolDestroy`.
 pub unsafe fn mem_pool_destroy(real: &Real, pool: CUmemoryPool) -> CUresult {
@@ -522,6 +585,7 @@ pub unsafe fn mem_pool_destroy(real: &Real, pool: CUmemoryPool) -> CUresult {
     // SAFETY: caller contract.
     let rc = unsafe { f(pool) };
     if rc == CUDA_SUCCESS {
+        HOST_POOLS.remove(pool as u64);
         if let Some(e) = find_pool(pool) {
             let charged = e.charged.swap(0, Ordering::AcqRel);
             state::release(e.dev.load(Ordering::Acquire), charged);

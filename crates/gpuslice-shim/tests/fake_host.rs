@@ -540,3 +540,55 @@ fn a_handle_released_while_mapped_stays_charged_until_its_last_unmap() {
     }
     assert_eq!(s.ledger().used(0), 0);
 }
+
+#[test]
+fn a_stream_ordered_allocation_is_charged_to_the_stream_s_device() {
+    let s = physical_slice("1GiB");
+    let both = format!("{},{}", s.host.gpus()[0].uuid, s.host.gpus()[1].uuid);
+    let out = s
+        .client(&["async-device", &(10 * MIB).to_string()])
+        .env("CUDA_VISIBLE_DEVICES", &both)
+        .output()
+        .unwrap();
+    let v = &lines(&out)[0];
+    assert_eq!(n(v, "rc"), 0, "{v}");
+    // The driver takes it from device 1's pool (a 2 MiB-stepped reserve),
+    // though device 0's context is current.
+    assert_eq!(
+        n(v, "used0"),
+        n(v, "before0"),
+        "charged to the current device: {v}"
+    );
+    assert_eq!(n(v, "used1") - n(v, "before1"), 10 * MIB as i64, "{v}");
+}
+
+#[test]
+fn a_pool_s_allocations_are_charged_where_the_pool_s_memory_is() {
+    let s = physical_slice("1GiB");
+    let both = format!("{},{}", s.host.gpus()[0].uuid, s.host.gpus()[1].uuid);
+    let out = s
+        .client(&["pool-location", &(10 * MIB).to_string()])
+        .env("CUDA_VISIBLE_DEVICES", &both)
+        .output()
+        .unwrap();
+    let v = &lines(&out)[0];
+    let at = |k: &str| -> Vec<i64> {
+        v[k].as_array()
+            .unwrap_or_else(|| panic!("{k} in {v}"))
+            .iter()
+            .map(|x| x.as_i64().unwrap())
+            .collect()
+    };
+    // [rc, change on device 0, change on device 1], device 0 current.
+    assert_eq!(
+        at("device1"),
+        [0, 0, 10 * MIB as i64],
+        "the pool's device: {v}"
+    );
+    assert_eq!(at("host"), [0, 0, 0], "host memory is not the GPU's: {v}");
+    assert_eq!(
+        at("managed"),
+        [0, 0, 0],
+        "managed memory is not charged: {v}"
+    );
+}

@@ -27,6 +27,8 @@ type Handle = *mut c_void;
 #[derive(Default)]
 struct Pool {
     dev: usize,
+    /// A host-located or managed pool: its memory is not the device's.
+    host: bool,
     reserved: u64,
     used: u64,
     reserved_high: u64,
@@ -133,7 +135,11 @@ fn pool_alloc(e: &mut Ext, id: usize, size: u64) -> Result<u64, CUresult> {
     let slack = p.reserved - p.used;
     if slack < size {
         let grow = (size - slack).div_ceil(POOL_STEP) * POOL_STEP;
-        let chunk = dev_alloc(p.dev, grow)?;
+        let chunk = if p.host {
+            HOST_CHUNKS.fetch_add(grow, std::sync::atomic::Ordering::Relaxed)
+        } else {
+            dev_alloc(p.dev, grow)?
+        };
         p.chunks.push((chunk, grow));
         p.reserved += grow;
         p.reserved_high = p.reserved_high.max(p.reserved);
@@ -146,6 +152,10 @@ fn pool_alloc(e: &mut Ext, id: usize, size: u64) -> Result<u64, CUresult> {
     e.owner.insert(addr, id);
     Ok(addr)
 }
+
+/// Addresses of host pools' memory (no device memory behind them).
+static HOST_CHUNKS: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(0x4f00_0000_0000);
 
 fn trim(p: &mut Pool, keep: u64) {
     let floor = p.used.max(keep);
@@ -264,18 +274,32 @@ pub unsafe extern "C" fn cuMemPoolCreate(pool: *mut Handle, props: *const u8) ->
         if props.is_null() {
             return CUDA_ERROR_INVALID_VALUE;
         }
-        // SAFETY: props points to a CUmemPoolProps (≥ 16 bytes).
-        let (ty, id) = unsafe {
+        // SAFETY: props points to a CUmemPoolProps (≥ 16 bytes): allocType,
+        // handleTypes, location {type, id}.
+        let (alloc, ty, id) = unsafe {
             (
+                props.cast::<c_int>().read_unaligned(),
                 props.add(8).cast::<c_int>().read_unaligned(),
                 props.add(12).cast::<c_int>().read_unaligned(),
             )
         };
-        if ty != 1 {
-            return CUDA_ERROR_INVALID_VALUE;
-        }
-        rc(device(id).and_then(|_| {
-            let pid = with(|e| new_pool(e, id as usize));
+        // Pinned on a device (1), or on the host (2..=4: host, host NUMA,
+        // current host NUMA); managed (allocType 2) on a device: neither
+        // host nor managed pools hold the device's memory.
+        let host = match (alloc, ty) {
+            (1, 1) => false,
+            (1, 2..=4) | (2, 1) => true,
+            _ => return CUDA_ERROR_INVALID_VALUE,
+        };
+        let dev = if ty == 1 { id } else { 0 };
+        rc(device(dev).and_then(|_| {
+            let pid = with(|e| {
+                let pid = new_pool(e, dev as usize);
+                if let Some(p) = e.pools.get_mut(&pid) {
+                    p.host = host;
+                }
+                pid
+            });
             // SAFETY: caller contract.
             unsafe { out(pool, (POOL_BASE + pid * 16) as Handle) }
         }))
@@ -403,14 +427,16 @@ pub unsafe extern "C" fn cuMemAllocAsync(
     size: usize,
     stream: Handle,
 ) -> CUresult {
-    alloc_async(dptr, size, capture::key(stream, false))
+    alloc_async(dptr, size, stream, false)
 }
 
-fn alloc_async(dptr: *mut CUdeviceptr, size: usize, stream: usize) -> CUresult {
+/// From the current pool of the stream's device (not the current
+/// context's), as the real driver does.
+fn alloc_async(dptr: *mut CUdeviceptr, size: usize, stream: Handle, ptsz: bool) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
-        rc(current_device().and_then(|dev| {
+        rc(capture::stream_device(stream).and_then(|dev| {
             let id = with(|e| default_pool(e, dev));
-            from_pool(dptr, size, id, stream)
+            from_pool(dptr, size, id, capture::key(stream, ptsz))
         }))
     })
 }
@@ -423,7 +449,7 @@ pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
     size: usize,
     stream: Handle,
 ) -> CUresult {
-    alloc_async(dptr, size, capture::key(stream, true))
+    alloc_async(dptr, size, stream, true)
 }
 
 /// Frees pool memory back to its pool (the reserve stays), or any other

@@ -123,6 +123,7 @@ fn exact(name: &str) -> Option<*mut c_void> {
         cuDeviceGetGraphMemAttribute,
         // capture
         cuStreamCreate,
+        cuStreamGetDevice,
         cuStreamDestroy_v2,
         cuStreamBeginCapture,
         cuStreamBeginCapture_v2,

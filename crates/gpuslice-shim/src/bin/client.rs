@@ -1307,6 +1307,14 @@ fn main() {
             vmm_mapped(&cu, rest[1].parse().expect("BYTES"));
             0
         }
+        "async-device" => {
+            async_on_other_device(&cu, rest[1].parse().expect("BYTES"));
+            0
+        }
+        "pool-location" => {
+            pool_location(&cu, rest[1].parse().expect("BYTES"));
+            0
+        }
         "fork" => {
             fork_keeps_charges(&cu, rest[1].parse().expect("BYTES"));
             0
@@ -1361,8 +1369,8 @@ fn resident(cu: &Cuda) {
     let mut t = 0usize;
     // SAFETY: valid out-pointer.
     let rc_total = unsafe { total(&mut t, 0) };
-    // SAFETY: the module just loaded.
     let rc_unload = if rc_load == 0 {
+        // SAFETY: the module just loaded.
         unsafe { unload(m) }
     } else {
         -1
@@ -1615,4 +1623,133 @@ fn two_devices(cu: &Cuda, b0: usize, b1: usize) {
         ("free0", free[0].to_string()),
         ("free1", free[1].to_string()),
     ]);
+}
+
+/// A stream made on device 1, then `cuMemAllocAsync` on it with device 0's
+/// context current: the ledger's use of both devices after it.
+fn async_on_other_device(cu: &Cuda, bytes: usize) {
+    type Retain = unsafe extern "C" fn(*mut *mut c_void, c_int) -> R;
+    let retain = f!(
+        cu,
+        "cuDevicePrimaryCtxRetain",
+        "cuDevicePrimaryCtxRetain",
+        Retain
+    );
+    let set = f!(
+        cu,
+        "cuCtxSetCurrent",
+        "cuCtxSetCurrent",
+        unsafe extern "C" fn(*mut c_void) -> R
+    );
+    let create = f!(cu, "cuStreamCreate", "cuStreamCreate", StreamCreate);
+    let alloc = f!(cu, "cuMemAllocAsync", "cuMemAllocAsync", AllocAsync);
+    let (mut c0, mut c1, mut stream) = (
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+    );
+    // SAFETY: plain driver calls with valid out-pointers.
+    unsafe {
+        assert_eq!(retain(&mut c1, 1), 0);
+        assert_eq!(set(c1), 0);
+        assert_eq!(create(&mut stream, 0), 0);
+        assert_eq!(retain(&mut c0, 0), 0);
+        assert_eq!(set(c0), 0);
+    }
+    // As in `init`: the contexts' estimates give way to their measurement.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while (0..2).any(|d| ledger().map_or(0, |l| l.used(d)) >= 512 * MIB as u64)
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let ledger = ledger().expect("ledger");
+    let before = (ledger.used(0), ledger.used(1));
+    let mut p = 0;
+    // SAFETY: valid out-pointer, a live stream.
+    let rc = unsafe { alloc(&mut p, bytes, stream) };
+    line(&[
+        ("rc", rc.to_string()),
+        ("before0", before.0.to_string()),
+        ("before1", before.1.to_string()),
+        ("used0", ledger.used(0).to_string()),
+        ("used1", ledger.used(1).to_string()),
+    ]);
+}
+
+/// `cuMemAllocFromPoolAsync` of `bytes` from a pool on device 1, a host
+/// pool and a managed pool, with device 0's context current: per pool, the
+/// rc and the ledger's change on devices 0 and 1.
+fn pool_location(cu: &Cuda, bytes: usize) {
+    #[repr(C)]
+    struct PoolProps {
+        alloc_type: c_int,
+        handle_types: c_int,
+        loc_type: c_int,
+        loc_id: c_int,
+        win32: *mut c_void,
+        max_size: usize,
+        usage: u16,
+        reserved: [u8; 54],
+    }
+    type PoolCreate = unsafe extern "C" fn(*mut *mut c_void, *const PoolProps) -> R;
+    type FromPool = unsafe extern "C" fn(*mut u64, usize, *mut c_void, *mut c_void) -> R;
+    type Retain = unsafe extern "C" fn(*mut *mut c_void, c_int) -> R;
+    let retain = f!(
+        cu,
+        "cuDevicePrimaryCtxRetain",
+        "cuDevicePrimaryCtxRetain",
+        Retain
+    );
+    let create = f!(cu, "cuMemPoolCreate", "cuMemPoolCreate", PoolCreate);
+    let from = f!(
+        cu,
+        "cuMemAllocFromPoolAsync",
+        "cuMemAllocFromPoolAsync",
+        FromPool
+    );
+    let mut c1 = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer; device 1's context is made (and charged)
+    // before the baseline, device 0's stays current.
+    assert_eq!(unsafe { retain(&mut c1, 1) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while (0..2).any(|d| ledger().map_or(0, |l| l.used(d)) >= 512 * MIB as u64)
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let ledger = ledger().expect("ledger");
+    let mut kv = Vec::new();
+    for (name, alloc_type, loc_type, loc_id) in [
+        ("device1", 1, 1, 1),
+        ("host", 1, 2, 0),
+        ("managed", 2, 1, 0),
+    ] {
+        let props = PoolProps {
+            alloc_type,
+            handle_types: 0,
+            loc_type,
+            loc_id,
+            win32: std::ptr::null_mut(),
+            max_size: 0,
+            usage: 0,
+            reserved: [0; 54],
+        };
+        let (u0, u1) = (ledger.used(0), ledger.used(1));
+        let (mut pool, mut p) = (std::ptr::null_mut(), 0);
+        // SAFETY: valid props and out-pointers; the NULL stream.
+        let rc = unsafe {
+            match create(&mut pool, &props) {
+                0 => from(&mut p, bytes, pool, std::ptr::null_mut()),
+                e => e,
+            }
+        };
+        let grew = |d: usize, before: u64| ledger.used(d) as i64 - before as i64;
+        kv.push((
+            name.to_string(),
+            format!("[{rc},{},{}]", grew(0, u0), grew(1, u1)),
+        ));
+    }
+    let kv: Vec<(&str, String)> = kv.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    line(&kv);
 }
