@@ -157,7 +157,7 @@ def main():
     }
     # Compile one after the other (the Inductor cache helps the second).
     import tempfile
-    errs = {name: tempfile.TemporaryFile("w+") for name in ("bare", "gpuslice")}
+    errs = {name: tempfile.TemporaryFile("w+", errors="replace") for name in ("bare", "gpuslice")}
     bare = start(bare_cmd, env, errs["bare"])
     result["bare_ready"] = read_json(bare, errs["bare"])
     capped = start(capped_cmd, capped_env, errs["gpuslice"])

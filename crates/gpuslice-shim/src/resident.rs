@@ -68,6 +68,7 @@ pub fn reset_after_fork() {
         PRIMARY_REFS[d].store(0, Ordering::Relaxed);
         CONTEXT_CHARGED[d].store(false, Ordering::Relaxed);
         LAST_SETTLE[d].store(0, Ordering::Relaxed);
+        LAST_LOWERED[d].store(0, Ordering::Relaxed);
         QUEUED[d].store(false, Ordering::Relaxed);
     }
 }
@@ -717,8 +718,10 @@ fn driver_held(t: Target) -> Option<u64> {
 pub enum Why {
     /// A context was just created: always measured, may lower.
     Context,
-    /// Before a refusal: may lower; at most every [`REFUSAL_SETTLE_EVERY_NS`]
-    /// (a caller retrying in a loop does not pay it each time).
+    /// Before a refusal: may lower; waits for a measurement in flight, and
+    /// is skipped when one that may lower finished less than
+    /// [`REFUSAL_SETTLE_EVERY_NS`] ago (a caller retrying in a loop does
+    /// not pay it each time).
     Refusal,
     /// After a memory query, in the background ([`settle_later`]): at most
     /// every [`SETTLE_EVERY_NS`], one reading, only raises.
@@ -736,14 +739,11 @@ pub fn settle(t: Target, why: Why) -> bool {
     if s.context_bytes.is_some() {
         return false; // the operator's figure overrides the measurement
     }
-    let every = match why {
-        Why::Context => 0,
-        Why::Refusal => REFUSAL_SETTLE_EVERY_NS,
-        Why::Query => SETTLE_EVERY_NS,
+    let recent = |last: &AtomicU64, every: u64| {
+        let last = last.load(Ordering::Acquire);
+        last != 0 && now_ns().saturating_sub(last) < every
     };
-    let now = now_ns();
-    let last = LAST_SETTLE[t.dev].load(Ordering::Acquire);
-    if every > 0 && last != 0 && now.saturating_sub(last) < every {
+    if why == Why::Query && recent(&LAST_SETTLE[t.dev], SETTLE_EVERY_NS) {
         return false;
     }
     let force = why != Why::Query;
@@ -759,10 +759,24 @@ pub fn settle(t: Target, why: Why) -> bool {
         }
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
+    // A refusal right after a measurement that may lower (a context's, or
+    // another refusal's) finished uses its result; one in flight was
+    // waited for above. A memory query's reading only raises: it does not
+    // count.
+    if why == Why::Refusal && recent(&LAST_LOWERED[t.dev], REFUSAL_SETTLE_EVERY_NS) {
+        busy.store(false, Ordering::Release);
+        return false;
+    }
     let done = measure_and_apply(t, force);
+    if force {
+        LAST_LOWERED[t.dev].store(now_ns().max(1), Ordering::Release);
+    }
     busy.store(false, Ordering::Release);
     done
 }
+
+/// When a measurement that may lower the charge last finished, per device.
+static LAST_LOWERED: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
 
 static SETTLING: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
 

@@ -25,8 +25,8 @@ pub enum ComputeMode {
 /// after its dead processes are reclaimed, no live process of any pid
 /// namespace holds a slot. A slice's records go with its ledger, and its
 /// root-written shares with them (a later ledger on the same inode must not
-/// inherit them). Returns the ledgers removed; anything that cannot be
-/// judged is kept.
+/// inherit them). The device plugin's slices are left to the plugin.
+/// Returns the ledgers removed; anything that cannot be judged is kept.
 pub fn reap_stale_ledgers(dir: &Path) -> Vec<PathBuf> {
     let mut removed = Vec::new();
     for path in gpuslice_ledger::list_dir(dir) {
@@ -34,6 +34,13 @@ pub fn reap_stale_ledgers(dir: &Path) -> Vec<PathBuf> {
             continue;
         };
         let before = ledger.snapshot();
+        // The device plugin's replicas (`k8s-…`, see
+        // gpuslice_k8s::plugin::resources::slice_id) share the directory;
+        // their records outlive a plugin restart and are its sweep's to
+        // remove, by the pods the kubelet still holds.
+        if before.slice_id.starts_with("k8s-") {
+            continue;
+        }
         let created =
             std::time::UNIX_EPOCH + std::time::Duration::from_millis(before.created_unix_ms);
         if before.creator_pid == 0
