@@ -167,3 +167,55 @@ fn the_ledger_of_a_sigkilled_launcher_is_reaped_but_never_while_a_process_uses_i
     assert_eq!(v["slices"].as_array().unwrap().len(), 0, "{v}");
     assert!(!std::path::Path::new(&ledger).exists(), "ledger reaped");
 }
+
+#[test]
+fn slices_of_dead_creators_are_reaped_but_the_device_plugin_s_are_left_to_it() {
+    let h = FakeHost::builder().gpus(1).build().unwrap();
+    let ledgers = tempfile::tempdir().unwrap();
+    let shim = fakegpu::artifact_dirs()
+        .into_iter()
+        .flat_map(|d| [d.join("libgpuslice.so"), d.join("libgpuslice_shim.so")])
+        .find(|p| p.is_file())
+        .expect("the shim built (cargo build -p gpuslice-shim)");
+    // Each ledger is created by a process that then dies (SIGKILL): its
+    // creator is gone and no live process holds a slot.
+    let make = |slice: &str| {
+        let dir = ledgers.path().join(slice);
+        std::fs::create_dir(&dir).unwrap();
+        let usage = dir.join("usage");
+        let mut c = h
+            .command(client())
+            .args(["hold", "1000000"])
+            .env("LD_PRELOAD", &shim)
+            .env("GPUSLICE_LEDGER", &usage)
+            .env("GPUSLICE_SLICE", slice)
+            .env("GPUSLICE_MEMORY_LIMIT", "1GiB")
+            .env("CUDA_VISIBLE_DEVICES", &h.gpus()[0].uuid)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(c.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "held 0");
+        c.kill().unwrap();
+        c.wait().unwrap();
+        usage
+    };
+    let plugin = make("k8s-GPU-1-r0");
+    let ours = make("1234-abc");
+    let v = slices_json(&h, ledgers.path());
+    let listed: Vec<&str> = v["slices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["slice"].as_str())
+        .collect();
+    assert_eq!(listed, ["k8s-GPU-1-r0"], "{v}");
+    assert!(!ours.exists(), "a dead creator's slice is reaped");
+    assert!(
+        plugin.exists(),
+        "the plugin's replica is its sweep's to remove"
+    );
+}
