@@ -16,7 +16,7 @@
 #              usable memory for torch, the client matrix, array sizes the driver reports
 #              (device_memphys.py, ~210 s)
 #   gpt2       issue 16: the torch.compile'd GPT-2 bare vs --memory 20GiB, 6 interleaved rounds, with
-#              the shim's per-family call counts (device_gpt2.py, ~130 s), then the perf ratios of
+#              the shim's per-family call counts (device_gpt2.py, ~150 s, at most 200), then the perf ratios of
 #              device_shim.py in the same run (first tensor, malloc/free, GEMM; ROUNDS=2, ~60 s)
 #   integrity  issue 17: env -i / su nobody capped under --memory 20GiB --compute 30, a 30 % slice
 #              beside a board forger, the 30/70 pair, a GPT-2-like loop eager and compiled at 50 % (~330 s)
@@ -71,8 +71,10 @@ part_memphys() {
     cp "$work/memphys/memphys.json" "$work/memphys.json" 2>/dev/null
 }
 part_gpt2() {
-    bounded 170 python3 scripts/device_gpt2.py "$work/gpt2.json" --rounds 6 --steps 30
+    bounded 200 python3 scripts/device_gpt2.py "$work/gpt2.json" --rounds 6 --steps 30
     bounded 90 python3 scripts/device_shim.py "$work/memphys-perf" --rounds 2 --only perf
+    # The first-tensor, malloc/free and GEMM figures, bare vs capped, of this run.
+    cp "$(ls -t "$work"/memphys-perf/shim-*.json 2>/dev/null | head -1)" "$work/gpt2-perf.json" 2>/dev/null
 }
 part_cdi() {
     bounded 60 python3 scripts/device_cdi.py "$work"
@@ -128,7 +130,7 @@ part_doctor() {
 # parts that finished.
 collect() {
     tar czf "$out/results.tgz" -C "$work" .
-    for f in memphys.json gpt2.json isolation.json launch-none.json layout.json doctor.json cdi.json exporter.json plugin.json compute.json compute-diag.json compute-trace.json users.json integrity.json; do
+    for f in memphys.json gpt2.json gpt2-perf.json isolation.json launch-none.json layout.json doctor.json cdi.json exporter.json plugin.json compute.json compute-diag.json compute-trace.json users.json integrity.json; do
         [ -f "$work/$f" ] && cp "$work/$f" "$out/"
     done
 }
