@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Issue 16 on the real GPU: the memory cap holds in physical memory.
 
-    python3 scripts/device_memphys.py OUT_DIR [--only procs,torch,clients,arrays]
+    python3 scripts/device_memphys.py OUT_DIR [--only procs,torch,clients,arrays,legacy]
 
 Run as root from the repository root after scripts/device-build.sh. Writes
 OUT_DIR/memphys.json (rewritten after every case: a run cut short keeps
@@ -32,6 +32,12 @@ what it measured), with the exact command, date and driver version.
            return (rc, size, alignment), next to the shim's estimate
            (texels x channels x element size). Recorded, not judged: the
            next session settles the shim's array charging against it.
+  legacy   the pre-3.2 names the shim does not interpose (`cuMemAlloc`,
+           `cuMemFree`: 32-bit pointer and size), looked up with dlsym
+           and called through ctypes, bare and under `--memory 20GiB`:
+           1 GiB at a time until refused (at most 40). Recorded, not
+           judged: `escapes_cap` true means the old names pass the cap
+           on this driver (a gap docs/shim.md lists).
 
 Top-level `pass`: every procs case within the cap, torch's usable memory
 and total_memory == cap, every client within the cap with memory obtained
@@ -368,6 +374,48 @@ print(json.dumps(out))
 '''
 
 
+# The old 32-bit-ABI names, straight from libcuda (ctypes uses dlsym).
+LEGACY = r'''
+import ctypes, json
+cu = ctypes.CDLL("libcuda.so.1")
+for n in ("cuInit", "cuDeviceGet", "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent", "cuMemAlloc", "cuMemFree",
+          "cuMemGetInfo_v2"):
+    getattr(cu, n).restype = ctypes.c_int
+assert cu.cuInit(0) == 0
+dev = ctypes.c_int(); cu.cuDeviceGet(ctypes.byref(dev), 0)
+ctx = ctypes.c_void_p(); cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev); cu.cuCtxSetCurrent(ctx)
+ptrs, rcs = [], []
+for _ in range(40):
+    p = ctypes.c_uint(0)
+    rc = cu.cuMemAlloc(ctypes.byref(p), ctypes.c_uint(1 << 30))
+    rcs.append(rc)
+    if rc != 0:
+        break
+    ptrs.append(p.value)
+free, total = ctypes.c_size_t(), ctypes.c_size_t()
+cu.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total))
+print(json.dumps({"gib_obtained": len(ptrs), "rcs": rcs[-3:], "first_ptrs": ptrs[:3],
+                  "free": free.value, "total": total.value}), flush=True)
+for p in ptrs:
+    cu.cuMemFree(ctypes.c_uint(p))
+'''
+
+
+def legacy():
+    out = {}
+    for name, cmd in (("bare", [PY, "-c", LEGACY]),
+                      ("gpuslice", [GPUSLICE, "run", "--gpus", "0", "--memory", CAP, "--", PY, "-c", LEGACY])):
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        rec = {"rc": p.returncode, "stderr_tail": p.stderr[-1000:]}
+        lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
+        if lines:
+            rec.update(json.loads(lines[-1]))
+        out[name] = rec
+    got = out["gpuslice"].get("gib_obtained")
+    out["escapes_cap"] = got is not None and got > CAP_BYTES >> 30
+    return out
+
+
 def arrays():
     p = subprocess.run([PY, "-c", ARRAYS], capture_output=True, text=True, timeout=60)
     rec = {"command": [PY, "-c", "<ARRAYS>"], "rc": p.returncode, "stderr_tail": p.stderr[-1500:]}
@@ -436,7 +484,7 @@ def main():
     args = sys.argv[1:]
     os.makedirs(args[0], exist_ok=True)
     OUT = os.path.join(args[0], "memphys.json")
-    only = set(args[args.index("--only") + 1].split(",")) if "--only" in args else {"procs", "torch", "clients", "arrays"}
+    only = set(args[args.index("--only") + 1].split(",")) if "--only" in args else {"procs", "torch", "clients", "arrays", "legacy"}
     RESULT.update({
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
         "command": " ".join([PY] + sys.argv),
@@ -473,6 +521,12 @@ def main():
             RESULT["arrays"] = arrays()
         except Exception as e:
             RESULT["arrays"] = {"error": repr(e)[:300]}
+        save()
+    if "legacy" in only:
+        try:
+            RESULT["legacy"] = legacy()
+        except Exception as e:
+            RESULT["legacy"] = {"error": repr(e)[:300]}
         save()
     failed = verdict()
     RESULT["failed"] = failed
