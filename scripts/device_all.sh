@@ -13,8 +13,8 @@
 #   computediag  issue 5: what the GPU does under partial duty, without gpuslice (~45 s)
 #   computetrace issue 5: one capped worker's bucket traced across workload and share changes (~25 s)
 #   memphys    issue 16: physical memory cap (1/2/5/8 processes in one 20 GiB slice, host NVML sum),
-#              usable memory for torch, the client matrix, array sizes the driver reports
-#              (device_memphys.py, ~210 s)
+#              usable memory for torch, the client matrix, array sizes the driver reports, the old
+#              32-bit cuMemAlloc against the cap (device_memphys.py, ~230 s, at most 300)
 #   gpt2       issue 16: the torch.compile'd GPT-2 bare vs --memory 20GiB, 6 interleaved rounds, with
 #              the shim's per-family call counts (device_gpt2.py, ~150 s, at most 200), then the perf ratios of
 #              device_shim.py in the same run (first tensor, malloc/free, GEMM; ROUNDS=2, ~60 s)
@@ -67,7 +67,7 @@ part_shim() {
     bounded 470 python3 scripts/device_shim.py "$work/shim" --rounds "${ROUNDS:-3}" "${only[@]}"
 }
 part_memphys() {
-    bounded 240 python3 scripts/device_memphys.py "$work/memphys"
+    bounded 300 python3 scripts/device_memphys.py "$work/memphys"
     cp "$work/memphys/memphys.json" "$work/memphys.json" 2>/dev/null
 }
 part_gpt2() {
