@@ -12,6 +12,12 @@
 #              interleaved), two slices 30/70, a CUDA graph at 50 %, no-limit overhead (~110 s)
 #   computediag  issue 5: what the GPU does under partial duty, without gpuslice (~45 s)
 #   computetrace issue 5: one capped worker's bucket traced across workload and share changes (~25 s)
+#   memphys    issue 16: physical memory cap (1/2/5/8 processes in one 20 GiB slice, host NVML sum),
+#              usable memory for torch, the client matrix, array sizes the driver reports, the old
+#              32-bit cuMemAlloc against the cap (device_memphys.py, ~230 s, at most 300)
+#   gpt2       issue 16: the torch.compile'd GPT-2 bare vs --memory 20GiB, 6 interleaved rounds, with
+#              the shim's per-family call counts (device_gpt2.py, ~150 s, at most 200), then the perf ratios of
+#              device_shim.py in the same run (first tensor, malloc/free, GEMM; ROUNDS=2, ~60 s)
 #   integrity  issue 17: env -i / su nobody capped under --memory 20GiB --compute 30, a 30 % slice
 #              beside a board forger, the 30/70 pair, a GPT-2-like loop eager and compiled at 50 % (~330 s)
 #   users      issue 15: torch/jax/cupy on --gpus 0 as --user nobody, none of them see a GPU with
@@ -64,6 +70,16 @@ part_shim() {
     local only=()
     [ -n "${SHIM_ONLY:-}" ] && only=(--only "$SHIM_ONLY")
     bounded 470 python3 scripts/device_shim.py "$work/shim" --rounds "${ROUNDS:-3}" "${only[@]}"
+}
+part_memphys() {
+    bounded 300 python3 scripts/device_memphys.py "$work/memphys"
+    cp "$work/memphys/memphys.json" "$work/memphys.json" 2>/dev/null
+}
+part_gpt2() {
+    bounded 200 python3 scripts/device_gpt2.py "$work/gpt2.json" --rounds 6 --steps 30
+    bounded 90 python3 scripts/device_shim.py "$work/memphys-perf" --rounds 2 --only perf
+    # The first-tensor, malloc/free and GEMM figures, bare vs capped, of this run.
+    cp "$(ls -t "$work"/memphys-perf/shim-*.json 2>/dev/null | head -1)" "$work/gpt2-perf.json" 2>/dev/null
 }
 part_cdi() {
     bounded 60 python3 scripts/device_cdi.py "$work"
@@ -124,7 +140,7 @@ part_doctor() {
 # parts that finished.
 collect() {
     tar czf "$out/results.tgz" -C "$work" .
-    for f in isolation.json launch-none.json layout.json doctor.json cdi.json exporter.json plugin.json compute.json compute-diag.json compute-trace.json users.json integrity.json boundary.json launch-boundary.json; do
+    for f in memphys.json gpt2.json gpt2-perf.json isolation.json launch-none.json layout.json doctor.json cdi.json exporter.json plugin.json compute.json compute-diag.json compute-trace.json users.json integrity.json boundary.json launch-boundary.json; do
         [ -f "$work/$f" ] && cp "$work/$f" "$out/"
     done
 }

@@ -15,9 +15,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use crate::cuda::PciAddress;
 use crate::ffi::{self, guard, write_out, CopyError};
 use crate::host::{self, Host, Kernel, KernelGpu, KernelMig, Node, NVIDIA_MAJOR};
-use crate::memory::{self, MemKey};
+use crate::memory;
 
 mod events;
+mod processes;
 mod telemetry;
 
 pub type NvmlReturn = c_uint;
@@ -281,19 +282,15 @@ fn pci_info(bus_id: &str) -> NvmlPciInfo {
     info
 }
 
-/// (total, used) of what a handle names.
+/// (total, used) of what a handle names: every live process's memory on
+/// it, as the real NVML reports the device's use.
 fn memory_of(t: &Target) -> (u64, u64) {
     let gpu = &t.gpu().info;
-    match t.mig() {
-        Some(m) => (
-            m.memory_bytes,
-            memory::used(MemKey {
-                gpu_minor: gpu.minor,
-                gi: Some(m.gi),
-            }),
-        ),
-        None => (gpu.memory_bytes, memory::used_on_gpu(gpu.minor)),
-    }
+    let (total, gi) = match t.mig() {
+        Some(m) => (m.memory_bytes, Some(m.gi)),
+        None => (gpu.memory_bytes, None),
+    };
+    (total, memory::processes(gpu.minor, gi).values().sum())
 }
 
 /// Runs `f` on the resolved handle inside a panic guard.

@@ -28,6 +28,13 @@ pub struct Kernel {
     /// Simulated cost of the first context of a process.
     #[serde(default)]
     pub ctx_ms: u64,
+    /// Device memory each context holds (the real driver's is ~520 MiB on
+    /// an H200), charged on its device while the context lives.
+    #[serde(default)]
+    pub ctx_bytes: u64,
+    /// Device memory a loaded module or library holds (code and globals).
+    #[serde(default)]
+    pub module_bytes: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

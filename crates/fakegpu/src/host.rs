@@ -47,6 +47,8 @@ pub struct FakeHostBuilder {
     degraded: BTreeSet<u32>,
     init_ms_per_gpu: u64,
     ctx_ms: u64,
+    ctx_bytes: u64,
+    module_bytes: u64,
     root: Option<PathBuf>,
     persistence_mode: bool,
     driver_libs: Option<String>,
@@ -61,6 +63,8 @@ impl Default for FakeHostBuilder {
             degraded: BTreeSet::new(),
             init_ms_per_gpu: 0,
             ctx_ms: 0,
+            ctx_bytes: 0,
+            module_bytes: 0,
             root: None,
             persistence_mode: true,
             driver_libs: None,
@@ -121,6 +125,18 @@ impl FakeHostBuilder {
     /// Simulated cost of a process's first context.
     pub fn ctx_ms(mut self, ms: u64) -> Self {
         self.ctx_ms = ms;
+        self
+    }
+
+    /// Device memory each context holds (default 0).
+    pub fn ctx_bytes(mut self, bytes: u64) -> Self {
+        self.ctx_bytes = bytes;
+        self
+    }
+
+    /// Device memory each loaded module or library holds (default 0).
+    pub fn module_bytes(mut self, bytes: u64) -> Self {
+        self.module_bytes = bytes;
         self
     }
 
@@ -235,6 +251,8 @@ impl FakeHostBuilder {
             gpus,
             init_ms_per_gpu: self.init_ms_per_gpu,
             ctx_ms: self.ctx_ms,
+            ctx_bytes: self.ctx_bytes,
+            module_bytes: self.module_bytes,
         }
     }
 }

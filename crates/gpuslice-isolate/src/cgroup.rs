@@ -617,7 +617,11 @@ fn ctime(meta: &fs::Metadata) -> Option<SystemTime> {
 /// Whether `pid` may be the launcher that made a cgroup at `created`:
 /// it runs (not a zombie) and started no later than that (plus slack).
 /// Anything unreadable counts as alive.
-fn launcher_alive(pid: u32, created: SystemTime) -> bool {
+/// Whether `pid` is still the process that existed at `created`: it runs,
+/// is no zombie, and started no later than `created` (+2 s of slack).
+/// Unknown answers count as alive (nothing is removed on a doubt). Also
+/// used to reap the ledgers of dead launchers.
+pub fn launcher_alive(pid: u32, created: SystemTime) -> bool {
     const SLACK: Duration = Duration::from_secs(2);
     let stat = match fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(s) => s,

@@ -186,6 +186,12 @@ pub fn publish_share(dir: &Path, uuid: &str, key: u64, share_bp: u64) -> io::Res
     Ok(record)
 }
 
+/// Removes slice `key`'s share record on GPU `uuid` (the slice is gone),
+/// best effort: one nobody may remove stays.
+pub fn withdraw_share(dir: &Path, uuid: &str, key: u64) {
+    let _ = std::fs::remove_file(share_record(dir, uuid, key));
+}
+
 /// The root-written share of slice `key` on GPU `uuid`, if there is a
 /// record and it is root's (file and directory owned by uid 0, writable
 /// by root alone); None otherwise: a slot nobody vouched for.

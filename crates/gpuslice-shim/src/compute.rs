@@ -214,19 +214,20 @@ fn limited(dev: usize) -> Option<&'static Ledger> {
 }
 
 /// Runs a launch (`call`) on `stream` under the compute share of the
-/// current device. `ptsz`: the launch function is the per-thread-stream
+/// current device. `real.ptsz()`: the launch function is the per-thread-stream
 /// flavour (its NULL stream is the calling thread's stream).
 #[inline]
 pub fn launch(
     stream: CUstream,
-    ptsz: bool,
+    real: &crate::real::Real,
     kind: Kind,
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
     if !shim().compute_active {
         return call();
     }
-    metered(stream, ptsz, kind, call)
+    // Asked only when metering: it scans the per-thread-stream table.
+    metered(stream, real.ptsz(), kind, call)
 }
 
 fn metered(stream: CUstream, ptsz: bool, kind: Kind, call: impl FnOnce() -> CUresult) -> CUresult {

@@ -25,7 +25,8 @@ pub struct Config {
     pub caps: Vec<u64>,
     pub ledger_path: Option<String>,
     pub slice_id: String,
-    pub context_bytes: u64,
+    /// `GPUSLICE_CONTEXT_BYTES`: overrides the measured context size.
+    pub context_bytes: Option<u64>,
     pub log: bool,
     /// Per ordinal, how NVML names it (from CUDA_VISIBLE_DEVICES).
     pub nvml: Vec<NvmlMatch>,
@@ -69,7 +70,7 @@ impl Config {
         let per: Vec<Option<u64>> = (0..MAX_DEVICES)
             .map(|i| size_var(&format!("{ENV_MEMORY}_{i}")))
             .collect();
-        let context_bytes = size_var("GPUSLICE_CONTEXT_BYTES").unwrap_or(0);
+        let context_bytes = size_var("GPUSLICE_CONTEXT_BYTES");
         let visible: Vec<String> = get("CUDA_VISIBLE_DEVICES")
             .map(|v| {
                 v.split(',')

@@ -33,6 +33,7 @@ pub const CU_STREAM_CAPTURE_MODE_RELAXED: c_int = 2;
 
 /// `CUmemLocationType`: device memory.
 pub const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
+pub const CU_MEM_ALLOCATION_TYPE_PINNED: c_int = 1;
 /// `CUmemPool_attribute` values (all `cuuint64_t`).
 pub const CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: c_int = 5;
 pub const CU_MEMPOOL_ATTR_USED_MEM_CURRENT: c_int = 7;
@@ -48,6 +49,17 @@ pub struct CUmemAllocationProp {
     pub location_id: c_int,
     pub win32_handle_meta_data: *mut c_void,
     pub alloc_flags: [u8; 8],
+}
+
+/// The head of `CUmemPoolProps`: allocation type and location.
+#[repr(C)]
+pub struct MemPoolPropsHead {
+    /// `CU_MEM_ALLOCATION_TYPE_PINNED` (1) or `_MANAGED` (2).
+    pub alloc_type: c_int,
+    pub handle_types: c_int,
+    /// `CU_MEM_LOCATION_TYPE_DEVICE` (1), host kinds above it.
+    pub location_type: c_int,
+    pub location_id: c_int,
 }
 
 /// `CUDA_ARRAY_DESCRIPTOR`.
@@ -108,3 +120,7 @@ pub struct NvmlMemoryV2 {
     pub free: u64,
     pub used: u64,
 }
+
+pub type CUcontext = *mut c_void;
+/// `CUmodule`, `CUlibrary`, `CUgreenCtx`: opaque handles.
+pub type CUhandle = *mut c_void;

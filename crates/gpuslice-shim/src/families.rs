@@ -31,6 +31,7 @@ macro_rules! families {
                 /// # Safety
                 /// The C contract of the interposed function.
                 pub unsafe extern "C" fn inst<const I: usize> $args -> $ret {
+                    crate::stats::count(Family::$fam as usize);
                     // SAFETY: forwarded C contract.
                     guard(999, || unsafe { call_hook!($hook, &REAL[I], $names) })
                 }
@@ -59,6 +60,7 @@ macro_rules! families {
                             Err(_) => c"",
                         },
                     );
+                    crate::stats::count(Family::$fam as usize);
                     // SAFETY: forwarded C contract.
                     guard(999, || unsafe { call_hook!($hook, &R, $names) })
                 }
@@ -103,6 +105,9 @@ macro_rules! families {
             }
         }
 
+        /// Every family, in declaration order (for the call counts).
+        pub const ALL: &[Family] = &[$(Family::$fam),*];
+
         /// The family of an exported name we interpose.
         pub fn export_family(name: &[u8]) -> Option<Family> {
             $($(
@@ -146,6 +151,9 @@ families! {
     MemPoolTrimTo: crate::hooks::mem_pool_trim_to,
         (pool: CUmemoryPool, keep: usize), (pool, keep) -> CUresult,
         [cuMemPoolTrimTo];
+    MemPoolCreate: crate::hooks::mem_pool_create,
+        (pool: *mut CUmemoryPool, props: *const MemPoolPropsHead), (pool, props) -> CUresult,
+        [cuMemPoolCreate];
     MemPoolDestroy: crate::hooks::mem_pool_destroy,
         (pool: CUmemoryPool), (pool) -> CUresult,
         [cuMemPoolDestroy];
@@ -156,6 +164,13 @@ families! {
     MemRelease: crate::hooks::mem_release,
         (handle: u64), (handle) -> CUresult,
         [cuMemRelease];
+    MemMap: crate::hooks::mem_map,
+        (ptr: CUdeviceptr, size: usize, offset: usize, handle: u64, flags: u64),
+        (ptr, size, offset, handle, flags) -> CUresult,
+        [cuMemMap];
+    MemUnmap: crate::hooks::mem_unmap,
+        (ptr: CUdeviceptr, size: usize), (ptr, size) -> CUresult,
+        [cuMemUnmap];
     ArrayCreate: crate::hooks::array_create,
         (arr: *mut CUarray, desc: *const ArrayDescriptor), (arr, desc) -> CUresult,
         [cuArrayCreate_v2];
@@ -202,6 +217,60 @@ families! {
     DeviceGraphMemTrim: crate::hooks::device_graph_mem_trim,
         (dev: CUdevice), (dev) -> CUresult,
         [cuDeviceGraphMemTrim];
+    DeviceTotalMem: crate::hooks::device_total_mem,
+        (bytes: *mut usize, dev: CUdevice), (bytes, dev) -> CUresult,
+        [cuDeviceTotalMem_v2];
+    DeviceTotalMemV1: crate::hooks::device_total_mem_v1,
+        (bytes: *mut c_uint, dev: CUdevice), (bytes, dev) -> CUresult,
+        [cuDeviceTotalMem];
+    PrimaryCtxRetain: crate::resident::primary_ctx_retain,
+        (pctx: *mut CUcontext, dev: CUdevice), (pctx, dev) -> CUresult,
+        [cuDevicePrimaryCtxRetain];
+    PrimaryCtxRelease: crate::resident::primary_ctx_release,
+        (dev: CUdevice), (dev) -> CUresult,
+        [cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2];
+    PrimaryCtxReset: crate::resident::primary_ctx_reset,
+        (dev: CUdevice), (dev) -> CUresult,
+        [cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v2];
+    CtxCreate: crate::resident::ctx_create,
+        (pctx: *mut CUcontext, flags: c_uint, dev: CUdevice), (pctx, flags, dev) -> CUresult,
+        [cuCtxCreate_v2];
+    CtxCreateV3: crate::resident::ctx_create_v3,
+        (pctx: *mut CUcontext, params: *mut c_void, n: c_int, flags: c_uint, dev: CUdevice),
+        (pctx, params, n, flags, dev) -> CUresult,
+        [cuCtxCreate_v3];
+    CtxCreateV4: crate::resident::ctx_create_v4,
+        (pctx: *mut CUcontext, params: *mut c_void, flags: c_uint, dev: CUdevice),
+        (pctx, params, flags, dev) -> CUresult,
+        [cuCtxCreate_v4];
+    GreenCtxCreate: crate::resident::green_ctx_create,
+        (pctx: *mut CUcontext, desc: *mut c_void, dev: CUdevice, flags: c_uint),
+        (pctx, desc, dev, flags) -> CUresult,
+        [cuGreenCtxCreate];
+    CtxDestroy: crate::resident::ctx_destroy,
+        (ctx: CUcontext), (ctx) -> CUresult,
+        [cuCtxDestroy_v2, cuGreenCtxDestroy];
+    ModuleLoad: crate::resident::module_load,
+        (m: *mut CUhandle, fname: *const c_char), (m, fname) -> CUresult,
+        [cuModuleLoad];
+    ModuleLoadData: crate::resident::module_load_data,
+        (m: *mut CUhandle, image: *const c_void), (m, image) -> CUresult,
+        [cuModuleLoadData, cuModuleLoadFatBinary];
+    ModuleLoadDataEx: crate::resident::module_load_data_ex,
+        (m: *mut CUhandle, image: *const c_void, n: c_uint, opts: *mut c_int, vals: *mut *mut c_void),
+        (m, image, n, opts, vals) -> CUresult,
+        [cuModuleLoadDataEx];
+    LibraryLoad: crate::resident::library_load,
+        (lib: *mut CUhandle, code: *const c_void, jit_opts: *mut c_int, jit_vals: *mut *mut c_void,
+         n_jit: c_uint, lib_opts: *mut c_int, lib_vals: *mut *mut c_void, n_lib: c_uint),
+        (lib, code, jit_opts, jit_vals, n_jit, lib_opts, lib_vals, n_lib) -> CUresult,
+        [cuLibraryLoadData, cuLibraryLoadFromFile];
+    Unload: crate::resident::unload_hook,
+        (h: CUhandle), (h) -> CUresult,
+        [cuModuleUnload, cuLibraryUnload];
+    CtxSetLimit: crate::resident::ctx_set_limit,
+        (limit: c_int, value: usize), (limit, value) -> CUresult,
+        [cuCtxSetLimit];
     GetProcAddress: crate::procaddr::get_proc_address,
         (symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64),
         (symbol, pfn, version, flags) -> CUresult,
@@ -238,9 +307,12 @@ pub fn proc_family(name: &[u8], version: c_int) -> Option<Family> {
         b"cuMemFree" => v2_at(MemFree, 3020),
         b"cuMemFreeAsync" => Some(MemFreeAsync),
         b"cuMemPoolTrimTo" => Some(MemPoolTrimTo),
+        b"cuMemPoolCreate" => Some(MemPoolCreate),
         b"cuMemPoolDestroy" => Some(MemPoolDestroy),
         b"cuMemCreate" => Some(MemCreate),
         b"cuMemRelease" => Some(MemRelease),
+        b"cuMemMap" => Some(MemMap),
+        b"cuMemUnmap" => Some(MemUnmap),
         b"cuArrayCreate" => v2_at(ArrayCreate, 3020),
         b"cuArray3DCreate" => v2_at(Array3DCreate, 3020),
         b"cuArrayDestroy" => Some(ArrayDestroy),
@@ -254,6 +326,22 @@ pub fn proc_family(name: &[u8], version: c_int) -> Option<Family> {
         b"cuLaunchCooperativeKernel" => Some(LaunchCooperative),
         b"cuLaunchKernelEx" => Some(LaunchKernelEx),
         b"cuDeviceGraphMemTrim" => Some(DeviceGraphMemTrim),
+        b"cuDeviceTotalMem" if version >= 3020 => Some(DeviceTotalMem),
+        b"cuDeviceTotalMem" => Some(DeviceTotalMemV1),
+        b"cuDevicePrimaryCtxRetain" => Some(PrimaryCtxRetain),
+        b"cuDevicePrimaryCtxRelease" => Some(PrimaryCtxRelease),
+        b"cuDevicePrimaryCtxReset" => Some(PrimaryCtxReset),
+        // cuCtxCreate's base name resolves to _v2, _v3 or _v4 by version
+        // (ABIs differ); only the exact names are interposed.
+        b"cuCtxDestroy" if version >= 4000 => Some(CtxDestroy),
+        b"cuGreenCtxCreate" => Some(GreenCtxCreate),
+        b"cuGreenCtxDestroy" => Some(CtxDestroy),
+        b"cuModuleLoad" => Some(ModuleLoad),
+        b"cuModuleLoadData" | b"cuModuleLoadFatBinary" => Some(ModuleLoadData),
+        b"cuModuleLoadDataEx" => Some(ModuleLoadDataEx),
+        b"cuLibraryLoadData" | b"cuLibraryLoadFromFile" => Some(LibraryLoad),
+        b"cuModuleUnload" | b"cuLibraryUnload" => Some(Unload),
+        b"cuCtxSetLimit" => Some(CtxSetLimit),
         b"cuInit" => Some(Init),
         b"cuGetProcAddress" if version >= 12000 => Some(GetProcAddressV2),
         b"cuGetProcAddress" => Some(GetProcAddress),
@@ -303,7 +391,8 @@ mod tests {
             Some(Family::NvmlMemoryInfoV2)
         );
         assert!(EXPORTS.contains(&"cuGraphUpload_ptsz"));
-        assert_eq!(EXPORTS.len(), 37);
+        assert_eq!(EXPORTS.len(), 62);
+        assert!(ALL.len() <= 64, "the call counts hold 64 families");
     }
 
     #[test]

@@ -14,15 +14,17 @@
 //! a capture (its own, or another thread's in global mode), invalidating
 //! that capture; they run with the thread's capture mode relaxed.
 
+use std::collections::BTreeMap;
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard};
 
 use gpuslice_ledger::MAX_DEVICES;
 
 use crate::compute;
 use crate::cuda::*;
 use crate::real::Real;
-use crate::state::{self, shim, target, target_current, Target};
+use crate::state::{self, shim, target, target_current, target_no_context, Target};
 use crate::sys::log_line;
 use crate::table::{pack, unpack, Handles};
 
@@ -45,6 +47,7 @@ static ARRAY_DESTROY: Real = Real::named(c"cuArrayDestroy");
 static MIPMAP_DESTROY: Real = Real::named(c"cuMipmappedArrayDestroy");
 static MEM_FREE: Real = Real::named(c"cuMemFree_v2");
 static STREAM_IS_CAPTURING: Real = Real::named(c"cuStreamIsCapturing");
+static STREAM_GET_DEVICE: Real = Real::named(c"cuStreamGetDevice");
 static EXCHANGE_CAPTURE_MODE: Real = Real::named(c"cuThreadExchangeStreamCaptureMode");
 
 const MIB2: u64 = 2 << 20;
@@ -160,6 +163,8 @@ fn untrack(table: &Handles, key: u64, call: impl FnOnce() -> CUresult) -> CUresu
     rc
 }
 
+/// The real function of a hook's family as `$ty`, or the hook returns
+/// `CUDA_ERROR_NOT_INITIALIZED`.
 macro_rules! real_fn {
     ($real:expr, $ty:ty) => {
         // SAFETY: the family's signature is `$ty`.
@@ -169,6 +174,7 @@ macro_rules! real_fn {
         }
     };
 }
+pub(crate) use real_fn;
 
 // ------------------------------------------------------------ plain
 
@@ -364,6 +370,26 @@ fn settle_pool(e: &PoolEntry, t: Target, hold: u64) {
     t.adjust(now as i128 - old as i128 - hold as i128);
 }
 
+/// The device a stream-ordered allocation lands on: a created stream's
+/// own (the context it was made in), asked of the driver; the current
+/// context's for the default streams (NULL, `CU_STREAM_LEGACY`,
+/// `CU_STREAM_PER_THREAD`) or where the driver cannot tell (before CUDA
+/// 12.8, no `cuStreamGetDevice`).
+fn stream_target(stream: CUstream) -> Option<Target> {
+    if stream as usize > 2 {
+        type F = unsafe extern "C" fn(CUstream, *mut CUdevice) -> CUresult;
+        // SAFETY: cuStreamGetDevice(CUstream, CUdevice*).
+        if let Some(f) = unsafe { STREAM_GET_DEVICE.func::<F>() } {
+            let mut dev: CUdevice = 0;
+            // SAFETY: valid out-pointer; a bad stream is the driver's to refuse.
+            if unsafe { f(stream, &mut dev) } == CUDA_SUCCESS {
+                return target(dev);
+            }
+        }
+    }
+    target_current()
+}
+
 /// Stream-ordered allocation from `pool`: holds the growth the pool may
 /// need (nothing when its free reserve covers `size`, else `size` rounded
 /// to 2 MiB) before the call, then settles to the pool's reserved memory.
@@ -409,7 +435,7 @@ pub unsafe fn mem_alloc_async(
         real,
         unsafe extern "C" fn(*mut CUdeviceptr, usize, CUstream) -> CUresult
     );
-    let Some(t) = target_current().filter(|_| size > 0 && !dptr.is_null()) else {
+    let Some(t) = stream_target(stream).filter(|_| size > 0 && !dptr.is_null()) else {
         // SAFETY: caller contract.
         return unsafe { f(dptr, size, stream) };
     };
@@ -449,10 +475,18 @@ pub unsafe fn mem_alloc_from_pool_async(
 ) -> CUresult {
     type F = unsafe extern "C" fn(*mut CUdeviceptr, usize, CUmemoryPool, CUstream) -> CUresult;
     let f = real_fn!(real, F);
-    // The pool is charged to the device of the current context (pools are
-    // per device and used from a context on it in practice).
-    let Some(t) = target_current().filter(|_| size > 0 && !dptr.is_null() && !pool.is_null())
-    else {
+    // A host or managed pool holds no device memory; a device pool made
+    // through cuMemPoolCreate is charged to its device; any other (a
+    // device's default pool) to the current context's device.
+    let t = if HOST_POOLS.get(pool as u64).is_some() {
+        None
+    } else {
+        match find_pool(pool) {
+            Some(e) => target(e.dev.load(Ordering::Acquire) as CUdevice),
+            None => target_current(),
+        }
+    };
+    let Some(t) = t.filter(|_| size > 0 && !dptr.is_null() && !pool.is_null()) else {
         // SAFETY: caller contract.
         return unsafe { f(dptr, size, pool, stream) };
     };
@@ -510,6 +544,40 @@ pub unsafe fn mem_pool_trim_to(real: &Real, pool: CUmemoryPool, keep: usize) -> 
     rc
 }
 
+/// Pools made on the host or as managed memory: not charged.
+static HOST_POOLS: Handles = Handles::new(6, 10);
+
+/// # Safety
+/// C contract of `cuMemPoolCreate`.
+pub unsafe fn mem_pool_create(
+    real: &Real,
+    pool: *mut CUmemoryPool,
+    props: *const MemPoolPropsHead,
+) -> CUresult {
+    type F = unsafe extern "C" fn(*mut CUmemoryPool, *const MemPoolPropsHead) -> CUresult;
+    let f = real_fn!(real, F);
+    // SAFETY: caller contract.
+    let rc = unsafe { f(pool, props) };
+    if rc != CUDA_SUCCESS || !shim().active() {
+        return rc;
+    }
+    // SAFETY: the driver accepted both: `props` a CUmemPoolProps, `pool`
+    // written.
+    let (Some(p), Some(&made)) = (unsafe { props.as_ref() }, unsafe { pool.as_ref() }) else {
+        return rc;
+    };
+    if p.alloc_type == CU_MEM_ALLOCATION_TYPE_PINNED
+        && p.location_type == CU_MEM_LOCATION_TYPE_DEVICE
+    {
+        if let Some(t) = target_no_context(p.location_id) {
+            let _ = pool_entry(made, t.dev);
+        }
+    } else {
+        HOST_POOLS.insert(made as u64, 1);
+    }
+    rc
+}
+
 /// # Safety
 /// C contract of `cuMemPoolDestroy`.
 pub unsafe fn mem_pool_destroy(real: &Real, pool: CUmemoryPool) -> CUresult {
@@ -517,6 +585,7 @@ pub unsafe fn mem_pool_destroy(real: &Real, pool: CUmemoryPool) -> CUresult {
     // SAFETY: caller contract.
     let rc = unsafe { f(pool) };
     if rc == CUDA_SUCCESS {
+        HOST_POOLS.remove(pool as u64);
         if let Some(e) = find_pool(pool) {
             let charged = e.charged.swap(0, Ordering::AcqRel);
             state::release(e.dev.load(Ordering::Acquire), charged);
@@ -576,15 +645,32 @@ pub unsafe fn graph_launch(real: &Real, exec: CUgraphExec, stream: CUstream) -> 
         unsafe extern "C" fn(CUgraphExec, CUstream) -> CUresult
     );
     // SAFETY: caller contract.
-    let rc = compute::launch(stream, real.ptsz(), compute::Kind::Graph, || unsafe {
+    let rc = compute::launch(stream, real, compute::Kind::Graph, || unsafe {
         f(exec, stream)
     });
-    if rc == CUDA_SUCCESS {
+    if rc == CUDA_SUCCESS && shim().memory_active {
         if let Some(t) = target_current() {
-            settle_graph(t);
+            settle_graph_now_and_then(t);
         }
     }
     rc
+}
+
+/// Graph launches come every step of a graph-captured loop; the graph
+/// pool grows on an exec's first launch and is then reused, so it is
+/// re-read at most every [`GRAPH_SETTLE_EVERY_NS`] (growth shows up that
+/// much later at most; a refusal re-reads it at once).
+const GRAPH_SETTLE_EVERY_NS: u64 = 10_000_000;
+static LAST_GRAPH_SETTLE: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+
+fn settle_graph_now_and_then(t: Target) {
+    let now = crate::resident::now_ns();
+    let last = LAST_GRAPH_SETTLE[t.dev].load(Ordering::Relaxed);
+    if last != 0 && now.saturating_sub(last) < GRAPH_SETTLE_EVERY_NS {
+        return;
+    }
+    LAST_GRAPH_SETTLE[t.dev].store(now.max(1), Ordering::Relaxed);
+    settle_graph(t);
 }
 
 /// # Safety
@@ -638,7 +724,7 @@ pub unsafe fn launch_kernel(
     ) -> CUresult;
     let f = real_fn!(real, F);
     // SAFETY: caller contract.
-    compute::launch(stream, real.ptsz(), compute::Kind::Kernel, || unsafe {
+    compute::launch(stream, real, compute::Kind::Kernel, || unsafe {
         f(func, gx, gy, gz, bx, by, bz, shmem, stream, params, extra)
     })
 }
@@ -673,7 +759,7 @@ pub unsafe fn launch_cooperative(
     ) -> CUresult;
     let f = real_fn!(real, F);
     // SAFETY: caller contract.
-    compute::launch(stream, real.ptsz(), compute::Kind::Kernel, || unsafe {
+    compute::launch(stream, real, compute::Kind::Kernel, || unsafe {
         f(func, gx, gy, gz, bx, by, bz, shmem, stream, params)
     })
 }
@@ -700,7 +786,7 @@ pub unsafe fn launch_kernel_ex(
         return unsafe { f(config, func, params, extra) };
     };
     // SAFETY: caller contract.
-    compute::launch(c.stream, real.ptsz(), compute::Kind::Kernel, || unsafe {
+    compute::launch(c.stream, real, compute::Kind::Kernel, || unsafe {
         f(config, func, params, extra)
     })
 }
@@ -763,8 +849,101 @@ pub unsafe fn mem_create(
 /// C contract of `cuMemRelease`.
 pub unsafe fn mem_release(real: &Real, handle: u64) -> CUresult {
     let f = real_fn!(real, unsafe extern "C" fn(u64) -> CUresult);
+    {
+        let mut m = mappings();
+        if m.count.contains_key(&handle) {
+            // Still mapped: the driver frees the memory at the last unmap,
+            // so the charge moves aside until then.
+            let Some(v) = HANDLES.remove(handle) else {
+                drop(m);
+                // SAFETY: caller contract.
+                return unsafe { f(handle) };
+            };
+            // SAFETY: caller contract.
+            let rc = unsafe { f(handle) };
+            if rc == CUDA_SUCCESS {
+                m.released.insert(handle, v);
+            } else {
+                HANDLES.insert(handle, v);
+            }
+            return rc;
+        }
+    }
     // SAFETY: caller contract.
     untrack(&HANDLES, handle, || unsafe { f(handle) })
+}
+
+/// The mappings of charged VMM handles (what the driver keeps a handle
+/// alive by). Mapping is rare (a segment grows or shrinks), so a lock
+/// serves here, off the allocation path.
+struct Mappings {
+    /// mapped address → (size, handle).
+    at: BTreeMap<u64, (u64, u64)>,
+    /// charged handle → its number of mappings.
+    count: BTreeMap<u64, u32>,
+    /// handles released while mapped → their charge (packed), released at
+    /// their last unmap.
+    released: BTreeMap<u64, u64>,
+}
+
+static MAPPINGS: Mutex<Mappings> = Mutex::new(Mappings {
+    at: BTreeMap::new(),
+    count: BTreeMap::new(),
+    released: BTreeMap::new(),
+});
+
+fn mappings() -> MutexGuard<'static, Mappings> {
+    MAPPINGS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// # Safety
+/// C contract of `cuMemMap`.
+pub unsafe fn mem_map(
+    real: &Real,
+    ptr: CUdeviceptr,
+    size: usize,
+    offset: usize,
+    handle: u64,
+    flags: u64,
+) -> CUresult {
+    type F = unsafe extern "C" fn(CUdeviceptr, usize, usize, u64, u64) -> CUresult;
+    let f = real_fn!(real, F);
+    // SAFETY: caller contract.
+    let rc = unsafe { f(ptr, size, offset, handle, flags) };
+    if rc == CUDA_SUCCESS && HANDLES.get(handle).is_some() {
+        let mut m = mappings();
+        m.at.insert(ptr, (size as u64, handle));
+        *m.count.entry(handle).or_insert(0) += 1;
+    }
+    rc
+}
+
+/// # Safety
+/// C contract of `cuMemUnmap`.
+pub unsafe fn mem_unmap(real: &Real, ptr: CUdeviceptr, size: usize) -> CUresult {
+    let f = real_fn!(real, unsafe extern "C" fn(CUdeviceptr, usize) -> CUresult);
+    // SAFETY: caller contract.
+    let rc = unsafe { f(ptr, size) };
+    if rc != CUDA_SUCCESS {
+        return rc;
+    }
+    let end = ptr.saturating_add(size as u64);
+    let mut m = mappings();
+    while let Some((&at, &(_, handle))) = m.at.range(ptr..end).next() {
+        m.at.remove(&at);
+        let left = m.count.get_mut(&handle).map_or(0, |n| {
+            *n = n.saturating_sub(1);
+            *n
+        });
+        if left == 0 {
+            m.count.remove(&handle);
+            if let Some(v) = m.released.remove(&handle) {
+                let (dev, bytes) = unpack(v);
+                state::release(dev, bytes);
+            }
+        }
+    }
+    rc
 }
 
 // ------------------------------------------------------------ arrays
@@ -945,6 +1124,7 @@ pub unsafe fn mipmapped_destroy(real: &Real, arr: CUarray) -> CUresult {
 /// total), free = min(real free, cap − used), never underflowing.
 fn slice_view(t: Target, real_total: u64, real_free: u64) -> (u64, u64) {
     settle_device(t);
+    crate::resident::settle_later(t);
     let cap = shim().caps[t.dev];
     let total = cap.min(real_total);
     let left = total.saturating_sub(t.ledger.used(t.dev));
@@ -1003,6 +1183,48 @@ pub unsafe fn mem_get_info_v1(real: &Real, free: *mut c_uint, total: *mut c_uint
         }
         if let Some(v) = free.as_mut() {
             *v = t_free.min(u64::from(c_uint::MAX)) as c_uint;
+        }
+    }
+    rc
+}
+
+/// The cap of device ordinal `dev`, when it has one.
+fn cap_of(dev: CUdevice) -> Option<u64> {
+    let s = shim();
+    s.ledger.as_ref()?;
+    let d = usize::try_from(dev).ok().filter(|&d| d < MAX_DEVICES)?;
+    Some(s.caps[d]).filter(|&c| c != gpuslice_ledger::UNLIMITED)
+}
+
+/// # Safety
+/// C contract of `cuDeviceTotalMem_v2`: the total is the cap (what
+/// `torch.cuda.get_device_properties().total_memory` reports).
+pub unsafe fn device_total_mem(real: &Real, bytes: *mut usize, dev: CUdevice) -> CUresult {
+    let f = real_fn!(real, unsafe extern "C" fn(*mut usize, CUdevice) -> CUresult);
+    // SAFETY: caller contract.
+    let rc = unsafe { f(bytes, dev) };
+    if rc == CUDA_SUCCESS {
+        if let Some(cap) = cap_of(dev) {
+            // SAFETY: written by the driver on success.
+            unsafe { *bytes = (*bytes).min(cap.min(usize::MAX as u64) as usize) };
+        }
+    }
+    rc
+}
+
+/// # Safety
+/// C contract of `cuDeviceTotalMem` (the pre-3.2, 32-bit ABI).
+pub unsafe fn device_total_mem_v1(real: &Real, bytes: *mut c_uint, dev: CUdevice) -> CUresult {
+    let f = real_fn!(
+        real,
+        unsafe extern "C" fn(*mut c_uint, CUdevice) -> CUresult
+    );
+    // SAFETY: caller contract.
+    let rc = unsafe { f(bytes, dev) };
+    if rc == CUDA_SUCCESS {
+        if let Some(cap) = cap_of(dev) {
+            // SAFETY: written by the driver on success.
+            unsafe { *bytes = u64::from(*bytes).min(cap) as c_uint };
         }
     }
     rc

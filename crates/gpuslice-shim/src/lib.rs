@@ -32,22 +32,30 @@ mod cuda;
 mod families;
 mod hooks;
 mod init;
+mod measure;
 mod nvml;
 mod procaddr;
 mod real;
+mod resident;
 mod state;
+mod stats;
 mod sys;
 mod table;
 
 extern "C" fn constructor() {
     real::guard((), || {
         sys::resolve_real_dlsym();
-        state::init();
+        if state::init().log {
+            stats::enable();
+        }
     });
 }
 
 extern "C" fn destructor() {
-    real::guard((), state::detach_at_exit);
+    real::guard((), || {
+        stats::report();
+        state::detach_at_exit();
+    });
 }
 
 #[used]

@@ -12,7 +12,7 @@
 //!    environment's caps are never a fallback.
 //! 2. no record: the environment's caps (self-imposed), as before.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 use gpuslice_ledger::limits::{self, Located, SliceLimits};
@@ -37,7 +37,8 @@ pub struct Shim {
     /// on a GPU where others borrow); None: none.
     pub boards: Option<Boards>,
     pub caps: [u64; MAX_DEVICES],
-    pub context_bytes: u64,
+    /// `GPUSLICE_CONTEXT_BYTES` (None: measured, see [`crate::resident`]).
+    pub context_bytes: Option<u64>,
     pub log: bool,
     pub nvml: Vec<NvmlMatch>,
     /// The limits are root's (a verified limits record): a process that
@@ -439,9 +440,7 @@ fn attach(ledger: &Ledger) -> Option<Slot> {
 /// allocates (CUDA itself does not survive fork).
 extern "C" fn after_fork_child() {
     SLOT.store(UNATTACHED, Ordering::Release);
-    for c in &CTX_CHARGED {
-        c.store(false, Ordering::Relaxed);
-    }
+    crate::resident::reset_after_fork();
 }
 
 /// Releases everything at exit (the destructor).
@@ -464,11 +463,21 @@ pub struct Target {
     pub dev: usize,
 }
 
-static CTX_CHARGED: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
-
-/// The target for device ordinal `dev`, or None to pass through.
+/// The target for device ordinal `dev`, or None to pass through. A
+/// context no hook saw being created is charged here, at first use.
 #[inline]
 pub fn target(dev: i32) -> Option<Target> {
+    let t = target_no_context(dev)?;
+    if !crate::resident::CONTEXT_CHARGED[t.dev].load(Ordering::Relaxed) {
+        crate::resident::charge_existing_context(t);
+    }
+    Some(t)
+}
+
+/// The target for device ordinal `dev`, without charging its context (for
+/// the hooks that create contexts).
+#[inline]
+pub fn target_no_context(dev: i32) -> Option<Target> {
     let s = shim();
     let ledger = s.ledger.as_ref()?;
     let dev = usize::try_from(dev).ok().filter(|&d| d < MAX_DEVICES)?;
@@ -476,11 +485,7 @@ pub fn target(dev: i32) -> Option<Target> {
         return None;
     }
     let slot = slot(ledger)?;
-    let t = Target { ledger, slot, dev };
-    if s.context_bytes > 0 && !CTX_CHARGED[dev].load(Ordering::Relaxed) {
-        charge_context(t, s.context_bytes);
-    }
-    Some(t)
+    Some(Target { ledger, slot, dev })
 }
 
 /// The target for the current context's device.
@@ -492,17 +497,11 @@ pub fn target_current() -> Option<Target> {
     target(crate::hooks::current_device()?)
 }
 
-#[cold]
-fn charge_context(t: Target, bytes: u64) {
-    if !CTX_CHARGED[t.dev].swap(true, Ordering::AcqRel) {
-        // The context exists already: record it even past the cap.
-        t.ledger.charge_unchecked(t.slot, t.dev, bytes);
-    }
-}
-
 impl Target {
-    /// Reserves `bytes` before the driver call. On refusal, first settles
-    /// stale pool/graph charges (they may have shrunk) and tries again.
+    /// Reserves `bytes` before the driver call. On refusal, first reclaims
+    /// dead processes' bytes, settles stale pool/graph charges (they may
+    /// have shrunk) and this process's driver-held memory to what NVML
+    /// measures, and tries again.
     #[inline]
     pub fn reserve(self, bytes: u64) -> bool {
         if self.ledger.reserve(self.slot, self.dev, bytes).is_ok() {
@@ -513,7 +512,9 @@ impl Target {
 
     #[cold]
     fn reserve_slow(self, bytes: u64) -> bool {
+        let _ = self.ledger.reap();
         crate::hooks::settle_device(self);
+        let _ = crate::resident::settle(self, crate::resident::Why::Refusal);
         match self.ledger.reserve(self.slot, self.dev, bytes) {
             Ok(()) => true,
             Err(over) => {

@@ -108,7 +108,13 @@ pub fn is_ours(p: *mut c_void) -> bool {
     if p.is_null() {
         return false;
     }
-    object_base(p) == object_base(is_ours as *mut c_void)
+    static OURS: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+    let mut ours = OURS.load(Ordering::Relaxed);
+    if ours.is_null() {
+        ours = object_base(is_ours as *mut c_void);
+        OURS.store(ours, Ordering::Relaxed);
+    }
+    object_base(p) == ours
 }
 
 fn object_base(p: *mut c_void) -> *mut c_void {

@@ -73,7 +73,7 @@ impl Handles {
         self.small.remove(key).or_else(|| self.large.remove(key))
     }
 
-    #[cfg(test)]
+    /// The value of `key`, if recorded.
     pub fn get(&self, key: u64) -> Option<u64> {
         self.small.get(key).or_else(|| self.large.get(key))
     }
@@ -191,7 +191,6 @@ impl Table {
     }
 
     /// Looks `key` up without removing it.
-    #[cfg(test)]
     pub fn get(&self, key: u64) -> Option<u64> {
         let entries = self.entries()?;
         let mask = self.len() - 1;

@@ -28,7 +28,10 @@ fn shim_so() -> PathBuf {
     fakegpu::artifact_dirs()
         .into_iter()
         .map(|d| d.join(SHIM_FILE))
-        .find(|p| p.is_file())
+        .filter(|p| p.is_file())
+        // `cargo test` refreshes deps/, `cargo build` the copy above it:
+        // the newer one is the shim just built.
+        .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok())
         .expect("libgpuslice_shim.so next to the test binary (cargo build -p gpuslice-shim)")
 }
 

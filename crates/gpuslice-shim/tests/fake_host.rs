@@ -25,7 +25,10 @@ fn shim_so() -> PathBuf {
     fakegpu::artifact_dirs()
         .into_iter()
         .map(|d| d.join(SHIM_FILE))
-        .find(|p| p.is_file())
+        .filter(|p| p.is_file())
+        // `cargo test` refreshes deps/, `cargo build` the copy above it:
+        // the newer one is the shim just built.
+        .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok())
         .expect("libgpuslice_shim.so next to the test binary (cargo build -p gpuslice-shim)")
 }
 
@@ -37,7 +40,13 @@ struct Slice {
 }
 
 fn slice(cap: &str) -> Slice {
-    let host = FakeHost::builder().gpus(2).build().expect("fake host");
+    slice_on(FakeHost::builder().gpus(2), cap)
+}
+
+/// A slice on a fake host built by `builder` (contexts and modules holding
+/// device memory, for the physical-cap tests).
+fn slice_on(builder: fakegpu::FakeHostBuilder, cap: &str) -> Slice {
+    let host = builder.build().expect("fake host");
     let dir = tempfile::tempdir().unwrap();
     let ledger = dir.path().join("test.ledger");
     Slice {
@@ -322,4 +331,267 @@ fn a_corrupt_ledger_is_reported_and_the_cap_still_holds_per_process() {
     assert!(err.contains("not a gpuslice ledger"), "{err}");
     let v = &lines(&out)[0];
     assert_eq!(n(v, "count"), 14, "{v}");
+}
+
+// ------------------------------------------------------------ physical cap
+
+const CTX: u64 = 96 * MIB;
+const MODULE: u64 = 8 * MIB;
+
+fn physical_slice(cap: &str) -> Slice {
+    slice_on(
+        FakeHost::builder()
+            .gpus(2)
+            .ctx_bytes(CTX)
+            .module_bytes(MODULE),
+        cap,
+    )
+}
+
+#[test]
+fn contexts_modules_and_limits_are_charged_as_the_driver_holds_them() {
+    let s = physical_slice("1GiB");
+    for via in ["dlsym", "procaddr", "global"] {
+        let v = &s.run(&["--via", via, "resident"])[0];
+        // The context as NVML measures it (the estimate is settled by the
+        // first memory query), not 0 and not the 512 MiB estimate.
+        assert_eq!(n(v, "context") as u64, CTX, "{via}: {v}");
+        assert_eq!(n(v, "rc_load"), 0, "{via}: {v}");
+        assert_eq!(n(v, "module") as u64, MODULE, "{via}: {v}");
+        // 64 MiB of heap over the default 8 MiB the context holds.
+        assert_eq!(n(v, "rc_heap"), 0, "{via}: {v}");
+        assert_eq!(n(v, "heap") as u64, 56 * MIB, "{via}: {v}");
+        assert_eq!(
+            n(v, "total") as u64,
+            1 << 30,
+            "{via}: total is the cap: {v}"
+        );
+        assert_eq!(n(v, "after_unload") as u64, 56 * MIB, "{via}: {v}");
+        assert_eq!(n(v, "after_heap_back"), 0, "{via}: {v}");
+    }
+    assert_eq!(s.ledger().used(0), 0, "all released at exit");
+}
+
+#[test]
+fn context_bytes_overrides_the_measurement() {
+    let s = physical_slice("1GiB");
+    let out = s
+        .client(&["resident"])
+        .env("GPUSLICE_CONTEXT_BYTES", "300MiB")
+        .output()
+        .unwrap();
+    let v = &lines(&out)[0];
+    assert_eq!(n(v, "context") as u64, 300 * MIB, "{v}");
+}
+
+#[test]
+fn a_context_that_does_not_fit_is_refused() {
+    // 150 MiB: the 96 MiB context fits only once measured (the 512 MiB
+    // estimate does not); beside 146 MiB a second one does not.
+    let s = physical_slice("150MiB");
+    let first = hold(&s, 50 * MIB);
+    assert_eq!(first.1, (0, 0), "the first process fits");
+    // A second context (96 MiB) does not fit beside 146 MiB.
+    let second = hold(&s, MIB);
+    assert_eq!(second.1 .0, 2, "context refused with OUT_OF_MEMORY");
+    let sum = nvml_sum(&s);
+    assert!(sum <= 150 * MIB, "physical {sum} over the cap");
+    drop((first, second));
+}
+
+/// A child killed when dropped (a failed assertion leaves no holder behind).
+struct Held(std::process::Child);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `hold-soft BYTES`: (child, (context rc, alloc rc)), once the
+/// slice's charge has settled (the context is measured in the background
+/// after its estimate is reserved).
+fn hold(s: &Slice, bytes: u64) -> (Held, (i64, i64)) {
+    let mut c = s
+        .client(&["hold-soft", &bytes.to_string()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(c.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let v: Value = serde_json::from_str(line.trim()).unwrap_or_else(|e| panic!("{line}: {e}"));
+    let c = Held(c);
+    // Wait for the background measurement: the ledger then holds what
+    // NVML counts for the slice's processes.
+    let deadline = Instant::now() + std::time::Duration::from_secs(10);
+    while s.ledger().used(0) > nvml_sum(s) && Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    (c, (n(&v, "ctx"), n(&v, "alloc")))
+}
+
+/// What the host's NVML sums over the processes on GPU 0.
+fn nvml_sum(s: &Slice) -> u64 {
+    let out = s.host.command(CLIENT).arg("nvml-procs").output().unwrap();
+    n(&lines(&out)[0], "sum") as u64
+}
+
+#[test]
+fn several_processes_in_one_slice_stay_within_the_cap_in_physical_memory() {
+    // Each process: a 96 MiB context and a 200 MiB allocation (296 MiB);
+    // a 1000 MiB cap holds three, and a fourth's context (888 + 96 = 984)
+    // but not its allocation; a fifth gets no context.
+    for procs in [1usize, 2, 5, 8] {
+        let s = physical_slice("1000MiB");
+        let held: Vec<_> = (0..procs).map(|_| hold(&s, 200 * MIB)).collect();
+        let ok = held.iter().filter(|h| h.1 == (0, 0)).count();
+        let sum = nvml_sum(&s);
+        assert!(
+            sum <= 1000 * MIB,
+            "{procs} processes: physical {} MiB over the 1000 MiB cap: {:?}",
+            sum / MIB,
+            held.iter().map(|h| h.1).collect::<Vec<_>>()
+        );
+        assert_eq!(ok, procs.min(3), "{procs} processes");
+        if procs >= 4 {
+            assert_eq!(held[3].1, (0, 2), "the fourth's allocation is refused");
+        }
+        if procs >= 5 {
+            assert_eq!(held[4].1 .0, 2, "the fifth's context is refused");
+        }
+    }
+}
+
+#[test]
+fn every_process_charges_its_own_context() {
+    // Each process of the slice holds its own context: the ledger holds at
+    // least what NVML sums over them.
+    let s = physical_slice("1GiB");
+    let a = hold(&s, 10 * MIB);
+    let b = hold(&s, 10 * MIB);
+    assert_eq!((a.1, b.1), ((0, 0), (0, 0)));
+    assert_eq!(s.ledger().used(0), 2 * (CTX + 10 * MIB));
+    assert_eq!(nvml_sum(&s), 2 * (CTX + 10 * MIB));
+}
+
+#[test]
+fn a_forked_child_s_exit_keeps_the_parent_s_charges() {
+    let s = slice("1GiB");
+    let v = &s.run(&["fork", &(30 * MIB).to_string()])[0];
+    assert_eq!(n(v, "rc"), 0, "{v}");
+    assert_eq!(n(v, "child_status"), 0, "{v}");
+    assert!(n(v, "before") as u64 >= 30 * MIB, "{v}");
+    assert_eq!(
+        n(v, "after_child"),
+        n(v, "before"),
+        "the child released the parent's bytes: {v}"
+    );
+    assert_eq!(s.ledger().used(0), 0, "all released at the parent's exit");
+}
+
+#[test]
+fn two_devices_are_charged_and_capped_each_on_its_own() {
+    let s = physical_slice("1GiB");
+    let both = format!("{},{}", s.host.gpus()[0].uuid, s.host.gpus()[1].uuid);
+    let run = |b0: u64, b1: u64| {
+        let out = s
+            .client(&["two-devices", &b0.to_string(), &b1.to_string()])
+            .env("CUDA_VISIBLE_DEVICES", &both)
+            .output()
+            .unwrap();
+        lines(&out)[0].clone()
+    };
+    // Each device: its own context (as NVML measures it) and allocation.
+    let v = run(100 * MIB, 300 * MIB);
+    assert_eq!((n(&v, "rc0"), n(&v, "rc1")), (0, 0), "{v}");
+    assert_eq!(n(&v, "used0") as u64, CTX + 100 * MIB, "{v}");
+    assert_eq!(n(&v, "used1") as u64, CTX + 300 * MIB, "{v}");
+    assert_eq!(n(&v, "free1") as u64, (1 << 30) - CTX - 300 * MIB, "{v}");
+    // Device 1's cap is its own: what device 0 holds does not count there,
+    // and an allocation over it on device 1 is refused.
+    let v = run(800 * MIB, 1000 * MIB);
+    assert_eq!(n(&v, "rc0"), 0, "{v}");
+    assert_eq!(n(&v, "rc1"), 2, "over device 1's cap: {v}");
+    assert_eq!(n(&v, "used1") as u64, CTX, "{v}");
+    assert_eq!((s.ledger().used(0), s.ledger().used(1)), (0, 0));
+}
+
+#[test]
+fn a_handle_released_while_mapped_stays_charged_until_its_last_unmap() {
+    let s = physical_slice("1GiB");
+    for via in ["dlsym", "procaddr"] {
+        let v = &s.run(&["--via", via, "vmm-mapped", &(64 * MIB).to_string()])[0];
+        for rc in [
+            "rc_create",
+            "rc_reserve",
+            "rc_map",
+            "rc_release",
+            "rc_unmap",
+        ] {
+            assert_eq!(n(v, rc), 0, "{via} {rc}: {v}");
+        }
+        let at = |k: &str| (v[k][0].as_u64().unwrap(), v[k][1].as_u64().unwrap());
+        // [ledger, NVML]: the driver holds the memory until the unmap, and
+        // the charge follows it.
+        let (mapped, released, unmapped) = (at("mapped"), at("released"), at("unmapped"));
+        assert_eq!(mapped, (CTX + 64 * MIB, CTX + 64 * MIB), "{via}: {v}");
+        assert_eq!(released, mapped, "{via}: released while mapped: {v}");
+        assert_eq!(unmapped, (CTX, CTX), "{via}: after the last unmap: {v}");
+    }
+    assert_eq!(s.ledger().used(0), 0);
+}
+
+#[test]
+fn a_stream_ordered_allocation_is_charged_to_the_stream_s_device() {
+    let s = physical_slice("1GiB");
+    let both = format!("{},{}", s.host.gpus()[0].uuid, s.host.gpus()[1].uuid);
+    let out = s
+        .client(&["async-device", &(10 * MIB).to_string()])
+        .env("CUDA_VISIBLE_DEVICES", &both)
+        .output()
+        .unwrap();
+    let v = &lines(&out)[0];
+    assert_eq!(n(v, "rc"), 0, "{v}");
+    // The driver takes it from device 1's pool (a 2 MiB-stepped reserve),
+    // though device 0's context is current.
+    assert_eq!(
+        n(v, "used0"),
+        n(v, "before0"),
+        "charged to the current device: {v}"
+    );
+    assert_eq!(n(v, "used1") - n(v, "before1"), 10 * MIB as i64, "{v}");
+}
+
+#[test]
+fn a_pool_s_allocations_are_charged_where_the_pool_s_memory_is() {
+    let s = physical_slice("1GiB");
+    let both = format!("{},{}", s.host.gpus()[0].uuid, s.host.gpus()[1].uuid);
+    let out = s
+        .client(&["pool-location", &(10 * MIB).to_string()])
+        .env("CUDA_VISIBLE_DEVICES", &both)
+        .output()
+        .unwrap();
+    let v = &lines(&out)[0];
+    let at = |k: &str| -> Vec<i64> {
+        v[k].as_array()
+            .unwrap_or_else(|| panic!("{k} in {v}"))
+            .iter()
+            .map(|x| x.as_i64().unwrap())
+            .collect()
+    };
+    // [rc, change on device 0, change on device 1], device 0 current.
+    assert_eq!(
+        at("device1"),
+        [0, 0, 10 * MIB as i64],
+        "the pool's device: {v}"
+    );
+    assert_eq!(at("host"), [0, 0, 0], "host memory is not the GPU's: {v}");
+    assert_eq!(
+        at("managed"),
+        [0, 0, 0],
+        "managed memory is not charged: {v}"
+    );
 }

@@ -76,6 +76,8 @@ struct Streams {
     next: usize,
     /// Created streams → flags.
     created: BTreeMap<usize, c_uint>,
+    /// Created streams → the device of the context they were made in.
+    devices: BTreeMap<usize, usize>,
     /// Capturing streams (by key, see [`key`]).
     captures: BTreeMap<usize, Capture>,
     next_addr: u64,
@@ -87,6 +89,7 @@ struct Streams {
 static STREAMS: Mutex<Streams> = Mutex::new(Streams {
     next: 0,
     created: BTreeMap::new(),
+    devices: BTreeMap::new(),
     captures: BTreeMap::new(),
     next_addr: NODE_ADDR_BASE,
     nodes: BTreeSet::new(),
@@ -199,7 +202,7 @@ pub fn free_node(addr: u64) -> bool {
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamCreate(stream: *mut Handle, flags: c_uint) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
-        rc(current_device().and_then(|_| {
+        rc(current_device().and_then(|dev| {
             if flags & !NON_BLOCKING != 0 {
                 return Err(CUDA_ERROR_INVALID_VALUE);
             }
@@ -208,6 +211,7 @@ pub unsafe extern "C" fn cuStreamCreate(stream: *mut Handle, flags: c_uint) -> C
                 s.next += 1;
                 let h = STREAM_BASE + s.next * 16;
                 s.created.insert(h, flags);
+                s.devices.insert(h, dev);
                 h
             };
             // SAFETY: caller contract.
@@ -222,10 +226,36 @@ pub extern "C" fn cuStreamDestroy_v2(stream: Handle) -> CUresult {
         let mut s = streams();
         let k = stream as usize;
         s.captures.remove(&k);
+        s.devices.remove(&k);
         match s.created.remove(&k) {
             Some(_) => CUDA_SUCCESS,
             None => CUDA_ERROR_INVALID_VALUE,
         }
+    })
+}
+
+/// The device whose memory work on `stream` uses: a created stream's own
+/// (the context it was made in), else the current context's (the default
+/// streams).
+pub fn stream_device(stream: Handle) -> Result<usize, CUresult> {
+    let own = streams().devices.get(&(stream as usize)).copied();
+    match own {
+        Some(dev) => Ok(dev),
+        None => current_device(),
+    }
+}
+
+/// `cuStreamGetDevice` (CUDA 12.8).
+///
+/// # Safety
+/// `device` null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetDevice(stream: Handle, device: *mut c_int) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        rc(stream_device(stream).and_then(|dev| {
+            // SAFETY: caller contract.
+            unsafe { out(device, dev as c_int) }
+        }))
     })
 }
 

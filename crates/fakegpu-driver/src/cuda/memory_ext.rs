@@ -27,6 +27,8 @@ type Handle = *mut c_void;
 #[derive(Default)]
 struct Pool {
     dev: usize,
+    /// A host-located or managed pool: its memory is not the device's.
+    host: bool,
     reserved: u64,
     used: u64,
     reserved_high: u64,
@@ -59,6 +61,21 @@ struct Ext {
     /// array handle → bytes.
     arrays: BTreeMap<u64, u64>,
     graphs: Graphs,
+    vmm: Vmm,
+}
+
+/// VMM handles and their mappings, as the real driver keeps them: a handle
+/// released while still mapped keeps its memory until its last mapping is
+/// unmapped.
+#[derive(Default)]
+struct Vmm {
+    next_va: u64,
+    /// live handle (from `cuMemCreate`) → number of mappings.
+    mapped: BTreeMap<u64, u32>,
+    /// handles released while mapped: freed at their last unmap.
+    released: std::collections::BTreeSet<u64>,
+    /// mapped address → (size, handle).
+    at: BTreeMap<u64, (u64, u64)>,
 }
 
 static EXT: Mutex<Option<Ext>> = Mutex::new(None);
@@ -118,7 +135,11 @@ fn pool_alloc(e: &mut Ext, id: usize, size: u64) -> Result<u64, CUresult> {
     let slack = p.reserved - p.used;
     if slack < size {
         let grow = (size - slack).div_ceil(POOL_STEP) * POOL_STEP;
-        let chunk = dev_alloc(p.dev, grow)?;
+        let chunk = if p.host {
+            HOST_CHUNKS.fetch_add(grow, std::sync::atomic::Ordering::Relaxed)
+        } else {
+            dev_alloc(p.dev, grow)?
+        };
         p.chunks.push((chunk, grow));
         p.reserved += grow;
         p.reserved_high = p.reserved_high.max(p.reserved);
@@ -131,6 +152,10 @@ fn pool_alloc(e: &mut Ext, id: usize, size: u64) -> Result<u64, CUresult> {
     e.owner.insert(addr, id);
     Ok(addr)
 }
+
+/// Addresses of host pools' memory (no device memory behind them).
+static HOST_CHUNKS: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(0x4f00_0000_0000);
 
 fn trim(p: &mut Pool, keep: u64) {
     let floor = p.used.max(keep);
@@ -249,18 +274,32 @@ pub unsafe extern "C" fn cuMemPoolCreate(pool: *mut Handle, props: *const u8) ->
         if props.is_null() {
             return CUDA_ERROR_INVALID_VALUE;
         }
-        // SAFETY: props points to a CUmemPoolProps (≥ 16 bytes).
-        let (ty, id) = unsafe {
+        // SAFETY: props points to a CUmemPoolProps (≥ 16 bytes): allocType,
+        // handleTypes, location {type, id}.
+        let (alloc, ty, id) = unsafe {
             (
+                props.cast::<c_int>().read_unaligned(),
                 props.add(8).cast::<c_int>().read_unaligned(),
                 props.add(12).cast::<c_int>().read_unaligned(),
             )
         };
-        if ty != 1 {
-            return CUDA_ERROR_INVALID_VALUE;
-        }
-        rc(device(id).and_then(|_| {
-            let pid = with(|e| new_pool(e, id as usize));
+        // Pinned on a device (1), or on the host (2..=4: host, host NUMA,
+        // current host NUMA); managed (allocType 2) on a device: neither
+        // host nor managed pools hold the device's memory.
+        let host = match (alloc, ty) {
+            (1, 1) => false,
+            (1, 2..=4) | (2, 1) => true,
+            _ => return CUDA_ERROR_INVALID_VALUE,
+        };
+        let dev = if ty == 1 { id } else { 0 };
+        rc(device(dev).and_then(|_| {
+            let pid = with(|e| {
+                let pid = new_pool(e, dev as usize);
+                if let Some(p) = e.pools.get_mut(&pid) {
+                    p.host = host;
+                }
+                pid
+            });
             // SAFETY: caller contract.
             unsafe { out(pool, (POOL_BASE + pid * 16) as Handle) }
         }))
@@ -388,14 +427,16 @@ pub unsafe extern "C" fn cuMemAllocAsync(
     size: usize,
     stream: Handle,
 ) -> CUresult {
-    alloc_async(dptr, size, capture::key(stream, false))
+    alloc_async(dptr, size, stream, false)
 }
 
-fn alloc_async(dptr: *mut CUdeviceptr, size: usize, stream: usize) -> CUresult {
+/// From the current pool of the stream's device (not the current
+/// context's), as the real driver does.
+fn alloc_async(dptr: *mut CUdeviceptr, size: usize, stream: Handle, ptsz: bool) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
-        rc(current_device().and_then(|dev| {
+        rc(capture::stream_device(stream).and_then(|dev| {
             let id = with(|e| default_pool(e, dev));
-            from_pool(dptr, size, id, stream)
+            from_pool(dptr, size, id, capture::key(stream, ptsz))
         }))
     })
 }
@@ -408,7 +449,7 @@ pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
     size: usize,
     stream: Handle,
 ) -> CUresult {
-    alloc_async(dptr, size, capture::key(stream, true))
+    alloc_async(dptr, size, stream, true)
 }
 
 /// Frees pool memory back to its pool (the reserve stays), or any other
@@ -476,17 +517,123 @@ pub unsafe extern "C" fn cuMemCreate(
         }
         rc(state().and_then(|_| {
             let h = dev_alloc(id as usize, size as u64)?;
+            with(|e| e.vmm.mapped.insert(h, 0));
             // SAFETY: caller contract.
             unsafe { out(handle, h) }
         }))
     })
 }
 
+/// Releases a handle: its memory goes now if it is not mapped, else at its
+/// last `cuMemUnmap`. A handle released already is invalid.
 #[no_mangle]
 pub extern "C" fn cuMemRelease(handle: u64) -> CUresult {
-    guard(CUDA_ERROR_UNKNOWN, || match memory::free(handle) {
-        true => CUDA_SUCCESS,
-        false => CUDA_ERROR_INVALID_VALUE,
+    guard(CUDA_ERROR_UNKNOWN, || {
+        with(|e| {
+            if e.vmm.released.contains(&handle) {
+                return CUDA_ERROR_INVALID_VALUE;
+            }
+            match e.vmm.mapped.get(&handle) {
+                Some(&n) if n > 0 => {
+                    e.vmm.released.insert(handle);
+                    CUDA_SUCCESS
+                }
+                _ => {
+                    e.vmm.mapped.remove(&handle);
+                    match memory::free(handle) {
+                        true => CUDA_SUCCESS,
+                        false => CUDA_ERROR_INVALID_VALUE,
+                    }
+                }
+            }
+        })
+    })
+}
+
+const VA_BASE: u64 = 0x7e00_0000_0000;
+
+/// A range of virtual addresses (no memory behind it).
+///
+/// # Safety
+/// `ptr` null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAddressReserve(
+    ptr: *mut CUdeviceptr,
+    size: usize,
+    _align: usize,
+    _addr: CUdeviceptr,
+    _flags: u64,
+) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        if size == 0 {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        rc(state().and_then(|_| {
+            let va = with(|e| {
+                let va = e.vmm.next_va.max(VA_BASE);
+                e.vmm.next_va = va + (size as u64).div_ceil(POOL_STEP) * POOL_STEP;
+                va
+            });
+            // SAFETY: caller contract.
+            unsafe { out(ptr, va) }
+        }))
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemAddressFree(_ptr: CUdeviceptr, _size: usize) -> CUresult {
+    CUDA_SUCCESS
+}
+
+/// Maps `handle` at `ptr`: the handle's memory lives while it is mapped.
+#[no_mangle]
+pub extern "C" fn cuMemMap(
+    ptr: CUdeviceptr,
+    size: usize,
+    _offset: usize,
+    handle: u64,
+    _flags: u64,
+) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        with(|e| {
+            let v = &mut e.vmm;
+            if size == 0 || v.released.contains(&handle) || v.at.contains_key(&ptr) {
+                return CUDA_ERROR_INVALID_VALUE;
+            }
+            let Some(n) = v.mapped.get_mut(&handle) else {
+                return CUDA_ERROR_INVALID_VALUE;
+            };
+            *n += 1;
+            v.at.insert(ptr, (size as u64, handle));
+            CUDA_SUCCESS
+        })
+    })
+}
+
+/// Unmaps every mapping in `[ptr, ptr + size)`; a released handle's
+/// memory is freed with its last mapping.
+#[no_mangle]
+pub extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        with(|e| {
+            let v = &mut e.vmm;
+            let end = ptr.saturating_add(size as u64);
+            if v.at.range(ptr..end).next().is_none() {
+                return CUDA_ERROR_INVALID_VALUE;
+            }
+            while let Some((&a, &(_, h))) = v.at.range(ptr..end).next() {
+                v.at.remove(&a);
+                let left = v.mapped.get_mut(&h).map_or(0, |n| {
+                    *n = n.saturating_sub(1);
+                    *n
+                });
+                if left == 0 && v.released.remove(&h) {
+                    v.mapped.remove(&h);
+                    memory::free(h);
+                }
+            }
+            CUDA_SUCCESS
+        })
     })
 }
 

@@ -8,6 +8,7 @@ mod init;
 mod launch;
 mod memory_ext;
 mod proc_address;
+mod resident;
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
@@ -43,6 +44,10 @@ struct State {
     devices: Vec<Device>,
     driver_version: c_int,
     ctx_ms: u64,
+    /// Device memory a context holds (see [`resident`]).
+    ctx_bytes: u64,
+    /// Device memory a loaded module or library holds.
+    module_bytes: u64,
 }
 
 static STATE: OnceLock<State> = OnceLock::new();
@@ -65,6 +70,10 @@ fn device(dev: CUdevice) -> Result<&'static Device, CUresult> {
         .ok_or(CUDA_ERROR_INVALID_DEVICE)
 }
 
+fn env_bytes(name: &str) -> Option<u64> {
+    env_ms(name)
+}
+
 fn env_ms(name: &str) -> Option<u64> {
     std::env::var(name).ok()?.trim().parse().ok()
 }
@@ -81,7 +90,13 @@ fn initialize() -> State {
         devices,
         driver_version: kernel.as_ref().map_or(13000, |k| k.cuda_version),
         ctx_ms: env_ms("FAKEGPU_CTX_MS")
-            .or(kernel.map(|k| k.ctx_ms))
+            .or(kernel.as_ref().map(|k| k.ctx_ms))
+            .unwrap_or(0),
+        ctx_bytes: env_bytes("FAKEGPU_CTX_BYTES")
+            .or(kernel.as_ref().map(|k| k.ctx_bytes))
+            .unwrap_or(0),
+        module_bytes: env_bytes("FAKEGPU_MODULE_BYTES")
+            .or(kernel.as_ref().map(|k| k.module_bytes))
             .unwrap_or(0),
     }
 }
@@ -190,6 +205,20 @@ pub unsafe extern "C" fn cuDeviceGetUuid_v2(uuid: *mut [u8; 16], dev: CUdevice) 
     unsafe { cuDeviceGetUuid(uuid, dev) }
 }
 
+/// The pre-3.2 ABI (32-bit size; saturates, as the real one reports at
+/// most 4 GiB − 1 there).
+///
+/// # Safety
+/// `bytes` must be null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        let v = |d: &Device| d.memory_bytes.min(u64::from(c_uint::MAX)) as c_uint;
+        // SAFETY: caller contract.
+        rc(device(dev).and_then(|d| unsafe { out(bytes, v(d)) }))
+    })
+}
+
 /// # Safety
 /// `bytes` must be null or valid for a write.
 #[no_mangle]
@@ -270,8 +299,9 @@ pub unsafe extern "C" fn cuDeviceGetPCIBusId(
 
 // ---------------------------------------------------------------- contexts
 //
-// Each device has one primary context; its handle encodes the device index.
-// The current context is per thread, as in CUDA.
+// Each device has one primary context; its handle encodes the device index
+// (created contexts are handles inside the device's stride, see
+// [`resident`]). The current context is per thread, as in CUDA.
 
 const CTX_BASE: usize = 0xC0_4E00_0000;
 const CTX_STRIDE: usize = 0x100;
@@ -285,7 +315,6 @@ fn ctx_device(ctx: CUcontext) -> Result<usize, CUresult> {
     let s = state()?;
     let offset = (ctx as usize)
         .checked_sub(CTX_BASE)
-        .filter(|o| o % CTX_STRIDE == 0)
         .ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
     let dev = offset / CTX_STRIDE;
     if dev < s.devices.len() {
@@ -297,6 +326,10 @@ fn ctx_device(ctx: CUcontext) -> Result<usize, CUresult> {
 
 thread_local! {
     static CURRENT: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+fn set_current(dev: Option<usize>) {
+    CURRENT.with(|c| c.set(dev));
 }
 
 fn current_device() -> Result<usize, CUresult> {
@@ -318,7 +351,11 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUd
             CTX_COST.call_once(|| std::thread::sleep(Duration::from_millis(s.ctx_ms)));
             let index = dev as usize;
             let mut refs = PRIMARY_REFS.lock().unwrap_or_else(|e| e.into_inner());
-            *refs.entry(index).or_insert(0) += 1;
+            let n = refs.entry(index).or_insert(0);
+            if *n == 0 {
+                resident::primary_created(index)?;
+            }
+            *n += 1;
             // SAFETY: caller contract.
             unsafe { out(pctx, ctx_handle(index)) }
         }))
@@ -333,6 +370,9 @@ pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
             match refs.get_mut(&(dev as usize)) {
                 Some(n) if *n > 0 => {
                     *n -= 1;
+                    if *n == 0 {
+                        resident::primary_destroyed(dev as usize);
+                    }
                     Ok(())
                 }
                 _ => Err(CUDA_ERROR_INVALID_CONTEXT),

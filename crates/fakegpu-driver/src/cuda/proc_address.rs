@@ -10,6 +10,7 @@ use std::ffi::{c_int, c_void};
 use super::capture::*;
 use super::launch::*;
 use super::memory_ext::*;
+use super::resident::*;
 use super::*;
 
 /// Base names whose `_v2` is what a caller built against at least the given
@@ -19,6 +20,8 @@ const VERSIONED: &[(&str, c_int)] = &[
     ("cuMemAlloc", 3020),
     ("cuMemFree", 3020),
     ("cuMemGetInfo", 3020),
+    ("cuCtxCreate", 3020),
+    ("cuCtxDestroy", 4000),
     ("cuDevicePrimaryCtxRelease", 11000),
     ("cuDeviceGetUuid", 11040),
     ("cuGetProcAddress", 12000),
@@ -49,6 +52,7 @@ fn exact(name: &str) -> Option<*mut c_void> {
         cuDeviceGetName,
         cuDeviceGetUuid,
         cuDeviceGetUuid_v2,
+        cuDeviceTotalMem,
         cuDeviceTotalMem_v2,
         cuDeviceGetAttribute,
         cuDeviceGetPCIBusId,
@@ -59,6 +63,17 @@ fn exact(name: &str) -> Option<*mut c_void> {
         cuCtxGetCurrent,
         cuCtxGetDevice,
         cuCtxSynchronize,
+        // resident
+        cuCtxCreate_v2,
+        cuCtxDestroy_v2,
+        cuCtxSetLimit,
+        cuCtxGetLimit,
+        cuModuleLoad,
+        cuModuleLoadData,
+        cuModuleLoadDataEx,
+        cuModuleUnload,
+        cuLibraryLoadData,
+        cuLibraryUnload,
         cuMemAlloc_v2,
         cuMemFree_v2,
         cuMemGetInfo_v2,
@@ -84,6 +99,10 @@ fn exact(name: &str) -> Option<*mut c_void> {
         cuMemFreeAsync_ptsz,
         cuMemCreate,
         cuMemRelease,
+        cuMemAddressReserve,
+        cuMemAddressFree,
+        cuMemMap,
+        cuMemUnmap,
         cuArrayCreate_v2,
         cuArray3DCreate_v2,
         cuMipmappedArrayCreate,
@@ -104,6 +123,7 @@ fn exact(name: &str) -> Option<*mut c_void> {
         cuDeviceGetGraphMemAttribute,
         // capture
         cuStreamCreate,
+        cuStreamGetDevice,
         cuStreamDestroy_v2,
         cuStreamBeginCapture,
         cuStreamBeginCapture_v2,

@@ -152,6 +152,13 @@ fn init(cu: &Cuda) {
         assert_eq!(retain(&mut ctx, 0), 0, "primary context");
         assert_eq!(set(ctx), 0, "set current");
     }
+    // The context is charged at an estimate (512 MiB) and measured in the
+    // background; wait for that (the fake contexts are smaller), so what
+    // the commands below charge is seen against a settled baseline.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while used() >= 512 * MIB as u64 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 type Alloc = unsafe extern "C" fn(*mut u64, usize) -> R;
@@ -1215,8 +1222,17 @@ fn main() {
         ]);
         return;
     }
+    match cmd {
+        "hold-soft" => hold_soft(&cu, rest[1].parse().expect("BYTES")),
+        "nvml-procs" => nvml_procs(),
+        _ => {}
+    }
     init(&cu);
     let code = match cmd {
+        "resident" => {
+            resident(&cu);
+            0
+        }
         "paths" => {
             paths(&cu);
             0
@@ -1287,6 +1303,30 @@ fn main() {
             rest[2].parse().expect("SEED"),
             rest[3].parse().expect("MAX_BLOCK"),
         ),
+        "vmm-mapped" => {
+            vmm_mapped(&cu, rest[1].parse().expect("BYTES"));
+            0
+        }
+        "async-device" => {
+            async_on_other_device(&cu, rest[1].parse().expect("BYTES"));
+            0
+        }
+        "pool-location" => {
+            pool_location(&cu, rest[1].parse().expect("BYTES"));
+            0
+        }
+        "fork" => {
+            fork_keeps_charges(&cu, rest[1].parse().expect("BYTES"));
+            0
+        }
+        "two-devices" => {
+            two_devices(
+                &cu,
+                rest[1].parse().expect("BYTES0"),
+                rest[2].parse().expect("BYTES1"),
+            );
+            0
+        }
         "hold" => {
             let alloc = f!(cu, "cuMemAlloc", "cuMemAlloc_v2", Alloc);
             let mut p = 0;
@@ -1304,4 +1344,412 @@ fn main() {
         }
     };
     std::process::exit(code);
+}
+
+/// Driver-held memory: context, a module, a heap limit, the reported total.
+fn resident(cu: &Cuda) {
+    type Load = unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> R;
+    type Unload = unsafe extern "C" fn(*mut c_void) -> R;
+    type SetLimit = unsafe extern "C" fn(c_int, usize) -> R;
+    type Total = unsafe extern "C" fn(*mut usize, c_int) -> R;
+    let load = f!(cu, "cuModuleLoadData", "cuModuleLoadData", Load);
+    let unload = f!(cu, "cuModuleUnload", "cuModuleUnload", Unload);
+    let set_limit = f!(cu, "cuCtxSetLimit", "cuCtxSetLimit", SetLimit);
+    let total = f!(cu, "cuDeviceTotalMem", "cuDeviceTotalMem_v2", Total);
+    let context = used();
+    let mut m = std::ptr::null_mut();
+    let image = [0u8; 16];
+    // SAFETY: valid out-pointer and image buffer.
+    let rc_load = unsafe { load(&mut m, image.as_ptr().cast()) };
+    let with_module = used();
+    // CU_LIMIT_MALLOC_HEAP_SIZE = 2.
+    // SAFETY: plain driver call.
+    let rc_heap = unsafe { set_limit(2, 64 * MIB) };
+    let with_heap = used();
+    let mut t = 0usize;
+    // SAFETY: valid out-pointer.
+    let rc_total = unsafe { total(&mut t, 0) };
+    let rc_unload = if rc_load == 0 {
+        // SAFETY: the module just loaded.
+        unsafe { unload(m) }
+    } else {
+        -1
+    };
+    let unloaded = used();
+    // SAFETY: plain driver call; back to the default 8 MiB.
+    let rc_heap_back = unsafe { set_limit(2, 8 * MIB) };
+    line(&[
+        ("context", context.to_string()),
+        ("rc_load", rc_load.to_string()),
+        ("module", (with_module - context).to_string()),
+        ("rc_heap", rc_heap.to_string()),
+        (
+            "heap",
+            (with_heap as i128 - with_module as i128).to_string(),
+        ),
+        ("rc_total", rc_total.to_string()),
+        ("total", t.to_string()),
+        ("rc_unload", rc_unload.to_string()),
+        (
+            "after_unload",
+            (unloaded as i128 - context as i128).to_string(),
+        ),
+        ("rc_heap_back", rc_heap_back.to_string()),
+        (
+            "after_heap_back",
+            (used() as i128 - context as i128).to_string(),
+        ),
+    ]);
+}
+
+/// Creates the primary context and allocates `bytes` without asserting
+/// (either may be refused), reports both codes, and holds until killed.
+fn hold_soft(cu: &Cuda, bytes: usize) -> ! {
+    let cu_init = f!(cu, "cuInit", "cuInit", unsafe extern "C" fn(c_uint) -> R);
+    type Retain = unsafe extern "C" fn(*mut *mut c_void, c_int) -> R;
+    let retain = f!(
+        cu,
+        "cuDevicePrimaryCtxRetain",
+        "cuDevicePrimaryCtxRetain",
+        Retain
+    );
+    let set = f!(
+        cu,
+        "cuCtxSetCurrent",
+        "cuCtxSetCurrent",
+        unsafe extern "C" fn(*mut c_void) -> R
+    );
+    let alloc = f!(cu, "cuMemAlloc", "cuMemAlloc_v2", Alloc);
+    let mut ctx = std::ptr::null_mut();
+    let mut p = 0;
+    // SAFETY: plain driver calls with valid out-pointers.
+    let (rc_ctx, rc_alloc) = unsafe {
+        assert_eq!(cu_init(0), 0, "cuInit");
+        let rc_ctx = retain(&mut ctx, 0);
+        let rc_alloc = if rc_ctx == 0 {
+            set(ctx);
+            alloc(&mut p, bytes)
+        } else {
+            -1
+        };
+        (rc_ctx, rc_alloc)
+    };
+    line(&[("ctx", rc_ctx.to_string()), ("alloc", rc_alloc.to_string())]);
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+}
+
+/// NVML's per-process usage of GPU index 0, as the host sums it.
+/// (pid, bytes) of every process NVML lists on GPU 0.
+fn nvml_list() -> Vec<(u32, u64)> {
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct Info {
+        pid: c_uint,
+        used: u64,
+        gi: c_uint,
+        ci: c_uint,
+    }
+    // SAFETY: dlopen/dlsym of NVML by name; signatures from nvml.h.
+    unsafe {
+        let h = libc::dlopen(c"libnvidia-ml.so.1".as_ptr(), libc::RTLD_NOW);
+        assert!(!h.is_null(), "dlopen libnvidia-ml.so.1");
+        let sym = |n: &std::ffi::CStr| {
+            let p = libc::dlsym(h, n.as_ptr());
+            assert!(!p.is_null(), "{n:?}");
+            p
+        };
+        let init: unsafe extern "C" fn() -> c_int = std::mem::transmute(sym(c"nvmlInit_v2"));
+        let by_index: unsafe extern "C" fn(c_uint, *mut *mut c_void) -> c_int =
+            std::mem::transmute(sym(c"nvmlDeviceGetHandleByIndex_v2"));
+        let procs: unsafe extern "C" fn(*mut c_void, *mut c_uint, *mut Info) -> c_int =
+            std::mem::transmute(sym(c"nvmlDeviceGetComputeRunningProcesses_v3"));
+        assert_eq!(init(), 0);
+        let mut dev = std::ptr::null_mut();
+        assert_eq!(by_index(0, &mut dev), 0);
+        let mut buf = [Info::default(); 256];
+        let mut n = buf.len() as c_uint;
+        assert_eq!(procs(dev, &mut n, buf.as_mut_ptr()), 0);
+        buf[..n as usize].iter().map(|i| (i.pid, i.used)).collect()
+    }
+}
+
+fn nvml_procs() -> ! {
+    let list = nvml_list();
+    let pids: Vec<String> = list.iter().map(|i| i.0.to_string()).collect();
+    line(&[
+        ("sum", list.iter().map(|i| i.1).sum::<u64>().to_string()),
+        ("pids", format!("[{}]", pids.join(","))),
+    ]);
+    std::process::exit(0)
+}
+
+/// What the host's NVML says this process holds on GPU 0.
+fn nvml_own() -> u64 {
+    let me = std::process::id();
+    nvml_list().iter().filter(|i| i.0 == me).map(|i| i.1).sum()
+}
+
+/// A VMM handle created, mapped, released while mapped, then unmapped:
+/// the ledger's use and NVML's figure for this process after each step.
+fn vmm_mapped(cu: &Cuda, size: usize) {
+    type Reserve = unsafe extern "C" fn(*mut u64, usize, usize, u64, u64) -> R;
+    type Map = unsafe extern "C" fn(u64, usize, usize, u64, u64) -> R;
+    let create = f!(
+        cu,
+        "cuMemCreate",
+        "cuMemCreate",
+        unsafe extern "C" fn(*mut u64, usize, *const Prop, u64) -> R
+    );
+    let release = f!(
+        cu,
+        "cuMemRelease",
+        "cuMemRelease",
+        unsafe extern "C" fn(u64) -> R
+    );
+    let reserve = f!(cu, "cuMemAddressReserve", "cuMemAddressReserve", Reserve);
+    let map = f!(cu, "cuMemMap", "cuMemMap", Map);
+    let unmap = f!(
+        cu,
+        "cuMemUnmap",
+        "cuMemUnmap",
+        unsafe extern "C" fn(u64, usize) -> R
+    );
+    let prop = Prop {
+        type_: 1,
+        handle_types: 0,
+        loc_type: 1,
+        loc_id: 0,
+        win32: std::ptr::null_mut(),
+        flags: [0; 8],
+    };
+    let (mut h, mut va) = (0, 0);
+    let mut out = Vec::new();
+    // SAFETY: valid arguments; the handle is mapped once, released once,
+    // unmapped once.
+    unsafe {
+        out.push(("rc_create", create(&mut h, size, &prop, 0)));
+        out.push(("rc_reserve", reserve(&mut va, size, 0, 0, 0)));
+        out.push(("rc_map", map(va, size, 0, h, 0)));
+    }
+    let mapped = (used(), nvml_own());
+    // SAFETY: as above.
+    out.push(("rc_release", unsafe { release(h) }));
+    let released = (used(), nvml_own());
+    // SAFETY: as above.
+    out.push(("rc_unmap", unsafe { unmap(va, size) }));
+    let unmapped = (used(), nvml_own());
+    let mut kv: Vec<(&str, String)> = out.iter().map(|(k, v)| (*k, v.to_string())).collect();
+    for (k, (u, n)) in [
+        ("mapped", mapped),
+        ("released", released),
+        ("unmapped", unmapped),
+    ] {
+        kv.push((k, format!("[{u},{n}]")));
+    }
+    line(&kv);
+}
+
+/// Allocates `bytes`, forks a child that exits without touching CUDA, and
+/// reports the ledger before the fork, after the child's exit, and the
+/// child's status: a child's exit must not release the parent's charges.
+fn fork_keeps_charges(cu: &Cuda, bytes: usize) {
+    let alloc = f!(cu, "cuMemAlloc", "cuMemAlloc_v2", Alloc);
+    let mut p = 0;
+    // SAFETY: valid out-pointer.
+    let rc = unsafe { alloc(&mut p, bytes) };
+    let before = used();
+    // SAFETY: the child only calls exit (its atexit handlers and the
+    // shim's destructor run, as they would in a real forked worker).
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        std::process::exit(0);
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child just forked.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    line(&[
+        ("rc", rc.to_string()),
+        ("before", before.to_string()),
+        ("after_child", used().to_string()),
+        ("child_status", status.to_string()),
+    ]);
+}
+
+/// Allocates `b0` on device 0 and `b1` on device 1 (each through its
+/// primary context) and reports each device's ledger use and free memory.
+fn two_devices(cu: &Cuda, b0: usize, b1: usize) {
+    type Retain = unsafe extern "C" fn(*mut *mut c_void, c_int) -> R;
+    let retain = f!(
+        cu,
+        "cuDevicePrimaryCtxRetain",
+        "cuDevicePrimaryCtxRetain",
+        Retain
+    );
+    let set = f!(
+        cu,
+        "cuCtxSetCurrent",
+        "cuCtxSetCurrent",
+        unsafe extern "C" fn(*mut c_void) -> R
+    );
+    let alloc = f!(cu, "cuMemAlloc", "cuMemAlloc_v2", Alloc);
+    let mut ctx = [std::ptr::null_mut(); 2];
+    let mut rcs = Vec::new();
+    let mut free = Vec::new();
+    for (dev, bytes) in [(0, b0), (1, b1)] {
+        let mut p = 0;
+        // SAFETY: plain driver calls with valid out-pointers.
+        unsafe {
+            assert_eq!(retain(&mut ctx[dev], dev as c_int), 0, "context {dev}");
+            assert_eq!(set(ctx[dev]), 0);
+        }
+        // As in `init`: the context's estimate gives way to the
+        // background measurement first.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while ledger().map_or(0, |l| l.used(dev)) >= 512 * MIB as u64 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // SAFETY: valid out-pointer.
+        rcs.push(unsafe { alloc(&mut p, bytes) });
+        free.push(mem_info(cu).1);
+    }
+    let ledger = ledger().expect("ledger");
+    line(&[
+        ("rc0", rcs[0].to_string()),
+        ("rc1", rcs[1].to_string()),
+        ("used0", ledger.used(0).to_string()),
+        ("used1", ledger.used(1).to_string()),
+        ("free0", free[0].to_string()),
+        ("free1", free[1].to_string()),
+    ]);
+}
+
+/// A stream made on device 1, then `cuMemAllocAsync` on it with device 0's
+/// context current: the ledger's use of both devices after it.
+fn async_on_other_device(cu: &Cuda, bytes: usize) {
+    type Retain = unsafe extern "C" fn(*mut *mut c_void, c_int) -> R;
+    let retain = f!(
+        cu,
+        "cuDevicePrimaryCtxRetain",
+        "cuDevicePrimaryCtxRetain",
+        Retain
+    );
+    let set = f!(
+        cu,
+        "cuCtxSetCurrent",
+        "cuCtxSetCurrent",
+        unsafe extern "C" fn(*mut c_void) -> R
+    );
+    let create = f!(cu, "cuStreamCreate", "cuStreamCreate", StreamCreate);
+    let alloc = f!(cu, "cuMemAllocAsync", "cuMemAllocAsync", AllocAsync);
+    let (mut c0, mut c1, mut stream) = (
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+    );
+    // SAFETY: plain driver calls with valid out-pointers.
+    unsafe {
+        assert_eq!(retain(&mut c1, 1), 0);
+        assert_eq!(set(c1), 0);
+        assert_eq!(create(&mut stream, 0), 0);
+        assert_eq!(retain(&mut c0, 0), 0);
+        assert_eq!(set(c0), 0);
+    }
+    // As in `init`: the contexts' estimates give way to their measurement.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while (0..2).any(|d| ledger().map_or(0, |l| l.used(d)) >= 512 * MIB as u64)
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let ledger = ledger().expect("ledger");
+    let before = (ledger.used(0), ledger.used(1));
+    let mut p = 0;
+    // SAFETY: valid out-pointer, a live stream.
+    let rc = unsafe { alloc(&mut p, bytes, stream) };
+    line(&[
+        ("rc", rc.to_string()),
+        ("before0", before.0.to_string()),
+        ("before1", before.1.to_string()),
+        ("used0", ledger.used(0).to_string()),
+        ("used1", ledger.used(1).to_string()),
+    ]);
+}
+
+/// `cuMemAllocFromPoolAsync` of `bytes` from a pool on device 1, a host
+/// pool and a managed pool, with device 0's context current: per pool, the
+/// rc and the ledger's change on devices 0 and 1.
+fn pool_location(cu: &Cuda, bytes: usize) {
+    #[repr(C)]
+    struct PoolProps {
+        alloc_type: c_int,
+        handle_types: c_int,
+        loc_type: c_int,
+        loc_id: c_int,
+        win32: *mut c_void,
+        max_size: usize,
+        usage: u16,
+        reserved: [u8; 54],
+    }
+    type PoolCreate = unsafe extern "C" fn(*mut *mut c_void, *const PoolProps) -> R;
+    type FromPool = unsafe extern "C" fn(*mut u64, usize, *mut c_void, *mut c_void) -> R;
+    type Retain = unsafe extern "C" fn(*mut *mut c_void, c_int) -> R;
+    let retain = f!(
+        cu,
+        "cuDevicePrimaryCtxRetain",
+        "cuDevicePrimaryCtxRetain",
+        Retain
+    );
+    let create = f!(cu, "cuMemPoolCreate", "cuMemPoolCreate", PoolCreate);
+    let from = f!(
+        cu,
+        "cuMemAllocFromPoolAsync",
+        "cuMemAllocFromPoolAsync",
+        FromPool
+    );
+    let mut c1 = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer; device 1's context is made (and charged)
+    // before the baseline, device 0's stays current.
+    assert_eq!(unsafe { retain(&mut c1, 1) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while (0..2).any(|d| ledger().map_or(0, |l| l.used(d)) >= 512 * MIB as u64)
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let ledger = ledger().expect("ledger");
+    let mut kv = Vec::new();
+    for (name, alloc_type, loc_type, loc_id) in [
+        ("device1", 1, 1, 1),
+        ("host", 1, 2, 0),
+        ("managed", 2, 1, 0),
+    ] {
+        let props = PoolProps {
+            alloc_type,
+            handle_types: 0,
+            loc_type,
+            loc_id,
+            win32: std::ptr::null_mut(),
+            max_size: 0,
+            usage: 0,
+            reserved: [0; 54],
+        };
+        let (u0, u1) = (ledger.used(0), ledger.used(1));
+        let (mut pool, mut p) = (std::ptr::null_mut(), 0);
+        // SAFETY: valid props and out-pointers; the NULL stream.
+        let rc = unsafe {
+            match create(&mut pool, &props) {
+                0 => from(&mut p, bytes, pool, std::ptr::null_mut()),
+                e => e,
+            }
+        };
+        let grew = |d: usize, before: u64| ledger.used(d) as i64 - before as i64;
+        kv.push((
+            name.to_string(),
+            format!("[{rc},{},{}]", grew(0, u0), grew(1, u1)),
+        ));
+    }
+    let kv: Vec<(&str, String)> = kv.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    line(&kv);
 }

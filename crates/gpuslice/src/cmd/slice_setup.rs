@@ -84,6 +84,7 @@ pub fn set_up(
     let shim = crate::shim::find().map_err(|e| anyhow!("--memory/--compute: {e}"))?;
     let dir = gpuslice_ledger::ledger_dir();
     gpuslice_ledger::ensure_dir(&dir)?;
+    super::slices::reap_stale_ledgers(&dir);
     let mut setup = SliceSetup {
         records: limits.write_records(&dir.join(&limits.slice_id))?,
         share_records: Vec::new(),

@@ -1,11 +1,12 @@
 //! `gpuslice slices`: live slices with a memory cap or compute share, read
-//! from their records and ledgers.
+//! from their records and ledgers; and the reaping of slices whose launcher
+//! died without removing them.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use gpuslice_ledger::enforcement::{ProcessCheck, ProcessTable};
-use gpuslice_ledger::limits::{verify_and_read, LIMITS_FILE, USAGE_FILE};
+use gpuslice_ledger::limits::{verify_and_read, RecordPaths, LIMITS_FILE, USAGE_FILE};
 use gpuslice_ledger::{board, Ledger, ProcessState};
 use serde_json::{json, Value};
 
@@ -16,6 +17,62 @@ use crate::global::Global;
 pub enum ComputeMode {
     Cap,
     Guaranteed,
+}
+
+/// Removes the slices a dead launcher left behind (a SIGKILLed `run` never
+/// removes its own), as its cgroups are reaped: a slice goes when the
+/// process that created its ledger is gone (or its pid was reused) *and*,
+/// after its dead processes are reclaimed, no live process of any pid
+/// namespace holds a slot. A slice's records go with its ledger, and its
+/// root-written shares with them (a later ledger on the same inode must not
+/// inherit them). The device plugin's slices are left to the plugin.
+/// Returns the ledgers removed; anything that cannot be judged is kept.
+pub fn reap_stale_ledgers(dir: &Path) -> Vec<PathBuf> {
+    let mut removed = Vec::new();
+    for path in gpuslice_ledger::list_dir(dir) {
+        let Ok(ledger) = Ledger::open(&path) else {
+            continue;
+        };
+        let before = ledger.snapshot();
+        // The device plugin's replicas (`k8s-…`, see
+        // gpuslice_k8s::plugin::resources::slice_id) share the directory;
+        // their records outlive a plugin restart and are its sweep's to
+        // remove, by the pods the kubelet still holds.
+        if before.slice_id.starts_with("k8s-") {
+            continue;
+        }
+        let created =
+            std::time::UNIX_EPOCH + std::time::Duration::from_millis(before.created_unix_ms);
+        if before.creator_pid == 0
+            || gpuslice_isolate::cgroup::launcher_alive(before.creator_pid, created)
+        {
+            continue;
+        }
+        if ledger.reap().is_err() || !ledger.snapshot().processes.is_empty() {
+            continue; // read-only to us, or still in use
+        }
+        let key = board::ledger_key(&path).ok();
+        let in_records = path.file_name().is_some_and(|n| n == USAGE_FILE);
+        let gone = if in_records {
+            let records = RecordPaths::under(path.parent().unwrap_or(dir));
+            records.remove();
+            !path.exists()
+        } else {
+            std::fs::remove_file(&path).is_ok()
+        };
+        if !gone {
+            tracing::debug!(ledger = %path.display(), "kept: not removable");
+            continue;
+        }
+        if let Some(key) = key {
+            for d in &before.devices {
+                board::withdraw_share(&board::board_dir(), &d.uuid, key);
+            }
+        }
+        tracing::info!(ledger = %path.display(), "removed the slice of a dead launcher");
+        removed.push(path);
+    }
+    removed
 }
 
 fn describe(path: &Path, table: &ProcessTable) -> Value {
@@ -121,6 +178,7 @@ fn mib(v: &Value) -> String {
 
 pub fn run(global: &Global) -> Result<i32> {
     let dir = gpuslice_ledger::ledger_dir();
+    reap_stale_ledgers(&dir);
     let table = ProcessTable::scan();
     let slices: Vec<Value> = gpuslice_ledger::list_dir(&dir)
         .iter()

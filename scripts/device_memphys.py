@@ -1,0 +1,539 @@
+#!/usr/bin/env python3
+"""Issue 16 on the real GPU: the memory cap holds in physical memory.
+
+    python3 scripts/device_memphys.py OUT_DIR [--only procs,torch,clients,arrays,legacy]
+
+Run as root from the repository root after scripts/device-build.sh. Writes
+OUT_DIR/memphys.json (rewritten after every case: a run cut short keeps
+what it measured), with the exact command, date and driver version.
+
+  procs    1, 2, 5 and 8 processes in one 20 GiB slice (one `gpuslice
+           run`), each creating a context and asking for 4 GiB with
+           cuMemAlloc (ctypes, no framework). Per case: `cap_mib`,
+           `physical_used_mib` (the host-side NVML sum, pynvml, over the
+           slice's processes, found as the launcher's descendants),
+           which requests were refused (context or allocation), and what
+           the ledger holds. Must hold: physical_used_mib <= cap_mib.
+  torch    one PyTorch process allocates 256 MiB blocks, then 16 MiB ones,
+           until refused: obtained >= cap - its measured context - 1 %;
+           get_device_properties(0).total_memory == cap; mem_get_info.
+  clients  the client matrix, each allocating until refused, with the
+           physical use (NVML) at the end: torch default and
+           expandable_segments, a CUDA-graph pool, JAX, CuPy default and
+           cudaMallocAsync pools, numba, cuda-python cuMemAlloc and
+           cuMemCreate. Each: physical use <= cap, something obtained,
+           and the total it reports (mem_get_info, cuDeviceTotalMem) ==
+           cap where it reports one (`total_is_cap`).
+  arrays   without gpuslice: what the real driver reports for CUDA
+           arrays (cuArray3DCreate plain and with
+           CUDA_ARRAY3D_DEFERRED_MAPPING, cuMipmappedArrayCreate): the
+           drop in cuMemGetInfo's free memory, and what
+           cuArrayGetMemoryRequirements / cuMipmappedArrayGetMemoryRequirements
+           return (rc, size, alignment), next to the shim's estimate
+           (texels x channels x element size). Recorded, not judged: the
+           next session settles the shim's array charging against it.
+  legacy   the pre-3.2 names the shim does not interpose (`cuMemAlloc`,
+           `cuMemFree`: 32-bit pointer and size), looked up with dlsym
+           and called through ctypes, bare and under `--memory 20GiB`:
+           1 GiB at a time until refused (at most 40). Recorded, not
+           judged: `escapes_cap` true means the old names pass the cap
+           on this driver (a gap docs/shim.md lists).
+
+Top-level `pass`: every procs case within the cap, torch's usable memory
+and total_memory == cap, every client within the cap with memory obtained
+and total == cap where reported.
+"""
+
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.getcwd()
+GPUSLICE = os.path.join(ROOT, ".device-carry", "gpuslice")
+PY = sys.executable
+MIB = 1 << 20
+CAP = "20GiB"
+CAP_BYTES = 20 << 30
+RESULT = {}
+OUT = None
+
+
+def save():
+    with open(OUT, "w") as f:
+        json.dump(RESULT, f, indent=2, sort_keys=True)
+
+
+def nvml_by_pid():
+    import pynvml
+    pynvml.nvmlInit()
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+    return {p.pid: (p.usedGpuMemory or 0) for p in procs}
+
+
+def descendants(root):
+    kids = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            stat = open(f"/proc/{d}/stat").read()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        kids.setdefault(ppid, []).append(int(d))
+    out, todo = [], [root]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(kids.get(p, []))
+    return out
+
+
+def physical(launcher_pid):
+    """Host-side NVML sum over the launcher's descendants, and the list."""
+    use = nvml_by_pid()
+    mine = {p: use[p] for p in descendants(launcher_pid) if p in use}
+    return sum(mine.values()), mine
+
+
+# A slice's parent: starts N workers one after the other (each creates a
+# context and asks for 4 GiB), reports, and holds them until told to end.
+PROCS = r'''
+import ctypes, json, subprocess, sys
+n = int(sys.argv[1])
+worker = r"""
+import ctypes, json, sys
+cu = ctypes.CDLL("libcuda.so.1")
+assert cu.cuInit(0) == 0
+dev = ctypes.c_int()
+cu.cuDeviceGet(ctypes.byref(dev), 0)
+ctx = ctypes.c_void_p()
+rc_ctx = cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
+rc_alloc = -1
+if rc_ctx == 0:
+    cu.cuCtxSetCurrent(ctx)
+    p = ctypes.c_uint64()
+    rc_alloc = cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(4 << 30))
+print(json.dumps({"ctx": rc_ctx, "alloc": rc_alloc}), flush=True)
+sys.stdin.readline()
+"""
+ws, res = [], []
+for i in range(n):
+    w = subprocess.Popen([sys.executable, "-c", worker], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    r = json.loads(w.stdout.readline())
+    r["pid_in_slice"] = w.pid
+    res.append(r)
+    ws.append(w)
+print("READY " + json.dumps(res), flush=True)
+sys.stdin.readline()
+for w in ws:
+    w.stdin.write("\n"); w.stdin.flush(); w.wait()
+'''
+
+
+def case_procs(n):
+    cmd = [GPUSLICE, "run", "--gpus", "0", "--memory", CAP, "--", PY, "-c", PROCS, str(n)]
+    t = time.monotonic()
+    p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    rec = {"command": cmd[:-3] + ["<PROCS>", str(n)], "cap_mib": CAP_BYTES // MIB}
+    line = ""
+    while not line.startswith("READY") and p.poll() is None and time.monotonic() - t < 90:
+        line = p.stdout.readline()
+    if line.startswith("READY"):
+        time.sleep(1.0)  # the background context measurement settles
+        rec["requests"] = json.loads(line[6:])
+        total, per = physical(p.pid)
+        rec["physical_used_mib"] = total / MIB
+        rec["physical_per_process_mib"] = {str(k): v / MIB for k, v in per.items()}
+        rec["refused"] = [i for i, r in enumerate(rec["requests"]) if r["alloc"] != 0]
+        rec["contexts_refused"] = [i for i, r in enumerate(rec["requests"]) if r["ctx"] != 0]
+        s = subprocess.run([GPUSLICE, "slices", "--json"], capture_output=True, text=True)
+        try:
+            sl = json.loads(s.stdout)["slices"]
+            rec["ledger_used_mib"] = [d["used_bytes"] / MIB for x in sl for d in x["devices"]]
+        except (ValueError, KeyError):
+            rec["slices_raw"] = s.stdout[-2000:]
+        rec["pass"] = rec["physical_used_mib"] <= rec["cap_mib"]
+        p.stdin.write("\n")
+        p.stdin.flush()
+    try:
+        p.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        p.kill()
+    rec["rc"] = p.returncode
+    rec["stderr_tail"] = p.stderr.read()[-2000:]
+    rec["wall_s"] = time.monotonic() - t
+    return rec
+
+
+# Clients: each allocates until refused and prints what it obtained, then
+# waits on stdin so the host can read its physical use.
+CLIENTS = {
+    "torch_default": ({}, r'''
+import torch, json, sys
+blocks, got = [], 0
+for size in (256 << 20, 16 << 20):
+    while True:
+        try:
+            blocks.append(torch.empty(size, dtype=torch.uint8, device="cuda")); got += size
+        except torch.OutOfMemoryError:
+            break
+        except RuntimeError:
+            break
+free, total = torch.cuda.mem_get_info()
+print(json.dumps({"got": got, "total": total, "props_total": torch.cuda.get_device_properties(0).total_memory,
+                  "reserved": torch.cuda.memory_reserved()}), flush=True)
+sys.stdin.readline()
+'''),
+    "torch_expandable": ({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, None),
+    "torch_graph_pool": ({}, r'''
+import torch, json, sys
+got = 0
+g = torch.cuda.CUDAGraph(); keep = []
+s = torch.cuda.Stream()
+with torch.cuda.stream(s):
+    for i in range(200):
+        try:
+            g2 = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g2):
+                keep.append(torch.empty(256 << 20, dtype=torch.uint8, device="cuda"))
+            g2.replay(); keep.append(g2); got += 256 << 20
+        except Exception as e:
+            err = str(e)[:200]
+            break
+torch.cuda.synchronize()
+free, total = torch.cuda.mem_get_info()
+print(json.dumps({"got": got, "total": total}), flush=True)
+sys.stdin.readline()
+'''),
+    "jax": ({"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}, r'''
+import jax, jax.numpy as jnp, json, sys
+keep, got = [], 0
+for size in (256 << 20, 16 << 20):
+    while True:
+        try:
+            a = jnp.zeros((size,), dtype=jnp.uint8); a.block_until_ready(); keep.append(a); got += size
+        except Exception:
+            break
+stats = jax.devices()[0].memory_stats() or {}
+print(json.dumps({"got": got, "total": stats.get("bytes_limit")}), flush=True)
+sys.stdin.readline()
+'''),
+    "jax_prealloc": ({}, r'''
+import jax, jax.numpy as jnp, json, sys
+stats = jax.devices()[0].memory_stats() or {}
+print(json.dumps({"got": stats.get("bytes_limit"), "total": stats.get("bytes_limit")}), flush=True)
+sys.stdin.readline()
+'''),
+    "cupy_default": ({}, r'''
+import cupy, json, sys
+keep, got = [], 0
+for size in (256 << 20, 16 << 20):
+    while True:
+        try:
+            keep.append(cupy.empty(size, dtype=cupy.uint8)); got += size
+        except cupy.cuda.memory.OutOfMemoryError:
+            break
+free, total = cupy.cuda.runtime.memGetInfo()
+print(json.dumps({"got": got, "total": total}), flush=True)
+sys.stdin.readline()
+'''),
+    "cupy_async": ({}, r'''
+import cupy, json, sys
+cupy.cuda.set_allocator(cupy.cuda.MemoryAsyncPool().malloc)
+keep, got = [], 0
+for size in (256 << 20, 16 << 20):
+    while True:
+        try:
+            keep.append(cupy.empty(size, dtype=cupy.uint8)); got += size
+        except Exception:
+            break
+free, total = cupy.cuda.runtime.memGetInfo()
+print(json.dumps({"got": got, "total": total}), flush=True)
+sys.stdin.readline()
+'''),
+    "numba": ({}, r'''
+from numba import cuda
+import numpy as np, json, sys
+keep, got = [], 0
+for size in (256 << 20, 16 << 20):
+    while True:
+        try:
+            keep.append(cuda.device_array(size, dtype=np.uint8)); got += size
+        except Exception:
+            break
+free, total = cuda.current_context().get_memory_info()
+print(json.dumps({"got": got, "total": total}), flush=True)
+sys.stdin.readline()
+'''),
+    "cuda_python_alloc": ({}, r'''
+from cuda.bindings import driver as d
+import json, sys
+d.cuInit(0); _, dev = d.cuDeviceGet(0); _, ctx = d.cuDevicePrimaryCtxRetain(dev); d.cuCtxSetCurrent(ctx)
+keep, got = [], 0
+for size in (256 << 20, 16 << 20):
+    while True:
+        err, p = d.cuMemAlloc(size)
+        if err != d.CUresult.CUDA_SUCCESS:
+            break
+        keep.append(p); got += size
+_, free, total = d.cuMemGetInfo()
+_, tot = d.cuDeviceTotalMem(dev)
+print(json.dumps({"got": got, "total": total, "device_total": tot}), flush=True)
+sys.stdin.readline()
+'''),
+    "cuda_python_create": ({}, r'''
+from cuda.bindings import driver as d
+import json, sys
+d.cuInit(0); _, dev = d.cuDeviceGet(0); _, ctx = d.cuDevicePrimaryCtxRetain(dev); d.cuCtxSetCurrent(ctx)
+prop = d.CUmemAllocationProp()
+prop.type = d.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+prop.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+prop.location.id = 0
+keep, got = [], 0
+for size in (256 << 20, 32 << 20):
+    while True:
+        err, h = d.cuMemCreate(size, prop, 0)
+        if err != d.CUresult.CUDA_SUCCESS:
+            break
+        keep.append(h); got += size
+_, free, total = d.cuMemGetInfo()
+print(json.dumps({"got": got, "total": total}), flush=True)
+sys.stdin.readline()
+'''),
+}
+CLIENTS["torch_expandable"] = (CLIENTS["torch_expandable"][0], CLIENTS["torch_default"][1])
+
+# What the real driver holds for arrays and what it reports (bare, no
+# gpuslice). Every call guarded: a field that fails records its error.
+ARRAYS = r'''
+from cuda.bindings import driver as d
+import json
+d.cuInit(0); _, dev = d.cuDeviceGet(0); _, ctx = d.cuDevicePrimaryCtxRetain(dev); d.cuCtxSetCurrent(ctx)
+U8 = d.CUarray_format.CU_AD_FORMAT_UNSIGNED_INT8
+F32 = d.CUarray_format.CU_AD_FORMAT_FLOAT
+DEFERRED = int(getattr(d, "CUDA_ARRAY3D_DEFERRED_MAPPING", 0x80))
+def free():
+    d.cuCtxSynchronize()
+    return d.cuMemGetInfo()[1]
+def desc(w, h, depth, fmt, ch, flags):
+    x = d.CUDA_ARRAY3D_DESCRIPTOR()
+    x.Width, x.Height, x.Depth, x.Format, x.NumChannels, x.Flags = w, h, depth, fmt, ch, flags
+    return x
+cases = [
+    ("2d_4096x4096_u8x1", 4096, 4096, 0, U8, 1, 1, 1),
+    ("2d_8192x8192_f32x4", 8192, 8192, 0, F32, 4, 1, 4 * 4),
+    ("3d_512x512x64_f32x1", 512, 512, 64, F32, 1, 1, 4),
+    ("1d_65536_u8x4", 65536, 0, 0, U8, 4, 1, 4),
+]
+out = []
+for name, w, h, depth, fmt, ch, _, elem in cases:
+    texels = w * max(h, 1) * max(depth, 1)
+    for flags, tag in ((0, ""), (DEFERRED, "_deferred")):
+        rec = {"case": name + tag, "flags": flags, "estimate": texels * elem}
+        try:
+            before = free()
+            err, arr = d.cuArray3DCreate(desc(w, h, depth, fmt, ch, flags))
+            rec["rc_create"] = int(err)
+            if err == d.CUresult.CUDA_SUCCESS:
+                rec["free_drop"] = before - free()
+                r = d.cuArrayGetMemoryRequirements(arr, dev)
+                rec["rc_requirements"] = int(r[0])
+                if r[0] == d.CUresult.CUDA_SUCCESS:
+                    rec["requirements_size"] = int(r[1].size)
+                    rec["requirements_alignment"] = int(r[1].alignment)
+                d.cuArrayDestroy(arr)
+                rec["free_back"] = free() - before
+        except Exception as e:
+            rec["error"] = repr(e)[:300]
+        out.append(rec)
+for flags, tag in ((0, ""), (DEFERRED, "_deferred")):
+    rec = {"case": "mipmapped_2048x2048_f32x4_levels8" + tag, "flags": flags,
+           "estimate": sum((2048 >> l) ** 2 * 16 for l in range(8))}
+    try:
+        before = free()
+        err, mm = d.cuMipmappedArrayCreate(desc(2048, 2048, 0, F32, 4, flags), 8)
+        rec["rc_create"] = int(err)
+        if err == d.CUresult.CUDA_SUCCESS:
+            rec["free_drop"] = before - free()
+            r = d.cuMipmappedArrayGetMemoryRequirements(mm, dev)
+            rec["rc_requirements"] = int(r[0])
+            if r[0] == d.CUresult.CUDA_SUCCESS:
+                rec["requirements_size"] = int(r[1].size)
+                rec["requirements_alignment"] = int(r[1].alignment)
+            d.cuMipmappedArrayDestroy(mm)
+            rec["free_back"] = free() - before
+    except Exception as e:
+        rec["error"] = repr(e)[:300]
+    out.append(rec)
+print(json.dumps(out))
+'''
+
+
+# The old 32-bit-ABI names, straight from libcuda (ctypes uses dlsym).
+LEGACY = r'''
+import ctypes, json
+cu = ctypes.CDLL("libcuda.so.1")
+for n in ("cuInit", "cuDeviceGet", "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent", "cuMemAlloc", "cuMemFree",
+          "cuMemGetInfo_v2"):
+    getattr(cu, n).restype = ctypes.c_int
+assert cu.cuInit(0) == 0
+dev = ctypes.c_int(); cu.cuDeviceGet(ctypes.byref(dev), 0)
+ctx = ctypes.c_void_p(); cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev); cu.cuCtxSetCurrent(ctx)
+ptrs, rcs = [], []
+for _ in range(40):
+    p = ctypes.c_uint(0)
+    rc = cu.cuMemAlloc(ctypes.byref(p), ctypes.c_uint(1 << 30))
+    rcs.append(rc)
+    if rc != 0:
+        break
+    ptrs.append(p.value)
+free, total = ctypes.c_size_t(), ctypes.c_size_t()
+cu.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total))
+print(json.dumps({"gib_obtained": len(ptrs), "rcs": rcs[-3:], "first_ptrs": ptrs[:3],
+                  "free": free.value, "total": total.value}), flush=True)
+for p in ptrs:
+    cu.cuMemFree(ctypes.c_uint(p))
+'''
+
+
+def legacy():
+    out = {}
+    for name, cmd in (("bare", [PY, "-c", LEGACY]),
+                      ("gpuslice", [GPUSLICE, "run", "--gpus", "0", "--memory", CAP, "--", PY, "-c", LEGACY])):
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        rec = {"rc": p.returncode, "stderr_tail": p.stderr[-1000:]}
+        lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
+        if lines:
+            rec.update(json.loads(lines[-1]))
+        out[name] = rec
+    got = out["gpuslice"].get("gib_obtained")
+    out["escapes_cap"] = got is not None and got > CAP_BYTES >> 30
+    return out
+
+
+def arrays():
+    p = subprocess.run([PY, "-c", ARRAYS], capture_output=True, text=True, timeout=60)
+    rec = {"command": [PY, "-c", "<ARRAYS>"], "rc": p.returncode, "stderr_tail": p.stderr[-1500:]}
+    lines = [l for l in p.stdout.splitlines() if l.startswith("[")]
+    if lines:
+        rec["cases"] = json.loads(lines[-1])
+    return rec
+
+
+def verdict():
+    """The top-level pass (see the module docs) and what failed."""
+    failed = []
+    procs = RESULT.get("procs", {})
+    for n in ("1", "2", "5", "8"):
+        if not procs.get(n, {}).get("pass"):
+            failed.append("procs " + n)
+    torch = RESULT.get("torch", {})
+    if not (torch.get("usable_pass") and torch.get("total_is_cap") and torch.get("pass")):
+        failed.append("torch")
+    for name in CLIENTS:
+        if name == "torch_default":
+            continue
+        c = RESULT.get("clients", {}).get(name, {})
+        if not (c.get("pass") and c.get("got_mib", 0) > 0 and c.get("total_is_cap", True)):
+            failed.append("client " + name)
+    return failed
+
+
+def client(name, timeout=75):
+    extra, code = CLIENTS[name]
+    env = dict(os.environ, **extra)
+    cmd = [GPUSLICE, "run", "--gpus", "0", "--memory", CAP, "--", PY, "-c", code]
+    t = time.monotonic()
+    p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    rec = {"command": cmd[:-1] + ["<" + name + ">"], "env": extra, "cap_mib": CAP_BYTES // MIB}
+    line = ""
+    while p.poll() is None and time.monotonic() - t < timeout:
+        line = p.stdout.readline()
+        if line.startswith("{"):
+            break
+    if line.startswith("{"):
+        rec.update(json.loads(line))
+        total, per = physical(p.pid)
+        rec["physical_used_mib"] = total / MIB
+        rec["got_mib"] = (rec.get("got") or 0) / MIB
+        rec["pass"] = rec["physical_used_mib"] <= rec["cap_mib"]
+        # JAX's bytes_limit is its own budget, not the device's total.
+        totals = [rec.get(k) for k in ("total", "device_total", "props_total")
+                  if not name.startswith("jax") and rec.get(k) is not None]
+        if totals:
+            rec["total_is_cap"] = all(t == CAP_BYTES for t in totals)
+        p.stdin.write("\n")
+        p.stdin.flush()
+    try:
+        p.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        p.kill()
+    rec["rc"] = p.returncode
+    rec["stderr_tail"] = p.stderr.read()[-1500:]
+    rec["wall_s"] = time.monotonic() - t
+    return rec
+
+
+def main():
+    global OUT
+    args = sys.argv[1:]
+    os.makedirs(args[0], exist_ok=True)
+    OUT = os.path.join(args[0], "memphys.json")
+    only = set(args[args.index("--only") + 1].split(",")) if "--only" in args else {"procs", "torch", "clients", "arrays", "legacy"}
+    RESULT.update({
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "command": " ".join([PY] + sys.argv),
+        "driver": subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                                 capture_output=True, text=True).stdout.strip(),
+        "cap": CAP,
+    })
+    save()
+    if "procs" in only:
+        RESULT["procs"] = {}
+        for n in (1, 2, 5, 8):
+            RESULT["procs"][str(n)] = case_procs(n)
+            save()
+    if "torch" in only:
+        rec = client("torch_default")
+        per = [v for v in [rec.get("physical_used_mib")] if v is not None]
+        if per and rec.get("reserved") is not None:
+            context_mib = rec["physical_used_mib"] - rec["reserved"] / MIB
+            rec["context_mib"] = context_mib
+            rec["usable_target_mib"] = rec["cap_mib"] - context_mib - 0.01 * rec["cap_mib"]
+            rec["usable_pass"] = rec["got_mib"] >= rec["usable_target_mib"]
+        rec["total_is_cap"] = rec.get("props_total") == CAP_BYTES
+        RESULT["torch"] = rec
+        save()
+    if "clients" in only:
+        RESULT["clients"] = {}
+        for name in CLIENTS:
+            if name == "torch_default" and "torch" in RESULT:
+                continue
+            RESULT["clients"][name] = client(name)
+            save()
+    if "arrays" in only:
+        try:
+            RESULT["arrays"] = arrays()
+        except Exception as e:
+            RESULT["arrays"] = {"error": repr(e)[:300]}
+        save()
+    if "legacy" in only:
+        try:
+            RESULT["legacy"] = legacy()
+        except Exception as e:
+            RESULT["legacy"] = {"error": repr(e)[:300]}
+        save()
+    failed = verdict()
+    RESULT["failed"] = failed
+    RESULT["pass"] = not failed
+    save()
+    print(json.dumps({k: v for k, v in RESULT.items() if k in ("date", "driver", "pass", "failed")}))
+
+
+if __name__ == "__main__":
+    main()
