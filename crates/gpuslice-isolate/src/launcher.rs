@@ -202,12 +202,14 @@ pub fn launch(
     };
     // Listening before the fork: the child binds it into the slice.
     let resolver = match &plan.slice_files {
-        Some(f) => Some(
-            hostpid::Resolver::bind(&f.hostpid).map_err(|source| LaunchError::Sys {
-                what: "listening for host-pid requests",
-                source,
-            })?,
-        ),
+        Some(f) => {
+            Some(
+                hostpid::Resolver::bind(&f.hostpid).map_err(|source| LaunchError::Sys {
+                    what: "listening for host-pid requests",
+                    source,
+                })?,
+            )
+        }
         None => None,
     };
     let (err_rx, err_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(sys("pipe"))?;

@@ -73,7 +73,11 @@ pub fn ask(path: &Path) -> io::Result<u32> {
 pub fn from_status(status: Option<&str>, getpid: u32, initial_ns: bool) -> HostPid {
     let nspid: Vec<u32> = status
         .and_then(|s| s.lines().find_map(|l| l.strip_prefix("NSpid:")))
-        .map(|v| v.split_whitespace().filter_map(|p| p.parse().ok()).collect())
+        .map(|v| {
+            v.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect()
+        })
         .unwrap_or_default();
     match nspid.first() {
         Some(&outer) if nspid.len() > 1 => HostPid {

@@ -286,8 +286,17 @@ fn a_context_is_charged_as_the_driver_measures_it_inside_the_slice_s_pid_namespa
                 &h,
                 ledgers.path(),
                 &[
-                    "run", "--gpus", "0", "--memory", "1GiB", "--pid", pid_mode, "--", client,
-                    "hold-soft", &held,
+                    "run",
+                    "--gpus",
+                    "0",
+                    "--memory",
+                    "1GiB",
+                    "--pid",
+                    pid_mode,
+                    "--",
+                    client,
+                    "hold-soft",
+                    &held,
                 ],
             )
             .stdout(Stdio::piped())
@@ -295,7 +304,11 @@ fn a_context_is_charged_as_the_driver_measures_it_inside_the_slice_s_pid_namespa
             .unwrap(),
         );
         let v = read_json_line(&mut c.0);
-        assert_eq!((v["ctx"].as_i64(), v["alloc"].as_i64()), (Some(0), Some(0)), "{v}");
+        assert_eq!(
+            (v["ctx"].as_i64(), v["alloc"].as_i64()),
+            (Some(0), Some(0)),
+            "{v}"
+        );
         // The context is measured in the background once created.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         let mut s = slices_json(&h, ledgers.path());
@@ -357,7 +370,11 @@ fn the_host_pid_resolver_tells_each_process_only_its_own_pid_and_outlives_a_floo
             .map(|p| p.parse().unwrap())
             .collect();
         assert_eq!(nspid.first(), Some(&(answer as u64)), "{status}");
-        assert_eq!(nspid.last(), Some(&inner), "pid {answer} is not the asker: {status}");
+        assert_eq!(
+            nspid.last(),
+            Some(&inner),
+            "pid {answer} is not the asker: {status}"
+        );
         assert!(nspid.len() > 1, "the asker is in the slice's PID namespace");
         assert!(status.contains("Name:\tgpuslice-shim-c"), "{status}");
         host_pids.push(answer);
@@ -366,10 +383,7 @@ fn the_host_pid_resolver_tells_each_process_only_its_own_pid_and_outlives_a_floo
     // The launcher still does its job: the command's end is its exit code,
     // and the slice's records (the resolver's socket too) are gone.
     // SAFETY: plain kill(2) of the slice's command.
-    assert_eq!(
-        unsafe { libc::kill(host_pids[1] as i32, libc::SIGKILL) },
-        0
-    );
+    assert_eq!(unsafe { libc::kill(host_pids[1] as i32, libc::SIGKILL) }, 0);
     assert_eq!(c.0.wait().unwrap().code(), Some(137));
     assert_eq!(std::fs::read_dir(ledgers.path()).unwrap().count(), 0);
 }
