@@ -145,6 +145,7 @@ pub fn host_pid() -> Result<HostPid, ResolveError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write;
 
     #[test]
     fn nested_nspid_gives_the_outermost_else_getpid() {
@@ -182,6 +183,34 @@ mod tests {
         let h = host_pid().unwrap();
         assert_eq!(h.pid, std::process::id());
         assert_eq!(host_pid().unwrap(), h, "cached");
+    }
+
+    #[test]
+    fn a_forked_child_resolves_its_own() {
+        if RecordPaths::in_slice().hostpid.exists() {
+            return;
+        }
+        assert_eq!(host_pid().unwrap().pid, std::process::id());
+        let (mut rx, tx) = std::os::unix::net::UnixStream::pair().unwrap();
+        // SAFETY: the child only reads procfs, writes to its socket and
+        // _exits (glibc's fork handlers keep malloc usable in it).
+        let child = unsafe { libc::fork() };
+        if child == 0 {
+            let mine = host_pid().map_or(0, |h| h.pid);
+            let _ = (&tx).write_all(&mine.to_le_bytes());
+            // SAFETY: plain _exit of the forked child.
+            unsafe { libc::_exit(0) };
+        }
+        drop(tx);
+        let mut b = [0u8; 4];
+        rx.read_exact(&mut b).unwrap();
+        // SAFETY: reaps the child forked above.
+        unsafe { libc::waitpid(child, std::ptr::null_mut(), 0) };
+        assert_eq!(
+            u32::from_le_bytes(b),
+            child as u32,
+            "not the parent's cached pid"
+        );
     }
 
     #[test]

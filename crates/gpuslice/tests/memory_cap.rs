@@ -387,3 +387,50 @@ fn the_host_pid_resolver_tells_each_process_only_its_own_pid_and_outlives_a_floo
     assert_eq!(c.0.wait().unwrap().code(), Some(137));
     assert_eq!(std::fs::read_dir(ledgers.path()).unwrap().count(), 0);
 }
+
+#[test]
+fn nvml_in_the_slice_lists_host_processes_by_host_pid_as_the_real_driver_does() {
+    // The driver's process list is the same from inside the slice's PID
+    // namespace: a process outside it is listed, live, under its host pid
+    // (its liveness must not depend on the reader's /proc).
+    const CTX: u64 = 96 * MIB;
+    let h = FakeHost::builder().gpus(1).ctx_bytes(CTX).build().unwrap();
+    let ledgers = tempfile::tempdir().unwrap();
+    let client = client();
+    let mut outside = Launched(
+        h.command(&client)
+            .args(["hold-soft", &(10 * MIB).to_string()])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let v = read_json_line(&mut outside.0);
+    assert_eq!(v["ctx"], 0, "{v}");
+    let out = gpuslice(
+        &h,
+        ledgers.path(),
+        &[
+            "run",
+            "--gpus",
+            "0",
+            "--memory",
+            "1GiB",
+            "--",
+            client.to_str().unwrap(),
+            "nvml-procs",
+        ],
+    )
+    .output()
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["pids"], serde_json::json!([outside.0.id()]), "{v}");
+    assert_eq!(v["sum"], CTX + 10 * MIB, "{v}");
+    // Gone, it is listed nowhere.
+    drop(outside);
+    assert_eq!(host_nvml(&h), (vec![], 0));
+}
