@@ -13,6 +13,7 @@
 //! names the connector. What a tenant can do with it is in
 //! docs/security.md.
 
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use std::io::{self, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::fs::PermissionsExt;
@@ -63,6 +64,18 @@ impl Resolver {
             }
         }
         answered
+    }
+
+    /// Serves until poll fails (a thread of its own: the device plugin's).
+    pub fn serve_forever(&self) -> io::Result<()> {
+        loop {
+            let mut fds = [PollFd::new(self.listener.as_fd(), PollFlags::POLLIN)];
+            match poll(&mut fds, PollTimeout::NONE) {
+                Ok(_) | Err(nix::Error::EINTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+            self.serve();
+        }
     }
 }
 

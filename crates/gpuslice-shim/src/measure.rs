@@ -58,13 +58,14 @@ fn sym(lib: *mut c_void, name: &str) -> Option<*mut c_void> {
 }
 
 /// This process's host pid (resolved once per process, again in a forked
-/// child); None, said once on stderr, when the slice's resolver fails.
+/// child); None when the slice's resolver fails (said once on stderr with
+/// `GPUSLICE_LOG`).
 fn host_pid() -> Option<HostPid> {
     static SAID: AtomicBool = AtomicBool::new(false);
     match hostpid::host_pid() {
         Ok(h) => Some(h),
         Err(e) => {
-            if !SAID.swap(true, Ordering::Relaxed) {
+            if crate::state::shim().log && !SAID.swap(true, Ordering::Relaxed) {
                 crate::sys::log_line(&format!("{e}; memory stays estimated, not measured"));
             }
             None
