@@ -275,7 +275,8 @@ fn a_context_is_charged_as_the_driver_measures_it_inside_the_slice_s_pid_namespa
     // (through the launcher's resolver) to read NVML's figure: else the
     // 512 MiB estimate stays charged instead of the 96 MiB context.
     const CTX: u64 = 96 * MIB;
-    for pid_mode in ["private", "host"] {
+    // (--pid, --user): a command as nobody resolves its host pid too.
+    for (pid_mode, user) in [("private", "root"), ("host", "root"), ("private", "nobody")] {
         let h = FakeHost::builder().gpus(1).ctx_bytes(CTX).build().unwrap();
         let ledgers = tempfile::tempdir().unwrap();
         let client = client();
@@ -293,6 +294,8 @@ fn a_context_is_charged_as_the_driver_measures_it_inside_the_slice_s_pid_namespa
                     "1GiB",
                     "--pid",
                     pid_mode,
+                    "--user",
+                    user,
                     "--",
                     client,
                     "hold-soft",
@@ -322,13 +325,13 @@ fn a_context_is_charged_as_the_driver_measures_it_inside_the_slice_s_pid_namespa
         assert_eq!(
             slice["devices"][0]["used_bytes"],
             CTX + 10 * MIB,
-            "--pid {pid_mode}: the context charged as measured (not the 512 MiB estimate): {s}"
+            "--pid {pid_mode} --user {user}: the context charged as measured (not the 512 MiB estimate): {s}"
         );
         // The host's NVML lists the process by the host pid `slices` shows.
         let pid = slice["processes"][0]["pid"].as_u64().unwrap();
         let (pids, sum) = host_nvml(&h);
-        assert_eq!(pids, [pid], "--pid {pid_mode}: {s}");
-        assert_eq!(sum, CTX + 10 * MIB, "--pid {pid_mode}");
+        assert_eq!(pids, [pid], "--pid {pid_mode} --user {user}: {s}");
+        assert_eq!(sum, CTX + 10 * MIB, "--pid {pid_mode} --user {user}");
     }
 }
 
