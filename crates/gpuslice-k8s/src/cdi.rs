@@ -175,27 +175,117 @@ pub fn generate(root: &HostRoot, opts: &Options) -> Result<Generated> {
 
 /// [`generate`] for an inventory already discovered below `root`.
 pub fn generate_for(root: &HostRoot, inv: &Inventory, opts: &Options) -> Result<Generated> {
-    let mut g = Builder {
-        root,
-        inv,
-        opts,
-        warnings: Vec::new(),
-        side_files: Vec::new(),
-    };
+    let mut g = Builder::new(root, inv, opts);
     let value = g.spec_value()?;
-    let mut spec: CdiSpec = serde_json::from_value(value).context("building the CDI spec")?;
-    // The oldest spec version that has every field used: podman 4.x
-    // (CDI 0.5) reads older versions only.
-    let min = container_device_interface::version::minimum_required_version(&spec)?;
-    let mut v = serde_json::to_value(&spec)?;
-    v["cdiVersion"] = Value::String(min.to_string());
-    spec = serde_json::from_value(v)?;
-    validate(&spec)?;
-    Ok(Generated {
-        spec,
-        side_files: g.side_files,
-        warnings: g.warnings,
-    })
+    g.finish(value)
+}
+
+/// The caps of one slice: memory in bytes, compute in percent of the GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SliceCaps {
+    pub memory_bytes: u64,
+    pub compute_percent: u32,
+}
+
+/// One device of a per-slice spec (a DRA claim's): a whole GPU or a MIG
+/// device (`caps: None`: isolation only), or a capped share of a GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SliceDevice {
+    /// The CDI device name (unique across the kind's spec files).
+    pub name: String,
+    /// The GPU's index in the inventory.
+    pub gpu: u32,
+    /// A MIG device of that GPU, by its index.
+    pub mig: Option<u32>,
+    pub caps: Option<SliceCaps>,
+}
+
+/// A spec holding exactly `devices` (and the common edits: control
+/// nodes, driver libraries): the device nodes of each one's GPU or MIG
+/// device only, and for a capped one the shim with its limits.
+pub fn generate_slices(
+    root: &HostRoot,
+    inv: &Inventory,
+    opts: &Options,
+    devices: &[SliceDevice],
+) -> Result<Generated> {
+    let mut g = Builder::new(root, inv, opts);
+    let mut values = Vec::new();
+    for d in devices {
+        values.push(g.slice_device(d)?);
+    }
+    let common = g.common_edits()?;
+    let value = json!({
+        "cdiVersion": container_device_interface::specs::config::CURRENT_VERSION,
+        "kind": format!("{}/{}", opts.vendor, opts.class),
+        "devices": values,
+        "containerEdits": common,
+    });
+    g.finish(value)
+}
+
+impl<'a> Builder<'a> {
+    fn new(root: &'a HostRoot, inv: &'a Inventory, opts: &'a Options) -> Self {
+        Builder {
+            root,
+            inv,
+            opts,
+            warnings: Vec::new(),
+            side_files: Vec::new(),
+        }
+    }
+
+    /// Builds the spec from its value: the oldest version that has every
+    /// field used, validated.
+    fn finish(self, value: Value) -> Result<Generated> {
+        let mut spec: CdiSpec = serde_json::from_value(value).context("building the CDI spec")?;
+        // The oldest spec version that has every field used: podman 4.x
+        // (CDI 0.5) reads older versions only.
+        let min = container_device_interface::version::minimum_required_version(&spec)?;
+        let mut v = serde_json::to_value(&spec)?;
+        v["cdiVersion"] = Value::String(min.to_string());
+        spec = serde_json::from_value(v)?;
+        validate(&spec)?;
+        Ok(Generated {
+            spec,
+            side_files: self.side_files,
+            warnings: self.warnings,
+        })
+    }
+
+    /// One device of [`generate_slices`].
+    fn slice_device(&mut self, d: &SliceDevice) -> Result<Value> {
+        let gpu = self
+            .inv
+            .gpus
+            .iter()
+            .find(|g| g.index == d.gpu)
+            .ok_or_else(|| anyhow!("slice {}: no GPU {} on this host", d.name, d.gpu))?;
+        let (sel, uuid) = match d.mig {
+            None => (Selection::gpus([gpu.index]), gpu.uuid.clone()),
+            Some(m) => {
+                let mig = gpu.migs.iter().find(|x| x.index == m).ok_or_else(|| {
+                    anyhow!("slice {}: GPU {} has no MIG device {m}", d.name, d.gpu)
+                })?;
+                let sel = Selection {
+                    gpus: vec![],
+                    migs: vec![(gpu.index, m)],
+                };
+                (sel, mig.uuid.clone().unwrap_or_else(|| gpu.uuid.clone()))
+            }
+        };
+        let mut e = self.selection_edits(&sel);
+        if let Some(caps) = d.caps {
+            let shim = self.opts.shim.clone().ok_or_else(|| {
+                anyhow!(
+                    "slice {}: capped, but libgpuslice.so was not found (put it next to gpuslice or set GPUSLICE_SHIM)",
+                    d.name
+                )
+            })?;
+            self.write_slice_limits(&mut e, &shim, &d.name, &uuid, caps);
+        }
+        Ok(device(&d.name, e))
+    }
 }
 
 /// Validates with the CDI crate: the schema, names, edits.
@@ -705,41 +795,61 @@ impl Builder<'_> {
             ));
             return;
         };
+        for &n in &self.opts.shared {
+            let name = format!("{}-shared-{n}", gpu.index);
+            let caps = SliceCaps {
+                memory_bytes: memory / n as u64,
+                compute_percent: 100 / n,
+            };
+            let mut e = self.selection_edits(&Selection::gpus([gpu.index]));
+            self.write_slice_limits(&mut e, &shim, &name, &gpu.uuid, caps);
+            devices.push(device(&name, e));
+        }
+    }
+
+    /// Writes a capped slice's limits into its device's edits: the shim
+    /// (preloaded through a bound `ld.so.preload`), its caps and a ledger
+    /// in a tmpfs private to the container. The ONE place that says how a
+    /// slice's limits reach the shim, for the shared variants and for DRA
+    /// claims alike, so a change of that contract is made here only.
+    fn write_slice_limits(
+        &mut self,
+        edits: &mut Value,
+        shim: &Path,
+        name: &str,
+        uuid: &str,
+        caps: SliceCaps,
+    ) {
         let preload = self.opts.spec_dir.join(PRELOAD_FILE);
         if !self.side_files.iter().any(|(p, _)| *p == preload) {
             self.side_files
                 .push((preload.clone(), format!("{CONTAINER_SHIM}\n")));
         }
-        for &n in &self.opts.shared {
-            let name = format!("{}-shared-{n}", gpu.index);
-            let mut e = self.selection_edits(&Selection::gpus([gpu.index]));
-            e["env"] = json!([
-                format!("GPUSLICE_MEMORY_LIMIT={}", memory / n as u64),
-                format!("GPUSLICE_COMPUTE_LIMIT={}", 100 / n),
-                format!("GPUSLICE_LEDGER={CONTAINER_LEDGER_DIR}/{name}.ledger"),
-                format!("GPUSLICE_SLICE={name}"),
-                format!("NVIDIA_VISIBLE_DEVICES={}", gpu.uuid),
-            ]);
-            e["mounts"] = json!([
-                {
-                    "hostPath": self.host(&shim),
-                    "containerPath": CONTAINER_SHIM,
-                    "options": ["ro", "nosuid", "nodev", "bind"],
-                },
-                {
-                    "hostPath": self.host(&preload),
-                    "containerPath": "/etc/ld.so.preload",
-                    "options": ["ro", "nosuid", "nodev", "bind"],
-                },
-                {
-                    "hostPath": "tmpfs",
-                    "containerPath": CONTAINER_LEDGER_DIR,
-                    "type": "tmpfs",
-                    "options": ["nosuid", "nodev", "noexec", "mode=1777", "size=16m"],
-                },
-            ]);
-            devices.push(device(&name, e));
-        }
+        edits["env"] = json!([
+            format!("GPUSLICE_MEMORY_LIMIT={}", caps.memory_bytes),
+            format!("GPUSLICE_COMPUTE_LIMIT={}", caps.compute_percent),
+            format!("GPUSLICE_LEDGER={CONTAINER_LEDGER_DIR}/{name}.ledger"),
+            format!("GPUSLICE_SLICE={name}"),
+            format!("NVIDIA_VISIBLE_DEVICES={uuid}"),
+        ]);
+        edits["mounts"] = json!([
+            {
+                "hostPath": self.host(shim),
+                "containerPath": CONTAINER_SHIM,
+                "options": ["ro", "nosuid", "nodev", "bind"],
+            },
+            {
+                "hostPath": self.host(&preload),
+                "containerPath": "/etc/ld.so.preload",
+                "options": ["ro", "nosuid", "nodev", "bind"],
+            },
+            {
+                "hostPath": "tmpfs",
+                "containerPath": CONTAINER_LEDGER_DIR,
+                "type": "tmpfs",
+                "options": ["nosuid", "nodev", "noexec", "mode=1777", "size=16m"],
+            },
+        ]);
     }
 
     /// Warn once about the shim, not once per GPU.
