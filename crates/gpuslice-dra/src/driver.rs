@@ -75,6 +75,12 @@ pub struct Options {
     pub state_dir: PathBuf,
     /// Host path of `libgpuslice.so`; without it shared devices are refused.
     pub shim: Option<PathBuf>,
+    /// Host path of the `gpuslice` binary for the params-overlay hook
+    /// (as in `gpuslice cdi generate`); None leaves the overlay out.
+    pub hook: Option<PathBuf>,
+    /// Write host paths relative to the host root (a pod that mounts the
+    /// host at `--host-root` writes specs for the host's runtime).
+    pub strip_host_root: bool,
 }
 
 pub struct Driver {
@@ -292,6 +298,8 @@ impl Driver {
             class: crate::CDI_CLASS.into(),
             shared: vec![],
             shim: self.opts.shim.clone(),
+            hook: self.opts.hook.clone(),
+            strip_host_root: self.opts.strip_host_root,
             spec_dir: self.opts.cdi_dir.clone(),
             use_nvml: false,
             ..cdi::Options::default()

@@ -15,6 +15,7 @@
 pub mod apiserver;
 pub mod checkpoint;
 pub mod claim;
+pub mod daemon;
 pub mod driver;
 pub mod quantity;
 pub mod server;

@@ -78,6 +78,8 @@ impl Env {
             cdi_dir: self.cdi_dir(),
             state_dir: self.dir.path().join("state"),
             shim: shim.then(|| self.dir.path().join("libgpuslice.so")),
+            hook: None,
+            strip_host_root: false,
         };
         let api = Arc::new(HttpApi::new(&self.api.url, None).unwrap());
         let driver = Arc::new(Driver::new(opts, api).unwrap());

@@ -82,6 +82,7 @@ pub fn run_full(cli: &Cli) -> anyhow::Result<i32> {
         Command::Labels(args) => cmd::labels::run(g, args),
         Command::DevicePlugin(args) => cmd::device_plugin::run(g, args),
         Command::DevicePluginSelftest(args) => cmd::device_plugin::selftest(g, args),
+        Command::Dra(args) => cmd::dra::run(g, args),
         Command::Bench(c) => cmd::bench::run(g, c),
         Command::Doctor(args) => cmd::doctor::run(g, args),
         Command::Fakehost(args) => cmd::fakehost::run(g, args),
