@@ -12,8 +12,12 @@
 #              interleaved), two slices 30/70, a CUDA graph at 50 %, no-limit overhead (~110 s)
 #   computediag  issue 5: what the GPU does under partial duty, without gpuslice (~45 s)
 #   computetrace issue 5: one capped worker's bucket traced across workload and share changes (~25 s)
+#   integrity  issue 17: env -i / su nobody capped under --memory 20GiB --compute 30, a 30 % slice
+#              beside a board forger, the 30/70 pair, a GPT-2-like loop eager and compiled at 50 % (~330 s)
 #   users      issue 15: torch/jax/cupy on --gpus 0 as --user nobody, none of them see a GPU with
 #              --gpus none (root and nobody), a mknod'ed alias of /dev/nvidia0 hidden by number (~60 s)
+#   layout     issue 18: the installed shim name (libgpuslice.so) found and preloaded by
+#              `run --memory` with the real driver; bench launch from gpuslice-bench (~40 s)
 #   plugin     issues 6, 20: device plugin vs a test kubelet (v1beta1 over unix sockets): the GPU
 #              whole (register, list (NUMA), Allocate run via `gpuslice run` + the probe), then
 #              shared 4 ways (only gpu.shared served; two 1-replica requests packed onto it, both
@@ -75,6 +79,11 @@ part_computediag() {
     # Plain PyTorch, no gpuslice: event cost, work per GPU-second at partial duty, SM clock.
     bounded 90 "${TORCH_PY:-/opt/torch/.venv/bin/python3}" scripts/device_compute_diag.py "$work"
 }
+part_integrity() {
+    # Slices no tenant can tamper with: limits from root's record, the shim
+    # loaded whatever the environment, the board's bound (device_integrity.py).
+    INTEGRITY_BUDGET_S=${INTEGRITY_BUDGET_S:-330} bounded 350 python3 scripts/device_integrity.py "$work"
+}
 part_plugin() {
     # The plugin and a test kubelet in a temp dir. Phase 1, the GPU whole:
     # Allocate applied by `gpuslice run` with the CUDA probe. Phase 2, the
@@ -92,6 +101,9 @@ part_users() {
     bounded 240 python3 scripts/device_users.py "$work"
     rm -f /dev/gpualias
 }
+part_layout() {
+    bounded 240 bash scripts/device_layout.sh "$work"
+}
 part_doctor() {
     # Exit 0 all pass, 1 warnings, 2 failures: the verdict is in the JSON.
     bounded 60 .device-carry/gpuslice doctor --json >"$work/doctor.json"
@@ -102,7 +114,7 @@ part_doctor() {
 # parts that finished.
 collect() {
     tar czf "$out/results.tgz" -C "$work" .
-    for f in isolation.json launch-none.json doctor.json cdi.json exporter.json plugin.json compute.json compute-diag.json compute-trace.json users.json; do
+    for f in isolation.json launch-none.json layout.json doctor.json cdi.json exporter.json plugin.json compute.json compute-diag.json compute-trace.json users.json integrity.json; do
         [ -f "$work/$f" ] && cp "$work/$f" "$out/"
     done
 }

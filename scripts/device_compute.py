@@ -14,7 +14,7 @@ Every measurement runs 0.3 s of warm-up first (drains the bucket's burst),
 then a timed window. Writes OUTDIR/compute.json after every measurement.
 Whole run bounded to ~110 s; levels in priority order.
 """
-import json, mmap, os, select, struct, subprocess, sys, time
+import json, mmap, os, re, select, struct, subprocess, sys, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from nvml_sampler import Nvml  # noqa: E402
@@ -105,7 +105,13 @@ def latency(n):
     return {"enqueue_us_best": min(per), "enqueue_us_median": sorted(per)[2], "roundtrip_us_median": rt[len(rt) // 2]}
 
 gemm(3); small(3); torch.cuda.synchronize()
-print(json.dumps({"ready": True, "ledger": os.environ.get("GPUSLICE_LEDGER", ""),
+# The slice's usage ledger on the host: `run` (as root) keeps it in
+# <GPUSLICE_LEDGER_DIR>/<slice>/usage (the slice sees it only at
+# /run/gpuslice/slice/usage); a self-imposed one is GPUSLICE_LEDGER.
+LEDGER = os.environ.get("GPUSLICE_LEDGER") or (
+    os.path.join(os.environ["GPUSLICE_LEDGER_DIR"], os.environ["GPUSLICE_SLICE"], "usage")
+    if os.environ.get("GPUSLICE_LEDGER_DIR") and os.environ.get("GPUSLICE_SLICE") else "")
+print(json.dumps({"ready": True, "ledger": LEDGER,
                   "preload": os.environ.get("LD_PRELOAD", "")}), flush=True)
 for line in sys.stdin:
     cmd = line.split()
@@ -206,6 +212,18 @@ class Worker:
 
 
 def set_share(ledger, pct):
+    # A slice of `run`: its shares are root's limits record beside the
+    # ledger, which the shim re-reads every 250 ms; rewritten in place (the
+    # slice's read-only bind mount follows the inode, not the name).
+    record = os.path.join(os.path.dirname(ledger), "limits")
+    if os.path.exists(record):
+        with open(record, "r+") as f:
+            text = re.sub(r"compute_bp \d+", f"compute_bp {int(round(pct * 100))}", f.read())
+            f.seek(0)
+            f.write(text)
+            f.truncate()
+        time.sleep(0.3)
+        return
     with open(ledger, "r+b") as f:
         m = mmap.mmap(f.fileno(), 0)
         assert struct.unpack_from("<I", m, 8)[0] == 2, "ledger version 2 expected"

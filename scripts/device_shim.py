@@ -143,7 +143,9 @@ COMMON = r'''
 import ctypes, glob, json, os, sys, time
 GIB = 1 << 30
 def ledger_used():
-    p = os.environ.get("GPUSLICE_LEDGER")
+    # In a slice of `run` (as root) the ledger is at the fixed place.
+    p = os.environ.get("GPUSLICE_LEDGER") or next(
+        (f for f in ["/run/gpuslice/slice/usage"] if os.path.exists(f)), None)
     if not p: return None
     with open(p, "rb") as f:
         b = f.read(272)

@@ -39,6 +39,10 @@ pub struct PreparedClaim {
     pub devices: Vec<PreparedDevice>,
     /// The claim's CDI spec file.
     pub cdi_spec: PathBuf,
+    /// The limits records of its capped slices (beside the spec), removed
+    /// with it.
+    #[serde(default)]
+    pub records: Vec<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -132,6 +136,7 @@ mod tests {
                 resource_version: Some("7".into()),
                 devices: vec![],
                 cdi_spec: "/x.json".into(),
+                records: vec!["/gpuslice-limits-u1-0".into()],
             },
         );
         c.save().unwrap();

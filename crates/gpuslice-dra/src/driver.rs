@@ -168,7 +168,7 @@ impl Driver {
                 allocated: a,
             })
             .collect();
-        let spec = self.write_spec(&label, &c.uid, &devices)?;
+        let (spec, records) = self.write_spec(&label, &c.uid, &devices)?;
         state.claims.insert(
             c.uid.clone(),
             PreparedClaim {
@@ -177,13 +177,15 @@ impl Driver {
                 uid: c.uid.clone(),
                 resource_version: obj.metadata.resource_version.clone(),
                 devices,
-                cdi_spec: spec.clone(),
+                cdi_spec: spec,
+                records,
             },
         );
         if let Err(e) = state.save() {
             // Not remembered: leave nothing behind either.
-            state.claims.remove(&c.uid);
-            let _ = std::fs::remove_file(&spec);
+            if let Some(p) = state.claims.remove(&c.uid) {
+                let _ = remove_files(&p);
+            }
             return Err(e.into());
         }
         Ok(granted(&state.claims[&c.uid]))
@@ -269,13 +271,15 @@ impl Driver {
         Ok(())
     }
 
-    /// Writes the claim's CDI spec: one device per result.
+    /// Writes the claim's CDI spec (one device per result) and the limits
+    /// records of its capped slices; returns the spec's path and the
+    /// records' (what Unprepare removes: the shared `ld.so.preload` stays).
     fn write_spec(
         &self,
         claim: &str,
         uid: &str,
         devices: &[PreparedDevice],
-    ) -> Result<PathBuf, PrepareError> {
+    ) -> Result<(PathBuf, Vec<PathBuf>), PrepareError> {
         let cdi_err = |e: anyhow::Error| PrepareError::Cdi(claim.into(), format!("{e:#}"));
         let slices: Vec<SliceDevice> = devices
             .iter()
@@ -307,8 +311,18 @@ impl Driver {
         let g = cdi::generate_slices(&self.opts.host_root, &self.opts.inventory, &opts, &slices)
             .map_err(cdi_err)?;
         let path = spec_path(&self.opts.cdi_dir, uid);
-        cdi::write_atomically(&g, &path, Format::Json).map_err(cdi_err)?;
-        Ok(path)
+        let records: Vec<PathBuf> = slices
+            .iter()
+            .filter(|s| s.caps.is_some())
+            .map(|s| cdi::limits_record_path(&self.opts.cdi_dir, &s.name))
+            .collect();
+        if let Err(e) = cdi::write_atomically(&g, &path, Format::Json) {
+            for r in &records {
+                let _ = std::fs::remove_file(r);
+            }
+            return Err(cdi_err(e));
+        }
+        Ok((path, records))
     }
 
     /// Unprepares each claim; a result per claim uid.
@@ -330,18 +344,27 @@ fn unprepare_one(state: &mut Checkpoint, uid: &str) -> Result<(), String> {
     let Some(p) = state.claims.remove(uid) else {
         return Ok(()); // never prepared, or already unprepared
     };
-    match std::fs::remove_file(&p.cdi_spec) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => {
-            state.claims.insert(uid.into(), p.clone());
-            return Err(format!("removing {}: {e}", p.cdi_spec.display()));
-        }
+    if let Err(e) = remove_files(&p) {
+        state.claims.insert(uid.into(), p);
+        return Err(e);
     }
     state.save().map_err(|e| {
         state.claims.insert(uid.into(), p);
         e.to_string()
     })
+}
+
+/// Removes a claim's spec first (no new container gets its devices), then
+/// its limits records; files already gone are fine.
+fn remove_files(p: &PreparedClaim) -> Result<(), String> {
+    for f in std::iter::once(&p.cdi_spec).chain(&p.records) {
+        match std::fs::remove_file(f) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(format!("removing {}: {e}", f.display())),
+        }
+    }
+    Ok(())
 }
 
 fn granted(p: &PreparedClaim) -> Vec<Granted> {

@@ -4,10 +4,6 @@
 //! FakeApiServer test double, written as kube-scheduler writes them; the
 //! GPUs are the fake GPU host's.
 
-mod common;
-
-use common::fakeapi::{device_claim, shared_claim, FakeApiServer};
-use common::testkubelet::{register, Registered};
 use fakegpu::FakeHost;
 use gpuslice_core::discover::{discover, DiscoverOptions};
 use gpuslice_core::HostRoot;
@@ -16,6 +12,13 @@ use gpuslice_dra::apiserver::HttpApi;
 use gpuslice_dra::driver::{spec_path, Driver, Options};
 use gpuslice_dra::server::{serve, Served, Sockets};
 use gpuslice_dra::DRIVER_NAME;
+use gpuslice_k8s::cdi::limits_record_path;
+use gpuslice_ledger::limits::{
+    verify_and_read, ComputeShare, DeviceLimits, MemorySize, Mode, SliceLimits, LIMITS_FILE,
+    SLICE_DIR,
+};
+use gpuslice_testkit::dra_kubelet::{register, Registered};
+use gpuslice_testkit::fakeapi::{device_claim, shared_claim, FakeApiServer};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
@@ -143,6 +146,27 @@ fn env_of(device: &Value) -> Vec<String> {
         .collect()
 }
 
+/// The limits record a capped CDI device binds at the fixed place,
+/// checked the way the shim checks it (root's, not writable by others;
+/// the read-only mount is the runtime's part: the bind must ask for it).
+fn limits_record(device: &Value) -> SliceLimits {
+    let mounts = device["containerEdits"]["mounts"].as_array().unwrap();
+    let at = format!("{SLICE_DIR}/{LIMITS_FILE}");
+    let m = mounts
+        .iter()
+        .find(|m| m["containerPath"] == at.as_str())
+        .unwrap_or_else(|| panic!("no mount at {at}: {mounts:?}"));
+    let opts: Vec<&str> = m["options"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o.as_str().unwrap())
+        .collect();
+    assert!(opts.contains(&"ro") && opts.contains(&"bind"), "{opts:?}");
+    verify_and_read(Path::new(m["hostPath"].as_str().unwrap()), false)
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
 fn node_paths(edits: &Value) -> Vec<String> {
     edits["deviceNodes"]
         .as_array()
@@ -210,16 +234,32 @@ async fn shared_claim_in_v1_gets_exactly_its_caps_on_its_gpu_only() {
     let devices = spec["devices"].as_array().unwrap();
     assert_eq!(devices.len(), 1, "one device per result, no others: {spec}");
     assert_eq!(devices[0]["name"], "uid-a-0");
+    let uuid = host().gpus()[2].uuid.clone();
+    // Root's limits record: exactly the consumed capacity, read-only at
+    // the slice's fixed place (the shim takes caps from it alone).
+    let record = limits_record(&devices[0]);
+    assert_eq!(
+        record,
+        SliceLimits {
+            slice_id: "uid-a-0".into(),
+            mode: Mode::Cap,
+            devices: vec![DeviceLimits {
+                uuid: uuid.clone(),
+                memory: Some(MemorySize(20 * GIB)),
+                compute: ComputeShare::from_basis_points(3000),
+            }],
+        }
+    );
     let env = env_of(&devices[0]);
     assert!(
-        env.contains(&format!("GPUSLICE_MEMORY_LIMIT={}", 20 * GIB)),
+        env.contains(&format!("GPUSLICE_MEMORY_LIMIT_0={}", 20 * GIB)),
         "{env:?}"
     );
     assert!(
         env.contains(&"GPUSLICE_COMPUTE_LIMIT=30".to_string()),
         "{env:?}"
     );
-    assert!(env.contains(&format!("NVIDIA_VISIBLE_DEVICES={}", host().gpus()[2].uuid)));
+    assert!(env.contains(&format!("NVIDIA_VISIBLE_DEVICES={uuid}")));
     // The GPU's node and no other GPU's, in the device and in the common edits.
     let minor = host().gpus()[2].minor;
     assert_eq!(
@@ -243,9 +283,13 @@ async fn shared_claim_in_v1_gets_exactly_its_caps_on_its_gpu_only() {
         "{targets:?}"
     );
 
+    let record_file = limits_record_path(&e.cdi_dir(), "uid-a-0");
+    assert!(record_file.exists());
+
     let u = unprepare(&mut k, &[("ns", "a", "uid-a")]).await;
     assert_eq!(u.claims["uid-a"].error, "");
     assert!(!spec_path(&e.cdi_dir(), "uid-a").exists());
+    assert!(!record_file.exists(), "unprepare left the limits record");
 }
 
 #[tokio::test]

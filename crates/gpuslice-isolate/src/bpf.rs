@@ -767,8 +767,8 @@ pub(crate) mod tests {
     /// error, on one line.
     #[test]
     fn load_error_carries_the_verifier_log() {
-        if !crate::cgroup::test_support::is_root() {
-            eprintln!("SKIP load_error_carries_the_verifier_log: needs root");
+        let test = "load_error_carries_the_verifier_log";
+        if !gpuslice_testkit::precondition(test, gpuslice_testkit::needs_root()) {
             return;
         }
         // `exit` without setting r0.

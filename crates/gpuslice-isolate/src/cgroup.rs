@@ -604,27 +604,23 @@ pub(crate) mod test_support {
     use std::os::unix::ffi::OsStrExt;
     use std::sync::atomic::AtomicUsize;
 
-    pub(crate) fn is_root() -> bool {
-        // SAFETY: geteuid has no preconditions.
-        unsafe { libc::geteuid() == 0 }
-    }
-
-    /// The driver for `version`, or None after printing why the test is skipped.
+    /// The driver for `version`; when this host cannot give it, what
+    /// [`gpuslice_testkit::precondition`] says: a failure (always under CI),
+    /// or None with `GPUSLICE_TEST_SKIP=1`.
     pub(crate) fn driver_or_skip(test: &str, version: Version) -> Option<CgroupDriver> {
-        if !is_root() {
-            eprintln!("SKIP {test}: needs root");
+        if !gpuslice_testkit::precondition(test, gpuslice_testkit::needs_root()) {
             return None;
         }
         match CgroupDriver::detect(Some(version)) {
             Ok(d) => Some(d),
             Err(e) => {
-                eprintln!("SKIP {test}: {e}");
+                gpuslice_testkit::precondition(test, Some(e.to_string()));
                 None
             }
         }
     }
 
-    /// The cgroup2 root, or None after printing why the test is skipped.
+    /// The cgroup2 root, as [`driver_or_skip`] gives it.
     pub(crate) fn v2_root_or_skip(test: &str) -> Option<PathBuf> {
         driver_or_skip(test, Version::V2).map(|d| d.root().to_owned())
     }

@@ -327,7 +327,7 @@ fn create(dev: &Path, host: &Path, e: &Entry) -> io::Result<()> {
 }
 
 /// Bind-mounts `source` (with the mounts below it) onto `target`.
-fn bind_from(source: &Path, target: &Path) -> io::Result<()> {
+pub(crate) fn bind_from(source: &Path, target: &Path) -> io::Result<()> {
     mount(
         Some(source),
         target,

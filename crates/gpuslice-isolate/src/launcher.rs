@@ -13,7 +13,7 @@ use crate::cgroup::{self, CgroupDriver, SliceCgroup};
 use crate::devfs::{self, NodeMode};
 use crate::identity::{self, Identity};
 use crate::spawn::{self, Forked};
-use crate::{driver_proc, strict};
+use crate::{driver_proc, slicefs, strict};
 use gpuslice_core::{DevicePolicy, HostRoot};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sched::{unshare, CloneFlags};
@@ -50,6 +50,10 @@ pub struct SandboxPlan {
     /// Who the command runs as (`--user`, or the sudo caller); None keeps
     /// the launcher's own ids.
     pub identity: Option<Identity>,
+    /// The slice's limits record, usage ledger and shim at their fixed
+    /// place, and other slices' records hidden ([`slicefs`]); needs a
+    /// mount namespace, so it makes one.
+    pub slice_files: Option<slicefs::SliceFiles>,
 }
 
 /// The program to run, its arguments and its whole environment.
@@ -289,7 +293,11 @@ fn setup_child(plan: &SandboxPlan, procs: Option<File>, old_mask: &SigSet) -> Re
     if let Some(procs) = procs {
         cgroup::enter_self(&procs).map_err(|e| format!("joining the slice cgroup: {e}"))?;
     }
-    if plan.private_dev.is_some() || plan.params_overlay.is_some() || !plan.masked_gpus.is_empty() {
+    if plan.private_dev.is_some()
+        || plan.params_overlay.is_some()
+        || !plan.masked_gpus.is_empty()
+        || plan.slice_files.is_some()
+    {
         enter_mount_namespace(plan)?;
     }
     // After the mounts (they need root), before privileges are dropped.
@@ -356,6 +364,9 @@ fn enter_mount_namespace(plan: &SandboxPlan) -> Result<(), String> {
         driver_proc::overlay_params(&plan.root, params, &staging).map_err(|e| e.to_string())?;
     }
     driver_proc::mask_gpu_dirs(&plan.root, &plan.masked_gpus).map_err(|e| e.to_string())?;
+    if let Some(files) = &plan.slice_files {
+        slicefs::mount_slice_files(files).map_err(|e| e.to_string())?;
+    }
     nix::sys::stat::umask(umask);
     Ok(())
 }

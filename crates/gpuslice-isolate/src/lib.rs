@@ -15,6 +15,7 @@ pub mod driver_proc;
 pub mod identity;
 pub mod launcher;
 mod mountinfo;
+pub mod slicefs;
 pub mod spawn;
 pub mod strict;
 pub mod userns;

@@ -19,6 +19,10 @@ use container_device_interface::specs::config::Spec as CdiSpec;
 use gpuslice_core::discover::{discover, DiscoverOptions};
 use gpuslice_core::model::{NVIDIACTL_MINOR, NVIDIA_MAJOR, NVIDIA_MODESET_MINOR};
 use gpuslice_core::{DevicePolicy, HostRoot, Inventory, Selection};
+use gpuslice_ledger::board::Mode;
+use gpuslice_ledger::limits::{
+    ComputeShare, DeviceLimits, MemorySize, SliceLimits, LIMITS_FILE, SLICE_DIR,
+};
 use serde_json::{json, Value};
 use std::fs;
 use std::io::Write;
@@ -35,9 +39,8 @@ pub const DYNAMIC_DIR: &str = "/var/run/cdi";
 pub const CONTAINER_LIB_DIR: &str = "/usr/local/nvidia/lib64";
 /// Inside the container: the shim of the shared variants.
 pub const CONTAINER_SHIM: &str = "/usr/local/gpuslice/libgpuslice.so";
-/// Inside the container: the ledger directory of the shared variants (a
-/// tmpfs private to the container, so each container has its own share).
-pub const CONTAINER_LEDGER_DIR: &str = "/run/gpuslice/slices";
+/// Side files holding the shared variants' limits records: `<prefix><name>`.
+pub const LIMITS_PREFIX: &str = "gpuslice-limits-";
 /// Side files written next to the spec.
 pub const PARAMS_FILE: &str = "gpuslice-params";
 pub const PRELOAD_FILE: &str = "gpuslice-ld.so.preload";
@@ -180,11 +183,41 @@ pub fn generate_for(root: &HostRoot, inv: &Inventory, opts: &Options) -> Result<
     g.finish(value)
 }
 
-/// The caps of one slice: memory in bytes, compute in percent of the GPU.
+/// The caps of one slice as a DRA claim consumed them: memory in bytes,
+/// compute in whole percent of the GPU (the published capacities' units).
+/// They reach the slice as its [`SliceLimits`] record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SliceCaps {
     pub memory_bytes: u64,
     pub compute_percent: u32,
+}
+
+impl SliceCaps {
+    /// The contract's limits of the device `uuid`: an error for a cap of
+    /// 0 bytes or a share outside 1..=100 %.
+    pub fn limits(self, uuid: &str) -> Result<DeviceLimits> {
+        if self.memory_bytes == 0 {
+            bail!("a memory cap of 0 bytes");
+        }
+        let compute = ComputeShare::from_basis_points(u64::from(self.compute_percent) * 100)
+            .ok_or_else(|| {
+                anyhow!(
+                    "a compute share of {} %, not 1 to 100",
+                    self.compute_percent
+                )
+            })?;
+        Ok(DeviceLimits {
+            uuid: uuid.to_string(),
+            memory: Some(MemorySize(self.memory_bytes)),
+            compute: Some(compute),
+        })
+    }
+}
+
+/// Where the limits record of the CDI slice `name` is written: beside the
+/// spec, root-owned, bound read-only into the slice at the fixed place.
+pub fn limits_record_path(spec_dir: &Path, name: &str) -> PathBuf {
+    spec_dir.join(format!("{LIMITS_PREFIX}{name}"))
 }
 
 /// One device of a per-slice spec (a DRA claim's): a whole GPU or a MIG
@@ -282,7 +315,10 @@ impl<'a> Builder<'a> {
                     d.name
                 )
             })?;
-            self.write_slice_limits(&mut e, &shim, &d.name, &uuid, caps);
+            let limits = caps
+                .limits(&uuid)
+                .with_context(|| format!("slice {}", d.name))?;
+            self.write_slice_limits(&mut e, &shim, &d.name, limits);
         }
         Ok(device(&d.name, e))
     }
@@ -797,41 +833,52 @@ impl Builder<'_> {
         };
         for &n in &self.opts.shared {
             let name = format!("{}-shared-{n}", gpu.index);
-            let caps = SliceCaps {
-                memory_bytes: memory / n as u64,
-                compute_percent: 100 / n,
+            let limits = DeviceLimits {
+                uuid: gpu.uuid.clone(),
+                memory: Some(MemorySize((memory / n as u64).max(1))),
+                compute: Some(ComputeShare::fraction(1, n as u64)),
             };
             let mut e = self.selection_edits(&Selection::gpus([gpu.index]));
-            self.write_slice_limits(&mut e, &shim, &name, &gpu.uuid, caps);
+            self.write_slice_limits(&mut e, &shim, &name, limits);
             devices.push(device(&name, e));
         }
     }
 
-    /// Writes a capped slice's limits into its device's edits: the shim
-    /// (preloaded through a bound `ld.so.preload`), its caps and a ledger
-    /// in a tmpfs private to the container. The ONE place that says how a
-    /// slice's limits reach the shim, for the shared variants and for DRA
-    /// claims alike, so a change of that contract is made here only.
+    /// Writes a capped slice's limits into its device's edits: root's
+    /// limits record of the slice (a side file beside the spec, root-owned
+    /// 0644, [`limits_record_path`]) bound read-only at the fixed place,
+    /// the shim preloaded through a bound `ld.so.preload`, the variables
+    /// of [`SliceLimits::env`], and a tmpfs at [`SLICE_DIR`] where each
+    /// container's first process makes its usage ledger. The ONE place
+    /// that says how a CDI slice's limits reach the shim, for the shared
+    /// variants and for DRA claims alike.
     fn write_slice_limits(
         &mut self,
         edits: &mut Value,
         shim: &Path,
         name: &str,
-        uuid: &str,
-        caps: SliceCaps,
+        device: DeviceLimits,
     ) {
         let preload = self.opts.spec_dir.join(PRELOAD_FILE);
         if !self.side_files.iter().any(|(p, _)| *p == preload) {
             self.side_files
                 .push((preload.clone(), format!("{CONTAINER_SHIM}\n")));
         }
-        edits["env"] = json!([
-            format!("GPUSLICE_MEMORY_LIMIT={}", caps.memory_bytes),
-            format!("GPUSLICE_COMPUTE_LIMIT={}", caps.compute_percent),
-            format!("GPUSLICE_LEDGER={CONTAINER_LEDGER_DIR}/{name}.ledger"),
-            format!("GPUSLICE_SLICE={name}"),
-            format!("NVIDIA_VISIBLE_DEVICES={uuid}"),
-        ]);
+        let uuid = device.uuid.clone();
+        let limits = SliceLimits {
+            slice_id: name.to_string(),
+            mode: Mode::Cap,
+            devices: vec![device],
+        };
+        let record = limits_record_path(&self.opts.spec_dir, name);
+        self.side_files.push((record.clone(), limits.render()));
+        let mut env: Vec<String> = limits
+            .env()
+            .into_iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        env.push(format!("NVIDIA_VISIBLE_DEVICES={uuid}"));
+        edits["env"] = json!(env);
         edits["mounts"] = json!([
             {
                 "hostPath": self.host(shim),
@@ -845,9 +892,14 @@ impl Builder<'_> {
             },
             {
                 "hostPath": "tmpfs",
-                "containerPath": CONTAINER_LEDGER_DIR,
+                "containerPath": SLICE_DIR,
                 "type": "tmpfs",
                 "options": ["nosuid", "nodev", "noexec", "mode=1777", "size=16m"],
+            },
+            {
+                "hostPath": self.host(&record),
+                "containerPath": format!("{SLICE_DIR}/{LIMITS_FILE}"),
+                "options": ["ro", "nosuid", "nodev", "noexec", "bind"],
             },
         ]);
     }

@@ -10,8 +10,8 @@
 use fakegpu::FakeHost;
 use gpuslice_core::HostRoot;
 use gpuslice_k8s::plugin::config::Config;
-use gpuslice_k8s::plugin::testkubelet::{allocate_one, first_list, preferred_one, TestKubelet};
 use gpuslice_k8s::plugin::{spawn, Handle, Options};
+use gpuslice_testkit::kubelet::{allocate_one, first_list, preferred_one, TestKubelet};
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::OnceLock;
@@ -195,21 +195,21 @@ async fn allocates_shared_replicas_with_the_shim_and_a_cap() {
     let r = allocate_one(&mut c, &[format!("{}::3", uuid(1))])
         .await
         .unwrap();
-    assert_eq!(r.envs["GPUSLICE_MEMORY_LIMIT"], (mem / 4).to_string());
+    assert_eq!(r.envs["GPUSLICE_MEMORY_LIMIT_0"], (mem / 4).to_string());
     assert_eq!(r.envs["GPUSLICE_COMPUTE_LIMIT"], "25");
     assert_eq!(r.envs["CUDA_VISIBLE_DEVICES"], uuid(1));
     assert!(dev_paths(&r).contains("/dev/nvidia1") && !dev_paths(&r).contains("/dev/nvidia0"));
     let slice = r.envs["GPUSLICE_SLICE"].clone();
-    assert_eq!(
-        r.envs["GPUSLICE_LEDGER"],
-        format!("/run/gpuslice/slices/{slice}.ledger")
+    assert!(
+        !r.envs.contains_key("GPUSLICE_LEDGER"),
+        "the fixed place, not a variable"
     );
     let mounts: Vec<(String, String, bool)> = r
         .mounts
         .iter()
         .map(|m| (m.container_path.clone(), m.host_path.clone(), m.read_only))
         .collect();
-    let ledger_dir = t.path().join("ledgers").join(&slice);
+    let records = t.path().join("ledgers").join(&slice);
     assert_eq!(
         mounts,
         vec![
@@ -224,22 +224,34 @@ async fn allocates_shared_replicas_with_the_shim_and_a_cap() {
                 true
             ),
             (
-                "/run/gpuslice/slices".into(),
-                ledger_dir.display().to_string(),
-                false
+                "/run/gpuslice/slice/limits".into(),
+                records.join("limits").display().to_string(),
+                true
             ),
             (
-                "/run/gpuslice/gpus".into(),
-                t.path().join("boards").display().to_string(),
+                "/run/gpuslice/slice/usage".into(),
+                records.join("usage").display().to_string(),
                 false
             ),
         ]
     );
-    assert!(ledger_dir.is_dir());
-    assert_eq!(r.envs["GPUSLICE_BOARD_DIR"], "/run/gpuslice/gpus");
-    assert!(
-        !r.envs.contains_key("GPUSLICE_COMPUTE_MODE"),
+    // Root's record: root-only directory, read-only record; the replica's
+    // ledger is all it may write.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: std::path::PathBuf| p.metadata().unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode(records.clone()), 0o700);
+    assert_eq!(mode(records.join("limits")), 0o644);
+    let limits = gpuslice_ledger::limits::verify_and_read(&records.join("limits"), false).unwrap();
+    assert_eq!(limits.devices[0].memory.unwrap().0, mem / 4);
+    assert_eq!(limits.devices[0].share_bp(), 2500);
+    assert_eq!(
+        limits.mode,
+        gpuslice_ledger::board::Mode::Cap,
         "a hard cap by default"
+    );
+    assert!(
+        !r.envs.contains_key("GPUSLICE_BOARD_DIR"),
+        "no board in cap mode"
     );
     assert_eq!(
         std::fs::read_to_string(t.path().join("state/ld.so.preload")).unwrap(),
@@ -259,8 +271,20 @@ async fn allocates_shared_replicas_with_the_shim_and_a_cap() {
     );
     assert_eq!(r.envs["GPUSLICE_MEMORY_LIMIT_0"], (mem / 4 * 2).to_string());
     assert_eq!(r.envs["GPUSLICE_MEMORY_LIMIT_1"], (mem / 4).to_string());
-    assert_eq!(r.envs["GPUSLICE_MEMORY_LIMIT"], (mem / 4).to_string());
     assert!(mem > 100 * GIB);
+    // Of another slice's records, nothing is mounted writable: every
+    // read-write mount is this replica's own usage ledger.
+    let own = t.path().join("ledgers").join(&r.envs["GPUSLICE_SLICE"]);
+    for m in r.mounts.iter().filter(|m| !m.read_only) {
+        assert_eq!(
+            m.host_path,
+            own.join("usage").display().to_string(),
+            "{m:?}"
+        );
+    }
+    // Allocated again (a new container for the same IDs): fresh records.
+    let again = allocate_one(&mut c, &ids).await.unwrap();
+    assert_eq!(again.envs["GPUSLICE_SLICE"], r.envs["GPUSLICE_SLICE"]);
 }
 
 #[tokio::test]
@@ -441,6 +465,18 @@ async fn guaranteed_mode_lets_replicas_borrow() {
         .any(|m| m.container_path == "/run/gpuslice/gpus"
             && m.host_path == boards.display().to_string()
             && !m.read_only));
+    // Root's share records ride read-only on top: a replica cannot vouch
+    // for a share of its own making.
+    assert!(r
+        .mounts
+        .iter()
+        .any(|m| m.container_path == "/run/gpuslice/gpus/shares"
+            && m.host_path == boards.join("shares").display().to_string()
+            && m.read_only));
+    let records = std::fs::read_dir(boards.join("shares").join(uuid(2)))
+        .unwrap()
+        .count();
+    assert_eq!(records, 1);
     // World-writable and sticky, like /tmp: replicas run as any user.
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(
@@ -729,7 +765,7 @@ impl Drop for Attached {
 // server needs a runtime thread of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ledger_dirs_go_once_their_pod_is_gone_and_no_process_uses_them() {
-    use gpuslice_k8s::plugin::testkubelet::{PodDevices, PodResources};
+    use gpuslice_testkit::kubelet::{PodDevices, PodResources};
     let t = tempfile::tempdir().unwrap();
     let socket = t.path().join("pod-resources/kubelet.sock");
     let podres = PodResources::start(&socket).await.unwrap();

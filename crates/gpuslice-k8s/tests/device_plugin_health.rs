@@ -4,8 +4,8 @@
 use fakegpu::FakeHost;
 use gpuslice_core::HostRoot;
 use gpuslice_k8s::plugin::config::Config;
-use gpuslice_k8s::plugin::testkubelet::{first_list, next_list, TestKubelet};
 use gpuslice_k8s::plugin::{spawn, Options};
+use gpuslice_testkit::kubelet::{first_list, next_list, TestKubelet};
 use std::time::Duration;
 
 #[tokio::test]

@@ -21,10 +21,15 @@
 //! process leaves only a slot whose counter stops growing: to readers, an
 //! idle slice.
 //!
-//! Trust: anyone who can write the board can misstate use and so make a
-//! borrower borrow more or less. The board only ever decides how much
-//! *extra* time a guaranteed slice takes; no slice's own share or cap is
-//! read from it. Slices that must not affect each other use the hard cap.
+//! Trust: the board file is writable by every tenant of the GPU, so what a
+//! slot says about itself (its use, its share) is a claim, not a fact.
+//! Shares that scale other slices come from **root-written share records**
+//! instead ([`publish_share`], `<dir>/shares/<uuid>/<key>`, root-owned,
+//! read-only in slices): a slot without one asks for nothing, and one with
+//! one asks for at most that share. So whatever is written on the board, a
+//! capped slice refills at no less than `share × 90 % / Σ root-written
+//! shares` (see the shim's `borrow` module), and its own share and cap are
+//! never read from here.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -133,6 +138,82 @@ pub fn board_path(dir: &Path, uuid: &str) -> PathBuf {
         })
         .collect();
     dir.join(format!("{safe}.board"))
+}
+
+/// Where root-written share records are: `<dir>/shares`.
+pub fn shares_dir(dir: &Path) -> PathBuf {
+    dir.join("shares")
+}
+
+fn share_record(dir: &Path, uuid: &str, key: u64) -> PathBuf {
+    let gpu = board_path(dir, uuid).with_extension("");
+    shares_dir(dir)
+        .join(gpu.file_name().unwrap_or_default())
+        .join(format!("{key:016x}"))
+}
+
+/// Records, as root, that the slice `key` has `share_bp` on GPU `uuid`
+/// (what oversubscription scaling may count for it). The directories are
+/// created root-owned 0755; one that exists owned by someone else is
+/// refused (the board directory is world-writable: a tenant may have made
+/// it first). Returns the record, to be removed when the slice ends.
+pub fn publish_share(dir: &Path, uuid: &str, key: u64, share_bp: u64) -> io::Result<PathBuf> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    let record = share_record(dir, uuid, key);
+    let gpu_dir = record.parent().unwrap_or(dir);
+    for d in [shares_dir(dir).as_path(), gpu_dir] {
+        match std::fs::DirBuilder::new().mode(0o755).create(d) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        let m = std::fs::symlink_metadata(d)?;
+        if !m.is_dir() || m.uid() != 0 || m.mode() & 0o022 != 0 {
+            return Err(io::Error::other(format!(
+                "{} is not a root-owned directory writable by root alone; remove it",
+                d.display()
+            )));
+        }
+    }
+    std::fs::write(
+        &record,
+        format!(
+            "{share_bp}
+"
+        ),
+    )?;
+    std::fs::set_permissions(&record, std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
+    Ok(record)
+}
+
+/// The root-written share of slice `key` on GPU `uuid`, if there is a
+/// record and it is root's (file and directory owned by uid 0, writable
+/// by root alone); None otherwise: a slot nobody vouched for.
+pub fn root_share(dir: &Path, uuid: &str, key: u64) -> Option<u64> {
+    use std::io::Read;
+    use std::os::unix::fs::MetadataExt;
+    let record = share_record(dir, uuid, key);
+    let trusted = |m: &std::fs::Metadata| m.uid() == 0 && m.mode() & 0o022 == 0;
+    for d in [shares_dir(dir), record.parent()?.to_path_buf()] {
+        if !trusted(&std::fs::symlink_metadata(d).ok()?) {
+            return None;
+        }
+    }
+    let mut f = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&record)
+        .ok()?;
+    let m = f.metadata().ok()?;
+    if !m.is_file() || !trusted(&m) {
+        return None;
+    }
+    let mut text = String::new();
+    f.read_to_string(&mut text).ok()?;
+    text.trim()
+        .parse()
+        .ok()
+        .filter(|&bp| bp <= crate::FULL_SHARE)
 }
 
 impl Board {
@@ -403,6 +484,34 @@ mod tests {
         std::os::unix::fs::symlink(&victim, board_path(dir.path(), "GPU-y")).unwrap();
         assert!(Board::open_or_create(dir.path(), "GPU-y").is_err());
         assert_eq!(std::fs::metadata(&victim).unwrap().len(), 0);
+    }
+
+    #[test]
+    fn share_records_count_only_when_root_wrote_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        assert_eq!(root_share(d, "GPU-1", 42), None, "no record");
+        let rec = publish_share(d, "GPU-1", 42, 3000).unwrap();
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return; // records need root; CI runs this as root
+        }
+        assert_eq!(root_share(d, "GPU-1", 42), Some(3000));
+        assert_eq!(root_share(d, "GPU-1", 43), None);
+        assert_eq!(root_share(d, "GPU-2", 42), None);
+        // A record someone else owns, or one anyone may write, is no record.
+        std::os::unix::fs::chown(&rec, Some(65534), None).unwrap();
+        assert_eq!(root_share(d, "GPU-1", 42), None);
+        std::os::unix::fs::chown(&rec, Some(0), None).unwrap();
+        std::fs::set_permissions(&rec, std::os::unix::fs::PermissionsExt::from_mode(0o666))
+            .unwrap();
+        assert_eq!(root_share(d, "GPU-1", 42), None);
+        // A shares directory a tenant made first is refused, not used.
+        let other = tempfile::tempdir().unwrap();
+        std::fs::create_dir(shares_dir(other.path())).unwrap();
+        std::os::unix::fs::chown(shares_dir(other.path()), Some(65534), None).unwrap();
+        let e = publish_share(other.path(), "GPU-1", 1, 100).unwrap_err();
+        assert!(e.to_string().contains("remove it"), "{e}");
     }
 
     #[test]

@@ -39,6 +39,8 @@
 //! Nothing on the reservation path allocates, locks, or makes a syscall.
 
 pub mod board;
+pub mod enforcement;
+pub mod limits;
 mod map;
 pub mod procfs;
 
@@ -127,6 +129,7 @@ const H_SLICE_ID: usize = 64;
 const H_REPAIRS: usize = 128;
 const H_RECLAIMED_SLOTS: usize = 136;
 const H_RECLAIMED_BYTES: usize = 144;
+const H_ATTACH_FAILURES: usize = 152;
 
 // Device fields.
 const D_CAP: usize = 0;
@@ -302,6 +305,8 @@ pub struct Snapshot {
     pub reclaimed_slots: u64,
     pub reclaimed_bytes: u64,
     pub repairs: u64,
+    /// Processes of the slice that could not attach, so failed closed.
+    pub attach_failures: u64,
     /// Layout version of the file.
     pub version: u32,
     /// Per device (empty for a version-1 ledger).
@@ -314,6 +319,17 @@ pub struct Ledger {
     path: Option<PathBuf>,
     device_count: usize,
     version: u32,
+    /// Caps and shares from the slice's root-written limits record
+    /// ([`limits`]): when set, they win over the file's words, which the
+    /// slice itself can write.
+    pinned: Option<Box<Pinned>>,
+}
+
+/// This process's copy of a slice's limits (see [`Ledger::pin`]).
+struct Pinned {
+    caps: [u64; MAX_DEVICES],
+    /// Root may change a live slice's shares ([`Ledger::repin_shares`]).
+    shares: [AtomicU64; MAX_DEVICES],
 }
 
 /// `$GPUSLICE_LEDGER_DIR`, else [`DEFAULT_DIR`].
@@ -338,14 +354,22 @@ pub fn ensure_dir(dir: &Path) -> Result<()> {
     fs::set_permissions(dir, fs::Permissions::from_mode(0o1777)).map_err(io_err(dir))
 }
 
-/// Ledger files (`*.ledger`) in `dir`, sorted; none when it is missing.
+/// Ledgers in `dir`, sorted: the usage ledgers of slices with a limits
+/// record (`<dir>/<id>/usage`, see [`limits`]) and plain ledger files
+/// (`<dir>/*.ledger`); none when it is missing.
 pub fn list_dir(dir: &Path) -> Vec<PathBuf> {
     let Ok(entries) = fs::read_dir(dir) else {
         return Vec::new();
     };
     let mut paths: Vec<PathBuf> = entries
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "ledger"))
+        .filter_map(|p| {
+            if p.extension().is_some_and(|x| x == "ledger") {
+                return Some(p);
+            }
+            let usage = p.join(limits::USAGE_FILE);
+            usage.is_file().then_some(usage)
+        })
         .collect();
     paths.sort();
     paths
@@ -442,6 +466,7 @@ impl Ledger {
             path: None,
             device_count: devices.len(),
             version: VERSION,
+            pinned: None,
         })
     }
 
@@ -498,6 +523,7 @@ impl Ledger {
                 path: Some(path.to_path_buf()),
                 device_count: devices.len(),
                 version: VERSION,
+                pinned: None,
             })
         })();
         let _ = fs::remove_file(&tmp);
@@ -621,7 +647,64 @@ impl Ledger {
             path: Some(path.to_path_buf()),
             device_count,
             version,
+            pinned: None,
         })
+    }
+
+    /// Takes caps and shares from the slice's limits record from now on:
+    /// [`Ledger::cap`], [`Ledger::reserve`], [`Ledger::compute_share`]
+    /// and the bucket's refill read these, never the file's words (which
+    /// every process of the slice may write). The burst is bounded by
+    /// [`DEFAULT_BURST_NS`] whatever the file says.
+    pub fn pin(&mut self, limits: &limits::SliceLimits) -> Result<()> {
+        if limits.devices.len() != self.device_count {
+            return Err(Error::Corrupt {
+                path: self.path.clone().unwrap_or_default(),
+                reason: format!(
+                    "{} devices, the slice's limits record has {}",
+                    self.device_count,
+                    limits.devices.len()
+                ),
+            });
+        }
+        let mut p = Pinned {
+            caps: [UNLIMITED; MAX_DEVICES],
+            shares: [const { AtomicU64::new(0) }; MAX_DEVICES],
+        };
+        for (i, d) in limits.devices.iter().enumerate() {
+            p.caps[i] = d.cap_bytes();
+            p.shares[i] = AtomicU64::new(d.share_bp());
+        }
+        self.pinned = Some(Box::new(p));
+        Ok(())
+    }
+
+    /// Takes the shares of a re-read limits record (root changed a live
+    /// slice's share); the caps stay as pinned. Ignored unless pinned and
+    /// of the same devices.
+    pub fn repin_shares(&self, limits: &limits::SliceLimits) {
+        if let Some(p) = &self.pinned {
+            if limits.devices.len() == self.device_count {
+                for (i, d) in limits.devices.iter().enumerate() {
+                    p.shares[i].store(d.share_bp(), Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// Whether caps and shares come from a limits record ([`Ledger::pin`]).
+    pub fn pinned(&self) -> bool {
+        self.pinned.is_some()
+    }
+
+    /// Counts a process of the slice that could not attach (shown by
+    /// `gpuslice slices`; that process's CUDA initialisation failed).
+    pub fn note_attach_failure(&self) {
+        if self.writable() {
+            self.map
+                .u64_at(H_ATTACH_FAILURES)
+                .fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Layout version of the file ([`VERSION_1`] or [`VERSION`]).
@@ -663,7 +746,10 @@ impl Ledger {
         if dev >= self.device_count {
             return UNLIMITED;
         }
-        self.dev(dev, D_CAP).load(Ordering::Relaxed)
+        match &self.pinned {
+            Some(p) => p.caps[dev],
+            None => self.dev(dev, D_CAP).load(Ordering::Relaxed),
+        }
     }
 
     /// Bytes charged on device `dev` by all processes of the slice.
@@ -698,7 +784,7 @@ impl Ledger {
         if dev >= self.device_count {
             return Err(OverCap { cap: 0, used: 0 });
         }
-        let cap = self.dev(dev, D_CAP).load(Ordering::Relaxed);
+        let cap = self.cap(dev);
         let used = self.dev(dev, D_USED);
         let mut cur = used.load(Ordering::Relaxed);
         let new = loop {
@@ -992,6 +1078,7 @@ impl Ledger {
             reclaimed_slots: self.map.u64_at(H_RECLAIMED_SLOTS).load(Ordering::Relaxed),
             reclaimed_bytes: self.map.u64_at(H_RECLAIMED_BYTES).load(Ordering::Relaxed),
             repairs: self.map.u64_at(H_REPAIRS).load(Ordering::Relaxed),
+            attach_failures: self.map.u64_at(H_ATTACH_FAILURES).load(Ordering::Relaxed),
             version: self.version,
             compute: if self.version >= VERSION {
                 (0..self.device_count)
@@ -1035,7 +1122,10 @@ impl Ledger {
         if !self.has_compute(dev) {
             return 0;
         }
-        self.cword(dev, C_SHARE).load(Ordering::Relaxed)
+        match &self.pinned {
+            Some(p) => p.shares[dev].load(Ordering::Relaxed),
+            None => self.cword(dev, C_SHARE).load(Ordering::Relaxed),
+        }
     }
 
     /// Bucket size of `dev` (ns of GPU time).
@@ -1043,7 +1133,14 @@ impl Ledger {
         if !self.has_compute(dev) {
             return 0;
         }
-        self.cword(dev, C_BURST).load(Ordering::Relaxed)
+        let burst = self.cword(dev, C_BURST).load(Ordering::Relaxed);
+        if self.pinned.is_some() {
+            // The file is the slice's to write: a bigger bucket would be
+            // more GPU time.
+            burst.clamp(1, DEFAULT_BURST_NS)
+        } else {
+            burst
+        }
     }
 
     /// Sets the compute share of `dev` (basis points, 0 = none, at most
@@ -1087,19 +1184,17 @@ impl Ledger {
                 .compare_exchange(last, now_ns, Ordering::AcqRel, Ordering::Relaxed)
                 .is_ok()
         {
-            let share = self.cword(dev, C_SHARE).load(Ordering::Relaxed);
+            let share = self.compute_share(dev);
             let share = refill.map_or(share, |r| r.rate(share));
-            let burst = self
-                .cword(dev, C_BURST)
-                .load(Ordering::Relaxed)
-                .min(i64::MAX as u64) as i64;
+            let burst = self.compute_burst(dev).min(i64::MAX as u64) as i64;
             let add = (u128::from(now_ns - last) * u128::from(share) / u128::from(FULL_SHARE))
                 .min(i64::MAX as u128) as i64;
             let mut cur = tokens.load(Ordering::Relaxed);
             loop {
                 let t = cur as i64;
+                // Never more than a bucketful, whatever was written there.
                 let new = if t >= burst {
-                    t
+                    burst
                 } else {
                     t.saturating_add(add).min(burst)
                 };
@@ -1114,7 +1209,8 @@ impl Ledger {
                 }
             }
         }
-        tokens.load(Ordering::Acquire) as i64
+        (tokens.load(Ordering::Acquire) as i64)
+            .min(self.compute_burst(dev).min(i64::MAX as u64) as i64)
     }
 
     /// Draws `ns` of GPU time from `dev`'s bucket (a negative value gives

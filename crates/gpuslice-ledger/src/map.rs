@@ -155,3 +155,17 @@ pub fn pid_exists(pid: u32) -> bool {
     let rc = unsafe { libc::kill(pid, 0) };
     rc == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
+
+/// Whether `file` is on a read-only mount (`ST_RDONLY`): then nobody,
+/// root included, can write it without remounting.
+pub fn read_only_mount(file: &File) -> io::Result<bool> {
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
+    // SAFETY: valid fd and a buffer of the right type; checked below.
+    let rc = unsafe { libc::fstatvfs(file.as_raw_fd(), st.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fstatvfs succeeded and filled the struct.
+    let st = unsafe { st.assume_init() };
+    Ok(st.f_flag & libc::ST_RDONLY != 0)
+}

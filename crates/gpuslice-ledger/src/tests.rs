@@ -453,3 +453,56 @@ fn a_refill_scales_the_live_share_or_borrows_but_never_exceeds_the_gpu() {
     };
     assert_eq!(share_alone.rate(3000), 3000);
 }
+
+/// The attack of issue 17: a tenant rewrites its own ledger's cap, share
+/// and bucket words (it may write that file). A ledger pinned to the
+/// slice's limits record ignores all three.
+#[test]
+fn a_pinned_ledger_ignores_caps_shares_and_tokens_written_into_the_file() {
+    let (_dir, path, l) = temp_ledger(&[GIB]);
+    l.set_compute(0, 3000, DEFAULT_BURST_NS).unwrap();
+    let limits = limits::SliceLimits {
+        slice_id: "s1".into(),
+        mode: limits::Mode::Cap,
+        devices: vec![limits::DeviceLimits {
+            uuid: String::new(),
+            memory: Some(limits::MemorySize(GIB)),
+            compute: limits::ComputeShare::from_basis_points(3000),
+        }],
+    };
+    let mut pinned = Ledger::open(&path).unwrap();
+    pinned.pin(&limits).unwrap();
+    // The tenant's writes, through another mapping of the same file.
+    l.dev(0, D_CAP).store(8 * GIB, Ordering::SeqCst);
+    l.cword(0, C_SHARE).store(FULL_SHARE, Ordering::SeqCst);
+    l.cword(0, C_BURST).store(u64::MAX / 2, Ordering::SeqCst);
+    l.cword(0, C_TOKENS)
+        .store(i64::MAX as u64, Ordering::SeqCst);
+    assert_eq!(l.cap(0), 8 * GIB, "the unpinned view reads the file");
+    let slot = pinned.attach().unwrap();
+    assert!(pinned.reserve(slot, 0, GIB).is_ok());
+    assert!(
+        pinned.reserve(slot, 0, 1).is_err(),
+        "the record's cap holds"
+    );
+    assert_eq!(pinned.compute_share(0), 3000);
+    assert_eq!(pinned.compute_burst(0), DEFAULT_BURST_NS);
+    // Forged tokens are worth one bucket at most.
+    assert_eq!(
+        pinned.compute_tokens(0, 5_000_000_000),
+        DEFAULT_BURST_NS as i64
+    );
+    // Root rewrote the record with another share: the caps stay pinned.
+    let mut halved = limits.clone();
+    halved.devices[0].compute = limits::ComputeShare::from_basis_points(1500);
+    halved.devices[0].memory = Some(limits::MemorySize(8 * GIB));
+    pinned.repin_shares(&halved);
+    assert_eq!(pinned.compute_share(0), 1500);
+    assert_eq!(pinned.cap(0), GIB);
+    // A record for another geometry is refused.
+    let mut other = Ledger::open(&path).unwrap();
+    let mut two = limits.clone();
+    two.devices.push(two.devices[0].clone());
+    assert!(other.pin(&two).is_err());
+    pinned.detach(slot);
+}

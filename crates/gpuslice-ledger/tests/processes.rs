@@ -7,7 +7,10 @@ use std::time::{Duration, Instant};
 
 use gpuslice_ledger::{DeviceSpec, Ledger, ProcessState};
 
-const EXERCISE: &str = env!("CARGO_BIN_EXE_gpuslice-ledger-exercise");
+/// The helper process (crate gpuslice-testkit).
+fn exercise() -> std::path::PathBuf {
+    gpuslice_testkit::built("gpuslice-ledger-exercise", "gpuslice-testkit")
+}
 const MIB: u64 = 1 << 20;
 
 fn ledger(dir: &std::path::Path, caps: &[u64]) -> (std::path::PathBuf, Ledger) {
@@ -31,7 +34,7 @@ fn thirty_two_processes_for_ten_seconds_never_pass_the_cap_and_end_at_zero() {
     let started = Instant::now();
     let children: Vec<_> = (0..32u64)
         .map(|i| {
-            Command::new(EXERCISE)
+            Command::new(exercise())
                 .args(["random", path.to_str().unwrap()])
                 .arg((i % 2).to_string())
                 .arg("10")
@@ -80,7 +83,7 @@ fn a_sigkilled_process_is_reclaimed_by_reap_and_by_the_next_attach() {
     let dir = tempfile::tempdir().unwrap();
     let (path, l) = ledger(dir.path(), &[1024 * MIB]);
     let spawn_holder = |bytes: u64| {
-        let mut c = Command::new(EXERCISE)
+        let mut c = Command::new(exercise())
             .args(["hold", path.to_str().unwrap(), "0"])
             .arg(bytes.to_string())
             .stdout(Stdio::piped())

@@ -65,6 +65,7 @@ metrics! {
     SLICE_PEAK: Gauge "slice_memory_peak_bytes" "Highest memory use of a slice on a device";
     SLICE_REFUSED: Counter "slice_memory_refusals" "Allocations refused because they would pass the cap";
     SLICE_PROCS: Gauge "slice_processes" "Processes attached to a slice's ledger";
+    SLICE_PROC_ENFORCED: Gauge "slice_process_enforced" "Per process of a slice that uses the GPU or joined its ledger: 1 when the shim is loaded and holds it to the slice's limits, 0 when not (flagged)";
     SLICE_COMPUTE_SHARE: Gauge "slice_compute_share_ratio" "A slice's compute share of a device (0-1; absent when unlimited)";
     SLICE_COMPUTE_BUSY: Counter "slice_compute_gpu_seconds" "GPU time a slice's metered launches took on a device (measured with events)";
     SLICE_COMPUTE_THROTTLED: Counter "slice_compute_throttled_seconds" "Wall time a slice's launches were held back by its compute share (summed over threads)";

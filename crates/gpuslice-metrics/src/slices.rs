@@ -1,9 +1,11 @@
-//! Per-slice series from the ledgers (`*.ledger` in the ledger directory),
-//! read without locks.
+//! Per-slice series from the ledgers (`<id>/usage` and `*.ledger` in the
+//! ledger directory), read without locks, and per process of a slice
+//! whether the shim holds it.
 
 use crate::sample::{self as m, Labels, Sample};
 use gpuslice_core::Inventory;
-use gpuslice_ledger::{Ledger, ProcessState};
+use gpuslice_ledger::enforcement::ProcessTable;
+use gpuslice_ledger::{limits, Ledger, ProcessState};
 use std::path::Path;
 
 /// The `gpu` index a device UUID (GPU or MIG) belongs to, if known.
@@ -17,16 +19,40 @@ pub fn gpu_of(inv: &Inventory, uuid: &str) -> Option<u32> {
 /// Adds the series of every readable ledger in `dir`; returns how many.
 pub fn collect(dir: &Path, inv: Option<&Inventory>, out: &mut Sample) -> usize {
     let mut n = 0;
+    let table = ProcessTable::scan();
     for path in gpuslice_ledger::list_dir(dir) {
-        let ledger = match Ledger::open(&path) {
+        let mut ledger = match Ledger::open(&path) {
             Ok(l) => l,
             Err(e) => {
                 tracing::debug!("skipping ledger {}: {e}", path.display());
                 continue;
             }
         };
+        // Caps and shares from the slice's root-written record, if any.
+        if path.file_name().is_some_and(|f| f == limits::USAGE_FILE) {
+            let record = path.with_file_name(limits::LIMITS_FILE);
+            if let Ok(l) = limits::verify_and_read(&record, false) {
+                let _ = ledger.pin(&l);
+            }
+        }
         let snap = ledger.snapshot();
         let slice: Labels = vec![("slice", snap.slice_id.clone())];
+        // Processes of the slice the GPU sees, and whether the shim holds
+        // them: 0 flags a GPU process that escaped it.
+        for c in table.check(&snap.slice_id, &snap) {
+            if c.gpu || c.attached {
+                let l: Labels = vec![
+                    ("slice", snap.slice_id.clone()),
+                    ("pid", c.pid.to_string()),
+                    ("comm", c.comm.clone()),
+                ];
+                out.push(
+                    m::SLICE_PROC_ENFORCED,
+                    &l,
+                    f64::from(u8::from(c.enforced())),
+                );
+            }
+        }
         let procs = snap
             .processes
             .iter()

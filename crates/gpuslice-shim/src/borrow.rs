@@ -20,6 +20,17 @@
 //!
 //! Not seen: GPU work of processes outside any slice with a share (a
 //! borrower may take time from them, as time-slicing would anyway).
+//!
+//! **Trust.** The board is writable by every tenant of the GPU. A slice
+//! whose limits come from a root-written record ([`Ledger::pinned`]) counts
+//! another slot's demand only when root recorded a share for it
+//! ([`board::root_share`]), and then at most that share; so whatever is
+//! forged on the board (slots, shares, busy or zeroed counters), its scale
+//! never falls below `SHARED_CAPACITY_BP / Σ root-written shares of the
+//! slots present` ([`scale_for`] with every such slot pressing on its whole
+//! share). A guaranteed slice keeps
+//! `share × floor` too, as borrowing only ever adds. Self-imposed slices
+//! (environment only) trust the slots' own shares, as before.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -41,6 +52,9 @@ pub const MARGIN_BP: u64 = 500;
 pub const SHARED_CAPACITY_BP: u64 = 9000;
 /// A slice using less than this is not counted as busy (noise, a probe).
 const BUSY_FLOOR_BP: u64 = 100;
+/// How long a root-written share read for a slot is trusted before it is
+/// read again (a record goes when its slice ends).
+const ROOT_SHARE_TTL_NS: u64 = 1_000_000_000;
 
 /// The board as seen at the end of the last window.
 struct Window {
@@ -48,6 +62,9 @@ struct Window {
     seen: [(u64, u64); BOARD_SLOTS],
     /// Per slot: smoothed use, basis points of wall time.
     use_bp: [u64; BOARD_SLOTS],
+    /// Per slot: the key, its root-written share (None: nobody vouched for
+    /// it) and when that was read.
+    roots: [(u64, Option<u64>, u64); BOARD_SLOTS],
 }
 
 /// One device's board slot and the refill worked out from the board.
@@ -58,6 +75,9 @@ struct Seat {
     slot: AtomicUsize,
     share: u64,
     mode: Mode,
+    /// Other slots' shares only from root-written records (our own limits
+    /// are root's): in `dir`, for GPU `uuid`.
+    root_shares: Option<(std::path::PathBuf, String)>,
     /// Start of the current window (CLOCK_MONOTONIC ns; 0: not started).
     window_start: AtomicU64,
     /// Only the thread that closes a window touches it (try_lock: never
@@ -114,10 +134,12 @@ impl Boards {
                         slot: AtomicUsize::new(slot),
                         share,
                         mode,
+                        root_shares: ledger.pinned().then(|| (dir.to_path_buf(), uuid.clone())),
                         window_start: AtomicU64::new(0),
                         window: Mutex::new(Window {
                             seen: [(0, 0); BOARD_SLOTS],
                             use_bp: [0; BOARD_SLOTS],
+                            roots: [(0, None, 0); BOARD_SLOTS],
                         }),
                         scale_bp: AtomicU64::new(FULL_SHARE),
                         borrow_bp: AtomicU64::new(0),
@@ -218,7 +240,17 @@ impl Seat {
             };
             w.use_bp[s] = smoothed;
             others += smoothed;
-            demand += slice_demand(smoothed, other.map_or(0, |o| o.share_bp));
+            let claimed = other.map_or(0, |o| o.share_bp);
+            demand += match &self.root_shares {
+                None => slice_demand(smoothed, claimed),
+                Some((dir, uuid)) => {
+                    match root_share_of(&mut w.roots[s], dir, uuid, now_seen.0, now) {
+                        // Never more than root gave it, whatever it claims.
+                        Some(root) => slice_demand(smoothed, root).min(root),
+                        None => 0,
+                    }
+                }
+            };
         }
         if start == 0 {
             return;
@@ -231,6 +263,21 @@ impl Seat {
         };
         self.borrow_bp.store(borrow, Ordering::Relaxed);
     }
+}
+
+/// The root-written share of the slot keyed `key`, re-read at most every
+/// [`ROOT_SHARE_TTL_NS`] (`cache`: what was read for that slot).
+fn root_share_of(
+    cache: &mut (u64, Option<u64>, u64),
+    dir: &Path,
+    uuid: &str,
+    key: u64,
+    now: u64,
+) -> Option<u64> {
+    if cache.0 != key || now.saturating_sub(cache.2) >= ROOT_SHARE_TTL_NS {
+        *cache = (key, board::root_share(dir, uuid, key), now);
+    }
+    cache.1
 }
 
 /// What another slice asks of the GPU: its share while it uses at least
@@ -348,6 +395,98 @@ mod tests {
         c.record(0, 19 * ms, 119 * ms);
         assert_eq!(rate(&c, 9500, 100 * ms), 9500);
         assert_eq!(rate(&c, 9500, 120 * ms), 9500);
+    }
+
+    /// A ledger whose limits are root's (pinned), with a root-written
+    /// share record on the board directory.
+    fn pinned(dir: &Path, boards: &Path, name: &str, share: u64) -> Ledger {
+        let mut l = ledger(dir, name, share);
+        let limits = gpuslice_ledger::limits::SliceLimits {
+            slice_id: name.into(),
+            mode: Mode::Cap,
+            devices: vec![gpuslice_ledger::limits::DeviceLimits {
+                uuid: l.uuid(0),
+                memory: None,
+                compute: gpuslice_ledger::limits::ComputeShare::from_basis_points(share),
+            }],
+        };
+        l.pin(&limits).unwrap();
+        gpuslice_ledger::ensure_dir(boards).unwrap();
+        let key = board::ledger_key(l.path().unwrap()).unwrap();
+        board::publish_share(boards, &l.uuid(0), key, share).unwrap();
+        l
+    }
+
+    /// Issue 17's attack: forged busy slots claiming 100 % shares took a
+    /// capped 30 % slice to 6.8 %. With root-written shares they count for
+    /// nothing; a real slice counts for at most its recorded share; zeroed
+    /// counters only make the others look idle. Runs as root (CI).
+    #[test]
+    fn forged_slots_full_boards_and_zeroed_counters_stay_within_the_floor() {
+        // SAFETY: geteuid has no preconditions.
+        assert_eq!(unsafe { libc::geteuid() }, 0, "share records need root");
+        let dir = tempfile::tempdir().unwrap();
+        let boards = dir.path().join("boards");
+        let la = pinned(dir.path(), &boards, "a", 3000);
+        let a = Boards::open(&la, &[3000], Mode::Cap, &boards).unwrap();
+        let ms = 1_000_000;
+        let board = Board::open_or_create(&boards, &la.uuid(0)).unwrap();
+        // Ten forged slots, "busy" at 100 % with 100 % shares.
+        let forged: Vec<usize> = (0..10)
+            .map(|k| board.claim(1000 + k, FULL_SHARE, Mode::Cap, 1).unwrap())
+            .collect();
+        let window = |w: u64, forged_ms: u64| {
+            for &s in &forged {
+                board.record(s, forged_ms * ms, w * 20 * ms - ms);
+            }
+            a.record(0, 6 * ms, w * 20 * ms - ms);
+            rate(&a, 3000, w * 20 * ms)
+        };
+        assert_eq!(window(5, 0), 3000);
+        for w in 6..12 {
+            assert_eq!(
+                window(w, 20),
+                3000,
+                "window {w}: forged slots moved a capped slice"
+            );
+        }
+        // A real slice b with a root-written 70 %, busy: a is scaled to
+        // 90 % / (30 + 70) of its share, never lower, forged slots or not.
+        let lb = pinned(dir.path(), &boards, "b", 7000);
+        let b = Boards::open(&lb, &[7000], Mode::Cap, &boards).unwrap();
+        // b also lies on the board: it claims all of the GPU as its share.
+        let bslot = b.seats[0].as_ref().unwrap().slot.load(Ordering::Relaxed);
+        let floor = SHARED_CAPACITY_BP * 3000 / (3000 + 7000);
+        let mut seen = Vec::new();
+        for w in 12..20 {
+            board.set_share(bslot, FULL_SHARE);
+            b.record(0, 19 * ms, w * 20 * ms - ms);
+            seen.push(window(w, 20));
+        }
+        assert!(seen.iter().all(|&r| r >= floor), "{seen:?} below {floor}");
+        assert_eq!(seen.last(), Some(&floor), "{seen:?}");
+        // Zeroed counters (b's, forged ones): the others look idle, and a
+        // capped slice goes back to its share, never above it.
+        for w in 20..40 {
+            // As an attacker would: straight into the (world-writable) file.
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(board.path())
+                .unwrap();
+            for &s in forged.iter().chain([&bslot]) {
+                std::os::unix::fs::FileExt::write_at(&f, &[0u8; 8], (64 + s * 64 + 24) as u64)
+                    .unwrap();
+            }
+            let r = window(w, 0);
+            assert!((floor..=3000).contains(&r), "window {w}: {r}");
+        }
+        // A full board: a new slice gets no seat, and its share applies
+        // unscaled (nobody can push it down through the board).
+        for k in 0..BOARD_SLOTS as u64 {
+            let _ = board.claim(5000 + k, FULL_SHARE, Mode::Cap, crate::compute::now_ns());
+        }
+        let lc = pinned(dir.path(), &boards, "c", 2000);
+        assert!(Boards::open(&lc, &[2000], Mode::Cap, &boards).is_none());
     }
 
     #[test]

@@ -540,6 +540,7 @@ impl Ring {
         let burst = ledger.compute_burst(dev);
         let limit = est.min(burst / 2);
         let t0 = now_ns();
+        crate::state::refresh_shares(t0);
         let mut now = t0;
         let mut behind = limit;
         let mut want: i64 = 0;

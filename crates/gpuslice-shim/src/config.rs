@@ -1,9 +1,15 @@
-//! The shim's configuration, read once from the environment.
+//! The shim's configuration, read once from the environment. The
+//! environment's caps and shares are self-imposed: in a slice that has a
+//! root-written limits record ([`gpuslice_ledger::limits`]) they are
+//! ignored, and only `CUDA_VISIBLE_DEVICES`, `GPUSLICE_CONTEXT_BYTES`,
+//! `GPUSLICE_BOARD_DIR` and `GPUSLICE_LOG` are read from here.
 
 use gpuslice_ledger::board::Mode;
+use gpuslice_ledger::limits::{ComputeShare, MemorySize, ENV_COMPUTE, ENV_MEMORY, ENV_MODE};
 use gpuslice_ledger::{MAX_DEVICES, UNLIMITED};
 
-pub use gpuslice_ledger::parse_size;
+#[cfg(test)]
+use gpuslice_ledger::parse_size;
 
 /// How a ledger device is recognised among NVML's devices.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,13 +36,18 @@ pub struct Config {
     pub compute_mode: Mode,
     /// `GPUSLICE_BOARD_DIR`: where the GPUs' boards are.
     pub board_dir: String,
+    /// `GPUSLICE_SLICE_DIR`: the slice's records when the fixed place
+    /// has none (a slice without a mount namespace of its own).
+    pub slice_dir: Option<String>,
     pub errors: Vec<String>,
 }
 
 /// Parses a percentage (`25`, `12.5`, `50%`) into basis points, 1..=10000.
-pub fn parse_percent(text: &str) -> Option<u64> {
-    let v: f64 = text.trim().trim_end_matches('%').trim().parse().ok()?;
-    (v > 0.0 && v <= 100.0).then(|| ((v * 100.0).round() as u64).max(1))
+#[cfg(test)]
+fn parse_percent(text: &str) -> Option<u64> {
+    text.parse::<ComputeShare>()
+        .ok()
+        .map(ComputeShare::basis_points)
 }
 
 impl Config {
@@ -46,15 +57,17 @@ impl Config {
         let mut errors = Vec::new();
         let mut size_var = |name: &str| -> Option<u64> {
             let v = get(name).filter(|v| !v.trim().is_empty())?;
-            let parsed = parse_size(&v);
-            if parsed.is_none() {
-                errors.push(format!("{name}={v:?} is not a size (e.g. 20GiB); ignored"));
+            match v.parse::<MemorySize>() {
+                Ok(m) => Some(m.0),
+                Err(e) => {
+                    errors.push(format!("{name}: {e}; ignored"));
+                    None
+                }
             }
-            parsed
         };
-        let global = size_var("GPUSLICE_MEMORY_LIMIT");
+        let global = size_var(ENV_MEMORY);
         let per: Vec<Option<u64>> = (0..MAX_DEVICES)
-            .map(|i| size_var(&format!("GPUSLICE_MEMORY_LIMIT_{i}")))
+            .map(|i| size_var(&format!("{ENV_MEMORY}_{i}")))
             .collect();
         let context_bytes = size_var("GPUSLICE_CONTEXT_BYTES").unwrap_or(0);
         let visible: Vec<String> = get("CUDA_VISIBLE_DEVICES")
@@ -88,14 +101,15 @@ impl Config {
                 None => NvmlMatch::Index(i as u32),
             })
             .collect();
-        let compute_bp = match get("GPUSLICE_COMPUTE_LIMIT").filter(|v| !v.trim().is_empty()) {
+        let compute_bp = match get(ENV_COMPUTE).filter(|v| !v.trim().is_empty()) {
             None => 0,
-            Some(v) => parse_percent(&v).unwrap_or_else(|| {
-                errors.push(format!(
-                    "GPUSLICE_COMPUTE_LIMIT={v:?} is not a percentage in (0, 100]; ignored"
-                ));
-                0
-            }),
+            Some(v) => match v.parse::<ComputeShare>() {
+                Ok(c) => c.basis_points(),
+                Err(e) => {
+                    errors.push(format!("{ENV_COMPUTE}: {e}; ignored"));
+                    0
+                }
+            },
         };
         let compute_count = if compute_bp == 0 {
             0
@@ -105,15 +119,12 @@ impl Config {
             visible.len().min(MAX_DEVICES)
         };
         let compute = vec![compute_bp; compute_count];
-        let compute_mode = match get("GPUSLICE_COMPUTE_MODE").as_deref().map(str::trim) {
-            None | Some("") | Some("cap") => Mode::Cap,
-            Some("guaranteed") => Mode::Guaranteed,
-            Some(v) => {
-                errors.push(format!(
-                    "GPUSLICE_COMPUTE_MODE={v:?} is neither cap nor guaranteed; using cap"
-                ));
+        let compute_mode = match get(ENV_MODE).filter(|v| !v.trim().is_empty()) {
+            None => Mode::Cap,
+            Some(v) => v.parse().unwrap_or_else(|e| {
+                errors.push(format!("{ENV_MODE}: {e}; using cap"));
                 Mode::Cap
-            }
+            }),
         };
         let log = get("GPUSLICE_LOG").is_some_and(|v| !matches!(v.as_str(), "" | "0" | "off"));
         Config {
@@ -130,6 +141,7 @@ impl Config {
             board_dir: get(gpuslice_ledger::board::BOARD_DIR_ENV)
                 .filter(|d| !d.is_empty())
                 .unwrap_or_else(|| gpuslice_ledger::board::DEFAULT_BOARD_DIR.into()),
+            slice_dir: get(gpuslice_ledger::limits::SLICE_DIR_ENV).filter(|d| !d.is_empty()),
             errors,
         }
     }

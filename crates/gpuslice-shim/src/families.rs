@@ -83,6 +83,8 @@ macro_rules! families {
                     Family::GraphLaunch | Family::GetProcAddress | Family::GetProcAddressV2 => {
                         shim.active()
                     }
+                    // Where root's limits apply: the place to fail closed.
+                    Family::Init => shim.recorded,
                     f if f.is_launch() => shim.compute_active,
                     _ => shim.memory_active,
                 }
@@ -208,6 +210,9 @@ families! {
         (symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64, status: *mut c_int),
         (symbol, pfn, version, flags, status) -> CUresult,
         [cuGetProcAddress_v2];
+    Init: crate::init::cu_init,
+        (flags: c_uint), (flags) -> CUresult,
+        [cuInit];
     NvmlMemoryInfo: crate::nvml::memory_info,
         (dev: NvmlDevice, mem: *mut NvmlMemory), (dev, mem) -> c_int,
         [nvmlDeviceGetMemoryInfo];
@@ -249,6 +254,7 @@ pub fn proc_family(name: &[u8], version: c_int) -> Option<Family> {
         b"cuLaunchCooperativeKernel" => Some(LaunchCooperative),
         b"cuLaunchKernelEx" => Some(LaunchKernelEx),
         b"cuDeviceGraphMemTrim" => Some(DeviceGraphMemTrim),
+        b"cuInit" => Some(Init),
         b"cuGetProcAddress" if version >= 12000 => Some(GetProcAddressV2),
         b"cuGetProcAddress" => Some(GetProcAddress),
         other => export_family(other),
@@ -297,7 +303,7 @@ mod tests {
             Some(Family::NvmlMemoryInfoV2)
         );
         assert!(EXPORTS.contains(&"cuGraphUpload_ptsz"));
-        assert_eq!(EXPORTS.len(), 36);
+        assert_eq!(EXPORTS.len(), 37);
     }
 
     #[test]

@@ -188,8 +188,8 @@ pub unsafe fn mem_alloc(real: &Real, dptr: *mut CUdeviceptr, size: usize) -> CUr
     }
     // SAFETY: caller contract.
     let rc = unsafe { f(dptr, size) };
-    // SAFETY: dptr non-null; written by the driver on success.
     let key = if rc == CUDA_SUCCESS {
+        // SAFETY: dptr non-null; written by the driver on success.
         unsafe { *dptr }
     } else {
         0
@@ -220,8 +220,8 @@ pub unsafe fn mem_alloc_managed(
     }
     // SAFETY: caller contract.
     let rc = unsafe { f(dptr, size, flags) };
-    // SAFETY: as in mem_alloc.
     let key = if rc == CUDA_SUCCESS {
+        // SAFETY: as in mem_alloc.
         unsafe { *dptr }
     } else {
         0
@@ -427,8 +427,8 @@ pub unsafe fn mem_alloc_async(
             }
             // SAFETY: caller contract.
             let rc = unsafe { f(dptr, size, stream) };
-            // SAFETY: as in mem_alloc.
             let key = if rc == CUDA_SUCCESS {
+                // SAFETY: as in mem_alloc.
                 unsafe { *dptr }
             } else {
                 0
@@ -468,8 +468,8 @@ pub unsafe fn mem_alloc_from_pool_async(
         }
         // SAFETY: caller contract.
         let rc = unsafe { f(dptr, size, pool, stream) };
-        // SAFETY: as in mem_alloc.
         let key = if rc == CUDA_SUCCESS {
+            // SAFETY: as in mem_alloc.
             unsafe { *dptr }
         } else {
             0
@@ -750,8 +750,8 @@ pub unsafe fn mem_create(
     }
     // SAFETY: caller contract.
     let rc = unsafe { f(handle, size, prop, flags) };
-    // SAFETY: handle non-null; written on success.
     let key = if rc == CUDA_SUCCESS {
+        // SAFETY: handle non-null; written on success.
         unsafe { *handle }
     } else {
         0

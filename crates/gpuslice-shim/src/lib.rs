@@ -31,6 +31,7 @@ mod config;
 mod cuda;
 mod families;
 mod hooks;
+mod init;
 mod nvml;
 mod procaddr;
 mod real;

@@ -1,9 +1,21 @@
 //! Process-wide state: configuration, the slice ledger, this process's
 //! slot, and the reserve/release helpers the hooks share.
+//!
+//! Where the limits come from, in this order:
+//! 1. the slice's root-written limits record at the fixed place
+//!    ([`gpuslice_ledger::limits::SLICE_DIR`], a read-only mount the
+//!    launcher / device plugin / CDI spec makes), else the directory
+//!    `GPUSLICE_SLICE_DIR` names; the record is verified (root-owned,
+//!    root-only writable, and at the fixed place on a read-only mount), and
+//!    the usage ledger beside it is joined. Anything wrong with either
+//!    *closes* the shim: `cuInit` fails with a message ([`closed`]); the
+//!    environment's caps are never a fallback.
+//! 2. no record: the environment's caps (self-imposed), as before.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
+use gpuslice_ledger::limits::{self, Located, SliceLimits};
 use gpuslice_ledger::{DeviceSpec, Ledger, Slot, MAX_DEVICES, UNLIMITED};
 
 use std::path::Path;
@@ -28,6 +40,15 @@ pub struct Shim {
     pub context_bytes: u64,
     pub log: bool,
     pub nvml: Vec<NvmlMatch>,
+    /// The limits are root's (a verified limits record): a process that
+    /// cannot join the ledger fails closed.
+    pub recorded: bool,
+    /// Why this process must not use CUDA (a capped slice whose records
+    /// are unusable): `cuInit` fails with this.
+    pub closed: Option<String>,
+    /// The limits record, and whether it must be on a read-only mount
+    /// (re-read for live share changes, [`refresh_shares`]).
+    pub record: Option<(std::path::PathBuf, bool)>,
 }
 
 static SHIM: OnceLock<Shim> = OnceLock::new();
@@ -55,6 +76,102 @@ pub fn init() -> &'static Shim {
 
 impl Shim {
     pub fn new(cfg: Config) -> Shim {
+        match limits::locate(cfg.slice_dir.as_deref()) {
+            Located::None => Self::self_imposed(cfg),
+            Located::Slice { limits, paths } => match open_recorded(&limits, &paths.usage) {
+                Ok(ledger) => {
+                    let fixed = paths == limits::RecordPaths::in_slice();
+                    let mut s = Self::recorded(cfg, limits, ledger);
+                    s.record = Some((paths.limits, fixed));
+                    s
+                }
+                Err(why) => Self::closed(cfg, why),
+            },
+            Located::Broken(e) => Self::closed(cfg, e.to_string()),
+        }
+    }
+
+    /// A capped slice whose records cannot be used: nothing is passed
+    /// through uncapped; CUDA initialisation fails.
+    fn closed(cfg: Config, why: String) -> Shim {
+        let why = format!("{why}; CUDA is refused in this slice (fails closed)");
+        // Said by cuInit (every process of the slice loads the shim; most
+        // never use CUDA).
+        if cfg.log {
+            log_line(&why);
+        }
+        Shim {
+            ledger: None,
+            memory_active: false,
+            compute_active: false,
+            compute: [0; MAX_DEVICES],
+            boards: None,
+            caps: [UNLIMITED; MAX_DEVICES],
+            context_bytes: cfg.context_bytes,
+            log: cfg.log,
+            nvml: cfg.nvml,
+            recorded: true,
+            closed: Some(why),
+            record: None,
+        }
+    }
+
+    /// Limits from root's record; the ledger pinned to them.
+    fn recorded(cfg: Config, limits: SliceLimits, ledger: Ledger) -> Shim {
+        let mut caps = [UNLIMITED; MAX_DEVICES];
+        let mut compute = [0u64; MAX_DEVICES];
+        for (i, d) in limits.devices.iter().enumerate() {
+            caps[i] = d.cap_bytes();
+            compute[i] = d.share_bp();
+        }
+        let memory_active = caps.iter().any(|&c| c != UNLIMITED);
+        let compute_active = compute.iter().any(|&c| c != 0);
+        let boards = compute_active
+            .then(|| Boards::open(&ledger, &compute, limits.mode, Path::new(&cfg.board_dir)))
+            .flatten();
+        // NVML knows the devices by the record's UUIDs, whatever the
+        // environment says.
+        let nvml = limits
+            .devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| match d.uuid.is_empty() {
+                true => cfg
+                    .nvml
+                    .get(i)
+                    .cloned()
+                    .unwrap_or(NvmlMatch::Index(i as u32)),
+                false => NvmlMatch::Uuid(d.uuid.clone()),
+            })
+            .collect();
+        if cfg.log {
+            log_line(&format!(
+                "pid {} slice {} (limits record, root's) caps [{}] compute [{}] mode {}",
+                std::process::id(),
+                limits.slice_id,
+                shown_caps(&caps),
+                shown_shares(&compute),
+                limits.mode,
+            ));
+        }
+        Shim {
+            ledger: Some(ledger),
+            memory_active,
+            compute_active,
+            compute,
+            boards,
+            caps,
+            context_bytes: cfg.context_bytes,
+            log: cfg.log,
+            nvml,
+            recorded: true,
+            closed: None,
+            record: None,
+        }
+    }
+
+    /// No limits record: the environment's caps, self-imposed.
+    fn self_imposed(cfg: Config) -> Shim {
         let log = cfg.log;
         for e in &cfg.errors {
             log_line(e);
@@ -95,21 +212,11 @@ impl Shim {
                 l.path()
                     .map_or("private".into(), |p| p.display().to_string())
             });
-            let shown: Vec<String> = caps
-                .iter()
-                .take_while(|&&c| c != UNLIMITED)
-                .map(|c| format!("{}MiB", c >> 20))
-                .collect();
-            let shares: Vec<String> = compute
-                .iter()
-                .take_while(|&&c| c != 0)
-                .map(|c| format!("{}%", *c as f64 / 100.0))
-                .collect();
             log_line(&format!(
                 "pid {} ledger {where_} caps [{}] compute [{}] mode {:?}{}",
                 std::process::id(),
-                shown.join(","),
-                shares.join(","),
+                shown_caps(&caps),
+                shown_shares(&compute),
                 cfg.compute_mode,
                 if boards.is_some() {
                     " (on the board)"
@@ -128,11 +235,113 @@ impl Shim {
             context_bytes: cfg.context_bytes,
             log,
             nvml: cfg.nvml,
+            recorded: false,
+            closed: None,
+            record: None,
         }
     }
 
+    /// Whether any hook has work to do (a ledger, or CUDA to refuse).
     pub fn active(&self) -> bool {
-        self.ledger.is_some()
+        self.ledger.is_some() || self.closed.is_some()
+    }
+}
+
+fn shown_caps(caps: &[u64]) -> String {
+    let v: Vec<String> = caps
+        .iter()
+        .take_while(|&&c| c != UNLIMITED)
+        .map(|c| format!("{}MiB", c >> 20))
+        .collect();
+    v.join(",")
+}
+
+fn shown_shares(shares: &[u64]) -> String {
+    let v: Vec<String> = shares
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|c| format!("{}%", *c as f64 / 100.0))
+        .collect();
+    v.join(",")
+}
+
+/// The usage ledger of a slice with a limits record: it must open
+/// read-write (this process joins it), match the record, and is pinned to
+/// it (caps and shares from the record, never from the file). Missing, it
+/// is created (a CDI container's first process).
+fn open_recorded(limits: &SliceLimits, usage: &Path) -> Result<Ledger, String> {
+    // A CDI spec can mount the record but not make a ledger per container:
+    // the first process makes it in the container's own (tmpfs) slice
+    // directory. Everywhere else root made it.
+    let mut ledger = match Ledger::open(usage) {
+        Err(gpuslice_ledger::Error::Io { source, .. })
+            if source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            Ledger::open_or_create(usage, &limits.slice_id, &limits.ledger_devices())
+        }
+        other => other,
+    }
+    .map_err(|e| e.to_string())?;
+    if !ledger.writable() {
+        return Err(format!(
+            "the slice's usage ledger {} is read-only for this process (uid {})",
+            usage.display(),
+            // SAFETY: getuid has no preconditions.
+            unsafe { libc::getuid() }
+        ));
+    }
+    ledger.pin(limits).map_err(|e| e.to_string())?;
+    Ok(ledger)
+}
+
+static RECORD_READ_NS: AtomicU64 = AtomicU64::new(0);
+/// How often a live slice's limits record is re-read for share changes.
+const RECORD_RECHECK_NS: u64 = 250_000_000;
+
+/// Root may change a live slice's compute shares by rewriting its limits
+/// record in place (the slice cannot: it is read-only there). Called by
+/// the compute gate; re-reads and re-verifies the record at most every
+/// [`RECORD_RECHECK_NS`] (one thread does; the others go on). Caps are
+/// not changed live.
+pub fn refresh_shares(now_ns: u64) {
+    let s = shim();
+    let (Some((path, need_ro)), Some(ledger)) = (&s.record, &s.ledger) else {
+        return;
+    };
+    let last = RECORD_READ_NS.load(Ordering::Relaxed);
+    if now_ns.saturating_sub(last) < RECORD_RECHECK_NS
+        || RECORD_READ_NS
+            .compare_exchange(last, now_ns, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+    {
+        return;
+    }
+    if let Ok(l) = limits::verify_and_read(path, *need_ro) {
+        ledger.repin_shares(&l);
+    }
+}
+
+/// `cuInit`'s verdict: None to go on to the driver, else why not. In a
+/// slice with root's limits the process joins the ledger here, so a
+/// process that cannot (no free slot) fails at initialisation rather than
+/// running uncapped.
+pub fn refuse_init() -> Option<String> {
+    let s = shim();
+    if let Some(why) = &s.closed {
+        return Some(why.clone());
+    }
+    if !s.recorded || !(s.memory_active || s.compute_active) {
+        return None;
+    }
+    let ledger = s.ledger.as_ref()?;
+    match slot(ledger) {
+        Some(_) => None,
+        None => Some(format!(
+            "cannot join the slice's usage ledger{}; CUDA is refused in this slice (fails closed)",
+            ledger
+                .path()
+                .map_or(String::new(), |p| format!(" {}", p.display()))
+        )),
     }
 }
 
@@ -211,9 +420,15 @@ fn attach(ledger: &Ledger) -> Option<Slot> {
             Some(s)
         }
         Err(e) => {
-            log_line(&format!(
-                "cannot join the slice ledger: {e}; this process is not capped"
-            ));
+            if shim_if_ready().is_some_and(|s| s.recorded) {
+                // cuInit fails (refuse_init); `gpuslice slices` counts it.
+                ledger.note_attach_failure();
+                log_line(&format!("cannot join the slice ledger: {e}"));
+            } else {
+                log_line(&format!(
+                    "cannot join the slice ledger: {e}; this process is not capped"
+                ));
+            }
             SLOT.store(OFF, Ordering::Release);
             None
         }

@@ -32,7 +32,7 @@ pub enum Command {
     DevicePlugin(cmd::device_plugin::DevicePluginArgs),
     /// Drive the device plugin with a test kubelet and report JSON (the GPU machine's check, benchmarks).
     #[command(hide = true)]
-    DevicePluginSelftest(cmd::device_plugin::SelftestArgs),
+    DevicePluginSelftest(gpuslice_bench::SelftestArgs),
     /// The Kubernetes DRA kubelet plugin: prepares ResourceClaims into slices with exactly the consumed memory and compute (CDI specs).
     Dra(cmd::dra::DraArgs),
     /// Write node labels (product, memory, driver, MIG, NVLink, sharing) as a Node Feature Discovery feature file.
@@ -44,7 +44,7 @@ pub enum Command {
     Cdi(cmd::cdi::CdiCommand),
     /// Benchmarks that back gpuslice's claims.
     #[command(subcommand)]
-    Bench(cmd::bench::BenchCommand),
+    Bench(gpuslice_bench::BenchCommand),
     /// Check the host, its isolation and its Kubernetes wiring; each finding with a one-line fix (exit 0 pass, 1 warn, 2 fail).
     Doctor(cmd::doctor::DoctorArgs),
     /// SIMULATION: build a fake GPU host in DIR to try gpuslice without NVIDIA hardware (then: gpuslice --host-root DIR list).

@@ -21,9 +21,7 @@ mod binaries;
 pub mod cli;
 mod cmd;
 pub mod global;
-mod plot;
 pub mod shim;
-mod stats;
 
 pub use binaries::{exec_full, FULL_BINARY};
 use clap::{CommandFactory, Parser};
@@ -81,9 +79,11 @@ pub fn run_full(cli: &Cli) -> anyhow::Result<i32> {
         Command::Exporter(args) => cmd::exporter::run(g, args),
         Command::Labels(args) => cmd::labels::run(g, args),
         Command::DevicePlugin(args) => cmd::device_plugin::run(g, args),
-        Command::DevicePluginSelftest(args) => cmd::device_plugin::selftest(g, args),
+        Command::DevicePluginSelftest(args) => {
+            gpuslice_bench::plugin_selftest(&bench_setup(g)?, args)
+        }
         Command::Dra(args) => cmd::dra::run(g, args),
-        Command::Bench(c) => cmd::bench::run(g, c),
+        Command::Bench(c) => gpuslice_bench::run(&bench_setup(g)?, c),
         Command::Doctor(args) => cmd::doctor::run(g, args),
         Command::Fakehost(args) => cmd::fakehost::run(g, args),
         Command::Completions { shell } => {
@@ -100,6 +100,18 @@ pub fn run_full(cli: &Cli) -> anyhow::Result<i32> {
             .map(|_| 0)
             .map_err(Into::into),
     }
+}
+
+/// What the benchmarks and self-tests (crate gpuslice-bench) run against.
+fn bench_setup(g: &global::Global) -> std::io::Result<gpuslice_bench::Setup> {
+    let gpuslice = binaries::gpuslice_exe()?;
+    let shim = shim::find().unwrap_or_else(|_| gpuslice.with_file_name(shim::FILE));
+    Ok(gpuslice_bench::Setup {
+        host_root: g.host_root.clone(),
+        json: g.json,
+        gpuslice,
+        shim,
+    })
 }
 
 /// Reports `result` the way every command does and gives the exit status.

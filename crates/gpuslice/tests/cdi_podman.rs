@@ -167,7 +167,7 @@ fn podman_runs_containers_with_the_generated_spec() {
 
     let shared = podman_run(
         "gpuslice.dev/gpu=3-shared-4",
-        "ls /dev; echo ---; cat /etc/ld.so.preload; test -f /usr/local/gpuslice/libgpuslice.so && echo shim-present; test -d /run/gpuslice/slices && echo ledger-dir; env",
+        "ls /dev; echo ---; cat /etc/ld.so.preload; test -f /usr/local/gpuslice/libgpuslice.so && echo shim-present; test -f /run/gpuslice/slice/limits && echo ledger-dir; (echo x >> /run/gpuslice/slice/limits) 2>/dev/null || echo limits-read-only; env",
     );
     assert!(shared.status.success(), "{shared:?}");
     let t = text(&shared);
@@ -187,12 +187,14 @@ fn podman_runs_containers_with_the_generated_spec() {
         "{rest}"
     );
     assert!(
-        rest.contains("shim-present") && rest.contains("ledger-dir"),
+        rest.contains("shim-present")
+            && rest.contains("ledger-dir")
+            && rest.contains("limits-read-only"),
         "{rest}"
     );
     let quarter = fakegpu::kernel::GPU_MEMORY_BYTES / 4;
     assert!(
-        rest.contains(&format!("GPUSLICE_MEMORY_LIMIT={quarter}")),
+        rest.contains(&format!("GPUSLICE_MEMORY_LIMIT_0={quarter}")),
         "{rest}"
     );
     assert!(rest.contains("GPUSLICE_COMPUTE_LIMIT=25"), "{rest}");

@@ -113,11 +113,18 @@ fn a_guaranteed_share_runs_past_it_while_the_gpu_is_idle() {
     );
     let got = achieved(&child.wait_with_output().unwrap());
     assert!(got > 75.0, "guaranteed 30% alone on the GPU: {got:.1}%");
-    let boards: Vec<_> = std::fs::read_dir(ledgers.path().join("boards"))
+    let mut boards: Vec<_> = std::fs::read_dir(ledgers.path().join("boards"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
-    assert_eq!(boards, [format!("{}.board", h.gpus()[0].uuid)]);
+    boards.sort();
+    assert_eq!(
+        boards,
+        [format!("{}.board", h.gpus()[0].uuid), "shares".into()]
+    );
+    // The root-written share record went with the slice.
+    let shares = ledgers.path().join("boards/shares").join(&h.gpus()[0].uuid);
+    assert_eq!(std::fs::read_dir(&shares).unwrap().count(), 0, "{shares:?}");
 
     // A mode without a share, or a mode that does not exist: one clear line.
     for (args, want) in [

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 use common::GPUSLICE;
+use gpuslice_testkit::{needs_program, precondition};
 const GIB: u64 = 1 << 30;
 
 struct Kill(Child);
@@ -34,17 +35,6 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn have(tool: &str) -> bool {
-    Command::new(tool)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok()
-}
-
-/// A kubelet PodResources server on `sock`: pod ns1/pod-a, container main,
-/// holding replica 2 of GPU 3; pod ns2/pod-b holding GPU 5 whole.
 fn fake_kubelet(sock: &Path, gpu3: String, gpu5: String) {
     struct K(String, String);
     #[tonic::async_trait]
@@ -234,7 +224,8 @@ fn prometheus_scrapes_gpus_slices_and_pods() {
     // The classic text format passes promtool's checks.
     let text = http_get(exporter_addr, "/metrics").unwrap();
     assert!(text.contains("gpuslice_slice_memory_used_bytes{"), "{text}");
-    if have("promtool") {
+    let test = "prometheus_scrapes_gpus_slices_and_pods";
+    if precondition(test, needs_program("promtool", "prometheus")) {
         let mut p = Command::new("promtool")
             .args(["check", "metrics"])
             .stdin(Stdio::piped())
@@ -250,8 +241,6 @@ fn prometheus_scrapes_gpus_slices_and_pods() {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-    } else {
-        eprintln!("SKIPPED promtool check: promtool not installed (apt-get install prometheus)");
     }
 
     // 100 concurrent scrapes, all answered.
@@ -267,8 +256,7 @@ fn prometheus_scrapes_gpus_slices_and_pods() {
         .count();
     assert_eq!(ok, 100, "concurrent scrapes answered");
 
-    if !have("prometheus") {
-        eprintln!("SKIPPED Prometheus part: prometheus not installed (apt-get install prometheus)");
+    if !precondition(test, needs_program("prometheus", "prometheus")) {
         return;
     }
     let prom_port = free_port();

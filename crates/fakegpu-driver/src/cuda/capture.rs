@@ -411,11 +411,9 @@ mod tests {
 
     fn exchange(mode: c_int) -> c_int {
         let mut m = mode;
-        // SAFETY: valid pointer.
-        assert_eq!(
-            unsafe { cuThreadExchangeStreamCaptureMode(&mut m) },
-            CUDA_SUCCESS
-        );
+        // SAFETY: `m` is a live local the call reads and writes.
+        let rc = unsafe { cuThreadExchangeStreamCaptureMode(&mut m) };
+        assert_eq!(rc, CUDA_SUCCESS);
         m
     }
 

@@ -622,10 +622,8 @@ mod tests {
     fn calls_before_init_are_not_initialized() {
         let mut n = -1;
         // SAFETY: n is a live local.
-        assert_eq!(
-            unsafe { cuDeviceGetCount(&mut n) },
-            CUDA_ERROR_NOT_INITIALIZED
-        );
+        let rc = unsafe { cuDeviceGetCount(&mut n) };
+        assert_eq!(rc, CUDA_ERROR_NOT_INITIALIZED);
         assert_eq!(cuCtxSynchronize(), CUDA_ERROR_NOT_INITIALIZED);
         assert_eq!(cuInit(1), CUDA_ERROR_INVALID_VALUE);
     }

@@ -312,7 +312,12 @@ fn dri_and_majors_from_dev_when_sysfs_and_proc_devices_are_missing() {
     t.link("dev/dri/by-path/pci-0000:18:00.0-render", "../renderD129");
     let inv = run(&t);
     if !made {
-        eprintln!("mknod not permitted: checking only that nothing is invented");
+        // Fails here (always under CI) unless skipping was asked for; then
+        // it checks only that nothing is invented.
+        gpuslice_testkit::precondition(
+            "dri_and_majors_from_dev_when_sysfs_and_proc_devices_are_missing",
+            gpuslice_testkit::needs_root(),
+        );
         assert!(inv.gpus[0].dri_minors.is_empty());
         return;
     }

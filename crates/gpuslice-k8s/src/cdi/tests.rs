@@ -223,17 +223,15 @@ fn shared_variant_mounts_the_shim_and_sets_the_caps() {
     assert_eq!(node_paths(e), ["/dev/nvidia1"]);
     let env = env(e);
     let quarter = fakegpu::kernel::GPU_MEMORY_BYTES / 4;
+    // What the environment says is for show: the shim reads the record.
     assert!(
-        env.contains(&format!("GPUSLICE_MEMORY_LIMIT={quarter}")),
+        env.contains(&format!("GPUSLICE_MEMORY_LIMIT_0={quarter}")),
         "{env:?}"
     );
     assert!(
         env.contains(&"GPUSLICE_COMPUTE_LIMIT=25".to_string()),
         "{env:?}"
     );
-    assert!(env.contains(&format!(
-        "GPUSLICE_LEDGER={CONTAINER_LEDGER_DIR}/1-shared-4.ledger"
-    )));
     let mounts = e["mounts"].as_array().unwrap();
     let by_target = |t: &str| mounts.iter().find(|m| m["containerPath"] == t).unwrap();
     assert_eq!(
@@ -250,7 +248,29 @@ fn shared_variant_mounts_the_shim_and_sets_the_caps() {
         .find(|(p, _)| p.display().to_string() == preload)
         .unwrap();
     assert_eq!(content.trim(), CONTAINER_SHIM);
-    assert_eq!(by_target(CONTAINER_LEDGER_DIR)["type"], "tmpfs");
+    // The container's own tmpfs at the fixed place, and root's record of
+    // the limits bound read-only into it.
+    let slice_dir = by_target(gpuslice_ledger::limits::SLICE_DIR);
+    assert_eq!(slice_dir["type"], "tmpfs");
+    let record = by_target("/run/gpuslice/slice/limits");
+    assert!(record["options"].as_array().unwrap().contains(&"ro".into()));
+    let (_, text) = g
+        .side_files
+        .iter()
+        .find(|(p, _)| p.display().to_string() == record["hostPath"].as_str().unwrap())
+        .unwrap();
+    let limits =
+        gpuslice_ledger::limits::SliceLimits::parse(text, std::path::Path::new("x")).unwrap();
+    assert_eq!(limits.devices[0].memory.unwrap().0, quarter);
+    assert_eq!(limits.devices[0].share_bp(), 2500);
+    // Nothing of the host is writable but the container's own tmpfs.
+    for m in mounts {
+        let opts = m["options"].as_array().unwrap();
+        assert!(
+            m["type"] == "tmpfs" || opts.contains(&"ro".into()),
+            "writable host mount {m}"
+        );
+    }
     let half = &device(&v, "0-shared-2")["containerEdits"];
     assert!(env_has(half, "GPUSLICE_COMPUTE_LIMIT=50"));
 

@@ -143,7 +143,12 @@ pub fn in_use(dir: &Path) -> bool {
     let mut host = None;
     for e in entries.flatten() {
         let path = e.path();
-        if path.extension().is_none_or(|x| x != "ledger") {
+        // A replica's usage ledger (`usage`, beside root's `limits`), or a
+        // ledger an older plugin's shim made (`*.ledger`).
+        let usage = path
+            .file_name()
+            .is_some_and(|n| n == gpuslice_ledger::limits::USAGE_FILE);
+        if !usage && path.extension().is_none_or(|x| x != "ledger") {
             continue;
         }
         let ledger = match open_ledger(&path) {

@@ -26,7 +26,6 @@ pub mod preferred;
 pub mod resources;
 pub mod roles;
 pub mod server;
-pub mod testkubelet;
 
 /// The generated kubelet device-plugin API.
 #[allow(clippy::all, missing_docs)]

@@ -4,7 +4,7 @@
 //! with the best links to those already chosen (an NVLink peer 100 per
 //! link direction, the same NUMA node 10, the same PCIe root complex (bus
 //! domain and upper bus nibble) 1); ties go to the lowest index, so the
-//! answer is deterministic. Replicas ([`pack`]): packed, filling the
+//! answer is deterministic. Replicas (`pack`): packed, filling the
 //! fullest GPU that still has room, or with `spread` onto as many GPUs as
 //! possible, emptiest first.
 //!

@@ -1,16 +1,21 @@
 //! What the plugin offers: one [`Resource`] per resource name, built from
 //! the inventory and the config, and the answer to Allocate for a set of
-//! its device IDs. Pure apart from the mkdir of a shared slice's ledger
-//! directory, so it is unit-tested and benchmarked without gRPC.
+//! its device IDs. Pure apart from writing a shared slice's records (its
+//! limits and usage ledger), so it is unit-tested and benchmarked without
+//! gRPC.
 
 use super::config::{ComputeMode, Config, MigStrategy};
 use super::ledgers;
 use super::roles::{self, Role, RoleError};
 use super::v1beta1 as api;
-use crate::cdi::{CONTAINER_LEDGER_DIR, CONTAINER_SHIM};
+use crate::cdi::CONTAINER_SHIM;
 use gpuslice_core::model::{NVIDIACTL_MINOR, NVIDIA_MAJOR, NVIDIA_MODESET_MINOR};
 use gpuslice_core::{DevicePolicy, HostRoot, Inventory, Selection};
-use gpuslice_ledger::board::{BOARD_DIR_ENV, DEFAULT_BOARD_DIR};
+use gpuslice_ledger::board::{self, Mode, BOARD_DIR_ENV, DEFAULT_BOARD_DIR};
+use gpuslice_ledger::limits::{
+    ComputeShare, DeviceLimits, MemorySize, RecordPaths, SliceLimits, LIMITS_FILE, SLICE_DIR,
+    USAGE_FILE,
+};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
@@ -260,6 +265,110 @@ impl Plan {
         Ok(())
     }
 
+    /// A shared allocation's limits: per GPU, its replicas' part of the
+    /// memory and of the time (one unit each: bytes, basis points).
+    fn replica_limits(
+        &self,
+        slice: &str,
+        replicas: u32,
+        per_gpu: &BTreeMap<u32, Vec<&Entry>>,
+    ) -> SliceLimits {
+        let devices = per_gpu
+            .iter()
+            .filter_map(|(gpu, on)| {
+                self.inv
+                    .gpus
+                    .iter()
+                    .find(|g| g.index == *gpu)
+                    .map(|g| (g, on))
+            })
+            .map(|(g, on)| {
+                let mem = g.memory_bytes.unwrap_or(0);
+                DeviceLimits {
+                    uuid: g.uuid.clone(),
+                    memory: Some(MemorySize(
+                        (mem / u64::from(replicas) * on.len() as u64).max(1),
+                    )),
+                    compute: Some(ComputeShare::fraction(on.len() as u64, u64::from(replicas))),
+                }
+            })
+            .collect();
+        SliceLimits {
+            slice_id: slice.to_string(),
+            mode: match self.cfg.sharing.compute_mode {
+                ComputeMode::Cap => Mode::Cap,
+                ComputeMode::Guaranteed => Mode::Guaranteed,
+            },
+            devices,
+        }
+    }
+
+    /// Writes a replica's records (root's limits, its usage ledger) under
+    /// `<ledgerDir>/<slice>/` and returns its mounts: the shim and the
+    /// preload list read-only, its own limits read-only and its own usage
+    /// ledger read-write at the fixed place, nothing of other slices
+    /// writable. Guaranteed mode adds the GPUs' boards (which every
+    /// borrower must write; what can be forged there is bounded, see
+    /// docs/security.md) with the root-written shares read-only.
+    fn slice_mounts(&self, limits: &SliceLimits) -> Result<Vec<api::Mount>, BadRequest> {
+        let dir = self.cfg.ledger_dir.join(&limits.slice_id);
+        // The kubelet may allocate the same device IDs again to a new
+        // container: a leftover nothing uses is removed ([`ledgers`]);
+        // one a process of the old pod still uses is kept, records and
+        // all (the same IDs have the same limits).
+        ledgers::prepare(&dir)
+            .map_err(|e| BadRequest(format!("cannot prepare the ledger directory: {e}")))?;
+        let existing = RecordPaths::under(&dir);
+        let records = if existing.limits.is_file() {
+            existing
+        } else {
+            // Made afresh, root-only (prepare's directory is empty).
+            let _ = std::fs::remove_dir(&dir);
+            limits.write_records(&dir).map_err(|e| {
+                BadRequest(format!(
+                    "cannot write the slice's records in {}: {e}",
+                    dir.display()
+                ))
+            })?
+        };
+        let at = |name: &str| format!("{SLICE_DIR}/{name}");
+        let mount = |container_path: String, host: &Path, read_only: bool| api::Mount {
+            container_path,
+            host_path: self.host_path(host),
+            read_only,
+        };
+        let mut mounts = vec![
+            mount(CONTAINER_SHIM.into(), &self.cfg.shim, true),
+            mount("/etc/ld.so.preload".into(), &self.preload_file(), true),
+            mount(at(LIMITS_FILE), &records.limits, true),
+            mount(at(USAGE_FILE), &records.usage, false),
+        ];
+        if limits.mode == Mode::Guaranteed {
+            let boards = &self.cfg.board_dir;
+            gpuslice_ledger::ensure_dir(boards)
+                .map_err(|e| BadRequest(format!("cannot create the board directory: {e}")))?;
+            let key = board::ledger_key(&records.usage)
+                .map_err(|e| BadRequest(format!("{}: {e}", records.usage.display())))?;
+            for d in &limits.devices {
+                board::publish_share(boards, &d.uuid, key, d.share_bp()).map_err(|e| {
+                    BadRequest(format!(
+                        "cannot record the share on {}: {e}",
+                        boards.display()
+                    ))
+                })?;
+            }
+            mounts.push(mount(DEFAULT_BOARD_DIR.into(), boards, false));
+            mounts.push(mount(
+                board::shares_dir(Path::new(DEFAULT_BOARD_DIR))
+                    .display()
+                    .to_string(),
+                &board::shares_dir(boards),
+                true,
+            ));
+        }
+        Ok(mounts)
+    }
+
     /// The answer for one container asking for `ids` of resource `res`.
     pub fn allocate(
         &self,
@@ -338,68 +447,11 @@ impl Plan {
         let slice = slice_id(&entries[0].id);
         env.insert("GPUSLICE_SLICE".into(), slice.clone());
         if let Kind::Shared { replicas } = res.kind {
-            let mut caps = Vec::new();
-            let mut shares = Vec::new();
-            for (gpu, on) in &per_gpu {
-                let mem = self
-                    .inv
-                    .gpus
-                    .iter()
-                    .find(|g| g.index == *gpu)
-                    .and_then(|g| g.memory_bytes)
-                    .unwrap_or(0);
-                caps.push(mem / u64::from(replicas) * on.len() as u64);
-                shares.push(100 * on.len() as u32 / replicas);
-            }
-            let min = caps.iter().copied().min().unwrap_or(0);
-            env.insert("GPUSLICE_MEMORY_LIMIT".into(), min.to_string());
-            if caps.len() > 1 {
-                for (ordinal, cap) in caps.iter().enumerate() {
-                    env.insert(format!("GPUSLICE_MEMORY_LIMIT_{ordinal}"), cap.to_string());
-                }
-            }
-            let share = shares.iter().copied().min().unwrap_or(100).max(1);
-            env.insert("GPUSLICE_COMPUTE_LIMIT".into(), share.to_string());
-            env.insert(
-                "GPUSLICE_LEDGER".into(),
-                format!("{CONTAINER_LEDGER_DIR}/{slice}.ledger"),
-            );
-            let ledger_dir = self.cfg.ledger_dir.join(&slice);
-            if let Err(e) = ledgers::prepare(&ledger_dir) {
-                return Err(BadRequest(format!(
-                    "cannot prepare the ledger directory: {e}"
-                )));
-            }
-            resp.mounts.push(api::Mount {
-                container_path: CONTAINER_SHIM.into(),
-                host_path: self.host_path(&self.cfg.shim),
-                read_only: true,
-            });
-            resp.mounts.push(api::Mount {
-                container_path: "/etc/ld.so.preload".into(),
-                host_path: self.host_path(&self.preload_file()),
-                read_only: true,
-            });
-            resp.mounts.push(api::Mount {
-                container_path: CONTAINER_LEDGER_DIR.into(),
-                host_path: self.host_path(&ledger_dir),
-                read_only: false,
-            });
-            // Every replica publishes its GPU time on the GPUs' boards,
-            // which borrowing (guaranteed) replicas read.
-            if let Err(e) = gpuslice_ledger::ensure_dir(&self.cfg.board_dir) {
-                return Err(BadRequest(format!(
-                    "cannot create the board directory: {e}"
-                )));
-            }
-            resp.mounts.push(api::Mount {
-                container_path: DEFAULT_BOARD_DIR.into(),
-                host_path: self.host_path(&self.cfg.board_dir),
-                read_only: false,
-            });
-            env.insert(BOARD_DIR_ENV.into(), DEFAULT_BOARD_DIR.into());
+            let limits = self.replica_limits(&slice, replicas, &per_gpu);
+            env.extend(limits.env());
+            resp.mounts.extend(self.slice_mounts(&limits)?);
             if self.cfg.sharing.compute_mode == ComputeMode::Guaranteed {
-                env.insert("GPUSLICE_COMPUTE_MODE".into(), "guaranteed".into());
+                env.insert(BOARD_DIR_ENV.into(), DEFAULT_BOARD_DIR.into());
             }
         }
         if self.cfg.strategies.cdi {

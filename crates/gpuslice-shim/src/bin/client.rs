@@ -222,6 +222,7 @@ fn paths(cu: &Cuda) {
             // SAFETY: valid out-pointer.
             (unsafe { alloc(&mut p, 3 * MIB) }, p)
         },
+        // SAFETY: p is the allocation made above, freed once.
         |p| unsafe { free(p) },
     );
 
@@ -238,6 +239,7 @@ fn paths(cu: &Cuda) {
             // SAFETY: valid out-pointers.
             (unsafe { pitch(&mut p, &mut pitch_out, 1000, 1024, 4) }, p)
         },
+        // SAFETY: p is the allocation made above, freed once.
         |p| unsafe { free(p) },
     );
 
@@ -254,6 +256,7 @@ fn paths(cu: &Cuda) {
             // SAFETY: valid out-pointer.
             (unsafe { managed(&mut p, 5 * MIB, 1) }, p)
         },
+        // SAFETY: p is the allocation made above, freed once.
         |p| unsafe { free(p) },
     );
 
@@ -345,6 +348,7 @@ fn paths(cu: &Cuda) {
                 p,
             )
         },
+        // SAFETY: p came from the pool above; the pool is destroyed after its last allocation.
         |p| unsafe {
             let rc = free_async(p, std::ptr::null_mut());
             destroy_pool(pool);
@@ -379,6 +383,7 @@ fn paths(cu: &Cuda) {
             // SAFETY: valid arguments.
             (unsafe { create(&mut h, 4 * MIB, &prop, 0) }, h)
         },
+        // SAFETY: h is the handle created above, released once.
         |h| unsafe { release(h) },
     );
 
@@ -425,6 +430,7 @@ fn paths(cu: &Cuda) {
             // SAFETY: valid arguments.
             (unsafe { arr2(&mut a, &d2) }, a as u64)
         },
+        // SAFETY: a is the array created above, destroyed once.
         |a| unsafe { arr_destroy(a as *mut c_void) },
     );
     let d3 = Desc3D {
@@ -442,6 +448,7 @@ fn paths(cu: &Cuda) {
             // SAFETY: valid arguments.
             (unsafe { arr3(&mut a, &d3) }, a as u64)
         },
+        // SAFETY: a is the array created above, destroyed once.
         |a| unsafe { arr_destroy(a as *mut c_void) },
     );
     let dm = Desc3D {
@@ -459,6 +466,7 @@ fn paths(cu: &Cuda) {
             // SAFETY: valid arguments.
             (unsafe { mip(&mut a, &dm, 4) }, a as u64)
         },
+        // SAFETY: a is the mipmapped array created above, destroyed once.
         |a| unsafe { mip_destroy(a as *mut c_void) },
     );
 
@@ -502,6 +510,7 @@ fn paths(cu: &Cuda) {
     );
     path(
         "graph mem node",
+        // SAFETY: the graph calls get live out-pointers and the handles they returned.
         || unsafe {
             let mut g = std::ptr::null_mut();
             assert_eq!(graph_create(&mut g, 0), 0);
@@ -518,6 +527,7 @@ fn paths(cu: &Cuda) {
             assert_eq!(instantiate(&mut exec, g, 0), 0);
             (launch(exec, std::ptr::null_mut()), exec as u64)
         },
+        // SAFETY: exec is the graph instantiated above, destroyed once.
         |exec| unsafe {
             exec_destroy(exec as *mut c_void);
             graph_trim(0)

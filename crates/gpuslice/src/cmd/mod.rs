@@ -1,8 +1,5 @@
 //! One module per subcommand.
 
-pub mod bench;
-pub mod bench_init;
-pub mod bench_launch;
 pub mod cdi;
 pub mod device_plugin;
 pub mod doctor;
@@ -12,5 +9,6 @@ pub mod fakehost;
 pub mod labels;
 pub mod list;
 pub mod run;
+pub mod slice_setup;
 pub mod slices;
 pub mod tenant;

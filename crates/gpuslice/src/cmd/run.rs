@@ -55,13 +55,13 @@ pub struct RunArgs {
     #[arg(long, value_enum, value_name = "VERSION")]
     pub cgroup: Option<CgroupVersion>,
 
-    /// Cap GPU memory per selected GPU (e.g. 20GiB), enforced for every process of the slice by the preloaded libgpuslice.so.
+    /// Cap GPU memory per selected GPU (e.g. 20GiB), applied to every process of the slice by libgpuslice.so (preloaded through the slice's /etc/ld.so.preload; see docs/security.md for what it does not stop).
     #[arg(long, value_name = "SIZE")]
-    pub memory: Option<String>,
+    pub memory: Option<gpuslice_ledger::limits::MemorySize>,
 
-    /// Compute share per selected GPU in percent of its time (e.g. 25): a hard cap on the GPU time of the slice's kernel and graph launches, shared by all its processes, enforced by the preloaded libgpuslice.so.
+    /// Compute share per selected GPU in percent of its time (e.g. 25): a hard cap on the GPU time of the slice's kernel and graph launches, shared by all its processes, applied by libgpuslice.so like --memory.
     #[arg(long, value_name = "PCT")]
-    pub compute: Option<String>,
+    pub compute: Option<gpuslice_ledger::limits::ComputeShare>,
 
     /// How --compute applies: `cap` never lets the slice exceed its share; `guaranteed` lets it also use GPU time the other slices of its GPUs leave idle (work-conserving), falling back to its share when they are busy.
     #[arg(
@@ -128,20 +128,14 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<i32> {
     if args.memory.is_none() && args.compute.is_none() {
         return Ok(launch(&signals, &plan, &slice_id, &cmd)?);
     }
-    // Memory cap / compute share: the slice's ledger, and the shim
-    // preloaded into the child.
+    // Memory cap / compute share: the slice's records, written by root
+    // and mounted at the slice's fixed place, with the shim preloaded.
     let mut cmd = cmd;
-    let ledger = super::slices::create_ledger(
-        &inv,
-        &sel,
-        &slice_id,
-        args.memory.as_deref(),
-        args.compute.as_deref(),
-        args.compute_mode,
-        &mut cmd.env,
-    )?;
+    let limits = super::slice_setup::limits_of(&inv, &sel, &slice_id, args)?;
+    let (records, files) = super::slice_setup::set_up(&limits, rootless, &mut cmd.env)?;
+    plan.slice_files = files;
     let result = launch(&signals, &plan, &slice_id, &cmd);
-    let _ = std::fs::remove_file(&ledger);
+    drop(records);
     Ok(result?)
 }
 
@@ -238,6 +232,7 @@ fn plan(
         cgroup,
         strict: args.strict,
         identity: None,
+        slice_files: None,
     })
 }
 

@@ -1,13 +1,12 @@
 //! `gpuslice slices`: live slices with a memory cap or compute share, read
-//! from their ledgers; and the ledger + shim set-up `run --memory` /
-//! `--compute` use.
+//! from their records and ledgers.
 
-use std::ffi::CString;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use anyhow::{anyhow, bail, Result};
-use gpuslice_core::{Inventory, Selection};
-use gpuslice_ledger::{board, DeviceSpec, Ledger, ProcessState};
+use anyhow::Result;
+use gpuslice_ledger::enforcement::{ProcessCheck, ProcessTable};
+use gpuslice_ledger::limits::{verify_and_read, LIMITS_FILE, USAGE_FILE};
+use gpuslice_ledger::{board, Ledger, ProcessState};
 use serde_json::{json, Value};
 
 use crate::global::Global;
@@ -19,115 +18,28 @@ pub enum ComputeMode {
     Guaranteed,
 }
 
-/// Creates the slice's ledger (one device per selected GPU, in
-/// CUDA_VISIBLE_DEVICES order, with the memory cap and compute share and
-/// mode given)
-/// and adds the shim's variables to `env`. Returns the ledger's path, to be
-/// removed when the child exits.
-pub fn create_ledger(
-    inv: &Inventory,
-    sel: &Selection,
-    slice_id: &str,
-    memory: Option<&str>,
-    compute: Option<&str>,
-    mode: ComputeMode,
-    env: &mut Vec<CString>,
-) -> Result<PathBuf> {
-    let cap = memory
-        .map(parse_memory)
-        .transpose()?
-        .unwrap_or(gpuslice_ledger::UNLIMITED);
-    let share = compute.map(parse_compute).transpose()?.unwrap_or(0);
-    let visible = sel.visible_devices(inv);
-    let devices: Vec<DeviceSpec> = visible
-        .split(',')
-        .filter(|s| !s.is_empty())
-        .map(|uuid| DeviceSpec {
-            uuid: uuid.to_string(),
-            cap,
-        })
-        .collect();
-    if devices.is_empty() {
-        bail!("--memory/--compute need at least one GPU in --gpus");
-    }
-    let shim = crate::shim::find().map_err(|e| anyhow!("--memory/--compute: {e}"))?;
-    let dir = gpuslice_ledger::ledger_dir();
-    gpuslice_ledger::ensure_dir(&dir)?;
-    let path = dir.join(format!("{slice_id}.ledger"));
-    let ledger = Ledger::create(&path, slice_id, &devices)?;
-    if share > 0 {
-        for d in 0..devices.len() {
-            ledger.set_compute(d, share, gpuslice_ledger::DEFAULT_BURST_NS)?;
-        }
-    }
-    let preload = match std::env::var("LD_PRELOAD") {
-        Ok(old) if !old.is_empty() => format!("{}:{old}", shim.display()),
-        _ => shim.display().to_string(),
-    };
-    let ours = [
-        "LD_PRELOAD=",
-        "GPUSLICE_MEMORY_LIMIT",
-        "GPUSLICE_COMPUTE_LIMIT=",
-        "GPUSLICE_COMPUTE_MODE=",
-        "GPUSLICE_LEDGER=",
-    ];
-    env.retain(|kv| !ours.iter().any(|p| kv.as_bytes().starts_with(p.as_bytes())));
-    let mut vars = vec![
-        format!("LD_PRELOAD={preload}"),
-        format!("GPUSLICE_LEDGER={}", path.display()),
-    ];
-    if memory.is_some() {
-        vars.push(format!("GPUSLICE_MEMORY_LIMIT={cap}"));
-    }
-    if share > 0 {
-        vars.push(format!("GPUSLICE_COMPUTE_LIMIT={}", share as f64 / 100.0));
-        // Every slice with a share publishes its GPU time on the GPUs'
-        // boards (so borrowers see it); the directory is shared by all
-        // tenants, like /tmp.
-        let boards = gpuslice_ledger::board::board_dir();
-        if let Err(e) = gpuslice_ledger::ensure_dir(&boards) {
-            if mode == ComputeMode::Guaranteed {
-                bail!("--compute-mode guaranteed: {e}");
-            }
-        }
-        if mode == ComputeMode::Guaranteed {
-            vars.push("GPUSLICE_COMPUTE_MODE=guaranteed".into());
-        }
-    }
-    for kv in vars {
-        env.push(CString::new(kv).map_err(|_| anyhow!("NUL byte in a path"))?);
-    }
-    tracing::info!(ledger = %path.display(), shim = %shim.display(), cap, share_bp = share, "slice limits");
-    Ok(path)
-}
-
-/// `run --memory`: bytes.
-pub fn parse_memory(m: &str) -> Result<u64> {
-    gpuslice_ledger::parse_size(m)
-        .filter(|&c| c > 0)
-        .ok_or_else(|| anyhow!("--memory {m:?}: not a size (e.g. 20GiB, 512MiB)"))
-}
-
-/// `run --compute`: basis points.
-pub fn parse_compute(c: &str) -> Result<u64> {
-    parse_percent(c)
-        .ok_or_else(|| anyhow!("--compute {c:?}: not a percentage in (0, 100] (e.g. 25)"))
-}
-
-/// `25`, `12.5`, `50%` → basis points (1..=10000).
-fn parse_percent(text: &str) -> Option<u64> {
-    let v: f64 = text.trim().trim_end_matches('%').trim().parse().ok()?;
-    (v > 0.0 && v <= 100.0).then(|| ((v * 100.0).round() as u64).max(1))
-}
-
-fn describe(path: &Path) -> Value {
-    let ledger = match Ledger::open(path) {
+fn describe(path: &Path, table: &ProcessTable) -> Value {
+    let mut ledger = match Ledger::open(path) {
         Ok(l) => l,
         Err(e) => return json!({ "ledger": path.display().to_string(), "error": e.to_string() }),
     };
+    // A slice with a limits record: its caps and shares are the record's
+    // (the ledger's copies are the slice's to write).
+    let record = path
+        .parent()
+        .map(|d| d.join(LIMITS_FILE))
+        .filter(|_| path.file_name().is_some_and(|n| n == USAGE_FILE));
+    let limits = record.as_deref().map(|r| verify_and_read(r, false));
+    if let Some(Ok(l)) = &limits {
+        if let Err(e) = ledger.pin(l) {
+            return json!({ "ledger": path.display().to_string(), "error": e.to_string() });
+        }
+    }
     // Whoever reads a ledger reclaims its dead processes' bytes.
     let reaped = ledger.reap().ok();
     let s = ledger.snapshot();
+    let checks = table.check(&s.slice_id, &s);
+    let check_of = |pid: u32| checks.iter().find(|c| c.pid == pid);
     json!({
         "slice": s.slice_id,
         "ledger": path.display().to_string(),
@@ -140,6 +52,11 @@ fn describe(path: &Path) -> Value {
             "peak_bytes": d.peak,
             "refusals": d.refusals,
         })).collect::<Vec<_>>(),
+        "limits": match &limits {
+            None => json!("self-imposed (environment)"),
+            Some(Ok(_)) => json!("root's record"),
+            Some(Err(e)) => json!(format!("unusable: {e}")),
+        },
         "processes": s.processes.iter().map(|p| json!({
             "pid": p.pid,
             "name": p.comm,
@@ -149,7 +66,16 @@ fn describe(path: &Path) -> Value {
                 ProcessState::OtherNamespace => "other-pid-namespace",
             },
             "bytes": p.bytes,
+            "enforced": check_of(p.pid).map(ProcessCheck::enforced),
         })).collect::<Vec<_>>(),
+        // GPU processes of the slice (its cgroup) the shim does not hold.
+        "unenforced": checks.iter().filter(|c| c.flagged()).map(|c| json!({
+            "pid": c.pid,
+            "name": c.comm,
+            "shim_loaded": c.shim,
+            "attached": c.attached,
+        })).collect::<Vec<_>>(),
+        "attach_failures": s.attach_failures,
         "compute": s.compute.iter().map(|c| {
             let age_ns = now_ms().saturating_sub(s.created_unix_ms) as f64 * 1e6;
             json!({
@@ -195,9 +121,10 @@ fn mib(v: &Value) -> String {
 
 pub fn run(global: &Global) -> Result<i32> {
     let dir = gpuslice_ledger::ledger_dir();
+    let table = ProcessTable::scan();
     let slices: Vec<Value> = gpuslice_ledger::list_dir(&dir)
         .iter()
-        .map(|p| describe(p))
+        .map(|p| describe(p, &table))
         .collect();
     if global.json {
         println!(
@@ -262,12 +189,37 @@ pub fn run(global: &Global) -> Result<i32> {
                 .map(mib)
                 .collect();
             println!(
-                "  pid {:>7} {:<16} {:<10} {}",
+                "  pid {:>7} {:<16} {:<10} {}{}",
                 p["pid"],
                 p["name"].as_str().unwrap_or(""),
                 p["state"].as_str().unwrap_or(""),
-                bytes.join(" ")
+                bytes.join(" "),
+                if p["enforced"] == true {
+                    "  enforced"
+                } else {
+                    ""
+                }
             );
+        }
+        for p in s["unenforced"].as_array().into_iter().flatten() {
+            println!(
+                "  pid {:>7} {:<16} NOT ENFORCED: a GPU process of the slice {}",
+                p["pid"],
+                p["name"].as_str().unwrap_or(""),
+                if p["shim_loaded"] == true {
+                    "that could not join the ledger"
+                } else {
+                    "without the shim"
+                }
+            );
+        }
+        if let Some(n) = s["attach_failures"].as_u64().filter(|&n| n > 0) {
+            println!(
+                "  {n} process(es) could not join the ledger: their CUDA initialisation failed"
+            );
+        }
+        if let Some(l) = s["limits"].as_str().filter(|l| l.starts_with("unusable")) {
+            println!("  limits {l}");
         }
     }
     Ok(0)

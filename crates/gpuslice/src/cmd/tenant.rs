@@ -74,16 +74,8 @@ impl Tenant {
         let request = Request {
             host_root: root.path(),
             selection: sel,
-            memory: args
-                .memory
-                .as_deref()
-                .map(super::slices::parse_memory)
-                .transpose()?,
-            compute: args
-                .compute
-                .as_deref()
-                .map(super::slices::parse_compute)
-                .transpose()?,
+            memory: args.memory.map(|m| m.0),
+            compute: args.compute.map(|c| c.basis_points()),
             run_as: self.identity.as_ref().map_or((0, 0), |i| (i.uid, i.gid)),
             privileged: args.isolation.is_some_and(|i| i != IsolationArg::Full),
         };

@@ -4,5 +4,5 @@
 /// The `gpuslice` binary under test.
 pub const GPUSLICE: &str = env!("CARGO_BIN_EXE_gpuslice");
 
-#[allow(dead_code)] // Only the memory-cap and compute-share tests use it.
+#[allow(dead_code)] // Only the memory-cap, compute-share and slice-integrity tests use it.
 pub mod slice;

@@ -1,4 +1,4 @@
-//! Test helper for the ledger's multi-process tests (not a user tool).
+//! Helper of the ledger's multi-process tests (not a user tool).
 //!
 //! `gpuslice-ledger-exercise random LEDGER DEVICE SECONDS SEED MAX_BLOCK`:
 //! attaches, then reserves and releases blocks at random until SECONDS have

@@ -18,12 +18,11 @@
 //! kept with its reason, left out of the statistics, reported in the table
 //! and the JSON, and makes the command exit 1.
 
-use crate::global::Global;
-use crate::plot;
 use crate::stats::Summary;
+use crate::{host, plot, Setup};
 use anyhow::{bail, Context, Result};
 use gpuslice_core::discover::{discover, DiscoverOptions};
-use gpuslice_core::{HostRoot, Inventory};
+use gpuslice_core::HostRoot;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 use serde_json::{json, Map, Value};
@@ -282,7 +281,7 @@ impl Sample {
     }
 }
 
-pub fn run(global: &Global, args: &InitArgs) -> Result<i32> {
+pub fn run(ctx: &Setup, args: &InitArgs) -> Result<i32> {
     let spec = Spec::new(args)?;
     let runs = args.runs.unwrap_or(match args.workload {
         Workload::Probe => 20,
@@ -294,14 +293,11 @@ pub fn run(global: &Global, args: &InitArgs) -> Result<i32> {
     if args.methods.is_empty() {
         bail!("--methods is empty");
     }
-    let (date, stamp) = utc_now();
-    let inv = discover(
-        &HostRoot::new(&global.host_root),
-        &DiscoverOptions::default(),
-    )?;
+    let (date, stamp) = crate::utc_now();
+    let inv = discover(&HostRoot::new(&ctx.host_root), &DiscoverOptions::default())?;
     let n = inv.gpus.len() as u32;
     if n == 0 {
-        bail!("no GPU found below {}", global.host_root.display());
+        bail!("no GPU found below {}", ctx.host_root.display());
     }
     let counts = counts(&args.counts, n)?;
     let mut methods: Vec<Method> = Vec::new();
@@ -312,15 +308,15 @@ pub fn run(global: &Global, args: &InitArgs) -> Result<i32> {
     }
     // NVML is shut down again before the first run: a client holding the
     // driver open would change what start-up costs.
-    let host = host_facts(global, &inv);
-    let mut cells = cells(global, &spec, &counts, &methods, n)?;
+    let host = host::facts(&ctx.host_root, &inv);
+    let mut cells = cells(ctx, &spec, &counts, &methods, n)?;
 
     let seed = args.seed.unwrap_or_else(|| {
         SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(1, |d| d.as_nanos() as u64)
     });
-    let mut rng = SplitMix64(seed);
+    let mut rng = fastrand::Rng::with_seed(seed);
     let timeout = Duration::from_secs(args.timeout.max(1));
     let rounds = args.warmup + runs;
     let bar = progress((rounds * cells.len()) as u64);
@@ -354,8 +350,8 @@ pub fn run(global: &Global, args: &InitArgs) -> Result<i32> {
     }
     bar.finish_and_clear();
 
-    let doc = document(global, args, &spec, &cells, runs, seed, &date, host);
-    if global.json {
+    let doc = document(ctx, args, &spec, &cells, runs, seed, &date, host);
+    if ctx.json {
         println!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
         print!("{}", table(&spec, &cells, &doc));
@@ -397,15 +393,13 @@ fn counts(asked: &[u32], n: u32) -> Result<Vec<u32>> {
 }
 
 fn cells(
-    global: &Global,
+    ctx: &Setup,
     spec: &Spec,
     counts: &[u32],
     methods: &[Method],
     n: u32,
 ) -> Result<Vec<Cell>> {
-    let me: OsString = crate::binaries::gpuslice_exe()
-        .context("locating the gpuslice binary")?
-        .into();
+    let me: OsString = ctx.gpuslice.clone().into();
     let mut cells = Vec::new();
     for &k in counts {
         let selector = if k == 1 {
@@ -420,7 +414,7 @@ fn cells(
                     let mut a: Vec<OsString> = vec![
                         me.clone(),
                         "--host-root".into(),
-                        global.host_root.clone().into(),
+                        ctx.host_root.clone().into(),
                         "run".into(),
                         "--gpus".into(),
                         selector.clone().into(),
@@ -656,7 +650,7 @@ fn summaries(spec: &Spec, cell: &Cell) -> BTreeMap<&'static str, Summary> {
 /// The document written to --out and printed with --json.
 #[allow(clippy::too_many_arguments)]
 fn document(
-    global: &Global,
+    ctx: &Setup,
     args: &InitArgs,
     spec: &Spec,
     cells: &[Cell],
@@ -729,7 +723,7 @@ fn document(
         "command": argv,
         "command_line": shell_line(&std::env::args_os().collect::<Vec<_>>()),
         "gpuslice_version": env!("CARGO_PKG_VERSION"),
-        "host_root": global.host_root,
+        "host_root": ctx.host_root,
         "host": host,
         "config": {
             "counts": cells.iter().map(|c| c.k).collect::<std::collections::BTreeSet<_>>(),
@@ -965,152 +959,6 @@ fn svg(spec: &Spec, cells: &[Cell], doc: &Value) -> Result<String> {
     )
 }
 
-/// Facts about the machine, read before the first run.
-pub(crate) fn host_facts(global: &Global, inv: &Inventory) -> Value {
-    let read = |p: &str| {
-        std::fs::read_to_string(p)
-            .ok()
-            .map(|s| s.trim().to_string())
-    };
-    let mut models: Vec<&str> = inv.gpus.iter().map(|g| g.model.as_str()).collect();
-    models.dedup();
-    let persistence = persistence_modes(global, inv);
-    let modes: Vec<Option<bool>> = inv
-        .gpus
-        .iter()
-        .map(|g| {
-            persistence
-                .as_ref()
-                .ok()
-                .and_then(|m| m.get(&g.uuid).copied())
-        })
-        .collect();
-    let summary = if modes.iter().all(|m| *m == Some(true)) {
-        "on".to_string()
-    } else if modes.iter().all(|m| *m == Some(false)) {
-        "off".to_string()
-    } else if modes.iter().all(Option::is_some) {
-        "mixed".to_string()
-    } else {
-        "unknown".to_string()
-    };
-    json!({
-        "hostname": read("/proc/sys/kernel/hostname"),
-        "kernel": read("/proc/sys/kernel/osrelease"),
-        "kernel_version": read("/proc/sys/kernel/version"),
-        "cpus": std::thread::available_parallelism().map(|n| n.get()).ok(),
-        "cgroup": cgroup_mode(),
-        "gpu_count": inv.gpus.len(),
-        "gpu_models": models,
-        "gpu_summary": format!("{} × {}", inv.gpus.len(), models.join(" + ")),
-        "gpus": inv.gpus.iter().zip(&modes).map(|(g, p)| json!({
-            "index": g.index,
-            "uuid": g.uuid,
-            "pci_bus_id": g.pci_bus_id,
-            "model": g.model,
-            "memory_bytes": g.memory_bytes,
-            "mig_enabled": g.mig_enabled,
-            "persistence_mode": p,
-        })).collect::<Vec<_>>(),
-        "driver_version": inv.driver_version,
-        "cuda_version": inv.cuda_version,
-        "discovery_sources": inv.sources,
-        "nvml_error": inv.nvml_error,
-        "persistence_mode": summary,
-        "persistence_mode_error": persistence.err(),
-    })
-}
-
-/// How /sys/fs/cgroup is mounted: "v2", "hybrid" (v1 with a v2 tree) or "v1".
-fn cgroup_mode() -> &'static str {
-    if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
-        "v2"
-    } else if Path::new("/sys/fs/cgroup/unified/cgroup.controllers").exists() {
-        "hybrid"
-    } else {
-        "v1"
-    }
-}
-
-/// Persistence mode per GPU UUID, read (never set) through NVML. NVML is
-/// asked only when discovery trusted it for this host root.
-fn persistence_modes(global: &Global, inv: &Inventory) -> Result<BTreeMap<String, bool>, String> {
-    if !inv.sources.iter().any(|s| s == "nvml") {
-        return Err(inv.nvml_error.clone().unwrap_or_else(|| {
-            format!("NVML not used for host root {}", global.host_root.display())
-        }));
-    }
-    let nvml = nvml_wrapper::Nvml::builder()
-        .lib_path(std::ffi::OsStr::new(
-            gpuslice_core::discover::DEFAULT_NVML_LIB,
-        ))
-        .init()
-        .map_err(|e| format!("NVML: {e}"))?;
-    let count = nvml.device_count().map_err(|e| format!("NVML: {e}"))?;
-    let mut modes = BTreeMap::new();
-    for i in 0..count {
-        let dev = nvml.device_by_index(i).map_err(|e| format!("NVML: {e}"))?;
-        let uuid = dev.uuid().map_err(|e| format!("NVML: {e}"))?;
-        let on = dev
-            .is_in_persistent_mode()
-            .map_err(|e| format!("NVML persistence mode of {uuid}: {e}"))?;
-        modes.insert(uuid, on);
-    }
-    Ok(modes)
-}
-
-/// (ISO 8601 UTC date-time, compact stamp for file names).
-pub(crate) fn utc_now() -> (String, String) {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64);
-    utc(secs)
-}
-
-fn utc(secs: i64) -> (String, String) {
-    let (y, m, d) = civil_from_days(secs.div_euclid(86_400));
-    let t = secs.rem_euclid(86_400);
-    let (hh, mm, ss) = (t / 3600, t % 3600 / 60, t % 60);
-    (
-        format!("{y:04}-{m:02}-{d:02}T{hh:02}:{mm:02}:{ss:02}Z"),
-        format!("{y:04}{m:02}{d:02}T{hh:02}{mm:02}{ss:02}Z"),
-    )
-}
-
-/// Proleptic Gregorian date of a day count since 1970-01-01 (H. Hinnant).
-fn civil_from_days(z: i64) -> (i64, i64, i64) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
-}
-
-/// Small seeded generator for the per-round order (no `rand` needed).
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Fisher–Yates.
-    fn shuffle<T>(&mut self, v: &mut [T]) {
-        for i in (1..v.len()).rev() {
-            let j = (self.next() % (i as u64 + 1)) as usize;
-            v.swap(i, j);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1126,19 +974,22 @@ mod tests {
     }
 
     #[test]
-    fn dates() {
-        assert_eq!(utc(0).0, "1970-01-01T00:00:00Z");
-        assert_eq!(utc(951_782_400).0, "2000-02-29T00:00:00Z");
-        assert_eq!(utc(1_796_220_000).1, "20261202T140000Z");
-    }
-
-    #[test]
     fn shuffle_is_a_permutation_and_varies() {
-        let mut rng = SplitMix64(7);
+        // The seed is recorded with the results: it must give the same orders.
+        let orders = |seed| {
+            let mut rng = fastrand::Rng::with_seed(seed);
+            (0..20)
+                .map(|_| {
+                    let mut v: Vec<usize> = (0..6).collect();
+                    rng.shuffle(&mut v);
+                    v
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(orders(7), orders(7));
+        assert_ne!(orders(7), orders(8));
         let mut seen = std::collections::BTreeSet::new();
-        for _ in 0..20 {
-            let mut v: Vec<usize> = (0..6).collect();
-            rng.shuffle(&mut v);
+        for v in orders(7) {
             let mut sorted = v.clone();
             sorted.sort_unstable();
             assert_eq!(sorted, (0..6).collect::<Vec<_>>());

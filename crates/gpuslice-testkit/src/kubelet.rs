@@ -8,12 +8,12 @@
 //! pods a test says hold devices. Used by the integration tests and by the
 //! hidden `gpuslice device-plugin-selftest`.
 
-use super::config::valid_name_part;
-use super::server::{dial, API_VERSION, KUBELET_SOCKET};
-use super::v1beta1 as api;
-use super::v1beta1::device_plugin_client::DevicePluginClient;
-use super::v1beta1::registration_server::{Registration, RegistrationServer};
 use anyhow::{bail, Context, Result};
+use gpuslice_k8s::plugin::config::valid_name_part;
+use gpuslice_k8s::plugin::server::{dial, API_VERSION, KUBELET_SOCKET};
+use gpuslice_k8s::plugin::v1beta1 as api;
+use gpuslice_k8s::plugin::v1beta1::device_plugin_client::DevicePluginClient;
+use gpuslice_k8s::plugin::v1beta1::registration_server::{Registration, RegistrationServer};
 use gpuslice_metrics::pods::v1 as podres;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};

@@ -5,8 +5,8 @@
 //! hits each alike. Each sample is the wall time from spawn to reaped exit
 //! of `/bin/true` (or `--cmd`), as the caller of each launcher sees it.
 
-use crate::global::Global;
 use crate::stats::Summary;
+use crate::{host, Setup};
 use anyhow::{bail, Context, Result};
 use gpuslice_core::discover::{discover, DiscoverOptions};
 use gpuslice_core::HostRoot;
@@ -40,14 +40,11 @@ struct Variant {
     argv: Vec<String>,
 }
 
-pub fn run(global: &Global, args: &LaunchArgs) -> Result<i32> {
-    let (date, _) = super::bench_init::utc_now();
-    let inv = discover(
-        &HostRoot::new(&global.host_root),
-        &DiscoverOptions::default(),
-    )?;
-    let host = super::bench_init::host_facts(global, &inv);
-    let variants = variants(global, args)?;
+pub fn run(ctx: &Setup, args: &LaunchArgs) -> Result<i32> {
+    let (date, _) = crate::utc_now();
+    let inv = discover(&HostRoot::new(&ctx.host_root), &DiscoverOptions::default())?;
+    let host = host::facts(&ctx.host_root, &inv);
+    let variants = variants(ctx, args)?;
     for v in &variants {
         timed_run(v)?;
     }
@@ -66,7 +63,7 @@ pub fn run(global: &Global, args: &LaunchArgs) -> Result<i32> {
         "benchmark": "launch",
         "date": date,
         "argv": std::env::args().collect::<Vec<_>>(),
-        "host_root": global.host_root,
+        "host_root": ctx.host_root,
         "inventory_cache_dir": std::env::var(gpuslice_core::discover::cache::CACHE_DIR_ENV).ok(),
         "host": host,
         "runs": args.runs,
@@ -79,7 +76,7 @@ pub fn run(global: &Global, args: &LaunchArgs) -> Result<i32> {
             "overhead_ms": s.median - bare,
         })).collect::<Vec<_>>(),
     });
-    if global.json {
+    if ctx.json {
         println!("{}", serde_json::to_string_pretty(&result)?);
     } else {
         println!(
@@ -104,10 +101,10 @@ pub fn run(global: &Global, args: &LaunchArgs) -> Result<i32> {
     Ok(0)
 }
 
-fn variants(global: &Global, args: &LaunchArgs) -> Result<Vec<Variant>> {
-    let me = crate::binaries::gpuslice_exe()?.display().to_string();
+fn variants(ctx: &Setup, args: &LaunchArgs) -> Result<Vec<Variant>> {
+    let me = ctx.gpuslice.display().to_string();
     let cmd = args.cmd.display().to_string();
-    let root = global.host_root.display().to_string();
+    let root = ctx.host_root.display().to_string();
     let isolated = |iso: &str| {
         let argv = [
             &me,

@@ -1,0 +1,139 @@
+//! Test support shared by gpuslice's test suites; not part of any product
+//! binary's start-up path.
+//!
+//! - [`precondition`]: what a test that cannot run on this host does. It
+//!   never passes silently: under `CI=true` it fails; elsewhere it fails
+//!   too, naming what is missing, unless the caller asked to skip
+//!   (`GPUSLICE_TEST_SKIP=1`), and then says `SKIPPED` with the reason.
+//! - [`kubelet`]: the kubelet's side of the device-plugin protocol, for
+//!   the device-plugin tests and `gpuslice device-plugin-selftest`.
+//! - [`dra_kubelet`]: the kubelet's side of DRA plugin registration and of
+//!   the DRA service (v1 and v1beta1), for the DRA driver's tests.
+//! - [`fakeapi`]: `FakeApiServer`, a test double of the few kube-apiserver
+//!   endpoints the DRA driver uses.
+//! - Helper binaries the tests spawn ([`built`]): `gpuslice-ledger-exercise`.
+
+pub mod dra_kubelet;
+pub mod fakeapi;
+pub mod kubelet;
+
+use std::path::PathBuf;
+
+/// A binary of the workspace the tests spawn, built into the running test's
+/// target directory; panics with how to build it when it is missing.
+pub fn built(name: &str, package: &str) -> PathBuf {
+    let dirs = fakegpu::artifact_dirs();
+    dirs.iter()
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| {
+            panic!("{name} not found in {dirs:?}: build it with `cargo build -p {package}`")
+        })
+}
+
+/// Set to `1` to skip, outside CI, the tests this host cannot run.
+pub const SKIP_ENV: &str = "GPUSLICE_TEST_SKIP";
+
+/// Whether this is a CI run (`CI=true`), where every test must run.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+/// Whether `test` may run: true when `unmet` is None. When it is the
+/// reason the test cannot run here: panics (always under CI), or with
+/// `GPUSLICE_TEST_SKIP=1` outside CI prints `SKIPPED <test>: <reason>` and
+/// returns false.
+pub fn precondition(test: &str, unmet: Option<String>) -> bool {
+    let skip = std::env::var(SKIP_ENV).is_ok_and(|v| v == "1");
+    match verdict(test, unmet, in_ci(), skip) {
+        Verdict::Run => true,
+        Verdict::Skip(line) => {
+            eprintln!("{line}");
+            false
+        }
+        Verdict::Fail(message) => panic!("{message}"),
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    Run,
+    Skip(String),
+    Fail(String),
+}
+
+fn verdict(test: &str, unmet: Option<String>, ci: bool, skip: bool) -> Verdict {
+    match unmet {
+        None => Verdict::Run,
+        Some(why) if ci => Verdict::Fail(format!(
+            "{test} cannot run on this CI host: {why}; CI must run it"
+        )),
+        Some(why) if skip => Verdict::Skip(format!("SKIPPED {test}: {why} ({SKIP_ENV}=1)")),
+        Some(why) => Verdict::Fail(format!(
+            "{test} cannot run on this host: {why} (set {SKIP_ENV}=1 to skip it knowingly)"
+        )),
+    }
+}
+
+/// None as root; else why not.
+pub fn needs_root() -> Option<String> {
+    // Effective uid from procfs: no unsafe, no libc binding here.
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let euid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|ids| ids.split_whitespace().nth(1))
+        .map(str::to_string);
+    match euid.as_deref() {
+        Some("0") => None,
+        _ => Some("needs root (run the tests as root, as scripts/test.sh does)".into()),
+    }
+}
+
+/// None when `program` is on PATH; else why not, with the package to install.
+pub fn needs_program(program: &str, package: &str) -> Option<String> {
+    let found = std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|d| d.join(program).is_file()));
+    (!found).then(|| format!("{program} is not installed (apt-get install {package})"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unmet_precondition_never_passes_silently() {
+        let why = || Some("no widget".to_string());
+        assert_eq!(verdict("t", None, true, false), Verdict::Run);
+        assert_eq!(verdict("t", None, false, false), Verdict::Run);
+        // CI: a failure, even when asked to skip.
+        for skip in [false, true] {
+            let Verdict::Fail(m) = verdict("t", why(), true, skip) else {
+                panic!("CI must fail")
+            };
+            assert!(
+                m.contains("CI must run it") && m.contains("no widget"),
+                "{m}"
+            );
+        }
+        // Elsewhere: a failure naming the opt-out, or a SKIPPED line with it.
+        let Verdict::Fail(m) = verdict("t", why(), false, false) else {
+            panic!("must fail without the opt-out")
+        };
+        assert!(
+            m.contains("GPUSLICE_TEST_SKIP=1") && m.contains("no widget"),
+            "{m}"
+        );
+        assert_eq!(
+            verdict("t", why(), false, true),
+            Verdict::Skip("SKIPPED t: no widget (GPUSLICE_TEST_SKIP=1)".into())
+        );
+    }
+
+    #[test]
+    fn programs_are_found_on_path() {
+        assert_eq!(needs_program("sh", "dash"), None);
+        assert!(needs_program("no-such-program-gpuslice", "x")
+            .is_some_and(|w| w.contains("apt-get install x")));
+    }
+}

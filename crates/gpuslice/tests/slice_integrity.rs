@@ -1,0 +1,410 @@
+//! Issue 17, as an attacker would try it, on the fake GPU host with the
+//! fake driver and the real kernel: each test fails if its attack works.
+//!
+//! - a slice's limits cannot be changed by the slice (root with `--strict`,
+//!   or nobody), nor another slice's records reached;
+//! - the shim is loaded and applies the limits whatever the environment
+//!   (`env -i`, `env -u LD_PRELOAD`, `su nobody`);
+//! - a slice whose ledger is broken fails closed;
+//! - `gpuslice slices` and the exporter say per process whether the shim
+//!   holds it, and flag a GPU process of the slice that escaped it.
+//!
+//! Needs root (CI runs it as root) and the workspace built.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fakegpu::FakeHost;
+use serde_json::Value;
+
+mod common;
+use common::slice::{client, gpuslice, slices_json, slices_text};
+use common::GPUSLICE;
+
+const MIB: u64 = 1 << 20;
+const CAP: &str = "100MiB";
+
+struct Kill(Child);
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn host() -> FakeHost {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "these tests need root (CI)");
+    let h = FakeHost::builder().gpus(1).build().unwrap();
+    // Processes that drop to nobody must still reach the fake driver.
+    std::fs::set_permissions(h.root(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    h
+}
+
+/// `gpuslice run --gpus 0 <extra> -- sh -c SCRIPT`, output collected.
+fn run_sh(h: &FakeHost, ledgers: &Path, extra: &[&str], script: &str) -> std::process::Output {
+    let mut args = vec!["run", "--gpus", "0"];
+    args.extend_from_slice(extra);
+    args.extend(["--", "sh", "-c", script]);
+    gpuslice(h, ledgers, &args).output().unwrap()
+}
+
+/// The fake driver's variables as `K=V` words, for `env -i` lines.
+fn driver_env(h: &FakeHost) -> String {
+    h.env()
+        .into_iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The `total` of each JSON line `client fill` printed.
+fn fill_totals(stdout: &[u8]) -> Vec<u64> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|v| v["total"].as_u64())
+        .collect()
+}
+
+/// A holder of 50 MB in a slice capped at [`CAP`]; returns it once it holds.
+fn holder(h: &FakeHost, ledgers: &Path, extra: &[&str]) -> Kill {
+    let c = client();
+    let mut args = vec!["run", "--gpus", "0", "--memory", CAP];
+    args.extend_from_slice(extra);
+    args.extend(["--", c.to_str().unwrap(), "hold", "50000000"]);
+    let mut child = gpuslice(h, ledgers, &args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "held 0");
+    Kill(child)
+}
+
+#[test]
+fn a_slice_cannot_change_its_own_or_another_slices_limits() {
+    let h = host();
+    let ledgers = tempfile::tempdir().unwrap();
+    let l = ledgers.path();
+    let victim = holder(&h, l, &["--strict"]);
+    let v = slices_json(&h, l);
+    let usage = v["slices"][0]["ledger"].as_str().unwrap().to_string();
+    let limits = Path::new(&usage).with_file_name("limits");
+    let client = client();
+
+    // Root in another slice, without CAP_SYS_ADMIN (--strict).
+    let script = format!(
+        "echo 'gpuslice-limits 1' > /run/gpuslice/slice/limits && echo WROTE-OWN-LIMITS
+         umount /run/gpuslice/slice/limits 2>/dev/null && echo UNMOUNTED
+         umount -l /run/gpuslice/slice 2>/dev/null && echo UNMOUNTED
+         umount /etc/ld.so.preload 2>/dev/null && echo UNMOUNTED
+         echo x > /etc/ld.so.preload && echo WROTE-PRELOAD
+         echo SEEN: $(ls -A {dir})
+         echo x >> {usage} && echo WROTE-VICTIM
+         echo x >> {limits} && echo WROTE-VICTIM
+         printf '\\000\\000\\000\\000\\002\\000\\000\\000' | dd of=/run/gpuslice/slice/usage bs=1 seek=256 conv=notrunc 2>/dev/null && echo CAP-WORD-WRITTEN
+         exec {client} fill 7340032",
+        dir = l.display(),
+        usage = usage,
+        limits = limits.display(),
+        client = client.display(),
+    );
+    let out = run_sh(&h, l, &["--memory", CAP, "--strict"], &script);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for bad in [
+        "WROTE-OWN-LIMITS",
+        "UNMOUNTED",
+        "WROTE-PRELOAD",
+        "WROTE-VICTIM",
+    ] {
+        assert!(!stdout.contains(bad), "{bad}:\n{stdout}");
+    }
+    assert!(
+        stdout.lines().any(|l| l.trim() == "SEEN:"),
+        "other slices' records visible:\n{stdout}"
+    );
+    // Writing the cap's copy in its own usage ledger is allowed and useless.
+    assert!(stdout.contains("CAP-WORD-WRITTEN"), "{stdout}");
+    assert_eq!(fill_totals(&out.stdout), [100 * MIB], "{stdout}");
+
+    // nobody outside any slice.
+    let nobody = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "sh",
+            "-c",
+        ])
+        .arg(format!(
+            "echo x >> {usage} && echo WROTE; echo x >> {limits} && echo WROTE; \
+             ls {dir} >/dev/null && echo LISTED",
+            dir = Path::new(&usage).parent().unwrap().display(),
+            limits = limits.display(),
+        ))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&nobody.stdout);
+    assert!(
+        !said.contains("WROTE") && !said.contains("LISTED"),
+        "{said}"
+    );
+    assert!(
+        String::from_utf8_lossy(&nobody.stderr).contains("Permission denied"),
+        "{nobody:?}"
+    );
+
+    // The victim is as it was.
+    let v = slices_json(&h, l);
+    let s = &v["slices"][0];
+    assert_eq!(s["devices"][0]["cap_bytes"], 100 * MIB, "{v}");
+    assert_eq!(s["devices"][0]["used_bytes"], 50_000_000, "{v}");
+    assert_eq!(s["limits"], "root's record", "{v}");
+    drop(victim);
+
+    // What holds the read-only mounts against root is the missing
+    // CAP_SYS_ADMIN: with it, root in the slice can unmount them (so this
+    // test would see it; docs/security.md).
+    let out = run_sh(
+        &h,
+        l,
+        &["--memory", CAP],
+        "umount /run/gpuslice/slice/limits && echo UNMOUNTED",
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("UNMOUNTED"));
+}
+
+#[test]
+fn the_shim_holds_whatever_the_environment() {
+    let h = host();
+    let ledgers = tempfile::tempdir().unwrap();
+    let c = client();
+    let c = c.display();
+    let denv = driver_env(&h);
+    // Each line runs the client with none of gpuslice's variables; the
+    // fake driver's are given back (the real one is found by ld.so.cache).
+    let script = format!(
+        "env -i {denv} {c} fill 7340032
+         env -u LD_PRELOAD -u GPUSLICE_SLICE -u CUDA_VISIBLE_DEVICES {c} fill 7340032
+         su -s /bin/sh nobody -c 'env -i {denv} {c} fill 7340032'
+         setpriv --reuid=65534 --regid=65534 --clear-groups env -i {denv} {c} fill 7340032"
+    );
+    let out = run_sh(&h, ledgers.path(), &["--memory", CAP], &script);
+    assert_eq!(
+        fill_totals(&out.stdout),
+        [100 * MIB; 4],
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn a_broken_ledger_fails_closed() {
+    let h = host();
+    let ledgers = tempfile::tempdir().unwrap();
+    let l = ledgers.path();
+    let c = client();
+    let c = c.display();
+    let usage = "/run/gpuslice/slice/usage";
+    for (break_it, want) in [
+        (
+            format!("dd if=/dev/zero of={usage} bs=8 count=1 conv=notrunc 2>/dev/null"),
+            "not a gpuslice ledger",
+        ),
+        (
+            format!("printf '\\011' | dd of={usage} bs=1 seek=8 conv=notrunc 2>/dev/null"),
+            "layout version 9",
+        ),
+        (format!("truncate -s 4096 {usage}"), "corrupt"),
+        // Every process slot taken (by live processes of another pid
+        // namespace, which are never reclaimed from here).
+        (
+            format!(
+                "printf '\\002\\000\\000\\000\\001\\000\\000\\000' > /tmp/gs-$$; head -c 8 /dev/zero >> /tmp/gs-$$; \
+                 printf '\\071\\060\\000\\000\\000\\000\\000\\000' >> /tmp/gs-$$; head -c 296 /dev/zero >> /tmp/gs-$$; \
+                 for i in $(seq 1024); do cat /tmp/gs-$$; done > /tmp/gs-$$.all; \
+                 dd if=/tmp/gs-$$.all of={usage} bs=4352 seek=1 conv=notrunc 2>/dev/null; rm -f /tmp/gs-$$ /tmp/gs-$$.all"
+            ),
+            "process slots of the ledger are in use",
+        ),
+        // The ledger is fine, but this process may not write it.
+        (
+            format!("chmod 0644 {usage}; exec setpriv --reuid=65534 --regid=65534 --clear-groups"),
+            "read-only for this process",
+        ),
+    ] {
+        let sep = if break_it.ends_with("--clear-groups") {
+            " "
+        } else {
+            "; "
+        };
+        let out = run_sh(
+            &h,
+            l,
+            &["--memory", CAP],
+            &format!("{break_it}{sep}{c} fill 7340032"),
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{break_it}: ran\n{err}");
+        assert!(fill_totals(&out.stdout).is_empty(), "{break_it}: allocated");
+        assert!(
+            err.contains(want) && err.contains("fails closed"),
+            "{break_it}: {err}"
+        );
+    }
+
+    // And `gpuslice slices` says so while the slice lives.
+    let mut slice = Kill(
+        gpuslice(
+            &h,
+            l,
+            &[
+                "run",
+                "--gpus",
+                "0",
+                "--memory",
+                CAP,
+                "--",
+                "sh",
+                "-c",
+                &format!(
+                    "dd if=/dev/zero of={usage} bs=8 count=1 conv=notrunc 2>/dev/null; sleep 30"
+                ),
+            ],
+        )
+        .spawn()
+        .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = slices_text(&h, l);
+        if text.contains("not a gpuslice ledger") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{text}");
+        assert!(slice.0.try_wait().unwrap().is_none());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `GET path` from `addr` over plain HTTP/1.0.
+fn http_get(addr: &str, path: &str) -> Option<String> {
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).ok()?;
+    Some(body)
+}
+
+#[test]
+fn a_gpu_process_of_the_slice_without_the_shim_is_flagged() {
+    let h = host();
+    let ledgers = tempfile::tempdir().unwrap();
+    let l = ledgers.path();
+    let _slice = holder(&h, l, &[]);
+    let v = slices_json(&h, l);
+    let s = &v["slices"][0];
+    assert_eq!(s["processes"][0]["enforced"], true, "{v}");
+    assert_eq!(s["unenforced"], serde_json::json!([]), "{v}");
+    let inside = s["processes"][0]["pid"].as_u64().unwrap();
+
+    // A process that loaded the driver without the shim (started outside
+    // the slice), moved into the slice's cgroup.
+    let c = client();
+    // The real driver is a file named libcuda.so.<version>; the fake host
+    // links its libcuda.so.1 to the fake driver's own file name, so give
+    // this process a copy under the real kind of name.
+    let libdir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        h.driver_lib_dir().join("libcuda.so.1"),
+        libdir.path().join("libcuda.so.1"),
+    )
+    .unwrap();
+    let mut escaped = Kill(
+        Command::new(&c)
+            .args(["hold", "1000"])
+            .envs(h.env())
+            .env("LD_LIBRARY_PATH", libdir.path())
+            .env_remove("LD_PRELOAD")
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut line = String::new();
+    BufReader::new(escaped.0.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "held 0");
+    let cgroups = std::fs::read_to_string(format!("/proc/{inside}/cgroup")).unwrap();
+    let (hierarchy, path) = cgroups
+        .lines()
+        .find_map(|l| {
+            let mut f = l.splitn(3, ':');
+            let (_, ctrl, path) = (f.next()?, f.next()?, f.next()?);
+            path.starts_with("/gpuslice/").then_some((ctrl, path))
+        })
+        .expect("the slice's cgroup");
+    let root = match hierarchy {
+        "" if Path::new("/sys/fs/cgroup/unified").is_dir() => "/sys/fs/cgroup/unified".into(),
+        "" => "/sys/fs/cgroup".to_string(),
+        ctrl => format!("/sys/fs/cgroup/{ctrl}"),
+    };
+    std::fs::write(
+        format!("{root}{path}/cgroup.procs"),
+        escaped.0.id().to_string(),
+    )
+    .unwrap();
+
+    let v = slices_json(&h, l);
+    let moved = std::fs::read_to_string(format!("/proc/{}/cgroup", escaped.0.id())).unwrap();
+    let flagged = &v["slices"][0]["unenforced"];
+    assert_eq!(flagged[0]["pid"], escaped.0.id(), "{v}\n{moved}\n{cgroups}");
+    assert_eq!(flagged[0]["shim_loaded"], false, "{v}");
+    assert!(
+        slices_text(&h, l).contains("NOT ENFORCED: a GPU process of the slice without the shim")
+    );
+
+    // The exporter says the same, per process.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let _exporter = Kill(
+        Command::new(GPUSLICE)
+            .arg("--host-root")
+            .arg(h.root())
+            .envs(h.env())
+            .args(["exporter", "--listen", &addr, "--interval", "200ms"])
+            .arg("--ledger-dir")
+            .arg(l)
+            .spawn()
+            .unwrap(),
+    );
+    let want_in = format!("pid=\"{inside}\"");
+    let want_out = format!("pid=\"{}\"", escaped.0.id());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let metric = |text: &str, pid: &str| {
+        text.lines()
+            .find(|l| l.starts_with("gpuslice_slice_process_enforced{") && l.contains(pid))
+            .map(|l| l.rsplit(' ').next().unwrap_or("").to_string())
+    };
+    loop {
+        let text = http_get(&addr, "/metrics").unwrap_or_default();
+        if let (Some(a), Some(b)) = (metric(&text, &want_in), metric(&text, &want_out)) {
+            assert_eq!((a.as_str(), b.as_str()), ("1.0", "0.0"), "{text}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "no enforcement series:\n{text}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

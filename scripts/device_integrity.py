@@ -1,0 +1,257 @@
+#!/usr/bin/env python3
+"""Issue 17 on the GPU machine: slices no tenant can tamper with.
+
+    python3 scripts/device_integrity.py OUTDIR   # as root, repo root, after device-build.sh
+
+Writes OUTDIR/integrity.json after every step (command, date, driver):
+  env     under `run --memory 20GiB --compute 30`: `env -i python3` (torch) and a
+          `su nobody -c 'env -i python3'` child: GiB allocated before OOM (want <= 20),
+          cuMemGetInfo total, small-kernel throughput / bare (want 0.30 +- 0.02)
+  forge   a 30 % capped slice alone, then beside a process forging 24 busy board
+          slots with 100 % shares: want |with - alone| <= 1 point
+  pair    slices 30 and 70 together, GEMM: want ratio within 2 % of 3:7
+  gpt     a GPT-2-like training loop (defined inline, no downloads), eager and
+          torch.compile, at `--compute 50` against bare: want 0.50 +- 0.02
+Bounded to ~330 s (INTEGRITY_BUDGET_S); steps in that order.
+"""
+import json, mmap, os, random, struct, subprocess, sys, threading, time
+
+OUT = sys.argv[1] if len(sys.argv) > 1 else "/tmp/integrity"
+os.makedirs(OUT, exist_ok=True)
+PY = os.environ.get("TORCH_PY", "/opt/torch/.venv/bin/python3")
+CARRY = os.path.abspath(os.environ.get("GPUSLICE_CARRY", ".device-carry"))
+GPUSLICE = os.path.join(CARRY, "gpuslice")
+T0 = time.time()
+BUDGET = float(os.environ.get("INTEGRITY_BUDGET_S", "330"))
+CACHE = "/tmp/gpuslice-integrity-inductor"
+R = {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+     "steps": {}, "errors": []}
+
+WORKER = r'''
+import json, os, sys, time, torch
+torch.backends.cuda.matmul.allow_tf32 = True
+dev = torch.device("cuda")
+what, secs = sys.argv[1], float(sys.argv[2])
+out = {"what": what, "uid": os.getuid(), "ld_preload": os.environ.get("LD_PRELOAD", ""),
+       "gpuslice_env": sorted(k for k in os.environ if k.startswith("GPUSLICE_"))}
+
+def timed(step, secs, warm=0.5):
+    t = time.perf_counter()
+    while time.perf_counter() - t < warm:
+        step(); torch.cuda.synchronize()
+    n, t = 0, time.perf_counter()
+    while time.perf_counter() - t < secs:
+        step(); n += 1
+        if n % 8 == 0:
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    return n / (time.perf_counter() - t)
+
+if what == "alloc":
+    free, total = torch.cuda.mem_get_info()
+    out["mem_get_info_total_gib"] = total / 2**30
+    held, gib = [], 0
+    try:
+        for _ in range(40):
+            held.append(torch.empty(2**30, dtype=torch.uint8, device=dev)); gib += 1
+    except torch.cuda.OutOfMemoryError:
+        pass
+    out["allocated_gib_before_oom"] = gib
+    del held; torch.cuda.empty_cache()
+    x = torch.randn(32 << 20, device=dev, dtype=torch.bfloat16)
+    out["small_per_s"] = timed(lambda: [x.mul_(1.0) for _ in range(16)], secs)
+elif what == "small":
+    x = torch.randn(32 << 20, device=dev, dtype=torch.bfloat16)
+    out["small_per_s"] = timed(lambda: [x.mul_(1.0) for _ in range(16)], secs)
+elif what == "gemm":
+    a = torch.randn(4096, 4096, device=dev, dtype=torch.bfloat16)
+    b = torch.randn(4096, 4096, device=dev, dtype=torch.bfloat16)
+    out["gemm_per_s"] = timed(lambda: torch.matmul(a, b), secs)
+elif what in ("gpt-eager", "gpt-compile"):
+    import torch.nn as nn, torch.nn.functional as F
+    V, T, D, H, L, B = 8192, 256, 512, 8, 6, 16
+    class Block(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.ln1, s.ln2 = nn.LayerNorm(D), nn.LayerNorm(D)
+            s.qkv, s.proj = nn.Linear(D, 3 * D), nn.Linear(D, D)
+            s.mlp = nn.Sequential(nn.Linear(D, 4 * D), nn.GELU(), nn.Linear(4 * D, D))
+        def forward(s, x):
+            q, k, v = s.qkv(s.ln1(x)).view(B, T, 3, H, D // H).permute(2, 0, 3, 1, 4)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + s.proj(y.transpose(1, 2).reshape(B, T, D))
+            return x + s.mlp(s.ln2(x))
+    class GPT(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.tok, s.pos = nn.Embedding(V, D), nn.Embedding(T, D)
+            s.blocks = nn.ModuleList(Block() for _ in range(L))
+            s.ln, s.head = nn.LayerNorm(D), nn.Linear(D, V, bias=False)
+        def forward(s, idx):
+            x = s.tok(idx) + s.pos(torch.arange(T, device=idx.device))
+            for b in s.blocks:
+                x = b(x)
+            return s.head(s.ln(x))
+    torch.manual_seed(0)
+    model = GPT().to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    fwd = torch.compile(model) if what == "gpt-compile" else model
+    data = torch.randint(0, V, (B, T + 1), device=dev)
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = fwd(data[:, :-1])
+            loss = F.cross_entropy(logits.reshape(-1, V), data[:, 1:].reshape(-1))
+        loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+    t = time.perf_counter()
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    out["warmup_s"] = time.perf_counter() - t
+    out["steps_per_s"] = timed(step, secs, warm=1.0)
+print("RESULT " + json.dumps(out), flush=True)
+'''
+
+
+def left():
+    return BUDGET - (time.time() - T0)
+
+
+def save():
+    R["elapsed_s"] = round(time.time() - T0, 1)
+    with open(os.path.join(OUT, "integrity.json.tmp"), "w") as f:
+        json.dump(R, f, indent=1)
+    os.replace(os.path.join(OUT, "integrity.json.tmp"), os.path.join(OUT, "integrity.json"))
+
+
+def results(text):
+    return [json.loads(l[7:]) for l in text.splitlines() if l.startswith("RESULT ")]
+
+
+def worker(what, secs):
+    return [PY, "-c", WORKER, what, str(secs)]
+
+
+def bare(what, secs, timeout=120):
+    p = subprocess.run(worker(what, secs), capture_output=True, text=True, timeout=timeout,
+                       env=dict(os.environ, TORCHINDUCTOR_CACHE_DIR=CACHE))
+    r = results(p.stdout)
+    if not r:
+        raise RuntimeError(f"bare {what}: rc {p.returncode}: {p.stderr[-800:]}")
+    return r[0]
+
+
+def sliced(limits, argv_tail, timeout):
+    cmd = [GPUSLICE, "run", "--gpus", "0"] + limits + ["--"] + argv_tail
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), cmd
+
+
+def finish(p, timeout):
+    out, err = p.communicate(timeout=timeout)
+    return results(out), p.returncode, err[-1500:]
+
+
+def step_env():
+    secs = 4
+    base = bare("small", secs)
+    shq = lambda a: "'" + a.replace("'", "'\\''") + "'"
+    w = " ".join(shq(a) for a in worker("alloc", secs))
+    script = (f"env -i PATH=/usr/bin:/bin {w}; "
+              f"su -s /bin/sh nobody -c {shq('env -i PATH=/usr/bin:/bin HOME=/tmp ' + w)}")
+    p, cmd = sliced(["--memory", "20GiB", "--compute", "30"], ["sh", "-c", script], 150)
+    got, rc, err = finish(p, 150)
+    R["steps"]["env"] = {"command": cmd, "rc": rc, "stderr_tail": err, "bare_small_per_s": base["small_per_s"],
+                         "runs": [dict(r, share=r["small_per_s"] / base["small_per_s"]) for r in got],
+                         "want": "2 runs (root env -i, nobody env -i), each allocated_gib_before_oom <= 20, "
+                                 "mem_get_info_total_gib <= 20, share 0.30 +- 0.02, gpuslice_env empty"}
+
+
+def forge_board(stop, uuid):
+    """Forges 24 busy slots claiming 100 % on the GPU's board, as a tenant could."""
+    path = f"/run/gpuslice/gpus/{uuid}.board"
+    deadline = time.time() + 30
+    while not os.path.exists(path) and time.time() < deadline and not stop.is_set():
+        time.sleep(0.05)
+    with open(path, "r+b") as f:
+        m = mmap.mmap(f.fileno(), 0)
+        keys = [random.getrandbits(63) | 1 for _ in range(24)]
+        while not stop.is_set():
+            now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+            for i, k in enumerate(keys):
+                off = 64 + (40 + i) * 64
+                busy = struct.unpack_from("<Q", m, off + 24)[0]
+                struct.pack_into("<QQQQQ", m, off, k, 10000, 0, busy + 20_000_000, now)
+            time.sleep(0.02)
+        m.close()
+
+
+def gpu_uuid():
+    return subprocess.run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader", "-i", "0"],
+                          capture_output=True, text=True).stdout.strip()
+
+
+def step_forge():
+    secs = 6
+    base = bare("small", secs)
+    p, cmd = sliced(["--compute", "30"], worker("small", secs), 60)
+    alone, rc1, err1 = finish(p, 60)
+    stop = threading.Event()
+    t = threading.Thread(target=forge_board, args=(stop, gpu_uuid()), daemon=True)
+    p, _ = sliced(["--compute", "30"], worker("small", secs), 60)
+    t.start()
+    forged, rc2, err2 = finish(p, 60)
+    stop.set()
+    t.join(5)
+    a = alone[0]["small_per_s"] / base["small_per_s"] if alone else None
+    b = forged[0]["small_per_s"] / base["small_per_s"] if forged else None
+    R["steps"]["forge"] = {"command": cmd, "rc": [rc1, rc2], "stderr_tail": err1 + err2,
+                           "bare_small_per_s": base["small_per_s"], "share_alone": a, "share_beside_forger": b,
+                           "points_apart": None if a is None or b is None else round(100 * abs(a - b), 2),
+                           "want": "points_apart <= 1"}
+
+
+def step_pair():
+    secs = 8
+    pa, cmd = sliced(["--compute", "30"], worker("gemm", secs), 90)
+    pb, _ = sliced(["--compute", "70"], worker("gemm", secs), 90)
+    a, _, ea = finish(pa, 90)
+    b, _, eb = finish(pb, 90)
+    ratio = a[0]["gemm_per_s"] / b[0]["gemm_per_s"] if a and b else None
+    R["steps"]["pair"] = {"command": cmd, "a_gemm_per_s": a[0]["gemm_per_s"] if a else None,
+                          "b_gemm_per_s": b[0]["gemm_per_s"] if b else None, "ratio": ratio,
+                          "off_3_7_percent": None if ratio is None else round(100 * abs(ratio / (3 / 7) - 1), 2),
+                          "stderr_tail": ea + eb, "want": "off_3_7_percent <= 2"}
+
+
+def step_gpt(kind):
+    secs = 10
+    base = bare(kind, secs, timeout=240)
+    p, cmd = sliced(["--compute", "50"], ["env", f"TORCHINDUCTOR_CACHE_DIR={CACHE}"] + worker(kind, secs), 240)
+    got, rc, err = finish(p, 240)
+    R["steps"][kind] = {"command": cmd, "rc": rc, "stderr_tail": err, "bare": base,
+                        "sliced": got[0] if got else None,
+                        "ratio": got[0]["steps_per_s"] / base["steps_per_s"] if got else None,
+                        "want": "ratio 0.50 +- 0.02"}
+
+
+def main():
+    try:
+        R["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,name", "--format=csv,noheader"],
+                                     capture_output=True, text=True).stdout.strip()
+    except OSError as e:
+        R["errors"].append(repr(e))
+    steps = [("env", step_env, 60), ("forge", step_forge, 50), ("pair", step_pair, 30),
+             ("gpt-eager", lambda: step_gpt("gpt-eager"), 60), ("gpt-compile", lambda: step_gpt("gpt-compile"), 120)]
+    for name, fn, need in steps:
+        if left() < need:
+            R["errors"].append(f"{name}: skipped, {left():.0f} s left of the budget")
+            continue
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001
+            R["errors"].append(f"{name}: {e!r}")
+        save()
+    save()
+
+
+if __name__ == "__main__":
+    main()
