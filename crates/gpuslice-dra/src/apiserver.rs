@@ -7,9 +7,9 @@
 //! It does not speak TLS: in-cluster access with the service account's
 //! CA and token (kube-rs) is not done yet (docs/dra.md).
 
-use http_body_util::{BodyExt, Empty};
+use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
-use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use std::time::Duration;
 use thiserror::Error;
 
@@ -31,7 +31,7 @@ pub enum ApiError {
     Url(String),
 }
 
-/// The calls the driver makes (later: ResourceSlice create/update/delete).
+/// The claim calls the driver makes.
 #[tonic::async_trait]
 pub trait ClaimSource: Send + Sync {
     /// `GET /apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}`.
@@ -62,6 +62,15 @@ impl HttpApi {
     }
 
     async fn get(&self, path: &str) -> Result<(u16, Bytes), String> {
+        self.send(hyper::Method::GET, path, None).await
+    }
+
+    async fn send(
+        &self,
+        method: hyper::Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<(u16, Bytes), String> {
         let stream = tokio::net::TcpStream::connect(&self.authority)
             .await
             .map_err(|e| e.to_string())?;
@@ -70,13 +79,20 @@ impl HttpApi {
                 .await
                 .map_err(|e| e.to_string())?;
         tokio::spawn(conn);
-        let mut req = hyper::Request::get(path)
+        let mut req = hyper::Request::builder()
+            .method(method)
+            .uri(path)
             .header(hyper::header::HOST, &self.authority)
             .header(hyper::header::ACCEPT, "application/json");
         if let Some(t) = &self.token {
             req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {t}"));
         }
-        let req = req.body(Empty::<Bytes>::new()).map_err(|e| e.to_string())?;
+        if body.is_some() {
+            req = req.header(hyper::header::CONTENT_TYPE, "application/json");
+        }
+        let req = req
+            .body(Full::new(Bytes::from(body.unwrap_or_default())))
+            .map_err(|e| e.to_string())?;
         let resp = tx.send_request(req).await.map_err(|e| e.to_string())?;
         let status = resp.status().as_u16();
         let body = resp
@@ -133,4 +149,127 @@ impl ClaimSource for HttpApi {
             }),
         }
     }
+}
+
+/// What a ResourceSlice write can meet besides success.
+#[derive(Debug, Error)]
+pub enum SliceWriteError {
+    /// 409: the object changed since it was read (a stale
+    /// `resourceVersion`), or a create met one of that name.
+    #[error("resourceslice {0}: conflict: {1}")]
+    Conflict(String, String),
+    #[error(transparent)]
+    Api(#[from] ApiError),
+}
+
+/// The ResourceSlice calls of the publisher (cluster-scoped objects).
+#[tonic::async_trait]
+pub trait SliceApi: Send + Sync {
+    /// `GET /apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName=<node>,spec.driver=<driver>`.
+    async fn list_slices(&self, node: &str, driver: &str) -> Result<Vec<ResourceSlice>, ApiError>;
+    /// `POST /apis/resource.k8s.io/v1/resourceslices`.
+    async fn create_slice(&self, s: &ResourceSlice) -> Result<ResourceSlice, SliceWriteError>;
+    /// `PUT /apis/resource.k8s.io/v1/resourceslices/{name}`, conditional on
+    /// the object's `metadata.resourceVersion`.
+    async fn update_slice(&self, s: &ResourceSlice) -> Result<ResourceSlice, SliceWriteError>;
+    /// `DELETE /apis/resource.k8s.io/v1/resourceslices/{name}` (gone already is fine).
+    async fn delete_slice(&self, name: &str) -> Result<(), ApiError>;
+}
+
+/// The collection path of ResourceSlices.
+pub const SLICES_PATH: &str = "/apis/resource.k8s.io/v1/resourceslices";
+
+impl HttpApi {
+    async fn call(
+        &self,
+        method: hyper::Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<(u16, Bytes), ApiError> {
+        let url = format!("http://{}{path}", self.authority);
+        tokio::time::timeout(self.timeout, self.send(method, path, body))
+            .await
+            .map_err(|_| ApiError::Transport {
+                url: url.clone(),
+                why: format!("no answer in {:?}", self.timeout),
+            })?
+            .map_err(|why| ApiError::Transport { url, why })
+    }
+
+    fn status_error(&self, path: &str, status: u16, body: &[u8]) -> ApiError {
+        ApiError::Status {
+            url: format!("http://{}{path}", self.authority),
+            status,
+            body: String::from_utf8_lossy(body).chars().take(200).collect(),
+        }
+    }
+
+    async fn write_slice(
+        &self,
+        method: hyper::Method,
+        path: &str,
+        s: &ResourceSlice,
+    ) -> Result<ResourceSlice, SliceWriteError> {
+        let name = s.metadata.name.clone().unwrap_or_default();
+        let body = serde_json::to_vec(s).map_err(|e| ApiError::Decode {
+            url: path.into(),
+            why: e.to_string(),
+        })?;
+        let (status, bytes) = self.call(method, path, Some(body)).await?;
+        match status {
+            200 | 201 => serde_json::from_slice(&bytes).map_err(|e| {
+                SliceWriteError::Api(ApiError::Decode {
+                    url: path.into(),
+                    why: e.to_string(),
+                })
+            }),
+            409 => Err(SliceWriteError::Conflict(name, status_message(&bytes))),
+            st => Err(self.status_error(path, st, &bytes).into()),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl SliceApi for HttpApi {
+    async fn list_slices(&self, node: &str, driver: &str) -> Result<Vec<ResourceSlice>, ApiError> {
+        let path =
+            format!("{SLICES_PATH}?fieldSelector=spec.nodeName%3D{node}%2Cspec.driver%3D{driver}");
+        let (status, bytes) = self.call(hyper::Method::GET, &path, None).await?;
+        if status != 200 {
+            return Err(self.status_error(&path, status, &bytes));
+        }
+        let list: k8s_openapi::List<ResourceSlice> =
+            serde_json::from_slice(&bytes).map_err(|e| ApiError::Decode {
+                url: path.clone(),
+                why: e.to_string(),
+            })?;
+        Ok(list.items)
+    }
+
+    async fn create_slice(&self, s: &ResourceSlice) -> Result<ResourceSlice, SliceWriteError> {
+        self.write_slice(hyper::Method::POST, SLICES_PATH, s).await
+    }
+
+    async fn update_slice(&self, s: &ResourceSlice) -> Result<ResourceSlice, SliceWriteError> {
+        let name = s.metadata.name.as_deref().unwrap_or_default();
+        self.write_slice(hyper::Method::PUT, &format!("{SLICES_PATH}/{name}"), s)
+            .await
+    }
+
+    async fn delete_slice(&self, name: &str) -> Result<(), ApiError> {
+        let path = format!("{SLICES_PATH}/{name}");
+        let (status, bytes) = self.call(hyper::Method::DELETE, &path, None).await?;
+        match status {
+            200 | 202 | 404 => Ok(()),
+            st => Err(self.status_error(&path, st, &bytes)),
+        }
+    }
+}
+
+/// The `message` of a `metav1.Status` body, else the body's start.
+fn status_message(body: &[u8]) -> String {
+    serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v["message"].as_str().map(str::to_string))
+        .unwrap_or_else(|| String::from_utf8_lossy(body).chars().take(200).collect())
 }

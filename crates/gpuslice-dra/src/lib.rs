@@ -9,14 +9,18 @@
 //! exactly the consumed memory and compute ([`driver`]) and checkpoints it
 //! on disk ([`checkpoint`]) so that a restarted plugin still knows it.
 //!
-//! Not here yet (docs/dra.md): publishing ResourceSlices, health and
-//! hot-plug re-publication, the deployment manifests.
+//! The node's devices are published as ResourceSlices ([`publish`]):
+//! whole GPUs, pre-created MIG devices, and per GPU a shared device with
+//! consumable `memory` and `compute`.
+//!
+//! Not here yet (docs/dra.md): health and hot-plug re-publication.
 
 pub mod apiserver;
 pub mod checkpoint;
 pub mod claim;
 pub mod daemon;
 pub mod driver;
+pub mod publish;
 pub mod quantity;
 pub mod server;
 

@@ -535,3 +535,55 @@ async fn a_shared_claim_without_the_shim_is_refused() {
     );
     assert!(!spec_path(&e.cdi_dir(), "uid-a").exists());
 }
+
+#[tokio::test]
+async fn several_claims_on_one_gpu_each_get_their_own_slice() {
+    let e = Env::new().await;
+    let _s = e.start(true);
+    let mut k = e.kubelet().await;
+    e.api
+        .put_claim(shared_claim("ns", "a", "uid-a", NODE, 1, "20Gi", "30"));
+    e.api
+        .put_claim(shared_claim("ns", "b", "uid-b", NODE, 1, "40Gi", "60"));
+    // Prepared in one call and in two: each its own spec, device and record.
+    let r = prepare(&mut k, &[("ns", "a", "uid-a"), ("ns", "b", "uid-b")]).await;
+    let uuid = host().gpus()[1].uuid.clone();
+    for (uid, gib, pct) in [("uid-a", 20, 30), ("uid-b", 40, 60)] {
+        let got = &r.claims[uid];
+        assert_eq!(got.error, "", "{uid}");
+        assert_eq!(
+            got.devices[0].cdi_device_ids,
+            [format!("gpuslice.dev/claim={uid}-0")]
+        );
+        let spec = e.spec(uid);
+        let devices = spec["devices"].as_array().unwrap();
+        assert_eq!(devices.len(), 1, "{uid}: only its own slice");
+        let rec = limits_record(&devices[0]);
+        assert_eq!(rec.slice_id, format!("{uid}-0"));
+        assert_eq!(rec.devices.len(), 1);
+        assert_eq!(rec.devices[0].uuid, uuid);
+        assert_eq!(rec.devices[0].memory, Some(MemorySize(gib * GIB)));
+        assert_eq!(
+            rec.devices[0].compute,
+            ComputeShare::from_basis_points(pct * 100)
+        );
+    }
+    // The two records are different files: unpreparing one keeps the other.
+    let u = unprepare(&mut k, &[("ns", "a", "uid-a")]).await;
+    assert_eq!(u.claims["uid-a"].error, "");
+    assert!(!limits_record_path(&e.cdi_dir(), "uid-a-0").exists());
+    let rec = limits_record(&e.spec("uid-b")["devices"][0]);
+    assert_eq!(rec.devices[0].memory, Some(MemorySize(40 * GIB)));
+    // Over capacity with what is left: 40 Gi/60 % held, 30 Gi/50 % refused.
+    e.api
+        .put_claim(shared_claim("ns", "c", "uid-c", NODE, 1, "30Gi", "50"));
+    let r = prepare(&mut k, &[("ns", "c", "uid-c")]).await;
+    assert!(
+        r.claims["uid-c"]
+            .error
+            .contains("compute 50 % requested, 60 % already prepared"),
+        "{:?}",
+        r.claims["uid-c"]
+    );
+    assert!(!limits_record_path(&e.cdi_dir(), "uid-c-0").exists());
+}
