@@ -1,18 +1,26 @@
 //! `gpuslice dra`'s lifecycle: build the driver on the discovered GPUs,
-//! serve it, and stop on SIGTERM or SIGINT (removing the sockets, so the
-//! kubelet sees the plugin go). The checkpoint and the claims' CDI specs
-//! stay: a restarted plugin takes them up again.
+//! serve it, publish the node's ResourceSlices (again every
+//! [`RESYNC`], which also puts right slices changed or deleted behind its
+//! back), and stop on SIGTERM or SIGINT (removing the sockets, so the
+//! kubelet sees the plugin go). The checkpoint, the claims' CDI specs and
+//! the ResourceSlices stay: a restarted plugin takes them up again.
 
 use crate::apiserver::HttpApi;
 use crate::driver::{Driver, Options};
+use crate::publish::{devices, publish, SharedPolicy};
 use crate::server::{serve, Sockets};
 use anyhow::{Context, Result};
 use std::sync::Arc;
+use std::time::Duration;
+
+/// How often the published slices are compared with what should be there.
+pub const RESYNC: Duration = Duration::from_secs(60);
 
 pub struct DaemonOptions {
     pub driver: Options,
     pub sockets: Sockets,
     pub api: HttpApi,
+    pub policy: SharedPolicy,
 }
 
 pub fn run(opts: DaemonOptions) -> Result<()> {
@@ -21,8 +29,11 @@ pub fn run(opts: DaemonOptions) -> Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
+    opts.policy.validate()?;
+    let offered = devices(&opts.driver.inventory, &opts.policy);
+    let (driver_name, node) = (opts.driver.driver_name.clone(), opts.driver.pool.clone());
     rt.block_on(async move {
-        let driver = Arc::new(Driver::new(opts.driver, api)?);
+        let driver = Arc::new(Driver::new(opts.driver, api.clone())?);
         let prepared = driver.prepared().await.len();
         let served = serve(driver, &opts.sockets)?;
         tracing::info!(
@@ -32,9 +43,24 @@ pub fn run(opts: DaemonOptions) -> Result<()> {
             served.registration_socket.display()
         );
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        let publisher = async {
+            loop {
+                match publish(api.as_ref(), &driver_name, &node, &offered).await {
+                    Ok(p) if p.changed => tracing::info!(
+                        "published {} devices in pool {node}, generation {}",
+                        offered.len(),
+                        p.generation
+                    ),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!("publishing ResourceSlices: {e}"),
+                }
+                tokio::time::sleep(RESYNC).await;
+            }
+        };
         tokio::select! {
             _ = term.recv() => {}
             _ = tokio::signal::ctrl_c() => {}
+            _ = publisher => {}
         }
         drop(served);
         anyhow::Ok(())

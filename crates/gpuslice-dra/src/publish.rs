@@ -67,10 +67,10 @@ pub enum PolicyError {
 
 impl SharedPolicy {
     pub fn validate(&self) -> Result<(), PolicyError> {
-        if self.memory_step == 0 || self.memory_step % MIB != 0 {
+        if self.memory_step == 0 || !self.memory_step.is_multiple_of(MIB) {
             return Err(PolicyError::Step(self.memory_step));
         }
-        if self.memory_default == 0 || self.memory_default % self.memory_step != 0 {
+        if self.memory_default == 0 || !self.memory_default.is_multiple_of(self.memory_step) {
             return Err(PolicyError::MemoryDefault(
                 self.memory_default,
                 self.memory_step,

@@ -11,11 +11,13 @@
 //!   the DRA service (v1 and v1beta1), for the DRA driver's tests.
 //! - [`fakeapi`]: `FakeApiServer`, a test double of the few kube-apiserver
 //!   endpoints the DRA driver uses.
+//! - [`manifests`]: deploy/ manifests checked against k8s-openapi's types.
 //! - Helper binaries the tests spawn ([`built`]): `gpuslice-ledger-exercise`.
 
 pub mod dra_kubelet;
 pub mod fakeapi;
 pub mod kubelet;
+pub mod manifests;
 
 use std::path::PathBuf;
 

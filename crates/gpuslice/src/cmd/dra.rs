@@ -1,6 +1,6 @@
 //! `gpuslice dra`: the DRA kubelet plugin (gpuslice-dra). It registers
 //! with the kubelet's plugin watcher and prepares claims into slices with
-//! one CDI spec each. It does not publish ResourceSlices yet (docs/dra.md).
+//! one CDI spec each, and publishes the node's ResourceSlices (docs/dra.md).
 
 use anyhow::{Context, Result};
 use clap::Args;
@@ -9,7 +9,9 @@ use gpuslice_core::HostRoot;
 use gpuslice_dra::apiserver::HttpApi;
 use gpuslice_dra::daemon::{self, DaemonOptions};
 use gpuslice_dra::driver::Options;
+use gpuslice_dra::publish::SharedPolicy;
 use gpuslice_dra::server::Sockets;
+use gpuslice_ledger::limits::MemorySize;
 use std::path::PathBuf;
 
 use crate::global::Global;
@@ -60,6 +62,18 @@ pub struct DraArgs {
     /// Write CDI host paths relative to --host-root (the plugin runs in a pod with the host mounted there).
     #[arg(long)]
     pub strip_host_root: bool,
+
+    /// Shared devices: memory is requested in multiples of this (a multiple of 1MiB).
+    #[arg(long, value_name = "SIZE", default_value = "1MiB")]
+    pub memory_step: MemorySize,
+
+    /// Shared devices: the memory a request that names none consumes.
+    #[arg(long, value_name = "SIZE", default_value = "1GiB")]
+    pub memory_default: MemorySize,
+
+    /// Shared devices: the compute (percent) a request that names none consumes.
+    #[arg(long, value_name = "PERCENT", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub compute_default: u32,
 }
 
 pub fn run(global: &Global, args: &DraArgs) -> Result<i32> {
@@ -74,6 +88,12 @@ pub fn run(global: &Global, args: &DraArgs) -> Result<i32> {
         None => None,
     };
     let api = HttpApi::new(&args.api_server, token)?;
+    let policy = SharedPolicy {
+        memory_step: args.memory_step.0,
+        memory_default: args.memory_default.0,
+        compute_default: args.compute_default,
+    };
+    policy.validate()?;
     let host_root = HostRoot::new(&global.host_root);
     let inventory =
         discover(&host_root, &DiscoverOptions::default()).context("discovering the GPUs")?;
@@ -97,6 +117,7 @@ pub fn run(global: &Global, args: &DraArgs) -> Result<i32> {
             registry_dir: args.registry_dir.clone(),
         },
         api,
+        policy,
     })?;
     Ok(0)
 }
