@@ -234,3 +234,88 @@ fn the_daemonset_gives_the_plugin_the_kubelets_directories() {
         assert!(mounts.contains(want), "{want}");
     }
 }
+
+/// `kubernetes-validate` (PyPI; it ships the upstream OpenAPI schemas):
+/// `$KUBERNETES_VALIDATE`, else on PATH.
+fn kubernetes_validate() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("KUBERNETES_VALIDATE") {
+        return Some(PathBuf::from(p));
+    }
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join("kubernetes-validate"))
+            .find(|p| p.is_file())
+    })
+}
+
+/// Validates `files` against the Kubernetes 1.36 schemas, strictly
+/// (unknown fields are errors); the tool's output on failure.
+fn validate(tool: &Path, files: &[PathBuf]) -> Result<(), String> {
+    let out = std::process::Command::new(tool)
+        .args(["-k", "1.36.0", "--strict", "--quiet"])
+        .args(files)
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e}", tool.display()));
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+#[test]
+fn upstream_1_36_schemas_accept_the_manifests_and_the_published_slices() {
+    let tool = kubernetes_validate();
+    let unmet = tool
+        .is_none()
+        .then(|| "kubernetes-validate not found (pip install kubernetes-validate, or set $KUBERNETES_VALIDATE)".to_string());
+    if !gpuslice_testkit::precondition(
+        "upstream_1_36_schemas_accept_the_manifests_and_the_published_slices",
+        unmet,
+    ) {
+        return;
+    }
+    let tool = tool.unwrap();
+    validate(&tool, &files()).unwrap_or_else(|e| panic!("deploy/dra: {e}"));
+
+    // What the publisher writes, on a host with whole, shared and MIG devices.
+    let host = fakegpu::FakeHost::builder()
+        .gpus(3)
+        .mig(2, 2)
+        .build()
+        .unwrap();
+    std::env::set_var("FAKEGPU_ROOT", host.root());
+    let inv = gpuslice_core::discover::discover(
+        &gpuslice_core::HostRoot::new(host.root()),
+        &gpuslice_core::discover::DiscoverOptions {
+            nvml_lib: Some(host.nvml_lib()),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let d = devices(&inv, &SharedPolicy::default());
+    let dir = tempfile::tempdir().unwrap();
+    let mut written = Vec::new();
+    for (i, s) in gpuslice_dra::publish::slices(gpuslice_dra::DRIVER_NAME, "node-a", 1, &d)
+        .iter()
+        .enumerate()
+    {
+        let f = dir.path().join(format!("slice-{i}.json"));
+        std::fs::write(&f, serde_json::to_vec_pretty(s).unwrap()).unwrap();
+        written.push(f);
+    }
+    validate(&tool, &written).unwrap_or_else(|e| panic!("published ResourceSlice: {e}"));
+
+    // The check can fail: a field 1.36 does not have is refused.
+    let mut bad: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&written[0]).unwrap()).unwrap();
+    bad["spec"]["devices"][0]["sharable"] = true.into();
+    let f = dir.path().join("bad.json");
+    std::fs::write(&f, bad.to_string()).unwrap();
+    let e = validate(&tool, &[f]).unwrap_err();
+    assert!(e.contains("sharable"), "{e}");
+}
