@@ -12,12 +12,14 @@
 //! - [`fakeapi`]: `FakeApiServer`, a test double of the few kube-apiserver
 //!   endpoints the DRA driver uses.
 //! - [`manifests`]: deploy/ manifests checked against k8s-openapi's types.
+//! - [`podman`]: a real container runtime for the CDI tests.
 //! - Helper binaries the tests spawn ([`built`]): `gpuslice-ledger-exercise`.
 
 pub mod dra_kubelet;
 pub mod fakeapi;
 pub mod kubelet;
 pub mod manifests;
+pub mod podman;
 
 use std::path::PathBuf;
 
