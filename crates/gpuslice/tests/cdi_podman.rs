@@ -47,6 +47,15 @@ fn podman_runs_containers_with_the_generated_spec() {
         cdi_dir.join("gpuslice-params"),
         cdi_dir.join("gpuslice-ld.so.preload"),
     ];
+    // The shared variants' limits records, written beside the spec.
+    for gpu in 0..4 {
+        for n in [2, 4] {
+            image.files.push(gpuslice_k8s::cdi::limits_record_path(
+                cdi_dir,
+                &format!("{gpu}-shared-{n}"),
+            ));
+        }
+    }
 
     let one = image.run("gpuslice.dev/gpu=1", "ls /dev; echo ---; env");
     assert!(one.status.success(), "{one:?}");
