@@ -1,13 +1,13 @@
 //! `gpuslice dra`'s lifecycle: build the driver on the discovered GPUs,
-//! serve it, publish the node's ResourceSlices (again every
-//! [`RESYNC`], which also puts right slices changed or deleted behind its
-//! back), and stop on SIGTERM or SIGINT (removing the sockets, so the
+//! serve it, publish the node's ResourceSlices (again on every health
+//! change, as the device plugin sees XIDs, and every [`RESYNC`], which also
+//! puts right slices changed or deleted behind its back), and stop on SIGTERM or SIGINT (removing the sockets, so the
 //! kubelet sees the plugin go). The checkpoint, the claims' CDI specs and
 //! the ResourceSlices stay: a restarted plugin takes them up again.
 
 use crate::apiserver::HttpApi;
 use crate::driver::{Driver, Options};
-use crate::publish::{devices, publish, SharedPolicy};
+use crate::publish::{follow, SharedPolicy};
 use crate::server::{serve, Sockets};
 use anyhow::{Context, Result};
 use std::sync::Arc;
@@ -30,7 +30,8 @@ pub fn run(opts: DaemonOptions) -> Result<()> {
         .build()
         .context("starting the async runtime")?;
     opts.policy.validate()?;
-    let offered = devices(&opts.driver.inventory, &opts.policy);
+    let inventory = opts.driver.inventory.clone();
+    let health = gpuslice_k8s::plugin::config::Health::default();
     let (driver_name, node) = (opts.driver.driver_name.clone(), opts.driver.pool.clone());
     rt.block_on(async move {
         let driver = Arc::new(Driver::new(opts.driver, api.clone())?);
@@ -43,20 +44,19 @@ pub fn run(opts: DaemonOptions) -> Result<()> {
             served.registration_socket.display()
         );
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        let publisher = async {
-            loop {
-                match publish(api.as_ref(), &driver_name, &node, &offered).await {
-                    Ok(p) if p.changed => tracing::info!(
-                        "published {} devices in pool {node}, generation {}",
-                        offered.len(),
-                        p.generation
-                    ),
-                    Ok(_) => {}
-                    Err(e) => tracing::warn!("publishing ResourceSlices: {e}"),
-                }
-                tokio::time::sleep(RESYNC).await;
-            }
-        };
+        // Health: the device plugin's XID watcher (NVML events); without
+        // NVML every GPU stays healthy.
+        let (tx, rx) = tokio::sync::watch::channel(Default::default());
+        let _watcher = gpuslice_k8s::plugin::health::start(&inventory, &health, None, tx);
+        let publisher = follow(
+            api.as_ref(),
+            &driver_name,
+            &node,
+            &inventory,
+            &opts.policy,
+            rx,
+            RESYNC,
+        );
         tokio::select! {
             _ = term.recv() => {}
             _ = tokio::signal::ctrl_c() => {}

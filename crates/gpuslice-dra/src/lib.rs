@@ -13,7 +13,8 @@
 //! whole GPUs, pre-created MIG devices, and per GPU a shared device with
 //! consumable `memory` and `compute`.
 //!
-//! Not here yet (docs/dra.md): health and hot-plug re-publication.
+//! An unhealthy GPU (critical XID) leaves the pool until it recovers.
+//! Not here yet (docs/dra.md): hot-plug re-publication.
 
 pub mod apiserver;
 pub mod checkpoint;

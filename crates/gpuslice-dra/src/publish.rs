@@ -416,6 +416,61 @@ async fn publish_once(
     })
 }
 
+/// The devices of the GPUs not in `unhealthy` (indexes): an unhealthy
+/// GPU leaves the pool, all its devices with it, until it recovers.
+pub fn healthy_devices(
+    inv: &Inventory,
+    policy: &SharedPolicy,
+    unhealthy: &std::collections::BTreeSet<u32>,
+) -> Vec<Device> {
+    let mut healthy = inv.clone();
+    healthy.gpus.retain(|g| !unhealthy.contains(&g.index));
+    devices(&healthy, policy)
+}
+
+/// Keeps the pool published: at once, on every health change (`health`:
+/// the device plugin's XID watcher, `gpuslice_k8s::plugin::health`), and
+/// every `resync` (which also puts right what others changed). Runs until
+/// the health sender is dropped; errors are logged and retried at the next
+/// turn.
+pub async fn follow(
+    api: &dyn SliceApi,
+    driver: &str,
+    node: &str,
+    inv: &Inventory,
+    policy: &SharedPolicy,
+    mut health: tokio::sync::watch::Receiver<gpuslice_k8s::plugin::health::Snapshot>,
+    resync: std::time::Duration,
+) {
+    loop {
+        let unhealthy: std::collections::BTreeSet<u32> = health
+            .borrow_and_update()
+            .unhealthy
+            .keys()
+            .copied()
+            .collect();
+        let d = healthy_devices(inv, policy, &unhealthy);
+        match publish(api, driver, node, &d).await {
+            Ok(p) if p.changed => tracing::info!(
+                "published {} devices in pool {node}, generation {} ({} GPUs unhealthy)",
+                d.len(),
+                p.generation,
+                unhealthy.len()
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::warn!("publishing ResourceSlices: {e}"),
+        }
+        tokio::select! {
+            changed = health.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+            _ = tokio::time::sleep(resync) => {}
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
