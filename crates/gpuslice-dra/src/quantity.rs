@@ -1,5 +1,5 @@
-//! Kubernetes resource quantities (`20Gi`, `30`, `1.5G`) as integers, for
-//! the capacities a claim consumed.
+//! Kubernetes resource quantities (`20Gi`, `30`, `1.5G`, `20e9`) as
+//! integers, for the capacities a claim consumed.
 
 use thiserror::Error;
 
@@ -35,10 +35,14 @@ pub fn parse_integer(text: &str) -> Result<u64, QuantityError> {
         why,
     };
     let t = text.trim();
-    let (num, mul, div) = SUFFIXES
-        .iter()
-        .find_map(|(s, m, d)| t.strip_suffix(s).map(|n| (n, *m, *d)))
-        .unwrap_or((t, 1, 1));
+    let (num, mul, div) = match decimal_exponent(t) {
+        Some((n, e)) if e >= 0 => (n, 10u128.pow(e as u32), 1),
+        Some((n, e)) => (n, 1, 10u128.pow(e.unsigned_abs())),
+        None => SUFFIXES
+            .iter()
+            .find_map(|(s, m, d)| t.strip_suffix(s).map(|n| (n, *m, *d)))
+            .unwrap_or((t, 1, 1)),
+    };
     let (int, frac) = num.split_once('.').unwrap_or((num, ""));
     let digits_ok = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
     if int.is_empty() && frac.is_empty() || !digits_ok(int) || !digits_ok(frac) {
@@ -59,6 +63,19 @@ pub fn parse_integer(text: &str) -> Result<u64, QuantityError> {
     u64::try_from(num / den).map_err(|_| err("too large"))
 }
 
+/// `<number>e<exponent>` / `<number>E<exponent>` (a quantity's decimal
+/// exponent form, `20e9`, `3E-1`), the exponent at most 18 either way.
+fn decimal_exponent(t: &str) -> Option<(&str, i32)> {
+    let at = t.find(['e', 'E'])?;
+    let (num, exp) = (&t[..at], &t[at + 1..]);
+    let digits = exp.strip_prefix(['+', '-']).unwrap_or(exp);
+    if num.is_empty() || digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let e: i32 = exp.parse().ok()?;
+    (-18..=18).contains(&e).then_some((num, e))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -71,6 +88,10 @@ mod tests {
         assert_eq!(parse_integer("30"), Ok(30));
         assert_eq!(parse_integer("2G"), Ok(2_000_000_000));
         assert_eq!(parse_integer("30000m"), Ok(30));
+        assert_eq!(parse_integer("20e9"), Ok(20_000_000_000));
+        assert_eq!(parse_integer("3E1"), Ok(30));
+        assert_eq!(parse_integer("300e-1"), Ok(30));
+        assert_eq!(parse_integer("1.5e3"), Ok(1500));
     }
 
     #[test]
@@ -84,6 +105,12 @@ mod tests {
             "1m",
             "0.5",
             "99999999999999999999Ei",
+            "3e-1",
+            "1e",
+            "e3",
+            "1e+",
+            "1e99",
+            "1E3Gi",
         ] {
             assert!(parse_integer(bad).is_err(), "{bad:?} accepted");
         }
