@@ -23,6 +23,17 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}"
 fi
 
+# issue 19: deploy/dra and the published ResourceSlices are validated
+# against the upstream Kubernetes 1.36 schemas (kubernetes-validate ships
+# them), in a venv of its own under target/.
+if [ -z "${KUBERNETES_VALIDATE:-}" ] && ! command -v kubernetes-validate >/dev/null; then
+  if [ ! -x target/kubernetes-validate/bin/kubernetes-validate ]; then
+    python3 -m venv target/kubernetes-validate
+    target/kubernetes-validate/bin/pip install -q 'kubernetes-validate>=1.36'
+  fi
+  export KUBERNETES_VALIDATE="$PWD/target/kubernetes-validate/bin/kubernetes-validate"
+fi
+
 if [ "$(id -u)" != 0 ]; then
   echo "scripts/test.sh: the isolation tests need root (mknod, mount namespaces, cgroups); run it as root" >&2
   exit 1

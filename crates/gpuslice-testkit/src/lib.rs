@@ -7,9 +7,19 @@
 //!   (`GPUSLICE_TEST_SKIP=1`), and then says `SKIPPED` with the reason.
 //! - [`kubelet`]: the kubelet's side of the device-plugin protocol, for
 //!   the device-plugin tests and `gpuslice device-plugin-selftest`.
+//! - [`dra_kubelet`]: the kubelet's side of DRA plugin registration and of
+//!   the DRA service (v1 and v1beta1), for the DRA driver's tests.
+//! - [`fakeapi`]: `FakeApiServer`, a test double of the few kube-apiserver
+//!   endpoints the DRA driver uses.
+//! - [`manifests`]: deploy/ manifests checked against k8s-openapi's types.
+//! - [`podman`]: a real container runtime for the CDI tests.
 //! - Helper binaries the tests spawn ([`built`]): `gpuslice-ledger-exercise`.
 
+pub mod dra_kubelet;
+pub mod fakeapi;
 pub mod kubelet;
+pub mod manifests;
+pub mod podman;
 
 use std::path::PathBuf;
 
