@@ -1,0 +1,18 @@
+//! The slice of the CUDA driver ABI (`cuda.h`, CUDA 12/13) and of NVML
+//! (`nvml.h`) that gpuslice uses, declared once.
+//!
+//! The shim (which interposes the driver), the fake driver (which
+//! implements it for the tests), the CUDA probe, `fakegpu-probe` and the
+//! shim's test client all speak this ABI; declaring it in each of them let
+//! values drift apart. Names follow the C headers; every value here is the
+//! header's (the tests below pin the ones a typo would silently break).
+//!
+//! Features: `load` adds [`load::Lib`] (dlopen + typed symbol lookup,
+//! through libloading); `nvml-wrapper` adds [`nvml::open`], the one place
+//! the rest of gpuslice opens NVML. Without features the crate has no
+//! dependencies, so the shim and the fake driver stay lean.
+
+pub mod cuda;
+#[cfg(feature = "load")]
+pub mod load;
+pub mod nvml;
