@@ -1,5 +1,6 @@
 //! Test helper: a CUDA driver API client for the shim's tests (run under
-//! `LD_PRELOAD=libgpuslice.so` against the fake driver). Not a user tool.
+//! `LD_PRELOAD=libgpuslice.so` against the fake driver). Not a user tool;
+//! it lives in gpuslice-testkit so that no product crate carries it.
 //!
 //! It loads `libcuda.so.1` with `dlopen` and takes entry points the way
 //! real programs do, chosen by `--via`:
