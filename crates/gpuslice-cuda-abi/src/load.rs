@@ -62,9 +62,8 @@ mod tests {
         // SAFETY: libc's initialisers already ran in this process.
         let lib = unsafe { Lib::open("libc.so.6") }.expect("libc");
         // SAFETY: never called.
-        let err = unsafe { lib.sym::<crate::cuda::pfn::Init>("cuInit") }
-            .err()
-            .expect("libc has no cuInit");
+        let err =
+            unsafe { lib.sym::<crate::cuda::pfn::Init>("cuInit") }.expect_err("libc has no cuInit");
         assert!(err.starts_with("cuInit not in libc.so.6"), "{err}");
         // SAFETY: getpid's prototype: pid_t (void).
         let getpid = unsafe { lib.sym::<unsafe extern "C" fn() -> i32>("getpid") }.unwrap();

@@ -1,5 +1,5 @@
 //! `nvml.h`: return codes, enum values, structs, the prototypes gpuslice
-//! calls by pointer, and (feature `nvml-wrapper`) [`open`].
+//! calls by pointer, and (feature `nvml-wrapper`) `open`.
 
 use std::ffi::{c_char, c_uint, c_ulonglong, c_void};
 
@@ -146,8 +146,7 @@ mod tests {
     #[test]
     fn open_names_the_missing_library() {
         let err = open(Some(std::path::Path::new("/nonexistent/libnvidia-ml.so.1")))
-            .err()
-            .expect("no NVML there");
+            .expect_err("no NVML there");
         assert!(err.to_string().contains("/nonexistent"), "{err}");
     }
 }
