@@ -7,12 +7,9 @@
 //! values drift apart. Names follow the C headers; every value here is the
 //! header's (the tests below pin the ones a typo would silently break).
 //!
-//! Features: `load` adds `load::Lib` (dlopen + typed symbol lookup,
-//! through libloading); `nvml-wrapper` adds `nvml::open`, the one place
-//! the rest of gpuslice opens NVML. Without features the crate has no
-//! dependencies, so the shim and the fake driver stay lean.
+//! The crate has no dependencies, so the shim and the fake driver stay
+//! lean; loading the libraries (dlopen, typed symbols, opening NVML) is
+//! gpuslice-cuda-load's.
 
 pub mod cuda;
-#[cfg(feature = "load")]
-pub mod load;
 pub mod nvml;

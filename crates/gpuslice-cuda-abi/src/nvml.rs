@@ -1,5 +1,5 @@
-//! `nvml.h`: return codes, enum values, structs, the prototypes gpuslice
-//! calls by pointer, and (feature `nvml-wrapper`) `open`.
+//! `nvml.h`: return codes, enum values, structs, and the prototypes
+//! gpuslice calls by pointer.
 
 use std::ffi::{c_char, c_uint, c_ulonglong, c_void};
 
@@ -113,20 +113,6 @@ pub mod pfn {
         unsafe extern "C" fn(device: NvmlDevice, memory: *mut NvmlMemoryV2) -> NvmlReturn;
 }
 
-/// Opens NVML from `lib` (None: [`LIBNVIDIA_ML`], found by the dynamic
-/// loader) and initialises it: the one way gpuslice's discovery, doctor,
-/// metrics, device plugin and benchmarks open NVML.
-#[cfg(feature = "nvml-wrapper")]
-pub fn open(
-    lib: Option<&std::path::Path>,
-) -> Result<nvml_wrapper::Nvml, nvml_wrapper::error::NvmlError> {
-    let lib = lib.map_or(
-        std::ffi::OsStr::new(LIBNVIDIA_ML),
-        std::path::Path::as_os_str,
-    );
-    nvml_wrapper::Nvml::builder().lib_path(lib).init()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -140,13 +126,5 @@ mod tests {
         assert_eq!(size_of::<NvmlMemoryV2>(), 40);
         assert_eq!(NVML_MEMORY_V2, 0x0200_0028);
         assert_eq!(size_of::<NvmlEventData>(), 32);
-    }
-
-    #[cfg(feature = "nvml-wrapper")]
-    #[test]
-    fn open_names_the_missing_library() {
-        let err = open(Some(std::path::Path::new("/nonexistent/libnvidia-ml.so.1")))
-            .expect_err("no NVML there");
-        assert!(err.to_string().contains("/nonexistent"), "{err}");
     }
 }

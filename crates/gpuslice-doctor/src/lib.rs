@@ -150,7 +150,7 @@ impl Context {
         let (nvml, nvml_why) = match &inv {
             Err(_) => (None, "no NVIDIA driver (see driver.loaded)".into()),
             Ok(inv) if inv.sources.iter().any(|s| s == "nvml") => {
-                match gpuslice_cuda_abi::nvml::open(opts.nvml_lib.as_deref()) {
+                match gpuslice_cuda_load::open_nvml(opts.nvml_lib.as_deref()) {
                     Ok(n) => (Some(n), String::new()),
                     Err(e) => (None, format!("NVML unavailable: {e}")),
                 }

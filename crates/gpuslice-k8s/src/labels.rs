@@ -62,7 +62,7 @@ pub struct NvmlFacts {
 /// `libnvidia-ml.so.1`); everything unknown when NVML does not load.
 pub fn nvml_facts(lib: Option<&Path>) -> NvmlFacts {
     use nvml_wrapper::error::NvmlError;
-    let Ok(nvml) = gpuslice_cuda_abi::nvml::open(lib) else {
+    let Ok(nvml) = gpuslice_cuda_load::open_nvml(lib) else {
         return NvmlFacts::default();
     };
     let Ok(dev) = nvml.device_by_index(0) else {

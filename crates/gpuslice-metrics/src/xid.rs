@@ -110,7 +110,7 @@ fn watch_loop(
     counts: &Mutex<Counts>,
     stop: &AtomicBool,
 ) -> Result<(), String> {
-    let nvml = gpuslice_cuda_abi::nvml::open(Some(std::path::Path::new(lib)))
+    let nvml = gpuslice_cuda_load::open_nvml(Some(std::path::Path::new(lib)))
         .map_err(|e| format!("NVML: {e}"))?;
     let set = gpuslice_core::xid::watch_xid_events(&nvml, uuids)?;
     lock(counts).up = true;

@@ -11,8 +11,8 @@ use std::time::Instant;
 
 use fakegpu::{format_uuid, ProbeAlloc, ProbeDevice, ProbeNvml, ProbeReport};
 use gpuslice_cuda_abi::cuda::{self, pfn, CU_GET_PROC_ADDRESS_DEFAULT};
-use gpuslice_cuda_abi::load::Lib;
 use gpuslice_cuda_abi::nvml::{self, pfn as nvml_pfn, NVML_DEVICE_UUID_V2_BUFFER_SIZE};
+use gpuslice_cuda_load::Lib;
 
 struct Args {
     alloc: Option<u64>,

@@ -56,7 +56,7 @@ pub(crate) struct NvmlMig {
 /// A GPU NVML cannot describe is skipped with a warning rather than
 /// losing what the others say.
 pub(crate) fn snapshot(lib: &OsStr) -> Result<NvmlSnapshot, String> {
-    let nvml = gpuslice_cuda_abi::nvml::open(Some(std::path::Path::new(lib))).map_err(|e| {
+    let nvml = gpuslice_cuda_load::open_nvml(Some(std::path::Path::new(lib))).map_err(|e| {
         one_line(&format!(
             "NVML unavailable ({}): {e}",
             lib.to_string_lossy()

@@ -81,7 +81,7 @@ fn watch_loop(
     stop: &AtomicBool,
 ) -> Result<(), String> {
     let nvml =
-        gpuslice_cuda_abi::nvml::open(nvml_lib.as_deref()).map_err(|e| format!("NVML: {e}"))?;
+        gpuslice_cuda_load::open_nvml(nvml_lib.as_deref()).map_err(|e| format!("NVML: {e}"))?;
     let uuids: Vec<String> = gpus.iter().map(|(_, uuid)| uuid.clone()).collect();
     let set = gpuslice_core::xid::watch_xid_events(&nvml, &uuids)?;
     tx.send_modify(|s| s.watching = "events".into());

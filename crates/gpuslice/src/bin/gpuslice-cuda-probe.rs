@@ -8,7 +8,7 @@
 //! the kernel layers enforce on their own.
 
 use gpuslice_cuda_abi::cuda::{pfn, CUcontext, CUdevice, LIBCUDA};
-use gpuslice_cuda_abi::load::{Lib, Symbol};
+use gpuslice_cuda_load::{Lib, Symbol};
 use serde_json::{json, Map, Value};
 use std::os::raw::{c_char, c_int};
 use std::time::Instant;

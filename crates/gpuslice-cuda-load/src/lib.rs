@@ -1,10 +1,21 @@
-//! dlopen a driver library (`libcuda.so.1`, `libnvidia-ml.so.1`, or a path)
-//! and look up its entry points with the prototypes of [`crate::cuda::pfn`]
-//! and [`crate::nvml::pfn`]. Errors are one line naming the library or the
-//! symbol.
+//! Loading the CUDA driver and NVML at run time.
+//!
+//! - [`Lib`]: dlopen a driver library (`libcuda.so.1`, `libnvidia-ml.so.1`,
+//!   or a path) and look up its entry points with the prototypes of
+//!   `gpuslice_cuda_abi::cuda::pfn` and `gpuslice_cuda_abi::nvml::pfn`
+//!   (the CUDA probe, `fakegpu-probe`). Errors are one line naming the
+//!   library or the symbol.
+//! - [`open_nvml`]: the one way gpuslice's discovery, doctor, metrics,
+//!   device plugin and benchmarks open NVML (through nvml-wrapper).
 
+use std::ffi::OsStr;
+use std::path::Path;
+
+use gpuslice_cuda_abi::nvml::LIBNVIDIA_ML;
 use libloading::Library;
 pub use libloading::Symbol;
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::Nvml;
 
 /// A loaded driver library.
 pub struct Lib {
@@ -40,6 +51,13 @@ impl Lib {
     }
 }
 
+/// Opens NVML from `lib` (None: `libnvidia-ml.so.1`, found by the dynamic
+/// loader) and initialises it.
+pub fn open_nvml(lib: Option<&Path>) -> Result<Nvml, NvmlError> {
+    let lib = lib.map_or(OsStr::new(LIBNVIDIA_ML), Path::as_os_str);
+    Nvml::builder().lib_path(lib).init()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -62,12 +80,19 @@ mod tests {
         // SAFETY: libc's initialisers already ran in this process.
         let lib = unsafe { Lib::open("libc.so.6") }.expect("libc");
         // SAFETY: never called.
-        let err =
-            unsafe { lib.sym::<crate::cuda::pfn::Init>("cuInit") }.expect_err("libc has no cuInit");
+        let err = unsafe { lib.sym::<gpuslice_cuda_abi::cuda::pfn::Init>("cuInit") }
+            .expect_err("libc has no cuInit");
         assert!(err.starts_with("cuInit not in libc.so.6"), "{err}");
         // SAFETY: getpid's prototype: pid_t (void).
         let getpid = unsafe { lib.sym::<unsafe extern "C" fn() -> i32>("getpid") }.unwrap();
         // SAFETY: as above.
         assert_eq!(unsafe { getpid() } as u32, std::process::id());
+    }
+
+    #[test]
+    fn open_nvml_names_the_missing_library() {
+        let err = open_nvml(Some(Path::new("/nonexistent/libnvidia-ml.so.1")))
+            .expect_err("no NVML there");
+        assert!(err.to_string().contains("/nonexistent"), "{err}");
     }
 }
