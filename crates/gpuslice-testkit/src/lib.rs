@@ -13,7 +13,10 @@
 //!   endpoints the DRA driver uses.
 //! - [`manifests`]: deploy/ manifests checked against k8s-openapi's types.
 //! - [`podman`]: a real container runtime for the CDI tests.
-//! - Helper binaries the tests spawn ([`built`]): `gpuslice-ledger-exercise`.
+//! - Helper binaries the tests spawn ([`built`]): `gpuslice-ledger-exercise`
+//!   (the ledger's multi-process tests) and `gpuslice-shim-client` (a CUDA
+//!   driver client for the shim's tests and the memory-cap and compute tests;
+//!   see [`shim_client`]).
 
 pub mod dra_kubelet;
 pub mod fakeapi;
@@ -33,6 +36,11 @@ pub fn built(name: &str, package: &str) -> PathBuf {
         .unwrap_or_else(|| {
             panic!("{name} not found in {dirs:?}: build it with `cargo build -p {package}`")
         })
+}
+
+/// The shim's test client (`gpuslice-shim-client`), built with this crate.
+pub fn shim_client() -> PathBuf {
+    built("gpuslice-shim-client", "gpuslice-testkit")
 }
 
 /// Set to `1` to skip, outside CI, the tests this host cannot run.
