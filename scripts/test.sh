@@ -49,4 +49,18 @@ cargo clippy --workspace --all-targets -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace
 # The fake driver is a cdylib the tests load at run time: build it first.
 cargo build --workspace --all-targets
+# Every test that a host cannot run is counted and listed here (under
+# CI=true there are none: such a test fails instead).
+skip_log="$PWD/target/skipped-tests.txt"
+rm -f "$skip_log"
+export GPUSLICE_TEST_SKIP_LOG="$skip_log"
+report_skips() {
+  if [ -s "$skip_log" ]; then
+    echo "scripts/test.sh: $(wc -l <"$skip_log") test(s) SKIPPED on this host, not passed:" >&2
+    cat "$skip_log" >&2
+  else
+    echo "scripts/test.sh: no test skipped"
+  fi
+}
+trap report_skips EXIT
 cargo test --workspace --no-fail-fast -- --test-threads=2
