@@ -78,7 +78,10 @@ def attacks(victim_pid, nobody_pid, host_pid):
         "mknod": "mknod /tmp/gs-m.$$ c 1 3 && echo ATTACK-OK; rm -f /tmp/gs-m.$$",
         "unshare": "unshare -m true && echo ATTACK-OK",
         "setns": "nsenter -t $PPID -m true && echo ATTACK-OK",
-        "inherited-fd": "[ -e /proc/self/fd/5 ] && exec 3<>/proc/self/fd/5 && echo ATTACK-OK",
+        # The descriptor itself is the breach (the device cgroup checks opens,
+        # not ioctls on an fd opened outside): is the GPU node's fd here?
+        "inherited-fd": f"{PY} -c 'import os,stat,sys; s=os.fstat(5); "
+        "sys.exit(not (stat.S_ISCHR(s.st_mode) and os.major(s.st_rdev) == 195))' 2>/dev/null && echo ATTACK-OK",
         "write-sysfs": "echo 1 > /sys/bus/pci/rescan && echo ATTACK-OK",
         "write-proc-sys": "cat /proc/sys/kernel/core_pattern > /proc/sys/kernel/core_pattern && echo ATTACK-OK",
     }
@@ -172,7 +175,9 @@ def main():
             for run, (flags, want) in FRAMEWORK_RUNS.items():
                 if py is None:
                     continue
-                rec = sh([GS, "run"] + flags + ["--", py, "-c", code], timeout=120, cwd="/tmp")
+                # nobody's HOME is /nonexistent: CuPy's kernel cache goes to /tmp.
+                rec = sh([GS, "run"] + flags + ["--", py, "-c", code], timeout=120, cwd="/tmp",
+                         env=dict(os.environ, CUPY_CACHE_DIR="/tmp/gpuslice-cupy-cache"))
                 seen = last_json(rec) or {}
                 rec["seen"] = seen
                 rec["ok"] = rec["rc"] == 0 and (

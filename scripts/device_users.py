@@ -91,7 +91,9 @@ def main():
         st = os.stat("/dev/nvidia0")
         os.mknod(ALIAS, 0o666 | stat.S_IFCHR, st.st_rdev)
         rec["alias"] = {"path": ALIAS, "rdev": [os.major(st.st_rdev), os.minor(st.st_rdev)]}
-        probe = f"ls -l {ALIAS} 2>&1; (exec 3<>{ALIAS}) 2>&1 && echo opened"
+        # Opened only if it is the character device (`<>` would create a plain
+        # file where the alias is hidden).
+        probe = f"ls -l {ALIAS} 2>&1; [ -c {ALIAS} ] && (exec 3<>{ALIAS}) 2>&1 && echo opened"
         rec["alias"]["none_root"] = sh([GS, "run", "--gpus", "none", "--", "sh", "-c", probe])
         rec["alias"]["none_nobody"] = sh([GS, "run", "--gpus", "none", "--user", "nobody", "--", "sh", "-c", probe])
         rec["alias"]["gpus0_root"] = sh([GS, "run", "--gpus", "0", "--", "sh", "-c", probe])

@@ -23,6 +23,17 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}"
 fi
 
+# issue 19: deploy/dra and the published ResourceSlices are validated
+# against the upstream Kubernetes 1.36 schemas (kubernetes-validate ships
+# them), in a venv of its own under target/.
+if [ -z "${KUBERNETES_VALIDATE:-}" ] && ! command -v kubernetes-validate >/dev/null; then
+  if [ ! -x target/kubernetes-validate/bin/kubernetes-validate ]; then
+    python3 -m venv target/kubernetes-validate
+    target/kubernetes-validate/bin/pip install -q 'kubernetes-validate>=1.36'
+  fi
+  export KUBERNETES_VALIDATE="$PWD/target/kubernetes-validate/bin/kubernetes-validate"
+fi
+
 if [ "$(id -u)" != 0 ]; then
   echo "scripts/test.sh: the isolation tests need root (mknod, mount namespaces, cgroups); run it as root" >&2
   exit 1
@@ -38,4 +49,18 @@ cargo clippy --workspace --all-targets -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace
 # The fake driver is a cdylib the tests load at run time: build it first.
 cargo build --workspace --all-targets
+# Every test that a host cannot run is counted and listed here (under
+# CI=true there are none: such a test fails instead).
+skip_log="$PWD/target/skipped-tests.txt"
+rm -f "$skip_log"
+export GPUSLICE_TEST_SKIP_LOG="$skip_log"
+report_skips() {
+  if [ -s "$skip_log" ]; then
+    echo "scripts/test.sh: $(wc -l <"$skip_log") test(s) SKIPPED on this host, not passed:" >&2
+    cat "$skip_log" >&2
+  else
+    echo "scripts/test.sh: no test skipped"
+  fi
+}
+trap report_skips EXIT
 cargo test --workspace --no-fail-fast -- --test-threads=2

@@ -9,7 +9,7 @@
 //! Handles are opaque encoded integers: `HANDLE_BASE + (gpu << 8) + slot`,
 //! where slot 0 is the whole GPU and slot k the (k-1)-th MIG device.
 
-use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::ffi::{c_char, c_int, c_uint, CStr};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::cuda::PciAddress;
@@ -21,55 +21,7 @@ mod events;
 mod processes;
 mod telemetry;
 
-pub type NvmlReturn = c_uint;
-pub type NvmlDevice = *mut c_void;
-
-const NVML_SUCCESS: NvmlReturn = 0;
-const NVML_ERROR_UNINITIALIZED: NvmlReturn = 1;
-const NVML_ERROR_INVALID_ARGUMENT: NvmlReturn = 2;
-const NVML_ERROR_NOT_SUPPORTED: NvmlReturn = 3;
-const NVML_ERROR_NO_PERMISSION: NvmlReturn = 4;
-const NVML_ERROR_NOT_FOUND: NvmlReturn = 6;
-const NVML_ERROR_INSUFFICIENT_SIZE: NvmlReturn = 7;
-const NVML_ERROR_DRIVER_NOT_LOADED: NvmlReturn = 9;
-const NVML_ERROR_ARGUMENT_VERSION_MISMATCH: NvmlReturn = 25;
-const NVML_ERROR_UNKNOWN: NvmlReturn = 999;
-
-const NVML_FEATURE_DISABLED: c_uint = 0;
-const NVML_FEATURE_ENABLED: c_uint = 1;
-
-/// `nvmlPciInfo_t` (the v3 layout, current since NVML 9).
-#[repr(C)]
-pub struct NvmlPciInfo {
-    pub bus_id_legacy: [c_char; 16],
-    pub domain: c_uint,
-    pub bus: c_uint,
-    pub device: c_uint,
-    pub pci_device_id: c_uint,
-    pub pci_sub_system_id: c_uint,
-    pub bus_id: [c_char; 32],
-}
-
-/// `nvmlMemory_t`.
-#[repr(C)]
-pub struct NvmlMemory {
-    pub total: u64,
-    pub free: u64,
-    pub used: u64,
-}
-
-/// `nvmlMemory_v2_t`.
-#[repr(C)]
-pub struct NvmlMemoryV2 {
-    pub version: c_uint,
-    pub total: u64,
-    pub reserved: u64,
-    pub free: u64,
-    pub used: u64,
-}
-
-/// `NVML_STRUCT_VERSION(Memory, 2)`.
-const NVML_MEMORY_V2: c_uint = (std::mem::size_of::<NvmlMemoryV2>() as c_uint) | (2 << 24);
+pub use gpuslice_cuda_abi::nvml::*;
 
 /// PCI ids of an H200 SXM.
 const PCI_DEVICE_ID: c_uint = 0x2335_10de;

@@ -343,7 +343,7 @@ impl FakeHost {
         dir
     }
 
-    /// `<root>/.fakegpu/lib/libnvidia-ml.so.1` (for `Nvml::builder().lib_path`).
+    /// `<root>/.fakegpu/lib/libnvidia-ml.so.1` (for `gpuslice_cuda_load::open_nvml`).
     pub fn nvml_lib(&self) -> PathBuf {
         self.driver_lib_dir().join("libnvidia-ml.so.1")
     }

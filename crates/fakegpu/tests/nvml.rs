@@ -7,11 +7,7 @@ use fakegpu::FakeHost;
 use nvml_wrapper::{Device, Nvml};
 
 fn init(host: &FakeHost) -> Nvml {
-    let lib = host.nvml_lib();
-    Nvml::builder()
-        .lib_path(lib.as_os_str())
-        .init()
-        .expect("nvmlInit against the fake driver")
+    gpuslice_cuda_load::open_nvml(Some(&host.nvml_lib())).expect("nvmlInit against the fake driver")
 }
 
 /// GPU and compute instance ids of a MIG handle (nvml-wrapper has no

@@ -82,12 +82,7 @@ fn persistence_modes(host_root: &Path, inv: &Inventory) -> Result<BTreeMap<Strin
             .clone()
             .unwrap_or_else(|| format!("NVML not used for host root {}", host_root.display())));
     }
-    let nvml = nvml_wrapper::Nvml::builder()
-        .lib_path(std::ffi::OsStr::new(
-            gpuslice_core::discover::DEFAULT_NVML_LIB,
-        ))
-        .init()
-        .map_err(|e| format!("NVML: {e}"))?;
+    let nvml = gpuslice_cuda_load::open_nvml(None).map_err(|e| format!("NVML: {e}"))?;
     let count = nvml.device_count().map_err(|e| format!("NVML: {e}"))?;
     let mut modes = BTreeMap::new();
     for i in 0..count {

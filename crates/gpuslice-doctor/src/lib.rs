@@ -36,7 +36,7 @@ mod report;
 
 pub use report::{render_table, Summary};
 
-use gpuslice_core::discover::{discover, DiscoverOptions, DEFAULT_NVML_LIB};
+use gpuslice_core::discover::{discover, DiscoverOptions};
 use gpuslice_core::{HostRoot, Inventory};
 use nvml_wrapper::Nvml;
 use serde::Serialize;
@@ -150,11 +150,7 @@ impl Context {
         let (nvml, nvml_why) = match &inv {
             Err(_) => (None, "no NVIDIA driver (see driver.loaded)".into()),
             Ok(inv) if inv.sources.iter().any(|s| s == "nvml") => {
-                let lib = opts
-                    .nvml_lib
-                    .clone()
-                    .unwrap_or_else(|| PathBuf::from(DEFAULT_NVML_LIB));
-                match Nvml::builder().lib_path(lib.as_os_str()).init() {
+                match gpuslice_cuda_load::open_nvml(opts.nvml_lib.as_deref()) {
                     Ok(n) => (Some(n), String::new()),
                     Err(e) => (None, format!("NVML unavailable: {e}")),
                 }

@@ -178,27 +178,150 @@ pub fn generate(root: &HostRoot, opts: &Options) -> Result<Generated> {
 
 /// [`generate`] for an inventory already discovered below `root`.
 pub fn generate_for(root: &HostRoot, inv: &Inventory, opts: &Options) -> Result<Generated> {
-    let mut g = Builder {
-        root,
-        inv,
-        opts,
-        warnings: Vec::new(),
-        side_files: Vec::new(),
-    };
+    let mut g = Builder::new(root, inv, opts);
     let value = g.spec_value()?;
-    let mut spec: CdiSpec = serde_json::from_value(value).context("building the CDI spec")?;
-    // The oldest spec version that has every field used: podman 4.x
-    // (CDI 0.5) reads older versions only.
-    let min = container_device_interface::version::minimum_required_version(&spec)?;
-    let mut v = serde_json::to_value(&spec)?;
-    v["cdiVersion"] = Value::String(min.to_string());
-    spec = serde_json::from_value(v)?;
-    validate(&spec)?;
-    Ok(Generated {
-        spec,
-        side_files: g.side_files,
-        warnings: g.warnings,
-    })
+    g.finish(value)
+}
+
+/// The caps of one slice as a DRA claim consumed them: memory in bytes,
+/// compute in whole percent of the GPU (the published capacities' units).
+/// They reach the slice as its [`SliceLimits`] record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SliceCaps {
+    pub memory_bytes: u64,
+    pub compute_percent: u32,
+}
+
+impl SliceCaps {
+    /// The contract's limits of the device `uuid`: an error for a cap of
+    /// 0 bytes or a share outside 1..=100 %.
+    pub fn limits(self, uuid: &str) -> Result<DeviceLimits> {
+        if self.memory_bytes == 0 {
+            bail!("a memory cap of 0 bytes");
+        }
+        let compute = ComputeShare::from_basis_points(u64::from(self.compute_percent) * 100)
+            .ok_or_else(|| {
+                anyhow!(
+                    "a compute share of {} %, not 1 to 100",
+                    self.compute_percent
+                )
+            })?;
+        Ok(DeviceLimits {
+            uuid: uuid.to_string(),
+            memory: Some(MemorySize(self.memory_bytes)),
+            compute: Some(compute),
+        })
+    }
+}
+
+/// Where the limits record of the CDI slice `name` is written: beside the
+/// spec, root-owned, bound read-only into the slice at the fixed place.
+pub fn limits_record_path(spec_dir: &Path, name: &str) -> PathBuf {
+    spec_dir.join(format!("{LIMITS_PREFIX}{name}"))
+}
+
+/// One device of a per-slice spec (a DRA claim's): a whole GPU or a MIG
+/// device (`caps: None`: isolation only), or a capped share of a GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SliceDevice {
+    /// The CDI device name (unique across the kind's spec files).
+    pub name: String,
+    /// The GPU's index in the inventory.
+    pub gpu: u32,
+    /// A MIG device of that GPU, by its index.
+    pub mig: Option<u32>,
+    pub caps: Option<SliceCaps>,
+}
+
+/// A spec holding exactly `devices` (and the common edits: control
+/// nodes, driver libraries): the device nodes of each one's GPU or MIG
+/// device only, and for a capped one the shim with its limits.
+pub fn generate_slices(
+    root: &HostRoot,
+    inv: &Inventory,
+    opts: &Options,
+    devices: &[SliceDevice],
+) -> Result<Generated> {
+    let mut g = Builder::new(root, inv, opts);
+    let mut values = Vec::new();
+    for d in devices {
+        values.push(g.slice_device(d)?);
+    }
+    let common = g.common_edits()?;
+    let value = json!({
+        "cdiVersion": container_device_interface::specs::config::CURRENT_VERSION,
+        "kind": format!("{}/{}", opts.vendor, opts.class),
+        "devices": values,
+        "containerEdits": common,
+    });
+    g.finish(value)
+}
+
+impl<'a> Builder<'a> {
+    fn new(root: &'a HostRoot, inv: &'a Inventory, opts: &'a Options) -> Self {
+        Builder {
+            root,
+            inv,
+            opts,
+            warnings: Vec::new(),
+            side_files: Vec::new(),
+        }
+    }
+
+    /// Builds the spec from its value: the oldest version that has every
+    /// field used, validated.
+    fn finish(self, value: Value) -> Result<Generated> {
+        let mut spec: CdiSpec = serde_json::from_value(value).context("building the CDI spec")?;
+        // The oldest spec version that has every field used: podman 4.x
+        // (CDI 0.5) reads older versions only.
+        let min = container_device_interface::version::minimum_required_version(&spec)?;
+        let mut v = serde_json::to_value(&spec)?;
+        v["cdiVersion"] = Value::String(min.to_string());
+        spec = serde_json::from_value(v)?;
+        validate(&spec)?;
+        Ok(Generated {
+            spec,
+            side_files: self.side_files,
+            warnings: self.warnings,
+        })
+    }
+
+    /// One device of [`generate_slices`].
+    fn slice_device(&mut self, d: &SliceDevice) -> Result<Value> {
+        let gpu = self
+            .inv
+            .gpus
+            .iter()
+            .find(|g| g.index == d.gpu)
+            .ok_or_else(|| anyhow!("slice {}: no GPU {} on this host", d.name, d.gpu))?;
+        let (sel, uuid) = match d.mig {
+            None => (Selection::gpus([gpu.index]), gpu.uuid.clone()),
+            Some(m) => {
+                let mig = gpu.migs.iter().find(|x| x.index == m).ok_or_else(|| {
+                    anyhow!("slice {}: GPU {} has no MIG device {m}", d.name, d.gpu)
+                })?;
+                let sel = Selection {
+                    gpus: vec![],
+                    migs: vec![(gpu.index, m)],
+                };
+                (sel, mig.uuid.clone().unwrap_or_else(|| gpu.uuid.clone()))
+            }
+        };
+        let mut e = self.selection_edits(&sel);
+        if let Some(caps) = d.caps {
+            let shim = self.opts.shim.clone().ok_or_else(|| {
+                anyhow!(
+                    "slice {}: capped, but libgpuslice.so was not found (put it next to gpuslice or set GPUSLICE_SHIM)",
+                    d.name
+                )
+            })?;
+            let limits = caps
+                .limits(&uuid)
+                .with_context(|| format!("slice {}", d.name))?;
+            self.write_slice_limits(&mut e, &shim, &d.name, limits);
+        }
+        Ok(device(&d.name, e))
+    }
 }
 
 /// Validates with the CDI crate: the schema, names, edits.
@@ -708,61 +831,77 @@ impl Builder<'_> {
             ));
             return;
         };
+        for &n in &self.opts.shared {
+            let name = format!("{}-shared-{n}", gpu.index);
+            let limits = DeviceLimits {
+                uuid: gpu.uuid.clone(),
+                memory: Some(MemorySize((memory / n as u64).max(1))),
+                compute: Some(ComputeShare::fraction(1, n as u64)),
+            };
+            let mut e = self.selection_edits(&Selection::gpus([gpu.index]));
+            self.write_slice_limits(&mut e, &shim, &name, limits);
+            devices.push(device(&name, e));
+        }
+    }
+
+    /// Writes a capped slice's limits into its device's edits: root's
+    /// limits record of the slice (a side file beside the spec, root-owned
+    /// 0644, [`limits_record_path`]) bound read-only at the fixed place,
+    /// the shim preloaded through a bound `ld.so.preload`, the variables
+    /// of [`SliceLimits::env`], and a tmpfs at [`SLICE_DIR`] where each
+    /// container's first process makes its usage ledger. The ONE place
+    /// that says how a CDI slice's limits reach the shim, for the shared
+    /// variants and for DRA claims alike.
+    fn write_slice_limits(
+        &mut self,
+        edits: &mut Value,
+        shim: &Path,
+        name: &str,
+        device: DeviceLimits,
+    ) {
         let preload = self.opts.spec_dir.join(PRELOAD_FILE);
         if !self.side_files.iter().any(|(p, _)| *p == preload) {
             self.side_files
                 .push((preload.clone(), format!("{CONTAINER_SHIM}\n")));
         }
-        for &n in &self.opts.shared {
-            let name = format!("{}-shared-{n}", gpu.index);
-            let limits = SliceLimits {
-                slice_id: name.clone(),
-                mode: Mode::Cap,
-                devices: vec![DeviceLimits {
-                    uuid: gpu.uuid.clone(),
-                    memory: Some(MemorySize((memory / n as u64).max(1))),
-                    compute: Some(ComputeShare::fraction(1, n as u64)),
-                }],
-            };
-            // Root's record of the variant's limits, written beside the
-            // spec (root-owned, 0644) and bound read-only at the fixed
-            // place; each container's usage ledger is made by its first
-            // process in a tmpfs of its own.
-            let record = self.opts.spec_dir.join(format!("{LIMITS_PREFIX}{name}"));
-            self.side_files.push((record.clone(), limits.render()));
-            let mut e = self.selection_edits(&Selection::gpus([gpu.index]));
-            let mut env: Vec<String> = limits
-                .env()
-                .into_iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect();
-            env.push(format!("NVIDIA_VISIBLE_DEVICES={}", gpu.uuid));
-            e["env"] = json!(env);
-            e["mounts"] = json!([
-                {
-                    "hostPath": self.host(&shim),
-                    "containerPath": CONTAINER_SHIM,
-                    "options": ["ro", "nosuid", "nodev", "bind"],
-                },
-                {
-                    "hostPath": self.host(&preload),
-                    "containerPath": "/etc/ld.so.preload",
-                    "options": ["ro", "nosuid", "nodev", "bind"],
-                },
-                {
-                    "hostPath": "tmpfs",
-                    "containerPath": SLICE_DIR,
-                    "type": "tmpfs",
-                    "options": ["nosuid", "nodev", "noexec", "mode=1777", "size=16m"],
-                },
-                {
-                    "hostPath": self.host(&record),
-                    "containerPath": format!("{SLICE_DIR}/{LIMITS_FILE}"),
-                    "options": ["ro", "nosuid", "nodev", "noexec", "bind"],
-                },
-            ]);
-            devices.push(device(&name, e));
-        }
+        let uuid = device.uuid.clone();
+        let limits = SliceLimits {
+            slice_id: name.to_string(),
+            mode: Mode::Cap,
+            devices: vec![device],
+        };
+        let record = limits_record_path(&self.opts.spec_dir, name);
+        self.side_files.push((record.clone(), limits.render()));
+        let mut env: Vec<String> = limits
+            .env()
+            .into_iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        env.push(format!("NVIDIA_VISIBLE_DEVICES={uuid}"));
+        edits["env"] = json!(env);
+        edits["mounts"] = json!([
+            {
+                "hostPath": self.host(shim),
+                "containerPath": CONTAINER_SHIM,
+                "options": ["ro", "nosuid", "nodev", "bind"],
+            },
+            {
+                "hostPath": self.host(&preload),
+                "containerPath": "/etc/ld.so.preload",
+                "options": ["ro", "nosuid", "nodev", "bind"],
+            },
+            {
+                "hostPath": "tmpfs",
+                "containerPath": SLICE_DIR,
+                "type": "tmpfs",
+                "options": ["nosuid", "nodev", "noexec", "mode=1777", "size=16m"],
+            },
+            {
+                "hostPath": self.host(&record),
+                "containerPath": format!("{SLICE_DIR}/{LIMITS_FILE}"),
+                "options": ["ro", "nosuid", "nodev", "noexec", "bind"],
+            },
+        ]);
     }
 
     /// Warn once about the shim, not once per GPU.

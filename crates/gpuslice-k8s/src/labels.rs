@@ -44,7 +44,7 @@ use anyhow::{bail, Context, Result};
 use gpuslice_core::Inventory;
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// Where NFD's local source looks, and the file name we write there.
 pub const DEFAULT_FEATURES_FILE: &str =
@@ -62,13 +62,7 @@ pub struct NvmlFacts {
 /// `libnvidia-ml.so.1`); everything unknown when NVML does not load.
 pub fn nvml_facts(lib: Option<&Path>) -> NvmlFacts {
     use nvml_wrapper::error::NvmlError;
-    let lib: PathBuf = lib
-        .map(PathBuf::from)
-        .unwrap_or_else(|| gpuslice_core::discover::DEFAULT_NVML_LIB.into());
-    let Ok(nvml) = nvml_wrapper::Nvml::builder()
-        .lib_path(lib.as_os_str())
-        .init()
-    else {
+    let Ok(nvml) = gpuslice_cuda_load::open_nvml(lib) else {
         return NvmlFacts::default();
     };
     let Ok(dev) = nvml.device_by_index(0) else {

@@ -4,10 +4,10 @@
 //! Grafana dashboard queries only series the exporter emits.
 
 use gpuslice_k8s::plugin::config::Config;
+use gpuslice_testkit::manifests::typed;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service};
-use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -18,35 +18,6 @@ fn deploy() -> PathBuf {
 
 fn read(p: &Path) -> String {
     std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
-}
-
-/// Drops nulls, so that an absent optional field and `null` compare equal.
-fn normalize(v: Value) -> Value {
-    match v {
-        Value::Object(m) => Value::Object(
-            m.into_iter()
-                .filter(|(_, v)| !v.is_null())
-                .map(|(k, v)| (k, normalize(v)))
-                .collect(),
-        ),
-        Value::Array(a) => Value::Array(a.into_iter().map(normalize).collect()),
-        v => v,
-    }
-}
-
-/// Deserialises `doc` as `T` and checks that serialising it back gives the
-/// same document: k8s-openapi ignores unknown fields, this does not.
-fn typed<T: DeserializeOwned + Serialize>(doc: &Value, what: &str) -> T {
-    let t: T = serde_json::from_value(doc.clone()).unwrap_or_else(|e| panic!("{what}: {e}"));
-    let back = normalize(serde_json::to_value(&t).unwrap());
-    let want = normalize(doc.clone());
-    assert_eq!(
-        back,
-        want,
-        "{what}: fields k8s-openapi does not know (or of the wrong type):\n{}",
-        serde_json::to_string_pretty(&want).unwrap()
-    );
-    t
 }
 
 #[test]

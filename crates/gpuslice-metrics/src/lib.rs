@@ -228,10 +228,7 @@ impl Collector {
                 // discover() applied the host-root rule: it used NVML only
                 // where NVML describes this root.
                 if inv.sources.iter().any(|s| s == "nvml") && self.nvml.is_none() {
-                    match Nvml::builder()
-                        .lib_path(std::ffi::OsStr::new(DEFAULT_NVML_LIB))
-                        .init()
-                    {
+                    match gpuslice_cuda_load::open_nvml(None) {
                         Ok(n) => {
                             self.nvml = Some(n);
                             let uuids = inv.gpus.iter().map(|g| g.uuid.clone()).collect();

@@ -11,7 +11,6 @@ use crate::sample::{self as m, Labels, Sample};
 use gpuslice_core::Inventory;
 use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
-use nvml_wrapper::Nvml;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -111,9 +110,7 @@ fn watch_loop(
     counts: &Mutex<Counts>,
     stop: &AtomicBool,
 ) -> Result<(), String> {
-    let nvml = Nvml::builder()
-        .lib_path(std::ffi::OsStr::new(lib))
-        .init()
+    let nvml = gpuslice_cuda_load::open_nvml(Some(std::path::Path::new(lib)))
         .map_err(|e| format!("NVML: {e}"))?;
     let set = gpuslice_core::xid::watch_xid_events(&nvml, uuids)?;
     lock(counts).up = true;

@@ -5,8 +5,9 @@
 //! share one budget, and without a share the driver's own launch functions
 //! are handed out.
 //!
-//! Needs the fake driver and the shim built (`cargo build -p
-//! fakegpu-driver -p gpuslice-shim`), as the workspace test script does.
+//! Needs the fake driver, the shim and the test client built (`cargo build
+//! -p fakegpu-driver -p gpuslice-shim -p gpuslice-testkit`), as the
+//! workspace test script does.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -15,7 +16,6 @@ use fakegpu::FakeHost;
 use gpuslice_ledger::Ledger;
 use serde_json::Value;
 
-const CLIENT: &str = env!("CARGO_BIN_EXE_gpuslice-shim-client");
 /// Simulated kernel time: 200 µs.
 const KERNEL_NS: &str = "200000";
 const SECONDS: &str = "1.6";
@@ -58,7 +58,7 @@ impl Slice {
 
     /// A client of slice `name` with compute share `pct` (None: no share).
     fn client(&self, name: &str, pct: Option<&str>, args: &[&str]) -> Command {
-        let mut c = self.host.command(CLIENT);
+        let mut c = self.host.command(gpuslice_testkit::shim_client());
         c.args(args)
             .env("LD_PRELOAD", shim_so())
             .env("GPUSLICE_LEDGER", self.ledger_path(name))

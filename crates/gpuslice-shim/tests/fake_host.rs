@@ -3,8 +3,8 @@
 //! released, the cap holds under 32 processes, a SIGKILLed process's bytes
 //! come back, and an uncapped process gets the driver's own functions.
 //!
-//! Needs the fake driver built (`cargo build -p fakegpu-driver`), as the
-//! workspace test script does.
+//! Needs the fake driver and the test client built (`cargo build -p
+//! fakegpu-driver -p gpuslice-testkit`), as the workspace test script does.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -15,7 +15,6 @@ use fakegpu::FakeHost;
 use gpuslice_ledger::Ledger;
 use serde_json::Value;
 
-const CLIENT: &str = env!("CARGO_BIN_EXE_gpuslice-shim-client");
 const MIB: u64 = 1 << 20;
 
 /// The shim as cargo writes it (installed, it is renamed libgpuslice.so).
@@ -59,7 +58,7 @@ fn slice_on(builder: fakegpu::FakeHostBuilder, cap: &str) -> Slice {
 
 impl Slice {
     fn client(&self, args: &[&str]) -> Command {
-        let mut c = self.host.command(CLIENT);
+        let mut c = self.host.command(gpuslice_testkit::shim_client());
         c.args(args)
             .env("LD_PRELOAD", shim_so())
             .env("GPUSLICE_MEMORY_LIMIT", &self.cap)
@@ -435,7 +434,12 @@ fn hold(s: &Slice, bytes: u64) -> (Held, (i64, i64)) {
 
 /// What the host's NVML sums over the processes on GPU 0.
 fn nvml_sum(s: &Slice) -> u64 {
-    let out = s.host.command(CLIENT).arg("nvml-procs").output().unwrap();
+    let out = s
+        .host
+        .command(gpuslice_testkit::shim_client())
+        .arg("nvml-procs")
+        .output()
+        .unwrap();
     n(&lines(&out)[0], "sum") as u64
 }
 
@@ -615,17 +619,9 @@ fn a_slice_whose_host_pid_resolver_does_not_answer_keeps_the_estimates() {
     );
     let inner = s.client(&["resident"]);
     let mut c = Command::new("unshare");
-    c.args([
-        "-m",
-        "--propagation",
-        "private",
-        "sh",
-        "-c",
-        &script,
-        "sh",
-        CLIENT,
-        "resident",
-    ]);
+    c.args(["-m", "--propagation", "private", "sh", "-c", &script, "sh"])
+        .arg(gpuslice_testkit::shim_client())
+        .arg("resident");
     for (k, v) in inner.get_envs() {
         match v {
             Some(v) => c.env(k, v),

@@ -7,9 +7,22 @@
 //!   (`GPUSLICE_TEST_SKIP=1`), and then says `SKIPPED` with the reason.
 //! - [`kubelet`]: the kubelet's side of the device-plugin protocol, for
 //!   the device-plugin tests and `gpuslice device-plugin-selftest`.
-//! - Helper binaries the tests spawn ([`built`]): `gpuslice-ledger-exercise`.
+//! - [`dra_kubelet`]: the kubelet's side of DRA plugin registration and of
+//!   the DRA service (v1 and v1beta1), for the DRA driver's tests.
+//! - [`fakeapi`]: `FakeApiServer`, a test double of the few kube-apiserver
+//!   endpoints the DRA driver uses.
+//! - [`manifests`]: deploy/ manifests checked against k8s-openapi's types.
+//! - [`podman`]: a real container runtime for the CDI tests.
+//! - Helper binaries the tests spawn ([`built`]): `gpuslice-ledger-exercise`
+//!   (the ledger's multi-process tests) and `gpuslice-shim-client` (a CUDA
+//!   driver client for the shim's tests and the memory-cap and compute tests;
+//!   see [`shim_client`]).
 
+pub mod dra_kubelet;
+pub mod fakeapi;
 pub mod kubelet;
+pub mod manifests;
+pub mod podman;
 
 use std::path::PathBuf;
 
@@ -25,8 +38,39 @@ pub fn built(name: &str, package: &str) -> PathBuf {
         })
 }
 
+/// The shim's test client (`gpuslice-shim-client`), built with this crate.
+pub fn shim_client() -> PathBuf {
+    built("gpuslice-shim-client", "gpuslice-testkit")
+}
+
 /// Set to `1` to skip, outside CI, the tests this host cannot run.
 pub const SKIP_ENV: &str = "GPUSLICE_TEST_SKIP";
+
+/// A file each skip is appended to, one line each, so that the runner
+/// (`scripts/test.sh`) counts and lists skips: libtest shows a passing
+/// test's output to no one.
+pub const SKIP_LOG_ENV: &str = "GPUSLICE_TEST_SKIP_LOG";
+
+fn record_skip(line: &str) {
+    let Some(path) = std::env::var_os(SKIP_LOG_ENV) else {
+        return;
+    };
+    if let Err(e) = append_line(std::path::Path::new(&path), line) {
+        // The skip must not go unseen: without its record it fails.
+        panic!("{line}, and it could not be recorded in {path:?}: {e}");
+    }
+}
+
+/// One line appended (`O_APPEND`: tests in parallel never interleave
+/// within a line this short).
+fn append_line(path: &std::path::Path, line: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
+    f.write_all(format!("{line}\n").as_bytes())
+}
 
 /// Whether this is a CI run (`CI=true`), where every test must run.
 pub fn in_ci() -> bool {
@@ -43,6 +87,7 @@ pub fn precondition(test: &str, unmet: Option<String>) -> bool {
         Verdict::Run => true,
         Verdict::Skip(line) => {
             eprintln!("{line}");
+            record_skip(&line);
             false
         }
         Verdict::Fail(message) => panic!("{message}"),
@@ -122,6 +167,20 @@ mod tests {
             verdict("t", why(), false, true),
             Verdict::Skip("SKIPPED t: no widget (GPUSLICE_TEST_SKIP=1)".into())
         );
+    }
+
+    #[test]
+    fn skips_are_recorded_one_line_each_for_the_runner() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("skipped.txt");
+        append_line(&log, "SKIPPED a: x").unwrap();
+        append_line(&log, "SKIPPED b: y").unwrap();
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(
+            text.lines().collect::<Vec<_>>(),
+            ["SKIPPED a: x", "SKIPPED b: y"]
+        );
+        assert!(append_line(&dir.path().join("no/such/dir"), "SKIPPED c").is_err());
     }
 
     #[test]

@@ -33,6 +33,8 @@ pub enum Command {
     /// Drive the device plugin with a test kubelet and report JSON (the GPU machine's check, benchmarks).
     #[command(hide = true)]
     DevicePluginSelftest(gpuslice_bench::SelftestArgs),
+    /// The Kubernetes DRA kubelet plugin: prepares ResourceClaims into slices with exactly the consumed memory and compute (CDI specs).
+    Dra(cmd::dra::DraArgs),
     /// Write node labels (product, memory, driver, MIG, NVLink, sharing) as a Node Feature Discovery feature file.
     Labels(cmd::labels::LabelsArgs),
     /// Serve Prometheus metrics for GPUs (NVML) and slices (ledgers) on /metrics.

@@ -82,6 +82,7 @@ pub fn run_full(cli: &Cli) -> anyhow::Result<i32> {
         Command::DevicePluginSelftest(args) => {
             gpuslice_bench::plugin_selftest(&bench_setup(g)?, args)
         }
+        Command::Dra(args) => cmd::dra::run(g, args),
         Command::Bench(c) => gpuslice_bench::run(&bench_setup(g)?, c),
         Command::Doctor(args) => cmd::doctor::run(g, args),
         Command::Fakehost(args) => cmd::fakehost::run(g, args),

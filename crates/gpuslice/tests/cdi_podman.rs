@@ -4,91 +4,12 @@
 //! busybox-static (scripts/test.sh installs them).
 
 use fakegpu::FakeHost;
-use std::path::{Path, PathBuf};
+use gpuslice_testkit::podman::{nvidia_nodes, Image};
+use std::path::Path;
 use std::process::{Command, Output};
-
-const IMAGE: &str = "localhost/gpuslice-cdi-test:busybox";
-
-struct Cleanup {
-    files: Vec<PathBuf>,
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        for f in &self.files {
-            let _ = std::fs::remove_file(f);
-        }
-        let _ = Command::new("podman").args(["rmi", "-f", IMAGE]).output();
-    }
-}
-
-fn podman_image(dir: &Path) {
-    let busybox = ["/bin/busybox", "/usr/bin/busybox"]
-        .into_iter()
-        .find(|p| Path::new(p).is_file())
-        .expect("busybox-static is not installed (scripts/test.sh installs it)");
-    let rootfs = dir.join("rootfs");
-    std::fs::create_dir_all(rootfs.join("bin")).unwrap();
-    std::fs::copy(busybox, rootfs.join("bin/busybox")).unwrap();
-    for applet in ["sh", "ls", "env", "cat", "test"] {
-        std::os::unix::fs::symlink("busybox", rootfs.join("bin").join(applet)).unwrap();
-    }
-    let tar = dir.join("rootfs.tar");
-    let ok = Command::new("tar")
-        .arg("-C")
-        .arg(&rootfs)
-        .arg("-cf")
-        .arg(&tar)
-        .arg(".")
-        .status()
-        .unwrap();
-    assert!(ok.success());
-    let out = Command::new("podman")
-        .arg("import")
-        .arg(&tar)
-        .arg(IMAGE)
-        .output()
-        .expect("podman is not installed (scripts/test.sh installs it)");
-    assert!(out.status.success(), "podman import: {out:?}");
-}
-
-/// `podman run` as this kind of machine allows: runc (crun refuses the
-/// hybrid cgroup layout), no network, ulimits below the hard limits.
-fn podman_run(device: &str, script: &str) -> Output {
-    Command::new("timeout")
-        .args([
-            "120",
-            "podman",
-            "--runtime",
-            "runc",
-            "run",
-            "--rm",
-            "--network",
-            "none",
-        ])
-        .args([
-            "--ulimit",
-            "nofile=1024:1024",
-            "--ulimit",
-            "nproc=1024:1024",
-        ])
-        .args(["--device", device, IMAGE, "sh", "-c", script])
-        .output()
-        .unwrap()
-}
 
 fn text(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn nvidia_nodes(listing: &str) -> Vec<String> {
-    let mut v: Vec<String> = listing
-        .lines()
-        .filter(|l| l.starts_with("nvidia"))
-        .map(str::to_string)
-        .collect();
-    v.sort();
-    v
 }
 
 #[test]
@@ -100,13 +21,6 @@ fn podman_runs_containers_with_the_generated_spec() {
     // podman 4.3 reads specs from /etc/cdi and /var/run/cdi only.
     let cdi_dir = Path::new("/var/run/cdi");
     let spec = cdi_dir.join(format!("gpuslice-test-{}.yaml", std::process::id()));
-    let _cleanup = Cleanup {
-        files: vec![
-            spec.clone(),
-            cdi_dir.join("gpuslice-params"),
-            cdi_dir.join("gpuslice-ld.so.preload"),
-        ],
-    };
     let out = Command::new(env!("CARGO_BIN_EXE_gpuslice"))
         .envs(host.env())
         .env("GPUSLICE_SHIM", &shim)
@@ -127,9 +41,23 @@ fn podman_runs_containers_with_the_generated_spec() {
         .output()
         .unwrap();
     assert_eq!(check.status.code(), Some(0), "check: {check:?}");
-    podman_image(tmp.path());
+    let mut image = Image::busybox(tmp.path(), "gpuslice-cdi-test");
+    image.files = vec![
+        spec.clone(),
+        cdi_dir.join("gpuslice-params"),
+        cdi_dir.join("gpuslice-ld.so.preload"),
+    ];
+    // The shared variants' limits records, written beside the spec.
+    for gpu in 0..4 {
+        for n in [2, 4] {
+            image.files.push(gpuslice_k8s::cdi::limits_record_path(
+                cdi_dir,
+                &format!("{gpu}-shared-{n}"),
+            ));
+        }
+    }
 
-    let one = podman_run("gpuslice.dev/gpu=1", "ls /dev; echo ---; env");
+    let one = image.run("gpuslice.dev/gpu=1", "ls /dev; echo ---; env");
     assert!(one.status.success(), "{one:?}");
     let t = text(&one);
     let (dev, env) = t.split_once("---").unwrap();
@@ -150,7 +78,7 @@ fn podman_runs_containers_with_the_generated_spec() {
     assert!(env.contains("CUDA_DEVICE_ORDER=PCI_BUS_ID"), "{env}");
     assert!(!env.contains("GPUSLICE_MEMORY_LIMIT"), "{env}");
 
-    let by_uuid = podman_run(
+    let by_uuid = image.run(
         &format!("gpuslice.dev/gpu={}", fakegpu::kernel::gpu_uuid(2)),
         "ls /dev",
     );
@@ -159,13 +87,13 @@ fn podman_runs_containers_with_the_generated_spec() {
         "{by_uuid:?}"
     );
 
-    let all = podman_run("gpuslice.dev/gpu=all", "ls /dev");
+    let all = image.run("gpuslice.dev/gpu=all", "ls /dev");
     let nodes = nvidia_nodes(&text(&all));
     for i in 0..4 {
         assert!(nodes.contains(&format!("nvidia{i}")), "{all:?}");
     }
 
-    let shared = podman_run(
+    let shared = image.run(
         "gpuslice.dev/gpu=3-shared-4",
         "ls /dev; echo ---; cat /etc/ld.so.preload; test -f /usr/local/gpuslice/libgpuslice.so && echo shim-present; test -f /run/gpuslice/slice/limits && echo ledger-dir; (echo x >> /run/gpuslice/slice/limits) 2>/dev/null || echo limits-read-only; env",
     );
@@ -199,7 +127,7 @@ fn podman_runs_containers_with_the_generated_spec() {
     );
     assert!(rest.contains("GPUSLICE_COMPUTE_LIMIT=25"), "{rest}");
 
-    let unknown = podman_run("gpuslice.dev/gpu=9", "true");
+    let unknown = image.run("gpuslice.dev/gpu=9", "true");
     assert!(!unknown.status.success());
     let err = String::from_utf8_lossy(&unknown.stderr);
     assert!(

@@ -106,3 +106,53 @@ fn commands_off_the_start_up_path_run_in_gpuslice_full() {
         .unwrap();
     assert!(out.status.success());
 }
+
+#[test]
+fn dra_refuses_bad_flags_in_one_line_and_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = |n: &str| dir.path().join(n).to_string_lossy().into_owned();
+    let (state, plugins, registry, cdi) = (d("state"), d("plugins"), d("registry"), d("cdi"));
+    let base = [
+        "dra",
+        "--node-name",
+        "node-a",
+        "--state-dir",
+        &state,
+        "--plugins-dir",
+        &plugins,
+        "--registry-dir",
+        &registry,
+        "--cdi-dir",
+        &cdi,
+    ];
+    for (extra, why) in [
+        (
+            vec!["--memory-step", "1000"],
+            "memory step 1000 B: a positive multiple of 1 MiB",
+        ),
+        (
+            vec!["--memory-step", "2MiB", "--memory-default", "3MiB"],
+            "a positive multiple of the step",
+        ),
+        (
+            vec!["--api-server", "https://10.0.0.1:6443"],
+            "only http://HOST:PORT is supported",
+        ),
+        (vec!["--compute-default", "0"], "--compute-default"),
+    ] {
+        let out = Command::new(GPUSLICE)
+            .args(base)
+            .args(&extra)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{extra:?} accepted");
+        assert!(err.contains(why), "{extra:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{extra:?}: one line: {err}");
+    }
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "nothing left behind"
+    );
+}

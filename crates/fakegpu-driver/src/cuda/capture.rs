@@ -32,27 +32,6 @@ use std::sync::{Mutex, MutexGuard};
 
 use super::*;
 
-pub const CUDA_ERROR_ILLEGAL_STATE: CUresult = 401;
-pub const CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: CUresult = 900;
-pub const CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: CUresult = 901;
-pub const CUDA_ERROR_STREAM_CAPTURE_IMPLICIT: CUresult = 906;
-pub const CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD: CUresult = 908;
-
-/// `CUstreamCaptureMode`.
-const MODE_GLOBAL: c_int = 0;
-#[cfg(test)]
-const MODE_THREAD_LOCAL: c_int = 1;
-const MODE_RELAXED: c_int = 2;
-/// `CUstreamCaptureStatus`.
-const STATUS_NONE: c_int = 0;
-const STATUS_ACTIVE: c_int = 1;
-const STATUS_INVALIDATED: c_int = 2;
-
-/// `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD`, `CU_STREAM_NON_BLOCKING`.
-const STREAM_LEGACY: usize = 0x1;
-const STREAM_PER_THREAD: usize = 0x2;
-const NON_BLOCKING: c_uint = 0x1;
-
 /// Token handles: created streams, and each thread's per-thread stream.
 const STREAM_BASE: usize = 0xB00_0000;
 const PER_THREAD_BASE: usize = 0xB80_0000;
@@ -102,7 +81,7 @@ fn streams() -> MutexGuard<'static, Streams> {
 static NEXT_THREAD: AtomicUsize = AtomicUsize::new(1);
 
 thread_local! {
-    static MODE: Cell<c_int> = const { Cell::new(MODE_GLOBAL) };
+    static MODE: Cell<c_int> = const { Cell::new(CU_STREAM_CAPTURE_MODE_GLOBAL) };
     static THREAD: usize = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
 }
 
@@ -115,8 +94,8 @@ fn thread() -> usize {
 pub fn key(stream: Handle, per_thread_default: bool) -> usize {
     match stream as usize {
         0 if per_thread_default => PER_THREAD_BASE + thread() * 16,
-        0 | STREAM_LEGACY => STREAM_LEGACY,
-        STREAM_PER_THREAD => PER_THREAD_BASE + thread() * 16,
+        0 | CU_STREAM_LEGACY => CU_STREAM_LEGACY,
+        CU_STREAM_PER_THREAD => PER_THREAD_BASE + thread() * 16,
         s => s,
     }
 }
@@ -126,15 +105,17 @@ pub fn key(stream: Handle, per_thread_default: bool) -> usize {
 /// responsible.
 pub fn unsafe_call() -> Result<(), CUresult> {
     let mode = MODE.with(Cell::get);
-    if mode == MODE_RELAXED {
+    if mode == CU_STREAM_CAPTURE_MODE_RELAXED {
         return Ok(());
     }
     let me = thread();
     let mut s = streams();
     let mut refused = false;
     for c in s.captures.values_mut() {
-        let own = c.thread == me && c.mode != MODE_RELAXED;
-        let other_global = mode == MODE_GLOBAL && c.thread != me && c.mode == MODE_GLOBAL;
+        let own = c.thread == me && c.mode != CU_STREAM_CAPTURE_MODE_RELAXED;
+        let other_global = mode == CU_STREAM_CAPTURE_MODE_GLOBAL
+            && c.thread != me
+            && c.mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
         if own || other_global {
             c.invalidated = true;
             refused = true;
@@ -151,7 +132,7 @@ pub fn unsafe_call() -> Result<(), CUresult> {
 /// Ok(false) when it runs, or the capture error.
 pub fn stream_op(key: usize) -> Result<bool, CUresult> {
     let mut s = streams();
-    if key == STREAM_LEGACY {
+    if key == CU_STREAM_LEGACY {
         let mut implicit = false;
         for c in s.captures.values_mut().filter(|c| c.blocking) {
             c.invalidated = true;
@@ -203,7 +184,7 @@ pub fn free_node(addr: u64) -> bool {
 pub unsafe extern "C" fn cuStreamCreate(stream: *mut Handle, flags: c_uint) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
         rc(current_device().and_then(|dev| {
-            if flags & !NON_BLOCKING != 0 {
+            if flags & !CU_STREAM_NON_BLOCKING != 0 {
                 return Err(CUDA_ERROR_INVALID_VALUE);
             }
             let h = {
@@ -262,18 +243,18 @@ pub unsafe extern "C" fn cuStreamGetDevice(stream: Handle, device: *mut c_int) -
 fn begin(stream: Handle, mode: c_int, per_thread_default: bool) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
         rc(current_device().and_then(|dev| {
-            if !(MODE_GLOBAL..=MODE_RELAXED).contains(&mode) {
+            if !(CU_STREAM_CAPTURE_MODE_GLOBAL..=CU_STREAM_CAPTURE_MODE_RELAXED).contains(&mode) {
                 return Err(CUDA_ERROR_INVALID_VALUE);
             }
             let k = key(stream, per_thread_default);
-            if k == STREAM_LEGACY {
+            if k == CU_STREAM_LEGACY {
                 return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
             }
             let mut s = streams();
             if s.captures.contains_key(&k) {
                 return Err(CUDA_ERROR_ILLEGAL_STATE);
             }
-            let blocking = !matches!(s.created.get(&k), Some(f) if f & NON_BLOCKING != 0);
+            let blocking = !matches!(s.created.get(&k), Some(f) if f & CU_STREAM_NON_BLOCKING != 0);
             s.captures.insert(
                 k,
                 Capture {
@@ -293,7 +274,7 @@ fn begin(stream: Handle, mode: c_int, per_thread_default: bool) -> CUresult {
 /// The CUDA 10.0 ABI (no mode: global).
 #[no_mangle]
 pub extern "C" fn cuStreamBeginCapture(stream: Handle) -> CUresult {
-    begin(stream, MODE_GLOBAL, false)
+    begin(stream, CU_STREAM_CAPTURE_MODE_GLOBAL, false)
 }
 
 #[no_mangle]
@@ -316,7 +297,7 @@ fn end(stream: Handle, graph: *mut Handle, per_thread_default: bool) -> CUresult
             let mut s = streams();
             match s.captures.get(&k) {
                 None => return CUDA_ERROR_ILLEGAL_STATE,
-                Some(c) if c.mode != MODE_RELAXED && c.thread != thread() => {
+                Some(c) if c.mode != CU_STREAM_CAPTURE_MODE_RELAXED && c.thread != thread() => {
                     return CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD
                 }
                 Some(_) => {}
@@ -357,16 +338,16 @@ fn is_capturing(stream: Handle, status: *mut c_int, per_thread_default: bool) ->
         rc(state().and_then(|_| {
             let k = key(stream, per_thread_default);
             let s = streams();
-            let v = if k == STREAM_LEGACY {
+            let v = if k == CU_STREAM_LEGACY {
                 if s.captures.values().any(|c| c.blocking && !c.invalidated) {
                     return Err(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
                 }
-                STATUS_NONE
+                CU_STREAM_CAPTURE_STATUS_NONE
             } else {
                 match s.captures.get(&k) {
-                    None => STATUS_NONE,
-                    Some(c) if c.invalidated => STATUS_INVALIDATED,
-                    Some(_) => STATUS_ACTIVE,
+                    None => CU_STREAM_CAPTURE_STATUS_NONE,
+                    Some(c) if c.invalidated => CU_STREAM_CAPTURE_STATUS_INVALIDATED,
+                    Some(_) => CU_STREAM_CAPTURE_STATUS_ACTIVE,
                 }
             };
             drop(s);
@@ -402,7 +383,7 @@ pub unsafe extern "C" fn cuThreadExchangeStreamCaptureMode(mode: *mut c_int) -> 
         }
         // SAFETY: non-null; caller contract.
         let new = unsafe { mode.read() };
-        if !(MODE_GLOBAL..=MODE_RELAXED).contains(&new) {
+        if !(CU_STREAM_CAPTURE_MODE_GLOBAL..=CU_STREAM_CAPTURE_MODE_RELAXED).contains(&new) {
             return CUDA_ERROR_INVALID_VALUE;
         }
         let old = MODE.with(|m| m.replace(new));
@@ -451,11 +432,11 @@ mod tests {
     fn an_unsafe_call_invalidates_the_own_capture_unless_relaxed() {
         let _serial = serial();
         let k = 0xC00_0000;
-        capture(k, MODE_GLOBAL);
+        capture(k, CU_STREAM_CAPTURE_MODE_GLOBAL);
         assert_eq!(stream_op(k), Ok(true));
         assert_eq!(captured_alloc(k, 1000).map(|a| a.is_some()), Ok(true));
-        let old = exchange(MODE_RELAXED);
-        assert_eq!(old, MODE_GLOBAL);
+        let old = exchange(CU_STREAM_CAPTURE_MODE_RELAXED);
+        assert_eq!(old, CU_STREAM_CAPTURE_MODE_GLOBAL);
         assert_eq!(unsafe_call(), Ok(()), "relaxed thread");
         exchange(old);
         assert_eq!(stream_op(k), Ok(true), "still valid");
@@ -473,7 +454,7 @@ mod tests {
     fn a_relaxed_capture_allows_unsafe_calls_and_other_streams_run() {
         let _serial = serial();
         let k = 0xC10_0000;
-        capture(k, MODE_RELAXED);
+        capture(k, CU_STREAM_CAPTURE_MODE_RELAXED);
         assert_eq!(unsafe_call(), Ok(()));
         assert_eq!(stream_op(k + 16), Ok(false));
         assert_eq!(captured_alloc(k + 16, 64), Ok(None));
@@ -485,10 +466,10 @@ mod tests {
     fn another_thread_s_global_capture_prohibits_threads_in_global_mode() {
         let _serial = serial();
         let k = 0xC20_0000;
-        std::thread::spawn(move || capture(k, MODE_GLOBAL))
+        std::thread::spawn(move || capture(k, CU_STREAM_CAPTURE_MODE_GLOBAL))
             .join()
             .unwrap();
-        let old = exchange(MODE_THREAD_LOCAL);
+        let old = exchange(CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
         assert_eq!(unsafe_call(), Ok(()), "thread-local mode ignores others");
         exchange(old);
         assert_eq!(stream_op(k), Ok(true));
@@ -500,8 +481,8 @@ mod tests {
     #[test]
     fn per_thread_default_stream_keys() {
         let mine = key(std::ptr::null_mut(), true);
-        assert_eq!(key(STREAM_PER_THREAD as Handle, false), mine);
-        assert_eq!(key(std::ptr::null_mut(), false), STREAM_LEGACY);
+        assert_eq!(key(CU_STREAM_PER_THREAD as Handle, false), mine);
+        assert_eq!(key(std::ptr::null_mut(), false), CU_STREAM_LEGACY);
         let other = std::thread::spawn(|| key(std::ptr::null_mut(), true))
             .join()
             .unwrap();

@@ -22,8 +22,6 @@ use std::time::{Duration, Instant};
 use super::capture::{key, stream_op};
 use super::*;
 
-const CUDA_ERROR_NOT_READY: CUresult = 600;
-const CUDA_ERROR_INVALID_HANDLE: CUresult = 400;
 const EVENT_BASE: usize = 0xE00_0000;
 
 type Handle = *mut c_void;
@@ -165,17 +163,6 @@ macro_rules! launch_coop {
             })
         }
     };
-}
-
-/// `CUlaunchConfig` (the fields the fake reads).
-#[repr(C)]
-pub struct LaunchConfig {
-    pub grid: [c_uint; 3],
-    pub block: [c_uint; 3],
-    pub shared_mem: c_uint,
-    pub stream: Handle,
-    pub attrs: *mut c_void,
-    pub num_attrs: c_uint,
 }
 
 macro_rules! launch_ex {

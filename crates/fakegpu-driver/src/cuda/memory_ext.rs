@@ -490,7 +490,7 @@ pub extern "C" fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: Handle) -> CUre
 
 // ---------------------------------------------------------------- VMM
 
-/// Reads `location.type`/`location.id` (offsets 8 and 12) of the prop.
+/// Reads the prop's location (device memory on device `location_id`).
 ///
 /// # Safety
 /// `handle` null or valid; `prop` null or a `CUmemAllocationProp`.
@@ -498,23 +498,18 @@ pub extern "C" fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: Handle) -> CUre
 pub unsafe extern "C" fn cuMemCreate(
     handle: *mut u64,
     size: usize,
-    prop: *const u8,
+    prop: *const CUmemAllocationProp,
     _flags: u64,
 ) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
-        if prop.is_null() || size == 0 {
+        // SAFETY: null or a CUmemAllocationProp (caller contract).
+        let Some(prop) = (unsafe { prop.as_ref() }) else {
             return CUDA_ERROR_INVALID_VALUE;
-        }
-        // SAFETY: prop points to a CUmemAllocationProp (≥ 16 bytes).
-        let (ty, id) = unsafe {
-            (
-                prop.add(8).cast::<c_int>().read_unaligned(),
-                prop.add(12).cast::<c_int>().read_unaligned(),
-            )
         };
-        if ty != 1 {
+        if size == 0 || prop.location_type != CU_MEM_LOCATION_TYPE_DEVICE {
             return CUDA_ERROR_INVALID_VALUE;
         }
+        let id = prop.location_id;
         rc(state().and_then(|_| {
             let h = dev_alloc(id as usize, size as u64)?;
             with(|e| e.vmm.mapped.insert(h, 0));
@@ -667,75 +662,63 @@ fn make_array(arr: *mut Handle, bytes: Option<u64>) -> CUresult {
     }))
 }
 
-/// `CUDA_ARRAY_DESCRIPTOR`: Width, Height, Format, NumChannels.
-///
 /// # Safety
-/// `arr` null or valid; `desc` null or a descriptor.
+/// `arr` null or valid; `desc` null or a `CUDA_ARRAY_DESCRIPTOR`.
 #[no_mangle]
-pub unsafe extern "C" fn cuArrayCreate_v2(arr: *mut Handle, desc: *const usize) -> CUresult {
+pub unsafe extern "C" fn cuArrayCreate_v2(
+    arr: *mut Handle,
+    desc: *const ArrayDescriptor,
+) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
-        if desc.is_null() {
+        // SAFETY: null or a descriptor (caller contract).
+        let Some(d) = (unsafe { desc.as_ref() }) else {
             return CUDA_ERROR_INVALID_VALUE;
-        }
-        // SAFETY: a CUDA_ARRAY_DESCRIPTOR is two size_t then two ints.
-        let (w, h, f, c) = unsafe {
-            (
-                *desc,
-                *desc.add(1),
-                desc.add(2).cast::<c_int>().read(),
-                desc.add(2).cast::<c_uint>().add(1).read(),
-            )
         };
-        make_array(arr, array_bytes(w, h, 1, f, c))
+        let bytes = array_bytes(d.width, d.height, 1, d.format, d.num_channels);
+        make_array(arr, bytes)
     })
 }
 
-/// Reads a `CUDA_ARRAY3D_DESCRIPTOR`: Width, Height, Depth, Format,
-/// NumChannels, Flags.
-///
 /// # Safety
-/// `desc` points to one.
-unsafe fn desc3d(desc: *const usize) -> (usize, usize, usize, c_int, c_uint) {
-    // SAFETY: three size_t then three ints.
-    unsafe {
-        (
-            *desc,
-            *desc.add(1),
-            *desc.add(2),
-            desc.add(3).cast::<c_int>().read(),
-            desc.add(3).cast::<c_uint>().add(1).read(),
-        )
-    }
-}
-
-/// # Safety
-/// `arr` null or valid; `desc` null or a 3D descriptor.
+/// `arr` null or valid; `desc` null or a `CUDA_ARRAY3D_DESCRIPTOR`.
 #[no_mangle]
-pub unsafe extern "C" fn cuArray3DCreate_v2(arr: *mut Handle, desc: *const usize) -> CUresult {
+pub unsafe extern "C" fn cuArray3DCreate_v2(
+    arr: *mut Handle,
+    desc: *const Array3DDescriptor,
+) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
-        if desc.is_null() {
+        // SAFETY: null or a descriptor (caller contract).
+        let Some(d) = (unsafe { desc.as_ref() }) else {
             return CUDA_ERROR_INVALID_VALUE;
-        }
-        // SAFETY: caller contract.
-        let (w, h, d, f, c) = unsafe { desc3d(desc) };
-        make_array(arr, array_bytes(w, h, d, f, c))
+        };
+        let bytes = array_bytes(d.width, d.height, d.depth, d.format, d.num_channels);
+        make_array(arr, bytes)
     })
 }
 
 /// # Safety
-/// `arr` null or valid; `desc` null or a 3D descriptor.
+/// `arr` null or valid; `desc` null or a `CUDA_ARRAY3D_DESCRIPTOR`.
 #[no_mangle]
 pub unsafe extern "C" fn cuMipmappedArrayCreate(
     arr: *mut Handle,
-    desc: *const usize,
+    desc: *const Array3DDescriptor,
     levels: c_uint,
 ) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
-        if desc.is_null() || levels == 0 {
+        // SAFETY: null or a descriptor (caller contract).
+        let Some(desc) = (unsafe { desc.as_ref() }) else {
+            return CUDA_ERROR_INVALID_VALUE;
+        };
+        if levels == 0 {
             return CUDA_ERROR_INVALID_VALUE;
         }
-        // SAFETY: caller contract.
-        let (w, h, d, f, c) = unsafe { desc3d(desc) };
+        let (w, h, d, f, c) = (
+            desc.width,
+            desc.height,
+            desc.depth,
+            desc.format,
+            desc.num_channels,
+        );
         let shrink = |v: usize, l: u32| if v == 0 { 0 } else { (v >> l).max(1) };
         let bytes = (0..levels.min(32))
             .map(|l| array_bytes(shrink(w, l), shrink(h, l), shrink(d, l), f, c))

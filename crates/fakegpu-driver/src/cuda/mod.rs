@@ -23,20 +23,7 @@ use crate::memory;
 pub use init::PciAddress;
 use init::{Device, InitOutcome};
 
-pub type CUresult = c_int;
-pub type CUdevice = c_int;
-pub type CUcontext = *mut c_void;
-pub type CUdeviceptr = u64;
-
-pub const CUDA_SUCCESS: CUresult = 0;
-pub const CUDA_ERROR_INVALID_VALUE: CUresult = 1;
-pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
-pub const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
-pub const CUDA_ERROR_NO_DEVICE: CUresult = 100;
-pub const CUDA_ERROR_INVALID_DEVICE: CUresult = 101;
-pub const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
-pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
-pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
+pub use gpuslice_cuda_abi::cuda::*;
 
 /// What the first `cuInit` decided; later calls return the same.
 struct State {
@@ -229,31 +216,20 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -
     })
 }
 
-// CUdevice_attribute values answered with something other than 0.
-const ATTR_MAX_THREADS_PER_BLOCK: c_int = 1;
-const ATTR_WARP_SIZE: c_int = 10;
-const ATTR_MULTIPROCESSOR_COUNT: c_int = 16;
-const ATTR_PCI_BUS_ID: c_int = 33;
-const ATTR_PCI_DEVICE_ID: c_int = 34;
-const ATTR_UNIFIED_ADDRESSING: c_int = 41;
-const ATTR_PCI_DOMAIN_ID: c_int = 50;
-const ATTR_COMPUTE_CAPABILITY_MAJOR: c_int = 75;
-const ATTR_COMPUTE_CAPABILITY_MINOR: c_int = 76;
-const ATTR_MANAGED_MEMORY: c_int = 83;
 /// One past the last attribute CUDA 13 defines (roughly); beyond is invalid.
 const ATTR_MAX: c_int = 160;
 
 fn attribute(d: &Device, attrib: c_int) -> Option<c_int> {
     let v = match attrib {
-        ATTR_MAX_THREADS_PER_BLOCK => 1024,
-        ATTR_WARP_SIZE => 32,
-        ATTR_MULTIPROCESSOR_COUNT => d.multiprocessors,
-        ATTR_PCI_BUS_ID => d.pci.bus as c_int,
-        ATTR_PCI_DEVICE_ID => d.pci.device as c_int,
-        ATTR_PCI_DOMAIN_ID => d.pci.domain as c_int,
-        ATTR_UNIFIED_ADDRESSING | ATTR_MANAGED_MEMORY => 1,
-        ATTR_COMPUTE_CAPABILITY_MAJOR => 9,
-        ATTR_COMPUTE_CAPABILITY_MINOR => 0,
+        CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK => 1024,
+        CU_DEVICE_ATTRIBUTE_WARP_SIZE => 32,
+        CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT => d.multiprocessors,
+        CU_DEVICE_ATTRIBUTE_PCI_BUS_ID => d.pci.bus as c_int,
+        CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID => d.pci.device as c_int,
+        CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID => d.pci.domain as c_int,
+        CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING | CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY => 1,
+        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR => 9,
+        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR => 0,
         _ if (1..ATTR_MAX).contains(&attrib) => 0,
         _ => return None,
     };
@@ -526,27 +502,27 @@ const ERRORS: &[(CUresult, &CStr, &CStr)] = &[
         c"named symbol not found",
     ),
     (
-        capture::CUDA_ERROR_ILLEGAL_STATE,
+        CUDA_ERROR_ILLEGAL_STATE,
         c"CUDA_ERROR_ILLEGAL_STATE",
         c"the operation cannot be performed in the present state",
     ),
     (
-        capture::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+        CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
         c"CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
         c"operation not permitted when stream is capturing",
     ),
     (
-        capture::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+        CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
         c"CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
         c"operation failed due to a previous error during capture",
     ),
     (
-        capture::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
+        CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
         c"CUDA_ERROR_STREAM_CAPTURE_IMPLICIT",
         c"operation would make the legacy stream depend on a capturing blocking stream",
     ),
     (
-        capture::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD,
+        CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD,
         c"CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD",
         c"attempt to terminate a thread-local capture sequence from another thread",
     ),

@@ -9,26 +9,14 @@ use std::io::{Read, Seek, SeekFrom};
 use std::time::{Duration, Instant};
 
 use super::{
-    guard, handle, out, rc, resolve, view, NvmlDevice, NvmlReturn, NVML_ERROR_INVALID_ARGUMENT,
-    NVML_ERROR_UNKNOWN, NVML_SUCCESS,
+    guard, handle, out, rc, resolve, view, NvmlDevice, NvmlEventData, NvmlEventSet, NvmlReturn,
+    NVML_ERROR_INVALID_ARGUMENT, NVML_ERROR_TIMEOUT, NVML_ERROR_UNKNOWN,
+    NVML_EVENT_TYPE_XID_CRITICAL_ERROR, NVML_SUCCESS,
 };
 use crate::host::Host;
 
-const NVML_ERROR_TIMEOUT: NvmlReturn = 10;
-/// `nvmlEventTypeXidCriticalError`.
-pub const XID_CRITICAL: c_ulonglong = 0x8;
 /// Path of the injection file below the host root.
 pub const XID_FILE: &str = ".fakegpu/xid";
-
-/// `nvmlEventData_t`.
-#[repr(C)]
-pub struct NvmlEventData {
-    pub device: NvmlDevice,
-    pub event_type: c_ulonglong,
-    pub event_data: c_ulonglong,
-    pub gpu_instance_id: c_uint,
-    pub compute_instance_id: c_uint,
-}
 
 struct EventSet {
     /// (view GPU index, event mask)
@@ -38,8 +26,6 @@ struct EventSet {
     /// A partial line carried over.
     pending: String,
 }
-
-pub type NvmlEventSet = *mut std::ffi::c_void;
 
 fn xid_len(host: &Host) -> u64 {
     std::fs::metadata(host.path(XID_FILE)).map_or(0, |m| m.len())
@@ -104,7 +90,7 @@ pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
     guard(NVML_ERROR_UNKNOWN, || {
         rc(resolve(device).and_then(|_| {
             // SAFETY: caller contract.
-            unsafe { out(types, XID_CRITICAL) }
+            unsafe { out(types, NVML_EVENT_TYPE_XID_CRITICAL_ERROR) }
         }))
     })
 }
@@ -161,11 +147,11 @@ fn next_event(es: &mut EventSet, host: &Host, v: &super::View) -> Option<NvmlEve
         if es
             .registered
             .iter()
-            .any(|(g, mask)| *g == gpu && mask & XID_CRITICAL != 0)
+            .any(|(g, mask)| *g == gpu && mask & NVML_EVENT_TYPE_XID_CRITICAL_ERROR != 0)
         {
             return Some(NvmlEventData {
                 device: handle(gpu, None),
-                event_type: XID_CRITICAL,
+                event_type: NVML_EVENT_TYPE_XID_CRITICAL_ERROR,
                 event_data: xid,
                 gpu_instance_id: 0xFFFF_FFFF,
                 compute_instance_id: 0xFFFF_FFFF,

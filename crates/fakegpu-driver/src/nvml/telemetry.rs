@@ -21,23 +21,6 @@ use super::*;
 use std::sync::OnceLock;
 use std::time::Instant;
 
-/// `nvmlUtilization_t`.
-#[repr(C)]
-pub struct NvmlUtilization {
-    pub gpu: c_uint,
-    pub memory: c_uint,
-}
-
-const NVML_TEMPERATURE_GPU: c_uint = 0;
-const NVML_CLOCK_GRAPHICS: c_uint = 0;
-const NVML_CLOCK_SM: c_uint = 1;
-const NVML_CLOCK_MEM: c_uint = 2;
-const NVML_CLOCK_VIDEO: c_uint = 3;
-const NVML_PCIE_UTIL_TX_BYTES: c_uint = 0;
-const NVML_PCIE_UTIL_RX_BYTES: c_uint = 1;
-const NVML_MEMORY_ERROR_TYPE_CORRECTED: c_uint = 0;
-const NVML_MEMORY_ERROR_TYPE_UNCORRECTED: c_uint = 1;
-
 fn minor(t: &Target) -> Result<u64, NvmlReturn> {
     Ok(u64::from(t.whole_gpu()?.info.minor))
 }

@@ -10,25 +10,9 @@ use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::time::Instant;
 
 use fakegpu::{format_uuid, ProbeAlloc, ProbeDevice, ProbeNvml, ProbeReport};
-use libloading::{Library, Symbol};
-
-type CuInit = unsafe extern "C" fn(c_uint) -> c_int;
-type CuDeviceGetCount = unsafe extern "C" fn(*mut c_int) -> c_int;
-type CuDeviceGet = unsafe extern "C" fn(*mut c_int, c_int) -> c_int;
-type CuDeviceGetName = unsafe extern "C" fn(*mut c_char, c_int, c_int) -> c_int;
-type CuDeviceGetUuid = unsafe extern "C" fn(*mut [u8; 16], c_int) -> c_int;
-type CuDeviceTotalMem = unsafe extern "C" fn(*mut usize, c_int) -> c_int;
-type CuDeviceGetPciBusId = unsafe extern "C" fn(*mut c_char, c_int, c_int) -> c_int;
-type CuPrimaryCtxRetain = unsafe extern "C" fn(*mut *mut c_void, c_int) -> c_int;
-type CuCtxSetCurrent = unsafe extern "C" fn(*mut c_void) -> c_int;
-type CuMemAlloc = unsafe extern "C" fn(*mut u64, usize) -> c_int;
-type CuMemGetInfo = unsafe extern "C" fn(*mut usize, *mut usize) -> c_int;
-type CuGetProcAddress =
-    unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> c_int;
-type NvmlInit = unsafe extern "C" fn() -> c_uint;
-type NvmlGetCount = unsafe extern "C" fn(*mut c_uint) -> c_uint;
-type NvmlGetHandle = unsafe extern "C" fn(c_uint, *mut *mut c_void) -> c_uint;
-type NvmlGetUuid = unsafe extern "C" fn(*mut c_void, *mut c_char, c_uint) -> c_uint;
+use gpuslice_cuda_abi::cuda::{self, pfn, CU_GET_PROC_ADDRESS_DEFAULT};
+use gpuslice_cuda_abi::nvml::{self, pfn as nvml_pfn, NVML_DEVICE_UUID_V2_BUFFER_SIZE};
+use gpuslice_cuda_load::Lib;
 
 struct Args {
     alloc: Option<u64>,
@@ -41,8 +25,8 @@ fn parse_args() -> Result<Args, String> {
     let mut args = Args {
         alloc: None,
         nvml: false,
-        lib: "libcuda.so.1".into(),
-        nvml_lib: "libnvidia-ml.so.1".into(),
+        lib: cuda::LIBCUDA.into(),
+        nvml_lib: nvml::LIBNVIDIA_ML.into(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -58,15 +42,6 @@ fn parse_args() -> Result<Args, String> {
     Ok(args)
 }
 
-/// Looks a symbol up, or fails with its name.
-///
-/// # Safety
-/// `T` must be the symbol's real type.
-unsafe fn sym<'l, T>(lib: &'l Library, name: &str) -> Result<Symbol<'l, T>, String> {
-    // SAFETY: forwarded contract on T.
-    unsafe { lib.get(name.as_bytes()) }.map_err(|e| format!("{name}: {e}"))
-}
-
 fn c_text(buf: &[c_char]) -> String {
     // SAFETY: every buffer passed here is zero-initialised and the driver
     // writes a NUL-terminated string into it, so a NUL is always present.
@@ -75,20 +50,20 @@ fn c_text(buf: &[c_char]) -> String {
         .into_owned()
 }
 
-fn device(lib: &Library, ordinal: c_int) -> Result<ProbeDevice, String> {
+fn device(lib: &Lib, ordinal: c_int) -> Result<ProbeDevice, String> {
     // SAFETY: the types are those of cuda.h; every out-pointer is a live
     // local of the right size, and buffer lengths are the buffers' own.
     unsafe {
         let mut dev = 0;
-        sym::<CuDeviceGet>(lib, "cuDeviceGet")?(&mut dev, ordinal);
+        lib.sym::<pfn::DeviceGet>("cuDeviceGet")?(&mut dev, ordinal);
         let mut name = [0 as c_char; 256];
-        sym::<CuDeviceGetName>(lib, "cuDeviceGetName")?(name.as_mut_ptr(), 256, dev);
+        lib.sym::<pfn::DeviceGetName>("cuDeviceGetName")?(name.as_mut_ptr(), 256, dev);
         let mut uuid = [0u8; 16];
-        sym::<CuDeviceGetUuid>(lib, "cuDeviceGetUuid_v2")?(&mut uuid, dev);
+        lib.sym::<pfn::DeviceGetUuid>("cuDeviceGetUuid_v2")?(&mut uuid, dev);
         let mut bus = [0 as c_char; 32];
-        sym::<CuDeviceGetPciBusId>(lib, "cuDeviceGetPCIBusId")?(bus.as_mut_ptr(), 32, dev);
+        lib.sym::<pfn::DeviceGetPciBusId>("cuDeviceGetPCIBusId")?(bus.as_mut_ptr(), 32, dev);
         let mut total = 0usize;
-        sym::<CuDeviceTotalMem>(lib, "cuDeviceTotalMem_v2")?(&mut total, dev);
+        lib.sym::<pfn::DeviceTotalMem>("cuDeviceTotalMem_v2")?(&mut total, dev);
         let name = c_text(&name);
         let prefix = if name.contains(" MIG ") { "MIG" } else { "GPU" };
         Ok(ProbeDevice {
@@ -101,29 +76,35 @@ fn device(lib: &Library, ordinal: c_int) -> Result<ProbeDevice, String> {
     }
 }
 
-fn proc_address_ok(lib: &Library) -> Result<bool, String> {
+fn proc_address_ok(lib: &Lib) -> Result<bool, String> {
     // SAFETY: cuda.h types; out-pointers are live locals.
     unsafe {
-        let get = sym::<CuGetProcAddress>(lib, "cuGetProcAddress_v2")?;
-        let mut pfn = std::ptr::null_mut();
+        let get = lib.sym::<pfn::GetProcAddress>("cuGetProcAddress_v2")?;
+        let mut found = std::ptr::null_mut();
         let mut status = -1;
-        let rc = get(c"cuMemAlloc".as_ptr(), &mut pfn, 13000, 0, &mut status);
-        let direct = sym::<CuMemAlloc>(lib, "cuMemAlloc_v2")?;
-        Ok(rc == 0 && status == 0 && pfn == *direct as *mut c_void)
+        let rc = get(
+            c"cuMemAlloc".as_ptr(),
+            &mut found,
+            13000,
+            CU_GET_PROC_ADDRESS_DEFAULT,
+            &mut status,
+        );
+        let direct = lib.sym::<pfn::MemAlloc>("cuMemAlloc_v2")?;
+        Ok(rc == 0 && status == 0 && found == *direct as *mut c_void)
     }
 }
 
-fn alloc(lib: &Library, bytes: u64) -> Result<ProbeAlloc, String> {
+fn alloc(lib: &Lib, bytes: u64) -> Result<ProbeAlloc, String> {
     // SAFETY: cuda.h types; out-pointers are live locals.
     unsafe {
         let mut ctx = std::ptr::null_mut();
-        sym::<CuPrimaryCtxRetain>(lib, "cuDevicePrimaryCtxRetain")?(&mut ctx, 0);
-        sym::<CuCtxSetCurrent>(lib, "cuCtxSetCurrent")?(ctx);
-        let info = sym::<CuMemGetInfo>(lib, "cuMemGetInfo_v2")?;
+        lib.sym::<pfn::DevicePrimaryCtxRetain>("cuDevicePrimaryCtxRetain")?(&mut ctx, 0);
+        lib.sym::<pfn::CtxSetCurrent>("cuCtxSetCurrent")?(ctx);
+        let info = lib.sym::<pfn::MemGetInfo>("cuMemGetInfo_v2")?;
         let (mut free_before, mut total) = (0usize, 0usize);
         info(&mut free_before, &mut total);
         let mut ptr = 0u64;
-        let rc = sym::<CuMemAlloc>(lib, "cuMemAlloc_v2")?(&mut ptr, bytes as usize);
+        let rc = lib.sym::<pfn::MemAlloc>("cuMemAlloc_v2")?(&mut ptr, bytes as usize);
         let mut free_after = 0usize;
         info(&mut free_after, &mut total);
         Ok(ProbeAlloc {
@@ -139,11 +120,11 @@ fn alloc(lib: &Library, bytes: u64) -> Result<ProbeAlloc, String> {
 fn nvml(path: &str) -> Result<ProbeNvml, String> {
     // SAFETY: loading a library runs its initialisers; the fake and the real
     // NVML have none that matter here.
-    let lib = unsafe { Library::new(path) }.map_err(|e| format!("{path}: {e}"))?;
+    let lib = unsafe { Lib::open(path) }?;
     // SAFETY: nvml.h types; out-pointers are live locals, buffer lengths
     // are the buffers' own.
     unsafe {
-        let init_rc = sym::<NvmlInit>(&lib, "nvmlInit_v2")?();
+        let init_rc = lib.sym::<nvml_pfn::Init>("nvmlInit_v2")?();
         let mut report = ProbeNvml {
             init_rc,
             count: 0,
@@ -152,14 +133,15 @@ fn nvml(path: &str) -> Result<ProbeNvml, String> {
         if init_rc != 0 {
             return Ok(report);
         }
-        sym::<NvmlGetCount>(&lib, "nvmlDeviceGetCount_v2")?(&mut report.count);
-        let by_index = sym::<NvmlGetHandle>(&lib, "nvmlDeviceGetHandleByIndex_v2")?;
-        let get_uuid = sym::<NvmlGetUuid>(&lib, "nvmlDeviceGetUUID")?;
+        lib.sym::<nvml_pfn::DeviceGetCount>("nvmlDeviceGetCount_v2")?(&mut report.count);
+        let by_index =
+            lib.sym::<nvml_pfn::DeviceGetHandleByIndex>("nvmlDeviceGetHandleByIndex_v2")?;
+        let get_uuid = lib.sym::<nvml_pfn::DeviceGetUuid>("nvmlDeviceGetUUID")?;
         for i in 0..report.count {
             let mut handle = std::ptr::null_mut();
             by_index(i, &mut handle);
-            let mut buf = [0 as c_char; 96];
-            get_uuid(handle, buf.as_mut_ptr(), 96);
+            let mut buf = [0 as c_char; NVML_DEVICE_UUID_V2_BUFFER_SIZE];
+            get_uuid(handle, buf.as_mut_ptr(), buf.len() as c_uint);
             report.uuids.push(c_text(&buf));
         }
         Ok(report)
@@ -168,15 +150,15 @@ fn nvml(path: &str) -> Result<ProbeNvml, String> {
 
 fn probe(args: &Args) -> Result<ProbeReport, String> {
     // SAFETY: as in `nvml`.
-    let lib = unsafe { Library::new(&args.lib) }.map_err(|e| format!("{}: {e}", args.lib))?;
+    let lib = unsafe { Lib::open(&args.lib) }?;
     let started = Instant::now();
     // SAFETY: cuda.h type.
-    let init_rc = unsafe { sym::<CuInit>(&lib, "cuInit")?(0) };
+    let init_rc = unsafe { lib.sym::<pfn::Init>("cuInit")?(0) };
     let init_us = started.elapsed().as_micros() as u64;
     let mut count = 0;
     if init_rc == 0 {
         // SAFETY: cuda.h type; out-pointer is a live local.
-        unsafe { sym::<CuDeviceGetCount>(&lib, "cuDeviceGetCount")?(&mut count) };
+        unsafe { lib.sym::<pfn::DeviceGetCount>("cuDeviceGetCount")?(&mut count) };
     }
     let devices = (0..count)
         .map(|i| device(&lib, i))

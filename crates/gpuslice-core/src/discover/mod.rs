@@ -41,7 +41,7 @@ use std::path::{Path, PathBuf};
 use thiserror::Error;
 
 /// Library name NVML is loaded by when [`DiscoverOptions::nvml_lib`] is None.
-pub const DEFAULT_NVML_LIB: &str = "libnvidia-ml.so.1";
+pub const DEFAULT_NVML_LIB: &str = gpuslice_cuda_abi::nvml::LIBNVIDIA_ML;
 /// Environment variable naming the host root a fake NVML describes.
 pub const FAKEGPU_ROOT_ENV: &str = "FAKEGPU_ROOT";
 

@@ -9,7 +9,7 @@ use super::procfs::CapMinors;
 use crate::model::{Gpu, Inventory, MigDevice};
 use crate::select::canonical_bus_id;
 use nvml_wrapper::error::NvmlError;
-use nvml_wrapper::{Device, Nvml};
+use nvml_wrapper::Device;
 use std::collections::BTreeSet;
 use std::ffi::OsStr;
 
@@ -56,7 +56,7 @@ pub(crate) struct NvmlMig {
 /// A GPU NVML cannot describe is skipped with a warning rather than
 /// losing what the others say.
 pub(crate) fn snapshot(lib: &OsStr) -> Result<NvmlSnapshot, String> {
-    let nvml = Nvml::builder().lib_path(lib).init().map_err(|e| {
+    let nvml = gpuslice_cuda_load::open_nvml(Some(std::path::Path::new(lib))).map_err(|e| {
         one_line(&format!(
             "NVML unavailable ({}): {e}",
             lib.to_string_lossy()

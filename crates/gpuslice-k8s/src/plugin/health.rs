@@ -12,7 +12,6 @@ use super::config::Health as HealthCfg;
 use gpuslice_core::Inventory;
 use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
-use nvml_wrapper::Nvml;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -81,11 +80,8 @@ fn watch_loop(
     tx: &watch::Sender<Snapshot>,
     stop: &AtomicBool,
 ) -> Result<(), String> {
-    let lib = nvml_lib.unwrap_or_else(|| gpuslice_core::discover::DEFAULT_NVML_LIB.into());
-    let nvml = Nvml::builder()
-        .lib_path(lib.as_os_str())
-        .init()
-        .map_err(|e| format!("NVML: {e}"))?;
+    let nvml =
+        gpuslice_cuda_load::open_nvml(nvml_lib.as_deref()).map_err(|e| format!("NVML: {e}"))?;
     let uuids: Vec<String> = gpus.iter().map(|(_, uuid)| uuid.clone()).collect();
     let set = gpuslice_core::xid::watch_xid_events(&nvml, &uuids)?;
     tx.send_modify(|s| s.watching = "events".into());

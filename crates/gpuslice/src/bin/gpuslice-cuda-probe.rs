@@ -7,19 +7,11 @@
 //! process that ignores the hint: the isolation tests use it to show what
 //! the kernel layers enforce on their own.
 
-use libloading::{Library, Symbol};
+use gpuslice_cuda_abi::cuda::{pfn, CUcontext, CUdevice, LIBCUDA};
+use gpuslice_cuda_load::{Lib, Symbol};
 use serde_json::{json, Map, Value};
-use std::os::raw::{c_char, c_int, c_uint, c_void};
+use std::os::raw::{c_char, c_int};
 use std::time::Instant;
-
-type CuInit = unsafe extern "C" fn(c_uint) -> c_int;
-type CuDeviceGetCount = unsafe extern "C" fn(*mut c_int) -> c_int;
-type CuDeviceGet = unsafe extern "C" fn(*mut c_int, c_int) -> c_int;
-type CuDeviceGetName = unsafe extern "C" fn(*mut c_char, c_int, c_int) -> c_int;
-type CuCtxRetain = unsafe extern "C" fn(*mut *mut c_void, c_int) -> c_int;
-type CuCtxSetCurrent = unsafe extern "C" fn(*mut c_void) -> c_int;
-type CuMemAlloc = unsafe extern "C" fn(*mut u64, usize) -> c_int;
-type CuMemFree = unsafe extern "C" fn(u64) -> c_int;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -30,7 +22,7 @@ fn main() {
         .iter()
         .position(|a| a == "--lib")
         .and_then(|i| args.get(i + 1))
-        .map_or("libcuda.so.1", String::as_str);
+        .map_or(LIBCUDA, String::as_str);
     let out = probe(lib_name);
     println!("{}", Value::Object(out));
 }
@@ -45,13 +37,10 @@ fn probe(lib_name: &str) -> Map<String, Value> {
     let t = Instant::now();
     // SAFETY: loading the CUDA driver runs its initialisers, which is what
     // we are here to measure; it is the system's own driver library.
-    let lib = match unsafe { Library::new(lib_name) } {
+    let lib = match unsafe { Lib::open(lib_name) } {
         Ok(l) => l,
         Err(e) => {
-            out.insert(
-                "error".into(),
-                json!(format!("cannot load {lib_name}: {e}")),
-            );
+            out.insert("error".into(), json!(e));
             return out;
         }
     };
@@ -64,13 +53,13 @@ fn probe(lib_name: &str) -> Map<String, Value> {
 }
 
 /// Look up `name` in the driver.
-fn sym<'l, T>(lib: &'l Library, name: &str) -> Result<Symbol<'l, T>, String> {
-    // SAFETY: each type alias above matches the symbol's prototype in cuda.h.
-    unsafe { lib.get(name.as_bytes()) }.map_err(|e| format!("{name}: {e}"))
+fn sym<'l, T>(lib: &'l Lib, name: &str) -> Result<Symbol<'l, T>, String> {
+    // SAFETY: every caller names the `pfn` prototype of `name` (cuda.h).
+    unsafe { lib.sym(name) }
 }
 
-fn run_phases(lib: &Library, out: &mut Map<String, Value>) -> Result<(), String> {
-    let cu_init: Symbol<CuInit> = sym(lib, "cuInit")?;
+fn run_phases(lib: &Lib, out: &mut Map<String, Value>) -> Result<(), String> {
+    let cu_init: Symbol<pfn::Init> = sym(lib, "cuInit")?;
     let t = Instant::now();
     // SAFETY: cuInit takes flags by value.
     let rc = unsafe { cu_init(0) };
@@ -81,7 +70,7 @@ fn run_phases(lib: &Library, out: &mut Map<String, Value>) -> Result<(), String>
         return Ok(());
     }
 
-    let get_count: Symbol<CuDeviceGetCount> = sym(lib, "cuDeviceGetCount")?;
+    let get_count: Symbol<pfn::DeviceGetCount> = sym(lib, "cuDeviceGetCount")?;
     let mut count: c_int = 0;
     let t = Instant::now();
     // SAFETY: count is a valid out pointer.
@@ -94,11 +83,11 @@ fn run_phases(lib: &Library, out: &mut Map<String, Value>) -> Result<(), String>
     }
     out.insert("names".into(), json!(names(lib, count)?));
 
-    let device_get: Symbol<CuDeviceGet> = sym(lib, "cuDeviceGet")?;
-    let retain: Symbol<CuCtxRetain> = sym(lib, "cuDevicePrimaryCtxRetain")?;
-    let set_current: Symbol<CuCtxSetCurrent> = sym(lib, "cuCtxSetCurrent")?;
-    let mut dev: c_int = 0;
-    let mut ctx: *mut c_void = std::ptr::null_mut();
+    let device_get: Symbol<pfn::DeviceGet> = sym(lib, "cuDeviceGet")?;
+    let retain: Symbol<pfn::DevicePrimaryCtxRetain> = sym(lib, "cuDevicePrimaryCtxRetain")?;
+    let set_current: Symbol<pfn::CtxSetCurrent> = sym(lib, "cuCtxSetCurrent")?;
+    let mut dev: CUdevice = 0;
+    let mut ctx: CUcontext = std::ptr::null_mut();
     let t = Instant::now();
     // SAFETY: valid out pointers; the context handle comes from the driver.
     let rc = unsafe {
@@ -117,8 +106,8 @@ fn run_phases(lib: &Library, out: &mut Map<String, Value>) -> Result<(), String>
         return Ok(());
     }
 
-    let alloc: Symbol<CuMemAlloc> = sym(lib, "cuMemAlloc_v2")?;
-    let free: Symbol<CuMemFree> = sym(lib, "cuMemFree_v2")?;
+    let alloc: Symbol<pfn::MemAlloc> = sym(lib, "cuMemAlloc_v2")?;
+    let free: Symbol<pfn::MemFree> = sym(lib, "cuMemFree_v2")?;
     let mut ptr: u64 = 0;
     let t = Instant::now();
     // SAFETY: valid out pointer; the pointer is freed right after.
@@ -132,8 +121,8 @@ fn run_phases(lib: &Library, out: &mut Map<String, Value>) -> Result<(), String>
     Ok(())
 }
 
-fn names(lib: &Library, count: c_int) -> Result<Vec<String>, String> {
-    let get_name: Symbol<CuDeviceGetName> = sym(lib, "cuDeviceGetName")?;
+fn names(lib: &Lib, count: c_int) -> Result<Vec<String>, String> {
+    let get_name: Symbol<pfn::DeviceGetName> = sym(lib, "cuDeviceGetName")?;
     let mut names = Vec::new();
     for i in 0..count {
         let mut buf = [0 as c_char; 128];

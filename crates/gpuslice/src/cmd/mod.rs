@@ -3,6 +3,7 @@
 pub mod cdi;
 pub mod device_plugin;
 pub mod doctor;
+pub mod dra;
 pub mod exporter;
 pub mod fakehost;
 pub mod labels;

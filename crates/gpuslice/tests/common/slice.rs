@@ -9,13 +9,9 @@ use serde_json::Value;
 
 use super::GPUSLICE;
 
-/// The shim's test client, built with the workspace.
+/// The shim's test client (gpuslice-testkit), built with the workspace.
 pub fn client() -> PathBuf {
-    fakegpu::artifact_dirs()
-        .into_iter()
-        .map(|d| d.join("gpuslice-shim-client"))
-        .find(|p| p.is_file())
-        .expect("gpuslice-shim-client built (cargo build -p gpuslice-shim)")
+    gpuslice_testkit::shim_client()
 }
 
 /// `gpuslice --host-root <fake> ARGS` with the fake driver's env, slice

@@ -1,5 +1,6 @@
 //! Test helper: a CUDA driver API client for the shim's tests (run under
-//! `LD_PRELOAD=libgpuslice.so` against the fake driver). Not a user tool.
+//! `LD_PRELOAD=libgpuslice.so` against the fake driver). Not a user tool;
+//! it lives in gpuslice-testkit so that no product crate carries it.
 //!
 //! It loads `libcuda.so.1` with `dlopen` and takes entry points the way
 //! real programs do, chosen by `--via`:
@@ -42,16 +43,19 @@
 //!   is busy with the other thread's kernel; then it synchronises. Prints
 //!   the simulated GPU busy time.
 
-use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
+use std::ffi::{c_int, c_uint, c_void, CStr, CString};
 use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use gpuslice_cuda_abi::cuda::{
+    pfn, Array3DDescriptor, ArrayDescriptor, CUmemAllocationProp, CUresult as R, LaunchConfig,
+    CU_GET_PROC_ADDRESS_DEFAULT, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
+    CU_MEM_LOCATION_TYPE_DEVICE, CU_STREAM_CAPTURE_MODE_GLOBAL, CU_STREAM_PER_THREAD, LIBCUDA,
+};
 use gpuslice_ledger::Ledger;
 
-type R = c_int;
-
-type Gpa = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> R;
+type Gpa = pfn::GetProcAddress;
 
 struct Cuda {
     handle: *mut c_void,
@@ -66,9 +70,10 @@ impl Cuda {
         } else {
             libc::RTLD_NOW | libc::RTLD_LOCAL
         };
+        let name = CString::new(LIBCUDA).unwrap();
         // SAFETY: plain dlopen of a NUL-terminated name.
-        let handle = unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), flags) };
-        assert!(!handle.is_null(), "dlopen libcuda.so.1 failed");
+        let handle = unsafe { libc::dlopen(name.as_ptr(), flags) };
+        assert!(!handle.is_null(), "dlopen {LIBCUDA} failed");
         let mut c = Cuda {
             handle,
             via: via.to_string(),
@@ -100,7 +105,11 @@ impl Cuda {
             let n = CString::new(base).unwrap();
             let mut p = std::ptr::null_mut();
             let mut status = -1;
-            let flags = if exact.ends_with("_ptsz") { 2 } else { 0 };
+            let flags = if exact.ends_with("_ptsz") {
+                CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
+            } else {
+                CU_GET_PROC_ADDRESS_DEFAULT
+            };
             // SAFETY: valid arguments.
             let rc = unsafe { gpa(n.as_ptr(), &mut p, 13000, flags, &mut status) };
             if rc != 0 {
@@ -132,19 +141,14 @@ fn used() -> u64 {
 }
 
 fn init(cu: &Cuda) {
-    let cu_init = f!(cu, "cuInit", "cuInit", unsafe extern "C" fn(c_uint) -> R);
+    let cu_init = f!(cu, "cuInit", "cuInit", pfn::Init);
     let retain = f!(
         cu,
         "cuDevicePrimaryCtxRetain",
         "cuDevicePrimaryCtxRetain",
-        unsafe extern "C" fn(*mut *mut c_void, c_int) -> R
+        pfn::DevicePrimaryCtxRetain
     );
-    let set = f!(
-        cu,
-        "cuCtxSetCurrent",
-        "cuCtxSetCurrent",
-        unsafe extern "C" fn(*mut c_void) -> R
-    );
+    let set = f!(cu, "cuCtxSetCurrent", "cuCtxSetCurrent", pfn::CtxSetCurrent);
     // SAFETY: plain driver calls with valid out-pointers.
     unsafe {
         assert_eq!(cu_init(0), 0, "cuInit");
@@ -161,8 +165,8 @@ fn init(cu: &Cuda) {
     }
 }
 
-type Alloc = unsafe extern "C" fn(*mut u64, usize) -> R;
-type Free = unsafe extern "C" fn(u64) -> R;
+type Alloc = pfn::MemAlloc;
+type Free = pfn::MemFree;
 
 fn line(kv: &[(&str, String)]) {
     let body: Vec<String> = kv.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
@@ -187,34 +191,6 @@ fn path(name: &str, alloc: impl FnOnce() -> (R, u64), free: impl FnOnce(u64) -> 
         ("charged", (during as i128 - before as i128).to_string()),
         ("after_free", (used() as i128 - before as i128).to_string()),
     ]);
-}
-
-#[repr(C)]
-struct Prop {
-    type_: c_int,
-    handle_types: c_int,
-    loc_type: c_int,
-    loc_id: c_int,
-    win32: *mut c_void,
-    flags: [u8; 8],
-}
-
-#[repr(C)]
-struct Desc3D {
-    w: usize,
-    h: usize,
-    d: usize,
-    format: c_int,
-    channels: c_uint,
-    flags: c_uint,
-}
-
-#[repr(C)]
-struct Desc2D {
-    w: usize,
-    h: usize,
-    format: c_int,
-    channels: c_uint,
 }
 
 const MIB: usize = 1 << 20;
@@ -367,7 +343,7 @@ fn paths(cu: &Cuda) {
         cu,
         "cuMemCreate",
         "cuMemCreate",
-        unsafe extern "C" fn(*mut u64, usize, *const Prop, u64) -> R
+        unsafe extern "C" fn(*mut u64, usize, *const CUmemAllocationProp, u64) -> R
     );
     let release = f!(
         cu,
@@ -375,14 +351,7 @@ fn paths(cu: &Cuda) {
         "cuMemRelease",
         unsafe extern "C" fn(u64) -> R
     );
-    let prop = Prop {
-        type_: 1,
-        handle_types: 0,
-        loc_type: 1,
-        loc_id: 0,
-        win32: std::ptr::null_mut(),
-        flags: [0; 8],
-    };
+    let prop = device0_prop();
     path(
         "cuMemCreate",
         || {
@@ -398,13 +367,13 @@ fn paths(cu: &Cuda) {
         cu,
         "cuArrayCreate",
         "cuArrayCreate_v2",
-        unsafe extern "C" fn(*mut *mut c_void, *const Desc2D) -> R
+        unsafe extern "C" fn(*mut *mut c_void, *const ArrayDescriptor) -> R
     );
     let arr3 = f!(
         cu,
         "cuArray3DCreate",
         "cuArray3DCreate_v2",
-        unsafe extern "C" fn(*mut *mut c_void, *const Desc3D) -> R
+        unsafe extern "C" fn(*mut *mut c_void, *const Array3DDescriptor) -> R
     );
     let arr_destroy = f!(
         cu,
@@ -416,7 +385,7 @@ fn paths(cu: &Cuda) {
         cu,
         "cuMipmappedArrayCreate",
         "cuMipmappedArrayCreate",
-        unsafe extern "C" fn(*mut *mut c_void, *const Desc3D, c_uint) -> R
+        unsafe extern "C" fn(*mut *mut c_void, *const Array3DDescriptor, c_uint) -> R
     );
     let mip_destroy = f!(
         cu,
@@ -424,11 +393,11 @@ fn paths(cu: &Cuda) {
         "cuMipmappedArrayDestroy",
         unsafe extern "C" fn(*mut c_void) -> R
     );
-    let d2 = Desc2D {
-        w: 1024,
-        h: 1024,
+    let d2 = ArrayDescriptor {
+        width: 1024,
+        height: 1024,
         format: 0x20,
-        channels: 1,
+        num_channels: 1,
     };
     path(
         "cuArrayCreate",
@@ -440,12 +409,12 @@ fn paths(cu: &Cuda) {
         // SAFETY: a is the array created above, destroyed once.
         |a| unsafe { arr_destroy(a as *mut c_void) },
     );
-    let d3 = Desc3D {
-        w: 256,
-        h: 256,
-        d: 16,
+    let d3 = Array3DDescriptor {
+        width: 256,
+        height: 256,
+        depth: 16,
         format: 0x01,
-        channels: 4,
+        num_channels: 4,
         flags: 0,
     };
     path(
@@ -458,12 +427,12 @@ fn paths(cu: &Cuda) {
         // SAFETY: a is the array created above, destroyed once.
         |a| unsafe { arr_destroy(a as *mut c_void) },
     );
-    let dm = Desc3D {
-        w: 512,
-        h: 512,
-        d: 0,
+    let dm = Array3DDescriptor {
+        width: 512,
+        height: 512,
+        depth: 0,
         format: 0x20,
-        channels: 4,
+        num_channels: 4,
         flags: 0,
     };
     path(
@@ -542,14 +511,13 @@ fn paths(cu: &Cuda) {
     );
 }
 
-type StreamCreate = unsafe extern "C" fn(*mut *mut c_void, c_uint) -> R;
-type BeginCapture = unsafe extern "C" fn(*mut c_void, c_int) -> R;
-type EndCapture = unsafe extern "C" fn(*mut c_void, *mut *mut c_void) -> R;
-type IsCapturing = unsafe extern "C" fn(*mut c_void, *mut c_int) -> R;
-type AllocAsync = unsafe extern "C" fn(*mut u64, usize, *mut c_void) -> R;
+type StreamCreate = pfn::StreamCreate;
+type BeginCapture = pfn::StreamBeginCapture;
+type EndCapture = pfn::StreamEndCapture;
+type IsCapturing = pfn::StreamIsCapturing;
+type AllocAsync = pfn::MemAllocAsync;
 
-const CAPTURE_MODE_GLOBAL: c_int = 0;
-const STREAM_PER_THREAD: *mut c_void = 2 as *mut c_void;
+const STREAM_PER_THREAD: *mut c_void = CU_STREAM_PER_THREAD as *mut c_void;
 
 fn list(v: &[R]) -> String {
     let items: Vec<String> = v.iter().map(R::to_string).collect();
@@ -608,7 +576,7 @@ fn capture_one(
     let before = used();
     // SAFETY: driver calls with valid arguments and out-pointers.
     unsafe {
-        let rc_begin = begin(stream, CAPTURE_MODE_GLOBAL);
+        let rc_begin = begin(stream, CU_STREAM_CAPTURE_MODE_GLOBAL);
         let rc_allocs: Vec<R> = (0..allocs)
             .map(|_| {
                 let mut p = 0;
@@ -672,7 +640,7 @@ fn capture(cu: &Cuda, count: usize, size: usize) {
     let before = used();
     // SAFETY: driver calls with valid arguments and out-pointers.
     unsafe {
-        let rc_begin = begin(STREAM_PER_THREAD, CAPTURE_MODE_GLOBAL);
+        let rc_begin = begin(STREAM_PER_THREAD, CU_STREAM_CAPTURE_MODE_GLOBAL);
         let mut p = 0;
         let rc_alloc = alloc_ptsz(&mut p, 6 * MIB, std::ptr::null_mut());
         let during = used();
@@ -750,7 +718,7 @@ fn other_thread_captures(cu: &Cuda, alloc: AllocAsync) {
         unsafe {
             set_ctx(ctx as *mut c_void);
             began_tx
-                .send(begin(theirs as *mut c_void, CAPTURE_MODE_GLOBAL))
+                .send(begin(theirs as *mut c_void, CU_STREAM_CAPTURE_MODE_GLOBAL))
                 .unwrap();
             go_rx.recv().unwrap();
             let mut graph = std::ptr::null_mut();
@@ -901,44 +869,10 @@ fn file_of(p: *mut c_void) -> String {
         .into_owned()
 }
 
-type Launch = unsafe extern "C" fn(
-    *mut c_void,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    *mut c_void,
-    *mut *mut c_void,
-    *mut *mut c_void,
-) -> R;
-type LaunchCoop = unsafe extern "C" fn(
-    *mut c_void,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    *mut c_void,
-    *mut *mut c_void,
-) -> R;
-
-#[repr(C)]
-struct LaunchConfig {
-    grid: [c_uint; 3],
-    block: [c_uint; 3],
-    shared_mem: c_uint,
-    stream: *mut c_void,
-    attrs: *mut c_void,
-    num_attrs: c_uint,
-}
-type LaunchEx =
-    unsafe extern "C" fn(*const LaunchConfig, *mut c_void, *mut *mut c_void, *mut *mut c_void) -> R;
-type GraphLaunch = unsafe extern "C" fn(*mut c_void, *mut c_void) -> R;
+type Launch = pfn::LaunchKernel;
+type LaunchCoop = pfn::LaunchCooperativeKernel;
+type LaunchEx = pfn::LaunchKernelEx;
+type GraphLaunch = pfn::GraphLaunch;
 
 /// The fake driver's `fakegpuBusyNs`: GPU time device `d` has completed.
 fn fake_busy(cu: &Cuda) -> impl Fn(c_int) -> u64 {
@@ -1540,7 +1474,7 @@ fn vmm_mapped(cu: &Cuda, size: usize) {
         cu,
         "cuMemCreate",
         "cuMemCreate",
-        unsafe extern "C" fn(*mut u64, usize, *const Prop, u64) -> R
+        unsafe extern "C" fn(*mut u64, usize, *const CUmemAllocationProp, u64) -> R
     );
     let release = f!(
         cu,
@@ -1556,14 +1490,7 @@ fn vmm_mapped(cu: &Cuda, size: usize) {
         "cuMemUnmap",
         unsafe extern "C" fn(u64, usize) -> R
     );
-    let prop = Prop {
-        type_: 1,
-        handle_types: 0,
-        loc_type: 1,
-        loc_id: 0,
-        win32: std::ptr::null_mut(),
-        flags: [0; 8],
-    };
+    let prop = device0_prop();
     let (mut h, mut va) = (0, 0);
     let mut out = Vec::new();
     // SAFETY: valid arguments; the handle is mapped once, released once,
@@ -1792,4 +1719,16 @@ fn pool_location(cu: &Cuda, bytes: usize) {
     }
     let kv: Vec<(&str, String)> = kv.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
     line(&kv);
+}
+
+/// `cuMemCreate`'s properties for plain device memory on device 0.
+fn device0_prop() -> CUmemAllocationProp {
+    CUmemAllocationProp {
+        type_: 1, // CU_MEM_ALLOCATION_TYPE_PINNED
+        requested_handle_types: 0,
+        location_type: CU_MEM_LOCATION_TYPE_DEVICE,
+        location_id: 0,
+        win32_handle_meta_data: std::ptr::null_mut(),
+        alloc_flags: [0; 8],
+    }
 }

@@ -1,0 +1,98 @@
+//! Loading the CUDA driver and NVML at run time.
+//!
+//! - [`Lib`]: dlopen a driver library (`libcuda.so.1`, `libnvidia-ml.so.1`,
+//!   or a path) and look up its entry points with the prototypes of
+//!   `gpuslice_cuda_abi::cuda::pfn` and `gpuslice_cuda_abi::nvml::pfn`
+//!   (the CUDA probe, `fakegpu-probe`). Errors are one line naming the
+//!   library or the symbol.
+//! - [`open_nvml`]: the one way gpuslice's discovery, doctor, metrics,
+//!   device plugin and benchmarks open NVML (through nvml-wrapper).
+
+use std::ffi::OsStr;
+use std::path::Path;
+
+use gpuslice_cuda_abi::nvml::LIBNVIDIA_ML;
+use libloading::Library;
+pub use libloading::Symbol;
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::Nvml;
+
+/// A loaded driver library.
+pub struct Lib {
+    name: String,
+    lib: Library,
+}
+
+impl Lib {
+    /// Loads `name` through the dynamic loader (a bare name searches
+    /// `LD_LIBRARY_PATH` and the cache, so the fake or the real driver is
+    /// picked as a program linked against it would pick it).
+    ///
+    /// # Safety
+    /// Loading runs the library's initialisers: `name` must be a driver
+    /// library (real or fake), not an arbitrary file.
+    pub unsafe fn open(name: &str) -> Result<Lib, String> {
+        // SAFETY: the caller vouches for the library (see above).
+        let lib = unsafe { Library::new(name) }.map_err(|e| format!("cannot load {name}: {e}"))?;
+        Ok(Lib {
+            name: name.to_string(),
+            lib,
+        })
+    }
+
+    /// The entry point `symbol`, typed `T`.
+    ///
+    /// # Safety
+    /// `T` must be the symbol's prototype (one of the `pfn` aliases for it).
+    pub unsafe fn sym<T>(&self, symbol: &str) -> Result<Symbol<'_, T>, String> {
+        // SAFETY: the caller guarantees T matches the symbol.
+        unsafe { self.lib.get(symbol.as_bytes()) }
+            .map_err(|e| format!("{symbol} not in {}: {e}", self.name))
+    }
+}
+
+/// Opens NVML from `lib` (None: `libnvidia-ml.so.1`, found by the dynamic
+/// loader) and initialises it.
+pub fn open_nvml(lib: Option<&Path>) -> Result<Nvml, NvmlError> {
+    let lib = lib.map_or(OsStr::new(LIBNVIDIA_ML), Path::as_os_str);
+    Nvml::builder().lib_path(lib).init()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_library_is_named() {
+        // SAFETY: nothing is loaded (the file does not exist).
+        let err = unsafe { Lib::open("/nonexistent/libcuda.so.1") }
+            .err()
+            .expect("no library there");
+        assert!(
+            err.starts_with("cannot load /nonexistent/libcuda.so.1"),
+            "{err}"
+        );
+        assert!(!err.contains('\n'), "{err}");
+    }
+
+    #[test]
+    fn missing_symbol_is_named() {
+        // SAFETY: libc's initialisers already ran in this process.
+        let lib = unsafe { Lib::open("libc.so.6") }.expect("libc");
+        // SAFETY: never called.
+        let err = unsafe { lib.sym::<gpuslice_cuda_abi::cuda::pfn::Init>("cuInit") }
+            .expect_err("libc has no cuInit");
+        assert!(err.starts_with("cuInit not in libc.so.6"), "{err}");
+        // SAFETY: getpid's prototype: pid_t (void).
+        let getpid = unsafe { lib.sym::<unsafe extern "C" fn() -> i32>("getpid") }.unwrap();
+        // SAFETY: as above.
+        assert_eq!(unsafe { getpid() } as u32, std::process::id());
+    }
+
+    #[test]
+    fn open_nvml_names_the_missing_library() {
+        let err = open_nvml(Some(Path::new("/nonexistent/libnvidia-ml.so.1")))
+            .expect_err("no NVML there");
+        assert!(err.to_string().contains("/nonexistent"), "{err}");
+    }
+}

@@ -1,0 +1,21 @@
+//! Generates the kubelet's DRA plugin service (v1 and v1beta1) and the
+//! plugin registration service, servers and clients (the clients drive the
+//! test kubelet), from the vendored protos. protox compiles them (pure
+//! Rust): no system `protoc` is needed.
+const PROTOS: &[&str] = &[
+    "proto/dra_v1.proto",
+    "proto/dra_v1beta1.proto",
+    "proto/pluginregistration_v1.proto",
+];
+
+fn main() {
+    for p in PROTOS {
+        println!("cargo:rerun-if-changed={p}");
+    }
+    let fds = protox::compile(PROTOS, ["proto"]).unwrap_or_else(|e| panic!("DRA protos: {e}"));
+    tonic_build::configure()
+        .build_server(true)
+        .build_client(true)
+        .compile_fds(fds)
+        .unwrap_or_else(|e| panic!("generating the DRA API: {e}"));
+}

@@ -1,0 +1,275 @@
+//! The API server calls the driver makes, behind [`ClaimSource`] so the
+//! driver is tested against a local test double (tests/common/fakeapi.rs).
+//!
+//! [`HttpApi`] is the implementation for a real control plane, over plain
+//! HTTP/1.1: it reaches an API server through `kubectl proxy` or another
+//! authenticating proxy on the node (a bearer token is sent when given).
+//! It does not speak TLS: in-cluster access with the service account's
+//! CA and token (kube-rs) is not done yet (docs/dra.md).
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use std::time::Duration;
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum ApiError {
+    #[error("resourceclaim {0}/{1} not found")]
+    NotFound(String, String),
+    #[error("{url}: HTTP {status}: {body}")]
+    Status {
+        url: String,
+        status: u16,
+        body: String,
+    },
+    #[error("{url}: {why}")]
+    Transport { url: String, why: String },
+    #[error("{url}: not a ResourceClaim: {why}")]
+    Decode { url: String, why: String },
+    #[error("API server URL {0:?}: only http://HOST:PORT is supported (e.g. kubectl proxy's http://127.0.0.1:8001)")]
+    Url(String),
+}
+
+/// The claim calls the driver makes.
+#[tonic::async_trait]
+pub trait ClaimSource: Send + Sync {
+    /// `GET /apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}`.
+    async fn get_claim(&self, namespace: &str, name: &str) -> Result<ResourceClaim, ApiError>;
+}
+
+/// `resource.k8s.io/v1` over plain HTTP (see the module docs).
+#[derive(Debug, Clone)]
+pub struct HttpApi {
+    authority: String,
+    token: Option<String>,
+    timeout: Duration,
+}
+
+impl HttpApi {
+    /// `base`: `http://HOST:PORT`.
+    pub fn new(base: &str, token: Option<String>) -> Result<Self, ApiError> {
+        let authority = base
+            .strip_prefix("http://")
+            .map(|a| a.trim_end_matches('/'))
+            .filter(|a| !a.is_empty() && !a.contains('/'))
+            .ok_or_else(|| ApiError::Url(base.into()))?;
+        Ok(HttpApi {
+            authority: authority.into(),
+            token,
+            timeout: Duration::from_secs(10),
+        })
+    }
+
+    async fn get(&self, path: &str) -> Result<(u16, Bytes), String> {
+        self.send(hyper::Method::GET, path, None).await
+    }
+
+    async fn send(
+        &self,
+        method: hyper::Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<(u16, Bytes), String> {
+        let stream = tokio::net::TcpStream::connect(&self.authority)
+            .await
+            .map_err(|e| e.to_string())?;
+        let (mut tx, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .map_err(|e| e.to_string())?;
+        tokio::spawn(conn);
+        let mut req = hyper::Request::builder()
+            .method(method)
+            .uri(path)
+            .header(hyper::header::HOST, &self.authority)
+            .header(hyper::header::ACCEPT, "application/json");
+        if let Some(t) = &self.token {
+            req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {t}"));
+        }
+        if body.is_some() {
+            req = req.header(hyper::header::CONTENT_TYPE, "application/json");
+        }
+        let req = req
+            .body(Full::new(Bytes::from(body.unwrap_or_default())))
+            .map_err(|e| e.to_string())?;
+        let resp = tx.send_request(req).await.map_err(|e| e.to_string())?;
+        let status = resp.status().as_u16();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        Ok((status, body))
+    }
+}
+
+/// The path of a claim: namespace and name must be DNS names (no `/`).
+pub fn claim_path(namespace: &str, name: &str) -> String {
+    format!("/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}")
+}
+
+#[tonic::async_trait]
+impl ClaimSource for HttpApi {
+    async fn get_claim(&self, namespace: &str, name: &str) -> Result<ResourceClaim, ApiError> {
+        let path = claim_path(namespace, name);
+        let url = format!("http://{}{path}", self.authority);
+        let valid = |s: &str| {
+            !s.is_empty()
+                && s.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        };
+        if !valid(namespace) || !valid(name) {
+            return Err(ApiError::Decode {
+                url,
+                why: "namespace and name must be DNS names".into(),
+            });
+        }
+        let (status, body) = tokio::time::timeout(self.timeout, self.get(&path))
+            .await
+            .map_err(|_| ApiError::Transport {
+                url: url.clone(),
+                why: format!("no answer in {:?}", self.timeout),
+            })?
+            .map_err(|why| ApiError::Transport {
+                url: url.clone(),
+                why,
+            })?;
+        match status {
+            200 => serde_json::from_slice(&body).map_err(|e| ApiError::Decode {
+                url,
+                why: e.to_string(),
+            }),
+            404 => Err(ApiError::NotFound(namespace.into(), name.into())),
+            s => Err(ApiError::Status {
+                url,
+                status: s,
+                body: String::from_utf8_lossy(&body).chars().take(200).collect(),
+            }),
+        }
+    }
+}
+
+/// What a ResourceSlice write can meet besides success.
+#[derive(Debug, Error)]
+pub enum SliceWriteError {
+    /// 409: the object changed since it was read (a stale
+    /// `resourceVersion`), or a create met one of that name.
+    #[error("resourceslice {0}: conflict: {1}")]
+    Conflict(String, String),
+    #[error(transparent)]
+    Api(#[from] ApiError),
+}
+
+/// The ResourceSlice calls of the publisher (cluster-scoped objects).
+#[tonic::async_trait]
+pub trait SliceApi: Send + Sync {
+    /// `GET /apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName=<node>,spec.driver=<driver>`.
+    async fn list_slices(&self, node: &str, driver: &str) -> Result<Vec<ResourceSlice>, ApiError>;
+    /// `POST /apis/resource.k8s.io/v1/resourceslices`.
+    async fn create_slice(&self, s: &ResourceSlice) -> Result<ResourceSlice, SliceWriteError>;
+    /// `PUT /apis/resource.k8s.io/v1/resourceslices/{name}`, conditional on
+    /// the object's `metadata.resourceVersion`.
+    async fn update_slice(&self, s: &ResourceSlice) -> Result<ResourceSlice, SliceWriteError>;
+    /// `DELETE /apis/resource.k8s.io/v1/resourceslices/{name}` (gone already is fine).
+    async fn delete_slice(&self, name: &str) -> Result<(), ApiError>;
+}
+
+/// The collection path of ResourceSlices.
+pub const SLICES_PATH: &str = "/apis/resource.k8s.io/v1/resourceslices";
+
+impl HttpApi {
+    async fn call(
+        &self,
+        method: hyper::Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<(u16, Bytes), ApiError> {
+        let url = format!("http://{}{path}", self.authority);
+        tokio::time::timeout(self.timeout, self.send(method, path, body))
+            .await
+            .map_err(|_| ApiError::Transport {
+                url: url.clone(),
+                why: format!("no answer in {:?}", self.timeout),
+            })?
+            .map_err(|why| ApiError::Transport { url, why })
+    }
+
+    fn status_error(&self, path: &str, status: u16, body: &[u8]) -> ApiError {
+        ApiError::Status {
+            url: format!("http://{}{path}", self.authority),
+            status,
+            body: String::from_utf8_lossy(body).chars().take(200).collect(),
+        }
+    }
+
+    async fn write_slice(
+        &self,
+        method: hyper::Method,
+        path: &str,
+        s: &ResourceSlice,
+    ) -> Result<ResourceSlice, SliceWriteError> {
+        let name = s.metadata.name.clone().unwrap_or_default();
+        let body = serde_json::to_vec(s).map_err(|e| ApiError::Decode {
+            url: path.into(),
+            why: e.to_string(),
+        })?;
+        let (status, bytes) = self.call(method, path, Some(body)).await?;
+        match status {
+            200 | 201 => serde_json::from_slice(&bytes).map_err(|e| {
+                SliceWriteError::Api(ApiError::Decode {
+                    url: path.into(),
+                    why: e.to_string(),
+                })
+            }),
+            409 => Err(SliceWriteError::Conflict(name, status_message(&bytes))),
+            st => Err(self.status_error(path, st, &bytes).into()),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl SliceApi for HttpApi {
+    async fn list_slices(&self, node: &str, driver: &str) -> Result<Vec<ResourceSlice>, ApiError> {
+        let path =
+            format!("{SLICES_PATH}?fieldSelector=spec.nodeName%3D{node}%2Cspec.driver%3D{driver}");
+        let (status, bytes) = self.call(hyper::Method::GET, &path, None).await?;
+        if status != 200 {
+            return Err(self.status_error(&path, status, &bytes));
+        }
+        let list: k8s_openapi::List<ResourceSlice> =
+            serde_json::from_slice(&bytes).map_err(|e| ApiError::Decode {
+                url: path.clone(),
+                why: e.to_string(),
+            })?;
+        Ok(list.items)
+    }
+
+    async fn create_slice(&self, s: &ResourceSlice) -> Result<ResourceSlice, SliceWriteError> {
+        self.write_slice(hyper::Method::POST, SLICES_PATH, s).await
+    }
+
+    async fn update_slice(&self, s: &ResourceSlice) -> Result<ResourceSlice, SliceWriteError> {
+        let name = s.metadata.name.as_deref().unwrap_or_default();
+        self.write_slice(hyper::Method::PUT, &format!("{SLICES_PATH}/{name}"), s)
+            .await
+    }
+
+    async fn delete_slice(&self, name: &str) -> Result<(), ApiError> {
+        let path = format!("{SLICES_PATH}/{name}");
+        let (status, bytes) = self.call(hyper::Method::DELETE, &path, None).await?;
+        match status {
+            200 | 202 | 404 => Ok(()),
+            st => Err(self.status_error(&path, st, &bytes)),
+        }
+    }
+}
+
+/// The `message` of a `metav1.Status` body, else the body's start.
+fn status_message(body: &[u8]) -> String {
+    serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v["message"].as_str().map(str::to_string))
+        .unwrap_or_else(|| String::from_utf8_lossy(body).chars().take(200).collect())
+}

@@ -1,0 +1,151 @@
+//! The prepared claims, on disk: a restarted plugin still knows what it
+//! prepared, so Prepare stays idempotent and Unprepare still removes it.
+//!
+//! One JSON file, `{"version": 1, "claims": {uid: PreparedClaim}}`,
+//! replaced atomically (a temporary file in the same directory, fsynced,
+//! renamed) with mode 0600. A file of another version is refused, not
+//! guessed at.
+
+use crate::claim::Allocated;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+pub const VERSION: u32 = 1;
+pub const FILE: &str = "checkpoint.json";
+
+#[derive(Debug, Error)]
+pub enum CheckpointError {
+    #[error("{0}: {1}")]
+    Io(PathBuf, std::io::Error),
+    #[error("{0}: not a gpuslice DRA checkpoint: {1}")]
+    Corrupt(PathBuf, String),
+    #[error("{0}: checkpoint version {1}, this plugin reads version {VERSION} (move it away to start empty; prepared claims are then forgotten)")]
+    Version(PathBuf, u32),
+    #[error("writing {0}: {1}")]
+    Write(PathBuf, String),
+}
+
+/// A prepared claim: what the kubelet asked for, what it was given.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PreparedClaim {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    /// The claim's resourceVersion when it was read.
+    pub resource_version: Option<String>,
+    pub devices: Vec<PreparedDevice>,
+    /// The claim's CDI spec file.
+    pub cdi_spec: PathBuf,
+    /// The limits records of its capped slices (beside the spec), removed
+    /// with it.
+    #[serde(default)]
+    pub records: Vec<PathBuf>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PreparedDevice {
+    #[serde(flatten)]
+    pub allocated: Allocated,
+    /// `gpuslice.dev/claim=<name>`.
+    pub cdi_device_id: String,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct OnDisk {
+    version: u32,
+    claims: BTreeMap<String, PreparedClaim>,
+}
+
+#[derive(Debug)]
+pub struct Checkpoint {
+    path: PathBuf,
+    pub claims: BTreeMap<String, PreparedClaim>,
+}
+
+impl Checkpoint {
+    /// Loads `<dir>/checkpoint.json`; none yet is an empty checkpoint.
+    pub fn load(dir: &Path) -> Result<Self, CheckpointError> {
+        let path = dir.join(FILE);
+        let claims = match std::fs::read(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
+            Err(e) => return Err(CheckpointError::Io(path, e)),
+            Ok(bytes) => {
+                let version: serde_json::Value = serde_json::from_slice(&bytes)
+                    .map_err(|e| CheckpointError::Corrupt(path.clone(), e.to_string()))?;
+                let v = version["version"].as_u64().unwrap_or(0) as u32;
+                if v != VERSION {
+                    return Err(CheckpointError::Version(path, v));
+                }
+                let d: OnDisk = serde_json::from_slice(&bytes)
+                    .map_err(|e| CheckpointError::Corrupt(path.clone(), e.to_string()))?;
+                d.claims
+            }
+        };
+        Ok(Checkpoint { path, claims })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Writes the claims (atomically, 0600).
+    pub fn save(&self) -> Result<(), CheckpointError> {
+        let d = OnDisk {
+            version: VERSION,
+            claims: self.claims.clone(),
+        };
+        let data = serde_json::to_vec_pretty(&d)
+            .map_err(|e| CheckpointError::Write(self.path.clone(), e.to_string()))?;
+        gpuslice_k8s::cdi::atomic_write(&self.path, &data, 0o600)
+            .map_err(|e| CheckpointError::Write(self.path.clone(), format!("{e:#}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn other_versions_and_garbage_are_refused() {
+        let t = tempfile::tempdir().unwrap();
+        assert!(Checkpoint::load(t.path()).unwrap().claims.is_empty());
+        std::fs::write(t.path().join(FILE), r#"{"version": 2, "claims": {}}"#).unwrap();
+        let e = Checkpoint::load(t.path()).unwrap_err().to_string();
+        assert!(e.contains("version 2"), "{e}");
+        std::fs::write(t.path().join(FILE), "{not json").unwrap();
+        assert!(matches!(
+            Checkpoint::load(t.path()),
+            Err(CheckpointError::Corrupt(..))
+        ));
+    }
+
+    #[test]
+    fn saves_atomically_and_reloads() {
+        let t = tempfile::tempdir().unwrap();
+        let mut c = Checkpoint::load(t.path()).unwrap();
+        c.claims.insert(
+            "u1".into(),
+            PreparedClaim {
+                namespace: "ns".into(),
+                name: "c".into(),
+                uid: "u1".into(),
+                resource_version: Some("7".into()),
+                devices: vec![],
+                cdi_spec: "/x.json".into(),
+                records: vec!["/gpuslice-limits-u1-0".into()],
+            },
+        );
+        c.save().unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(c.path()).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let again = Checkpoint::load(t.path()).unwrap();
+        assert_eq!(again.claims, c.claims);
+        // Nothing but the checkpoint is left in the directory.
+        assert_eq!(std::fs::read_dir(t.path()).unwrap().count(), 1);
+    }
+}

@@ -1,0 +1,215 @@
+//! What a claim's allocation asks of this node: its results for this
+//! driver, each a device of our pool with, for the shared device, the
+//! capacity the scheduler recorded as consumed.
+//!
+//! Device names in our pool (the node's name), as the ResourceSlices will
+//! publish them: `gpu-<i>` (a whole GPU), `gpu-<i>-mig-<m>` (a MIG device)
+//! and `gpu-<i>-shared` (a GPU shared through consumable capacity:
+//! `allowMultipleAllocations`, capacities `memory` in bytes and `compute`
+//! in percent).
+
+use crate::quantity::{parse_integer, QuantityError};
+use gpuslice_k8s::cdi::SliceCaps;
+use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+pub const CAPACITY_MEMORY: &str = "memory";
+pub const CAPACITY_COMPUTE: &str = "compute";
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum ClaimError {
+    #[error("claim {0}: the API server has uid {1}, the kubelet asked for {2} (deleted and re-created?)")]
+    UidMismatch(String, String, String),
+    #[error("claim {0} is not allocated (no status.allocation)")]
+    NotAllocated(String),
+    #[error("claim {0}: no allocation result is for driver {1}")]
+    NoResults(String, String),
+    #[error("claim {claim}: device {device:?} of pool {pool:?}: {why}")]
+    Device {
+        claim: String,
+        pool: String,
+        device: String,
+        why: String,
+    },
+}
+
+/// A device of our pool, by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum DeviceKind {
+    Whole { gpu: u32 },
+    Mig { gpu: u32, mig: u32 },
+    Shared { gpu: u32 },
+}
+
+impl DeviceKind {
+    /// `gpu-<i>`, `gpu-<i>-mig-<m>`, `gpu-<i>-shared`.
+    pub fn parse(name: &str) -> Option<Self> {
+        let rest = name.strip_prefix("gpu-")?;
+        let num = |s: &str| -> Option<u32> {
+            (!s.is_empty()
+                && s.bytes().all(|b| b.is_ascii_digit())
+                && (s == "0" || !s.starts_with('0')))
+            .then(|| s.parse().ok())
+            .flatten()
+        };
+        if let Some(g) = rest.strip_suffix("-shared") {
+            return Some(DeviceKind::Shared { gpu: num(g)? });
+        }
+        if let Some((g, m)) = rest.split_once("-mig-") {
+            return Some(DeviceKind::Mig {
+                gpu: num(g)?,
+                mig: num(m)?,
+            });
+        }
+        Some(DeviceKind::Whole { gpu: num(rest)? })
+    }
+
+    pub fn gpu(self) -> u32 {
+        match self {
+            DeviceKind::Whole { gpu }
+            | DeviceKind::Mig { gpu, .. }
+            | DeviceKind::Shared { gpu } => gpu,
+        }
+    }
+}
+
+/// One allocation result of ours.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Allocated {
+    pub request: String,
+    pub pool: String,
+    pub device: String,
+    pub share_id: Option<String>,
+    pub kind: DeviceKind,
+    /// For a shared device: exactly what was consumed.
+    pub caps: Option<SliceCaps>,
+}
+
+/// The results of `claim` for `driver` in `pool`, checked against the uid
+/// the kubelet asked for.
+pub fn allocated(
+    claim: &ResourceClaim,
+    uid: &str,
+    driver: &str,
+    pool: &str,
+) -> Result<Vec<Allocated>, ClaimError> {
+    let name = format!(
+        "{}/{}",
+        claim.metadata.namespace.as_deref().unwrap_or_default(),
+        claim.metadata.name.as_deref().unwrap_or_default()
+    );
+    let have = claim.metadata.uid.as_deref().unwrap_or_default();
+    if have != uid {
+        return Err(ClaimError::UidMismatch(name, have.into(), uid.into()));
+    }
+    let results = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .ok_or_else(|| ClaimError::NotAllocated(name.clone()))?
+        .devices
+        .as_ref()
+        .and_then(|d| d.results.as_ref());
+    let ours: Vec<&DeviceRequestAllocationResult> = results
+        .into_iter()
+        .flatten()
+        .filter(|r| r.driver == driver)
+        .collect();
+    if ours.is_empty() {
+        return Err(ClaimError::NoResults(name, driver.into()));
+    }
+    ours.into_iter().map(|r| one(&name, r, pool)).collect()
+}
+
+fn one(
+    claim: &str,
+    r: &DeviceRequestAllocationResult,
+    pool: &str,
+) -> Result<Allocated, ClaimError> {
+    let bad = |why: String| ClaimError::Device {
+        claim: claim.into(),
+        pool: r.pool.clone(),
+        device: r.device.clone(),
+        why,
+    };
+    if r.pool != pool {
+        return Err(bad(format!("not this node's pool {pool:?}")));
+    }
+    let kind = DeviceKind::parse(&r.device).ok_or_else(|| {
+        bad("not a device of ours (gpu-<i>, gpu-<i>-mig-<m>, gpu-<i>-shared)".into())
+    })?;
+    let caps = match kind {
+        DeviceKind::Shared { .. } => Some(consumed(r).map_err(bad)?),
+        _ => None,
+    };
+    Ok(Allocated {
+        request: r.request.clone(),
+        pool: r.pool.clone(),
+        device: r.device.clone(),
+        share_id: r.share_id.clone(),
+        kind,
+        caps,
+    })
+}
+
+/// The memory and compute the scheduler recorded as consumed.
+fn consumed(r: &DeviceRequestAllocationResult) -> Result<SliceCaps, String> {
+    let cc = r.consumed_capacity.as_ref().ok_or(
+        "a shared device without consumedCapacity (is the DRAConsumableCapacity feature gate on?)",
+    )?;
+    let get = |key: &str| -> Result<u64, String> {
+        let q = cc
+            .get(key)
+            .ok_or_else(|| format!("consumedCapacity has no {key:?}"))?;
+        parse_integer(&q.0).map_err(|e: QuantityError| format!("consumedCapacity.{key}: {e}"))
+    };
+    let memory_bytes = get(CAPACITY_MEMORY)?;
+    let compute = get(CAPACITY_COMPUTE)?;
+    if memory_bytes == 0 {
+        return Err("consumedCapacity.memory is 0".into());
+    }
+    if !(1..=100).contains(&compute) {
+        return Err(format!(
+            "consumedCapacity.compute is {compute}, not 1 to 100 (percent)"
+        ));
+    }
+    Ok(SliceCaps {
+        memory_bytes,
+        compute_percent: compute as u32,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_names() {
+        assert_eq!(
+            DeviceKind::parse("gpu-0"),
+            Some(DeviceKind::Whole { gpu: 0 })
+        );
+        assert_eq!(
+            DeviceKind::parse("gpu-12-shared"),
+            Some(DeviceKind::Shared { gpu: 12 })
+        );
+        assert_eq!(
+            DeviceKind::parse("gpu-1-mig-3"),
+            Some(DeviceKind::Mig { gpu: 1, mig: 3 })
+        );
+        for bad in [
+            "gpu-",
+            "gpu-01",
+            "gpu--1",
+            "gpu-a",
+            "cpu-0",
+            "gpu-1-mig-",
+            "gpu-1-shared-2",
+        ] {
+            assert_eq!(DeviceKind::parse(bad), None, "{bad}");
+        }
+    }
+}

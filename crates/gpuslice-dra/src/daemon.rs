@@ -1,0 +1,68 @@
+//! `gpuslice dra`'s lifecycle: build the driver on the discovered GPUs,
+//! serve it, publish the node's ResourceSlices (again on every health
+//! change, as the device plugin sees XIDs, and every [`RESYNC`], which also
+//! puts right slices changed or deleted behind its back), and stop on SIGTERM or SIGINT (removing the sockets, so the
+//! kubelet sees the plugin go). The checkpoint, the claims' CDI specs and
+//! the ResourceSlices stay: a restarted plugin takes them up again.
+
+use crate::apiserver::HttpApi;
+use crate::driver::{Driver, Options};
+use crate::publish::{follow, SharedPolicy};
+use crate::server::{serve, Sockets};
+use anyhow::{Context, Result};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How often the published slices are compared with what should be there.
+pub const RESYNC: Duration = Duration::from_secs(60);
+
+pub struct DaemonOptions {
+    pub driver: Options,
+    pub sockets: Sockets,
+    pub api: HttpApi,
+    pub policy: SharedPolicy,
+}
+
+pub fn run(opts: DaemonOptions) -> Result<()> {
+    let api = Arc::new(opts.api);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    opts.policy.validate()?;
+    let inventory = opts.driver.inventory.clone();
+    let health = gpuslice_k8s::plugin::config::Health::default();
+    let (driver_name, node) = (opts.driver.driver_name.clone(), opts.driver.pool.clone());
+    rt.block_on(async move {
+        let driver = Arc::new(Driver::new(opts.driver, api.clone())?);
+        let prepared = driver.prepared().await.len();
+        let served = serve(driver, &opts.sockets)?;
+        tracing::info!(
+            "serving {} ({} prepared claims from the checkpoint); registration at {}",
+            served.dra_socket.display(),
+            prepared,
+            served.registration_socket.display()
+        );
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        // Health: the device plugin's XID watcher (NVML events); without
+        // NVML every GPU stays healthy.
+        let (tx, rx) = tokio::sync::watch::channel(Default::default());
+        let _watcher = gpuslice_k8s::plugin::health::start(&inventory, &health, None, tx);
+        let publisher = follow(
+            api.as_ref(),
+            &driver_name,
+            &node,
+            &inventory,
+            &opts.policy,
+            rx,
+            RESYNC,
+        );
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+            _ = publisher => {}
+        }
+        drop(served);
+        anyhow::Ok(())
+    })
+}

@@ -1,0 +1,51 @@
+//! `gpuslice dra`: the kubelet side of a Kubernetes DRA driver.
+//!
+//! The plugin registers with the kubelet's plugin watcher
+//! (`pluginregistration.v1`, type `DRAPlugin`, services `v1.DRAPlugin` and
+//! `v1beta1.DRAPlugin`: [`server`]) and serves `NodePrepareResources` /
+//! `NodeUnprepareResources` in both versions. Preparing a claim reads it
+//! from the API server ([`apiserver`]), turns its allocation results for
+//! this driver into slices ([`claim`]), writes one CDI spec per claim with
+//! exactly the consumed memory and compute ([`driver`]) and checkpoints it
+//! on disk ([`checkpoint`]) so that a restarted plugin still knows it.
+//!
+//! The node's devices are published as ResourceSlices ([`publish`]):
+//! whole GPUs, pre-created MIG devices, and per GPU a shared device with
+//! consumable `memory` and `compute`.
+//!
+//! An unhealthy GPU (critical XID) leaves the pool until it recovers.
+//! Not here yet (docs/dra.md): hot-plug re-publication.
+
+pub mod apiserver;
+pub mod checkpoint;
+pub mod claim;
+pub mod daemon;
+pub mod driver;
+pub mod publish;
+pub mod quantity;
+pub mod server;
+
+/// The generated kubelet APIs.
+#[allow(clippy::all, missing_docs)]
+pub mod api {
+    pub mod v1 {
+        tonic::include_proto!("k8s.io.kubelet.pkg.apis.dra.v1");
+    }
+    pub mod v1beta1 {
+        tonic::include_proto!("k8s.io.kubelet.pkg.apis.dra.v1beta1");
+    }
+    pub mod registration {
+        tonic::include_proto!("pluginregistration");
+    }
+}
+
+/// The driver name: `spec.devices.requests[].deviceClassName`'s classes
+/// select it, allocation results name it, CDI kinds are derived from it.
+pub const DRIVER_NAME: &str = "gpu.gpuslice.io";
+/// The registration's plugin type.
+pub const PLUGIN_TYPE: &str = "DRAPlugin";
+/// The services served, as the registration lists them (newest first).
+pub const SUPPORTED_VERSIONS: [&str; 2] = ["v1.DRAPlugin", "v1beta1.DRAPlugin"];
+/// The CDI kind of claim devices: `gpuslice.dev/claim=<name>`.
+pub const CDI_VENDOR: &str = "gpuslice.dev";
+pub const CDI_CLASS: &str = "claim";

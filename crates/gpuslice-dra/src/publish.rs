@@ -1,0 +1,530 @@
+//! ResourceSlices (`resource.k8s.io/v1`): what this node offers, in one
+//! pool named after the node, and their publication with the pool's
+//! generation.
+//!
+//! Devices, named as [`crate::claim::DeviceKind`] parses them:
+//! - `gpu-<i>`: a whole GPU, with its attributes and capacity `memory`;
+//! - `gpu-<i>-mig-<m>`: a pre-created MIG device (the GPU itself, in MIG
+//!   mode, is offered as nothing else);
+//! - `gpu-<i>-shared`: the GPU shared through consumable capacity
+//!   (KEP-5075): `allowMultipleAllocations: true`, capacities `memory`
+//!   (bytes, a request policy in steps of [`SharedPolicy::memory_step`])
+//!   and `compute` (percent of the GPU's time, 1 to 100 in steps of 1).
+//!
+//! A whole GPU and its shared device are both offered; the scheduler does
+//! not know they overlap, so Prepare refuses a claim that would take both
+//! (`driver::check_capacity`). Partitionable devices (shared counters)
+//! would let the scheduler know; not done yet (docs/dra.md).
+
+use crate::apiserver::{ApiError, SliceApi, SliceWriteError};
+use gpuslice_core::{Gpu, Inventory};
+use k8s_openapi::api::resource::v1::{
+    CapacityRequestPolicy, CapacityRequestPolicyRange, Device, DeviceAttribute, DeviceCapacity,
+    ResourcePool, ResourceSlice, ResourceSliceSpec,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use std::collections::BTreeMap;
+use thiserror::Error;
+
+/// The most devices one ResourceSlice may hold (without taints or counters).
+pub const MAX_DEVICES_PER_SLICE: usize = 128;
+/// How often a write is retried after a conflict (someone else wrote).
+const CONFLICT_RETRIES: usize = 5;
+
+const MIB: u64 = 1 << 20;
+
+/// The request policies of the shared devices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SharedPolicy {
+    /// Memory is consumed in multiples of this (bytes; a multiple of 1 MiB).
+    pub memory_step: u64,
+    /// Memory a request that names none consumes (bytes, a multiple of the step).
+    pub memory_default: u64,
+    /// Compute (percent) a request that names none consumes.
+    pub compute_default: u32,
+}
+
+impl Default for SharedPolicy {
+    fn default() -> Self {
+        SharedPolicy {
+            memory_step: MIB,
+            memory_default: 1 << 30,
+            compute_default: 100,
+        }
+    }
+}
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum PolicyError {
+    #[error("memory step {0} B: a positive multiple of 1 MiB (1048576 B) is required")]
+    Step(u64),
+    #[error("memory default {0} B: a positive multiple of the step {1} B is required")]
+    MemoryDefault(u64, u64),
+    #[error("compute default {0}: a percentage from 1 to 100 is required")]
+    ComputeDefault(u32),
+}
+
+impl SharedPolicy {
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        if self.memory_step == 0 || !self.memory_step.is_multiple_of(MIB) {
+            return Err(PolicyError::Step(self.memory_step));
+        }
+        if self.memory_default == 0 || !self.memory_default.is_multiple_of(self.memory_step) {
+            return Err(PolicyError::MemoryDefault(
+                self.memory_default,
+                self.memory_step,
+            ));
+        }
+        if !(1..=100).contains(&self.compute_default) {
+            return Err(PolicyError::ComputeDefault(self.compute_default));
+        }
+        Ok(())
+    }
+}
+
+fn string(s: impl Into<String>) -> DeviceAttribute {
+    DeviceAttribute {
+        string: Some(s.into()),
+        ..DeviceAttribute::default()
+    }
+}
+
+fn int(v: i64) -> DeviceAttribute {
+    DeviceAttribute {
+        int: Some(v),
+        ..DeviceAttribute::default()
+    }
+}
+
+/// A semantic version attribute when `v` is numeric `X.Y.Z` or `X.Y`,
+/// with leading zeros dropped (semver forbids them; NVIDIA's `580.65.06`
+/// is published as `580.65.6`, which compares the same) and `X.Y` as
+/// `X.Y.0`; anything else as a string.
+fn version(v: &str) -> DeviceAttribute {
+    let parts: Option<Vec<u64>> = v
+        .split('.')
+        .map(|p| {
+            (!p.is_empty() && p.len() <= 18 && p.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| p.parse().ok())
+                .flatten()
+        })
+        .collect();
+    match parts.as_deref() {
+        Some([a, b, c]) => DeviceAttribute {
+            version: Some(format!("{a}.{b}.{c}")),
+            ..DeviceAttribute::default()
+        },
+        Some([a, b]) => DeviceAttribute {
+            version: Some(format!("{a}.{b}.0")),
+            ..DeviceAttribute::default()
+        },
+        _ => string(v),
+    }
+}
+
+fn quantity(v: u64) -> Quantity {
+    Quantity(v.to_string())
+}
+
+/// The NVLink domain of each GPU: GPUs joined by active NVLinks (directly
+/// or through others) share one, named by the lowest PCI bus id among
+/// them, so a claim can ask for GPUs of one domain with `matchAttribute`.
+fn nvlink_domains(gpus: &[Gpu]) -> BTreeMap<String, String> {
+    let mut domain: BTreeMap<String, String> = gpus
+        .iter()
+        .map(|g| (g.pci_bus_id.clone(), g.pci_bus_id.clone()))
+        .collect();
+    // Propagate the lowest id along links until nothing changes.
+    loop {
+        let mut changed = false;
+        for g in gpus {
+            for p in &g.nvlink_peers {
+                let (Some(a), Some(b)) = (domain.get(&g.pci_bus_id), domain.get(p)) else {
+                    continue;
+                };
+                let low = a.min(b).clone();
+                for id in [&g.pci_bus_id, p] {
+                    if domain[id] != low {
+                        domain.insert(id.clone(), low.clone());
+                        changed = true;
+                    }
+                }
+            }
+        }
+        if !changed {
+            return domain;
+        }
+    }
+}
+
+/// The attributes every device of `gpu` carries.
+fn gpu_attributes(inv: &Inventory, gpu: &Gpu, domain: &str) -> BTreeMap<String, DeviceAttribute> {
+    let mut a = BTreeMap::new();
+    a.insert("uuid".into(), string(&gpu.uuid));
+    a.insert("index".into(), int(gpu.index.into()));
+    a.insert("productName".into(), string(&gpu.model));
+    a.insert("pciBusID".into(), string(&gpu.pci_bus_id));
+    if let Some(n) = gpu.numa_node {
+        a.insert("numaNode".into(), int(n.into()));
+    }
+    if let Some(v) = &inv.driver_version {
+        a.insert("driverVersion".into(), version(v));
+    }
+    if let Some(v) = &inv.cuda_version {
+        a.insert("cudaVersion".into(), version(v));
+    }
+    a.insert("nvlinkDomain".into(), string(domain));
+    a
+}
+
+/// The devices this node offers.
+pub fn devices(inv: &Inventory, policy: &SharedPolicy) -> Vec<Device> {
+    let domains = nvlink_domains(&inv.gpus);
+    let mut out = Vec::new();
+    for gpu in &inv.gpus {
+        let domain = domains
+            .get(&gpu.pci_bus_id)
+            .map_or(gpu.pci_bus_id.as_str(), String::as_str);
+        let attrs = gpu_attributes(inv, gpu, domain);
+        if gpu.mig_enabled == Some(true) {
+            for m in &gpu.migs {
+                let mut a = attrs.clone();
+                a.insert("type".into(), string("mig"));
+                a.insert("parentUUID".into(), string(&gpu.uuid));
+                if let Some(u) = &m.uuid {
+                    a.insert("uuid".into(), string(u));
+                }
+                if let Some(p) = &m.profile {
+                    a.insert("profile".into(), string(p));
+                }
+                out.push(Device {
+                    name: format!("gpu-{}-mig-{}", gpu.index, m.index),
+                    attributes: Some(a),
+                    ..Device::default()
+                });
+            }
+            continue;
+        }
+        let mut whole = attrs.clone();
+        whole.insert("type".into(), string("gpu"));
+        let mut capacity = BTreeMap::new();
+        if let Some(mem) = gpu.memory_bytes {
+            capacity.insert(
+                "memory".into(),
+                DeviceCapacity {
+                    value: quantity(mem),
+                    request_policy: None,
+                },
+            );
+        }
+        out.push(Device {
+            name: format!("gpu-{}", gpu.index),
+            attributes: Some(whole),
+            capacity: (!capacity.is_empty()).then_some(capacity),
+            ..Device::default()
+        });
+        // A share needs the memory size to cap against.
+        let Some(mem) = gpu.memory_bytes else {
+            continue;
+        };
+        if mem < policy.memory_step * 2 {
+            continue; // min + step must fit
+        }
+        let mut shared = attrs;
+        shared.insert("type".into(), string("shared"));
+        let memory_default = policy
+            .memory_default
+            .min(mem / policy.memory_step * policy.memory_step);
+        let capacity = BTreeMap::from([
+            (
+                crate::claim::CAPACITY_MEMORY.to_string(),
+                DeviceCapacity {
+                    value: quantity(mem),
+                    request_policy: Some(CapacityRequestPolicy {
+                        default: Some(quantity(memory_default)),
+                        valid_range: Some(CapacityRequestPolicyRange {
+                            min: quantity(policy.memory_step),
+                            max: None,
+                            step: Some(quantity(policy.memory_step)),
+                        }),
+                        valid_values: None,
+                    }),
+                },
+            ),
+            (
+                crate::claim::CAPACITY_COMPUTE.to_string(),
+                DeviceCapacity {
+                    value: quantity(100),
+                    request_policy: Some(CapacityRequestPolicy {
+                        default: Some(quantity(policy.compute_default.into())),
+                        valid_range: Some(CapacityRequestPolicyRange {
+                            min: quantity(1),
+                            max: Some(quantity(100)),
+                            step: Some(quantity(1)),
+                        }),
+                        valid_values: None,
+                    }),
+                },
+            ),
+        ]);
+        out.push(Device {
+            name: format!("gpu-{}-shared", gpu.index),
+            allow_multiple_allocations: Some(true),
+            attributes: Some(shared),
+            capacity: Some(capacity),
+            ..Device::default()
+        });
+    }
+    out
+}
+
+/// The name of the `k`-th slice of `node`'s pool.
+pub fn slice_name(node: &str, driver: &str, k: usize) -> String {
+    format!("{node}-{driver}-{k}")
+}
+
+/// The pool's slices at `generation`, [`MAX_DEVICES_PER_SLICE`] devices
+/// each (one slice, empty, when there are none: the pool still exists).
+pub fn slices(driver: &str, node: &str, generation: i64, devices: &[Device]) -> Vec<ResourceSlice> {
+    let chunks: Vec<&[Device]> = if devices.is_empty() {
+        vec![&[]]
+    } else {
+        devices.chunks(MAX_DEVICES_PER_SLICE).collect()
+    };
+    let count = chunks.len() as i64;
+    chunks
+        .into_iter()
+        .enumerate()
+        .map(|(k, d)| ResourceSlice {
+            metadata: ObjectMeta {
+                name: Some(slice_name(node, driver, k)),
+                ..ObjectMeta::default()
+            },
+            spec: ResourceSliceSpec {
+                driver: driver.into(),
+                node_name: Some(node.into()),
+                pool: ResourcePool {
+                    name: node.into(),
+                    generation,
+                    resource_slice_count: count,
+                },
+                devices: Some(d.to_vec()),
+                ..ResourceSliceSpec::default()
+            },
+        })
+        .collect()
+}
+
+#[derive(Debug, Error)]
+pub enum PublishError {
+    #[error(transparent)]
+    Api(#[from] ApiError),
+    #[error("publishing ResourceSlices: still conflicting after {CONFLICT_RETRIES} tries: {0}")]
+    Conflicts(String),
+}
+
+/// What a publication did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Published {
+    /// The pool's generation now.
+    pub generation: i64,
+    /// Whether anything was written.
+    pub changed: bool,
+}
+
+/// Makes the node's pool hold exactly `devices`: re-reads what is
+/// published, and when it differs (devices, slice count, or slices of
+/// different generations) writes every slice at a generation above any
+/// seen, each update conditional on the resourceVersion read; deletes
+/// slices beyond the count. A conflict (someone wrote in between) starts
+/// over from a fresh read.
+pub async fn publish(
+    api: &dyn SliceApi,
+    driver: &str,
+    node: &str,
+    devices: &[Device],
+) -> Result<Published, PublishError> {
+    let mut last = String::new();
+    for _ in 0..CONFLICT_RETRIES {
+        match publish_once(api, driver, node, devices).await {
+            Ok(p) => return Ok(p),
+            Err(SliceWriteError::Conflict(name, why)) => {
+                tracing::info!("resourceslice {name}: conflict, re-reading: {why}");
+                last = format!("{name}: {why}");
+            }
+            Err(SliceWriteError::Api(e)) => return Err(e.into()),
+        }
+    }
+    Err(PublishError::Conflicts(last))
+}
+
+async fn publish_once(
+    api: &dyn SliceApi,
+    driver: &str,
+    node: &str,
+    devices: &[Device],
+) -> Result<Published, SliceWriteError> {
+    let existing: BTreeMap<String, ResourceSlice> = api
+        .list_slices(node, driver)
+        .await?
+        .into_iter()
+        .filter(|s| s.spec.driver == driver && s.spec.pool.name == node)
+        .filter_map(|s| Some((s.metadata.name.clone()?, s)))
+        .collect();
+    let top = existing
+        .values()
+        .map(|s| s.spec.pool.generation)
+        .max()
+        .unwrap_or(0);
+    let want = slices(driver, node, top, devices);
+    let current = want.len() == existing.len()
+        && want.iter().all(|w| {
+            existing
+                .get(w.metadata.name.as_deref().unwrap_or_default())
+                .is_some_and(|e| e.spec == w.spec)
+        });
+    if current {
+        return Ok(Published {
+            generation: top,
+            changed: false,
+        });
+    }
+    let generation = top + 1;
+    for mut s in slices(driver, node, generation, devices) {
+        let name = s.metadata.name.clone().unwrap_or_default();
+        match existing.get(&name) {
+            Some(e) => {
+                s.metadata.resource_version = e.metadata.resource_version.clone();
+                api.update_slice(&s).await?;
+            }
+            None => {
+                api.create_slice(&s).await?;
+            }
+        }
+    }
+    let keep: Vec<String> = slices(driver, node, generation, devices)
+        .into_iter()
+        .filter_map(|s| s.metadata.name)
+        .collect();
+    for name in existing.keys().filter(|n| !keep.contains(n)) {
+        api.delete_slice(name).await?;
+    }
+    Ok(Published {
+        generation,
+        changed: true,
+    })
+}
+
+/// The devices of the GPUs not in `unhealthy` (indexes): an unhealthy
+/// GPU leaves the pool, all its devices with it, until it recovers.
+pub fn healthy_devices(
+    inv: &Inventory,
+    policy: &SharedPolicy,
+    unhealthy: &std::collections::BTreeSet<u32>,
+) -> Vec<Device> {
+    let mut healthy = inv.clone();
+    healthy.gpus.retain(|g| !unhealthy.contains(&g.index));
+    devices(&healthy, policy)
+}
+
+/// Keeps the pool published: at once, on every health change (`health`:
+/// the device plugin's XID watcher, `gpuslice_k8s::plugin::health`), and
+/// every `resync` (which also puts right what others changed). Runs until
+/// the health sender is dropped; errors are logged and retried at the next
+/// turn.
+pub async fn follow(
+    api: &dyn SliceApi,
+    driver: &str,
+    node: &str,
+    inv: &Inventory,
+    policy: &SharedPolicy,
+    mut health: tokio::sync::watch::Receiver<gpuslice_k8s::plugin::health::Snapshot>,
+    resync: std::time::Duration,
+) {
+    loop {
+        let unhealthy: std::collections::BTreeSet<u32> = health
+            .borrow_and_update()
+            .unhealthy
+            .keys()
+            .copied()
+            .collect();
+        let d = healthy_devices(inv, policy, &unhealthy);
+        match publish(api, driver, node, &d).await {
+            Ok(p) if p.changed => tracing::info!(
+                "published {} devices in pool {node}, generation {} ({} GPUs unhealthy)",
+                d.len(),
+                p.generation,
+                unhealthy.len()
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::warn!("publishing ResourceSlices: {e}"),
+        }
+        tokio::select! {
+            changed = health.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+            _ = tokio::time::sleep(resync) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policies_are_checked() {
+        assert_eq!(SharedPolicy::default().validate(), Ok(()));
+        let p = |memory_step, memory_default, compute_default| SharedPolicy {
+            memory_step,
+            memory_default,
+            compute_default,
+        };
+        assert_eq!(p(0, MIB, 1).validate(), Err(PolicyError::Step(0)));
+        assert_eq!(p(1000, MIB, 1).validate(), Err(PolicyError::Step(1000)));
+        assert!(matches!(
+            p(2 * MIB, 3 * MIB, 1).validate(),
+            Err(PolicyError::MemoryDefault(..))
+        ));
+        assert_eq!(
+            p(MIB, MIB, 0).validate(),
+            Err(PolicyError::ComputeDefault(0))
+        );
+        assert_eq!(
+            p(MIB, MIB, 101).validate(),
+            Err(PolicyError::ComputeDefault(101))
+        );
+    }
+
+    #[test]
+    fn versions_are_semver_when_they_can_be() {
+        assert_eq!(version("570.86.15").version.as_deref(), Some("570.86.15"));
+        assert_eq!(version("12.8").version.as_deref(), Some("12.8.0"));
+        assert_eq!(version("550.54").version.as_deref(), Some("550.54.0"));
+        assert_eq!(version("580.65.06").version.as_deref(), Some("580.65.6"));
+        assert_eq!(version("r570").string.as_deref(), Some("r570"));
+        assert_eq!(version("1.2.3.4").string.as_deref(), Some("1.2.3.4"));
+        assert_eq!(version("1..2").string.as_deref(), Some("1..2"));
+    }
+
+    #[test]
+    fn many_devices_split_into_slices_of_one_generation() {
+        let d: Vec<Device> = (0..300)
+            .map(|i| Device {
+                name: format!("gpu-{i}"),
+                ..Device::default()
+            })
+            .collect();
+        let s = slices("gpu.gpuslice.io", "n", 7, &d);
+        assert_eq!(s.len(), 3);
+        for x in &s {
+            assert_eq!(x.spec.pool.resource_slice_count, 3);
+            assert_eq!(x.spec.pool.generation, 7);
+        }
+        assert_eq!(s[2].spec.devices.as_ref().unwrap().len(), 44);
+        assert_eq!(slices("d", "n", 1, &[]).len(), 1);
+    }
+}

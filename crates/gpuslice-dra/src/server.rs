@@ -1,0 +1,247 @@
+//! The plugin's two sockets: the DRA service (v1 and v1beta1 on one
+//! socket, `<plugins dir>/<driver>/dra.sock`) and the registration
+//! service the kubelet's plugin watcher finds in its registry directory
+//! (`<registry dir>/<driver>-reg.sock`). The registration socket is
+//! created last, once the DRA socket answers, because its appearance is
+//! what makes the kubelet dial us.
+
+use crate::api::registration::registration_server::{Registration, RegistrationServer};
+use crate::api::registration::{
+    InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
+};
+use crate::driver::{ClaimRef, Driver};
+use crate::{PLUGIN_TYPE, SUPPORTED_VERSIONS};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use thiserror::Error;
+use tokio::sync::oneshot;
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::{Request, Response, Status};
+
+#[derive(Debug, Error)]
+pub enum ServeError {
+    #[error("cannot listen on {0}: {1}")]
+    Listen(PathBuf, std::io::Error),
+    #[error("cannot create {0}: {1}")]
+    Dir(PathBuf, std::io::Error),
+}
+
+/// Where the sockets go.
+#[derive(Debug, Clone)]
+pub struct Sockets {
+    /// The kubelet's plugins directory (`/var/lib/kubelet/plugins`).
+    pub plugins_dir: PathBuf,
+    /// The kubelet's plugin registry (`/var/lib/kubelet/plugins_registry`).
+    pub registry_dir: PathBuf,
+}
+
+impl Sockets {
+    pub fn dra(&self, driver: &str) -> PathBuf {
+        self.plugins_dir.join(driver).join("dra.sock")
+    }
+    pub fn registration(&self, driver: &str) -> PathBuf {
+        self.registry_dir.join(format!("{driver}-reg.sock"))
+    }
+}
+
+/// What the kubelet told us about our registration.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RegistrationState {
+    pub registered: bool,
+    pub error: String,
+}
+
+struct Reg {
+    name: String,
+    endpoint: PathBuf,
+    status: Arc<Mutex<RegistrationState>>,
+}
+
+#[tonic::async_trait]
+impl Registration for Reg {
+    async fn get_info(&self, _: Request<InfoRequest>) -> Result<Response<PluginInfo>, Status> {
+        Ok(Response::new(PluginInfo {
+            r#type: PLUGIN_TYPE.into(),
+            name: self.name.clone(),
+            endpoint: self.endpoint.display().to_string(),
+            supported_versions: SUPPORTED_VERSIONS.iter().map(|s| s.to_string()).collect(),
+        }))
+    }
+
+    async fn notify_registration_status(
+        &self,
+        req: Request<RegistrationStatus>,
+    ) -> Result<Response<RegistrationStatusResponse>, Status> {
+        let r = req.into_inner();
+        if r.plugin_registered {
+            tracing::info!("registered with the kubelet");
+        } else {
+            tracing::error!("the kubelet refused the registration: {}", r.error);
+        }
+        *self.status.lock().unwrap_or_else(|p| p.into_inner()) = RegistrationState {
+            registered: r.plugin_registered,
+            error: r.error,
+        };
+        Ok(Response::new(RegistrationStatusResponse {}))
+    }
+}
+
+/// The DRA service of one API version: the generated types of that
+/// version around the version-free [`Driver`]. The versions' messages are
+/// field for field the same, so one body serves both.
+macro_rules! dra_service {
+    ($ver:ident) => {
+        pub mod $ver {
+            use super::*;
+            use crate::api::$ver as api;
+            use api::dra_plugin_server::DraPlugin;
+
+            pub struct Service(pub Arc<Driver>);
+
+            fn refs(claims: Vec<api::Claim>) -> Vec<ClaimRef> {
+                claims
+                    .into_iter()
+                    .map(|c| ClaimRef {
+                        namespace: c.namespace,
+                        name: c.name,
+                        uid: c.uid,
+                    })
+                    .collect()
+            }
+
+            #[tonic::async_trait]
+            impl DraPlugin for Service {
+                async fn node_prepare_resources(
+                    &self,
+                    req: Request<api::NodePrepareResourcesRequest>,
+                ) -> Result<Response<api::NodePrepareResourcesResponse>, Status> {
+                    let out = self.0.prepare(&refs(req.into_inner().claims)).await;
+                    let claims = out
+                        .into_iter()
+                        .map(|(uid, r)| {
+                            let resp = match r {
+                                Ok(devs) => api::NodePrepareResourceResponse {
+                                    devices: devs
+                                        .into_iter()
+                                        .map(|d| api::Device {
+                                            request_names: vec![d.request],
+                                            pool_name: d.pool,
+                                            device_name: d.device,
+                                            cdi_device_ids: vec![d.cdi_device_id],
+                                        })
+                                        .collect(),
+                                    error: String::new(),
+                                },
+                                Err(e) => api::NodePrepareResourceResponse {
+                                    devices: vec![],
+                                    error: e,
+                                },
+                            };
+                            (uid, resp)
+                        })
+                        .collect();
+                    Ok(Response::new(api::NodePrepareResourcesResponse { claims }))
+                }
+
+                async fn node_unprepare_resources(
+                    &self,
+                    req: Request<api::NodeUnprepareResourcesRequest>,
+                ) -> Result<Response<api::NodeUnprepareResourcesResponse>, Status> {
+                    let out = self.0.unprepare(&refs(req.into_inner().claims)).await;
+                    let claims = out
+                        .into_iter()
+                        .map(|(uid, r)| {
+                            let error = r.err().unwrap_or_default();
+                            (uid, api::NodeUnprepareResourceResponse { error })
+                        })
+                        .collect();
+                    Ok(Response::new(api::NodeUnprepareResourcesResponse {
+                        claims,
+                    }))
+                }
+            }
+
+            pub fn server(d: Arc<Driver>) -> api::dra_plugin_server::DraPluginServer<Service> {
+                api::dra_plugin_server::DraPluginServer::new(Service(d))
+            }
+        }
+    };
+}
+
+dra_service!(v1);
+dra_service!(v1beta1);
+
+/// The served sockets; dropping it stops both servers and removes them.
+pub struct Served {
+    pub dra_socket: PathBuf,
+    pub registration_socket: PathBuf,
+    pub registration: Arc<Mutex<RegistrationState>>,
+    stops: Vec<oneshot::Sender<()>>,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        for s in self.stops.drain(..) {
+            let _ = s.send(());
+        }
+        // The registration socket first: the kubelet stops dialing us.
+        let _ = std::fs::remove_file(&self.registration_socket);
+        let _ = std::fs::remove_file(&self.dra_socket);
+    }
+}
+
+fn listen(path: &Path) -> Result<tokio::net::UnixListener, ServeError> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| ServeError::Dir(dir.into(), e))?;
+    }
+    // A socket left by a previous run (we were killed): replace it.
+    let _ = std::fs::remove_file(path);
+    tokio::net::UnixListener::bind(path).map_err(|e| ServeError::Listen(path.into(), e))
+}
+
+/// Serves the driver (both API versions), then the registration socket.
+pub fn serve(driver: Arc<Driver>, sockets: &Sockets) -> Result<Served, ServeError> {
+    let name = driver.driver_name().to_string();
+    let dra_socket = sockets.dra(&name);
+    let registration_socket = sockets.registration(&name);
+    let dra = listen(&dra_socket)?;
+    let (stop_dra, stopped_dra) = oneshot::channel::<()>();
+    let router = tonic::transport::Server::builder()
+        .add_service(v1::server(driver.clone()))
+        .add_service(v1beta1::server(driver));
+    tokio::spawn(async move {
+        let r = router
+            .serve_with_incoming_shutdown(UnixListenerStream::new(dra), async {
+                let _ = stopped_dra.await;
+            })
+            .await;
+        if let Err(e) = r {
+            tracing::warn!("DRA server ended: {e}");
+        }
+    });
+    let reg = listen(&registration_socket)?;
+    let status = Arc::new(Mutex::new(RegistrationState::default()));
+    let svc = Reg {
+        name,
+        endpoint: dra_socket.clone(),
+        status: status.clone(),
+    };
+    let (stop_reg, stopped_reg) = oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let r = tonic::transport::Server::builder()
+            .add_service(RegistrationServer::new(svc))
+            .serve_with_incoming_shutdown(UnixListenerStream::new(reg), async {
+                let _ = stopped_reg.await;
+            })
+            .await;
+        if let Err(e) = r {
+            tracing::warn!("registration server ended: {e}");
+        }
+    });
+    Ok(Served {
+        dra_socket,
+        registration_socket,
+        registration: status,
+        stops: vec![stop_dra, stop_reg],
+    })
+}

@@ -1,0 +1,589 @@
+//! The kubelet side of the DRA driver, end to end over its real sockets:
+//! a test kubelet registers it and calls NodePrepareResources /
+//! NodeUnprepareResources in both API versions; claims come from the
+//! FakeApiServer test double, written as kube-scheduler writes them; the
+//! GPUs are the fake GPU host's.
+
+use fakegpu::FakeHost;
+use gpuslice_core::discover::{discover, DiscoverOptions};
+use gpuslice_core::HostRoot;
+use gpuslice_dra::api::{v1, v1beta1};
+use gpuslice_dra::apiserver::HttpApi;
+use gpuslice_dra::driver::{spec_path, Driver, Options};
+use gpuslice_dra::server::{serve, Served, Sockets};
+use gpuslice_dra::DRIVER_NAME;
+use gpuslice_k8s::cdi::limits_record_path;
+use gpuslice_ledger::limits::{
+    verify_and_read, ComputeShare, DeviceLimits, MemorySize, Mode, SliceLimits, LIMITS_FILE,
+    SLICE_DIR,
+};
+use gpuslice_testkit::dra_kubelet::{register, Registered};
+use gpuslice_testkit::fakeapi::{device_claim, shared_claim, FakeApiServer};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+const NODE: &str = "node-a";
+const GIB: u64 = 1 << 30;
+
+fn host() -> &'static FakeHost {
+    static HOST: OnceLock<FakeHost> = OnceLock::new();
+    HOST.get_or_init(|| {
+        let h = FakeHost::builder().gpus(4).mig(3, 2).build().unwrap();
+        std::env::set_var("FAKEGPU_ROOT", h.root());
+        h
+    })
+}
+
+struct Env {
+    dir: tempfile::TempDir,
+    api: FakeApiServer,
+}
+
+impl Env {
+    async fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("libgpuslice.so"), b"").unwrap();
+        Env {
+            dir,
+            api: FakeApiServer::start().await,
+        }
+    }
+
+    fn cdi_dir(&self) -> PathBuf {
+        self.dir.path().join("cdi")
+    }
+
+    fn sockets(&self) -> Sockets {
+        Sockets {
+            plugins_dir: self.dir.path().join("plugins"),
+            registry_dir: self.dir.path().join("plugins_registry"),
+        }
+    }
+
+    /// Starts the plugin (a fresh Driver on the same state: a restart).
+    fn start(&self, shim: bool) -> Served {
+        let h = host();
+        let root = HostRoot::new(h.root());
+        let inventory = discover(
+            &root,
+            &DiscoverOptions {
+                nvml_lib: Some(h.nvml_lib()),
+                ..DiscoverOptions::default()
+            },
+        )
+        .unwrap();
+        let opts = Options {
+            driver_name: DRIVER_NAME.into(),
+            pool: NODE.into(),
+            host_root: root,
+            inventory,
+            cdi_dir: self.cdi_dir(),
+            state_dir: self.dir.path().join("state"),
+            shim: shim.then(|| self.dir.path().join("libgpuslice.so")),
+            hook: None,
+            strip_host_root: false,
+        };
+        let api = Arc::new(HttpApi::new(&self.api.url, None).unwrap());
+        let driver = Arc::new(Driver::new(opts, api).unwrap());
+        serve(driver, &self.sockets()).unwrap()
+    }
+
+    async fn kubelet(&self) -> Registered {
+        register(&self.sockets().registration(DRIVER_NAME), DRIVER_NAME).await
+    }
+
+    fn spec(&self, uid: &str) -> Value {
+        let p = spec_path(&self.cdi_dir(), uid);
+        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap()
+    }
+}
+
+fn v1_claim(ns: &str, name: &str, uid: &str) -> v1::Claim {
+    v1::Claim {
+        namespace: ns.into(),
+        name: name.into(),
+        uid: uid.into(),
+    }
+}
+
+fn v1beta1_claim(ns: &str, name: &str, uid: &str) -> v1beta1::Claim {
+    v1beta1::Claim {
+        namespace: ns.into(),
+        name: name.into(),
+        uid: uid.into(),
+    }
+}
+
+async fn prepare(
+    k: &mut Registered,
+    claims: &[(&str, &str, &str)],
+) -> v1::NodePrepareResourcesResponse {
+    let claims = claims.iter().map(|(n, c, u)| v1_claim(n, c, u)).collect();
+    k.v1.node_prepare_resources(v1::NodePrepareResourcesRequest { claims })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+async fn unprepare(
+    k: &mut Registered,
+    claims: &[(&str, &str, &str)],
+) -> v1::NodeUnprepareResourcesResponse {
+    let claims = claims.iter().map(|(n, c, u)| v1_claim(n, c, u)).collect();
+    k.v1.node_unprepare_resources(v1::NodeUnprepareResourcesRequest { claims })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+fn env_of(device: &Value) -> Vec<String> {
+    device["containerEdits"]["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect()
+}
+
+/// The limits record a capped CDI device binds at the fixed place,
+/// checked the way the shim checks it (root's, not writable by others;
+/// the read-only mount is the runtime's part: the bind must ask for it).
+fn limits_record(device: &Value) -> SliceLimits {
+    let mounts = device["containerEdits"]["mounts"].as_array().unwrap();
+    let at = format!("{SLICE_DIR}/{LIMITS_FILE}");
+    let m = mounts
+        .iter()
+        .find(|m| m["containerPath"] == at.as_str())
+        .unwrap_or_else(|| panic!("no mount at {at}: {mounts:?}"));
+    let opts: Vec<&str> = m["options"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o.as_str().unwrap())
+        .collect();
+    assert!(opts.contains(&"ro") && opts.contains(&"bind"), "{opts:?}");
+    verify_and_read(Path::new(m["hostPath"].as_str().unwrap()), false)
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn node_paths(edits: &Value) -> Vec<String> {
+    edits["deviceNodes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|n| n["path"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// `/dev/nvidia<digits>`: a GPU's own node (not nvidiactl, nvidia-uvm…).
+fn gpu_nodes(paths: &[String]) -> Vec<String> {
+    paths
+        .iter()
+        .filter(|p| {
+            p.strip_prefix("/dev/nvidia")
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .cloned()
+        .collect()
+}
+
+#[tokio::test]
+async fn registers_as_a_dra_plugin_with_both_versions() {
+    let e = Env::new().await;
+    let served = e.start(true);
+    let k = e.kubelet().await;
+    assert_eq!(k.info.r#type, "DRAPlugin");
+    assert_eq!(k.info.name, DRIVER_NAME);
+    assert_eq!(
+        k.info.supported_versions,
+        ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+    );
+    assert_eq!(Path::new(&k.info.endpoint), served.dra_socket);
+    let st = served.registration.lock().unwrap().clone();
+    assert!(
+        st.registered,
+        "the plugin did not record the kubelet's status"
+    );
+    drop(served);
+    assert!(!e.sockets().registration(DRIVER_NAME).exists());
+    assert!(!e.sockets().dra(DRIVER_NAME).exists());
+}
+
+#[tokio::test]
+async fn shared_claim_in_v1_gets_exactly_its_caps_on_its_gpu_only() {
+    let e = Env::new().await;
+    let _s = e.start(true);
+    let mut k = e.kubelet().await;
+    e.api
+        .put_claim(shared_claim("ns", "a", "uid-a", NODE, 2, "20Gi", "30"));
+    let r = prepare(&mut k, &[("ns", "a", "uid-a")]).await;
+    let got = &r.claims["uid-a"];
+    assert_eq!(got.error, "");
+    assert_eq!(got.devices.len(), 1);
+    let d = &got.devices[0];
+    assert_eq!(
+        (d.pool_name.as_str(), d.device_name.as_str()),
+        (NODE, "gpu-2-shared")
+    );
+    assert_eq!(d.request_names, ["gpu"]);
+    assert_eq!(d.cdi_device_ids, ["gpuslice.dev/claim=uid-a-0"]);
+
+    let spec = e.spec("uid-a");
+    assert_eq!(spec["kind"], "gpuslice.dev/claim");
+    let devices = spec["devices"].as_array().unwrap();
+    assert_eq!(devices.len(), 1, "one device per result, no others: {spec}");
+    assert_eq!(devices[0]["name"], "uid-a-0");
+    let uuid = host().gpus()[2].uuid.clone();
+    // Root's limits record: exactly the consumed capacity, read-only at
+    // the slice's fixed place (the shim takes caps from it alone).
+    let record = limits_record(&devices[0]);
+    assert_eq!(
+        record,
+        SliceLimits {
+            slice_id: "uid-a-0".into(),
+            mode: Mode::Cap,
+            devices: vec![DeviceLimits {
+                uuid: uuid.clone(),
+                memory: Some(MemorySize(20 * GIB)),
+                compute: ComputeShare::from_basis_points(3000),
+            }],
+        }
+    );
+    let env = env_of(&devices[0]);
+    assert!(
+        env.contains(&format!("GPUSLICE_MEMORY_LIMIT_0={}", 20 * GIB)),
+        "{env:?}"
+    );
+    assert!(
+        env.contains(&"GPUSLICE_COMPUTE_LIMIT=30".to_string()),
+        "{env:?}"
+    );
+    assert!(env.contains(&format!("NVIDIA_VISIBLE_DEVICES={uuid}")));
+    // The GPU's node and no other GPU's, in the device and in the common edits.
+    let minor = host().gpus()[2].minor;
+    assert_eq!(
+        gpu_nodes(&node_paths(&devices[0]["containerEdits"])),
+        [format!("/dev/nvidia{minor}")]
+    );
+    assert_eq!(
+        gpu_nodes(&node_paths(&spec["containerEdits"])),
+        Vec::<String>::new()
+    );
+    assert!(node_paths(&spec["containerEdits"]).contains(&"/dev/nvidiactl".to_string()));
+    // The shim is preloaded.
+    let mounts = devices[0]["containerEdits"]["mounts"].as_array().unwrap();
+    let targets: Vec<&str> = mounts
+        .iter()
+        .map(|m| m["containerPath"].as_str().unwrap())
+        .collect();
+    assert!(targets.contains(&"/etc/ld.so.preload"), "{targets:?}");
+    assert!(
+        targets.contains(&gpuslice_k8s::cdi::CONTAINER_SHIM),
+        "{targets:?}"
+    );
+
+    let record_file = limits_record_path(&e.cdi_dir(), "uid-a-0");
+    assert!(record_file.exists());
+
+    let u = unprepare(&mut k, &[("ns", "a", "uid-a")]).await;
+    assert_eq!(u.claims["uid-a"].error, "");
+    assert!(!spec_path(&e.cdi_dir(), "uid-a").exists());
+    assert!(!record_file.exists(), "unprepare left the limits record");
+}
+
+#[tokio::test]
+async fn whole_gpu_and_mig_in_v1beta1_get_isolation_without_caps() {
+    let e = Env::new().await;
+    let _s = e.start(true);
+    let mut k = e.kubelet().await;
+    e.api
+        .put_claim(device_claim("ns", "w", "uid-w", NODE, "gpu-1"));
+    e.api
+        .put_claim(device_claim("ns", "m", "uid-m", NODE, "gpu-3-mig-0"));
+    let r = k
+        .v1beta1
+        .node_prepare_resources(v1beta1::NodePrepareResourcesRequest {
+            claims: vec![
+                v1beta1_claim("ns", "w", "uid-w"),
+                v1beta1_claim("ns", "m", "uid-m"),
+            ],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    for uid in ["uid-w", "uid-m"] {
+        assert_eq!(r.claims[uid].error, "", "{uid}");
+        let spec = e.spec(uid);
+        let env = env_of(&spec["devices"][0]);
+        assert!(
+            !env.iter().any(|v| v.starts_with("GPUSLICE_")),
+            "{uid} capped: {env:?}"
+        );
+        assert!(
+            spec["devices"][0]["containerEdits"]["mounts"].is_null(),
+            "{uid}: no shim"
+        );
+    }
+    let whole = node_paths(&e.spec("uid-w")["devices"][0]["containerEdits"]);
+    assert_eq!(
+        gpu_nodes(&whole),
+        [format!("/dev/nvidia{}", host().gpus()[1].minor)]
+    );
+    let mig = node_paths(&e.spec("uid-m")["devices"][0]["containerEdits"]);
+    assert!(
+        mig.iter().any(|p| p.starts_with("/dev/nvidia-caps/")),
+        "MIG caps nodes: {mig:?}"
+    );
+    let u = k
+        .v1beta1
+        .node_unprepare_resources(v1beta1::NodeUnprepareResourcesRequest {
+            claims: vec![
+                v1beta1_claim("ns", "w", "uid-w"),
+                v1beta1_claim("ns", "m", "uid-m"),
+            ],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(u.claims.len(), 2);
+    assert!(u.claims.values().all(|c| c.error.is_empty()));
+    assert!(std::fs::read_dir(e.cdi_dir())
+        .unwrap()
+        .flatten()
+        .all(|f| !f.file_name().to_string_lossy().ends_with(".json")));
+}
+
+#[tokio::test]
+async fn prepare_and_unprepare_are_idempotent() {
+    let e = Env::new().await;
+    let _s = e.start(true);
+    let mut k = e.kubelet().await;
+    e.api
+        .put_claim(shared_claim("ns", "a", "uid-a", NODE, 0, "10Gi", "10"));
+    let first = prepare(&mut k, &[("ns", "a", "uid-a")]).await;
+    let gets = e.api.gets();
+    let again = prepare(&mut k, &[("ns", "a", "uid-a")]).await;
+    assert_eq!(first, again);
+    assert_eq!(
+        e.api.gets(),
+        gets,
+        "a prepared claim is answered from the checkpoint"
+    );
+    for _ in 0..2 {
+        let u = unprepare(&mut k, &[("ns", "a", "uid-a")]).await;
+        assert_eq!(u.claims["uid-a"].error, "");
+    }
+    // Never prepared: also fine, and answered.
+    let u = unprepare(&mut k, &[("ns", "zz", "uid-zz")]).await;
+    assert_eq!(u.claims["uid-zz"].error, "");
+}
+
+#[tokio::test]
+async fn a_restart_between_prepare_and_unprepare_loses_nothing() {
+    let e = Env::new().await;
+    let s = e.start(true);
+    let mut k = e.kubelet().await;
+    e.api
+        .put_claim(shared_claim("ns", "a", "uid-a", NODE, 0, "100Gi", "50"));
+    let first = prepare(&mut k, &[("ns", "a", "uid-a")]).await;
+    assert_eq!(first.claims["uid-a"].error, "");
+    drop(s);
+    drop(k);
+    // The claim is gone from the API server: only the checkpoint knows it.
+    e.api.delete_claim("ns", "a");
+    let _s = e.start(true);
+    let mut k = e.kubelet().await;
+    assert_eq!(prepare(&mut k, &[("ns", "a", "uid-a")]).await, first);
+    // Its capacity still counts after the restart.
+    e.api
+        .put_claim(shared_claim("ns", "b", "uid-b", NODE, 0, "60Gi", "10"));
+    let r = prepare(&mut k, &[("ns", "b", "uid-b")]).await;
+    assert!(
+        r.claims["uid-b"].error.contains("over-committed"),
+        "{:?}",
+        r.claims["uid-b"]
+    );
+    let u = unprepare(&mut k, &[("ns", "a", "uid-a")]).await;
+    assert_eq!(u.claims["uid-a"].error, "");
+    assert!(!spec_path(&e.cdi_dir(), "uid-a").exists());
+    // Now it fits.
+    let r = prepare(&mut k, &[("ns", "b", "uid-b")]).await;
+    assert_eq!(r.claims["uid-b"].error, "");
+}
+
+#[tokio::test]
+async fn a_malformed_claim_fails_alone_and_leaves_nothing() {
+    let e = Env::new().await;
+    let _s = e.start(true);
+    let mut k = e.kubelet().await;
+    e.api
+        .put_claim(shared_claim("ns", "good", "uid-good", NODE, 0, "1Gi", "5"));
+    let mut no_cc = shared_claim("ns", "nocc", "uid-nocc", NODE, 0, "1Gi", "5");
+    no_cc["status"]["allocation"]["devices"]["results"][0]
+        .as_object_mut()
+        .unwrap()
+        .remove("consumedCapacity");
+    e.api.put_claim(no_cc);
+    e.api
+        .put_claim(shared_claim("ns", "big", "uid-big", NODE, 0, "1Gi", "150"));
+    e.api
+        .put_claim(shared_claim("ns", "frac", "uid-frac", NODE, 0, "0.5", "5"));
+    e.api
+        .put_claim(device_claim("ns", "name", "uid-name", NODE, "gpu-x"));
+    e.api
+        .put_claim(device_claim("ns", "pool", "uid-pool", "node-b", "gpu-0"));
+    e.api
+        .put_claim(device_claim("ns", "nogpu", "uid-nogpu", NODE, "gpu-9"));
+    let mut unalloc = device_claim("ns", "un", "uid-un", NODE, "gpu-0");
+    unalloc.as_object_mut().unwrap().remove("status");
+    e.api.put_claim(unalloc);
+    // Re-created under the same name: another uid.
+    e.api
+        .put_claim(device_claim("ns", "re", "uid-new", NODE, "gpu-0"));
+    let cases = [
+        ("nocc", "uid-nocc", "without consumedCapacity"),
+        ("big", "uid-big", "not 1 to 100"),
+        ("frac", "uid-frac", "not a whole number"),
+        ("name", "uid-name", "not a device of ours"),
+        ("pool", "uid-pool", "not this node's pool"),
+        ("nogpu", "uid-nogpu", "not on this node"),
+        ("un", "uid-un", "not allocated"),
+        ("re", "uid-old", "deleted and re-created"),
+        ("missing", "uid-missing", "not found"),
+        ("bad", "../x", "a Kubernetes UID"),
+    ];
+    let mut claims = vec![("ns", "good", "uid-good")];
+    claims.extend(cases.iter().map(|(n, u, _)| ("ns", *n, *u)));
+    let r = prepare(&mut k, &claims).await;
+    assert_eq!(r.claims.len(), claims.len(), "every claim gets an entry");
+    assert_eq!(r.claims["uid-good"].error, "");
+    for (name, uid, why) in cases {
+        let c = &r.claims[uid];
+        assert!(c.error.contains(why), "{name}: {:?} lacks {why:?}", c.error);
+        assert!(c.devices.is_empty());
+        assert!(!spec_path(&e.cdi_dir(), uid).exists(), "{name} left a spec");
+    }
+    let spec_files = std::fs::read_dir(e.cdi_dir())
+        .unwrap()
+        .flatten()
+        .filter(|f| f.file_name().to_string_lossy().ends_with(".json"))
+        .count();
+    assert_eq!(spec_files, 1, "only the good claim's spec");
+}
+
+#[tokio::test]
+async fn over_capacity_claims_are_refused_clearly() {
+    let e = Env::new().await;
+    let _s = e.start(true);
+    let mut k = e.kubelet().await;
+    // The fake GPU has 150,754,820,096 B (140.4 GiB).
+    e.api
+        .put_claim(shared_claim("ns", "a", "uid-a", NODE, 0, "100Gi", "40"));
+    e.api
+        .put_claim(shared_claim("ns", "b", "uid-b", NODE, 0, "41Gi", "10"));
+    e.api
+        .put_claim(shared_claim("ns", "c", "uid-c", NODE, 0, "40Gi", "70"));
+    e.api
+        .put_claim(shared_claim("ns", "d", "uid-d", NODE, 0, "40Gi", "60"));
+    e.api
+        .put_claim(device_claim("ns", "w", "uid-w", NODE, "gpu-0"));
+    let r = prepare(
+        &mut k,
+        &[
+            ("ns", "a", "uid-a"),
+            ("ns", "b", "uid-b"),
+            ("ns", "c", "uid-c"),
+            ("ns", "d", "uid-d"),
+            ("ns", "w", "uid-w"),
+        ],
+    )
+    .await;
+    assert_eq!(r.claims["uid-a"].error, "");
+    let b = &r.claims["uid-b"].error;
+    assert!(
+        b.contains("GPU 0 would be over-committed") && b.contains("memory"),
+        "{b}"
+    );
+    let c = &r.claims["uid-c"].error;
+    assert!(
+        c.contains("compute 70 % requested, 40 % already prepared"),
+        "{c}"
+    );
+    assert_eq!(r.claims["uid-d"].error, "", "40 + 60 % fits exactly");
+    let w = &r.claims["uid-w"].error;
+    assert!(w.contains("exclusive"), "{w}");
+    for uid in ["uid-b", "uid-c", "uid-w"] {
+        assert!(!spec_path(&e.cdi_dir(), uid).exists());
+    }
+}
+
+#[tokio::test]
+async fn a_shared_claim_without_the_shim_is_refused() {
+    let e = Env::new().await;
+    let _s = e.start(false);
+    let mut k = e.kubelet().await;
+    e.api
+        .put_claim(shared_claim("ns", "a", "uid-a", NODE, 0, "1Gi", "10"));
+    let r = prepare(&mut k, &[("ns", "a", "uid-a")]).await;
+    assert!(
+        r.claims["uid-a"]
+            .error
+            .contains("libgpuslice.so was not found"),
+        "{:?}",
+        r.claims["uid-a"]
+    );
+    assert!(!spec_path(&e.cdi_dir(), "uid-a").exists());
+}
+
+#[tokio::test]
+async fn several_claims_on_one_gpu_each_get_their_own_slice() {
+    let e = Env::new().await;
+    let _s = e.start(true);
+    let mut k = e.kubelet().await;
+    e.api
+        .put_claim(shared_claim("ns", "a", "uid-a", NODE, 1, "20Gi", "30"));
+    e.api
+        .put_claim(shared_claim("ns", "b", "uid-b", NODE, 1, "40Gi", "60"));
+    // Prepared in one call and in two: each its own spec, device and record.
+    let r = prepare(&mut k, &[("ns", "a", "uid-a"), ("ns", "b", "uid-b")]).await;
+    let uuid = host().gpus()[1].uuid.clone();
+    for (uid, gib, pct) in [("uid-a", 20, 30), ("uid-b", 40, 60)] {
+        let got = &r.claims[uid];
+        assert_eq!(got.error, "", "{uid}");
+        assert_eq!(
+            got.devices[0].cdi_device_ids,
+            [format!("gpuslice.dev/claim={uid}-0")]
+        );
+        let spec = e.spec(uid);
+        let devices = spec["devices"].as_array().unwrap();
+        assert_eq!(devices.len(), 1, "{uid}: only its own slice");
+        let rec = limits_record(&devices[0]);
+        assert_eq!(rec.slice_id, format!("{uid}-0"));
+        assert_eq!(rec.devices.len(), 1);
+        assert_eq!(rec.devices[0].uuid, uuid);
+        assert_eq!(rec.devices[0].memory, Some(MemorySize(gib * GIB)));
+        assert_eq!(
+            rec.devices[0].compute,
+            ComputeShare::from_basis_points(pct * 100)
+        );
+    }
+    // The two records are different files: unpreparing one keeps the other.
+    let u = unprepare(&mut k, &[("ns", "a", "uid-a")]).await;
+    assert_eq!(u.claims["uid-a"].error, "");
+    assert!(!limits_record_path(&e.cdi_dir(), "uid-a-0").exists());
+    let rec = limits_record(&e.spec("uid-b")["devices"][0]);
+    assert_eq!(rec.devices[0].memory, Some(MemorySize(40 * GIB)));
+    // Over capacity with what is left: 40 Gi/60 % held, 30 Gi/50 % refused.
+    e.api
+        .put_claim(shared_claim("ns", "c", "uid-c", NODE, 1, "30Gi", "50"));
+    let r = prepare(&mut k, &[("ns", "c", "uid-c")]).await;
+    assert!(
+        r.claims["uid-c"]
+            .error
+            .contains("compute 50 % requested, 60 % already prepared"),
+        "{:?}",
+        r.claims["uid-c"]
+    );
+    assert!(!limits_record_path(&e.cdi_dir(), "uid-c-0").exists());
+}

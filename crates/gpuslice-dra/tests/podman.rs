@@ -1,0 +1,123 @@
+//! A prepared DRA claim consumed by a real container runtime: the claim
+//! (30 GiB and 30 % of GPU 2, as kube-scheduler writes it) is prepared,
+//! podman + runc runs a container from the returned CDI device ID on the
+//! fake GPU host, and inside it the slice's limits record holds exactly
+//! the consumed capacity, read-only, with only that GPU's node; after
+//! Unprepare the device no longer resolves. Needs root, podman, runc and
+//! busybox-static (scripts/test.sh installs them).
+
+use fakegpu::FakeHost;
+use gpuslice_core::discover::{discover, DiscoverOptions};
+use gpuslice_core::HostRoot;
+use gpuslice_dra::apiserver::HttpApi;
+use gpuslice_dra::driver::{spec_path, ClaimRef, Driver, Options};
+use gpuslice_dra::DRIVER_NAME;
+use gpuslice_k8s::cdi::{limits_record_path, PRELOAD_FILE};
+use gpuslice_ledger::limits::{ComputeShare, MemorySize, SliceLimits};
+use gpuslice_testkit::fakeapi::{shared_claim, FakeApiServer};
+use gpuslice_testkit::podman::{nvidia_nodes, Image};
+use std::path::Path;
+use std::sync::Arc;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn podman_runs_a_prepared_claim_with_exactly_its_caps() {
+    let host = FakeHost::builder().gpus(4).build().unwrap();
+    std::env::set_var("FAKEGPU_ROOT", host.root());
+    let tmp = tempfile::tempdir().unwrap();
+    let shim = tmp.path().join("libgpuslice.so");
+    std::fs::write(&shim, b"not a real shim: busybox is static").unwrap();
+    // podman reads specs from /etc/cdi and /var/run/cdi only.
+    let cdi_dir = Path::new("/var/run/cdi");
+    let uid = format!("e2e-{}", std::process::id());
+    let mut image = Image::busybox(tmp.path(), "gpuslice-dra-test");
+    image.files = vec![
+        spec_path(cdi_dir, &uid),
+        limits_record_path(cdi_dir, &format!("{uid}-0")),
+        cdi_dir.join(PRELOAD_FILE),
+    ];
+
+    let api = FakeApiServer::start().await;
+    api.put_claim(shared_claim("ns", "e2e", &uid, "node-a", 2, "30Gi", "30"));
+    let root = HostRoot::new(host.root());
+    let inventory = discover(
+        &root,
+        &DiscoverOptions {
+            nvml_lib: Some(host.nvml_lib()),
+            ..DiscoverOptions::default()
+        },
+    )
+    .unwrap();
+    let driver = Driver::new(
+        Options {
+            driver_name: DRIVER_NAME.into(),
+            pool: "node-a".into(),
+            host_root: root,
+            inventory,
+            cdi_dir: cdi_dir.into(),
+            state_dir: tmp.path().join("state"),
+            shim: Some(shim),
+            hook: None,
+            strip_host_root: false,
+        },
+        Arc::new(HttpApi::new(&api.url, None).unwrap()),
+    )
+    .unwrap();
+    let claim = ClaimRef {
+        namespace: "ns".into(),
+        name: "e2e".into(),
+        uid: uid.clone(),
+    };
+    let granted = driver.prepare(std::slice::from_ref(&claim)).await;
+    let granted = granted[&uid].as_ref().unwrap();
+    let id = &granted[0].cdi_device_id;
+    assert_eq!(id, &format!("gpuslice.dev/claim={uid}-0"));
+
+    let out = image.run(
+        id,
+        "ls /dev; echo ---; cat /run/gpuslice/slice/limits; echo ---; \
+         (echo x >> /run/gpuslice/slice/limits) 2>/dev/null || echo limits-read-only; \
+         cat /etc/ld.so.preload; test -f /usr/local/gpuslice/libgpuslice.so && echo shim-present; env",
+    );
+    assert!(out.status.success(), "{out:?}");
+    let t = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut parts = t.splitn(3, "---\n");
+    let (dev, record, rest) = (
+        parts.next().unwrap(),
+        parts.next().unwrap(),
+        parts.next().unwrap(),
+    );
+    assert_eq!(
+        nvidia_nodes(dev),
+        [
+            "nvidia-modeset",
+            "nvidia-uvm",
+            "nvidia-uvm-tools",
+            "nvidia2",
+            "nvidiactl"
+        ],
+        "GPU 2's node and no other GPU's"
+    );
+    let limits = SliceLimits::parse(record, Path::new("/run/gpuslice/slice/limits")).unwrap();
+    assert_eq!(limits.devices.len(), 1);
+    assert_eq!(limits.devices[0].uuid, fakegpu::kernel::gpu_uuid(2));
+    assert_eq!(limits.devices[0].memory, Some(MemorySize(30 << 30)));
+    assert_eq!(
+        limits.devices[0].compute,
+        ComputeShare::from_basis_points(3000)
+    );
+    assert!(rest.contains("limits-read-only"), "{rest}");
+    assert!(
+        rest.contains("/usr/local/gpuslice/libgpuslice.so\n"),
+        "{rest}"
+    );
+    assert!(rest.contains("shim-present"), "{rest}");
+
+    let done = driver.unprepare(&[claim]).await;
+    assert_eq!(done[&uid], Ok(()));
+    assert!(!spec_path(cdi_dir, &uid).exists());
+    assert!(!limits_record_path(cdi_dir, &format!("{uid}-0")).exists());
+    let gone = image.run(id, "true");
+    assert!(!gone.status.success());
+    let err = String::from_utf8_lossy(&gone.stderr);
+    assert!(err.contains("unresolvable CDI devices"), "{err}");
+}

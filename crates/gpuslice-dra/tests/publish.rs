@@ -1,0 +1,316 @@
+//! ResourceSlice publication against the FakeApiServer test double, from
+//! the fake GPU host's inventory: what is published (devices, attributes,
+//! capacities, request policies), the pool's generation, and the writes
+//! under races (resourceVersion conflicts) and behind-the-back changes.
+
+use fakegpu::FakeHost;
+use gpuslice_core::discover::{discover, DiscoverOptions};
+use gpuslice_core::{HostRoot, Inventory};
+use gpuslice_dra::apiserver::{HttpApi, SliceApi, SliceWriteError};
+use gpuslice_dra::claim::DeviceKind;
+use gpuslice_dra::publish::{devices, publish, slice_name, slices, PublishError, SharedPolicy};
+use gpuslice_dra::DRIVER_NAME;
+use gpuslice_testkit::fakeapi::FakeApiServer;
+use serde_json::{json, Value};
+use std::sync::OnceLock;
+
+const NODE: &str = "node-a";
+
+fn host() -> &'static FakeHost {
+    static HOST: OnceLock<FakeHost> = OnceLock::new();
+    HOST.get_or_init(|| {
+        let h = FakeHost::builder().gpus(4).mig(3, 2).build().unwrap();
+        std::env::set_var("FAKEGPU_ROOT", h.root());
+        h
+    })
+}
+
+fn inventory() -> Inventory {
+    let h = host();
+    discover(
+        &HostRoot::new(h.root()),
+        &DiscoverOptions {
+            nvml_lib: Some(h.nvml_lib()),
+            ..DiscoverOptions::default()
+        },
+    )
+    .unwrap()
+}
+
+fn slice0(api: &FakeApiServer) -> Value {
+    api.slices()
+        .remove(&slice_name(NODE, DRIVER_NAME, 0))
+        .expect("slice 0 published")
+}
+
+fn device<'a>(slice: &'a Value, name: &str) -> &'a Value {
+    slice["spec"]["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == name)
+        .unwrap_or_else(|| panic!("no device {name}"))
+}
+
+#[tokio::test]
+async fn whole_shared_and_mig_devices_with_attributes_capacities_and_policies() {
+    let fake = FakeApiServer::start().await;
+    let api = HttpApi::new(&fake.url, None).unwrap();
+    let inv = inventory();
+    let d = devices(&inv, &SharedPolicy::default());
+    let p = publish(&api, DRIVER_NAME, NODE, &d).await.unwrap();
+    assert_eq!((p.generation, p.changed), (1, true));
+
+    let s = slice0(&fake);
+    assert_eq!(fake.slices().len(), 1);
+    assert_eq!(s["apiVersion"], "resource.k8s.io/v1");
+    assert_eq!(s["kind"], "ResourceSlice");
+    assert_eq!(s["spec"]["driver"], DRIVER_NAME);
+    assert_eq!(s["spec"]["nodeName"], NODE);
+    assert_eq!(
+        s["spec"]["pool"],
+        json!({"name": NODE, "generation": 1, "resourceSliceCount": 1})
+    );
+    let names: Vec<&str> = s["spec"]["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "gpu-0",
+            "gpu-0-shared",
+            "gpu-1",
+            "gpu-1-shared",
+            "gpu-2",
+            "gpu-2-shared",
+            "gpu-3-mig-0",
+            "gpu-3-mig-1"
+        ],
+        "a GPU in MIG mode is offered as its MIG devices only"
+    );
+    // Every name is one Prepare understands.
+    for n in &names {
+        assert!(DeviceKind::parse(n).is_some(), "{n}");
+    }
+
+    let g = &host().gpus()[1];
+    let whole = device(&s, "gpu-1");
+    let a = &whole["attributes"];
+    assert_eq!(a["uuid"], json!({"string": g.uuid}));
+    assert_eq!(a["type"], json!({"string": "gpu"}));
+    assert_eq!(a["index"], json!({"int": 1}));
+    assert_eq!(a["productName"], json!({"string": inv.gpus[1].model}));
+    assert_eq!(a["pciBusID"], json!({"string": g.pci_bus_id}));
+    // 580.159.04 is not semver (a leading zero); published comparable.
+    assert_eq!(
+        inv.driver_version.as_deref(),
+        Some("580.159.04"),
+        "the fake host's driver"
+    );
+    assert_eq!(a["driverVersion"], json!({"version": "580.159.4"}));
+    // The fake host's GPUs are all NVLinked: one domain, the lowest bus id.
+    let lowest = host().gpus().iter().map(|g| &g.pci_bus_id).min().unwrap();
+    assert_eq!(a["nvlinkDomain"], json!({"string": lowest}));
+    let mem = g.memory_bytes.to_string();
+    assert_eq!(whole["capacity"], json!({"memory": {"value": mem}}));
+    assert!(whole["allowMultipleAllocations"].is_null());
+
+    let shared = device(&s, "gpu-1-shared");
+    assert_eq!(shared["allowMultipleAllocations"], true);
+    assert_eq!(shared["attributes"]["type"], json!({"string": "shared"}));
+    assert_eq!(shared["attributes"]["uuid"], json!({"string": g.uuid}));
+    assert_eq!(
+        shared["capacity"],
+        json!({
+            "memory": {
+                "value": mem,
+                "requestPolicy": {
+                    "default": "1073741824",
+                    "validRange": {"min": "1048576", "step": "1048576"},
+                },
+            },
+            "compute": {
+                "value": "100",
+                "requestPolicy": {
+                    "default": "100",
+                    "validRange": {"min": "1", "max": "100", "step": "1"},
+                },
+            },
+        })
+    );
+
+    let mig = device(&s, "gpu-3-mig-1");
+    assert_eq!(mig["attributes"]["type"], json!({"string": "mig"}));
+    assert_eq!(
+        mig["attributes"]["parentUUID"],
+        json!({"string": host().gpus()[3].uuid})
+    );
+    assert!(mig["attributes"]["uuid"]["string"]
+        .as_str()
+        .unwrap()
+        .starts_with("MIG-"));
+}
+
+#[tokio::test]
+async fn configured_policies_are_published() {
+    let fake = FakeApiServer::start().await;
+    let api = HttpApi::new(&fake.url, None).unwrap();
+    let policy = SharedPolicy {
+        memory_step: 256 << 20,
+        memory_default: 4 << 30,
+        compute_default: 10,
+    };
+    publish(&api, DRIVER_NAME, NODE, &devices(&inventory(), &policy))
+        .await
+        .unwrap();
+    let s = slice0(&fake);
+    let c = &device(&s, "gpu-0-shared")["capacity"];
+    assert_eq!(c["memory"]["requestPolicy"]["default"], "4294967296");
+    assert_eq!(
+        c["memory"]["requestPolicy"]["validRange"],
+        json!({"min": "268435456", "step": "268435456"})
+    );
+    assert_eq!(c["compute"]["requestPolicy"]["default"], "10");
+}
+
+#[tokio::test]
+async fn unchanged_writes_nothing_and_a_change_moves_the_generation() {
+    let fake = FakeApiServer::start().await;
+    let api = HttpApi::new(&fake.url, None).unwrap();
+    let mut inv = inventory();
+    let d = devices(&inv, &SharedPolicy::default());
+    publish(&api, DRIVER_NAME, NODE, &d).await.unwrap();
+    let writes = fake.slice_writes();
+    let again = publish(&api, DRIVER_NAME, NODE, &d).await.unwrap();
+    assert_eq!((again.generation, again.changed), (1, false));
+    assert_eq!(
+        fake.slice_writes(),
+        writes,
+        "nothing changed, nothing written"
+    );
+
+    // A GPU disappears: the pool moves to generation 2 without it.
+    inv.gpus.retain(|g| g.index != 2);
+    let d = devices(&inv, &SharedPolicy::default());
+    let p = publish(&api, DRIVER_NAME, NODE, &d).await.unwrap();
+    assert_eq!((p.generation, p.changed), (2, true));
+    let s = slice0(&fake);
+    assert_eq!(s["spec"]["pool"]["generation"], 2);
+    assert_eq!(s["metadata"]["generation"], 2, "the server saw a new spec");
+    let names: Vec<&str> = s["spec"]["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["name"].as_str().unwrap())
+        .collect();
+    assert!(!names.iter().any(|n| n.starts_with("gpu-2")), "{names:?}");
+}
+
+#[tokio::test]
+async fn a_racing_writer_is_never_overwritten_blindly() {
+    let fake = FakeApiServer::start().await;
+    let api = HttpApi::new(&fake.url, None).unwrap();
+    let mut inv = inventory();
+    publish(
+        &api,
+        DRIVER_NAME,
+        NODE,
+        &devices(&inv, &SharedPolicy::default()),
+    )
+    .await
+    .unwrap();
+
+    // The double itself: a stale or missing resourceVersion is a conflict,
+    // a create of a taken name too.
+    let mut stale: k8s_openapi::api::resource::v1::ResourceSlice =
+        serde_json::from_value(slice0(&fake)).unwrap();
+    stale.metadata.resource_version = Some("1".into());
+    fake.touch_slice(&slice_name(NODE, DRIVER_NAME, 0), |_| {});
+    assert!(matches!(
+        api.update_slice(&stale).await,
+        Err(SliceWriteError::Conflict(..))
+    ));
+    stale.metadata.resource_version = None;
+    assert!(matches!(
+        api.update_slice(&stale).await,
+        Err(SliceWriteError::Conflict(..))
+    ));
+    let fresh = slices(DRIVER_NAME, NODE, 1, &[]).remove(0);
+    assert!(matches!(
+        api.create_slice(&fresh).await,
+        Err(SliceWriteError::Conflict(..))
+    ));
+
+    // Two races in a row: the publisher re-reads and wins on the third try.
+    inv.gpus.retain(|g| g.index != 0);
+    let d = devices(&inv, &SharedPolicy::default());
+    fake.interfere_with_updates(2);
+    let p = publish(&api, DRIVER_NAME, NODE, &d).await.unwrap();
+    assert!(p.changed);
+    let s = slice0(&fake);
+    assert_eq!(
+        serde_json::to_value(&d).unwrap(),
+        s["spec"]["devices"],
+        "the publisher's devices, written after the races"
+    );
+
+    // Races without end: an error naming the conflict, not a blind write.
+    inv.gpus.retain(|g| g.index != 1);
+    fake.interfere_with_updates(100);
+    let e = publish(
+        &api,
+        DRIVER_NAME,
+        NODE,
+        &devices(&inv, &SharedPolicy::default()),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(e, PublishError::Conflicts(_)), "{e}");
+    assert!(
+        e.to_string().contains("the object has been modified"),
+        "{e}"
+    );
+}
+
+#[tokio::test]
+async fn slices_changed_behind_its_back_are_put_right() {
+    let fake = FakeApiServer::start().await;
+    let api = HttpApi::new(&fake.url, None).unwrap();
+    let d = devices(&inventory(), &SharedPolicy::default());
+    publish(&api, DRIVER_NAME, NODE, &d).await.unwrap();
+    let name = slice_name(NODE, DRIVER_NAME, 0);
+
+    // Someone edits a device away: the next publication restores it, at a
+    // higher generation.
+    fake.touch_slice(&name, |s| {
+        s["spec"]["devices"].as_array_mut().unwrap().remove(0);
+    });
+    let p = publish(&api, DRIVER_NAME, NODE, &d).await.unwrap();
+    assert_eq!((p.generation, p.changed), (2, true));
+    assert_eq!(
+        slice0(&fake)["spec"]["devices"],
+        serde_json::to_value(&d).unwrap()
+    );
+
+    // Deleted: re-created. A stray slice of this node's pool: deleted.
+    fake.remove_slice(&name);
+    let mut stray = slices(DRIVER_NAME, NODE, 3, &d).remove(0);
+    stray.metadata.name = Some(slice_name(NODE, DRIVER_NAME, 7));
+    api.create_slice(&stray).await.unwrap();
+    // Another node's slice is not ours to touch.
+    let other = slices(DRIVER_NAME, "node-b", 1, &d).remove(0);
+    api.create_slice(&other).await.unwrap();
+    let p = publish(&api, DRIVER_NAME, NODE, &d).await.unwrap();
+    assert_eq!(p.generation, 4, "above the stray's generation 3");
+    let all = fake.slices();
+    let ours: Vec<&String> = all
+        .iter()
+        .filter(|(_, s)| s["spec"]["nodeName"] == NODE)
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(ours, [&name]);
+    assert!(all.contains_key(&slice_name("node-b", DRIVER_NAME, 0)));
+}

@@ -1,0 +1,442 @@
+//! FakeApiServer: a TEST DOUBLE of the few kube-apiserver endpoints the
+//! DRA driver uses, over real HTTP on 127.0.0.1. It is not an API server.
+//!
+//! What it does as the real one does:
+//! - claims: `GET /apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}`,
+//!   fed to it as kube-scheduler writes them
+//!   (`status.allocation.devices.results` with `consumedCapacity` and
+//!   `shareID`);
+//! - ResourceSlices (cluster-scoped): list with a `fieldSelector` on
+//!   `spec.nodeName`, `spec.driver`, `spec.pool.name` (the fields the real
+//!   server selects on; any other is a 400); create (POST: 409
+//!   `AlreadyExists` for a taken name); update (PUT: 409 `Conflict` when
+//!   `metadata.resourceVersion` is not the stored one; stricter than the
+//!   real server, also when it is missing, so a blind write shows);
+//!   delete;
+//! - every write gives the object a new `metadata.resourceVersion` (one
+//!   counter for the whole store, as etcd's revision); `metadata.generation`
+//!   starts at 1 and grows when the spec changes; `metadata.uid` is set on
+//!   create;
+//! - a missing object is a 404 with a `Status` body (reason `NotFound`).
+//!
+//! Not modelled: watches (the driver does not watch), validation of the
+//! objects (tests validate them against the upstream schemas).
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper::{Request, Response};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+#[derive(Default)]
+struct Store {
+    claims: Mutex<BTreeMap<(String, String), Value>>,
+    slices: Mutex<BTreeMap<String, Value>>,
+    revision: AtomicU64,
+    gets: AtomicU64,
+    /// ResourceSlice writes answered 2xx (creates, updates, deletes).
+    slice_writes: AtomicU64,
+    /// PUTs still to be preceded by another writer's update.
+    interfere: AtomicU64,
+}
+
+impl Store {
+    fn next_rv(&self) -> String {
+        (self.revision.fetch_add(1, Ordering::SeqCst) + 1).to_string()
+    }
+}
+
+pub struct FakeApiServer {
+    pub url: String,
+    store: Arc<Store>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for FakeApiServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl FakeApiServer {
+    pub async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let store = Arc::new(Store::default());
+        let s = store.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((conn, _)) = listener.accept().await else {
+                    return;
+                };
+                let s = s.clone();
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |req| {
+                        let s = s.clone();
+                        async move { Ok::<_, std::convert::Infallible>(handle(&s, req).await) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(conn), svc)
+                        .await;
+                });
+            }
+        });
+        FakeApiServer { url, store, task }
+    }
+
+    /// Creates or replaces a claim (as the scheduler's status update
+    /// does); returns its new resourceVersion.
+    pub fn put_claim(&self, mut claim: Value) -> String {
+        let rv = self.store.next_rv();
+        claim["metadata"]["resourceVersion"] = json!(rv);
+        let key = (
+            claim["metadata"]["namespace"].as_str().unwrap().to_string(),
+            claim["metadata"]["name"].as_str().unwrap().to_string(),
+        );
+        self.store.claims.lock().unwrap().insert(key, claim);
+        rv
+    }
+
+    pub fn delete_claim(&self, namespace: &str, name: &str) {
+        self.store
+            .claims
+            .lock()
+            .unwrap()
+            .remove(&(namespace.to_string(), name.to_string()));
+    }
+
+    /// GET requests answered so far.
+    pub fn gets(&self) -> u64 {
+        self.store.gets.load(Ordering::SeqCst)
+    }
+
+    /// The stored ResourceSlices, by name.
+    pub fn slices(&self) -> BTreeMap<String, Value> {
+        self.store.slices.lock().unwrap().clone()
+    }
+
+    /// Successful ResourceSlice writes so far.
+    pub fn slice_writes(&self) -> u64 {
+        self.store.slice_writes.load(Ordering::SeqCst)
+    }
+
+    /// Another writer's change of a stored slice (an admin, another
+    /// instance): `edit` runs on it, and it gets a new resourceVersion.
+    pub fn touch_slice(&self, name: &str, edit: impl FnOnce(&mut Value)) {
+        let mut slices = self.store.slices.lock().unwrap();
+        let obj = slices.get_mut(name).expect("no such slice");
+        edit(obj);
+        obj["metadata"]["resourceVersion"] = json!(self.store.next_rv());
+    }
+
+    /// The next `n` ResourceSlice updates each meet another writer's
+    /// update of the same object just before them (its resourceVersion
+    /// moves on), as when two writers race.
+    pub fn interfere_with_updates(&self, n: u64) {
+        self.store.interfere.store(n, Ordering::SeqCst);
+    }
+
+    /// Removes a slice behind the driver's back.
+    pub fn remove_slice(&self, name: &str) {
+        self.store.slices.lock().unwrap().remove(name);
+    }
+}
+
+async fn handle(s: &Store, req: Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
+    let path = req.uri().path().to_string();
+    let query = req.uri().query().unwrap_or_default().to_string();
+    let method = req.method().clone();
+    let body = match req.into_body().collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => return status(400, "BadRequest", &e.to_string()),
+    };
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    use hyper::Method;
+    match (method.clone(), parts.as_slice()) {
+        (
+            Method::GET,
+            ["apis", "resource.k8s.io", "v1", "namespaces", ns, "resourceclaims", name],
+        ) => {
+            s.gets.fetch_add(1, Ordering::SeqCst);
+            match s
+                .claims
+                .lock()
+                .unwrap()
+                .get(&(ns.to_string(), name.to_string()))
+            {
+                Some(c) => ok(200, c),
+                None => status(
+                    404,
+                    "NotFound",
+                    &format!("resourceclaims.resource.k8s.io \"{name}\" not found"),
+                ),
+            }
+        }
+        (Method::GET, ["apis", "resource.k8s.io", "v1", "resourceslices"]) => {
+            s.gets.fetch_add(1, Ordering::SeqCst);
+            list_slices(s, &query)
+        }
+        (Method::POST, ["apis", "resource.k8s.io", "v1", "resourceslices"]) => {
+            write_slice(s, None, &body)
+        }
+        (Method::PUT, ["apis", "resource.k8s.io", "v1", "resourceslices", name]) => {
+            write_slice(s, Some(name), &body)
+        }
+        (Method::DELETE, ["apis", "resource.k8s.io", "v1", "resourceslices", name]) => {
+            match s.slices.lock().unwrap().remove(*name) {
+                Some(obj) => {
+                    s.slice_writes.fetch_add(1, Ordering::SeqCst);
+                    ok(200, &obj)
+                }
+                None => status(
+                    404,
+                    "NotFound",
+                    &format!("resourceslices.resource.k8s.io \"{name}\" not found"),
+                ),
+            }
+        }
+        _ => status(
+            404,
+            "NotFound",
+            &format!("the server could not find {method} {path}"),
+        ),
+    }
+}
+
+fn ok(code: u16, v: &Value) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(code)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(v.to_string())))
+        .unwrap()
+}
+
+/// `fieldSelector=a=b,c=d` (URL-encoded) on the fields the real server
+/// selects ResourceSlices by.
+fn list_slices(s: &Store, query: &str) -> Response<Full<Bytes>> {
+    let mut want: Vec<(String, String)> = Vec::new();
+    for kv in query.split('&').filter(|q| !q.is_empty()) {
+        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+        if k != "fieldSelector" {
+            continue;
+        }
+        let v = v
+            .replace("%3D", "=")
+            .replace("%3d", "=")
+            .replace("%2C", ",")
+            .replace("%2c", ",");
+        for term in v.split(',') {
+            let Some((f, x)) = term.split_once('=') else {
+                return status(
+                    400,
+                    "BadRequest",
+                    &format!("invalid field selector {term:?}"),
+                );
+            };
+            if !["spec.nodeName", "spec.driver", "spec.pool.name"].contains(&f) {
+                return status(
+                    400,
+                    "BadRequest",
+                    &format!("field label not supported: {f}"),
+                );
+            }
+            want.push((f.to_string(), x.to_string()));
+        }
+    }
+    let field = |o: &Value, f: &str| -> String {
+        let v = match f {
+            "spec.nodeName" => &o["spec"]["nodeName"],
+            "spec.driver" => &o["spec"]["driver"],
+            _ => &o["spec"]["pool"]["name"],
+        };
+        v.as_str().unwrap_or_default().to_string()
+    };
+    let items: Vec<Value> = s
+        .slices
+        .lock()
+        .unwrap()
+        .values()
+        .filter(|o| want.iter().all(|(f, x)| field(o, f) == *x))
+        .cloned()
+        .collect();
+    let rv = s.revision.load(Ordering::SeqCst).to_string();
+    ok(
+        200,
+        &json!({
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSliceList",
+            "metadata": {"resourceVersion": rv},
+            "items": items,
+        }),
+    )
+}
+
+/// POST (`name` None) or PUT of a ResourceSlice, with the real server's
+/// optimistic concurrency and generation bookkeeping.
+fn write_slice(s: &Store, name: Option<&str>, body: &[u8]) -> Response<Full<Bytes>> {
+    let mut obj: Value = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(e) => return status(400, "BadRequest", &format!("not JSON: {e}")),
+    };
+    if obj["kind"] != "ResourceSlice" || obj["apiVersion"] != "resource.k8s.io/v1" {
+        return status(
+            400,
+            "BadRequest",
+            &format!(
+                "kind {} apiVersion {}: a resource.k8s.io/v1 ResourceSlice is required",
+                obj["kind"], obj["apiVersion"]
+            ),
+        );
+    }
+    let Some(obj_name) = obj["metadata"]["name"].as_str().map(str::to_string) else {
+        return status(422, "Invalid", "metadata.name: Required value");
+    };
+    let mut slices = s.slices.lock().unwrap();
+    match name {
+        None => {
+            if slices.contains_key(&obj_name) {
+                return status(
+                    409,
+                    "AlreadyExists",
+                    &format!("resourceslices.resource.k8s.io \"{obj_name}\" already exists"),
+                );
+            }
+            if obj["metadata"]["resourceVersion"].is_string() {
+                return status(
+                    400,
+                    "BadRequest",
+                    "resourceVersion should not be set on objects to be created",
+                );
+            }
+            let rv = s.next_rv();
+            let n = s.revision.load(Ordering::SeqCst);
+            let m = &mut obj["metadata"];
+            m["resourceVersion"] = json!(rv);
+            m["generation"] = json!(1);
+            m["uid"] = json!(format!("00000000-0000-4000-8000-{n:012}"));
+            slices.insert(obj_name, obj.clone());
+            s.slice_writes.fetch_add(1, Ordering::SeqCst);
+            ok(201, &obj)
+        }
+        Some(path_name) => {
+            if path_name != obj_name {
+                return status(
+                    400,
+                    "BadRequest",
+                    &format!("the name of the object ({obj_name}) does not match the name on the URL ({path_name})"),
+                );
+            }
+            let race = s
+                .interfere
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+            if race {
+                if let Some(o) = slices.get_mut(&obj_name) {
+                    o["metadata"]["resourceVersion"] = json!(s.next_rv());
+                }
+            }
+            let Some(old) = slices.get(&obj_name) else {
+                return status(
+                    404,
+                    "NotFound",
+                    &format!("resourceslices.resource.k8s.io \"{obj_name}\" not found"),
+                );
+            };
+            if obj["metadata"]["resourceVersion"] != old["metadata"]["resourceVersion"] {
+                return status(
+                    409,
+                    "Conflict",
+                    &format!("Operation cannot be fulfilled on resourceslices.resource.k8s.io \"{obj_name}\": the object has been modified; please apply your changes to the latest version and try again"),
+                );
+            }
+            if obj["spec"]["driver"] != old["spec"]["driver"]
+                || obj["spec"]["nodeName"] != old["spec"]["nodeName"]
+                || obj["spec"]["pool"]["name"] != old["spec"]["pool"]["name"]
+            {
+                return status(
+                    422,
+                    "Invalid",
+                    "spec.driver, spec.nodeName, spec.pool.name: field is immutable",
+                );
+            }
+            let gen = old["metadata"]["generation"].as_i64().unwrap_or(1);
+            let gen = if obj["spec"] == old["spec"] {
+                gen
+            } else {
+                gen + 1
+            };
+            let uid = old["metadata"]["uid"].clone();
+            let m = &mut obj["metadata"];
+            m["resourceVersion"] = json!(s.next_rv());
+            m["generation"] = json!(gen);
+            m["uid"] = uid;
+            slices.insert(obj_name, obj.clone());
+            s.slice_writes.fetch_add(1, Ordering::SeqCst);
+            ok(200, &obj)
+        }
+    }
+}
+
+/// A `metav1.Status` failure, as the API server answers errors.
+fn status(code: u16, reason: &str, message: &str) -> Response<Full<Bytes>> {
+    let body = json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {},
+        "status": "Failure", "message": message, "reason": reason, "code": code,
+    });
+    Response::builder()
+        .status(code)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap()
+}
+
+/// A claim as kube-scheduler leaves it for a shared device: the request
+/// in spec, the result with consumedCapacity and shareID in status.
+pub fn shared_claim(
+    ns: &str,
+    name: &str,
+    uid: &str,
+    pool: &str,
+    gpu: u32,
+    memory: &str,
+    compute: &str,
+) -> Value {
+    json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"namespace": ns, "name": name, "uid": uid},
+        "spec": {"devices": {"requests": [{
+            "name": "gpu",
+            "exactly": {
+                "deviceClassName": "gpu-shared.gpuslice.io",
+                "capacity": {"requests": {"memory": memory, "compute": compute}},
+            },
+        }]}},
+        "status": {"allocation": {"devices": {"results": [{
+            "request": "gpu",
+            "driver": "gpu.gpuslice.io",
+            "pool": pool,
+            "device": format!("gpu-{gpu}-shared"),
+            "shareID": format!("{uid}-share"),
+            "consumedCapacity": {"memory": memory, "compute": compute},
+        }]}}},
+    })
+}
+
+/// A claim allocated one whole device (`gpu-<i>` or `gpu-<i>-mig-<m>`).
+pub fn device_claim(ns: &str, name: &str, uid: &str, pool: &str, device: &str) -> Value {
+    json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"namespace": ns, "name": name, "uid": uid},
+        "spec": {"devices": {"requests": [{
+            "name": "gpu",
+            "exactly": {"deviceClassName": "gpu.gpuslice.io"},
+        }]}},
+        "status": {"allocation": {"devices": {"results": [{
+            "request": "gpu", "driver": "gpu.gpuslice.io", "pool": pool, "device": device,
+        }]}}},
+    })
+}

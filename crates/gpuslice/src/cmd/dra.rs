@@ -1,0 +1,123 @@
+//! `gpuslice dra`: the DRA kubelet plugin (gpuslice-dra). It registers
+//! with the kubelet's plugin watcher and prepares claims into slices with
+//! one CDI spec each, and publishes the node's ResourceSlices (docs/dra.md).
+
+use anyhow::{Context, Result};
+use clap::Args;
+use gpuslice_core::discover::{discover, DiscoverOptions};
+use gpuslice_core::HostRoot;
+use gpuslice_dra::apiserver::HttpApi;
+use gpuslice_dra::daemon::{self, DaemonOptions};
+use gpuslice_dra::driver::Options;
+use gpuslice_dra::publish::SharedPolicy;
+use gpuslice_dra::server::Sockets;
+use gpuslice_ledger::limits::MemorySize;
+use std::path::PathBuf;
+
+use crate::global::Global;
+
+#[derive(Debug, Args)]
+pub struct DraArgs {
+    /// This node's name: the pool the scheduler allocates from.
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: String,
+
+    /// The DRA driver name (allocation results and DeviceClasses name it).
+    #[arg(long, default_value = gpuslice_dra::DRIVER_NAME)]
+    pub driver_name: String,
+
+    /// The API server, plain HTTP only (e.g. `kubectl proxy` on the node); in-cluster TLS is not supported yet.
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "GPUSLICE_DRA_API_SERVER",
+        default_value = "http://127.0.0.1:8001"
+    )]
+    pub api_server: String,
+
+    /// A file holding a bearer token sent to the API server.
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+
+    /// The kubelet's plugins directory (the DRA socket goes in `<DIR>/<driver>/dra.sock`).
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/kubelet/plugins")]
+    pub plugins_dir: PathBuf,
+
+    /// The kubelet's plugin registry directory (`<DIR>/<driver>-reg.sock`).
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/var/lib/kubelet/plugins_registry"
+    )]
+    pub registry_dir: PathBuf,
+
+    /// Where each prepared claim's CDI spec is written.
+    #[arg(long, value_name = "DIR", default_value = gpuslice_k8s::cdi::DYNAMIC_DIR)]
+    pub cdi_dir: PathBuf,
+
+    /// Where the checkpoint of prepared claims is kept.
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/gpuslice/dra")]
+    pub state_dir: PathBuf,
+
+    /// Write CDI host paths relative to --host-root (the plugin runs in a pod with the host mounted there).
+    #[arg(long)]
+    pub strip_host_root: bool,
+
+    /// Shared devices: memory is requested in multiples of this (a multiple of 1MiB).
+    #[arg(long, value_name = "SIZE", default_value = "1MiB")]
+    pub memory_step: MemorySize,
+
+    /// Shared devices: the memory a request that names none consumes.
+    #[arg(long, value_name = "SIZE", default_value = "1GiB")]
+    pub memory_default: MemorySize,
+
+    /// Shared devices: the compute (percent) a request that names none consumes.
+    #[arg(long, value_name = "PERCENT", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub compute_default: u32,
+}
+
+pub fn run(global: &Global, args: &DraArgs) -> Result<i32> {
+    // Bad flags fail before the (slower) discovery.
+    let token = match &args.token_file {
+        Some(f) => Some(
+            std::fs::read_to_string(f)
+                .with_context(|| format!("--token-file {}", f.display()))?
+                .trim()
+                .to_string(),
+        ),
+        None => None,
+    };
+    let api = HttpApi::new(&args.api_server, token)?;
+    let policy = SharedPolicy {
+        memory_step: args.memory_step.0,
+        memory_default: args.memory_default.0,
+        compute_default: args.compute_default,
+    };
+    policy.validate()?;
+    let host_root = HostRoot::new(&global.host_root);
+    let inventory =
+        discover(&host_root, &DiscoverOptions::default()).context("discovering the GPUs")?;
+    let driver = Options {
+        driver_name: args.driver_name.clone(),
+        pool: args.node_name.clone(),
+        host_root,
+        inventory,
+        cdi_dir: args.cdi_dir.clone(),
+        state_dir: args.state_dir.clone(),
+        shim: crate::shim::find().ok(),
+        hook: std::env::current_exe()
+            .ok()
+            .and_then(|p| p.canonicalize().ok()),
+        strip_host_root: args.strip_host_root,
+    };
+    daemon::run(DaemonOptions {
+        driver,
+        sockets: Sockets {
+            plugins_dir: args.plugins_dir.clone(),
+            registry_dir: args.registry_dir.clone(),
+        },
+        api,
+        policy,
+    })?;
+    Ok(0)
+}
