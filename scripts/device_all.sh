@@ -15,6 +15,9 @@
 #   memphys    issue 16: physical memory cap (1/2/5/8 processes in one 20 GiB slice, host NVML sum),
 #              usable memory for torch, the client matrix, array sizes the driver reports, the old
 #              32-bit cuMemAlloc against the cap (device_memphys.py, ~230 s, at most 300)
+#   hostpid    issue 16 follow-up: the shim measures a context inside run's PID namespace and under
+#              --pid host (host NVML lists the pid `slices` shows, the resolver gives the same pid,
+#              the ledger matches NVML's figure; device_hostpid.py, ~20 s, at most 90)
 #   gpt2       issue 16: the torch.compile'd GPT-2 bare vs --memory 20GiB, 6 interleaved rounds, with
 #              the shim's per-family call counts (device_gpt2.py, ~150 s, at most 200), then the perf ratios of
 #              device_shim.py in the same run (first tensor, malloc/free, GEMM; ROUNDS=2, ~60 s)
@@ -74,6 +77,10 @@ part_shim() {
 part_memphys() {
     bounded 300 python3 scripts/device_memphys.py "$work/memphys"
     cp "$work/memphys/memphys.json" "$work/memphys.json" 2>/dev/null
+}
+part_hostpid() {
+    bounded 90 python3 scripts/device_hostpid.py "$work/hostpid"
+    cp "$work/hostpid/hostpid.json" "$work/hostpid.json" 2>/dev/null
 }
 part_gpt2() {
     bounded 200 python3 scripts/device_gpt2.py "$work/gpt2.json" --rounds 6 --steps 30
@@ -140,7 +147,7 @@ part_doctor() {
 # parts that finished.
 collect() {
     tar czf "$out/results.tgz" -C "$work" .
-    for f in memphys.json gpt2.json gpt2-perf.json isolation.json launch-none.json layout.json doctor.json cdi.json exporter.json plugin.json compute.json compute-diag.json compute-trace.json users.json integrity.json boundary.json launch-boundary.json; do
+    for f in memphys.json hostpid.json gpt2.json gpt2-perf.json isolation.json launch-none.json layout.json doctor.json cdi.json exporter.json plugin.json compute.json compute-diag.json compute-trace.json users.json integrity.json boundary.json launch-boundary.json; do
         [ -f "$work/$f" ] && cp "$work/$f" "$out/"
     done
 }

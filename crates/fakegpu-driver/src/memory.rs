@@ -9,12 +9,30 @@
 //! publishes what it holds (`<root>/.fakegpu/usage/<pid>`, one line
 //! `minor gi bytes` per key, rewritten on every change) so that NVML's
 //! per-process usage and device totals cover all processes ([`processes`]).
-//! A process that is gone (or a zombie) holds nothing, as with the real
-//! driver, which frees a process's memory when its file descriptors close.
 //! Allocation capacity is still checked against this process's own use.
+//!
+//! As with the real driver, which does not support PID namespaces, a
+//! process is known by its pid in the **host's** PID namespace, from
+//! inside a container or a `gpuslice run` slice too
+//! (NVIDIA/nvidia-docker#1483). The real kernel module simply knows it;
+//! this in-process fake learns it the way a process can
+//! ([`gpuslice_ledger::hostpid`]: the slice's host-pid resolver, else the
+//! outermost `NSpid`, else `getpid()`), so NVML lists host pids inside and
+//! outside a slice alike.
+//!
+//! A process that is gone (or a zombie) holds nothing, as with the real
+//! driver, which frees a process's memory when its file descriptors close:
+//! each process holds a POSIX write lock on its usage file for its life
+//! (released by the kernel when it exits or execs; not inherited by a
+//! forked child), and a file nobody holds locked is a dead process's. No
+//! `/proc` is read, so the answer does not depend on the reader's PID
+//! namespace.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 /// A unit of device memory: a whole GPU, or one MIG GPU instance of it.
@@ -34,12 +52,16 @@ struct Ledger {
     used: BTreeMap<MemKey, u64>,
     allocations: BTreeMap<u64, (MemKey, u64)>,
     next: u64,
+    /// This process's usage file, locked, with the `getpid()` it was
+    /// opened by (a forked child opens its own).
+    published: Option<(File, u32)>,
 }
 
 static LEDGER: Mutex<Ledger> = Mutex::new(Ledger {
     used: BTreeMap::new(),
     allocations: BTreeMap::new(),
     next: BASE_ADDRESS,
+    published: None,
 });
 
 fn ledger() -> MutexGuard<'static, Ledger> {
@@ -67,7 +89,7 @@ pub fn alloc(key: MemKey, capacity: u64, size: u64) -> Result<u64, AllocError> {
     l.next = l.next.saturating_add(span);
     l.used.insert(key, total);
     l.allocations.insert(ptr, (key, size));
-    publish(&l);
+    publish(&mut l);
     Ok(ptr)
 }
 
@@ -80,7 +102,7 @@ pub fn free(ptr: u64) -> bool {
     if let Some(used) = l.used.get_mut(&key) {
         *used = used.saturating_sub(size);
     }
-    publish(&l);
+    publish(&mut l);
     true
 }
 
@@ -105,9 +127,49 @@ fn usage_dir() -> Option<&'static PathBuf> {
     .as_ref()
 }
 
+/// The pid the driver knows this process by (module docs).
+fn host_pid() -> u32 {
+    gpuslice_ledger::hostpid::host_pid().map_or(std::process::id(), |h| h.pid)
+}
+
+/// `fcntl(fd, cmd, whole-file lock of type ty)`; the lock record back.
+fn posix_lock(fd: &File, cmd: libc::c_int, ty: libc::c_int) -> std::io::Result<libc::flock> {
+    // SAFETY: an all-zero flock is valid (whole file from offset 0).
+    let mut l: libc::flock = unsafe { std::mem::zeroed() };
+    l.l_type = ty as libc::c_short;
+    l.l_whence = libc::SEEK_SET as libc::c_short;
+    // SAFETY: F_SETLK/F_GETLK read and write only the flock passed.
+    if unsafe { libc::fcntl(fd.as_raw_fd(), cmd, &mut l) } == -1 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(l)
+}
+
+/// This process's usage file, opened and locked once per process.
+fn own_file<'a>(l: &'a mut Ledger, dir: &Path) -> Option<&'a File> {
+    let me = std::process::id();
+    if l.published.as_ref().is_some_and(|(_, by)| *by != me) {
+        // Forked: the parent's file and lock stay the parent's (closing
+        // our copy releases only locks this process holds: none).
+        l.published = None;
+    }
+    if l.published.is_none() {
+        let f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o644)
+            .open(dir.join(host_pid().to_string()))
+            .ok()?;
+        posix_lock(&f, libc::F_SETLK, libc::F_WRLCK).ok()?;
+        l.published = Some((f, me));
+    }
+    l.published.as_ref().map(|(f, _)| f)
+}
+
 /// Rewrites this process's usage file (called with the ledger locked, so
 /// writes never interleave).
-fn publish(l: &Ledger) {
+fn publish(l: &mut Ledger) {
     let Some(dir) = usage_dir() else { return };
     let text: String = l
         .used
@@ -115,19 +177,20 @@ fn publish(l: &Ledger) {
         .filter(|(_, &v)| v > 0)
         .map(|(k, v)| format!("{} {} {v}\n", k.gpu_minor, k.gi.map_or(-1, i64::from)))
         .collect();
-    let path = dir.join(std::process::id().to_string());
-    let _ = std::fs::write(path, text);
+    if let Some(f) = own_file(l, dir) {
+        let _ = f.set_len(0);
+        let _ = f.write_all_at(text.as_bytes(), 0);
+    }
 }
 
-/// Whether `pid` still runs (not gone, not a zombie).
-fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| !matches!(state, "Z" | "X" | "x")),
-        Err(_) => false,
-    }
+/// Whether the process that published `path` still runs: it holds the
+/// file's lock until it exits (module docs).
+fn alive(path: &Path) -> bool {
+    let Ok(f) = File::open(path) else {
+        return false;
+    };
+    posix_lock(&f, libc::F_GETLK, libc::F_WRLCK)
+        .is_ok_and(|l| l.l_type != libc::F_UNLCK as libc::c_short)
 }
 
 /// Every live process's bytes on `key`'s GPU (a whole GPU when `key.gi` is
@@ -136,7 +199,7 @@ fn alive(pid: u32) -> bool {
 pub fn processes(gpu_minor: u32, gi: Option<u32>) -> BTreeMap<u32, u64> {
     let matches = |k: &MemKey| k.gpu_minor == gpu_minor && (gi.is_none() || k.gi == gi);
     let mut out = BTreeMap::new();
-    let me = std::process::id();
+    let me = host_pid();
     let mine: u64 = ledger()
         .used
         .iter()
@@ -154,7 +217,7 @@ pub fn processes(gpu_minor: u32, gi: Option<u32>) -> BTreeMap<u32, u64> {
         let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
             continue;
         };
-        if pid == me || !alive(pid) {
+        if pid == me || !alive(&e.path()) {
             continue;
         }
         let text = std::fs::read_to_string(e.path()).unwrap_or_default();

@@ -174,6 +174,12 @@ impl FakeHostBuilder {
         }
         let json = serde_json::to_string_pretty(&kernel).map_err(io::Error::other)?;
         tree::write(&root.join(KERNEL_FILE), &json)?;
+        // Where each process publishes its device memory (fakegpu-driver's
+        // memory.rs), made here: a process of any user, the first on this
+        // host included, must be able to publish, as with the real driver.
+        let usage = root.join(STATE_DIR).join("usage");
+        fs::create_dir_all(&usage)?;
+        fs::set_permissions(&usage, fs::Permissions::from_mode(0o1777))?;
         Ok(FakeHost { root, kernel, tmp })
     }
 

@@ -34,7 +34,7 @@ use crate::devfs::{self, NodeMode};
 use crate::identity::{self, Identity};
 use crate::privileges::Privileges;
 use crate::spawn::{self, Forked};
-use crate::{driver_proc, fds, pidns, privileges, readonly, relay, seccomp, slicefs};
+use crate::{driver_proc, fds, hostpid, pidns, privileges, readonly, relay, seccomp, slicefs};
 use gpuslice_core::{DevicePolicy, HostRoot};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sched::{unshare, CloneFlags};
@@ -200,6 +200,18 @@ pub fn launch(
             })?,
         None => (None, None),
     };
+    // Listening before the fork: the child binds it into the slice.
+    let resolver = match &plan.slice_files {
+        Some(f) => {
+            Some(
+                hostpid::Resolver::bind(&f.hostpid).map_err(|source| LaunchError::Sys {
+                    what: "listening for host-pid requests",
+                    source,
+                })?,
+            )
+        }
+        None => None,
+    };
     let (err_rx, err_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(sys("pipe"))?;
     // The device filter goes on while the child builds its namespace: the
     // child execs only once a byte comes through here (~0.1 ms of BPF
@@ -245,7 +257,8 @@ pub fn launch(
     let _ = File::from(go_tx).write_all(b"1");
 
     let setup_error = read_to_end(err_rx);
-    let code = wait_relaying(child, &signals.signals);
+    let code = wait_relaying(child, &signals.signals, resolver.as_ref());
+    drop(resolver);
     if let Some(c) = cgroup {
         // Without a PID namespace (or with --privileged) a process the
         // command left behind is still running in the slice.
@@ -501,10 +514,15 @@ fn read_only_sys(plan: &SandboxPlan) -> io::Result<()> {
     }
 }
 
-/// Wait for `child`, relaying signals other processes send us. The child's
-/// exit is watched through a pidfd, so it cannot be missed even if a
-/// SIGCHLD went elsewhere.
-fn wait_relaying(child: Pid, signals: &SigSet) -> Result<i32, LaunchError> {
+/// Wait for `child`, relaying signals other processes send us and
+/// answering the slice's host-pid requests. The child's exit is watched
+/// through a pidfd, so it cannot be missed even if a SIGCHLD went
+/// elsewhere.
+fn wait_relaying(
+    child: Pid,
+    signals: &SigSet,
+    resolver: Option<&hostpid::Resolver>,
+) -> Result<i32, LaunchError> {
     let sfd = SignalFd::with_flags(signals, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
         .map_err(sys("signalfd"))?;
     let pidfd = pidfd_open(child).map_err(|source| LaunchError::Sys {
@@ -517,15 +535,25 @@ fn wait_relaying(child: Pid, signals: &SigSet) -> Result<i32, LaunchError> {
             WaitStatus::Signaled(_, sig, _) => return Ok(128 + sig as i32),
             _ => {}
         }
-        let mut fds = [
+        let mut fds = vec![
             PollFd::new(pidfd.as_fd(), PollFlags::POLLIN),
             PollFd::new(sfd.as_fd(), PollFlags::POLLIN),
         ];
+        if let Some(r) = resolver {
+            fds.push(PollFd::new(r.as_fd(), PollFlags::POLLIN));
+        }
         match poll(&mut fds, PollTimeout::NONE) {
             Ok(_) | Err(nix::Error::EINTR) => {}
             Err(e) => return Err(sys("poll")(e)),
         }
+        let requests = fds
+            .get(2)
+            .and_then(|f| f.revents())
+            .is_some_and(|r| !r.is_empty());
         relay::relay_pending(&sfd, child);
+        if let (true, Some(r)) = (requests, resolver) {
+            r.serve();
+        }
     }
 }
 

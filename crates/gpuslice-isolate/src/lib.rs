@@ -16,6 +16,7 @@ pub mod cgroup;
 pub mod devfs;
 pub mod driver_proc;
 pub mod fds;
+pub mod hostpid;
 pub mod identity;
 pub mod launcher;
 mod mountinfo;

@@ -6,8 +6,9 @@
 //! - a tmpfs at `dir` (`/run/gpuslice/slice`), read-only once set up,
 //!   holding bind mounts of: the limits record (read-only: not even root
 //!   in the slice can write it without CAP_SYS_ADMIN to unmount), the
-//!   usage ledger (read-write, nosuid/nodev/noexec), and the shim
-//!   (read-only);
+//!   usage ledger (read-write, nosuid/nodev/noexec), the launcher's
+//!   host-pid resolver socket ([`crate::hostpid`]; read-only: connecting
+//!   needs no write access to the mount) and the shim (read-only);
 //! - `/etc/ld.so.preload` covered, read-only, by a copy naming the shim
 //!   first (then the host's own entries): the dynamic loader reads it for
 //!   every program, whatever its environment (`env -i`, `env -u
@@ -39,10 +40,13 @@ pub struct SliceFiles {
     pub limits: PathBuf,
     /// Host path of the usage ledger.
     pub usage: PathBuf,
+    /// Host path of the host-pid resolver's socket, which the launcher
+    /// makes before the child starts ([`crate::hostpid::Resolver`]).
+    pub hostpid: PathBuf,
     /// Host path of the shim.
     pub shim: PathBuf,
-    /// Names of the three inside `dir`.
-    pub names: [&'static str; 3],
+    /// Names of limits, usage, resolver and shim inside `dir`.
+    pub names: [&'static str; 4],
     /// Host directories the slice must not see at all.
     pub masked: Vec<PathBuf>,
     /// Host directories the slice may read but not write.
@@ -85,12 +89,13 @@ pub fn mount_slice_files(files: &SliceFiles) -> io::Result<()> {
         Some("mode=0755,size=64k"),
     )
     .map_err(|e| ctx(e.into(), "mount a tmpfs on", dir))?;
-    let [limits, usage, shim] = files.names.map(|n| dir.join(n));
-    for p in [&limits, &usage, &shim] {
+    let [limits, usage, hostpid, shim] = files.names.map(|n| dir.join(n));
+    for p in [&limits, &usage, &hostpid, &shim] {
         fs::write(p, b"").map_err(|e| ctx(e, "create", p))?;
     }
     bind(&files.limits, &limits, HIDDEN | MsFlags::MS_RDONLY)?;
     bind(&files.usage, &usage, HIDDEN)?;
+    bind(&files.hostpid, &hostpid, HIDDEN | MsFlags::MS_RDONLY)?;
     // Mapped executable by the loader: no noexec here.
     let shim_flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_RDONLY;
     bind(&files.shim, &shim, shim_flags)?;

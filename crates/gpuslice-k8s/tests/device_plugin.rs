@@ -233,7 +233,18 @@ async fn allocates_shared_replicas_with_the_shim_and_a_cap() {
                 records.join("usage").display().to_string(),
                 false
             ),
+            (
+                "/run/gpuslice/slice/hostpid".into(),
+                t.path().join("state/hostpid").display().to_string(),
+                true
+            ),
         ]
+    );
+    // The host-pid resolver the plugin serves (in the host's PID
+    // namespace) tells the connector its own pid.
+    assert_eq!(
+        gpuslice_ledger::hostpid::ask(&t.path().join("state/hostpid")).unwrap(),
+        std::process::id()
     );
     // Root's record: root-only directory, read-only record; the replica's
     // ledger is all it may write.

@@ -40,6 +40,7 @@
 
 pub mod board;
 pub mod enforcement;
+pub mod hostpid;
 pub mod limits;
 mod map;
 pub mod procfs;

@@ -13,6 +13,7 @@
 //! | `<ledger dir>/<id>/` | — | root, 0700 | not at all (masked) |
 //! | `<ledger dir>/<id>/limits` | `limits` | root, 0644 | read-only bind mount |
 //! | `<ledger dir>/<id>/usage` | `usage` | root, 0666 | read-write bind mount of that one file |
+//! | `<ledger dir>/<id>/hostpid` | `hostpid` | root, 0666 socket | the launcher's host-pid resolver ([`crate::hostpid`]), bound in read-only |
 //!
 //! The usage file's mode lets any user of the slice (after `su nobody`)
 //! join it; it is reachable only through the slice's own mount and by host
@@ -45,6 +46,10 @@ pub const LIMITS_FILE: &str = "limits";
 pub const USAGE_FILE: &str = "usage";
 /// The shim's name in [`SLICE_DIR`] (what the slice's `/etc/ld.so.preload` names).
 pub const SHIM_FILE: &str = "libgpuslice.so";
+/// The host-pid resolver's name in a slice directory: a unix socket the
+/// launcher serves, answering each connection with the connector's pid in
+/// the host's PID namespace (see [`crate::hostpid`]).
+pub const HOSTPID_FILE: &str = "hostpid";
 /// A slice directory elsewhere than [`SLICE_DIR`], for slices without a
 /// mount namespace of their own (`run` as non-root). Read only when
 /// [`SLICE_DIR`] holds no limits record.
@@ -361,6 +366,9 @@ pub struct RecordPaths {
     pub dir: PathBuf,
     pub limits: PathBuf,
     pub usage: PathBuf,
+    /// The host-pid resolver's socket (made by the launcher, for slices it
+    /// gives a mount namespace; absent otherwise).
+    pub hostpid: PathBuf,
 }
 
 impl RecordPaths {
@@ -369,6 +377,7 @@ impl RecordPaths {
             dir: dir.to_path_buf(),
             limits: dir.join(LIMITS_FILE),
             usage: dir.join(USAGE_FILE),
+            hostpid: dir.join(HOSTPID_FILE),
         }
     }
 
@@ -381,6 +390,7 @@ impl RecordPaths {
     pub fn remove(&self) {
         let _ = fs::remove_file(&self.limits);
         let _ = fs::remove_file(&self.usage);
+        let _ = fs::remove_file(&self.hostpid);
         let _ = fs::remove_dir(&self.dir);
     }
 }

@@ -42,7 +42,7 @@ pub fn own_pid_namespace() -> u64 {
 
 /// Inode of the initial PID namespace (`PROC_PID_INIT_INO`): a process in
 /// it sees every process of the machine in its `/proc`.
-const INITIAL_PID_NAMESPACE: u64 = 0xEFFF_FFFC;
+pub(crate) const INITIAL_PID_NAMESPACE: u64 = 0xEFFF_FFFC;
 
 /// The processes of other (descendant) PID namespaces as this one sees
 /// them. A slice's processes record their pid as their own PID namespace

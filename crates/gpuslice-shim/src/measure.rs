@@ -5,14 +5,19 @@
 //!
 //! NVML is opened privately (`dlopen` + the real `dlsym`), only when a
 //! figure is first needed (a refusal or a memory query, never the first
-//! allocation: `nvmlInit` costs milliseconds). The process is found by
-//! every pid `/proc/self/status` gives it (`NSpid`: NVML reports host pids;
-//! a pid namespace whose `/proc` hides the host pid leaves it unmeasured,
-//! and the shim keeps its estimates).
+//! allocation: `nvmlInit` costs milliseconds). The process is found by its
+//! pid in the host's PID namespace alone, the only number NVML reports
+//! (the driver does not support PID namespaces): the slice's host-pid
+//! resolver's answer, else the outermost `NSpid`, else `getpid()`
+//! ([`gpuslice_ledger::hostpid`]). Its inner pid is never matched: a host
+//! process with that number is not this one. When the resolver does not
+//! answer, nothing is measured and the shim keeps its estimates.
 
 use std::ffi::{c_int, c_uint, c_void, CString};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
+use gpuslice_ledger::hostpid::{self, HostPid};
 use gpuslice_ledger::MAX_DEVICES;
 
 use crate::config::NvmlMatch;
@@ -37,7 +42,6 @@ type Processes = unsafe extern "C" fn(NvmlDevice, *mut c_uint, *mut ProcessInfo)
 struct Nvml {
     processes: Processes,
     devices: Vec<Option<NvmlDevice>>,
-    pids: Vec<u32>,
 }
 
 // SAFETY: NVML handles are process-wide tokens, usable from any thread.
@@ -53,20 +57,20 @@ fn sym(lib: *mut c_void, name: &str) -> Option<*mut c_void> {
     (!p.is_null() && !sys::is_ours(p)).then_some(p)
 }
 
-/// Every pid this process has, outermost namespace first (`NSpid`).
-fn own_pids() -> Vec<u32> {
-    let mut pids: Vec<u32> = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines().find_map(|l| l.strip_prefix("NSpid:")).map(|v| {
-                v.split_whitespace()
-                    .filter_map(|p| p.parse().ok())
-                    .collect()
-            })
-        })
-        .unwrap_or_default();
-    pids.push(std::process::id());
-    pids
+/// This process's host pid (resolved once per process, again in a forked
+/// child); None when the slice's resolver fails (said once on stderr with
+/// `GPUSLICE_LOG`).
+fn host_pid() -> Option<HostPid> {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    match hostpid::host_pid() {
+        Ok(h) => Some(h),
+        Err(e) => {
+            if crate::state::shim().log && !SAID.swap(true, Ordering::Relaxed) {
+                crate::sys::log_line(&format!("{e}; memory stays estimated, not measured"));
+            }
+            None
+        }
+    }
 }
 
 fn open(matches: &[NvmlMatch]) -> Option<Nvml> {
@@ -117,16 +121,13 @@ fn open(matches: &[NvmlMatch]) -> Option<Nvml> {
             (rc == NVML_SUCCESS).then_some(h)
         })
         .collect();
-    Some(Nvml {
-        processes,
-        devices,
-        pids: own_pids(),
-    })
+    Some(Nvml { processes, devices })
 }
 
 /// Bytes NVML says this process holds on ledger device `dev`; None when
 /// NVML, the device or this process cannot be found there.
 pub fn process_used(matches: &[NvmlMatch], dev: usize) -> Option<u64> {
+    let me = host_pid()?;
     let nvml = NVML.get_or_init(|| open(matches)).as_ref()?;
     let handle = (*nvml.devices.get(dev)?)?;
     let mut buf = vec![ProcessInfo::default(); 64];
@@ -145,15 +146,23 @@ pub fn process_used(matches: &[NvmlMatch], dev: usize) -> Option<u64> {
             _ => return None,
         }
     }
-    let mine = buf.iter().filter(|p| nvml.pids.contains(&p.pid));
+    // An inexact host pid (getpid() in a PID namespace without a
+    // resolver: a container) is compared only when NVML's pids are ones we
+    // can see besides ours, i.e. our namespace is the host's; else a host
+    // process with our inner number would be taken for us.
+    let visible = |pid: u32| std::path::Path::new(&format!("/proc/{pid}")).exists();
+    let comparable = buf.iter().any(|p| p.pid != me.pid && visible(p.pid));
+    if !me.exact && !buf.is_empty() && !comparable {
+        return None;
+    }
     // NVML_VALUE_NOT_AVAILABLE (u64::MAX) where the driver hides the figure.
-    let figures: Vec<u64> = mine.map(|p| p.used).collect();
+    let figures: Vec<u64> = buf
+        .iter()
+        .filter(|p| p.pid == me.pid)
+        .map(|p| p.used)
+        .collect();
     if figures.is_empty() {
-        // Not listed: holds nothing there, if the pids listed are ones we
-        // can see (same pid namespace); else NVML's pids are not ours to
-        // compare and nothing is known.
-        let visible = |pid: u32| std::path::Path::new(&format!("/proc/{pid}")).exists();
-        return (buf.is_empty() || buf.iter().any(|p| visible(p.pid))).then_some(0);
+        return Some(0); // not listed: holds nothing there
     }
     figures
         .iter()

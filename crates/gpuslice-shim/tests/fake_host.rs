@@ -599,3 +599,38 @@ fn a_pool_s_allocations_are_charged_where_the_pool_s_memory_is() {
         "managed memory is not charged: {v}"
     );
 }
+
+#[test]
+fn a_slice_whose_host_pid_resolver_does_not_answer_keeps_the_estimates() {
+    // The resolver's socket is at the fixed place but nobody listens (a
+    // launcher gone, a device plugin restarted): the shim must not fall
+    // back to a pid it cannot trust; the context stays charged its
+    // estimate (512 MiB, not the 96 MiB NVML would show) and the process
+    // runs on. Built in a private mount namespace: the host's /run is
+    // untouched.
+    let s = physical_slice("1GiB");
+    let dead = s._dir.path().join("dead.sock");
+    drop(std::os::unix::net::UnixListener::bind(&dead).unwrap());
+    let script = format!(
+        "mount -t tmpfs none /run && mkdir -p /run/gpuslice/slice && \
+         touch /run/gpuslice/slice/hostpid && \
+         mount --bind {} /run/gpuslice/slice/hostpid && exec \"$@\"",
+        dead.display()
+    );
+    let inner = s.client(&["resident"]);
+    let mut c = Command::new("unshare");
+    c.args(["-m", "--propagation", "private", "sh", "-c", &script, "sh"])
+        .arg(gpuslice_testkit::shim_client())
+        .arg("resident");
+    for (k, v) in inner.get_envs() {
+        match v {
+            Some(v) => c.env(k, v),
+            None => c.env_remove(k),
+        };
+    }
+    let out = c.env("GPUSLICE_LOG", "1").output().unwrap();
+    let v = &lines(&out)[0];
+    assert_eq!(n(v, "context") as u64, 512 * MIB, "{v}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("host pid resolver"), "{err}");
+}

@@ -230,3 +230,210 @@ fn slices_of_dead_creators_are_reaped_but_the_device_plugin_s_are_left_to_it() {
         "the plugin's replica is its sweep's to remove"
     );
 }
+
+/// A child killed when dropped (a failed assertion leaves no slice behind).
+struct Launched(std::process::Child);
+
+impl Drop for Launched {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn read_json_line(c: &mut std::process::Child) -> Value {
+    let mut line = String::new();
+    // One byte at a time: a BufReader would swallow the next line.
+    let out = c.stdout.as_mut().unwrap();
+    let mut b = [0u8; 1];
+    while std::io::Read::read(out, &mut b).unwrap() == 1 && b[0] != b'\n' {
+        line.push(b[0] as char);
+    }
+    serde_json::from_str(line.trim()).unwrap_or_else(|e| panic!("{line:?}: {e}"))
+}
+
+/// (pids, sum) NVML lists on GPU 0, asked on the host.
+fn host_nvml(h: &FakeHost) -> (Vec<u64>, u64) {
+    let out = h.command(client()).arg("nvml-procs").output().unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{}: {e}", String::from_utf8_lossy(&out.stdout)));
+    let pids = v["pids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_u64().unwrap())
+        .collect();
+    (pids, v["sum"].as_u64().unwrap())
+}
+
+const MIB: u64 = 1 << 20;
+
+#[test]
+fn a_context_is_charged_as_the_driver_measures_it_inside_the_slice_s_pid_namespace() {
+    // The fake driver, like the real one, knows processes by their host
+    // pid; inside the slice's PID namespace the shim must find its own
+    // (through the launcher's resolver) to read NVML's figure: else the
+    // 512 MiB estimate stays charged instead of the 96 MiB context.
+    const CTX: u64 = 96 * MIB;
+    // (--pid, --user): a command as nobody resolves its host pid too.
+    for (pid_mode, user) in [("private", "root"), ("host", "root"), ("private", "nobody")] {
+        let h = FakeHost::builder().gpus(1).ctx_bytes(CTX).build().unwrap();
+        let ledgers = tempfile::tempdir().unwrap();
+        let client = client();
+        let client = client.to_str().unwrap();
+        let held = (10 * MIB).to_string();
+        let mut c = Launched(
+            gpuslice(
+                &h,
+                ledgers.path(),
+                &[
+                    "run",
+                    "--gpus",
+                    "0",
+                    "--memory",
+                    "1GiB",
+                    "--pid",
+                    pid_mode,
+                    "--user",
+                    user,
+                    "--",
+                    client,
+                    "hold-soft",
+                    &held,
+                ],
+            )
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+        );
+        let v = read_json_line(&mut c.0);
+        assert_eq!(
+            (v["ctx"].as_i64(), v["alloc"].as_i64()),
+            (Some(0), Some(0)),
+            "{v}"
+        );
+        // The context is measured in the background once created.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut s = slices_json(&h, ledgers.path());
+        while s["slices"][0]["devices"][0]["used_bytes"] != CTX + 10 * MIB
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            s = slices_json(&h, ledgers.path());
+        }
+        let slice = &s["slices"][0];
+        assert_eq!(
+            slice["devices"][0]["used_bytes"],
+            CTX + 10 * MIB,
+            "--pid {pid_mode} --user {user}: the context charged as measured (not the 512 MiB estimate): {s}"
+        );
+        // The host's NVML lists the process by the host pid `slices` shows.
+        let pid = slice["processes"][0]["pid"].as_u64().unwrap();
+        let (pids, sum) = host_nvml(&h);
+        assert_eq!(pids, [pid], "--pid {pid_mode} --user {user}: {s}");
+        assert_eq!(sum, CTX + 10 * MIB, "--pid {pid_mode} --user {user}");
+    }
+}
+
+#[test]
+fn the_host_pid_resolver_tells_each_process_only_its_own_pid_and_outlives_a_flood() {
+    let h = FakeHost::builder().gpus(1).build().unwrap();
+    let ledgers = tempfile::tempdir().unwrap();
+    let client = client();
+    let client = client.to_str().unwrap();
+    // A tenant opens 1000 connections it never reads, then it and a child
+    // it forked each ask.
+    let mut c = Launched(
+        gpuslice(
+            &h,
+            ledgers.path(),
+            &[
+                "run", "--gpus", "0", "--memory", "1GiB", "--", client, "resolver", "1000",
+            ],
+        )
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap(),
+    );
+    let answers: Vec<Value> = (0..2).map(|_| read_json_line(&mut c.0)).collect();
+    assert_eq!(answers[1]["idle"], 1000, "{answers:?}");
+    let mut host_pids = Vec::new();
+    for a in &answers {
+        let answer = a["answer"].as_i64().unwrap();
+        let inner = a["inner"].as_u64().unwrap();
+        assert!(answer > 0, "answered: {a}");
+        // The answer is the asker's host pid: that process's innermost pid
+        // is the one it has in the slice.
+        let status = std::fs::read_to_string(format!("/proc/{answer}/status")).unwrap();
+        let nspid: Vec<u64> = status
+            .lines()
+            .find_map(|l| l.strip_prefix("NSpid:"))
+            .unwrap()
+            .split_whitespace()
+            .map(|p| p.parse().unwrap())
+            .collect();
+        assert_eq!(nspid.first(), Some(&(answer as u64)), "{status}");
+        assert_eq!(
+            nspid.last(),
+            Some(&inner),
+            "pid {answer} is not the asker: {status}"
+        );
+        assert!(nspid.len() > 1, "the asker is in the slice's PID namespace");
+        assert!(status.contains("Name:\tgpuslice-shim-c"), "{status}");
+        host_pids.push(answer);
+    }
+    assert_ne!(host_pids[0], host_pids[1], "each is told its own");
+    // The launcher still does its job: the command's end is its exit code,
+    // and the slice's records (the resolver's socket too) are gone.
+    // SAFETY: plain kill(2) of the slice's command.
+    assert_eq!(unsafe { libc::kill(host_pids[1] as i32, libc::SIGKILL) }, 0);
+    assert_eq!(c.0.wait().unwrap().code(), Some(137));
+    assert_eq!(std::fs::read_dir(ledgers.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn nvml_in_the_slice_lists_host_processes_by_host_pid_as_the_real_driver_does() {
+    // The driver's process list is the same from inside the slice's PID
+    // namespace: a process outside it is listed, live, under its host pid
+    // (its liveness must not depend on the reader's /proc).
+    const CTX: u64 = 96 * MIB;
+    let h = FakeHost::builder().gpus(1).ctx_bytes(CTX).build().unwrap();
+    let ledgers = tempfile::tempdir().unwrap();
+    let client = client();
+    let mut outside = Launched(
+        h.command(&client)
+            .args(["hold-soft", &(10 * MIB).to_string()])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let v = read_json_line(&mut outside.0);
+    assert_eq!(v["ctx"], 0, "{v}");
+    let out = gpuslice(
+        &h,
+        ledgers.path(),
+        &[
+            "run",
+            "--gpus",
+            "0",
+            "--memory",
+            "1GiB",
+            "--",
+            client.to_str().unwrap(),
+            "nvml-procs",
+        ],
+    )
+    .output()
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["pids"], serde_json::json!([outside.0.id()]), "{v}");
+    assert_eq!(v["sum"], CTX + 10 * MIB, "{v}");
+    // Gone, it is listed nowhere.
+    drop(outside);
+    assert_eq!(host_nvml(&h), (vec![], 0));
+}

@@ -21,6 +21,7 @@
 
 pub mod config;
 pub mod health;
+pub mod hostpid;
 pub mod ledgers;
 pub mod preferred;
 pub mod resources;

@@ -13,8 +13,8 @@ use gpuslice_core::model::{NVIDIACTL_MINOR, NVIDIA_MAJOR, NVIDIA_MODESET_MINOR};
 use gpuslice_core::{DevicePolicy, HostRoot, Inventory, Selection};
 use gpuslice_ledger::board::{self, Mode, BOARD_DIR_ENV, DEFAULT_BOARD_DIR};
 use gpuslice_ledger::limits::{
-    ComputeShare, DeviceLimits, MemorySize, RecordPaths, SliceLimits, LIMITS_FILE, SLICE_DIR,
-    USAGE_FILE,
+    ComputeShare, DeviceLimits, MemorySize, RecordPaths, SliceLimits, HOSTPID_FILE, LIMITS_FILE,
+    SLICE_DIR, USAGE_FILE,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -252,7 +252,13 @@ impl Plan {
         self.cfg.state_dir.join(PRELOAD_FILE)
     }
 
-    /// Writes the preload file (naming the shim's container path).
+    /// The host-pid resolver's socket, mounted into shared replicas.
+    pub fn hostpid_socket(&self) -> PathBuf {
+        self.cfg.state_dir.join(HOSTPID_FILE)
+    }
+
+    /// Writes the preload file (naming the shim's container path) and
+    /// serves the host-pid resolver ([`super::hostpid`]).
     pub fn prepare(&self) -> std::io::Result<()> {
         if self
             .resources
@@ -261,6 +267,7 @@ impl Plan {
         {
             std::fs::create_dir_all(&self.cfg.state_dir)?;
             std::fs::write(self.preload_file(), format!("{CONTAINER_SHIM}\n"))?;
+            super::hostpid::ensure(&self.hostpid_socket())?;
         }
         Ok(())
     }
@@ -343,6 +350,10 @@ impl Plan {
             mount(at(LIMITS_FILE), &records.limits, true),
             mount(at(USAGE_FILE), &records.usage, false),
         ];
+        let hostpid = self.hostpid_socket();
+        if super::hostpid::served(&hostpid) {
+            mounts.push(mount(at(HOSTPID_FILE), &hostpid, true));
+        }
         if limits.mode == Mode::Guaranteed {
             let boards = &self.cfg.board_dir;
             gpuslice_ledger::ensure_dir(boards)

@@ -1159,6 +1159,7 @@ fn main() {
     match cmd {
         "hold-soft" => hold_soft(&cu, rest[1].parse().expect("BYTES")),
         "nvml-procs" => nvml_procs(),
+        "resolver" => resolver(rest[1].parse().expect("IDLE")),
         _ => {}
     }
     init(&cu);
@@ -1419,9 +1420,48 @@ fn nvml_procs() -> ! {
     std::process::exit(0)
 }
 
+/// A tenant at the slice's host-pid resolver: `idle` connections opened
+/// and never read, then a forked child and this process each ask; each
+/// prints `{"answer","inner"}` (the resolver's answer, its own pid here)
+/// and sleeps until killed.
+fn resolver(idle: usize) -> ! {
+    let path = gpuslice_ledger::limits::RecordPaths::in_slice().hostpid;
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: valid out-pointer, then the same record back.
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
+        lim.rlim_cur = lim.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+    }
+    let held: Vec<_> = (0..idle)
+        .map_while(|_| std::os::unix::net::UnixStream::connect(&path).ok())
+        .collect();
+    let ask = |idle: usize| {
+        let answer = gpuslice_ledger::hostpid::ask(&path).map_or(-1, i64::from);
+        line(&[
+            ("idle", idle.to_string()),
+            ("answer", answer.to_string()),
+            ("inner", std::process::id().to_string()),
+        ]);
+    };
+    // SAFETY: single-threaded here; the child only asks and sleeps.
+    if unsafe { libc::fork() } == 0 {
+        ask(0);
+    } else {
+        std::thread::sleep(Duration::from_millis(100));
+        ask(held.len());
+    }
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+}
+
 /// What the host's NVML says this process holds on GPU 0.
 fn nvml_own() -> u64 {
-    let me = std::process::id();
+    let me = gpuslice_ledger::hostpid::host_pid().map_or(std::process::id(), |h| h.pid);
     nvml_list().iter().filter(|i| i.0 == me).map(|i| i.1).sum()
 }
 

@@ -21,7 +21,8 @@ use gpuslice_core::{Inventory, Selection};
 use gpuslice_isolate::slicefs::{self, SliceFiles};
 use gpuslice_ledger::board;
 use gpuslice_ledger::limits::{
-    DeviceLimits, RecordPaths, SliceLimits, LIMITS_FILE, SHIM_FILE, SLICE_DIR, USAGE_FILE,
+    DeviceLimits, RecordPaths, SliceLimits, HOSTPID_FILE, LIMITS_FILE, SHIM_FILE, SLICE_DIR,
+    USAGE_FILE,
 };
 
 use super::run::RunArgs;
@@ -127,8 +128,9 @@ pub fn set_up(
             dir: SLICE_DIR.into(),
             limits: setup.records.limits.clone(),
             usage: setup.records.usage.clone(),
+            hostpid: setup.records.hostpid.clone(),
             shim: shim.clone(),
-            names: [LIMITS_FILE, USAGE_FILE, SHIM_FILE],
+            names: [LIMITS_FILE, USAGE_FILE, HOSTPID_FILE, SHIM_FILE],
             masked: vec![dir],
             read_only: vec![board::shares_dir(&boards)],
             visible: vec![boards],
