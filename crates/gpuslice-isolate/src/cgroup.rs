@@ -127,14 +127,22 @@ impl CgroupDriver {
         // v2-only host) is what the mountinfo scan picks too. One statfs
         // instead of reading every mount: hundreds on a Kubernetes node, on
         // the start-up path of every `gpuslice run`.
-        let unified = Path::new("/sys/fs/cgroup");
-        if preference != Some(Version::V1)
-            && nix::sys::statfs::statfs(unified)
-                .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC)
-        {
-            return Ok(CgroupDriver::V2 {
-                root: unified.to_path_buf(),
-            });
+        // Then a hybrid host's cgroup2 at /sys/fs/cgroup/unified, which the
+        // scan would pick next (its second usual place).
+        if preference != Some(Version::V1) {
+            let is_v2 = |p: &Path| {
+                nix::sys::statfs::statfs(p)
+                    .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC)
+            };
+            let unified = Path::new("/sys/fs/cgroup");
+            if let Some(root) = [unified, &unified.join("unified")]
+                .into_iter()
+                .find(|p| is_v2(p))
+            {
+                return Ok(CgroupDriver::V2 {
+                    root: root.to_path_buf(),
+                });
+            }
         }
         let text = fs::read_to_string(MOUNTINFO).map_err(|source| CgroupError::Mountinfo {
             path: MOUNTINFO.into(),

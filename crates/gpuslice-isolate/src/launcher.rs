@@ -27,7 +27,7 @@
 //!    ([`privileges`]);
 //! 9. the seccomp filter, last, so the calls above are not filtered
 //!    ([`seccomp`]);
-//! 10. with a PID namespace: fork the command and stay as its init; else exec.
+//! 10. with a PID namespace: spawn the command and stay as its init; else exec.
 
 use crate::cgroup::{self, CgroupDriver, SliceCgroup};
 use crate::devfs::{self, NodeMode};
@@ -345,20 +345,15 @@ fn child_main(
     if !plan.pid_namespace {
         return exec_command(cmd, &signals.old_mask);
     }
-    // SAFETY: this child is single-threaded (forked from the launcher).
-    match unsafe { fork() }.map_err(|e| failed(format!("fork: {e}")))? {
-        ForkResult::Child => exec_command(cmd, &signals.old_mask),
-        ForkResult::Parent { child } => {
-            // The launcher reads the error pipe to its end: the init's
-            // copy must go (the command's closes on exec), with every other
-            // descriptor the init does not need.
-            let _ = fds::close_all_beyond_stdio();
-            let _ = pidns::undumpable();
-            let code = pidns::supervise(child, &signals.signals);
-            // SAFETY: as the caller's _exit: nothing of the parent's state runs.
-            unsafe { libc::_exit(code) }
-        }
-    }
+    let child = spawn_command(cmd, &signals.old_mask)?;
+    // The launcher reads the error pipe to its end: the init's copy must
+    // go (the command's closed on exec), with every other descriptor the
+    // init does not need.
+    let _ = fds::close_all_beyond_stdio();
+    let _ = pidns::undumpable();
+    let code = pidns::supervise(child, &signals.signals);
+    // SAFETY: as the caller's _exit: nothing of the parent's state runs.
+    unsafe { libc::_exit(code) }
 }
 
 /// Steps 5–9: descriptors, capabilities around the user switch,
@@ -395,6 +390,47 @@ fn switch_identity(id: &Identity) -> Result<(), String> {
     Ok(())
 }
 
+/// The init's side: starts the command with what [`exec_command`] gives
+/// it (default SIGPIPE, the caller's signal mask, PATH search), through
+/// `posix_spawnp`: glibc's vfork-style clone shares the init's memory
+/// until the exec instead of copying it, and a fork of this process
+/// (page tables, copy-on-write faults, the copy's teardown at exec) was a
+/// large part of what the PID namespace added to a launch. An exec
+/// failure comes back as the call's error, with the same exit codes.
+fn spawn_command(cmd: &ChildCommand, old_mask: &SigSet) -> Result<Pid, (i32, String)> {
+    use nix::spawn::{posix_spawnp, PosixSpawnAttr, PosixSpawnFileActions, PosixSpawnFlags};
+    let failed = |what: &str, e: nix::Error| (EXIT_LAUNCH_FAILED, format!("{what}: {e}"));
+    let mut attr = PosixSpawnAttr::init().map_err(|e| failed("posix_spawnattr_init", e))?;
+    let mut pipe = SigSet::empty();
+    pipe.add(Signal::SIGPIPE);
+    attr.set_sigdefault(&pipe)
+        .and_then(|()| attr.set_sigmask(old_mask))
+        .and_then(|()| {
+            attr.set_flags(
+                PosixSpawnFlags::POSIX_SPAWN_SETSIGDEF | PosixSpawnFlags::POSIX_SPAWN_SETSIGMASK,
+            )
+        })
+        .map_err(|e| failed("posix_spawnattr", e))?;
+    let actions =
+        PosixSpawnFileActions::init().map_err(|e| failed("posix_spawn_file_actions_init", e))?;
+    posix_spawnp(&cmd.argv[0], &actions, &attr, &cmd.argv, &cmd.env)
+        .map_err(|err| exec_failed(cmd, err))
+}
+
+/// The exit code and message of a command that could not be executed:
+/// 127 when it does not exist, 126 otherwise (as a shell).
+fn exec_failed(cmd: &ChildCommand, err: nix::Error) -> (i32, String) {
+    let code = match err {
+        nix::Error::ENOENT => 127,
+        _ => 126,
+    };
+    let name = cmd.argv[0].to_string_lossy();
+    (
+        code,
+        format!("cannot execute {name}: {}", io::Error::from(err)),
+    )
+}
+
 /// The command's side: default SIGPIPE, the caller's signal mask, exec.
 fn exec_command(
     cmd: &ChildCommand,
@@ -414,15 +450,7 @@ fn exec_command(
         )
     })?;
     let err = nix::unistd::execvpe(&cmd.argv[0], &cmd.argv, &cmd.env).unwrap_err();
-    let code = match err {
-        nix::Error::ENOENT => 127,
-        _ => 126,
-    };
-    let name = cmd.argv[0].to_string_lossy();
-    Err((
-        code,
-        format!("cannot execute {name}: {}", io::Error::from(err)),
-    ))
+    Err(exec_failed(cmd, err))
 }
 
 /// Steps 1–3.
