@@ -23,6 +23,7 @@ use gpuslice_ledger::MAX_DEVICES;
 
 use crate::compute;
 use crate::cuda::*;
+use crate::driver::{capturing, relaxed, Relaxed};
 use crate::real::Real;
 use crate::state::{self, shim, target, target_current, target_no_context, Target};
 use crate::sys::log_line;
@@ -37,7 +38,6 @@ static HANDLES: Handles = Handles::new(12, 18);
 static ARRAYS: Handles = Handles::new(10, 16);
 
 // Non-interposed driver functions the hooks call.
-static CTX_GET_DEVICE: Real = Real::named(c"cuCtxGetDevice");
 static DEVICE_GET_MEM_POOL: Real = Real::named(c"cuDeviceGetMemPool");
 static POOL_GET_ATTRIBUTE: Real = Real::named(c"cuMemPoolGetAttribute");
 static GRAPH_MEM_ATTRIBUTE: Real = Real::named(c"cuDeviceGetGraphMemAttribute");
@@ -46,88 +46,12 @@ static MIPMAP_REQUIREMENTS: Real = Real::named(c"cuMipmappedArrayGetMemoryRequir
 static ARRAY_DESTROY: Real = Real::named(c"cuArrayDestroy");
 static MIPMAP_DESTROY: Real = Real::named(c"cuMipmappedArrayDestroy");
 static MEM_FREE: Real = Real::named(c"cuMemFree_v2");
-static STREAM_IS_CAPTURING: Real = Real::named(c"cuStreamIsCapturing");
 static STREAM_GET_DEVICE: Real = Real::named(c"cuStreamGetDevice");
-static EXCHANGE_CAPTURE_MODE: Real = Real::named(c"cuThreadExchangeStreamCaptureMode");
 
 const MIB2: u64 = 2 << 20;
 
 fn round_up(v: u64, to: u64) -> u64 {
     v.div_ceil(to).saturating_mul(to)
-}
-
-/// Ordinal of the current context's device.
-pub fn current_device() -> Option<CUdevice> {
-    type F = unsafe extern "C" fn(*mut CUdevice) -> CUresult;
-    // SAFETY: cuCtxGetDevice(CUdevice*).
-    let f = unsafe { CTX_GET_DEVICE.func::<F>() }?;
-    let mut d: CUdevice = -1;
-    // SAFETY: valid out-pointer.
-    (unsafe { f(&mut d) } == CUDA_SUCCESS).then_some(d)
-}
-
-/// Whether a stream-ordered call on `stream` is captured into a graph
-/// rather than run (or is refused as part of a capture). The NULL stream is
-/// the legacy stream, which never captures, for the default flavour, and
-/// the per-thread stream for `_ptsz` callers: the per-thread stream is
-/// asked about (when it captures, a legacy-stream call would be refused by
-/// the driver anyway). `cuStreamIsCapturing` itself is legal during
-/// capture; on the legacy stream while a blocking stream captures it
-/// answers a capture error without invalidating anything.
-pub fn capturing(stream: CUstream) -> bool {
-    type F = unsafe extern "C" fn(CUstream, *mut c_int) -> CUresult;
-    // SAFETY: cuStreamIsCapturing(CUstream, CUstreamCaptureStatus*).
-    let Some(f) = (unsafe { STREAM_IS_CAPTURING.func::<F>() }) else {
-        return false;
-    };
-    let s = if stream.is_null() {
-        CU_STREAM_PER_THREAD as CUstream
-    } else {
-        stream
-    };
-    let mut status = CU_STREAM_CAPTURE_STATUS_NONE;
-    // SAFETY: valid out-pointer; the stream is the caller's.
-    match unsafe { f(s, &mut status) } {
-        CUDA_SUCCESS => status != CU_STREAM_CAPTURE_STATUS_NONE,
-        rc => (CUDA_ERROR_STREAM_CAPTURE_FIRST..=CUDA_ERROR_STREAM_CAPTURE_LAST).contains(&rc),
-    }
-}
-
-/// This thread's stream-capture mode, relaxed for the guard's lifetime.
-struct Relaxed(Option<c_int>);
-
-type ExchangeMode = unsafe extern "C" fn(*mut c_int) -> CUresult;
-
-impl Relaxed {
-    fn new() -> Relaxed {
-        // SAFETY: cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode*).
-        let Some(f) = (unsafe { EXCHANGE_CAPTURE_MODE.func::<ExchangeMode>() }) else {
-            return Relaxed(None);
-        };
-        let mut mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-        // SAFETY: valid in/out pointer.
-        let ok = unsafe { f(&mut mode) } == CUDA_SUCCESS;
-        Relaxed(ok.then_some(mode))
-    }
-}
-
-impl Drop for Relaxed {
-    fn drop(&mut self) {
-        let Some(mut mode) = self.0 else { return };
-        // SAFETY: as in `new` (the function was found there).
-        if let Some(f) = unsafe { EXCHANGE_CAPTURE_MODE.func::<ExchangeMode>() } {
-            // SAFETY: valid in/out pointer; restores the caller's mode.
-            unsafe { f(&mut mode) };
-        }
-    }
-}
-
-/// Runs the shim's own driver queries (pool and graph-memory attributes)
-/// with this thread's capture mode relaxed, so they are never refused and
-/// never invalidate a capture, whatever mode the application set.
-pub fn relaxed<T>(f: impl FnOnce() -> T) -> T {
-    let _mode = Relaxed::new();
-    f()
 }
 
 static TABLE_FULL_LOGGED: AtomicUsize = AtomicUsize::new(0);
@@ -664,7 +588,7 @@ const GRAPH_SETTLE_EVERY_NS: u64 = 10_000_000;
 static LAST_GRAPH_SETTLE: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
 
 fn settle_graph_now_and_then(t: Target) {
-    let now = crate::resident::now_ns();
+    let now = crate::driver::coarse_now_ns();
     let last = LAST_GRAPH_SETTLE[t.dev].load(Ordering::Relaxed);
     if last != 0 && now.saturating_sub(last) < GRAPH_SETTLE_EVERY_NS {
         return;

@@ -29,6 +29,7 @@ mod borrow;
 mod compute;
 mod config;
 mod cuda;
+mod driver;
 mod families;
 mod hooks;
 mod init;

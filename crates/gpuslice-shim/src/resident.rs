@@ -28,6 +28,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use gpuslice_ledger::MAX_DEVICES;
 
 use crate::cuda::*;
+use crate::driver::coarse_now_ns;
 use crate::real::Real;
 use crate::state::{self, shim, target_current, target_no_context as target, Target};
 use crate::table::{pack, unpack, Handles};
@@ -644,7 +645,7 @@ pub fn settle_later(t: Target) {
         return;
     }
     let last = LAST_SETTLE[t.dev].load(Ordering::Acquire);
-    if last != 0 && now_ns().saturating_sub(last) < SETTLE_EVERY_NS {
+    if last != 0 && coarse_now_ns().saturating_sub(last) < SETTLE_EVERY_NS {
         return;
     }
     let queued = &QUEUED[t.dev];
@@ -669,17 +670,6 @@ pub fn settle_later(t: Target) {
 
 /// Whether a memory query's measurement is in flight, per device.
 static QUEUED: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
-
-/// A monotonic clock in ns (the coarse one: a vDSO read, ~ms resolution).
-pub fn now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid out-pointer; the coarse clock is a vDSO read.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
-    (ts.tv_sec as u64).saturating_mul(1_000_000_000) + ts.tv_nsec as u64
-}
 
 /// One reading of what the driver holds beyond this process's allocations:
 /// NVML's figure minus the allocations' charges, taken with the slot
@@ -741,7 +731,7 @@ pub fn settle(t: Target, why: Why) -> bool {
     }
     let recent = |last: &AtomicU64, every: u64| {
         let last = last.load(Ordering::Acquire);
-        last != 0 && now_ns().saturating_sub(last) < every
+        last != 0 && coarse_now_ns().saturating_sub(last) < every
     };
     if why == Why::Query && recent(&LAST_SETTLE[t.dev], SETTLE_EVERY_NS) {
         return false;
@@ -769,7 +759,7 @@ pub fn settle(t: Target, why: Why) -> bool {
     }
     let done = measure_and_apply(t, force);
     if force {
-        LAST_LOWERED[t.dev].store(now_ns().max(1), Ordering::Release);
+        LAST_LOWERED[t.dev].store(coarse_now_ns().max(1), Ordering::Release);
     }
     busy.store(false, Ordering::Release);
     done
@@ -782,7 +772,7 @@ static SETTLING: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; 
 
 fn measure_and_apply(t: Target, force: bool) -> bool {
     let s = shim();
-    LAST_SETTLE[t.dev].store(now_ns().max(1), Ordering::Release);
+    LAST_SETTLE[t.dev].store(coarse_now_ns().max(1), Ordering::Release);
     // A memory query takes one reading and only raises the charge; the
     // careful pair (2 ms) is for the background and refusal paths.
     let measured = if force { driver_held(t) } else { reading(t) };

@@ -494,7 +494,7 @@ pub fn target_current() -> Option<Target> {
     if !shim().active() {
         return None;
     }
-    target(crate::hooks::current_device()?)
+    target(crate::driver::current_device()?)
 }
 
 impl Target {
