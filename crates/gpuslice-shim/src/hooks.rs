@@ -24,7 +24,7 @@ use gpuslice_ledger::MAX_DEVICES;
 use crate::compute;
 use crate::cuda::*;
 use crate::driver::{capturing, relaxed, Relaxed};
-use crate::real::Real;
+use crate::real::{real_fn, Real};
 use crate::state::{self, shim, target, target_current, target_no_context, Target};
 use crate::sys::log_line;
 use crate::table::{pack, unpack, Handles};
@@ -86,19 +86,6 @@ fn untrack(table: &Handles, key: u64, call: impl FnOnce() -> CUresult) -> CUresu
     }
     rc
 }
-
-/// The real function of a hook's family as `$ty`, or the hook returns
-/// `CUDA_ERROR_NOT_INITIALIZED`.
-macro_rules! real_fn {
-    ($real:expr, $ty:ty) => {
-        // SAFETY: the family's signature is `$ty`.
-        match unsafe { $real.func::<$ty>() } {
-            Some(f) => f,
-            None => return CUDA_ERROR_NOT_INITIALIZED,
-        }
-    };
-}
-pub(crate) use real_fn;
 
 // ------------------------------------------------------------ plain
 

@@ -4,8 +4,8 @@
 //!
 //! - Interposes the CUDA driver API's allocation, free and memory-info
 //!   entry points, for programs that link libcuda, that `dlopen` it and
-//!   `dlsym` symbols ([`sys::dlsym`]), and runtimes that take entry points
-//!   from `cuGetProcAddress(_v2)` ([`procaddr`]); plus NVML's memory
+//!   `dlsym` symbols ([`families::dlsym`]), and runtimes that take entry points
+//!   from `cuGetProcAddress(_v2)` ([`families`]); plus NVML's memory
 //!   queries ([`nvml`]).
 //! - Charges every allocation to the slice's ledger
 //!   ([`gpuslice_ledger`]) by compare-and-swap *before* the driver call;
@@ -35,7 +35,6 @@ mod hooks;
 mod init;
 mod measure;
 mod nvml;
-mod procaddr;
 mod real;
 mod resident;
 mod state;
@@ -54,7 +53,7 @@ extern "C" fn constructor() {
 
 extern "C" fn destructor() {
     real::guard((), || {
-        stats::report();
+        stats::report(families::ALL);
         state::detach_at_exit();
     });
 }

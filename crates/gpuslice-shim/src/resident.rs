@@ -172,7 +172,7 @@ fn release_primary(dev: CUdevice) {
     }
 }
 
-use crate::hooks::real_fn;
+use crate::real::real_fn;
 
 // ------------------------------------------------------------ contexts
 
