@@ -35,6 +35,7 @@ mod hooks;
 mod init;
 mod measure;
 mod nvml;
+mod pools;
 mod real;
 mod resident;
 mod state;
@@ -45,6 +46,7 @@ mod table;
 extern "C" fn constructor() {
     real::guard((), || {
         sys::resolve_real_dlsym();
+        resident::forget_charges_in_forked_children();
         if state::init().log {
             stats::enable();
         }
