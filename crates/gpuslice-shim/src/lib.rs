@@ -20,6 +20,15 @@
 //!
 //! No panic crosses the C boundary: every entry point runs under
 //! `catch_unwind`.
+//!
+//! Modules are layered downward, with no import loop (docs/architecture.md,
+//! "The shim's layers"; `tests/layering.rs` checks it), bottom to top:
+//! [`cuda`], [`config`], [`sys`] → [`real`], [`table`], [`measure`],
+//! [`stats`] → [`driver`] (driver facts, clocks) → [`borrow`] → [`state`]
+//! (configuration, ledger slot, `Target`) → [`compute`], [`pools`],
+//! [`nvml`], [`init`] → [`resident`] (driver-held memory and the charging
+//! paths that settle on a refusal) → [`hooks`] → [`families`] (name
+//! tables, exported symbols, `dlsym` and `cuGetProcAddress`).
 
 // A cdylib with no Rust API: its documentation is for maintainers and
 // points into the private modules on purpose.
