@@ -100,9 +100,7 @@ fn slice_key(ledger: &Ledger) -> u64 {
     ledger
         .path()
         .and_then(|p| board::ledger_key(p).ok())
-        .unwrap_or_else(|| {
-            board::slice_key(u64::from(std::process::id()), crate::compute::now_ns())
-        })
+        .unwrap_or_else(|| board::slice_key(u64::from(std::process::id()), crate::driver::now_ns()))
 }
 
 impl Boards {
@@ -115,7 +113,7 @@ impl Boards {
         // (`gpuslice run` does, as root, sticky and world-writable).
         let _ = std::fs::create_dir_all(dir);
         let key = slice_key(ledger);
-        let now = crate::compute::now_ns();
+        let now = crate::driver::now_ns();
         let seats: Vec<Option<Seat>> = shares
             .iter()
             .enumerate()
@@ -483,7 +481,7 @@ mod tests {
         // A full board: a new slice gets no seat, and its share applies
         // unscaled (nobody can push it down through the board).
         for k in 0..BOARD_SLOTS as u64 {
-            let _ = board.claim(5000 + k, FULL_SHARE, Mode::Cap, crate::compute::now_ns());
+            let _ = board.claim(5000 + k, FULL_SHARE, Mode::Cap, crate::driver::now_ns());
         }
         let lc = pinned(dir.path(), &boards, "c", 2000);
         assert!(Boards::open(&lc, &[2000], Mode::Cap, &boards).is_none());
@@ -498,7 +496,7 @@ mod tests {
         let first = a.seats[0].as_ref().unwrap().slot.load(Ordering::Relaxed);
         // a stays silent past STALE_NS: another slice takes its slot.
         let board = Board::open_or_create(&boards, &la.uuid(0)).unwrap();
-        let late = crate::compute::now_ns() + board::STALE_NS + 1;
+        let late = crate::driver::now_ns() + board::STALE_NS + 1;
         let thief = board.claim(7, 100, Mode::Cap, late).unwrap();
         assert_eq!(thief, first);
         // a's next use goes to a slot of its own, not into the thief's.

@@ -44,6 +44,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use gpuslice_ledger::{Ledger, FULL_SHARE, MAX_DEVICES};
 
 use crate::cuda::*;
+use crate::driver::now_ns;
 use crate::real::Real;
 use crate::state::shim;
 
@@ -92,16 +93,6 @@ pub enum Kind {
 /// Moving average of measured GPU time per launch, per kind and device.
 static ESTIMATE: [[AtomicU64; MAX_DEVICES]; 2] =
     [const { [const { AtomicU64::new(0) }; MAX_DEVICES] }; 2];
-
-pub(crate) fn now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid out-pointer; CLOCK_MONOTONIC always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
 
 fn nap(ns: u64) {
     std::thread::sleep(std::time::Duration::from_nanos(ns));
@@ -231,7 +222,7 @@ pub fn launch(
 }
 
 fn metered(stream: CUstream, ptsz: bool, kind: Kind, call: impl FnOnce() -> CUresult) -> CUresult {
-    let Some(dev) = crate::hooks::current_device().and_then(|d| usize::try_from(d).ok()) else {
+    let Some(dev) = crate::driver::current_device().and_then(|d| usize::try_from(d).ok()) else {
         return call();
     };
     let Some(ledger) = limited(dev) else {
@@ -240,7 +231,7 @@ fn metered(stream: CUstream, ptsz: bool, kind: Kind, call: impl FnOnce() -> CUre
     // A launch into a capturing stream adds a node to a graph: no GPU work
     // now (the graph is metered when launched), and no event may be
     // recorded or queried for it.
-    if crate::hooks::capturing(stream) {
+    if crate::driver::capturing(stream) {
         return call();
     }
     let rec_stream = if stream.is_null() && ptsz {
@@ -285,7 +276,7 @@ impl Ring {
         kind: Kind,
         call: impl FnOnce() -> CUresult,
     ) -> CUresult {
-        crate::hooks::relaxed(|| {
+        crate::driver::relaxed(|| {
             self.harvest(ledger);
             // One slot stays free: the newest group's `end` may be the
             // `from` of the next one, so its slot must not be reused

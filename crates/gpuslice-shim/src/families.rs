@@ -1,12 +1,16 @@
 //! The interposed entry points: exported symbols and anonymous instances
-//! per family (see [`crate::real`]), and the name tables our `dlsym` and
-//! `cuGetProcAddress` use.
+//! per family (see [`crate::real`]), the name tables, and the lookups that
+//! use them: our `dlsym` ([`dlsym`]) and `cuGetProcAddress(_v2)`, which
+//! hand out our wrappers for the functions we interpose. The top layer:
+//! the tables name every hook, and the lookup hooks read the tables.
 #![allow(non_snake_case)]
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use crate::cuda::*;
-use crate::real::{guard, Real, N_INST};
+use crate::real::{guard, mark_ptsz, Real, N_INST};
+use crate::state::{shim, shim_if_ready};
+use crate::sys;
 
 macro_rules! call_hook {
     ($hook:path, $real:expr, ($($n:ident),*)) => {
@@ -271,11 +275,11 @@ families! {
     CtxSetLimit: crate::resident::ctx_set_limit,
         (limit: c_int, value: usize), (limit, value) -> CUresult,
         [cuCtxSetLimit];
-    GetProcAddress: crate::procaddr::get_proc_address,
+    GetProcAddress: get_proc_address,
         (symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64),
         (symbol, pfn, version, flags) -> CUresult,
         [cuGetProcAddress];
-    GetProcAddressV2: crate::procaddr::get_proc_address_v2,
+    GetProcAddressV2: get_proc_address_v2,
         (symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64, status: *mut c_int),
         (symbol, pfn, version, flags, status) -> CUresult,
         [cuGetProcAddress_v2];
@@ -347,6 +351,179 @@ pub fn proc_family(name: &[u8], version: c_int) -> Option<Family> {
         b"cuGetProcAddress" => Some(GetProcAddress),
         other => export_family(other),
     }
+}
+
+// ------------------------------------------------- cuGetProcAddress and dlsym
+
+// `cuGetProcAddress(_v2)` and `dlsym`: hand out our wrappers for the
+// functions we interpose, recording the real function the driver / the
+// loader returned for the caller's CUDA version and flags. They live with
+// the name tables because the tables name them as hooks.
+
+/// Replaces `*pfn` with our wrapper when `symbol` is one we interpose and a
+/// cap is configured (else the caller keeps the real pointer: no overhead).
+///
+/// # Safety
+/// `symbol` null or NUL-terminated; `pfn` null or valid.
+unsafe fn swap_in(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64) {
+    if pfn.is_null() || !shim().active() {
+        return;
+    }
+    // SAFETY: per the contract.
+    let Some(name) = (unsafe { sys::cstr(symbol) }) else {
+        return;
+    };
+    // SAFETY: pfn valid; written by the driver.
+    let p = unsafe { *pfn };
+    if let Some(fam) = proc_family(name.to_bytes(), version).filter(|f| f.wanted(shim())) {
+        if fam.is_launch() || fam == Family::GraphLaunch {
+            let ptsz = flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM != 0
+                || name.to_bytes().ends_with(b"_ptsz");
+            if ptsz {
+                mark_ptsz(p);
+            }
+        }
+        // SAFETY: pfn valid.
+        unsafe { *pfn = intercept(fam, p) };
+    }
+}
+
+/// # Safety
+/// C contract of `cuGetProcAddress` (pre-12.0 ABI).
+pub unsafe fn get_proc_address(
+    real: &Real,
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+) -> CUresult {
+    type F = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> CUresult;
+    // SAFETY: the family's signature.
+    let Some(f) = (unsafe { real.func::<F>() }) else {
+        return CUDA_ERROR_NOT_INITIALIZED;
+    };
+    // SAFETY: caller contract.
+    let rc = unsafe { f(symbol, pfn, version, flags) };
+    if rc == CUDA_SUCCESS {
+        // SAFETY: caller contract.
+        unsafe { swap_in(symbol, pfn, version, flags) };
+    }
+    rc
+}
+
+/// # Safety
+/// C contract of `cuGetProcAddress_v2`.
+pub unsafe fn get_proc_address_v2(
+    real: &Real,
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+    status: *mut c_int,
+) -> CUresult {
+    type F =
+        unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> CUresult;
+    // SAFETY: the family's signature.
+    let Some(f) = (unsafe { real.func::<F>() }) else {
+        return CUDA_ERROR_NOT_INITIALIZED;
+    };
+    // SAFETY: caller contract.
+    let rc = unsafe { f(symbol, pfn, version, flags, status) };
+    if rc == CUDA_SUCCESS {
+        // SAFETY: caller contract.
+        unsafe { swap_in(symbol, pfn, version, flags) };
+    }
+    rc
+}
+
+/// Body of our `dlsym` for every handle but RTLD_NEXT (see [`dlsym`]).
+pub extern "C" fn dlsym_impl(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+    let f = sys::resolve_real_dlsym();
+    // SAFETY: glibc's dlsym, called with the caller's arguments.
+    let p = unsafe { std::mem::transmute::<*mut c_void, sys::DlsymFn>(f)(handle, symbol) };
+    if p.is_null() || symbol.is_null() {
+        return p;
+    }
+    // Never wait for the configuration here: glibc or std may call dlsym
+    // while it is being read.
+    let s = match shim_if_ready() {
+        Some(s) if s.active() => s,
+        _ => return p,
+    };
+    guard(p, || {
+        // SAFETY: non-null, NUL-terminated by dlsym's contract.
+        let name = unsafe { std::ffi::CStr::from_ptr(symbol) };
+        match export_family(name.to_bytes()).filter(|f| f.wanted(s)) {
+            Some(fam) => {
+                if name.to_bytes().ends_with(b"_ptsz") {
+                    mark_ptsz(p);
+                }
+                intercept(fam, p)
+            }
+            None => p,
+        }
+    })
+}
+
+/// Hands out an instance of `fam` that calls `real`: the one already
+/// recording `real`, else a free one. Returns `real` itself when `real` is
+/// one of ours (never record ourselves: that would loop) or when every
+/// instance is taken by other pointers (that caller then goes uncapped,
+/// logged).
+pub fn intercept(fam: Family, real: *mut c_void) -> *mut c_void {
+    if real.is_null() || crate::sys::is_ours(real) {
+        return real;
+    }
+    crate::real::set_hint(fam.is_nvml(), real);
+    let slots = fam.slots();
+    let wrappers = fam.wrappers();
+    if let Some(i) = slots.iter().position(|s| s.peek() == real) {
+        return wrappers[i];
+    }
+    for (i, s) in slots.iter().enumerate() {
+        if s.claim(real) {
+            return wrappers[i];
+        }
+    }
+    crate::sys::log_line(&format!(
+        "more than {N_INST} variants of {fam:?}; one is left uncapped"
+    ));
+    real
+}
+
+/// Our `dlsym`. `dlsym(RTLD_NEXT, …)` depends on who calls it, so that case
+/// tail-jumps to glibc with the caller's return address untouched; every
+/// other handle goes to [`dlsym_impl`], which asks glibc
+/// and swaps in our wrapper for a symbol we interpose.
+///
+/// # Safety
+/// The C contract of `dlsym`.
+#[cfg(target_arch = "x86_64")]
+#[unsafe(naked)]
+#[no_mangle]
+pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+    core::arch::naked_asm!(
+        "cmp rdi, -1",
+        "je 2f",
+        "jmp {imp}",
+        "2:",
+        "mov rax, qword ptr [rip + {real}]",
+        "test rax, rax",
+        "jz 3f",
+        "jmp rax",
+        "3:",
+        "push rdi",
+        "push rsi",
+        "sub rsp, 8",
+        "call {resolve}",
+        "add rsp, 8",
+        "pop rsi",
+        "pop rdi",
+        "jmp rax",
+        imp = sym dlsym_impl,
+        real = sym crate::sys::REAL_DLSYM,
+        resolve = sym crate::sys::resolve_real_dlsym,
+    )
 }
 
 #[cfg(test)]

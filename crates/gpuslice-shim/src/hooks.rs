@@ -16,15 +16,21 @@
 
 use std::collections::BTreeMap;
 use std::ffi::{c_int, c_uint, c_void};
-use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use gpuslice_ledger::MAX_DEVICES;
 
 use crate::compute;
 use crate::cuda::*;
-use crate::real::Real;
-use crate::state::{self, shim, target, target_current, target_no_context, Target};
+use crate::driver::{capturing, relaxed};
+use crate::pools::{
+    device_mem_pool, find_pool, pool_attr, pool_entry, settle_device, settle_graph,
+    settle_graph_now_and_then, settle_pool, PoolEntry,
+};
+use crate::real::{real_fn, Real};
+use crate::resident::{target, target_current};
+use crate::state::{self, shim, target_no_context, Target};
 use crate::sys::log_line;
 use crate::table::{pack, unpack, Handles};
 
@@ -37,97 +43,17 @@ static HANDLES: Handles = Handles::new(12, 18);
 static ARRAYS: Handles = Handles::new(10, 16);
 
 // Non-interposed driver functions the hooks call.
-static CTX_GET_DEVICE: Real = Real::named(c"cuCtxGetDevice");
-static DEVICE_GET_MEM_POOL: Real = Real::named(c"cuDeviceGetMemPool");
-static POOL_GET_ATTRIBUTE: Real = Real::named(c"cuMemPoolGetAttribute");
-static GRAPH_MEM_ATTRIBUTE: Real = Real::named(c"cuDeviceGetGraphMemAttribute");
 static ARRAY_REQUIREMENTS: Real = Real::named(c"cuArrayGetMemoryRequirements");
 static MIPMAP_REQUIREMENTS: Real = Real::named(c"cuMipmappedArrayGetMemoryRequirements");
 static ARRAY_DESTROY: Real = Real::named(c"cuArrayDestroy");
 static MIPMAP_DESTROY: Real = Real::named(c"cuMipmappedArrayDestroy");
 static MEM_FREE: Real = Real::named(c"cuMemFree_v2");
-static STREAM_IS_CAPTURING: Real = Real::named(c"cuStreamIsCapturing");
 static STREAM_GET_DEVICE: Real = Real::named(c"cuStreamGetDevice");
-static EXCHANGE_CAPTURE_MODE: Real = Real::named(c"cuThreadExchangeStreamCaptureMode");
 
 const MIB2: u64 = 2 << 20;
 
 fn round_up(v: u64, to: u64) -> u64 {
     v.div_ceil(to).saturating_mul(to)
-}
-
-/// Ordinal of the current context's device.
-pub fn current_device() -> Option<CUdevice> {
-    type F = unsafe extern "C" fn(*mut CUdevice) -> CUresult;
-    // SAFETY: cuCtxGetDevice(CUdevice*).
-    let f = unsafe { CTX_GET_DEVICE.func::<F>() }?;
-    let mut d: CUdevice = -1;
-    // SAFETY: valid out-pointer.
-    (unsafe { f(&mut d) } == CUDA_SUCCESS).then_some(d)
-}
-
-/// Whether a stream-ordered call on `stream` is captured into a graph
-/// rather than run (or is refused as part of a capture). The NULL stream is
-/// the legacy stream, which never captures, for the default flavour, and
-/// the per-thread stream for `_ptsz` callers: the per-thread stream is
-/// asked about (when it captures, a legacy-stream call would be refused by
-/// the driver anyway). `cuStreamIsCapturing` itself is legal during
-/// capture; on the legacy stream while a blocking stream captures it
-/// answers a capture error without invalidating anything.
-pub fn capturing(stream: CUstream) -> bool {
-    type F = unsafe extern "C" fn(CUstream, *mut c_int) -> CUresult;
-    // SAFETY: cuStreamIsCapturing(CUstream, CUstreamCaptureStatus*).
-    let Some(f) = (unsafe { STREAM_IS_CAPTURING.func::<F>() }) else {
-        return false;
-    };
-    let s = if stream.is_null() {
-        CU_STREAM_PER_THREAD as CUstream
-    } else {
-        stream
-    };
-    let mut status = CU_STREAM_CAPTURE_STATUS_NONE;
-    // SAFETY: valid out-pointer; the stream is the caller's.
-    match unsafe { f(s, &mut status) } {
-        CUDA_SUCCESS => status != CU_STREAM_CAPTURE_STATUS_NONE,
-        rc => (CUDA_ERROR_STREAM_CAPTURE_FIRST..=CUDA_ERROR_STREAM_CAPTURE_LAST).contains(&rc),
-    }
-}
-
-/// This thread's stream-capture mode, relaxed for the guard's lifetime.
-struct Relaxed(Option<c_int>);
-
-type ExchangeMode = unsafe extern "C" fn(*mut c_int) -> CUresult;
-
-impl Relaxed {
-    fn new() -> Relaxed {
-        // SAFETY: cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode*).
-        let Some(f) = (unsafe { EXCHANGE_CAPTURE_MODE.func::<ExchangeMode>() }) else {
-            return Relaxed(None);
-        };
-        let mut mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-        // SAFETY: valid in/out pointer.
-        let ok = unsafe { f(&mut mode) } == CUDA_SUCCESS;
-        Relaxed(ok.then_some(mode))
-    }
-}
-
-impl Drop for Relaxed {
-    fn drop(&mut self) {
-        let Some(mut mode) = self.0 else { return };
-        // SAFETY: as in `new` (the function was found there).
-        if let Some(f) = unsafe { EXCHANGE_CAPTURE_MODE.func::<ExchangeMode>() } {
-            // SAFETY: valid in/out pointer; restores the caller's mode.
-            unsafe { f(&mut mode) };
-        }
-    }
-}
-
-/// Runs the shim's own driver queries (pool and graph-memory attributes)
-/// with this thread's capture mode relaxed, so they are never refused and
-/// never invalidate a capture, whatever mode the application set.
-pub fn relaxed<T>(f: impl FnOnce() -> T) -> T {
-    let _mode = Relaxed::new();
-    f()
 }
 
 static TABLE_FULL_LOGGED: AtomicUsize = AtomicUsize::new(0);
@@ -162,19 +88,6 @@ fn untrack(table: &Handles, key: u64, call: impl FnOnce() -> CUresult) -> CUresu
     }
     rc
 }
-
-/// The real function of a hook's family as `$ty`, or the hook returns
-/// `CUDA_ERROR_NOT_INITIALIZED`.
-macro_rules! real_fn {
-    ($real:expr, $ty:ty) => {
-        // SAFETY: the family's signature is `$ty`.
-        match unsafe { $real.func::<$ty>() } {
-            Some(f) => f,
-            None => return CUDA_ERROR_NOT_INITIALIZED,
-        }
-    };
-}
-pub(crate) use real_fn;
 
 // ------------------------------------------------------------ plain
 
@@ -294,81 +207,6 @@ pub unsafe fn mem_free(real: &Real, dptr: CUdeviceptr) -> CUresult {
 }
 
 // ------------------------------------------------------------ pools
-
-/// A memory pool we have seen, and what the ledger holds for it: the
-/// pool's reserved memory (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`) as of
-/// the last settle.
-struct PoolEntry {
-    pool: AtomicPtr<c_void>,
-    dev: AtomicUsize,
-    charged: AtomicU64,
-}
-
-const MAX_POOLS: usize = 64;
-static POOLS: [PoolEntry; MAX_POOLS] = [const {
-    PoolEntry {
-        pool: AtomicPtr::new(std::ptr::null_mut()),
-        dev: AtomicUsize::new(0),
-        charged: AtomicU64::new(0),
-    }
-}; MAX_POOLS];
-
-fn pool_entry(pool: CUmemoryPool, dev: usize) -> Option<&'static PoolEntry> {
-    if let Some(e) = find_pool(pool) {
-        return Some(e);
-    }
-    for e in &POOLS {
-        if e.pool
-            .compare_exchange(
-                std::ptr::null_mut(),
-                pool,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            )
-            .is_ok()
-        {
-            e.dev.store(dev, Ordering::Release);
-            return Some(e);
-        }
-    }
-    None
-}
-
-fn find_pool(pool: CUmemoryPool) -> Option<&'static PoolEntry> {
-    POOLS
-        .iter()
-        .find(|e| e.pool.load(Ordering::Acquire) == pool)
-}
-
-fn pool_attr(pool: CUmemoryPool, attr: c_int) -> Option<u64> {
-    type F = unsafe extern "C" fn(CUmemoryPool, c_int, *mut c_void) -> CUresult;
-    // SAFETY: cuMemPoolGetAttribute(pool, attr, void*).
-    let f = unsafe { POOL_GET_ATTRIBUTE.func::<F>() }?;
-    let mut v: u64 = 0;
-    // SAFETY: both attributes we read are cuuint64_t.
-    (unsafe { f(pool, attr, (&mut v as *mut u64).cast()) } == CUDA_SUCCESS).then_some(v)
-}
-
-fn device_mem_pool(dev: usize) -> Option<CUmemoryPool> {
-    type F = unsafe extern "C" fn(*mut CUmemoryPool, CUdevice) -> CUresult;
-    // SAFETY: cuDeviceGetMemPool(CUmemoryPool*, CUdevice).
-    let f = unsafe { DEVICE_GET_MEM_POOL.func::<F>() }?;
-    let mut p: CUmemoryPool = std::ptr::null_mut();
-    // SAFETY: valid out-pointer.
-    let rc = unsafe { f(&mut p, dev as CUdevice) };
-    (rc == CUDA_SUCCESS && !p.is_null()).then_some(p)
-}
-
-/// Brings the pool's charge to its reserved memory now; `hold` is what the
-/// caller reserved beforehand and is counted as already charged.
-fn settle_pool(e: &PoolEntry, t: Target, hold: u64) {
-    let pool = e.pool.load(Ordering::Acquire);
-    let old = e.charged.load(Ordering::Acquire);
-    let now =
-        relaxed(|| pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)).unwrap_or(old + hold);
-    let old = e.charged.swap(now, Ordering::AcqRel);
-    t.adjust(now as i128 - old as i128 - hold as i128);
-}
 
 /// The device a stream-ordered allocation lands on: a created stream's
 /// own (the context it was made in), asked of the driver; the current
@@ -597,46 +435,6 @@ pub unsafe fn mem_pool_destroy(real: &Real, pool: CUmemoryPool) -> CUresult {
 
 // ------------------------------------------------------------ graphs
 
-/// Graph memory (allocation nodes, e.g. captured cudaMallocAsync) lives in
-/// a per-device graph pool that grows when a graph is launched or
-/// uploaded. It cannot be reserved before the launch; it is charged right
-/// after, from `CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`.
-static GRAPH_CHARGED: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
-
-fn settle_graph(t: Target) {
-    type F = unsafe extern "C" fn(CUdevice, c_int, *mut c_void) -> CUresult;
-    // SAFETY: cuDeviceGetGraphMemAttribute(CUdevice, attr, void*).
-    let Some(f) = (unsafe { GRAPH_MEM_ATTRIBUTE.func::<F>() }) else {
-        return;
-    };
-    let mut now: u64 = 0;
-    // SAFETY: the attribute is a cuuint64_t.
-    let rc = relaxed(|| unsafe {
-        f(
-            t.dev as CUdevice,
-            CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT,
-            (&mut now as *mut u64).cast(),
-        )
-    });
-    if rc != CUDA_SUCCESS {
-        return;
-    }
-    let old = GRAPH_CHARGED[t.dev].swap(now, Ordering::AcqRel);
-    t.adjust(now as i128 - old as i128);
-}
-
-/// Re-reads every pool and the graph pool of `t`'s device (they may have
-/// shrunk without a call we see, e.g. auto-trim at synchronisation).
-pub fn settle_device(t: Target) {
-    let _mode = Relaxed::new();
-    for e in &POOLS {
-        if !e.pool.load(Ordering::Acquire).is_null() && e.dev.load(Ordering::Acquire) == t.dev {
-            settle_pool(e, t, 0);
-        }
-    }
-    settle_graph(t);
-}
-
 /// # Safety
 /// C contract of `cuGraphLaunch` / `cuGraphUpload` (either stream flavour).
 pub unsafe fn graph_launch(real: &Real, exec: CUgraphExec, stream: CUstream) -> CUresult {
@@ -654,23 +452,6 @@ pub unsafe fn graph_launch(real: &Real, exec: CUgraphExec, stream: CUstream) -> 
         }
     }
     rc
-}
-
-/// Graph launches come every step of a graph-captured loop; the graph
-/// pool grows on an exec's first launch and is then reused, so it is
-/// re-read at most every [`GRAPH_SETTLE_EVERY_NS`] (growth shows up that
-/// much later at most; a refusal re-reads it at once).
-const GRAPH_SETTLE_EVERY_NS: u64 = 10_000_000;
-static LAST_GRAPH_SETTLE: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
-
-fn settle_graph_now_and_then(t: Target) {
-    let now = crate::resident::now_ns();
-    let last = LAST_GRAPH_SETTLE[t.dev].load(Ordering::Relaxed);
-    if last != 0 && now.saturating_sub(last) < GRAPH_SETTLE_EVERY_NS {
-        return;
-    }
-    LAST_GRAPH_SETTLE[t.dev].store(now.max(1), Ordering::Relaxed);
-    settle_graph(t);
 }
 
 /// # Safety

@@ -4,8 +4,8 @@
 //!
 //! - Interposes the CUDA driver API's allocation, free and memory-info
 //!   entry points, for programs that link libcuda, that `dlopen` it and
-//!   `dlsym` symbols ([`sys::dlsym`]), and runtimes that take entry points
-//!   from `cuGetProcAddress(_v2)` ([`procaddr`]); plus NVML's memory
+//!   `dlsym` symbols ([`families::dlsym`]), and runtimes that take entry points
+//!   from `cuGetProcAddress(_v2)` ([`families`]); plus NVML's memory
 //!   queries ([`nvml`]).
 //! - Charges every allocation to the slice's ledger
 //!   ([`gpuslice_ledger`]) by compare-and-swap *before* the driver call;
@@ -20,6 +20,15 @@
 //!
 //! No panic crosses the C boundary: every entry point runs under
 //! `catch_unwind`.
+//!
+//! Modules are layered downward, with no import loop (docs/architecture.md,
+//! "The shim's layers"; `tests/layering.rs` checks it), bottom to top:
+//! [`cuda`], [`config`], [`sys`] → [`real`], [`table`], [`measure`],
+//! [`stats`] → [`driver`] (driver facts, clocks) → [`borrow`] → [`state`]
+//! (configuration, ledger slot, `Target`) → [`compute`], [`pools`],
+//! [`nvml`], [`init`] → [`resident`] (driver-held memory and the charging
+//! paths that settle on a refusal) → [`hooks`] → [`families`] (name
+//! tables, exported symbols, `dlsym` and `cuGetProcAddress`).
 
 // A cdylib with no Rust API: its documentation is for maintainers and
 // points into the private modules on purpose.
@@ -29,12 +38,13 @@ mod borrow;
 mod compute;
 mod config;
 mod cuda;
+mod driver;
 mod families;
 mod hooks;
 mod init;
 mod measure;
 mod nvml;
-mod procaddr;
+mod pools;
 mod real;
 mod resident;
 mod state;
@@ -45,6 +55,7 @@ mod table;
 extern "C" fn constructor() {
     real::guard((), || {
         sys::resolve_real_dlsym();
+        resident::forget_charges_in_forked_children();
         if state::init().log {
             stats::enable();
         }
@@ -53,7 +64,7 @@ extern "C" fn constructor() {
 
 extern "C" fn destructor() {
     real::guard((), || {
-        stats::report();
+        stats::report(families::ALL);
         state::detach_at_exit();
     });
 }

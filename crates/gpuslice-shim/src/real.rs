@@ -118,7 +118,7 @@ impl Real {
 static HINT_CUDA: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
 static HINT_NVML: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
 
-fn set_hint(nvml: bool, p: *mut c_void) {
+pub fn set_hint(nvml: bool, p: *mut c_void) {
     let h = if nvml { &HINT_NVML } else { &HINT_CUDA };
     let _ = h.compare_exchange(std::ptr::null_mut(), p, Ordering::AcqRel, Ordering::Acquire);
 }
@@ -127,32 +127,6 @@ fn set_hint(nvml: bool, p: *mut c_void) {
 #[inline]
 pub fn guard<T>(on_panic: T, f: impl FnOnce() -> T) -> T {
     catch_unwind(AssertUnwindSafe(f)).unwrap_or(on_panic)
-}
-
-/// Hands out an instance of `fam` that calls `real`: the one already
-/// recording `real`, else a free one. Returns `real` itself when `real` is
-/// one of ours (never record ourselves: that would loop) or when every
-/// instance is taken by other pointers (that caller then goes uncapped,
-/// logged).
-pub fn intercept(fam: crate::families::Family, real: *mut c_void) -> *mut c_void {
-    if real.is_null() || crate::sys::is_ours(real) {
-        return real;
-    }
-    set_hint(fam.is_nvml(), real);
-    let slots = fam.slots();
-    let wrappers = fam.wrappers();
-    if let Some(i) = slots.iter().position(|s| s.peek() == real) {
-        return wrappers[i];
-    }
-    for (i, s) in slots.iter().enumerate() {
-        if s.claim(real) {
-            return wrappers[i];
-        }
-    }
-    crate::sys::log_line(&format!(
-        "more than {N_INST} variants of {fam:?}; one is left uncapped"
-    ));
-    real
 }
 
 /// Real launch functions known to be `_ptsz` flavours (looked up by that
@@ -176,3 +150,16 @@ pub fn mark_ptsz(p: *mut c_void) {
 fn is_ptsz(p: *mut c_void) -> bool {
     !p.is_null() && PTSZ.iter().any(|s| s.load(Ordering::Acquire) == p)
 }
+
+/// The real function of a hook's family as `$ty`, or the hook returns
+/// `CUDA_ERROR_NOT_INITIALIZED`.
+macro_rules! real_fn {
+    ($real:expr, $ty:ty) => {
+        // SAFETY: the family's signature is `$ty`.
+        match unsafe { $real.func::<$ty>() } {
+            Some(f) => f,
+            None => return CUDA_ERROR_NOT_INITIALIZED,
+        }
+    };
+}
+pub(crate) use real_fn;

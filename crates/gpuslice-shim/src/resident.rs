@@ -28,8 +28,9 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use gpuslice_ledger::MAX_DEVICES;
 
 use crate::cuda::*;
+use crate::driver::coarse_now_ns;
 use crate::real::Real;
-use crate::state::{self, shim, target_current, target_no_context as target, Target};
+use crate::state::{self, shim, target_no_context, Target};
 use crate::table::{pack, unpack, Handles};
 
 /// The context estimate before it is measured: an H200 context with the
@@ -61,8 +62,15 @@ pub fn context_estimate() -> u64 {
     shim().context_bytes.unwrap_or(DEFAULT_CONTEXT_BYTES)
 }
 
+/// Makes every forked child forget this process's charges (the
+/// constructor; the slot itself is forgotten by `crate::state`).
+pub fn forget_charges_in_forked_children() {
+    // SAFETY: registers a plain extern "C" handler; no other effect.
+    unsafe { libc::pthread_atfork(None, None, Some(reset_after_fork)) };
+}
+
 /// Forgets every charge (a forked child starts with none).
-pub fn reset_after_fork() {
+extern "C" fn reset_after_fork() {
     for d in 0..MAX_DEVICES {
         OVERHEAD[d].store(0, Ordering::Relaxed);
         PRIMARY_REFS[d].store(0, Ordering::Relaxed);
@@ -171,7 +179,7 @@ fn release_primary(dev: CUdevice) {
     }
 }
 
-use crate::hooks::real_fn;
+use crate::real::real_fn;
 
 // ------------------------------------------------------------ contexts
 
@@ -182,7 +190,7 @@ pub unsafe fn primary_ctx_retain(real: &Real, pctx: *mut CUcontext, dev: CUdevic
         real,
         unsafe extern "C" fn(*mut CUcontext, CUdevice) -> CUresult
     );
-    let t = target(dev).filter(|_| !pctx.is_null());
+    let t = target_no_context(dev).filter(|_| !pctx.is_null());
     let first = t.is_some_and(|t| PRIMARY_REFS[t.dev].load(Ordering::Acquire) == 0);
     match t {
         // The first retain creates the primary context.
@@ -288,7 +296,7 @@ pub unsafe fn ctx_create(
         real,
         unsafe extern "C" fn(*mut CUcontext, c_uint, CUdevice) -> CUresult
     );
-    match target(dev).filter(|_| !pctx.is_null()) {
+    match target_no_context(dev).filter(|_| !pctx.is_null()) {
         // SAFETY: caller contract.
         Some(t) => created(t, pctx, &CTX_DESTROY, || unsafe { f(pctx, flags, dev) }),
         // SAFETY: caller contract.
@@ -308,7 +316,7 @@ pub unsafe fn ctx_create_v3(
 ) -> CUresult {
     type F = unsafe extern "C" fn(*mut CUcontext, *mut c_void, c_int, c_uint, CUdevice) -> CUresult;
     let f = real_fn!(real, F);
-    match target(dev).filter(|_| !pctx.is_null()) {
+    match target_no_context(dev).filter(|_| !pctx.is_null()) {
         // SAFETY: caller contract.
         Some(t) => created(t, pctx, &CTX_DESTROY, || unsafe {
             f(pctx, params, n, flags, dev)
@@ -329,7 +337,7 @@ pub unsafe fn ctx_create_v4(
 ) -> CUresult {
     type F = unsafe extern "C" fn(*mut CUcontext, *mut c_void, c_uint, CUdevice) -> CUresult;
     let f = real_fn!(real, F);
-    match target(dev).filter(|_| !pctx.is_null()) {
+    match target_no_context(dev).filter(|_| !pctx.is_null()) {
         // SAFETY: caller contract.
         Some(t) => created(t, pctx, &CTX_DESTROY, || unsafe {
             f(pctx, params, flags, dev)
@@ -350,7 +358,7 @@ pub unsafe fn green_ctx_create(
 ) -> CUresult {
     type F = unsafe extern "C" fn(*mut CUcontext, *mut c_void, CUdevice, c_uint) -> CUresult;
     let f = real_fn!(real, F);
-    match target(dev).filter(|_| !pctx.is_null()) {
+    match target_no_context(dev).filter(|_| !pctx.is_null()) {
         // SAFETY: caller contract.
         Some(t) => created(t, pctx, &GREEN_DESTROY, || unsafe {
             f(pctx, desc, dev, flags)
@@ -644,7 +652,7 @@ pub fn settle_later(t: Target) {
         return;
     }
     let last = LAST_SETTLE[t.dev].load(Ordering::Acquire);
-    if last != 0 && now_ns().saturating_sub(last) < SETTLE_EVERY_NS {
+    if last != 0 && coarse_now_ns().saturating_sub(last) < SETTLE_EVERY_NS {
         return;
     }
     let queued = &QUEUED[t.dev];
@@ -669,17 +677,6 @@ pub fn settle_later(t: Target) {
 
 /// Whether a memory query's measurement is in flight, per device.
 static QUEUED: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
-
-/// A monotonic clock in ns (the coarse one: a vDSO read, ~ms resolution).
-pub fn now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid out-pointer; the coarse clock is a vDSO read.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
-    (ts.tv_sec as u64).saturating_mul(1_000_000_000) + ts.tv_nsec as u64
-}
 
 /// One reading of what the driver holds beyond this process's allocations:
 /// NVML's figure minus the allocations' charges, taken with the slot
@@ -741,7 +738,7 @@ pub fn settle(t: Target, why: Why) -> bool {
     }
     let recent = |last: &AtomicU64, every: u64| {
         let last = last.load(Ordering::Acquire);
-        last != 0 && now_ns().saturating_sub(last) < every
+        last != 0 && coarse_now_ns().saturating_sub(last) < every
     };
     if why == Why::Query && recent(&LAST_SETTLE[t.dev], SETTLE_EVERY_NS) {
         return false;
@@ -769,7 +766,7 @@ pub fn settle(t: Target, why: Why) -> bool {
     }
     let done = measure_and_apply(t, force);
     if force {
-        LAST_LOWERED[t.dev].store(now_ns().max(1), Ordering::Release);
+        LAST_LOWERED[t.dev].store(coarse_now_ns().max(1), Ordering::Release);
     }
     busy.store(false, Ordering::Release);
     done
@@ -782,7 +779,7 @@ static SETTLING: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; 
 
 fn measure_and_apply(t: Target, force: bool) -> bool {
     let s = shim();
-    LAST_SETTLE[t.dev].store(now_ns().max(1), Ordering::Release);
+    LAST_SETTLE[t.dev].store(coarse_now_ns().max(1), Ordering::Release);
     // A memory query takes one reading and only raises the charge; the
     // careful pair (2 ms) is for the background and refusal paths.
     let measured = if force { driver_held(t) } else { reading(t) };
@@ -811,4 +808,60 @@ fn measure_and_apply(t: Target, force: bool) -> bool {
         release_overhead(t.dev, overhead - want);
     }
     true
+}
+
+// ------------------------------------------------------------- charging
+
+// The charging entry points that may settle: a target charges a context no
+// hook saw being created, and a refused reservation settles stale charges
+// (pools, graph pool, driver-held memory) and tries again. They live here,
+// above the pools and the measurement they call; [`Target`] itself and
+// its plain ledger operations are in [`crate::state`].
+
+/// The target for device ordinal `dev`, or None to pass through. A
+/// context no hook saw being created is charged here, at first use.
+#[inline]
+pub fn target(dev: i32) -> Option<Target> {
+    let t = target_no_context(dev)?;
+    if !CONTEXT_CHARGED[t.dev].load(Ordering::Relaxed) {
+        charge_existing_context(t);
+    }
+    Some(t)
+}
+
+/// The target for the current context's device.
+#[inline]
+pub fn target_current() -> Option<Target> {
+    if !shim().active() {
+        return None;
+    }
+    target(crate::driver::current_device()?)
+}
+
+impl Target {
+    /// Reserves `bytes` before the driver call. On refusal, first reclaims
+    /// dead processes' bytes, settles stale pool/graph charges (they may
+    /// have shrunk) and this process's driver-held memory to what NVML
+    /// measures, and tries again.
+    #[inline]
+    pub fn reserve(self, bytes: u64) -> bool {
+        if self.ledger.reserve(self.slot, self.dev, bytes).is_ok() {
+            return true;
+        }
+        self.reserve_slow(bytes)
+    }
+
+    #[cold]
+    fn reserve_slow(self, bytes: u64) -> bool {
+        let _ = self.ledger.reap();
+        crate::pools::settle_device(self);
+        let _ = settle(self, Why::Refusal);
+        match self.ledger.reserve(self.slot, self.dev, bytes) {
+            Ok(()) => true,
+            Err(over) => {
+                state::refused(self.dev, bytes, over.used, over.cap);
+                false
+            }
+        }
+    }
 }

@@ -437,10 +437,10 @@ fn attach(ledger: &Ledger) -> Option<Slot> {
 }
 
 /// A forked child is a new process: it takes its own slot when it first
-/// allocates (CUDA itself does not survive fork).
+/// allocates (CUDA itself does not survive fork; the charges this process
+/// held are forgotten by `crate::resident`'s own handler).
 extern "C" fn after_fork_child() {
     SLOT.store(UNATTACHED, Ordering::Release);
-    crate::resident::reset_after_fork();
 }
 
 /// Releases everything at exit (the destructor).
@@ -463,17 +463,6 @@ pub struct Target {
     pub dev: usize,
 }
 
-/// The target for device ordinal `dev`, or None to pass through. A
-/// context no hook saw being created is charged here, at first use.
-#[inline]
-pub fn target(dev: i32) -> Option<Target> {
-    let t = target_no_context(dev)?;
-    if !crate::resident::CONTEXT_CHARGED[t.dev].load(Ordering::Relaxed) {
-        crate::resident::charge_existing_context(t);
-    }
-    Some(t)
-}
-
 /// The target for device ordinal `dev`, without charging its context (for
 /// the hooks that create contexts).
 #[inline]
@@ -488,42 +477,9 @@ pub fn target_no_context(dev: i32) -> Option<Target> {
     Some(Target { ledger, slot, dev })
 }
 
-/// The target for the current context's device.
-#[inline]
-pub fn target_current() -> Option<Target> {
-    if !shim().active() {
-        return None;
-    }
-    target(crate::hooks::current_device()?)
-}
-
+// `Target::reserve` and the targets that charge a context at first use
+// settle on a refusal: they are in `crate::resident`, above what they call.
 impl Target {
-    /// Reserves `bytes` before the driver call. On refusal, first reclaims
-    /// dead processes' bytes, settles stale pool/graph charges (they may
-    /// have shrunk) and this process's driver-held memory to what NVML
-    /// measures, and tries again.
-    #[inline]
-    pub fn reserve(self, bytes: u64) -> bool {
-        if self.ledger.reserve(self.slot, self.dev, bytes).is_ok() {
-            return true;
-        }
-        self.reserve_slow(bytes)
-    }
-
-    #[cold]
-    fn reserve_slow(self, bytes: u64) -> bool {
-        let _ = self.ledger.reap();
-        crate::hooks::settle_device(self);
-        let _ = crate::resident::settle(self, crate::resident::Why::Refusal);
-        match self.ledger.reserve(self.slot, self.dev, bytes) {
-            Ok(()) => true,
-            Err(over) => {
-                refused(self.dev, bytes, over.used, over.cap);
-                false
-            }
-        }
-    }
-
     #[inline]
     pub fn release(self, bytes: u64) {
         self.ledger.release(self.slot, self.dev, bytes);
@@ -564,7 +520,7 @@ pub fn release(dev: usize, bytes: u64) {
 static REFUSALS_LOGGED: AtomicU64 = AtomicU64::new(0);
 
 #[cold]
-fn refused(dev: usize, bytes: u64, used: u64, cap: u64) {
+pub fn refused(dev: usize, bytes: u64, used: u64, cap: u64) {
     if shim().log && REFUSALS_LOGGED.fetch_add(1, Ordering::Relaxed) < 20 {
         log_line(&format!(
             "device {dev}: {bytes} bytes refused (slice uses {used} of {cap}): CUDA_ERROR_OUT_OF_MEMORY"

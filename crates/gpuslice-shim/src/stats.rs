@@ -5,7 +5,6 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use crate::families::{Family, ALL};
 use crate::sys::log_line;
 
 const MAX: usize = 64;
@@ -26,15 +25,17 @@ pub fn count(family: usize) {
     }
 }
 
-/// Logs the non-zero counts (the destructor).
-pub fn report() {
+/// Logs the non-zero counts (the destructor); `all` lists the families in
+/// declaration order (`families::ALL`: a family counts at its index).
+pub fn report<F: std::fmt::Debug>(all: &[F]) {
     if !ON.load(Ordering::Relaxed) {
         return;
     }
-    let counts: Vec<String> = ALL
+    let counts: Vec<String> = all
         .iter()
-        .filter_map(|&f: &Family| {
-            let n = CALLS.get(f as usize)?.load(Ordering::Relaxed);
+        .enumerate()
+        .filter_map(|(i, f)| {
+            let n = CALLS.get(i)?.load(Ordering::Relaxed);
             (n > 0).then(|| format!("{f:?}={n}"))
         })
         .collect();

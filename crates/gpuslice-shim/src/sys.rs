@@ -161,38 +161,3 @@ pub fn log_line(line: &str) {
     // SAFETY: writes a valid buffer to fd 2.
     unsafe { libc::write(2, text.as_ptr().cast(), text.len()) };
 }
-
-/// Our `dlsym`. `dlsym(RTLD_NEXT, …)` depends on who calls it, so that case
-/// tail-jumps to glibc with the caller's return address untouched; every
-/// other handle goes to [`crate::procaddr::dlsym_impl`], which asks glibc
-/// and swaps in our wrapper for a symbol we interpose.
-///
-/// # Safety
-/// The C contract of `dlsym`.
-#[cfg(target_arch = "x86_64")]
-#[unsafe(naked)]
-#[no_mangle]
-pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
-    core::arch::naked_asm!(
-        "cmp rdi, -1",
-        "je 2f",
-        "jmp {imp}",
-        "2:",
-        "mov rax, qword ptr [rip + {real}]",
-        "test rax, rax",
-        "jz 3f",
-        "jmp rax",
-        "3:",
-        "push rdi",
-        "push rsi",
-        "sub rsp, 8",
-        "call {resolve}",
-        "add rsp, 8",
-        "pop rsi",
-        "pop rdi",
-        "jmp rax",
-        imp = sym crate::procaddr::dlsym_impl,
-        real = sym REAL_DLSYM,
-        resolve = sym resolve_real_dlsym,
-    )
-}
