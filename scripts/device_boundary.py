@@ -31,6 +31,7 @@ ATTACK = os.path.abspath("crates/gpuslice/tests/boundary/attack.py")
 OUT = sys.argv[1] if len(sys.argv) > 1 else "/tmp"
 MODES = {"default": [], "strict": ["--strict"], "privileged": ["--privileged"]}
 PY = "/usr/bin/python3"
+CUPY_CACHE = "/tmp/gpuslice-cupy-cache"
 # What the issue's own repro needs first: out of the slice cgroup (a
 # no-op where that is refused).
 ESCAPE = "echo $$ > /sys/fs/cgroup/cgroup.procs 2>/dev/null; "
@@ -169,6 +170,9 @@ def main():
                 rec["result"] = "broken" if "ATTACK-OK" in rec["stdout"] else "held"
                 res["attacks"][name][mode] = rec
             save()
+        # One cache for root and nobody (sticky and world-writable, like /tmp).
+        os.makedirs(CUPY_CACHE, exist_ok=True)
+        os.chmod(CUPY_CACHE, 0o1777)
         for fw, code in FRAMEWORKS.items():
             py = interpreter(fw)
             res["frameworks"][fw] = {"python": py}
@@ -177,7 +181,7 @@ def main():
                     continue
                 # nobody's HOME is /nonexistent: CuPy's kernel cache goes to /tmp.
                 rec = sh([GS, "run"] + flags + ["--", py, "-c", code], timeout=120, cwd="/tmp",
-                         env=dict(os.environ, CUPY_CACHE_DIR="/tmp/gpuslice-cupy-cache"))
+                         env=dict(os.environ, CUPY_CACHE_DIR=CUPY_CACHE))
                 seen = last_json(rec) or {}
                 rec["seen"] = seen
                 rec["ok"] = rec["rc"] == 0 and (
