@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Issue 16 follow-up on the real GPU: the shim measures physical memory
-inside the slice's PID namespace (the driver reports host pids only).
+inside the slice's PID namespace (whichever pids the driver reports: host pids, or the caller's own as driver 580 does).
 
     python3 scripts/device_hostpid.py OUT_DIR
 

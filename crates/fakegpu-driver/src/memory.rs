@@ -11,10 +11,11 @@
 //! per-process usage and device totals cover all processes ([`processes`]).
 //! Allocation capacity is still checked against this process's own use.
 //!
-//! As with the real driver, which does not support PID namespaces, a
+//! As with drivers that report host pids whatever the caller's PID
+//! namespace (NVIDIA/nvidia-docker#1483; driver 580 translates them into
+//! the caller's namespace instead, which this fake does not model yet), a
 //! process is known by its pid in the **host's** PID namespace, from
-//! inside a container or a `gpuslice run` slice too
-//! (NVIDIA/nvidia-docker#1483). The real kernel module simply knows it;
+//! inside a container or a `gpuslice run` slice too. The real kernel module simply knows it;
 //! this in-process fake learns it the way a process can
 //! ([`gpuslice_ledger::hostpid`]: the slice's host-pid resolver, else the
 //! outermost `NSpid`, else `getpid()`), so NVML lists host pids inside and

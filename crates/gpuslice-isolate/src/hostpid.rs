@@ -3,8 +3,9 @@
 //! fixed place (`gpuslice_ledger::limits::HOSTPID_FILE` in the slice
 //! directory, see [`crate::slicefs`]).
 //!
-//! The NVIDIA driver reports host pids only; a process in the slice's PID
-//! namespace cannot learn its own. Each connection is answered with the
+//! Drivers that report host pids whatever the caller's PID namespace
+//! (docs/shim.md, "Which pid is ours") leave a process in the slice's PID
+//! namespace no way to learn the number it is listed under. Each connection is answered with the
 //! connecting process's pid as the kernel gives it to the launcher
 //! (`SO_PEERCRED`: recorded at `connect`, translated into the reader's
 //! namespace, the host's), 4 bytes little-endian, then closed. The client

@@ -1,8 +1,9 @@
-//! This process's pid in the host's PID namespace: the number the NVIDIA
-//! driver, and so NVML's per-process accounting, knows it by. The driver
-//! does not support PID namespaces: it always reports host pids
-//! (NVIDIA/nvidia-docker#1483), while a slice with a PID namespace of its
-//! own sees only its inner pids (its `/proc`'s `NSpid` has one entry).
+//! This process's pid in the host's PID namespace: the number NVML's
+//! per-process accounting knows it by on drivers that report host pids
+//! whatever the caller's namespace (NVIDIA/nvidia-docker#1483; driver 580
+//! translates them instead, docs/shim.md "Which pid is ours"), while a
+//! slice with a PID namespace of its own sees only its inner pids (its
+//! `/proc`'s `NSpid` has one entry).
 //!
 //! Found, in this order:
 //! 1. the slice's **host-pid resolver** at `/run/gpuslice/slice/hostpid`

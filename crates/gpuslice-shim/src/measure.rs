@@ -5,13 +5,12 @@
 //!
 //! NVML is opened privately (`dlopen` + the real `dlsym`), only when a
 //! figure is first needed (a refusal or a memory query, never the first
-//! allocation: `nvmlInit` costs milliseconds). The process is found by its
-//! pid in the host's PID namespace alone, the only number NVML reports
-//! (the driver does not support PID namespaces): the slice's host-pid
+//! allocation: `nvmlInit` costs milliseconds). The process is found by
+//! [`our_pid`]: its own pid where the driver reports pids in the caller's
+//! PID namespace (driver 580), else its host pid: the slice's host-pid
 //! resolver's answer, else the outermost `NSpid`, else `getpid()`
-//! ([`gpuslice_ledger::hostpid`]). Its inner pid is never matched: a host
-//! process with that number is not this one. When the resolver does not
-//! answer, nothing is measured and the shim keeps its estimates.
+//! ([`gpuslice_ledger::hostpid`]). When the resolver does not answer,
+//! nothing is measured and the shim keeps its estimates.
 
 use std::ffi::{c_int, c_uint, c_void, CString};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -146,19 +145,13 @@ pub fn process_used(matches: &[NvmlMatch], dev: usize) -> Option<u64> {
             _ => return None,
         }
     }
-    // An inexact host pid (getpid() in a PID namespace without a
-    // resolver: a container) is compared only when NVML's pids are ones we
-    // can see besides ours, i.e. our namespace is the host's; else a host
-    // process with our inner number would be taken for us.
     let visible = |pid: u32| std::path::Path::new(&format!("/proc/{pid}")).exists();
-    let comparable = buf.iter().any(|p| p.pid != me.pid && visible(p.pid));
-    if !me.exact && !buf.is_empty() && !comparable {
-        return None;
-    }
+    let listed: Vec<u32> = buf.iter().map(|p| p.pid).collect();
+    let ours = our_pid(&listed, me, std::process::id(), visible)?;
     // NVML_VALUE_NOT_AVAILABLE (u64::MAX) where the driver hides the figure.
     let figures: Vec<u64> = buf
         .iter()
-        .filter(|p| p.pid == me.pid)
+        .filter(|p| p.pid == ours)
         .map(|p| p.used)
         .collect();
     if figures.is_empty() {
@@ -168,4 +161,68 @@ pub fn process_used(matches: &[NvmlMatch], dev: usize) -> Option<u64> {
         .iter()
         .all(|&u| u != u64::MAX)
         .then(|| figures.iter().sum())
+}
+
+/// Which of NVML's pids is this process, or None when that cannot be told.
+///
+/// Drivers differ: some report host pids whatever the caller's PID
+/// namespace; driver 580 reports them in the caller's namespace (on the
+/// H200 a slice's process saw itself as pid 2:
+/// bench/results/nvml-pidns-*.json). A driver that translates lists only
+/// pids our `/proc` shows, so then ours is `getpid()`; otherwise it is the
+/// host pid. An inexact host pid (`getpid()` in a namespace of unknown
+/// depth: a container without a resolver) is trusted only when the list
+/// shows it speaks our namespace, else a host process with our inner number
+/// would be taken for us.
+fn our_pid(listed: &[u32], me: HostPid, getpid: u32, visible: impl Fn(u32) -> bool) -> Option<u32> {
+    let in_our_namespace = !listed.is_empty() && listed.iter().all(|&p| p == getpid || visible(p));
+    if in_our_namespace && listed.contains(&getpid) {
+        return Some(getpid);
+    }
+    if me.exact || listed.is_empty() || listed.iter().any(|&p| p != me.pid && visible(p)) {
+        return Some(me.pid);
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HOST: HostPid = HostPid {
+        pid: 4939,
+        exact: true,
+    };
+
+    #[test]
+    fn a_driver_that_translates_pids_is_matched_by_our_own_pid() {
+        // Driver 580 in a PID namespace: ourselves as pid 2, visible.
+        assert_eq!(our_pid(&[2], HOST, 2, |p| p == 2 || p == 1), Some(2));
+        assert_eq!(our_pid(&[7, 2], HOST, 2, |p| p < 10), Some(2));
+    }
+
+    #[test]
+    fn a_driver_that_reports_host_pids_is_matched_by_the_host_pid() {
+        // Host pids our /proc cannot show: never our inner number.
+        assert_eq!(
+            our_pid(&[4939, 2], HOST, 2, |p| p < 10 && p != 2),
+            Some(4939)
+        );
+        assert_eq!(our_pid(&[4939], HOST, 2, |p| p < 10), Some(4939));
+        // In the host's namespace both are one.
+        assert_eq!(our_pid(&[4939, 100], HOST, 4939, |_| true), Some(4939));
+    }
+
+    #[test]
+    fn an_inexact_pid_is_trusted_only_when_the_list_speaks_our_namespace() {
+        let guess = HostPid {
+            pid: 2,
+            exact: false,
+        };
+        // Host pids we cannot see: a host process numbered 2 is not us.
+        assert_eq!(our_pid(&[2, 4939], guess, 2, |p| p < 10 && p != 2), None);
+        // Pids we can see: ours is ours.
+        assert_eq!(our_pid(&[2, 5], guess, 2, |p| p < 10), Some(2));
+        assert_eq!(our_pid(&[], guess, 2, |_| false), Some(2));
+    }
 }

@@ -392,8 +392,10 @@ fn the_host_pid_resolver_tells_each_process_only_its_own_pid_and_outlives_a_floo
 }
 
 #[test]
-fn nvml_in_the_slice_lists_host_processes_by_host_pid_as_the_real_driver_does() {
-    // The driver's process list is the same from inside the slice's PID
+fn nvml_in_the_slice_lists_host_processes_by_host_pid_as_host_pid_drivers_do() {
+    // A host-pid driver's process list (the fake models those; driver 580
+    // translates pids into the caller's namespace instead, docs/shim.md
+    // "Which pid is ours") is the same from inside the slice's PID
     // namespace: a process outside it is listed, live, under its host pid
     // (its liveness must not depend on the reader's /proc).
     const CTX: u64 = 96 * MIB;
