@@ -33,10 +33,13 @@ use crate::real::Real;
 use crate::state::{self, shim, target_no_context, Target};
 use crate::table::{pack, unpack, Handles};
 
-/// The context estimate before it is measured: an H200 context with the
-/// CUDA 13 runtime holds ~520 MiB (scripts/device_all.sh PART memphys
-/// records it); smaller GPUs hold less, and the measurement gives it back.
-pub const DEFAULT_CONTEXT_BYTES: u64 = 512 << 20;
+/// The context estimate before it is measured. It must not be below what a
+/// context really holds: allocations made before the measurement lands
+/// are checked against it, and an under-estimate lets them pass the cap
+/// physically (bench/README.md, issue 16). An over-estimate costs nothing
+/// lasting: a refusal measures first and retries, and the measurement
+/// gives the difference back.
+pub const DEFAULT_CONTEXT_BYTES: u64 = 1 << 30;
 /// Least time between two measurements made for a memory query.
 pub const SETTLE_EVERY_NS: u64 = 100_000_000;
 

@@ -353,7 +353,7 @@ fn contexts_modules_and_limits_are_charged_as_the_driver_holds_them() {
     for via in ["dlsym", "procaddr", "global"] {
         let v = &s.run(&["--via", via, "resident"])[0];
         // The context as NVML measures it (the estimate is settled by the
-        // first memory query), not 0 and not the 512 MiB estimate.
+        // first memory query), not 0 and not the 1 GiB estimate.
         assert_eq!(n(v, "context") as u64, CTX, "{via}: {v}");
         assert_eq!(n(v, "rc_load"), 0, "{via}: {v}");
         assert_eq!(n(v, "module") as u64, MODULE, "{via}: {v}");
@@ -385,7 +385,7 @@ fn context_bytes_overrides_the_measurement() {
 
 #[test]
 fn a_context_that_does_not_fit_is_refused() {
-    // 150 MiB: the 96 MiB context fits only once measured (the 512 MiB
+    // 150 MiB: the 96 MiB context fits only once measured (the 1 GiB
     // estimate does not); beside 146 MiB a second one does not.
     let s = physical_slice("150MiB");
     let first = hold(&s, 50 * MIB);
@@ -605,10 +605,10 @@ fn a_slice_whose_host_pid_resolver_does_not_answer_keeps_the_estimates() {
     // The resolver's socket is at the fixed place but nobody listens (a
     // launcher gone, a device plugin restarted): the shim must not fall
     // back to a pid it cannot trust; the context stays charged its
-    // estimate (512 MiB, not the 96 MiB NVML would show) and the process
+    // estimate (1 GiB, not the 96 MiB NVML would show) and the process
     // runs on. Built in a private mount namespace: the host's /run is
     // untouched.
-    let s = physical_slice("1GiB");
+    let s = physical_slice("2GiB");
     let dead = s._dir.path().join("dead.sock");
     drop(std::os::unix::net::UnixListener::bind(&dead).unwrap());
     let script = format!(
@@ -630,7 +630,7 @@ fn a_slice_whose_host_pid_resolver_does_not_answer_keeps_the_estimates() {
     }
     let out = c.env("GPUSLICE_LOG", "1").output().unwrap();
     let v = &lines(&out)[0];
-    assert_eq!(n(v, "context") as u64, 512 * MIB, "{v}");
+    assert_eq!(n(v, "context") as u64, 1024 * MIB, "{v}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("host pid resolver"), "{err}");
 }

@@ -273,7 +273,7 @@ fn a_context_is_charged_as_the_driver_measures_it_inside_the_slice_s_pid_namespa
     // The fake driver, like the real one, knows processes by their host
     // pid; inside the slice's PID namespace the shim must find its own
     // (through the launcher's resolver) to read NVML's figure: else the
-    // 512 MiB estimate stays charged instead of the 96 MiB context.
+    // 1 GiB estimate stays charged instead of the 96 MiB context.
     const CTX: u64 = 96 * MIB;
     // (--pid, --user): a command as nobody resolves its host pid too.
     for (pid_mode, user) in [("private", "root"), ("host", "root"), ("private", "nobody")] {
@@ -325,7 +325,7 @@ fn a_context_is_charged_as_the_driver_measures_it_inside_the_slice_s_pid_namespa
         assert_eq!(
             slice["devices"][0]["used_bytes"],
             CTX + 10 * MIB,
-            "--pid {pid_mode} --user {user}: the context charged as measured (not the 512 MiB estimate): {s}"
+            "--pid {pid_mode} --user {user}: the context charged as measured (not the 1 GiB estimate): {s}"
         );
         // The host's NVML lists the process by the host pid `slices` shows.
         let pid = slice["processes"][0]["pid"].as_u64().unwrap();

@@ -156,11 +156,11 @@ fn init(cu: &Cuda) {
         assert_eq!(retain(&mut ctx, 0), 0, "primary context");
         assert_eq!(set(ctx), 0, "set current");
     }
-    // The context is charged at an estimate (512 MiB) and measured in the
+    // The context is charged at the shim's estimate and measured in the
     // background; wait for that (the fake contexts are smaller), so what
     // the commands below charge is seen against a settled baseline.
     let deadline = Instant::now() + Duration::from_secs(5);
-    while used() >= 512 * MIB as u64 && Instant::now() < deadline {
+    while used() >= CONTEXT_ESTIMATE && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(5));
     }
 }
@@ -1574,7 +1574,7 @@ fn two_devices(cu: &Cuda, b0: usize, b1: usize) {
         // As in `init`: the context's estimate gives way to the
         // background measurement first.
         let deadline = Instant::now() + Duration::from_secs(5);
-        while ledger().map_or(0, |l| l.used(dev)) >= 512 * MIB as u64 && Instant::now() < deadline {
+        while ledger().map_or(0, |l| l.used(dev)) >= CONTEXT_ESTIMATE && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
         }
         // SAFETY: valid out-pointer.
@@ -1625,7 +1625,7 @@ fn async_on_other_device(cu: &Cuda, bytes: usize) {
     }
     // As in `init`: the contexts' estimates give way to their measurement.
     let deadline = Instant::now() + Duration::from_secs(5);
-    while (0..2).any(|d| ledger().map_or(0, |l| l.used(d)) >= 512 * MIB as u64)
+    while (0..2).any(|d| ledger().map_or(0, |l| l.used(d)) >= CONTEXT_ESTIMATE)
         && Instant::now() < deadline
     {
         std::thread::sleep(Duration::from_millis(5));
@@ -1680,7 +1680,7 @@ fn pool_location(cu: &Cuda, bytes: usize) {
     // before the baseline, device 0's stays current.
     assert_eq!(unsafe { retain(&mut c1, 1) }, 0);
     let deadline = Instant::now() + Duration::from_secs(5);
-    while (0..2).any(|d| ledger().map_or(0, |l| l.used(d)) >= 512 * MIB as u64)
+    while (0..2).any(|d| ledger().map_or(0, |l| l.used(d)) >= CONTEXT_ESTIMATE)
         && Instant::now() < deadline
     {
         std::thread::sleep(Duration::from_millis(5));
@@ -1720,6 +1720,10 @@ fn pool_location(cu: &Cuda, bytes: usize) {
     let kv: Vec<(&str, String)> = kv.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
     line(&kv);
 }
+
+/// The shim's context estimate (`resident::DEFAULT_CONTEXT_BYTES`): a
+/// charge at or above it is a context not measured yet.
+const CONTEXT_ESTIMATE: u64 = 1 << 30;
 
 /// `cuMemCreate`'s properties for plain device memory on device 0.
 fn device0_prop() -> CUmemAllocationProp {
