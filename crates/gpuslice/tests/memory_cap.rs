@@ -4,14 +4,13 @@
 //! driver, the shim and its test client built (scripts/test.sh builds the
 //! workspace first).
 
-use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 
 use fakegpu::FakeHost;
 use serde_json::Value;
 
 mod common;
-use common::slice::{client, gpuslice, slices_json, slices_text};
+use common::slice::{built_shim, client, gpuslice, slices_json, slices_text, spawn_holding};
 
 #[test]
 fn run_with_memory_caps_the_child_and_slices_shows_it() {
@@ -45,21 +44,13 @@ fn run_with_memory_caps_the_child_and_slices_shows_it() {
     );
 
     // A holder inside a slice, seen from outside by `slices`.
-    let mut holder = gpuslice(
+    let mut holder = spawn_holding(&mut gpuslice(
         &h,
         ledgers.path(),
         &[
             "run", "--gpus", "0", "--memory", "1GiB", "--", client, "hold", "50000000",
         ],
-    )
-    .stdout(Stdio::piped())
-    .spawn()
-    .unwrap();
-    let mut line = String::new();
-    BufReader::new(holder.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line.trim(), "held 0");
+    ));
     let v = slices_json(&h, ledgers.path());
     let s = &v["slices"][0];
     assert_eq!(s["devices"][0]["cap_bytes"], 1u64 << 30, "{v}");
@@ -112,21 +103,13 @@ fn the_ledger_of_a_sigkilled_launcher_is_reaped_but_never_while_a_process_uses_i
     let ledgers = tempfile::tempdir().unwrap();
     let client = client();
     let client = client.to_str().unwrap();
-    let mut launcher = gpuslice(
+    let mut launcher = spawn_holding(&mut gpuslice(
         &h,
         ledgers.path(),
         &[
             "run", "--gpus", "0", "--memory", "1GiB", "--", client, "hold", "1000000",
         ],
-    )
-    .stdout(Stdio::piped())
-    .spawn()
-    .unwrap();
-    let mut line = String::new();
-    BufReader::new(launcher.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line.trim(), "held 0");
+    ));
     let v = slices_json(&h, ledgers.path());
     let ledger = v["slices"][0]["ledger"].as_str().unwrap().to_string();
     let child = v["slices"][0]["processes"][0]["pid"].as_i64().unwrap() as i32;
@@ -143,26 +126,14 @@ fn the_ledger_of_a_sigkilled_launcher_is_reaped_but_never_while_a_process_uses_i
     assert!(std::path::Path::new(&ledger).exists(), "left behind");
 
     // A live process joins the orphaned ledger: it must not be reaped.
-    // The installed name, or the build tree's.
-    let shim = fakegpu::artifact_dirs()
-        .into_iter()
-        .flat_map(|d| [d.join("libgpuslice.so"), d.join("libgpuslice_shim.so")])
-        .find(|p| p.is_file())
-        .expect("the shim built (cargo build -p gpuslice-shim)");
-    let mut user = h
-        .command(client)
-        .args(["hold", "2000000"])
-        .env("LD_PRELOAD", &shim)
-        .env("GPUSLICE_LEDGER", &ledger)
-        .env("CUDA_VISIBLE_DEVICES", &h.gpus()[0].uuid)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(user.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line.trim(), "held 0");
+    let shim = built_shim();
+    let mut user = spawn_holding(
+        h.command(client)
+            .args(["hold", "2000000"])
+            .env("LD_PRELOAD", &shim)
+            .env("GPUSLICE_LEDGER", &ledger)
+            .env("CUDA_VISIBLE_DEVICES", &h.gpus()[0].uuid),
+    );
     let v = slices_json(&h, ledgers.path());
     assert_eq!(
         v["slices"].as_array().unwrap().len(),
@@ -183,33 +154,22 @@ fn the_ledger_of_a_sigkilled_launcher_is_reaped_but_never_while_a_process_uses_i
 fn slices_of_dead_creators_are_reaped_but_the_device_plugin_s_are_left_to_it() {
     let h = FakeHost::builder().gpus(1).build().unwrap();
     let ledgers = tempfile::tempdir().unwrap();
-    let shim = fakegpu::artifact_dirs()
-        .into_iter()
-        .flat_map(|d| [d.join("libgpuslice.so"), d.join("libgpuslice_shim.so")])
-        .find(|p| p.is_file())
-        .expect("the shim built (cargo build -p gpuslice-shim)");
+    let shim = built_shim();
     // Each ledger is created by a process that then dies (SIGKILL): its
     // creator is gone and no live process holds a slot.
     let make = |slice: &str| {
         let dir = ledgers.path().join(slice);
         std::fs::create_dir(&dir).unwrap();
         let usage = dir.join("usage");
-        let mut c = h
-            .command(client())
-            .args(["hold", "1000000"])
-            .env("LD_PRELOAD", &shim)
-            .env("GPUSLICE_LEDGER", &usage)
-            .env("GPUSLICE_SLICE", slice)
-            .env("GPUSLICE_MEMORY_LIMIT", "1GiB")
-            .env("CUDA_VISIBLE_DEVICES", &h.gpus()[0].uuid)
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(c.stdout.as_mut().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert_eq!(line.trim(), "held 0");
+        let mut c = spawn_holding(
+            h.command(client())
+                .args(["hold", "1000000"])
+                .env("LD_PRELOAD", &shim)
+                .env("GPUSLICE_LEDGER", &usage)
+                .env("GPUSLICE_SLICE", slice)
+                .env("GPUSLICE_MEMORY_LIMIT", "1GiB")
+                .env("CUDA_VISIBLE_DEVICES", &h.gpus()[0].uuid),
+        );
         c.kill().unwrap();
         c.wait().unwrap();
         usage
