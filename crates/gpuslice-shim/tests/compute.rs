@@ -17,6 +17,15 @@ use gpuslice_ledger::Ledger;
 use serde_json::Value;
 
 /// Simulated kernel time: 200 µs.
+/// These tests measure shares of GPU time that the fake GPU serves from
+/// the CPU: two of them at once on a 2-core CI machine starve each other's
+/// processes and miss their targets, so they run one at a time whatever
+/// `--test-threads` says.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 const KERNEL_NS: &str = "200000";
 const SECONDS: &str = "1.6";
 const WARMUP: &str = "0.4";
@@ -104,6 +113,7 @@ fn spawn(mut c: impl std::borrow::BorrowMut<Command>) -> Child {
 
 #[test]
 fn the_share_converges_to_the_target_on_every_launch_path() {
+    let _one_at_a_time = serial();
     let s = Slice::new();
     // (target %, --via, mode): every launch entry point, each lookup path.
     let cases = [
@@ -184,6 +194,7 @@ fn events_per_launch(v: &Value) -> f64 {
 
 #[test]
 fn a_busy_stream_pays_one_event_per_launch() {
+    let _one_at_a_time = serial();
     // The client waits for the GPU after every 8 launches: the first
     // launch after each wait needs an event before it; the 200 µs kernels
     // fill a group each, measured from the event after the launch before.
@@ -205,6 +216,7 @@ fn a_busy_stream_pays_one_event_per_launch() {
 
 #[test]
 fn short_kernels_on_a_busy_stream_share_their_events() {
+    let _one_at_a_time = serial();
     // 20 µs kernels, 8 between waits: the first one gets a pair of
     // events, the others join one group closed by one event.
     let s = Slice::new();
@@ -235,6 +247,7 @@ fn short_kernels_on_a_busy_stream_share_their_events() {
 
 #[test]
 fn graph_launches_are_metered() {
+    let _one_at_a_time = serial();
     let s = Slice::new();
     let run = |pct: Option<&str>, name: &str| {
         let mut c = s.client(
@@ -257,6 +270,7 @@ fn graph_launches_are_metered() {
 
 #[test]
 fn the_processes_of_a_slice_share_one_budget() {
+    let _one_at_a_time = serial();
     let s = Slice::new();
     let children: Vec<Child> = (0..3)
         .map(|_| {
@@ -300,6 +314,7 @@ fn defining_file(c: &mut Command) -> String {
 
 #[test]
 fn without_a_share_the_driver_s_own_launch_functions_are_handed_out() {
+    let _one_at_a_time = serial();
     let s = Slice::new();
     for (via, name) in [
         ("procaddr", "cuLaunchKernel"),
@@ -350,6 +365,7 @@ fn side_by_side(s: &Slice, clients: &[(&str, &str, &str)]) -> Vec<f64> {
 
 #[test]
 fn a_guaranteed_share_borrows_idle_time_and_gives_it_back() {
+    let _one_at_a_time = serial();
     // Alone, a guaranteed 30 % may use all but the 5 % margin.
     let alone = side_by_side(&Slice::new(), &[("g", "30", "guaranteed")]);
     assert!(alone[0] > 75.0, "guaranteed 30% alone: {alone:?}");
@@ -379,6 +395,7 @@ fn a_guaranteed_share_borrows_idle_time_and_gives_it_back() {
 
 #[test]
 fn oversubscribed_caps_keep_their_proportions() {
+    let _one_at_a_time = serial();
     // 30 + 70 asks for more than busy slices get together (90 %: the rest
     // goes to context switches on a real GPU). The fake GPU has no such
     // loss, so what shows here is the scaling alone: 27 and 63.
@@ -401,6 +418,7 @@ fn oversubscribed_caps_keep_their_proportions() {
 
 #[test]
 fn idle_time_is_not_charged_when_another_thread_keeps_the_stream_busy() {
+    let _one_at_a_time = serial();
     // Each round one thread leaves a group of short kernels open and goes
     // idle for 5 ms; another thread's 2 ms kernel then keeps the stream
     // busy while the first thread launches again. The stream being busy
