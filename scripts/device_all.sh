@@ -30,6 +30,9 @@
 #              through); torch/jax/cupy see no GPU under --gpus none and work under --gpus 0 as
 #              --user nobody; bench launch (default vs bwrap --unshare-pid --unshare-cgroup --dev
 #              vs bare /bin/true, interleaved, 300 rounds). boundary.json "pass" (~240 s)
+#   launchphases issue 15: where a launch spends its time: run's variants, bwrap's and small
+#              programs' beside each other, each step of gpuslice timed by its launch marks
+#              (device_launch_phases.py, ~60 s)
 #   layout     issue 18: the installed shim name (libgpuslice.so) found and preloaded by
 #              `run --memory` with the real driver; bench launch from gpuslice-bench (~40 s)
 #   plugin     issues 6, 20: device plugin vs a test kubelet (v1beta1 over unix sockets): the GPU
@@ -129,6 +132,11 @@ part_users() {
     bounded 240 python3 scripts/device_users.py "$work"
     rm -f /dev/gpualias
 }
+part_launchphases() {
+    bounded 200 python3 scripts/device_launch_phases.py "$work/launch-phases.json" 200
+    cp "$work/launch-phases.json" "$out/" 2>/dev/null
+}
+
 part_layout() {
     bounded 240 bash scripts/device_layout.sh "$work"
 }
@@ -147,7 +155,7 @@ part_doctor() {
 # parts that finished.
 collect() {
     tar czf "$out/results.tgz" -C "$work" .
-    for f in memphys.json hostpid.json gpt2.json gpt2-perf.json isolation.json launch-none.json layout.json doctor.json cdi.json exporter.json plugin.json compute.json compute-diag.json compute-trace.json users.json integrity.json boundary.json launch-boundary.json; do
+    for f in launch-phases.json memphys.json hostpid.json gpt2.json gpt2-perf.json isolation.json launch-none.json layout.json doctor.json cdi.json exporter.json plugin.json compute.json compute-diag.json compute-trace.json users.json integrity.json boundary.json launch-boundary.json; do
         [ -f "$work/$f" ] && cp "$work/$f" "$out/"
     done
 }

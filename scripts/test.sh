@@ -49,6 +49,14 @@ cargo clippy --workspace --all-targets -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace
 # The fake driver is a cdylib the tests load at run time: build it first.
 cargo build --workspace --all-targets
+# The launcher linked statically, as scripts/install.sh installs it, beside
+# its gpuslice-full, for tests/static_launcher.rs; then the dynamic build
+# back in target/debug for the other tests.
+cargo rustc --quiet -p gpuslice --bin gpuslice -- -C target-feature=+crt-static
+rm -rf target/static-launcher && mkdir -p target/static-launcher
+cp target/debug/gpuslice target/debug/gpuslice-full target/static-launcher/
+cargo build --quiet -p gpuslice --bins
+export GPUSLICE_STATIC_LAUNCHER_DIR="$PWD/target/static-launcher"
 # Every test that a host cannot run is counted and listed here (under
 # CI=true there are none: such a test fails instead).
 skip_log="$PWD/target/skipped-tests.txt"

@@ -32,6 +32,7 @@
 use crate::cgroup::{self, CgroupDriver, SliceCgroup};
 use crate::devfs::{self, NodeMode};
 use crate::identity::{self, Identity};
+use crate::marks::mark;
 use crate::privileges::Privileges;
 use crate::spawn::{self, Forked};
 use crate::{driver_proc, fds, hostpid, pidns, privileges, readonly, relay, seccomp, slicefs};
@@ -181,6 +182,7 @@ pub fn launch(
     } else {
         vec![]
     };
+    mark("seccomp-compiled");
     let cgroup = match &plan.cgroup {
         Some(driver) => {
             cgroup::reap_stale(driver);
@@ -212,6 +214,7 @@ pub fn launch(
         }
         None => None,
     };
+    mark("cgroup-made");
     let (err_rx, err_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(sys("pipe"))?;
     // The device filter goes on while the child builds its namespace: the
     // child execs only once a byte comes through here (~0.1 ms of BPF
@@ -232,6 +235,7 @@ pub fn launch(
     let (forked, procs) = unsafe { fork_child(cgroup_dir.as_ref(), procs) }?;
     let child = match forked {
         Forked::Child => {
+            mark("c-start");
             drop(err_rx);
             drop(go_tx);
             let (code, err) = child_main(plan, procs, signals, go_rx, cmd, &filters).unwrap_err();
@@ -243,6 +247,7 @@ pub fn launch(
         }
         Forked::Parent(child) => child,
     };
+    mark("forked");
     drop(err_tx);
     drop(procs);
     drop(go_rx);
@@ -255,9 +260,11 @@ pub fn launch(
         }
     }
     let _ = File::from(go_tx).write_all(b"1");
+    mark("filter-on");
 
     let setup_error = read_to_end(err_rx);
     let code = wait_relaying(child, &signals.signals, resolver.as_ref());
+    mark("child-exited");
     drop(resolver);
     if let Some(c) = cgroup {
         // Without a PID namespace (or with --privileged) a process the
@@ -273,6 +280,7 @@ pub fn launch(
         if let Err(e) = c.remove() {
             tracing::warn!("{e}");
         }
+        mark("cgroup-removed");
     }
     match setup_error
         .as_deref()
@@ -336,22 +344,27 @@ fn child_main(
 ) -> Result<std::convert::Infallible, (i32, String)> {
     let failed = |e: String| (EXIT_LAUNCH_FAILED, e);
     setup_child(plan, procs).map_err(failed)?;
+    mark("c-mounted");
     let mut byte = [0u8; 1];
     if !matches!(File::from(go).read(&mut byte), Ok(1)) {
         // The launcher could not put the device filter on; it says why.
         return Err((EXIT_LAUNCH_FAILED, String::new()));
     }
+    mark("c-go");
     confine(plan, filters).map_err(failed)?;
+    mark("c-confined");
     if !plan.pid_namespace {
         return exec_command(cmd, &signals.old_mask);
     }
     let child = spawn_command(cmd, &signals.old_mask)?;
+    mark("c-spawned");
     // The launcher reads the error pipe to its end: the init's copy must
     // go (the command's closed on exec), with every other descriptor the
     // init does not need.
     let _ = fds::close_all_beyond_stdio();
     let _ = pidns::undumpable();
     let code = pidns::supervise(child, &signals.signals);
+    mark("c-reaped");
     // SAFETY: as the caller's _exit: nothing of the parent's state runs.
     unsafe { libc::_exit(code) }
 }
@@ -372,6 +385,7 @@ fn confine(plan: &SandboxPlan, filters: &[seccompiler::BpfProgram]) -> Result<()
     if let Some(kept) = kept {
         privileges::drop_to(kept).map_err(|e| e.to_string())?;
     }
+    mark("c-caps");
     if plan.privileges.confined() {
         seccomp::install(filters).map_err(|e| e.to_string())?;
     }
@@ -479,6 +493,7 @@ fn enter_mount_namespace(plan: &SandboxPlan) -> Result<(), String> {
         flags |= CloneFlags::CLONE_NEWCGROUP;
     }
     unshare(flags).map_err(|e| format!("unshare(mount namespace): {e}"))?;
+    mark("c-unshared");
     if plan.user_namespace {
         crate::userns::map_self().map_err(|e| e.to_string())?;
     }
@@ -497,6 +512,7 @@ fn enter_mount_namespace(plan: &SandboxPlan) -> Result<(), String> {
     // First: the driver's procfs overlays below go on the slice's /proc.
     if plan.pid_namespace {
         pidns::mount_proc().map_err(|e| e.to_string())?;
+        mark("c-proc");
     }
     let dev = plan.root.dev();
     if let Some(nodes) = plan.private_dev {
@@ -510,6 +526,7 @@ fn enter_mount_namespace(plan: &SandboxPlan) -> Result<(), String> {
         // No logging here: a forked child must not take the stderr lock
         // another thread of the parent may have held at fork.
         devfs::mount_private_dev(&dev, &plan.policy, nodes).map_err(|e| e.to_string())?;
+        mark("c-dev");
     }
     if let Some(params) = &plan.params_overlay {
         // Stage on the private /dev's tmpfs when there is one; else on /dev/shm.
@@ -521,6 +538,7 @@ fn enter_mount_namespace(plan: &SandboxPlan) -> Result<(), String> {
         driver_proc::overlay_params(&plan.root, params, &staging).map_err(|e| e.to_string())?;
     }
     driver_proc::mask_gpu_dirs(&plan.root, &plan.masked_gpus).map_err(|e| e.to_string())?;
+    mark("c-procfs");
     if let Some(files) = &plan.slice_files {
         slicefs::mount_slice_files(files).map_err(|e| e.to_string())?;
     }

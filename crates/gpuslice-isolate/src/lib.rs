@@ -19,6 +19,7 @@ pub mod fds;
 pub mod hostpid;
 pub mod identity;
 pub mod launcher;
+pub mod marks;
 mod mountinfo;
 pub mod pidns;
 pub mod privileges;

@@ -29,8 +29,12 @@ pub fn exec_full() -> u8 {
         );
         return 1;
     };
+    let mut args = std::env::args_os();
+    // The caller's argv[0]: clap names the program by it in usage lines.
+    let arg0 = args.next().unwrap_or_else(|| "gpuslice".into());
     let err = std::process::Command::new(&full)
-        .args(std::env::args_os().skip(1))
+        .arg0(arg0)
+        .args(args)
         .exec();
     eprintln!("gpuslice: cannot run {}: {err}", full.display());
     1

@@ -5,6 +5,7 @@
 use crate::cmd;
 use crate::global::Global;
 use clap::{Parser, Subcommand};
+use std::ffi::OsString;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -56,4 +57,111 @@ pub enum Command {
     },
     /// Print the man page (roff).
     Man,
+}
+
+/// What the `gpuslice` binary parses itself: only the commands it carries,
+/// with the same arguments as in [`Cli`]. Building the whole command line
+/// (every command's arguments, down to the benchmarks') was a large part of
+/// a launch's start-up (bench/README.md); anything else — another command,
+/// `--help`, `--version`, a usage error — goes to `gpuslice-full`, which
+/// parses the whole line and answers exactly as always.
+#[derive(Debug, Parser)]
+#[command(
+    name = "gpuslice",
+    disable_help_flag = true,
+    disable_version_flag = true,
+    disable_help_subcommand = true
+)]
+pub struct LeanCli {
+    #[command(flatten)]
+    pub global: Global,
+
+    #[command(subcommand)]
+    pub command: LeanCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum LeanCommand {
+    List,
+    Run(cmd::run::RunArgs),
+    Slices,
+    /// Any other command: `gpuslice-full`'s.
+    #[command(external_subcommand)]
+    Other(Vec<OsString>),
+}
+
+impl LeanCli {
+    /// The command line as [`Cli`] when it names a command this binary
+    /// carries and parses cleanly; None otherwise.
+    pub fn parse_carried() -> Option<Cli> {
+        Self::parse_carried_from(std::env::args_os())
+    }
+
+    /// [`LeanCli::parse_carried`] of the given command line.
+    pub fn parse_carried_from<I, T>(args: I) -> Option<Cli>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<OsString> + Clone,
+    {
+        let lean = Self::try_parse_from(args).ok()?;
+        let command = match lean.command {
+            LeanCommand::List => Command::List,
+            LeanCommand::Run(args) => Command::Run(args),
+            LeanCommand::Slices => Command::Slices,
+            LeanCommand::Other(_) => return None,
+        };
+        Some(Cli {
+            global: lean.global,
+            command,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lean(line: &str) -> Option<String> {
+        LeanCli::parse_carried_from(line.split_whitespace()).map(|c| format!("{c:?}"))
+    }
+
+    fn full(line: &str) -> Option<String> {
+        Cli::try_parse_from(line.split_whitespace())
+            .ok()
+            .map(|c| format!("{c:?}"))
+    }
+
+    #[test]
+    fn the_lean_parser_reads_its_commands_exactly_as_the_full_one() {
+        for line in [
+            "gpuslice run --gpus 3 -- true",
+            "gpuslice --host-root /tmp/h -vv run --gpus 0,1 --memory 20GiB --compute 30 --compute-mode guaranteed -- a b",
+            "gpuslice run --gpus none --strict --pid host --preserve-fds 2 --user nobody:nogroup --cgroup v1 -- x",
+            "gpuslice run --gpus all --privileged --isolation env --cuda-cache /c -- x --flag",
+            "gpuslice --json list",
+            "gpuslice slices --json",
+        ] {
+            let l = lean(line);
+            assert!(l.is_some(), "{line}");
+            assert_eq!(l, full(line), "{line}");
+        }
+    }
+
+    #[test]
+    fn everything_else_goes_to_the_full_binary() {
+        for line in [
+            "gpuslice",
+            "gpuslice --help",
+            "gpuslice --version",
+            "gpuslice help run",
+            "gpuslice run --help",
+            "gpuslice run --gpus 0 --bogus -- x",
+            "gpuslice run --gpus 0 --strict --privileged -- x",
+            "gpuslice cdi generate",
+            "gpuslice bench launch --runs 3",
+            "gpuslice doctor",
+        ] {
+            assert_eq!(lean(line), None, "{line}");
+        }
+    }
 }

@@ -34,11 +34,24 @@ pub fn parse() -> Result<Cli, u8> {
     Cli::try_parse().map_err(usage_error)
 }
 
+/// The `gpuslice` binary's parse: the command line when it names a command
+/// this binary carries (see [`cli::LeanCli`]); None for `gpuslice-full`.
+pub fn parse_lean() -> Option<Cli> {
+    cli::LeanCli::parse_carried()
+}
+
+/// The `gpuslice` binary says it is linked statically (its `main` is
+/// compiled with the build's `crt-static`, this library is not).
+pub fn set_linked_statically() {
+    cmd::run::set_linked_statically();
+}
+
 /// In a setuid-root install, every command but `run` (which the admin
 /// policy decides) gives root up for good before doing anything: `list`,
 /// `doctor`, `cdi generate --output` … run as the real user, so they
-/// cannot read or write what that user could not.
-pub fn shed_setuid(cli: &Cli) -> anyhow::Result<()> {
+/// cannot read or write what that user could not. `cli` is None for a
+/// command line the `gpuslice` binary leaves to `gpuslice-full` unparsed.
+pub fn shed_setuid(cli: Option<&Cli>) -> anyhow::Result<()> {
     use gpuslice_policy::{Caller, Via};
     let setuid = matches!(
         Caller::detect()?,
@@ -47,7 +60,8 @@ pub fn shed_setuid(cli: &Cli) -> anyhow::Result<()> {
             ..
         }
     );
-    if setuid && !matches!(cli.command, Command::Run(_)) {
+    let run = cli.is_some_and(|c| matches!(c.command, Command::Run(_)));
+    if setuid && !run {
         // The supplementary groups are already the user's: setuid exec
         // changes only the effective (and saved) uid.
         let (uid, gid) = (nix::unistd::getuid(), nix::unistd::getgid());
@@ -57,15 +71,27 @@ pub fn shed_setuid(cli: &Cli) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs a command `gpuslice` itself carries; None for the others.
+/// Runs a command `gpuslice` itself carries; None for the others, and
+/// for what a statically linked launcher leaves to `gpuslice-full`
+/// ([`cmd::run::linked_statically`]).
 pub fn run_lean(cli: &Cli) -> Option<anyhow::Result<i32>> {
     let g = &cli.global;
-    Some(match &cli.command {
+    let result = match &cli.command {
+        Command::Run(args) if cmd::run::carried_here(args) => cmd::run::run(g, args),
+        _ if cmd::run::linked_statically() => return None,
         Command::List => cmd::list::run(g),
         Command::Run(args) => cmd::run::run(g, args),
         Command::Slices => cmd::slices::run(g),
         _ => return None,
-    })
+    };
+    // Discovery found MIG devices, whose UUIDs only NVML knows.
+    if result
+        .as_ref()
+        .is_err_and(|e| e.is::<cmd::run::NeedsFullBinary>())
+    {
+        return None;
+    }
+    Some(result)
 }
 
 /// Every command.

@@ -17,22 +17,30 @@ use std::ffi::{c_char, c_int};
 #[cfg(not(test))]
 #[no_mangle]
 pub extern "C" fn main(_argc: c_int, _argv: *const *const c_char) -> c_int {
-    let code = match gpuslice::parse() {
-        Ok(cli) => {
+    gpuslice_isolate::marks::init();
+    gpuslice_isolate::marks::mark("main");
+    if cfg!(target_feature = "crt-static") {
+        gpuslice::set_linked_statically();
+    }
+    let cli = gpuslice::parse_lean();
+    gpuslice_isolate::marks::mark("parsed");
+    if let Err(e) = gpuslice::shed_setuid(cli.as_ref()) {
+        eprintln!("gpuslice: giving up the setuid privilege: {e}");
+        std::process::exit(1);
+    }
+    let code = match cli {
+        Some(cli) => {
             // Set up before knowing whether this binary carries the
-            // command: a few microseconds, and gpuslice-full sets up its own.
+            // launch: a few microseconds, and gpuslice-full sets up its own.
             gpuslice::init_logging(&cli);
-            if let Err(e) = gpuslice::shed_setuid(&cli) {
-                eprintln!("gpuslice: giving up the setuid privilege: {e}");
-                std::process::exit(1);
-            }
             match gpuslice::run_lean(&cli) {
                 Some(result) => gpuslice::finish(&cli, result),
                 None => gpuslice::exec_full(),
             }
         }
-        Err(code) => code,
+        None => gpuslice::exec_full(),
     };
+    gpuslice_isolate::marks::mark("exit");
     // std::process::exit flushes stdout, as returning from `fn main` would.
     std::process::exit(code.into())
 }

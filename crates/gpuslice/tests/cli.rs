@@ -100,11 +100,18 @@ fn commands_off_the_start_up_path_run_in_gpuslice_full() {
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("carried by gpuslice-full"), "{err}");
     // ... while its own commands still work.
+    let h = FakeHost::builder().gpus(2).build().unwrap();
     let out = Command::new(&lone)
-        .args(["run", "--help"])
+        .arg("--host-root")
+        .arg(h.root())
+        .arg("list")
         .output()
         .unwrap();
-    assert!(out.status.success());
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && listed.contains("0000:28:00.0"),
+        "{listed}"
+    );
 }
 
 #[test]

@@ -10,11 +10,13 @@ use gpuslice_isolate::cgroup::{new_slice_id, CgroupDriver, Version};
 use gpuslice_isolate::devfs::NodeMode;
 use gpuslice_isolate::driver_proc::params_without_modify;
 use gpuslice_isolate::launcher::{launch, ChildCommand, SandboxPlan, SignalGuard};
+use gpuslice_isolate::marks::mark;
 use gpuslice_isolate::privileges::Privileges;
 use gpuslice_isolate::Isolation;
 use std::ffi::{CString, OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum IsolationArg {
@@ -102,6 +104,49 @@ pub enum PidMode {
     Host,
 }
 
+/// Whether this binary is linked statically, as `scripts/install.sh`
+/// builds the `gpuslice` launcher: no loader work at each start
+/// (bench/README.md, issue 15). A static glibc cannot load the user and
+/// group databases' modules (NSS) or NVML, so a static launcher carries
+/// only what needs neither ([`carried_here`]) and hands the rest to
+/// `gpuslice-full`. Set by `main` (this library is compiled without the
+/// binary's `crt-static`, so it cannot tell by itself).
+static STATIC: AtomicBool = AtomicBool::new(false);
+
+/// Tells the library that this process is the statically linked launcher.
+pub fn set_linked_statically() {
+    STATIC.store(true, Ordering::Relaxed);
+}
+
+/// See [`STATIC`].
+pub fn linked_statically() -> bool {
+    STATIC.load(Ordering::Relaxed)
+}
+
+/// Whether this binary can carry the launch `args` asks for: any launch
+/// when it is linked dynamically; when static, root running the command
+/// as root (no `--user`, no sudo or setuid caller to look up, no policy
+/// to match against group names) on GPUs that NVML need not name.
+pub fn carried_here(args: &RunArgs) -> bool {
+    !linked_statically()
+        || (args.user.is_none()
+            && matches!(
+                gpuslice_policy::Caller::detect(),
+                Ok(gpuslice_policy::Caller::Root)
+            )
+            && !names_mig(&args.gpus))
+}
+
+fn names_mig(selector: &str) -> bool {
+    selector.to_ascii_lowercase().contains("mig-")
+}
+
+/// A static launcher found MIG devices, whose UUIDs only NVML knows: the
+/// launch goes to `gpuslice-full` (nothing was created yet).
+#[derive(Debug, thiserror::Error)]
+#[error("MIG devices need NVML, which a statically linked gpuslice cannot load")]
+pub struct NeedsFullBinary;
+
 /// Environment variables a slice sets, removed from the caller's first.
 const SLICE_ENV: &[&str] = &[
     "CUDA_VISIBLE_DEVICES",
@@ -120,6 +165,7 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<i32> {
     let started = std::time::Instant::now();
     let inv = discover_for_run(&root, &args.gpus)?;
     tracing::debug!(elapsed_us = started.elapsed().as_micros() as u64, sources = ?inv.sources, "discovered");
+    mark("discovered");
     let sel = Selection::parse(&args.gpus, &inv)?;
     tenant.enforce(&root, &inv, &sel, args)?;
     if args.privileged {
@@ -147,6 +193,7 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<i32> {
         uid = plan.identity.as_ref().map(|i| i.uid),
         "isolation layers"
     );
+    mark("planned");
     let cmd = ChildCommand {
         argv: args
             .command
@@ -182,10 +229,12 @@ fn discover_for_run(root: &HostRoot, selector: &str) -> Result<Inventory> {
     };
     let (inv, cached) = discover_cached(root, &procfs_only)?;
     tracing::debug!(cached, "inventory");
-    let mig = selector.to_ascii_lowercase().contains("mig-")
-        || inv.gpus.iter().any(|g| !g.migs.is_empty());
+    let mig = names_mig(selector) || inv.gpus.iter().any(|g| !g.migs.is_empty());
     if !mig {
         return Ok(inv);
+    }
+    if linked_statically() {
+        return Err(NeedsFullBinary.into());
     }
     let with_nvml = DiscoverOptions {
         use_nvml: true,
