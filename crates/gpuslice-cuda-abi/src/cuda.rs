@@ -89,6 +89,8 @@ pub const CU_MEM_ALLOCATION_TYPE_PINNED: c_int = 1;
 pub const CU_MEM_ALLOCATION_TYPE_MANAGED: c_int = 2;
 /// `CUmemLocationType`: device memory.
 pub const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
+/// `CUmemLocationType`: host memory.
+pub const CU_MEM_LOCATION_TYPE_HOST: c_int = 2;
 // `CUmemPool_attribute` values (all `cuuint64_t`).
 pub const CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: c_int = 5;
 pub const CU_MEMPOOL_ATTR_USED_MEM_CURRENT: c_int = 7;
@@ -120,6 +122,18 @@ pub struct CUmemPoolProps {
     pub max_size: usize,
     pub usage: u16,
     pub reserved: [u8; 54],
+}
+
+/// `CUDA_MEM_ALLOC_NODE_PARAMS` (of `cuGraphAddMemAllocNode`).
+#[repr(C)]
+pub struct MemAllocNodeParams {
+    pub pool_props: CUmemPoolProps,
+    /// `const CUmemAccessDesc*`.
+    pub access_descs: *const c_void,
+    pub access_desc_count: usize,
+    pub bytesize: usize,
+    /// Written by the driver: the allocation's address.
+    pub dptr: CUdeviceptr,
 }
 
 /// `CUDA_ARRAY_DESCRIPTOR`.
@@ -247,6 +261,7 @@ pub mod pfn {
         flags: u64,
     ) -> CUresult;
     pub type CtxGetDevice = unsafe extern "C" fn(dev: *mut CUdevice) -> CUresult;
+    pub type CtxGetCurrent = unsafe extern "C" fn(ctx: *mut CUcontext) -> CUresult;
     pub type CtxSynchronize = unsafe extern "C" fn() -> CUresult;
     pub type ThreadExchangeStreamCaptureMode = unsafe extern "C" fn(mode: *mut c_int) -> CUresult;
     pub type StreamGetDevice =
@@ -339,13 +354,13 @@ pub mod pfn {
 
     // Graphs.
     pub type GraphCreate = unsafe extern "C" fn(graph: *mut CUgraph, flags: c_uint) -> CUresult;
-    /// `params` is a `CUDA_MEM_ALLOC_NODE_PARAMS*` (read and written).
+    /// `params` is read, and its `dptr` written.
     pub type GraphAddMemAllocNode = unsafe extern "C" fn(
         node: *mut *mut c_void,
         graph: CUgraph,
         deps: *const *mut c_void,
         num_deps: usize,
-        params: *mut c_void,
+        params: *mut MemAllocNodeParams,
     ) -> CUresult;
     pub type GraphInstantiateWithFlags =
         unsafe extern "C" fn(exec: *mut CUgraphExec, graph: CUgraph, flags: u64) -> CUresult;
@@ -431,6 +446,9 @@ mod tests {
         assert_eq!(offset_of!(CUmemPoolProps, location_id), 12);
         assert_eq!(offset_of!(CUmemPoolProps, max_size), 24);
         assert_eq!(offset_of!(CUmemPoolProps, usage), 32);
+        assert_eq!(offset_of!(MemAllocNodeParams, bytesize), 104);
+        assert_eq!(offset_of!(MemAllocNodeParams, dptr), 112);
+        assert_eq!(size_of::<MemAllocNodeParams>(), 120);
     }
 
     #[test]
