@@ -783,6 +783,20 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemotePciInfo_v2(
     })
 }
 
+// The prototypes gpuslice calls these through (gpuslice-cuda-abi), checked
+// at compile time, as for the CUDA half (`cuda/prototypes.rs`).
+const _: pfn::Init = nvmlInit_v2;
+const _: pfn::DeviceGetCount = nvmlDeviceGetCount_v2;
+const _: pfn::DeviceGetHandleByIndex = nvmlDeviceGetHandleByIndex_v2;
+const _: pfn::DeviceGetHandleByUuid = nvmlDeviceGetHandleByUUID;
+const _: pfn::DeviceGetUuid = nvmlDeviceGetUUID;
+const _: pfn::DeviceGetIndex = nvmlDeviceGetIndex;
+const _: pfn::DeviceGetMemoryInfo = nvmlDeviceGetMemoryInfo;
+const _: pfn::DeviceGetMemoryInfoV2 = nvmlDeviceGetMemoryInfo_v2;
+const _: pfn::DeviceGetComputeRunningProcesses = processes::nvmlDeviceGetComputeRunningProcesses_v3;
+const _: pfn::DeviceGetComputeRunningProcesses = processes::nvmlDeviceGetComputeRunningProcesses_v2;
+const _: pfn::DeviceGetComputeRunningProcessesV1 = processes::nvmlDeviceGetComputeRunningProcesses;
+
 #[cfg(test)]
 mod tests {
     use super::*;

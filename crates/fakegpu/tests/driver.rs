@@ -4,9 +4,7 @@
 //! Needs root (mknod) and the driver built: `cargo build -p fakegpu-driver`.
 
 use fakegpu::{probe_command, run_probe, FakeHost, ProbeReport, TraceRecord};
-
-const CUDA_ERROR_NO_DEVICE: i32 = 100;
-const CUDA_ERROR_OUT_OF_MEMORY: i32 = 2;
+use gpuslice_cuda_abi::cuda::{CUDA_ERROR_NO_DEVICE, CUDA_ERROR_OUT_OF_MEMORY};
 
 fn host(gpus: u32) -> FakeHost {
     FakeHost::builder()

@@ -20,6 +20,12 @@ pub type CUarray = *mut c_void;
 pub type CUmemoryPool = *mut c_void;
 pub type CUgraph = *mut c_void;
 pub type CUgraphExec = *mut c_void;
+pub type CUmipmappedArray = *mut c_void;
+pub type CUmodule = *mut c_void;
+pub type CUlibrary = *mut c_void;
+pub type CUgreenCtx = *mut c_void;
+/// `CUmemGenericAllocationHandle` (`unsigned long long`).
+pub type CUmemGenericAllocationHandle = u64;
 
 // `CUresult` values.
 pub const CUDA_SUCCESS: CUresult = 0;
@@ -77,8 +83,14 @@ pub const CU_GET_PROC_ADDRESS_DEFAULT: u64 = 0;
 pub const CU_GET_PROC_ADDRESS_LEGACY_STREAM: u64 = 1 << 0;
 pub const CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: u64 = 1 << 1;
 
+/// `CUmemAllocationType`: device (or pinned host) memory.
+pub const CU_MEM_ALLOCATION_TYPE_PINNED: c_int = 1;
+/// `CUmemAllocationType`: managed memory.
+pub const CU_MEM_ALLOCATION_TYPE_MANAGED: c_int = 2;
 /// `CUmemLocationType`: device memory.
 pub const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
+/// `CUmemLocationType`: host memory.
+pub const CU_MEM_LOCATION_TYPE_HOST: c_int = 2;
 // `CUmemPool_attribute` values (all `cuuint64_t`).
 pub const CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: c_int = 5;
 pub const CU_MEMPOOL_ATTR_USED_MEM_CURRENT: c_int = 7;
@@ -94,6 +106,34 @@ pub struct CUmemAllocationProp {
     pub location_id: c_int,
     pub win32_handle_meta_data: *mut c_void,
     pub alloc_flags: [u8; 8],
+}
+
+/// `CUmemPoolProps` (CUDA 12/13; 88 bytes, as in 11.2 where the tail was
+/// all reserved).
+#[repr(C)]
+pub struct CUmemPoolProps {
+    /// `CU_MEM_ALLOCATION_TYPE_PINNED` or `_MANAGED`.
+    pub alloc_type: c_int,
+    pub handle_types: c_int,
+    /// `CUmemLocation`: `CU_MEM_LOCATION_TYPE_DEVICE`, host kinds above it.
+    pub location_type: c_int,
+    pub location_id: c_int,
+    pub win32_security_attributes: *mut c_void,
+    pub max_size: usize,
+    pub usage: u16,
+    pub reserved: [u8; 54],
+}
+
+/// `CUDA_MEM_ALLOC_NODE_PARAMS` (of `cuGraphAddMemAllocNode`).
+#[repr(C)]
+pub struct MemAllocNodeParams {
+    pub pool_props: CUmemPoolProps,
+    /// `const CUmemAccessDesc*`.
+    pub access_descs: *const c_void,
+    pub access_desc_count: usize,
+    pub bytesize: usize,
+    /// Written by the driver: the allocation's address.
+    pub dptr: CUdeviceptr,
 }
 
 /// `CUDA_ARRAY_DESCRIPTOR`.
@@ -204,11 +244,185 @@ pub mod pfn {
         extra: *mut *mut c_void,
     ) -> CUresult;
     pub type GraphLaunch = unsafe extern "C" fn(exec: CUgraphExec, stream: CUstream) -> CUresult;
+    pub type GraphUpload = unsafe extern "C" fn(exec: CUgraphExec, stream: CUstream) -> CUresult;
     pub type EventCreate = unsafe extern "C" fn(event: *mut CUevent, flags: c_uint) -> CUresult;
     pub type EventRecord = unsafe extern "C" fn(event: CUevent, stream: CUstream) -> CUresult;
     pub type EventQuery = unsafe extern "C" fn(event: CUevent) -> CUresult;
+    pub type EventSynchronize = unsafe extern "C" fn(event: CUevent) -> CUresult;
+    pub type EventDestroy = unsafe extern "C" fn(event: CUevent) -> CUresult;
     pub type EventElapsedTime =
         unsafe extern "C" fn(ms: *mut std::ffi::c_float, start: CUevent, end: CUevent) -> CUresult;
+
+    /// `cuGetProcAddress` before CUDA 12.0 (no symbol status).
+    pub type GetProcAddressV1 = unsafe extern "C" fn(
+        symbol: *const c_char,
+        pfn: *mut *mut c_void,
+        cuda_version: c_int,
+        flags: u64,
+    ) -> CUresult;
+    pub type CtxGetDevice = unsafe extern "C" fn(dev: *mut CUdevice) -> CUresult;
+    pub type CtxGetCurrent = unsafe extern "C" fn(ctx: *mut CUcontext) -> CUresult;
+    pub type CtxSynchronize = unsafe extern "C" fn() -> CUresult;
+    pub type ThreadExchangeStreamCaptureMode = unsafe extern "C" fn(mode: *mut c_int) -> CUresult;
+    pub type StreamGetDevice =
+        unsafe extern "C" fn(stream: CUstream, dev: *mut CUdevice) -> CUresult;
+    pub type StreamSynchronize = unsafe extern "C" fn(stream: CUstream) -> CUresult;
+    pub type StreamDestroy = unsafe extern "C" fn(stream: CUstream) -> CUresult;
+
+    // Allocation.
+    pub type MemAllocPitch = unsafe extern "C" fn(
+        dptr: *mut CUdeviceptr,
+        pitch: *mut usize,
+        width: usize,
+        height: usize,
+        element_size: c_uint,
+    ) -> CUresult;
+    pub type MemAllocManaged =
+        unsafe extern "C" fn(dptr: *mut CUdeviceptr, bytes: usize, flags: c_uint) -> CUresult;
+    pub type MemAllocFromPoolAsync = unsafe extern "C" fn(
+        dptr: *mut CUdeviceptr,
+        bytes: usize,
+        pool: CUmemoryPool,
+        stream: CUstream,
+    ) -> CUresult;
+    pub type MemFreeAsync = unsafe extern "C" fn(dptr: CUdeviceptr, stream: CUstream) -> CUresult;
+    /// `cuMemGetInfo`: the pre-3.2, 32-bit ABI.
+    pub type MemGetInfoV1 = unsafe extern "C" fn(free: *mut c_uint, total: *mut c_uint) -> CUresult;
+    /// `cuDeviceTotalMem`: the pre-3.2, 32-bit ABI.
+    pub type DeviceTotalMemV1 = unsafe extern "C" fn(bytes: *mut c_uint, dev: CUdevice) -> CUresult;
+
+    // Memory pools and graph memory.
+    pub type MemPoolCreate =
+        unsafe extern "C" fn(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) -> CUresult;
+    pub type MemPoolDestroy = unsafe extern "C" fn(pool: CUmemoryPool) -> CUresult;
+    pub type MemPoolTrimTo = unsafe extern "C" fn(pool: CUmemoryPool, keep: usize) -> CUresult;
+    pub type MemPoolGetAttribute =
+        unsafe extern "C" fn(pool: CUmemoryPool, attr: c_int, value: *mut c_void) -> CUresult;
+    pub type DeviceGetMemPool =
+        unsafe extern "C" fn(pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult;
+    pub type DeviceGetGraphMemAttribute =
+        unsafe extern "C" fn(dev: CUdevice, attr: c_int, value: *mut c_void) -> CUresult;
+    pub type DeviceGraphMemTrim = unsafe extern "C" fn(dev: CUdevice) -> CUresult;
+
+    // Virtual memory management.
+    pub type MemCreate = unsafe extern "C" fn(
+        handle: *mut CUmemGenericAllocationHandle,
+        size: usize,
+        prop: *const CUmemAllocationProp,
+        flags: u64,
+    ) -> CUresult;
+    pub type MemRelease = unsafe extern "C" fn(handle: CUmemGenericAllocationHandle) -> CUresult;
+    pub type MemAddressReserve = unsafe extern "C" fn(
+        ptr: *mut CUdeviceptr,
+        size: usize,
+        alignment: usize,
+        addr: CUdeviceptr,
+        flags: u64,
+    ) -> CUresult;
+    pub type MemAddressFree = unsafe extern "C" fn(ptr: CUdeviceptr, size: usize) -> CUresult;
+    pub type MemMap = unsafe extern "C" fn(
+        ptr: CUdeviceptr,
+        size: usize,
+        offset: usize,
+        handle: CUmemGenericAllocationHandle,
+        flags: u64,
+    ) -> CUresult;
+    pub type MemUnmap = unsafe extern "C" fn(ptr: CUdeviceptr, size: usize) -> CUresult;
+
+    // Arrays.
+    pub type ArrayCreate =
+        unsafe extern "C" fn(array: *mut CUarray, desc: *const ArrayDescriptor) -> CUresult;
+    pub type Array3DCreate =
+        unsafe extern "C" fn(array: *mut CUarray, desc: *const Array3DDescriptor) -> CUresult;
+    pub type ArrayDestroy = unsafe extern "C" fn(array: CUarray) -> CUresult;
+    pub type ArrayGetMemoryRequirements = unsafe extern "C" fn(
+        req: *mut ArrayMemoryRequirements,
+        array: CUarray,
+        dev: CUdevice,
+    ) -> CUresult;
+    pub type MipmappedArrayCreate = unsafe extern "C" fn(
+        array: *mut CUmipmappedArray,
+        desc: *const Array3DDescriptor,
+        levels: c_uint,
+    ) -> CUresult;
+    pub type MipmappedArrayDestroy = unsafe extern "C" fn(array: CUmipmappedArray) -> CUresult;
+    pub type MipmappedArrayGetMemoryRequirements = unsafe extern "C" fn(
+        req: *mut ArrayMemoryRequirements,
+        array: CUmipmappedArray,
+        dev: CUdevice,
+    ) -> CUresult;
+
+    // Graphs.
+    pub type GraphCreate = unsafe extern "C" fn(graph: *mut CUgraph, flags: c_uint) -> CUresult;
+    /// `params` is read, and its `dptr` written.
+    pub type GraphAddMemAllocNode = unsafe extern "C" fn(
+        node: *mut *mut c_void,
+        graph: CUgraph,
+        deps: *const *mut c_void,
+        num_deps: usize,
+        params: *mut MemAllocNodeParams,
+    ) -> CUresult;
+    pub type GraphInstantiateWithFlags =
+        unsafe extern "C" fn(exec: *mut CUgraphExec, graph: CUgraph, flags: u64) -> CUresult;
+    pub type GraphExecDestroy = unsafe extern "C" fn(exec: CUgraphExec) -> CUresult;
+    pub type GraphDestroy = unsafe extern "C" fn(graph: CUgraph) -> CUresult;
+
+    // Contexts, modules and libraries (what the driver holds per process).
+    pub type DevicePrimaryCtxRelease = unsafe extern "C" fn(dev: CUdevice) -> CUresult;
+    pub type DevicePrimaryCtxReset = unsafe extern "C" fn(dev: CUdevice) -> CUresult;
+    pub type CtxCreate =
+        unsafe extern "C" fn(ctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult;
+    /// `cuCtxCreate_v3`: `params` are `CUexecAffinityParam`s.
+    pub type CtxCreateV3 = unsafe extern "C" fn(
+        ctx: *mut CUcontext,
+        params: *mut c_void,
+        num_params: c_int,
+        flags: c_uint,
+        dev: CUdevice,
+    ) -> CUresult;
+    /// `cuCtxCreate_v4`: `params` is a `CUctxCreateParams*`.
+    pub type CtxCreateV4 = unsafe extern "C" fn(
+        ctx: *mut CUcontext,
+        params: *mut c_void,
+        flags: c_uint,
+        dev: CUdevice,
+    ) -> CUresult;
+    /// `cuGreenCtxCreate`: `desc` is a `CUdevResourceDesc`.
+    pub type GreenCtxCreate = unsafe extern "C" fn(
+        ctx: *mut CUgreenCtx,
+        desc: *mut c_void,
+        dev: CUdevice,
+        flags: c_uint,
+    ) -> CUresult;
+    pub type CtxDestroy = unsafe extern "C" fn(ctx: CUcontext) -> CUresult;
+    pub type GreenCtxDestroy = unsafe extern "C" fn(ctx: CUgreenCtx) -> CUresult;
+    pub type CtxSetLimit = unsafe extern "C" fn(limit: c_int, value: usize) -> CUresult;
+    pub type CtxGetLimit = unsafe extern "C" fn(value: *mut usize, limit: c_int) -> CUresult;
+    pub type ModuleLoad =
+        unsafe extern "C" fn(module: *mut CUmodule, fname: *const c_char) -> CUresult;
+    /// Also `cuModuleLoadFatBinary`.
+    pub type ModuleLoadData =
+        unsafe extern "C" fn(module: *mut CUmodule, image: *const c_void) -> CUresult;
+    pub type ModuleLoadDataEx = unsafe extern "C" fn(
+        module: *mut CUmodule,
+        image: *const c_void,
+        num_options: c_uint,
+        options: *mut c_int,
+        values: *mut *mut c_void,
+    ) -> CUresult;
+    /// Also `cuLibraryLoadFromFile` (`code` is then the file name).
+    pub type LibraryLoadData = unsafe extern "C" fn(
+        library: *mut CUlibrary,
+        code: *const c_void,
+        jit_options: *mut c_int,
+        jit_values: *mut *mut c_void,
+        num_jit: c_uint,
+        library_options: *mut c_int,
+        library_values: *mut *mut c_void,
+        num_library: c_uint,
+    ) -> CUresult;
+    pub type ModuleUnload = unsafe extern "C" fn(module: CUmodule) -> CUresult;
+    pub type LibraryUnload = unsafe extern "C" fn(library: CUlibrary) -> CUresult;
 }
 
 #[cfg(test)]
@@ -228,6 +442,13 @@ mod tests {
         assert_eq!(offset_of!(LaunchConfig, stream), 32);
         assert_eq!(offset_of!(LaunchConfig, num_attrs), 48);
         assert_eq!(size_of::<LaunchConfig>(), 56);
+        assert_eq!(size_of::<CUmemPoolProps>(), 88);
+        assert_eq!(offset_of!(CUmemPoolProps, location_id), 12);
+        assert_eq!(offset_of!(CUmemPoolProps, max_size), 24);
+        assert_eq!(offset_of!(CUmemPoolProps, usage), 32);
+        assert_eq!(offset_of!(MemAllocNodeParams, bytesize), 104);
+        assert_eq!(offset_of!(MemAllocNodeParams, dptr), 112);
+        assert_eq!(size_of::<MemAllocNodeParams>(), 120);
     }
 
     #[test]

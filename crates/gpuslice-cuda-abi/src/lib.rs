@@ -12,4 +12,5 @@
 //! gpuslice-cuda-load's.
 
 pub mod cuda;
+pub mod fakegpu;
 pub mod nvml;

@@ -80,6 +80,25 @@ pub struct NvmlMemoryV2 {
 /// `nvmlMemory_v2`: `NVML_STRUCT_VERSION(Memory, 2)`.
 pub const NVML_MEMORY_V2: c_uint = (std::mem::size_of::<NvmlMemoryV2>() as c_uint) | (2 << 24);
 
+/// `nvmlProcessInfo_v1_t` (of `nvmlDeviceGetComputeRunningProcesses`).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct NvmlProcessInfoV1 {
+    pub pid: c_uint,
+    pub used_gpu_memory: u64,
+}
+
+/// `nvmlProcessInfo_t` (= `nvmlProcessInfo_v2_t`, of the `_v2` and `_v3`
+/// `nvmlDeviceGetComputeRunningProcesses`).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct NvmlProcessInfo {
+    pub pid: c_uint,
+    pub used_gpu_memory: u64,
+    pub gpu_instance_id: c_uint,
+    pub compute_instance_id: c_uint,
+}
+
 /// `nvmlUtilization_t`.
 #[repr(C)]
 pub struct NvmlUtilization {
@@ -111,6 +130,22 @@ pub mod pfn {
         unsafe extern "C" fn(device: NvmlDevice, memory: *mut NvmlMemory) -> NvmlReturn;
     pub type DeviceGetMemoryInfoV2 =
         unsafe extern "C" fn(device: NvmlDevice, memory: *mut NvmlMemoryV2) -> NvmlReturn;
+    pub type DeviceGetHandleByUuid =
+        unsafe extern "C" fn(uuid: *const c_char, device: *mut NvmlDevice) -> NvmlReturn;
+    pub type DeviceGetIndex =
+        unsafe extern "C" fn(device: NvmlDevice, index: *mut c_uint) -> NvmlReturn;
+    /// `_v2` and `_v3` (the `nvmlProcessInfo_t` records).
+    pub type DeviceGetComputeRunningProcesses = unsafe extern "C" fn(
+        device: NvmlDevice,
+        count: *mut c_uint,
+        infos: *mut NvmlProcessInfo,
+    ) -> NvmlReturn;
+    /// The unsuffixed, first ABI (`nvmlProcessInfo_v1_t` records).
+    pub type DeviceGetComputeRunningProcessesV1 = unsafe extern "C" fn(
+        device: NvmlDevice,
+        count: *mut c_uint,
+        infos: *mut NvmlProcessInfoV1,
+    ) -> NvmlReturn;
 }
 
 #[cfg(test)]
@@ -126,5 +161,8 @@ mod tests {
         assert_eq!(size_of::<NvmlMemoryV2>(), 40);
         assert_eq!(NVML_MEMORY_V2, 0x0200_0028);
         assert_eq!(size_of::<NvmlEventData>(), 32);
+        assert_eq!(size_of::<NvmlProcessInfoV1>(), 16);
+        assert_eq!(size_of::<NvmlProcessInfo>(), 24);
+        assert_eq!(offset_of!(NvmlProcessInfo, gpu_instance_id), 16);
     }
 }

@@ -38,7 +38,7 @@
 //! created once per ring slot (the first launches of a thread).
 
 use std::cell::Cell;
-use std::ffi::{c_float, c_void};
+use std::ffi::c_float;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use gpuslice_ledger::{Ledger, FULL_SHARE, MAX_DEVICES};
@@ -70,18 +70,11 @@ const MIN_NAP_NS: u64 = 20_000;
 /// unmeasured (its estimate stays charged).
 const MAX_WAIT_NS: u64 = 2_000_000_000;
 
-const CUDA_ERROR_NOT_READY: CUresult = 600;
-
 static EVENT_CREATE: Real = Real::named(c"cuEventCreate");
 static EVENT_RECORD: Real = Real::named(c"cuEventRecord");
 static EVENT_QUERY: Real = Real::named(c"cuEventQuery");
 static EVENT_ELAPSED_V2: Real = Real::named(c"cuEventElapsedTime_v2");
 static EVENT_ELAPSED: Real = Real::named(c"cuEventElapsedTime");
-
-type EventCreate = unsafe extern "C" fn(*mut CUevent, u32) -> CUresult;
-type EventRecord = unsafe extern "C" fn(CUevent, CUstream) -> CUresult;
-type EventQuery = unsafe extern "C" fn(CUevent) -> CUresult;
-type EventElapsed = unsafe extern "C" fn(*mut c_float, CUevent, CUevent) -> CUresult;
 
 /// What is launched: estimates are kept apart.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -186,11 +179,11 @@ thread_local! {
     };
 }
 
-fn elapsed_fn() -> Option<EventElapsed> {
+fn elapsed_fn() -> Option<pfn::EventElapsedTime> {
     // SAFETY: cuEventElapsedTime_v2 has this signature.
-    let v2 = unsafe { EVENT_ELAPSED_V2.func::<EventElapsed>() };
+    let v2 = unsafe { EVENT_ELAPSED_V2.func::<pfn::EventElapsedTime>() };
     // SAFETY: so does cuEventElapsedTime, its predecessor.
-    v2.or_else(|| unsafe { EVENT_ELAPSED.func::<EventElapsed>() })
+    v2.or_else(|| unsafe { EVENT_ELAPSED.func::<pfn::EventElapsedTime>() })
 }
 
 /// Whether launches on device ordinal `dev` are metered: the ledger that
@@ -379,7 +372,7 @@ impl Ring {
     fn close(&self, ledger: &Ledger, g: &Entry) {
         g.open.set(false);
         // SAFETY: cuEventRecord(CUevent, CUstream).
-        let record = unsafe { EVENT_RECORD.func::<EventRecord>() };
+        let record = unsafe { EVENT_RECORD.func::<pfn::EventRecord>() };
         let recorded = !g.from.get().is_null()
             // SAFETY: an event of this slot, the group's stream.
             && record.is_some_and(|r| unsafe { r(g.end.get(), g.stream.get()) } == CUDA_SUCCESS);
@@ -402,12 +395,12 @@ impl Ring {
     }
 
     /// The slot's events, created on first use; and cuEventRecord.
-    fn events(&self, slot: &Entry) -> Option<EventRecord> {
+    fn events(&self, slot: &Entry) -> Option<pfn::EventRecord> {
         // SAFETY: cuEventRecord(CUevent, CUstream).
-        let record = unsafe { EVENT_RECORD.func::<EventRecord>() }?;
+        let record = unsafe { EVENT_RECORD.func::<pfn::EventRecord>() }?;
         if slot.end.get().is_null() {
             // SAFETY: cuEventCreate(CUevent*, unsigned).
-            let create = unsafe { EVENT_CREATE.func::<EventCreate>() }?;
+            let create = unsafe { EVENT_CREATE.func::<pfn::EventCreate>() }?;
             let (mut a, mut b): (CUevent, CUevent) = (std::ptr::null_mut(), std::ptr::null_mut());
             // SAFETY: valid out-pointers; default flags (timing enabled).
             let ok =
@@ -428,7 +421,7 @@ impl Ring {
             return;
         }
         // SAFETY: cuEventQuery(CUevent).
-        let Some(query) = (unsafe { EVENT_QUERY.func::<EventQuery>() }) else {
+        let Some(query) = (unsafe { EVENT_QUERY.func::<pfn::EventQuery>() }) else {
             return;
         };
         let elapsed = elapsed_fn();
@@ -484,7 +477,7 @@ impl Ring {
     /// The ring is full: waits for the oldest group to finish.
     fn wait_oldest(&self, ledger: &Ledger) {
         // SAFETY: cuEventQuery(CUevent).
-        let Some(query) = (unsafe { EVENT_QUERY.func::<EventQuery>() }) else {
+        let Some(query) = (unsafe { EVENT_QUERY.func::<pfn::EventQuery>() }) else {
             return;
         };
         let t0 = now_ns();
@@ -578,7 +571,7 @@ impl Ring {
 /// running.
 fn pending(event: CUevent) -> bool {
     // SAFETY: cuEventQuery(CUevent).
-    let Some(query) = (unsafe { EVENT_QUERY.func::<EventQuery>() }) else {
+    let Some(query) = (unsafe { EVENT_QUERY.func::<pfn::EventQuery>() }) else {
         return false;
     };
     // SAFETY: an event of ours, recorded.
@@ -592,15 +585,4 @@ fn book(ledger: &Ledger, dev: usize, ns: u64, launches: u64) {
     if let Some(b) = &shim().boards {
         b.record(dev, ns, now_ns());
     }
-}
-
-/// `CUlaunchConfig`'s leading fields (the stream is what we read).
-#[repr(C)]
-pub struct LaunchConfig {
-    pub grid: [u32; 3],
-    pub block: [u32; 3],
-    pub shared_mem: u32,
-    pub stream: CUstream,
-    pub attrs: *mut c_void,
-    pub num_attrs: u32,
 }

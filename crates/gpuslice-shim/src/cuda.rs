@@ -4,34 +4,25 @@
 
 use std::ffi::c_int;
 
+/// `CUmodule`, `CUlibrary`, `CUgreenCtx`: one opaque handle type to the
+/// shim, which keeps them in one table (the ABI declares them alike).
+pub use gpuslice_cuda_abi::cuda::CUmodule as CUhandle;
 pub use gpuslice_cuda_abi::cuda::{
-    Array3DDescriptor, ArrayDescriptor, ArrayMemoryRequirements, CUarray, CUcontext, CUdevice,
-    CUdeviceptr, CUevent, CUfunction, CUgraphExec, CUmemAllocationProp, CUmemoryPool, CUresult,
-    CUstream, CUDA_ERROR_NOT_INITIALIZED, CUDA_ERROR_OUT_OF_MEMORY,
+    pfn, Array3DDescriptor, ArrayDescriptor, ArrayMemoryRequirements, CUarray, CUcontext, CUdevice,
+    CUdeviceptr, CUevent, CUfunction, CUgraphExec, CUmemAllocationProp, CUmemPoolProps,
+    CUmemoryPool, CUresult, CUstream, LaunchConfig, CUDA_ERROR_NOT_INITIALIZED,
+    CUDA_ERROR_NOT_PERMITTED, CUDA_ERROR_NOT_READY, CUDA_ERROR_OUT_OF_MEMORY,
     CUDA_ERROR_STREAM_CAPTURE_FIRST, CUDA_ERROR_STREAM_CAPTURE_LAST, CUDA_SUCCESS,
     CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT,
     CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
-    CU_MEM_LOCATION_TYPE_DEVICE, CU_STREAM_CAPTURE_MODE_RELAXED, CU_STREAM_CAPTURE_STATUS_NONE,
-    CU_STREAM_PER_THREAD,
+    CU_MEM_ALLOCATION_TYPE_PINNED, CU_MEM_LOCATION_TYPE_DEVICE, CU_STREAM_CAPTURE_MODE_RELAXED,
+    CU_STREAM_CAPTURE_STATUS_NONE, CU_STREAM_PER_THREAD,
 };
-pub use gpuslice_cuda_abi::nvml::{NvmlDevice, NvmlMemory, NvmlMemoryV2};
-
-/// `CU_MEM_ALLOCATION_TYPE_PINNED`: device (or pinned host) memory.
-pub const CU_MEM_ALLOCATION_TYPE_PINNED: c_int = 1;
-
-/// The head of `CUmemPoolProps`: allocation type and location.
-#[repr(C)]
-pub struct MemPoolPropsHead {
-    /// `CU_MEM_ALLOCATION_TYPE_PINNED` (1) or `_MANAGED` (2).
-    pub alloc_type: c_int,
-    pub handle_types: c_int,
-    /// `CU_MEM_LOCATION_TYPE_DEVICE` (1), host kinds above it.
-    pub location_type: c_int,
-    pub location_id: c_int,
-}
-
-/// `CUmodule`, `CUlibrary`, `CUgreenCtx`: opaque handles.
-pub type CUhandle = *mut std::ffi::c_void;
+pub use gpuslice_cuda_abi::nvml::{
+    pfn as nvml_pfn, NvmlDevice, NvmlMemory, NvmlMemoryV2, NvmlProcessInfo, NvmlReturn,
+    NVML_DEVICE_UUID_V2_BUFFER_SIZE, NVML_ERROR_INSUFFICIENT_SIZE, NVML_ERROR_UNKNOWN,
+    NVML_SUCCESS,
+};
 
 /// Bytes of one channel of a `CUarray_format`; 4 for formats we do not
 /// know (block-compressed and packed formats are then over-estimated until

@@ -5,6 +5,7 @@
 
 use std::ffi::c_int;
 
+use crate::cuda::pfn::ThreadExchangeStreamCaptureMode as ExchangeMode;
 use crate::cuda::*;
 use crate::real::Real;
 
@@ -14,9 +15,8 @@ static EXCHANGE_CAPTURE_MODE: Real = Real::named(c"cuThreadExchangeStreamCapture
 
 /// Ordinal of the current context's device.
 pub fn current_device() -> Option<CUdevice> {
-    type F = unsafe extern "C" fn(*mut CUdevice) -> CUresult;
     // SAFETY: cuCtxGetDevice(CUdevice*).
-    let f = unsafe { CTX_GET_DEVICE.func::<F>() }?;
+    let f = unsafe { CTX_GET_DEVICE.func::<pfn::CtxGetDevice>() }?;
     let mut d: CUdevice = -1;
     // SAFETY: valid out-pointer.
     (unsafe { f(&mut d) } == CUDA_SUCCESS).then_some(d)
@@ -31,9 +31,8 @@ pub fn current_device() -> Option<CUdevice> {
 /// capture; on the legacy stream while a blocking stream captures it
 /// answers a capture error without invalidating anything.
 pub fn capturing(stream: CUstream) -> bool {
-    type F = unsafe extern "C" fn(CUstream, *mut c_int) -> CUresult;
     // SAFETY: cuStreamIsCapturing(CUstream, CUstreamCaptureStatus*).
-    let Some(f) = (unsafe { STREAM_IS_CAPTURING.func::<F>() }) else {
+    let Some(f) = (unsafe { STREAM_IS_CAPTURING.func::<pfn::StreamIsCapturing>() }) else {
         return false;
     };
     let s = if stream.is_null() {
@@ -51,8 +50,6 @@ pub fn capturing(stream: CUstream) -> bool {
 
 /// This thread's stream-capture mode, relaxed for the guard's lifetime.
 pub struct Relaxed(Option<c_int>);
-
-type ExchangeMode = unsafe extern "C" fn(*mut c_int) -> CUresult;
 
 impl Relaxed {
     pub fn new() -> Relaxed {

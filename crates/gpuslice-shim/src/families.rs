@@ -20,7 +20,7 @@ macro_rules! call_hook {
 
 macro_rules! families {
     ($(
-        $fam:ident: $hook:path, $args:tt, $names:tt -> $ret:ty, [$($export:ident),*];
+        $fam:ident: $hook:path $(as $pfn:ty)?, $args:tt, $names:tt -> $ret:ty, [$($export:ident),*];
     )*) => {
         /// One ABI of interposed functions.
         #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,6 +39,10 @@ macro_rules! families {
                     // SAFETY: forwarded C contract.
                     guard(999, || unsafe { call_hook!($hook, &REAL[I], $names) })
                 }
+
+                // The wrappers (and the exports, made from the same
+                // signature) have the ABI's prototype of the function.
+                $(const _: $pfn = inst::<0>;)?
 
                 pub fn wrappers() -> [*mut c_void; N_INST] {
                     [
@@ -128,162 +132,167 @@ macro_rules! families {
     };
 }
 
+// Each family names its prototype in gpuslice-cuda-abi (`as pfn::…`):
+// the exported signature is checked against it at compile time. The NVML
+// exports return `int` as they always have (nvml.h's `nvmlReturn_t` enum
+// is an `unsigned`, the same 32 bits), so they are not checked that way;
+// their hooks call the real NVML through the ABI's prototypes.
 families! {
-    MemAlloc: crate::hooks::mem_alloc,
+    MemAlloc: crate::hooks::mem_alloc as pfn::MemAlloc,
         (dptr: *mut CUdeviceptr, size: usize), (dptr, size) -> CUresult,
         [cuMemAlloc_v2];
-    MemAllocPitch: crate::hooks::mem_alloc_pitch,
+    MemAllocPitch: crate::hooks::mem_alloc_pitch as pfn::MemAllocPitch,
         (dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, elem: c_uint),
         (dptr, pitch, width, height, elem) -> CUresult,
         [cuMemAllocPitch_v2];
-    MemAllocManaged: crate::hooks::mem_alloc_managed,
+    MemAllocManaged: crate::hooks::mem_alloc_managed as pfn::MemAllocManaged,
         (dptr: *mut CUdeviceptr, size: usize, flags: c_uint), (dptr, size, flags) -> CUresult,
         [cuMemAllocManaged];
-    MemAllocAsync: crate::hooks::mem_alloc_async,
+    MemAllocAsync: crate::hooks::mem_alloc_async as pfn::MemAllocAsync,
         (dptr: *mut CUdeviceptr, size: usize, stream: CUstream), (dptr, size, stream) -> CUresult,
         [cuMemAllocAsync, cuMemAllocAsync_ptsz];
-    MemAllocFromPoolAsync: crate::hooks::mem_alloc_from_pool_async,
+    MemAllocFromPoolAsync: crate::hooks::mem_alloc_from_pool_async as pfn::MemAllocFromPoolAsync,
         (dptr: *mut CUdeviceptr, size: usize, pool: CUmemoryPool, stream: CUstream),
         (dptr, size, pool, stream) -> CUresult,
         [cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz];
-    MemFree: crate::hooks::mem_free,
+    MemFree: crate::hooks::mem_free as pfn::MemFree,
         (dptr: CUdeviceptr), (dptr) -> CUresult,
         [cuMemFree_v2];
-    MemFreeAsync: crate::hooks::mem_free_async,
+    MemFreeAsync: crate::hooks::mem_free_async as pfn::MemFreeAsync,
         (dptr: CUdeviceptr, stream: CUstream), (dptr, stream) -> CUresult,
         [cuMemFreeAsync, cuMemFreeAsync_ptsz];
-    MemPoolTrimTo: crate::hooks::mem_pool_trim_to,
+    MemPoolTrimTo: crate::hooks::mem_pool_trim_to as pfn::MemPoolTrimTo,
         (pool: CUmemoryPool, keep: usize), (pool, keep) -> CUresult,
         [cuMemPoolTrimTo];
-    MemPoolCreate: crate::hooks::mem_pool_create,
-        (pool: *mut CUmemoryPool, props: *const MemPoolPropsHead), (pool, props) -> CUresult,
+    MemPoolCreate: crate::hooks::mem_pool_create as pfn::MemPoolCreate,
+        (pool: *mut CUmemoryPool, props: *const CUmemPoolProps), (pool, props) -> CUresult,
         [cuMemPoolCreate];
-    MemPoolDestroy: crate::hooks::mem_pool_destroy,
+    MemPoolDestroy: crate::hooks::mem_pool_destroy as pfn::MemPoolDestroy,
         (pool: CUmemoryPool), (pool) -> CUresult,
         [cuMemPoolDestroy];
-    MemCreate: crate::hooks::mem_create,
+    MemCreate: crate::hooks::mem_create as pfn::MemCreate,
         (handle: *mut u64, size: usize, prop: *const CUmemAllocationProp, flags: u64),
         (handle, size, prop, flags) -> CUresult,
         [cuMemCreate];
-    MemRelease: crate::hooks::mem_release,
+    MemRelease: crate::hooks::mem_release as pfn::MemRelease,
         (handle: u64), (handle) -> CUresult,
         [cuMemRelease];
-    MemMap: crate::hooks::mem_map,
+    MemMap: crate::hooks::mem_map as pfn::MemMap,
         (ptr: CUdeviceptr, size: usize, offset: usize, handle: u64, flags: u64),
         (ptr, size, offset, handle, flags) -> CUresult,
         [cuMemMap];
-    MemUnmap: crate::hooks::mem_unmap,
+    MemUnmap: crate::hooks::mem_unmap as pfn::MemUnmap,
         (ptr: CUdeviceptr, size: usize), (ptr, size) -> CUresult,
         [cuMemUnmap];
-    ArrayCreate: crate::hooks::array_create,
+    ArrayCreate: crate::hooks::array_create as pfn::ArrayCreate,
         (arr: *mut CUarray, desc: *const ArrayDescriptor), (arr, desc) -> CUresult,
         [cuArrayCreate_v2];
-    Array3DCreate: crate::hooks::array3d_create,
+    Array3DCreate: crate::hooks::array3d_create as pfn::Array3DCreate,
         (arr: *mut CUarray, desc: *const Array3DDescriptor), (arr, desc) -> CUresult,
         [cuArray3DCreate_v2];
-    ArrayDestroy: crate::hooks::array_destroy,
+    ArrayDestroy: crate::hooks::array_destroy as pfn::ArrayDestroy,
         (arr: CUarray), (arr) -> CUresult,
         [cuArrayDestroy];
-    MipmappedArrayCreate: crate::hooks::mipmapped_create,
+    MipmappedArrayCreate: crate::hooks::mipmapped_create as pfn::MipmappedArrayCreate,
         (arr: *mut CUarray, desc: *const Array3DDescriptor, levels: c_uint),
         (arr, desc, levels) -> CUresult,
         [cuMipmappedArrayCreate];
-    MipmappedArrayDestroy: crate::hooks::mipmapped_destroy,
+    MipmappedArrayDestroy: crate::hooks::mipmapped_destroy as pfn::MipmappedArrayDestroy,
         (arr: CUarray), (arr) -> CUresult,
         [cuMipmappedArrayDestroy];
-    MemGetInfo: crate::hooks::mem_get_info,
+    MemGetInfo: crate::hooks::mem_get_info as pfn::MemGetInfo,
         (free: *mut usize, total: *mut usize), (free, total) -> CUresult,
         [cuMemGetInfo_v2];
-    MemGetInfoV1: crate::hooks::mem_get_info_v1,
+    MemGetInfoV1: crate::hooks::mem_get_info_v1 as pfn::MemGetInfoV1,
         (free: *mut c_uint, total: *mut c_uint), (free, total) -> CUresult,
         [cuMemGetInfo];
-    GraphLaunch: crate::hooks::graph_launch,
+    GraphLaunch: crate::hooks::graph_launch as pfn::GraphLaunch,
         (exec: CUgraphExec, stream: CUstream), (exec, stream) -> CUresult,
         [cuGraphLaunch, cuGraphLaunch_ptsz];
-    GraphUpload: crate::hooks::graph_upload,
+    GraphUpload: crate::hooks::graph_upload as pfn::GraphUpload,
         (exec: CUgraphExec, stream: CUstream), (exec, stream) -> CUresult,
         [cuGraphUpload, cuGraphUpload_ptsz];
-    LaunchKernel: crate::hooks::launch_kernel,
+    LaunchKernel: crate::hooks::launch_kernel as pfn::LaunchKernel,
         (f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
          shmem: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void),
         (f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra) -> CUresult,
         [cuLaunchKernel, cuLaunchKernel_ptsz];
-    LaunchCooperative: crate::hooks::launch_cooperative,
+    LaunchCooperative: crate::hooks::launch_cooperative as pfn::LaunchCooperativeKernel,
         (f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
          shmem: c_uint, stream: CUstream, params: *mut *mut c_void),
         (f, gx, gy, gz, bx, by, bz, shmem, stream, params) -> CUresult,
         [cuLaunchCooperativeKernel, cuLaunchCooperativeKernel_ptsz];
-    LaunchKernelEx: crate::hooks::launch_kernel_ex,
-        (config: *const crate::compute::LaunchConfig, f: CUfunction, params: *mut *mut c_void,
+    LaunchKernelEx: crate::hooks::launch_kernel_ex as pfn::LaunchKernelEx,
+        (config: *const LaunchConfig, f: CUfunction, params: *mut *mut c_void,
          extra: *mut *mut c_void),
         (config, f, params, extra) -> CUresult,
         [cuLaunchKernelEx, cuLaunchKernelEx_ptsz];
-    DeviceGraphMemTrim: crate::hooks::device_graph_mem_trim,
+    DeviceGraphMemTrim: crate::hooks::device_graph_mem_trim as pfn::DeviceGraphMemTrim,
         (dev: CUdevice), (dev) -> CUresult,
         [cuDeviceGraphMemTrim];
-    DeviceTotalMem: crate::hooks::device_total_mem,
+    DeviceTotalMem: crate::hooks::device_total_mem as pfn::DeviceTotalMem,
         (bytes: *mut usize, dev: CUdevice), (bytes, dev) -> CUresult,
         [cuDeviceTotalMem_v2];
-    DeviceTotalMemV1: crate::hooks::device_total_mem_v1,
+    DeviceTotalMemV1: crate::hooks::device_total_mem_v1 as pfn::DeviceTotalMemV1,
         (bytes: *mut c_uint, dev: CUdevice), (bytes, dev) -> CUresult,
         [cuDeviceTotalMem];
-    PrimaryCtxRetain: crate::resident::primary_ctx_retain,
+    PrimaryCtxRetain: crate::resident::primary_ctx_retain as pfn::DevicePrimaryCtxRetain,
         (pctx: *mut CUcontext, dev: CUdevice), (pctx, dev) -> CUresult,
         [cuDevicePrimaryCtxRetain];
-    PrimaryCtxRelease: crate::resident::primary_ctx_release,
+    PrimaryCtxRelease: crate::resident::primary_ctx_release as pfn::DevicePrimaryCtxRelease,
         (dev: CUdevice), (dev) -> CUresult,
         [cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2];
-    PrimaryCtxReset: crate::resident::primary_ctx_reset,
+    PrimaryCtxReset: crate::resident::primary_ctx_reset as pfn::DevicePrimaryCtxReset,
         (dev: CUdevice), (dev) -> CUresult,
         [cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v2];
-    CtxCreate: crate::resident::ctx_create,
+    CtxCreate: crate::resident::ctx_create as pfn::CtxCreate,
         (pctx: *mut CUcontext, flags: c_uint, dev: CUdevice), (pctx, flags, dev) -> CUresult,
         [cuCtxCreate_v2];
-    CtxCreateV3: crate::resident::ctx_create_v3,
+    CtxCreateV3: crate::resident::ctx_create_v3 as pfn::CtxCreateV3,
         (pctx: *mut CUcontext, params: *mut c_void, n: c_int, flags: c_uint, dev: CUdevice),
         (pctx, params, n, flags, dev) -> CUresult,
         [cuCtxCreate_v3];
-    CtxCreateV4: crate::resident::ctx_create_v4,
+    CtxCreateV4: crate::resident::ctx_create_v4 as pfn::CtxCreateV4,
         (pctx: *mut CUcontext, params: *mut c_void, flags: c_uint, dev: CUdevice),
         (pctx, params, flags, dev) -> CUresult,
         [cuCtxCreate_v4];
-    GreenCtxCreate: crate::resident::green_ctx_create,
+    GreenCtxCreate: crate::resident::green_ctx_create as pfn::GreenCtxCreate,
         (pctx: *mut CUcontext, desc: *mut c_void, dev: CUdevice, flags: c_uint),
         (pctx, desc, dev, flags) -> CUresult,
         [cuGreenCtxCreate];
-    CtxDestroy: crate::resident::ctx_destroy,
+    CtxDestroy: crate::resident::ctx_destroy as pfn::CtxDestroy,
         (ctx: CUcontext), (ctx) -> CUresult,
         [cuCtxDestroy_v2, cuGreenCtxDestroy];
-    ModuleLoad: crate::resident::module_load,
+    ModuleLoad: crate::resident::module_load as pfn::ModuleLoad,
         (m: *mut CUhandle, fname: *const c_char), (m, fname) -> CUresult,
         [cuModuleLoad];
-    ModuleLoadData: crate::resident::module_load_data,
+    ModuleLoadData: crate::resident::module_load_data as pfn::ModuleLoadData,
         (m: *mut CUhandle, image: *const c_void), (m, image) -> CUresult,
         [cuModuleLoadData, cuModuleLoadFatBinary];
-    ModuleLoadDataEx: crate::resident::module_load_data_ex,
+    ModuleLoadDataEx: crate::resident::module_load_data_ex as pfn::ModuleLoadDataEx,
         (m: *mut CUhandle, image: *const c_void, n: c_uint, opts: *mut c_int, vals: *mut *mut c_void),
         (m, image, n, opts, vals) -> CUresult,
         [cuModuleLoadDataEx];
-    LibraryLoad: crate::resident::library_load,
+    LibraryLoad: crate::resident::library_load as pfn::LibraryLoadData,
         (lib: *mut CUhandle, code: *const c_void, jit_opts: *mut c_int, jit_vals: *mut *mut c_void,
          n_jit: c_uint, lib_opts: *mut c_int, lib_vals: *mut *mut c_void, n_lib: c_uint),
         (lib, code, jit_opts, jit_vals, n_jit, lib_opts, lib_vals, n_lib) -> CUresult,
         [cuLibraryLoadData, cuLibraryLoadFromFile];
-    Unload: crate::resident::unload_hook,
+    Unload: crate::resident::unload_hook as pfn::ModuleUnload,
         (h: CUhandle), (h) -> CUresult,
         [cuModuleUnload, cuLibraryUnload];
-    CtxSetLimit: crate::resident::ctx_set_limit,
+    CtxSetLimit: crate::resident::ctx_set_limit as pfn::CtxSetLimit,
         (limit: c_int, value: usize), (limit, value) -> CUresult,
         [cuCtxSetLimit];
-    GetProcAddress: get_proc_address,
+    GetProcAddress: get_proc_address as pfn::GetProcAddressV1,
         (symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64),
         (symbol, pfn, version, flags) -> CUresult,
         [cuGetProcAddress];
-    GetProcAddressV2: get_proc_address_v2,
+    GetProcAddressV2: get_proc_address_v2 as pfn::GetProcAddress,
         (symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64, status: *mut c_int),
         (symbol, pfn, version, flags, status) -> CUresult,
         [cuGetProcAddress_v2];
-    Init: crate::init::cu_init,
+    Init: crate::init::cu_init as pfn::Init,
         (flags: c_uint), (flags) -> CUresult,
         [cuInit];
     NvmlMemoryInfo: crate::nvml::memory_info,
@@ -397,9 +406,8 @@ pub unsafe fn get_proc_address(
     version: c_int,
     flags: u64,
 ) -> CUresult {
-    type F = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> CUresult;
     // SAFETY: the family's signature.
-    let Some(f) = (unsafe { real.func::<F>() }) else {
+    let Some(f) = (unsafe { real.func::<pfn::GetProcAddressV1>() }) else {
         return CUDA_ERROR_NOT_INITIALIZED;
     };
     // SAFETY: caller contract.
@@ -421,10 +429,8 @@ pub unsafe fn get_proc_address_v2(
     flags: u64,
     status: *mut c_int,
 ) -> CUresult {
-    type F =
-        unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> CUresult;
     // SAFETY: the family's signature.
-    let Some(f) = (unsafe { real.func::<F>() }) else {
+    let Some(f) = (unsafe { real.func::<pfn::GetProcAddress>() }) else {
         return CUDA_ERROR_NOT_INITIALIZED;
     };
     // SAFETY: caller contract.

@@ -94,10 +94,7 @@ fn untrack(table: &Handles, key: u64, call: impl FnOnce() -> CUresult) -> CUresu
 /// # Safety
 /// C contract of `cuMemAlloc_v2`.
 pub unsafe fn mem_alloc(real: &Real, dptr: *mut CUdeviceptr, size: usize) -> CUresult {
-    let f = real_fn!(
-        real,
-        unsafe extern "C" fn(*mut CUdeviceptr, usize) -> CUresult
-    );
+    let f = real_fn!(real, pfn::MemAlloc);
     let Some(t) = target_current().filter(|_| size > 0 && !dptr.is_null()) else {
         // SAFETY: caller contract.
         return unsafe { f(dptr, size) };
@@ -124,10 +121,7 @@ pub unsafe fn mem_alloc_managed(
     size: usize,
     flags: c_uint,
 ) -> CUresult {
-    let f = real_fn!(
-        real,
-        unsafe extern "C" fn(*mut CUdeviceptr, usize, c_uint) -> CUresult
-    );
+    let f = real_fn!(real, pfn::MemAllocManaged);
     // Managed memory can migrate; it is charged to the current device,
     // where it is first touched in the common case.
     let Some(t) = target_current().filter(|_| size > 0 && !dptr.is_null()) else {
@@ -162,8 +156,7 @@ pub unsafe fn mem_alloc_pitch(
     height: usize,
     elem: c_uint,
 ) -> CUresult {
-    type F = unsafe extern "C" fn(*mut CUdeviceptr, *mut usize, usize, usize, c_uint) -> CUresult;
-    let f = real_fn!(real, F);
+    let f = real_fn!(real, pfn::MemAllocPitch);
     let ok = !dptr.is_null() && !pitch.is_null() && width > 0 && height > 0;
     let Some(t) = target_current().filter(|_| ok) else {
         // SAFETY: caller contract.
@@ -183,9 +176,8 @@ pub unsafe fn mem_alloc_pitch(
     let (ptr, actual) = unsafe { (*dptr, (*pitch as u64).saturating_mul(height as u64)) };
     if actual > est {
         if t.ledger.reserve(t.slot, t.dev, actual - est).is_err() {
-            type Free = unsafe extern "C" fn(CUdeviceptr) -> CUresult;
             // SAFETY: cuMemFree_v2(CUdeviceptr) on the pointer just made.
-            if let Some(free) = unsafe { MEM_FREE.func::<Free>() } {
+            if let Some(free) = unsafe { MEM_FREE.func::<pfn::MemFree>() } {
                 // SAFETY: frees what the driver just returned.
                 unsafe { free(ptr) };
             }
@@ -201,7 +193,7 @@ pub unsafe fn mem_alloc_pitch(
 /// # Safety
 /// C contract of `cuMemFree_v2`.
 pub unsafe fn mem_free(real: &Real, dptr: CUdeviceptr) -> CUresult {
-    let f = real_fn!(real, unsafe extern "C" fn(CUdeviceptr) -> CUresult);
+    let f = real_fn!(real, pfn::MemFree);
     // SAFETY: caller contract.
     untrack(&PTRS, dptr, || unsafe { f(dptr) })
 }
@@ -215,9 +207,8 @@ pub unsafe fn mem_free(real: &Real, dptr: CUdeviceptr) -> CUresult {
 /// 12.8, no `cuStreamGetDevice`).
 fn stream_target(stream: CUstream) -> Option<Target> {
     if stream as usize > 2 {
-        type F = unsafe extern "C" fn(CUstream, *mut CUdevice) -> CUresult;
         // SAFETY: cuStreamGetDevice(CUstream, CUdevice*).
-        if let Some(f) = unsafe { STREAM_GET_DEVICE.func::<F>() } {
+        if let Some(f) = unsafe { STREAM_GET_DEVICE.func::<pfn::StreamGetDevice>() } {
             let mut dev: CUdevice = 0;
             // SAFETY: valid out-pointer; a bad stream is the driver's to refuse.
             if unsafe { f(stream, &mut dev) } == CUDA_SUCCESS {
@@ -269,10 +260,7 @@ pub unsafe fn mem_alloc_async(
     size: usize,
     stream: CUstream,
 ) -> CUresult {
-    let f = real_fn!(
-        real,
-        unsafe extern "C" fn(*mut CUdeviceptr, usize, CUstream) -> CUresult
-    );
+    let f = real_fn!(real, pfn::MemAllocAsync);
     let Some(t) = stream_target(stream).filter(|_| size > 0 && !dptr.is_null()) else {
         // SAFETY: caller contract.
         return unsafe { f(dptr, size, stream) };
@@ -311,8 +299,7 @@ pub unsafe fn mem_alloc_from_pool_async(
     pool: CUmemoryPool,
     stream: CUstream,
 ) -> CUresult {
-    type F = unsafe extern "C" fn(*mut CUdeviceptr, usize, CUmemoryPool, CUstream) -> CUresult;
-    let f = real_fn!(real, F);
+    let f = real_fn!(real, pfn::MemAllocFromPoolAsync);
     // A host or managed pool holds no device memory; a device pool made
     // through cuMemPoolCreate is charged to its device; any other (a
     // device's default pool) to the current context's device.
@@ -355,10 +342,7 @@ pub unsafe fn mem_alloc_from_pool_async(
 /// # Safety
 /// C contract of `cuMemFreeAsync` (either stream flavour).
 pub unsafe fn mem_free_async(real: &Real, dptr: CUdeviceptr, stream: CUstream) -> CUresult {
-    let f = real_fn!(
-        real,
-        unsafe extern "C" fn(CUdeviceptr, CUstream) -> CUresult
-    );
+    let f = real_fn!(real, pfn::MemFreeAsync);
     // Pool memory stays reserved by its pool after a free: its charge moves
     // only when the pool's reserve does (settles). Pointers charged
     // individually are released here.
@@ -369,7 +353,7 @@ pub unsafe fn mem_free_async(real: &Real, dptr: CUdeviceptr, stream: CUstream) -
 /// # Safety
 /// C contract of `cuMemPoolTrimTo`.
 pub unsafe fn mem_pool_trim_to(real: &Real, pool: CUmemoryPool, keep: usize) -> CUresult {
-    let f = real_fn!(real, unsafe extern "C" fn(CUmemoryPool, usize) -> CUresult);
+    let f = real_fn!(real, pfn::MemPoolTrimTo);
     // SAFETY: caller contract.
     let rc = unsafe { f(pool, keep) };
     if rc == CUDA_SUCCESS && shim().active() {
@@ -390,10 +374,9 @@ static HOST_POOLS: Handles = Handles::new(6, 10);
 pub unsafe fn mem_pool_create(
     real: &Real,
     pool: *mut CUmemoryPool,
-    props: *const MemPoolPropsHead,
+    props: *const CUmemPoolProps,
 ) -> CUresult {
-    type F = unsafe extern "C" fn(*mut CUmemoryPool, *const MemPoolPropsHead) -> CUresult;
-    let f = real_fn!(real, F);
+    let f = real_fn!(real, pfn::MemPoolCreate);
     // SAFETY: caller contract.
     let rc = unsafe { f(pool, props) };
     if rc != CUDA_SUCCESS || !shim().active() {
@@ -419,7 +402,7 @@ pub unsafe fn mem_pool_create(
 /// # Safety
 /// C contract of `cuMemPoolDestroy`.
 pub unsafe fn mem_pool_destroy(real: &Real, pool: CUmemoryPool) -> CUresult {
-    let f = real_fn!(real, unsafe extern "C" fn(CUmemoryPool) -> CUresult);
+    let f = real_fn!(real, pfn::MemPoolDestroy);
     // SAFETY: caller contract.
     let rc = unsafe { f(pool) };
     if rc == CUDA_SUCCESS {
@@ -438,10 +421,7 @@ pub unsafe fn mem_pool_destroy(real: &Real, pool: CUmemoryPool) -> CUresult {
 /// # Safety
 /// C contract of `cuGraphLaunch` / `cuGraphUpload` (either stream flavour).
 pub unsafe fn graph_launch(real: &Real, exec: CUgraphExec, stream: CUstream) -> CUresult {
-    let f = real_fn!(
-        real,
-        unsafe extern "C" fn(CUgraphExec, CUstream) -> CUresult
-    );
+    let f = real_fn!(real, pfn::GraphLaunch);
     // SAFETY: caller contract.
     let rc = compute::launch(stream, real, compute::Kind::Graph, || unsafe {
         f(exec, stream)
@@ -457,10 +437,7 @@ pub unsafe fn graph_launch(real: &Real, exec: CUgraphExec, stream: CUstream) -> 
 /// # Safety
 /// C contract of `cuGraphUpload` (either stream flavour).
 pub unsafe fn graph_upload(real: &Real, exec: CUgraphExec, stream: CUstream) -> CUresult {
-    let f = real_fn!(
-        real,
-        unsafe extern "C" fn(CUgraphExec, CUstream) -> CUresult
-    );
+    let f = real_fn!(real, pfn::GraphUpload);
     // SAFETY: caller contract.
     let rc = unsafe { f(exec, stream) };
     if rc == CUDA_SUCCESS {
@@ -490,20 +467,7 @@ pub unsafe fn launch_kernel(
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> CUresult {
-    type F = unsafe extern "C" fn(
-        CUfunction,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        CUstream,
-        *mut *mut c_void,
-        *mut *mut c_void,
-    ) -> CUresult;
-    let f = real_fn!(real, F);
+    let f = real_fn!(real, pfn::LaunchKernel);
     // SAFETY: caller contract.
     compute::launch(stream, real, compute::Kind::Kernel, || unsafe {
         f(func, gx, gy, gz, bx, by, bz, shmem, stream, params, extra)
@@ -526,19 +490,7 @@ pub unsafe fn launch_cooperative(
     stream: CUstream,
     params: *mut *mut c_void,
 ) -> CUresult {
-    type F = unsafe extern "C" fn(
-        CUfunction,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        CUstream,
-        *mut *mut c_void,
-    ) -> CUresult;
-    let f = real_fn!(real, F);
+    let f = real_fn!(real, pfn::LaunchCooperativeKernel);
     // SAFETY: caller contract.
     compute::launch(stream, real, compute::Kind::Kernel, || unsafe {
         f(func, gx, gy, gz, bx, by, bz, shmem, stream, params)
@@ -549,18 +501,12 @@ pub unsafe fn launch_cooperative(
 /// C contract of `cuLaunchKernelEx` (either stream flavour).
 pub unsafe fn launch_kernel_ex(
     real: &Real,
-    config: *const compute::LaunchConfig,
+    config: *const LaunchConfig,
     func: CUfunction,
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> CUresult {
-    type F = unsafe extern "C" fn(
-        *const compute::LaunchConfig,
-        CUfunction,
-        *mut *mut c_void,
-        *mut *mut c_void,
-    ) -> CUresult;
-    let f = real_fn!(real, F);
+    let f = real_fn!(real, pfn::LaunchKernelEx);
     // SAFETY: config null or valid (caller contract); the driver rejects null.
     let Some(c) = (unsafe { config.as_ref() }) else {
         // SAFETY: caller contract.
@@ -575,7 +521,7 @@ pub unsafe fn launch_kernel_ex(
 /// # Safety
 /// C contract of `cuDeviceGraphMemTrim`.
 pub unsafe fn device_graph_mem_trim(real: &Real, dev: CUdevice) -> CUresult {
-    let f = real_fn!(real, unsafe extern "C" fn(CUdevice) -> CUresult);
+    let f = real_fn!(real, pfn::DeviceGraphMemTrim);
     // SAFETY: caller contract.
     let rc = unsafe { f(dev) };
     if rc == CUDA_SUCCESS && shim().active() {
@@ -597,8 +543,7 @@ pub unsafe fn mem_create(
     prop: *const CUmemAllocationProp,
     flags: u64,
 ) -> CUresult {
-    type F = unsafe extern "C" fn(*mut u64, usize, *const CUmemAllocationProp, u64) -> CUresult;
-    let f = real_fn!(real, F);
+    let f = real_fn!(real, pfn::MemCreate);
     // SAFETY: prop is null or a valid CUmemAllocationProp (caller contract).
     let dev = unsafe { prop.as_ref() }
         .filter(|p| p.location_type == CU_MEM_LOCATION_TYPE_DEVICE)
@@ -629,7 +574,7 @@ pub unsafe fn mem_create(
 /// # Safety
 /// C contract of `cuMemRelease`.
 pub unsafe fn mem_release(real: &Real, handle: u64) -> CUresult {
-    let f = real_fn!(real, unsafe extern "C" fn(u64) -> CUresult);
+    let f = real_fn!(real, pfn::MemRelease);
     {
         let mut m = mappings();
         if m.count.contains_key(&handle) {
@@ -687,8 +632,7 @@ pub unsafe fn mem_map(
     handle: u64,
     flags: u64,
 ) -> CUresult {
-    type F = unsafe extern "C" fn(CUdeviceptr, usize, usize, u64, u64) -> CUresult;
-    let f = real_fn!(real, F);
+    let f = real_fn!(real, pfn::MemMap);
     // SAFETY: caller contract.
     let rc = unsafe { f(ptr, size, offset, handle, flags) };
     if rc == CUDA_SUCCESS && HANDLES.get(handle).is_some() {
@@ -702,7 +646,7 @@ pub unsafe fn mem_map(
 /// # Safety
 /// C contract of `cuMemUnmap`.
 pub unsafe fn mem_unmap(real: &Real, ptr: CUdeviceptr, size: usize) -> CUresult {
-    let f = real_fn!(real, unsafe extern "C" fn(CUdeviceptr, usize) -> CUresult);
+    let f = real_fn!(real, pfn::MemUnmap);
     // SAFETY: caller contract.
     let rc = unsafe { f(ptr, size) };
     if rc != CUDA_SUCCESS {
@@ -736,13 +680,13 @@ enum ArrayKind {
 }
 
 fn array_requirements(kind: ArrayKind, arr: CUarray, dev: usize) -> Option<u64> {
-    type F = unsafe extern "C" fn(*mut ArrayMemoryRequirements, CUarray, CUdevice) -> CUresult;
     let real = match kind {
         ArrayKind::Plain => &ARRAY_REQUIREMENTS,
         ArrayKind::Mipmapped => &MIPMAP_REQUIREMENTS,
     };
-    // SAFETY: cu[Mipmapped]ArrayGetMemoryRequirements(req*, handle, dev).
-    let f = unsafe { real.func::<F>() }?;
+    // SAFETY: cu[Mipmapped]ArrayGetMemoryRequirements(req*, handle, dev):
+    // one prototype (a CUmipmappedArray is a handle like a CUarray).
+    let f = unsafe { real.func::<pfn::ArrayGetMemoryRequirements>() }?;
     let mut req = ArrayMemoryRequirements::default();
     // SAFETY: valid out-pointer.
     let rc = unsafe { f(&mut req, arr, dev as CUdevice) };
@@ -750,13 +694,12 @@ fn array_requirements(kind: ArrayKind, arr: CUarray, dev: usize) -> Option<u64> 
 }
 
 fn array_destroy_real(kind: ArrayKind, arr: CUarray) {
-    type F = unsafe extern "C" fn(CUarray) -> CUresult;
     let real = match kind {
         ArrayKind::Plain => &ARRAY_DESTROY,
         ArrayKind::Mipmapped => &MIPMAP_DESTROY,
     };
     // SAFETY: cu[Mipmapped]ArrayDestroy(handle).
-    if let Some(f) = unsafe { real.func::<F>() } {
+    if let Some(f) = unsafe { real.func::<pfn::ArrayDestroy>() } {
         // SAFETY: destroys the array the driver just created.
         unsafe { f(arr) };
     }
@@ -811,10 +754,7 @@ pub unsafe fn array_create(
     arr: *mut CUarray,
     desc: *const ArrayDescriptor,
 ) -> CUresult {
-    let f = real_fn!(
-        real,
-        unsafe extern "C" fn(*mut CUarray, *const ArrayDescriptor) -> CUresult
-    );
+    let f = real_fn!(real, pfn::ArrayCreate);
     // SAFETY: desc null or valid (caller contract).
     let d = unsafe { desc.as_ref() };
     let t = target_current().filter(|_| !arr.is_null());
@@ -834,10 +774,7 @@ pub unsafe fn array3d_create(
     arr: *mut CUarray,
     desc: *const Array3DDescriptor,
 ) -> CUresult {
-    let f = real_fn!(
-        real,
-        unsafe extern "C" fn(*mut CUarray, *const Array3DDescriptor) -> CUresult
-    );
+    let f = real_fn!(real, pfn::Array3DCreate);
     // SAFETY: desc null or valid (caller contract).
     let d = unsafe { desc.as_ref() };
     let t = target_current().filter(|_| !arr.is_null());
@@ -858,8 +795,7 @@ pub unsafe fn mipmapped_create(
     desc: *const Array3DDescriptor,
     levels: c_uint,
 ) -> CUresult {
-    type F = unsafe extern "C" fn(*mut CUarray, *const Array3DDescriptor, c_uint) -> CUresult;
-    let f = real_fn!(real, F);
+    let f = real_fn!(real, pfn::MipmappedArrayCreate);
     // SAFETY: desc null or valid (caller contract).
     let d = unsafe { desc.as_ref() };
     let t = target_current().filter(|_| !arr.is_null());
@@ -886,7 +822,7 @@ pub unsafe fn mipmapped_create(
 /// # Safety
 /// C contract of `cuArrayDestroy`.
 pub unsafe fn array_destroy(real: &Real, arr: CUarray) -> CUresult {
-    let f = real_fn!(real, unsafe extern "C" fn(CUarray) -> CUresult);
+    let f = real_fn!(real, pfn::ArrayDestroy);
     // SAFETY: caller contract.
     untrack(&ARRAYS, arr as u64, || unsafe { f(arr) })
 }
@@ -894,7 +830,7 @@ pub unsafe fn array_destroy(real: &Real, arr: CUarray) -> CUresult {
 /// # Safety
 /// C contract of `cuMipmappedArrayDestroy`.
 pub unsafe fn mipmapped_destroy(real: &Real, arr: CUarray) -> CUresult {
-    let f = real_fn!(real, unsafe extern "C" fn(CUarray) -> CUresult);
+    let f = real_fn!(real, pfn::MipmappedArrayDestroy);
     // SAFETY: caller contract.
     untrack(&ARRAYS, arr as u64, || unsafe { f(arr) })
 }
@@ -915,10 +851,7 @@ fn slice_view(t: Target, real_total: u64, real_free: u64) -> (u64, u64) {
 /// # Safety
 /// C contract of `cuMemGetInfo_v2`.
 pub unsafe fn mem_get_info(real: &Real, free: *mut usize, total: *mut usize) -> CUresult {
-    let f = real_fn!(
-        real,
-        unsafe extern "C" fn(*mut usize, *mut usize) -> CUresult
-    );
+    let f = real_fn!(real, pfn::MemGetInfo);
     // The driver's own handling of null pointers and errors comes first.
     // SAFETY: caller contract.
     let rc = unsafe { f(free, total) };
@@ -944,10 +877,7 @@ pub unsafe fn mem_get_info(real: &Real, free: *mut usize, total: *mut usize) -> 
 /// # Safety
 /// C contract of `cuMemGetInfo` (the 32-bit ABI).
 pub unsafe fn mem_get_info_v1(real: &Real, free: *mut c_uint, total: *mut c_uint) -> CUresult {
-    let f = real_fn!(
-        real,
-        unsafe extern "C" fn(*mut c_uint, *mut c_uint) -> CUresult
-    );
+    let f = real_fn!(real, pfn::MemGetInfoV1);
     // SAFETY: caller contract.
     let rc = unsafe { f(free, total) };
     if rc != CUDA_SUCCESS {
@@ -981,7 +911,7 @@ fn cap_of(dev: CUdevice) -> Option<u64> {
 /// C contract of `cuDeviceTotalMem_v2`: the total is the cap (what
 /// `torch.cuda.get_device_properties().total_memory` reports).
 pub unsafe fn device_total_mem(real: &Real, bytes: *mut usize, dev: CUdevice) -> CUresult {
-    let f = real_fn!(real, unsafe extern "C" fn(*mut usize, CUdevice) -> CUresult);
+    let f = real_fn!(real, pfn::DeviceTotalMem);
     // SAFETY: caller contract.
     let rc = unsafe { f(bytes, dev) };
     if rc == CUDA_SUCCESS {
@@ -996,10 +926,7 @@ pub unsafe fn device_total_mem(real: &Real, bytes: *mut usize, dev: CUdevice) ->
 /// # Safety
 /// C contract of `cuDeviceTotalMem` (the pre-3.2, 32-bit ABI).
 pub unsafe fn device_total_mem_v1(real: &Real, bytes: *mut c_uint, dev: CUdevice) -> CUresult {
-    let f = real_fn!(
-        real,
-        unsafe extern "C" fn(*mut c_uint, CUdevice) -> CUresult
-    );
+    let f = real_fn!(real, pfn::DeviceTotalMemV1);
     // SAFETY: caller contract.
     let rc = unsafe { f(bytes, dev) };
     if rc == CUDA_SUCCESS {

@@ -12,10 +12,6 @@ use crate::real::Real;
 use crate::state::refuse_init;
 use crate::sys::log_line;
 
-/// What `cuInit` returns when the slice's limits cannot be applied: the
-/// error CUDA uses for an operation the environment does not permit.
-pub const CUDA_ERROR_NOT_PERMITTED: CUresult = 800;
-
 static TOLD: AtomicBool = AtomicBool::new(false);
 
 /// # Safety
@@ -25,10 +21,12 @@ pub unsafe fn cu_init(real: &Real, flags: c_uint) -> CUresult {
         if !TOLD.swap(true, Ordering::Relaxed) {
             log_line(&format!("cuInit: {why}"));
         }
+        // The error CUDA uses for an operation the environment does not
+        // permit.
         return CUDA_ERROR_NOT_PERMITTED;
     }
     // SAFETY: the family's signature is cuInit's.
-    match unsafe { real.func::<unsafe extern "C" fn(c_uint) -> CUresult>() } {
+    match unsafe { real.func::<pfn::Init>() } {
         // SAFETY: caller contract.
         Some(f) => unsafe { f(flags) },
         None => CUDA_ERROR_NOT_INITIALIZED,

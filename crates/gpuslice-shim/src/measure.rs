@@ -12,7 +12,7 @@
 //! ([`gpuslice_ledger::hostpid`]). When the resolver does not answer,
 //! nothing is measured and the shim keeps its estimates.
 
-use std::ffi::{c_int, c_uint, c_void, CString};
+use std::ffi::{c_uint, c_void, CString};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
@@ -20,26 +20,14 @@ use gpuslice_ledger::hostpid::{self, HostPid};
 use gpuslice_ledger::MAX_DEVICES;
 
 use crate::config::NvmlMatch;
-use crate::cuda::NvmlDevice;
+use crate::cuda::{
+    nvml_pfn, NvmlDevice, NvmlProcessInfo, NVML_ERROR_INSUFFICIENT_SIZE, NVML_SUCCESS,
+};
 use crate::sys;
 
-const NVML_SUCCESS: c_int = 0;
-const NVML_ERROR_INSUFFICIENT_SIZE: c_int = 7;
-
-/// `nvmlProcessInfo_t` (v2 layout, used by `_v2` and `_v3`).
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct ProcessInfo {
-    pid: c_uint,
-    used: u64,
-    gpu_instance: c_uint,
-    compute_instance: c_uint,
-}
-
-type Processes = unsafe extern "C" fn(NvmlDevice, *mut c_uint, *mut ProcessInfo) -> c_int;
-
 struct Nvml {
-    processes: Processes,
+    /// `_v3`, else `_v2`: the same `nvmlProcessInfo_t` records.
+    processes: nvml_pfn::DeviceGetComputeRunningProcesses,
     devices: Vec<Option<NvmlDevice>>,
 }
 
@@ -84,9 +72,10 @@ fn open(matches: &[NvmlMatch]) -> Option<Nvml> {
     if lib.is_null() {
         return None;
     }
-    type Init = unsafe extern "C" fn() -> c_int;
-    type ByUuid = unsafe extern "C" fn(*const i8, *mut NvmlDevice) -> c_int;
-    type ByIndex = unsafe extern "C" fn(c_uint, *mut NvmlDevice) -> c_int;
+    use nvml_pfn::{
+        DeviceGetComputeRunningProcesses as Processes, DeviceGetHandleByIndex as ByIndex,
+        DeviceGetHandleByUuid as ByUuid, Init,
+    };
     // SAFETY: the NVML signatures of these names (nvml.h).
     let (init, by_uuid, by_index, processes) = unsafe {
         (
@@ -129,7 +118,7 @@ pub fn process_used(matches: &[NvmlMatch], dev: usize) -> Option<u64> {
     let me = host_pid()?;
     let nvml = NVML.get_or_init(|| open(matches)).as_ref()?;
     let handle = (*nvml.devices.get(dev)?)?;
-    let mut buf = vec![ProcessInfo::default(); 64];
+    let mut buf = vec![NvmlProcessInfo::default(); 64];
     loop {
         let mut count = buf.len() as c_uint;
         // SAFETY: `count` records of room in `buf`.
@@ -140,7 +129,7 @@ pub fn process_used(matches: &[NvmlMatch], dev: usize) -> Option<u64> {
                 break;
             }
             NVML_ERROR_INSUFFICIENT_SIZE if (count as usize) > buf.len() && count < 65536 => {
-                buf.resize(count as usize, ProcessInfo::default());
+                buf.resize(count as usize, NvmlProcessInfo::default());
             }
             _ => return None,
         }
@@ -152,7 +141,7 @@ pub fn process_used(matches: &[NvmlMatch], dev: usize) -> Option<u64> {
     let figures: Vec<u64> = buf
         .iter()
         .filter(|p| p.pid == ours)
-        .map(|p| p.used)
+        .map(|p| p.used_gpu_memory)
         .collect();
     if figures.is_empty() {
         return Some(0); // not listed: holds nothing there

@@ -1,7 +1,7 @@
 //! NVML memory queries report the slice: total = cap, used = the slice's
 //! charge, free = what is left (never more than the GPU really has free).
 
-use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
 use gpuslice_ledger::{MAX_DEVICES, UNLIMITED};
@@ -10,8 +10,6 @@ use crate::config::NvmlMatch;
 use crate::cuda::*;
 use crate::real::Real;
 use crate::state::shim;
-
-const NVML_SUCCESS: c_int = 0;
 
 static GET_UUID: Real = Real::named(c"nvmlDeviceGetUUID");
 static GET_INDEX: Real = Real::named(c"nvmlDeviceGetIndex");
@@ -22,10 +20,9 @@ static CACHE: [(AtomicPtr<c_void>, AtomicUsize); 2 * MAX_DEVICES] =
     [const { (AtomicPtr::new(std::ptr::null_mut()), AtomicUsize::new(0)) }; 2 * MAX_DEVICES];
 
 fn uuid_of(dev: NvmlDevice) -> Option<String> {
-    type F = unsafe extern "C" fn(NvmlDevice, *mut c_char, c_uint) -> c_int;
     // SAFETY: nvmlDeviceGetUUID(device, char*, length).
-    let f = unsafe { GET_UUID.func::<F>() }?;
-    let mut buf = [0u8; 96];
+    let f = unsafe { GET_UUID.func::<nvml_pfn::DeviceGetUuid>() }?;
+    let mut buf = [0u8; NVML_DEVICE_UUID_V2_BUFFER_SIZE];
     // SAFETY: buffer of the given length.
     let rc = unsafe { f(dev, buf.as_mut_ptr().cast(), buf.len() as c_uint) };
     if rc != NVML_SUCCESS {
@@ -36,9 +33,8 @@ fn uuid_of(dev: NvmlDevice) -> Option<String> {
 }
 
 fn index_of(dev: NvmlDevice) -> Option<u32> {
-    type F = unsafe extern "C" fn(NvmlDevice, *mut c_uint) -> c_int;
     // SAFETY: nvmlDeviceGetIndex(device, unsigned*).
-    let f = unsafe { GET_INDEX.func::<F>() }?;
+    let f = unsafe { GET_INDEX.func::<nvml_pfn::DeviceGetIndex>() }?;
     let mut i: c_uint = 0;
     // SAFETY: valid out-pointer.
     (unsafe { f(dev, &mut i) } == NVML_SUCCESS).then_some(i)
@@ -103,22 +99,27 @@ fn slice_of(dev: NvmlDevice) -> Option<(u64, u64)> {
     (cap != UNLIMITED).then(|| (cap, ledger.used(i)))
 }
 
+/// `nvmlReturn_t` as the shim's exports have always returned it: C's
+/// `int` (the same 32 bits as the header's enum).
+fn exported(rc: NvmlReturn) -> c_int {
+    rc as c_int
+}
+
 /// # Safety
 /// C contract of `nvmlDeviceGetMemoryInfo`.
 pub unsafe fn memory_info(real: &Real, dev: NvmlDevice, mem: *mut NvmlMemory) -> c_int {
-    type F = unsafe extern "C" fn(NvmlDevice, *mut NvmlMemory) -> c_int;
     // SAFETY: the family's signature.
-    let Some(f) = (unsafe { real.func::<F>() }) else {
-        return 999;
+    let Some(f) = (unsafe { real.func::<nvml_pfn::DeviceGetMemoryInfo>() }) else {
+        return exported(NVML_ERROR_UNKNOWN);
     };
     // SAFETY: caller contract.
     let rc = unsafe { f(dev, mem) };
     if rc != NVML_SUCCESS {
-        return rc;
+        return exported(rc);
     }
     // SAFETY: written by NVML on success (non-null, else it failed).
     let Some(m) = (unsafe { mem.as_mut() }) else {
-        return rc;
+        return exported(rc);
     };
     if let Some((cap, used)) = slice_of(dev) {
         let total = cap.min(m.total);
@@ -126,25 +127,24 @@ pub unsafe fn memory_info(real: &Real, dev: NvmlDevice, mem: *mut NvmlMemory) ->
         m.used = used.min(total);
         m.free = m.free.min(total - m.used);
     }
-    rc
+    exported(rc)
 }
 
 /// # Safety
 /// C contract of `nvmlDeviceGetMemoryInfo_v2`.
 pub unsafe fn memory_info_v2(real: &Real, dev: NvmlDevice, mem: *mut NvmlMemoryV2) -> c_int {
-    type F = unsafe extern "C" fn(NvmlDevice, *mut NvmlMemoryV2) -> c_int;
     // SAFETY: the family's signature.
-    let Some(f) = (unsafe { real.func::<F>() }) else {
-        return 999;
+    let Some(f) = (unsafe { real.func::<nvml_pfn::DeviceGetMemoryInfoV2>() }) else {
+        return exported(NVML_ERROR_UNKNOWN);
     };
     // SAFETY: caller contract.
     let rc = unsafe { f(dev, mem) };
     if rc != NVML_SUCCESS {
-        return rc;
+        return exported(rc);
     }
     // SAFETY: as above.
     let Some(m) = (unsafe { mem.as_mut() }) else {
-        return rc;
+        return exported(rc);
     };
     if let Some((cap, used)) = slice_of(dev) {
         let total = cap.min(m.total);
@@ -153,5 +153,5 @@ pub unsafe fn memory_info_v2(real: &Real, dev: NvmlDevice, mem: *mut NvmlMemoryV
         m.used = used.min(total);
         m.free = m.free.min(total - m.used);
     }
-    rc
+    exported(rc)
 }

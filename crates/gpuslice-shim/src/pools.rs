@@ -64,18 +64,16 @@ pub fn find_pool(pool: CUmemoryPool) -> Option<&'static PoolEntry> {
 }
 
 pub fn pool_attr(pool: CUmemoryPool, attr: c_int) -> Option<u64> {
-    type F = unsafe extern "C" fn(CUmemoryPool, c_int, *mut c_void) -> CUresult;
     // SAFETY: cuMemPoolGetAttribute(pool, attr, void*).
-    let f = unsafe { POOL_GET_ATTRIBUTE.func::<F>() }?;
+    let f = unsafe { POOL_GET_ATTRIBUTE.func::<pfn::MemPoolGetAttribute>() }?;
     let mut v: u64 = 0;
     // SAFETY: both attributes we read are cuuint64_t.
     (unsafe { f(pool, attr, (&mut v as *mut u64).cast()) } == CUDA_SUCCESS).then_some(v)
 }
 
 pub fn device_mem_pool(dev: usize) -> Option<CUmemoryPool> {
-    type F = unsafe extern "C" fn(*mut CUmemoryPool, CUdevice) -> CUresult;
     // SAFETY: cuDeviceGetMemPool(CUmemoryPool*, CUdevice).
-    let f = unsafe { DEVICE_GET_MEM_POOL.func::<F>() }?;
+    let f = unsafe { DEVICE_GET_MEM_POOL.func::<pfn::DeviceGetMemPool>() }?;
     let mut p: CUmemoryPool = std::ptr::null_mut();
     // SAFETY: valid out-pointer.
     let rc = unsafe { f(&mut p, dev as CUdevice) };
@@ -100,9 +98,8 @@ pub fn settle_pool(e: &PoolEntry, t: Target, hold: u64) {
 static GRAPH_CHARGED: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
 
 pub fn settle_graph(t: Target) {
-    type F = unsafe extern "C" fn(CUdevice, c_int, *mut c_void) -> CUresult;
     // SAFETY: cuDeviceGetGraphMemAttribute(CUdevice, attr, void*).
-    let Some(f) = (unsafe { GRAPH_MEM_ATTRIBUTE.func::<F>() }) else {
+    let Some(f) = (unsafe { GRAPH_MEM_ATTRIBUTE.func::<pfn::DeviceGetGraphMemAttribute>() }) else {
         return;
     };
     let mut now: u64 = 0;

@@ -161,9 +161,8 @@ fn create_context(
 }
 
 fn undo_with(real: &'static Real, arg: *mut c_void) {
-    type F = unsafe extern "C" fn(*mut c_void) -> CUresult;
-    // SAFETY: cuCtxDestroy_v2 / cuGreenCtxDestroy(handle).
-    if let Some(f) = unsafe { real.func::<F>() } {
+    // SAFETY: cuCtxDestroy_v2 / cuGreenCtxDestroy(handle): one prototype.
+    if let Some(f) = unsafe { real.func::<pfn::CtxDestroy>() } {
         // SAFETY: destroys what the driver just created.
         unsafe { f(arg) };
     }
@@ -174,9 +173,8 @@ static CTX_DESTROY: Real = Real::named(c"cuCtxDestroy_v2");
 static GREEN_DESTROY: Real = Real::named(c"cuGreenCtxDestroy");
 
 fn release_primary(dev: CUdevice) {
-    type F = unsafe extern "C" fn(CUdevice) -> CUresult;
     // SAFETY: cuDevicePrimaryCtxRelease_v2(CUdevice).
-    if let Some(f) = unsafe { PRIMARY_RELEASE.func::<F>() } {
+    if let Some(f) = unsafe { PRIMARY_RELEASE.func::<pfn::DevicePrimaryCtxRelease>() } {
         // SAFETY: drops the reference just taken.
         unsafe { f(dev) };
     }
@@ -189,10 +187,7 @@ use crate::real::real_fn;
 /// # Safety
 /// C contract of `cuDevicePrimaryCtxRetain`.
 pub unsafe fn primary_ctx_retain(real: &Real, pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
-    let f = real_fn!(
-        real,
-        unsafe extern "C" fn(*mut CUcontext, CUdevice) -> CUresult
-    );
+    let f = real_fn!(real, pfn::DevicePrimaryCtxRetain);
     let t = target_no_context(dev).filter(|_| !pctx.is_null());
     let first = t.is_some_and(|t| PRIMARY_REFS[t.dev].load(Ordering::Acquire) == 0);
     match t {
@@ -231,7 +226,7 @@ fn context_gone(dev: usize) {
 /// # Safety
 /// C contract of `cuDevicePrimaryCtxRelease(_v2)`.
 pub unsafe fn primary_ctx_release(real: &Real, dev: CUdevice) -> CUresult {
-    let f = real_fn!(real, unsafe extern "C" fn(CUdevice) -> CUresult);
+    let f = real_fn!(real, pfn::DevicePrimaryCtxRelease);
     // SAFETY: caller contract.
     let rc = unsafe { f(dev) };
     if rc == CUDA_SUCCESS {
@@ -250,7 +245,7 @@ pub unsafe fn primary_ctx_release(real: &Real, dev: CUdevice) -> CUresult {
 /// # Safety
 /// C contract of `cuDevicePrimaryCtxReset(_v2)`.
 pub unsafe fn primary_ctx_reset(real: &Real, dev: CUdevice) -> CUresult {
-    let f = real_fn!(real, unsafe extern "C" fn(CUdevice) -> CUresult);
+    let f = real_fn!(real, pfn::DevicePrimaryCtxReset);
     // SAFETY: caller contract.
     let rc = unsafe { f(dev) };
     if rc == CUDA_SUCCESS {
@@ -295,10 +290,7 @@ pub unsafe fn ctx_create(
     flags: c_uint,
     dev: CUdevice,
 ) -> CUresult {
-    let f = real_fn!(
-        real,
-        unsafe extern "C" fn(*mut CUcontext, c_uint, CUdevice) -> CUresult
-    );
+    let f = real_fn!(real, pfn::CtxCreate);
     match target_no_context(dev).filter(|_| !pctx.is_null()) {
         // SAFETY: caller contract.
         Some(t) => created(t, pctx, &CTX_DESTROY, || unsafe { f(pctx, flags, dev) }),
@@ -317,8 +309,7 @@ pub unsafe fn ctx_create_v3(
     flags: c_uint,
     dev: CUdevice,
 ) -> CUresult {
-    type F = unsafe extern "C" fn(*mut CUcontext, *mut c_void, c_int, c_uint, CUdevice) -> CUresult;
-    let f = real_fn!(real, F);
+    let f = real_fn!(real, pfn::CtxCreateV3);
     match target_no_context(dev).filter(|_| !pctx.is_null()) {
         // SAFETY: caller contract.
         Some(t) => created(t, pctx, &CTX_DESTROY, || unsafe {
@@ -338,8 +329,7 @@ pub unsafe fn ctx_create_v4(
     flags: c_uint,
     dev: CUdevice,
 ) -> CUresult {
-    type F = unsafe extern "C" fn(*mut CUcontext, *mut c_void, c_uint, CUdevice) -> CUresult;
-    let f = real_fn!(real, F);
+    let f = real_fn!(real, pfn::CtxCreateV4);
     match target_no_context(dev).filter(|_| !pctx.is_null()) {
         // SAFETY: caller contract.
         Some(t) => created(t, pctx, &CTX_DESTROY, || unsafe {
@@ -359,8 +349,7 @@ pub unsafe fn green_ctx_create(
     dev: CUdevice,
     flags: c_uint,
 ) -> CUresult {
-    type F = unsafe extern "C" fn(*mut CUcontext, *mut c_void, CUdevice, c_uint) -> CUresult;
-    let f = real_fn!(real, F);
+    let f = real_fn!(real, pfn::GreenCtxCreate);
     match target_no_context(dev).filter(|_| !pctx.is_null()) {
         // SAFETY: caller contract.
         Some(t) => created(t, pctx, &GREEN_DESTROY, || unsafe {
@@ -374,7 +363,7 @@ pub unsafe fn green_ctx_create(
 /// # Safety
 /// C contract of `cuCtxDestroy_v2` and `cuGreenCtxDestroy`.
 pub unsafe fn ctx_destroy(real: &Real, ctx: CUcontext) -> CUresult {
-    let f = real_fn!(real, unsafe extern "C" fn(CUcontext) -> CUresult);
+    let f = real_fn!(real, pfn::CtxDestroy);
     let Some(v) = OBJECTS.remove(ctx as u64) else {
         // SAFETY: caller contract.
         return unsafe { f(ctx) };
@@ -399,9 +388,8 @@ pub unsafe fn ctx_destroy(real: &Real, ctx: CUcontext) -> CUresult {
 
 /// Free memory of the current device now (the real driver's figure).
 fn device_free() -> Option<u64> {
-    type F = unsafe extern "C" fn(*mut usize, *mut usize) -> CUresult;
     // SAFETY: cuMemGetInfo_v2(size_t*, size_t*).
-    let f = unsafe { MEM_GET_INFO.func::<F>() }?;
+    let f = unsafe { MEM_GET_INFO.func::<pfn::MemGetInfo>() }?;
     let (mut free, mut total) = (0usize, 0usize);
     // SAFETY: valid out-pointers.
     (unsafe { f(&mut free, &mut total) } == CUDA_SUCCESS).then_some(free as u64)
@@ -442,13 +430,12 @@ enum Loaded {
 }
 
 fn unload(kind: Loaded, h: CUhandle) {
-    type F = unsafe extern "C" fn(CUhandle) -> CUresult;
     let real = match kind {
         Loaded::Module => &MODULE_UNLOAD,
         Loaded::Library => &LIBRARY_UNLOAD,
     };
-    // SAFETY: cuModuleUnload / cuLibraryUnload(handle).
-    if let Some(f) = unsafe { real.func::<F>() } {
+    // SAFETY: cuModuleUnload / cuLibraryUnload(handle): one prototype.
+    if let Some(f) = unsafe { real.func::<pfn::ModuleUnload>() } {
         // SAFETY: unloads what the driver just loaded.
         unsafe { f(h) };
     }
@@ -475,10 +462,7 @@ fn load(kind: Loaded, out: *mut CUhandle, call: impl FnOnce() -> CUresult) -> CU
 /// # Safety
 /// C contract of `cuModuleLoad`.
 pub unsafe fn module_load(real: &Real, m: *mut CUhandle, fname: *const c_char) -> CUresult {
-    let f = real_fn!(
-        real,
-        unsafe extern "C" fn(*mut CUhandle, *const c_char) -> CUresult
-    );
+    let f = real_fn!(real, pfn::ModuleLoad);
     // SAFETY: caller contract.
     load(Loaded::Module, m, || unsafe { f(m, fname) })
 }
@@ -486,10 +470,7 @@ pub unsafe fn module_load(real: &Real, m: *mut CUhandle, fname: *const c_char) -
 /// # Safety
 /// C contract of `cuModuleLoadData` and `cuModuleLoadFatBinary`.
 pub unsafe fn module_load_data(real: &Real, m: *mut CUhandle, image: *const c_void) -> CUresult {
-    let f = real_fn!(
-        real,
-        unsafe extern "C" fn(*mut CUhandle, *const c_void) -> CUresult
-    );
+    let f = real_fn!(real, pfn::ModuleLoadData);
     // SAFETY: caller contract.
     load(Loaded::Module, m, || unsafe { f(m, image) })
 }
@@ -504,14 +485,7 @@ pub unsafe fn module_load_data_ex(
     opts: *mut c_int,
     vals: *mut *mut c_void,
 ) -> CUresult {
-    type F = unsafe extern "C" fn(
-        *mut CUhandle,
-        *const c_void,
-        c_uint,
-        *mut c_int,
-        *mut *mut c_void,
-    ) -> CUresult;
-    let f = real_fn!(real, F);
+    let f = real_fn!(real, pfn::ModuleLoadDataEx);
     // SAFETY: caller contract.
     load(Loaded::Module, m, || unsafe { f(m, image, n, opts, vals) })
 }
@@ -531,17 +505,7 @@ pub unsafe fn library_load(
     lib_vals: *mut *mut c_void,
     n_lib: c_uint,
 ) -> CUresult {
-    type F = unsafe extern "C" fn(
-        *mut CUhandle,
-        *const c_void,
-        *mut c_int,
-        *mut *mut c_void,
-        c_uint,
-        *mut c_int,
-        *mut *mut c_void,
-        c_uint,
-    ) -> CUresult;
-    let f = real_fn!(real, F);
+    let f = real_fn!(real, pfn::LibraryLoadData);
     // SAFETY: caller contract.
     load(Loaded::Library, lib, || unsafe {
         f(
@@ -553,7 +517,7 @@ pub unsafe fn library_load(
 /// # Safety
 /// C contract of `cuModuleUnload` and `cuLibraryUnload`.
 pub unsafe fn unload_hook(real: &Real, h: CUhandle) -> CUresult {
-    let f = real_fn!(real, unsafe extern "C" fn(CUhandle) -> CUresult);
+    let f = real_fn!(real, pfn::ModuleUnload);
     let Some(v) = OBJECTS.remove(h as u64) else {
         // SAFETY: caller contract.
         return unsafe { f(h) };
@@ -577,16 +541,15 @@ static LIMITS: [[AtomicU64; 3]; MAX_DEVICES] =
 /// # Safety
 /// C contract of `cuCtxSetLimit`.
 pub unsafe fn ctx_set_limit(real: &Real, limit: c_int, value: usize) -> CUresult {
-    let f = real_fn!(real, unsafe extern "C" fn(c_int, usize) -> CUresult);
+    let f = real_fn!(real, pfn::CtxSetLimit);
     let slot = usize::try_from(limit).ok().filter(|&l| l < 3);
     let Some((slot, t)) = slot.zip(target_current()) else {
         // SAFETY: caller contract.
         return unsafe { f(limit, value) };
     };
-    type Get = unsafe extern "C" fn(*mut usize, c_int) -> CUresult;
     let mut old = 0usize;
     // SAFETY: cuCtxGetLimit(size_t*, CUlimit).
-    let had_old = unsafe { CTX_GET_LIMIT.func::<Get>() }
+    let had_old = unsafe { CTX_GET_LIMIT.func::<pfn::CtxGetLimit>() }
         // SAFETY: valid out-pointer.
         .is_some_and(|g| unsafe { g(&mut old, limit) } == CUDA_SUCCESS);
     let before = device_free();

@@ -264,25 +264,21 @@ pub unsafe extern "C" fn cuDeviceGetDefaultMemPool(pool: *mut Handle, dev: CUdev
     unsafe { cuDeviceGetMemPool(pool, dev) }
 }
 
-/// Reads `location.type`/`location.id` (offsets 8 and 12) of the props.
+/// Reads the allocation type and location of the props.
 ///
 /// # Safety
 /// `pool` null or valid; `props` null or a `CUmemPoolProps`.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemPoolCreate(pool: *mut Handle, props: *const u8) -> CUresult {
+pub unsafe extern "C" fn cuMemPoolCreate(
+    pool: *mut Handle,
+    props: *const CUmemPoolProps,
+) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
-        if props.is_null() {
+        // SAFETY: null or a CUmemPoolProps (caller contract).
+        let Some(p) = (unsafe { props.as_ref() }) else {
             return CUDA_ERROR_INVALID_VALUE;
-        }
-        // SAFETY: props points to a CUmemPoolProps (≥ 16 bytes): allocType,
-        // handleTypes, location {type, id}.
-        let (alloc, ty, id) = unsafe {
-            (
-                props.cast::<c_int>().read_unaligned(),
-                props.add(8).cast::<c_int>().read_unaligned(),
-                props.add(12).cast::<c_int>().read_unaligned(),
-            )
         };
+        let (alloc, ty, id) = (p.alloc_type, p.location_type, p.location_id);
         // Pinned on a device (1), or on the host (2..=4: host, host NUMA,
         // current host NUMA); managed (allocType 2) on a device: neither
         // host nor managed pools hold the device's memory.
@@ -747,13 +743,13 @@ pub extern "C" fn cuMipmappedArrayDestroy(arr: Handle) -> CUresult {
     destroy_array(arr)
 }
 
-/// `CUDA_ARRAY_MEMORY_REQUIREMENTS`: size, alignment, reserved.
+/// Writes the size and alignment (the reserved words are left alone).
 ///
 /// # Safety
-/// `req` null or valid for a write of two size_t.
+/// `req` null or valid for writes.
 #[no_mangle]
 pub unsafe extern "C" fn cuArrayGetMemoryRequirements(
-    req: *mut usize,
+    req: *mut ArrayMemoryRequirements,
     arr: Handle,
     _dev: CUdevice,
 ) -> CUresult {
@@ -764,10 +760,10 @@ pub unsafe extern "C" fn cuArrayGetMemoryRequirements(
         if req.is_null() {
             return CUDA_ERROR_INVALID_VALUE;
         }
-        // SAFETY: caller contract.
+        // SAFETY: non-null, valid for writes (caller contract).
         unsafe {
-            req.write(bytes as usize);
-            req.add(1).write(ARRAY_ALIGN as usize);
+            (*req).size = bytes as usize;
+            (*req).alignment = ARRAY_ALIGN as usize;
         }
         CUDA_SUCCESS
     })
@@ -777,7 +773,7 @@ pub unsafe extern "C" fn cuArrayGetMemoryRequirements(
 /// As `cuArrayGetMemoryRequirements`.
 #[no_mangle]
 pub unsafe extern "C" fn cuMipmappedArrayGetMemoryRequirements(
-    req: *mut usize,
+    req: *mut ArrayMemoryRequirements,
     arr: Handle,
     dev: CUdevice,
 ) -> CUresult {
@@ -821,8 +817,7 @@ fn graph_id(h: Handle) -> Option<usize> {
     (h as usize).checked_sub(GRAPH_BASE).map(|o| o / 16)
 }
 
-/// `CUDA_MEM_ALLOC_NODE_PARAMS`: poolProps (88 bytes), accessDescs,
-/// accessDescCount, bytesize (offset 104), dptr (offset 112, written).
+/// Reads the node's `bytesize`, writes its `dptr`.
 ///
 /// # Safety
 /// `node` null or valid; `params` a node-params struct.
@@ -832,14 +827,14 @@ pub unsafe extern "C" fn cuGraphAddMemAllocNode(
     graph: Handle,
     _deps: *const Handle,
     _ndeps: usize,
-    params: *mut u8,
+    params: *mut MemAllocNodeParams,
 ) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
         if params.is_null() {
             return CUDA_ERROR_INVALID_VALUE;
         }
-        // SAFETY: caller contract (bytesize at offset 104).
-        let bytes = unsafe { params.add(104).cast::<u64>().read_unaligned() };
+        // SAFETY: non-null, a node-params struct (caller contract).
+        let bytes = unsafe { (*params).bytesize } as u64;
         let addr = with(|e| {
             let g = e.graphs.graphs.get_mut(&graph_id(graph)?)?;
             g.1 += bytes;
@@ -850,8 +845,8 @@ pub unsafe extern "C" fn cuGraphAddMemAllocNode(
         let Some(addr) = addr else {
             return CUDA_ERROR_INVALID_VALUE;
         };
-        // SAFETY: caller contract (dptr at offset 112).
-        unsafe { params.add(112).cast::<u64>().write_unaligned(addr) };
+        // SAFETY: as above.
+        unsafe { (*params).dptr = addr };
         // SAFETY: caller contract.
         rc(unsafe { out(node, (addr as usize) as Handle) })
     })

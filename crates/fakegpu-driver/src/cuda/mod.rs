@@ -8,6 +8,7 @@ mod init;
 mod launch;
 mod memory_ext;
 mod proc_address;
+mod prototypes;
 mod resident;
 
 use std::cell::Cell;

@@ -175,33 +175,36 @@ fn unload(token: usize) -> CUresult {
 /// # Safety
 /// `module` null or valid for a write.
 #[no_mangle]
-pub unsafe extern "C" fn cuModuleLoad(module: *mut usize, _fname: *const c_char) -> CUresult {
-    load(module)
+pub unsafe extern "C" fn cuModuleLoad(module: *mut CUmodule, _fname: *const c_char) -> CUresult {
+    load(module.cast())
 }
 
 /// # Safety
 /// `module` null or valid for a write.
 #[no_mangle]
-pub unsafe extern "C" fn cuModuleLoadData(module: *mut usize, _image: *const c_void) -> CUresult {
-    load(module)
+pub unsafe extern "C" fn cuModuleLoadData(
+    module: *mut CUmodule,
+    _image: *const c_void,
+) -> CUresult {
+    load(module.cast())
 }
 
 /// # Safety
 /// `module` null or valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn cuModuleLoadDataEx(
-    module: *mut usize,
+    module: *mut CUmodule,
     _image: *const c_void,
     _n: c_uint,
     _opts: *mut c_int,
     _vals: *mut *mut c_void,
 ) -> CUresult {
-    load(module)
+    load(module.cast())
 }
 
 #[no_mangle]
-pub extern "C" fn cuModuleUnload(module: usize) -> CUresult {
-    unload(module)
+pub extern "C" fn cuModuleUnload(module: CUmodule) -> CUresult {
+    unload(module as usize)
 }
 
 /// # Safety
@@ -209,7 +212,7 @@ pub extern "C" fn cuModuleUnload(module: usize) -> CUresult {
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn cuLibraryLoadData(
-    library: *mut usize,
+    library: *mut CUlibrary,
     _code: *const c_void,
     _jit_opts: *mut c_int,
     _jit_vals: *mut *mut c_void,
@@ -218,12 +221,12 @@ pub unsafe extern "C" fn cuLibraryLoadData(
     _lib_vals: *mut *mut c_void,
     _n_lib: c_uint,
 ) -> CUresult {
-    load(library)
+    load(library.cast())
 }
 
 #[no_mangle]
-pub extern "C" fn cuLibraryUnload(library: usize) -> CUresult {
-    unload(library)
+pub extern "C" fn cuLibraryUnload(library: CUlibrary) -> CUresult {
+    unload(library as usize)
 }
 
 /// Bytes a limit value holds on device `d` beyond what the context cost

@@ -6,22 +6,6 @@
 
 use super::*;
 
-/// `nvmlProcessInfo_v1_t`.
-#[repr(C)]
-pub struct NvmlProcessInfoV1 {
-    pub pid: c_uint,
-    pub used_gpu_memory: u64,
-}
-
-/// `nvmlProcessInfo_t` (= `nvmlProcessInfo_v2_t`, used by `_v2` and `_v3`).
-#[repr(C)]
-pub struct NvmlProcessInfo {
-    pub pid: c_uint,
-    pub used_gpu_memory: u64,
-    pub gpu_instance_id: c_uint,
-    pub compute_instance_id: c_uint,
-}
-
 fn list(t: &Target) -> Vec<(u32, u64)> {
     let gi = t.mig().map(|m| m.gi);
     memory::processes(t.gpu().info.minor, gi)

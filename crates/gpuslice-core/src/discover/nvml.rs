@@ -8,6 +8,7 @@
 use super::procfs::CapMinors;
 use crate::model::{Gpu, Inventory, MigDevice};
 use crate::select::canonical_bus_id;
+use gpuslice_cuda_abi::nvml::NVML_SUCCESS;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Device;
 use std::collections::BTreeSet;
@@ -15,8 +16,6 @@ use std::ffi::OsStr;
 
 /// NVLink links NVML may report per GPU (`NVML_NVLINK_MAX_LINKS`).
 pub(crate) const NVLINK_MAX: u32 = 18;
-/// `NVML_SUCCESS`.
-const NVML_SUCCESS: u32 = 0;
 /// `NVML_DEVICE_MIG_ENABLE` for the current mode.
 const MIG_ENABLED: u32 = 1;
 

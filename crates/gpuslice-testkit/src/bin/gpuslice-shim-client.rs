@@ -49,13 +49,18 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use gpuslice_cuda_abi::cuda::{
-    pfn, Array3DDescriptor, ArrayDescriptor, CUmemAllocationProp, CUresult as R, LaunchConfig,
-    CU_GET_PROC_ADDRESS_DEFAULT, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
-    CU_MEM_LOCATION_TYPE_DEVICE, CU_STREAM_CAPTURE_MODE_GLOBAL, CU_STREAM_PER_THREAD, LIBCUDA,
+    pfn, Array3DDescriptor, ArrayDescriptor, CUmemAllocationProp, CUmemPoolProps, CUresult as R,
+    LaunchConfig, MemAllocNodeParams, CU_GET_PROC_ADDRESS_DEFAULT,
+    CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, CU_MEM_ALLOCATION_TYPE_MANAGED,
+    CU_MEM_ALLOCATION_TYPE_PINNED, CU_MEM_LOCATION_TYPE_DEVICE, CU_MEM_LOCATION_TYPE_HOST,
+    CU_STREAM_CAPTURE_MODE_GLOBAL, CU_STREAM_PER_THREAD, LIBCUDA,
 };
+use gpuslice_cuda_abi::fakegpu;
+use gpuslice_cuda_abi::nvml::{pfn as nvml_pfn, NvmlProcessInfo};
 use gpuslice_ledger::Ledger;
 
 type Gpa = pfn::GetProcAddress;
+type Retain = pfn::DevicePrimaryCtxRetain;
 
 struct Cuda {
     handle: *mut c_void,
@@ -213,7 +218,7 @@ fn paths(cu: &Cuda) {
         cu,
         "cuMemAllocPitch",
         "cuMemAllocPitch_v2",
-        unsafe extern "C" fn(*mut u64, *mut usize, usize, usize, c_uint) -> R
+        pfn::MemAllocPitch
     );
     path(
         "cuMemAllocPitch",
@@ -230,7 +235,7 @@ fn paths(cu: &Cuda) {
         cu,
         "cuMemAllocManaged",
         "cuMemAllocManaged",
-        unsafe extern "C" fn(*mut u64, usize, c_uint) -> R
+        pfn::MemAllocManaged
     );
     path(
         "cuMemAllocManaged",
@@ -244,30 +249,15 @@ fn paths(cu: &Cuda) {
     );
 
     for exact in ["cuMemAllocAsync", "cuMemAllocAsync_ptsz"] {
-        let a = f!(
-            cu,
-            "cuMemAllocAsync",
-            exact,
-            unsafe extern "C" fn(*mut u64, usize, *mut c_void) -> R
-        );
+        let a = f!(cu, "cuMemAllocAsync", exact, pfn::MemAllocAsync);
         let fr_name = exact.replace("Alloc", "Free");
-        let fr = f!(
-            cu,
-            "cuMemFreeAsync",
-            &fr_name,
-            unsafe extern "C" fn(u64, *mut c_void) -> R
-        );
-        let trim = f!(
-            cu,
-            "cuMemPoolTrimTo",
-            "cuMemPoolTrimTo",
-            unsafe extern "C" fn(*mut c_void, usize) -> R
-        );
+        let fr = f!(cu, "cuMemFreeAsync", &fr_name, pfn::MemFreeAsync);
+        let trim = f!(cu, "cuMemPoolTrimTo", "cuMemPoolTrimTo", pfn::MemPoolTrimTo);
         let get_pool = f!(
             cu,
             "cuDeviceGetMemPool",
             "cuDeviceGetMemPool",
-            unsafe extern "C" fn(*mut *mut c_void, c_int) -> R
+            pfn::DeviceGetMemPool
         );
         path(
             exact,
@@ -289,37 +279,28 @@ fn paths(cu: &Cuda) {
         );
     }
 
-    let create_pool = f!(
-        cu,
-        "cuMemPoolCreate",
-        "cuMemPoolCreate",
-        unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> R
-    );
+    let create_pool = f!(cu, "cuMemPoolCreate", "cuMemPoolCreate", pfn::MemPoolCreate);
     let destroy_pool = f!(
         cu,
         "cuMemPoolDestroy",
         "cuMemPoolDestroy",
-        unsafe extern "C" fn(*mut c_void) -> R
+        pfn::MemPoolDestroy
     );
     let from_pool = f!(
         cu,
         "cuMemAllocFromPoolAsync",
         "cuMemAllocFromPoolAsync",
-        unsafe extern "C" fn(*mut u64, usize, *mut c_void, *mut c_void) -> R
+        pfn::MemAllocFromPoolAsync
     );
-    let free_async = f!(
-        cu,
-        "cuMemFreeAsync",
-        "cuMemFreeAsync",
-        unsafe extern "C" fn(u64, *mut c_void) -> R
-    );
+    let free_async = f!(cu, "cuMemFreeAsync", "cuMemFreeAsync", pfn::MemFreeAsync);
     let mut pool = std::ptr::null_mut();
-    // CUmemPoolProps: pinned (1), no handle type, location DEVICE (1) id 0.
-    let mut props = [0u8; 88];
-    props[0] = 1;
-    props[8] = 1;
+    let props = pool_props(
+        CU_MEM_ALLOCATION_TYPE_PINNED,
+        CU_MEM_LOCATION_TYPE_DEVICE,
+        0,
+    );
     // SAFETY: valid out-pointer; the fake reads location from the props.
-    let prc = unsafe { create_pool(&mut pool, props.as_ptr().cast()) };
+    let prc = unsafe { create_pool(&mut pool, &props) };
     assert_eq!(prc, 0, "cuMemPoolCreate");
     path(
         "cuMemAllocFromPoolAsync",
@@ -339,18 +320,8 @@ fn paths(cu: &Cuda) {
         },
     );
 
-    let create = f!(
-        cu,
-        "cuMemCreate",
-        "cuMemCreate",
-        unsafe extern "C" fn(*mut u64, usize, *const CUmemAllocationProp, u64) -> R
-    );
-    let release = f!(
-        cu,
-        "cuMemRelease",
-        "cuMemRelease",
-        unsafe extern "C" fn(u64) -> R
-    );
+    let create = f!(cu, "cuMemCreate", "cuMemCreate", pfn::MemCreate);
+    let release = f!(cu, "cuMemRelease", "cuMemRelease", pfn::MemRelease);
     let prop = device0_prop();
     path(
         "cuMemCreate",
@@ -363,35 +334,25 @@ fn paths(cu: &Cuda) {
         |h| unsafe { release(h) },
     );
 
-    let arr2 = f!(
-        cu,
-        "cuArrayCreate",
-        "cuArrayCreate_v2",
-        unsafe extern "C" fn(*mut *mut c_void, *const ArrayDescriptor) -> R
-    );
+    let arr2 = f!(cu, "cuArrayCreate", "cuArrayCreate_v2", pfn::ArrayCreate);
     let arr3 = f!(
         cu,
         "cuArray3DCreate",
         "cuArray3DCreate_v2",
-        unsafe extern "C" fn(*mut *mut c_void, *const Array3DDescriptor) -> R
+        pfn::Array3DCreate
     );
-    let arr_destroy = f!(
-        cu,
-        "cuArrayDestroy",
-        "cuArrayDestroy",
-        unsafe extern "C" fn(*mut c_void) -> R
-    );
+    let arr_destroy = f!(cu, "cuArrayDestroy", "cuArrayDestroy", pfn::ArrayDestroy);
     let mip = f!(
         cu,
         "cuMipmappedArrayCreate",
         "cuMipmappedArrayCreate",
-        unsafe extern "C" fn(*mut *mut c_void, *const Array3DDescriptor, c_uint) -> R
+        pfn::MipmappedArrayCreate
     );
     let mip_destroy = f!(
         cu,
         "cuMipmappedArrayDestroy",
         "cuMipmappedArrayDestroy",
-        unsafe extern "C" fn(*mut c_void) -> R
+        pfn::MipmappedArrayDestroy
     );
     let d2 = ArrayDescriptor {
         width: 1024,
@@ -448,41 +409,31 @@ fn paths(cu: &Cuda) {
 
     // Graph memory: a graph with one allocation node, launched, then the
     // graph pool trimmed after the exec is gone.
-    let graph_create = f!(
-        cu,
-        "cuGraphCreate",
-        "cuGraphCreate",
-        unsafe extern "C" fn(*mut *mut c_void, c_uint) -> R
-    );
+    let graph_create = f!(cu, "cuGraphCreate", "cuGraphCreate", pfn::GraphCreate);
     let add_alloc = f!(
         cu,
         "cuGraphAddMemAllocNode",
         "cuGraphAddMemAllocNode",
-        unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *const c_void, usize, *mut u8) -> R
+        pfn::GraphAddMemAllocNode
     );
     let instantiate = f!(
         cu,
         "cuGraphInstantiateWithFlags",
         "cuGraphInstantiateWithFlags",
-        unsafe extern "C" fn(*mut *mut c_void, *mut c_void, u64) -> R
+        pfn::GraphInstantiateWithFlags
     );
-    let launch = f!(
-        cu,
-        "cuGraphLaunch",
-        "cuGraphLaunch",
-        unsafe extern "C" fn(*mut c_void, *mut c_void) -> R
-    );
+    let launch = f!(cu, "cuGraphLaunch", "cuGraphLaunch", pfn::GraphLaunch);
     let exec_destroy = f!(
         cu,
         "cuGraphExecDestroy",
         "cuGraphExecDestroy",
-        unsafe extern "C" fn(*mut c_void) -> R
+        pfn::GraphExecDestroy
     );
     let graph_trim = f!(
         cu,
         "cuDeviceGraphMemTrim",
         "cuDeviceGraphMemTrim",
-        unsafe extern "C" fn(c_int) -> R
+        pfn::DeviceGraphMemTrim
     );
     path(
         "graph mem node",
@@ -490,15 +441,19 @@ fn paths(cu: &Cuda) {
         || unsafe {
             let mut g = std::ptr::null_mut();
             assert_eq!(graph_create(&mut g, 0), 0);
-            // CUDA_MEM_ALLOC_NODE_PARAMS: poolProps (88 bytes), accessDescs,
-            // accessDescCount, bytesize, dptr.
-            let mut params = [0u8; 88 + 8 * 4];
-            params[104..112].copy_from_slice(&(11 * MIB as u64).to_le_bytes());
+            let mut params = MemAllocNodeParams {
+                pool_props: pool_props(
+                    CU_MEM_ALLOCATION_TYPE_PINNED,
+                    CU_MEM_LOCATION_TYPE_DEVICE,
+                    0,
+                ),
+                access_descs: std::ptr::null(),
+                access_desc_count: 0,
+                bytesize: 11 * MIB,
+                dptr: 0,
+            };
             let mut node = std::ptr::null_mut();
-            assert_eq!(
-                add_alloc(&mut node, g, std::ptr::null(), 0, params.as_mut_ptr()),
-                0
-            );
+            assert_eq!(add_alloc(&mut node, g, std::ptr::null(), 0, &mut params), 0);
             let mut exec = std::ptr::null_mut();
             assert_eq!(instantiate(&mut exec, g, 0), 0);
             (launch(exec, std::ptr::null_mut()), exec as u64)
@@ -553,25 +508,20 @@ fn capture_one(
         cu,
         "cuGraphInstantiateWithFlags",
         "cuGraphInstantiateWithFlags",
-        unsafe extern "C" fn(*mut *mut c_void, *mut c_void, u64) -> R
+        pfn::GraphInstantiateWithFlags
     );
-    let launch = f!(
-        cu,
-        "cuGraphLaunch",
-        "cuGraphLaunch",
-        unsafe extern "C" fn(*mut c_void, *mut c_void) -> R
-    );
+    let launch = f!(cu, "cuGraphLaunch", "cuGraphLaunch", pfn::GraphLaunch);
     let exec_destroy = f!(
         cu,
         "cuGraphExecDestroy",
         "cuGraphExecDestroy",
-        unsafe extern "C" fn(*mut c_void) -> R
+        pfn::GraphExecDestroy
     );
     let graph_trim = f!(
         cu,
         "cuDeviceGraphMemTrim",
         "cuDeviceGraphMemTrim",
-        unsafe extern "C" fn(c_int) -> R
+        pfn::DeviceGraphMemTrim
     );
     let before = used();
     // SAFETY: driver calls with valid arguments and out-pointers.
@@ -672,35 +622,15 @@ fn other_thread_captures(cu: &Cuda, alloc: AllocAsync) {
         BeginCapture
     );
     let end = f!(cu, "cuStreamEndCapture", "cuStreamEndCapture", EndCapture);
-    let get_ctx = f!(
-        cu,
-        "cuCtxGetCurrent",
-        "cuCtxGetCurrent",
-        unsafe extern "C" fn(*mut *mut c_void) -> R
-    );
-    let set_ctx = f!(
-        cu,
-        "cuCtxSetCurrent",
-        "cuCtxSetCurrent",
-        unsafe extern "C" fn(*mut c_void) -> R
-    );
-    let free_async = f!(
-        cu,
-        "cuMemFreeAsync",
-        "cuMemFreeAsync",
-        unsafe extern "C" fn(u64, *mut c_void) -> R
-    );
-    let trim = f!(
-        cu,
-        "cuMemPoolTrimTo",
-        "cuMemPoolTrimTo",
-        unsafe extern "C" fn(*mut c_void, usize) -> R
-    );
+    let get_ctx = f!(cu, "cuCtxGetCurrent", "cuCtxGetCurrent", pfn::CtxGetCurrent);
+    let set_ctx = f!(cu, "cuCtxSetCurrent", "cuCtxSetCurrent", pfn::CtxSetCurrent);
+    let free_async = f!(cu, "cuMemFreeAsync", "cuMemFreeAsync", pfn::MemFreeAsync);
+    let trim = f!(cu, "cuMemPoolTrimTo", "cuMemPoolTrimTo", pfn::MemPoolTrimTo);
     let get_pool = f!(
         cu,
         "cuDeviceGetMemPool",
         "cuDeviceGetMemPool",
-        unsafe extern "C" fn(*mut *mut c_void, c_int) -> R
+        pfn::DeviceGetMemPool
     );
     let mut ctx = std::ptr::null_mut();
     let (mut mine, mut theirs) = (std::ptr::null_mut(), std::ptr::null_mut());
@@ -755,12 +685,7 @@ fn other_thread_captures(cu: &Cuda, alloc: AllocAsync) {
 }
 
 fn mem_info(cu: &Cuda) -> (R, usize, usize) {
-    let info = f!(
-        cu,
-        "cuMemGetInfo",
-        "cuMemGetInfo_v2",
-        unsafe extern "C" fn(*mut usize, *mut usize) -> R
-    );
+    let info = f!(cu, "cuMemGetInfo", "cuMemGetInfo_v2", pfn::MemGetInfo);
     let (mut free, mut total) = (0, 0);
     // SAFETY: valid out-pointers.
     let rc = unsafe { info(&mut free, &mut total) };
@@ -878,9 +803,8 @@ type GraphLaunch = pfn::GraphLaunch;
 fn fake_busy(cu: &Cuda) -> impl Fn(c_int) -> u64 {
     let busy_p = cu.dlsym("fakegpuBusyNs");
     assert!(!busy_p.is_null(), "fakegpuBusyNs");
-    // SAFETY: the fake driver's test hook: u64 (int).
-    let busy_f =
-        unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(c_int) -> u64>(busy_p) };
+    // SAFETY: the fake driver's test hook's prototype.
+    let busy_f = unsafe { std::mem::transmute::<*mut c_void, fakegpu::BusyNs>(busy_p) };
     // SAFETY: a plain call of the test hook.
     move |d: c_int| unsafe { busy_f(d) }
 }
@@ -889,23 +813,17 @@ fn compute(cu: &Cuda, mode: &str, kernel_ns: u64, seconds: f64, warmup: f64) {
     let busy = fake_busy(cu);
     let records_p = cu.dlsym("fakegpuEventRecords");
     assert!(!records_p.is_null(), "fakegpuEventRecords");
-    // SAFETY: the fake driver's test hook: u64 (void).
-    let records_f =
-        unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> u64>(records_p) };
+    // SAFETY: the fake driver's test hook's prototype.
+    let records_f = unsafe { std::mem::transmute::<*mut c_void, fakegpu::EventRecords>(records_p) };
     // SAFETY: a plain call of the test hook.
     let records = || unsafe { records_f() };
     let sync = f!(
         cu,
         "cuCtxSynchronize",
         "cuCtxSynchronize",
-        unsafe extern "C" fn() -> R
+        pfn::CtxSynchronize
     );
-    let stream_create = f!(
-        cu,
-        "cuStreamCreate",
-        "cuStreamCreate",
-        unsafe extern "C" fn(*mut *mut c_void, c_uint) -> R
-    );
+    let stream_create = f!(cu, "cuStreamCreate", "cuStreamCreate", pfn::StreamCreate);
     let mut stream = std::ptr::null_mut();
     if mode != "ptsz" {
         // SAFETY: valid out-pointer.
@@ -916,17 +834,12 @@ fn compute(cu: &Cuda, mode: &str, kernel_ns: u64, seconds: f64, warmup: f64) {
     let func = 0x1000 as *mut c_void;
     let mut exec = std::ptr::null_mut();
     if mode == "graph" {
-        let create = f!(
-            cu,
-            "cuGraphCreate",
-            "cuGraphCreate",
-            unsafe extern "C" fn(*mut *mut c_void, c_uint) -> R
-        );
+        let create = f!(cu, "cuGraphCreate", "cuGraphCreate", pfn::GraphCreate);
         let inst = f!(
             cu,
             "cuGraphInstantiateWithFlags",
             "cuGraphInstantiateWithFlags",
-            unsafe extern "C" fn(*mut *mut c_void, *mut c_void, u64) -> R
+            pfn::GraphInstantiateWithFlags
         );
         let mut g = std::ptr::null_mut();
         // SAFETY: valid out-pointers.
@@ -1045,26 +958,11 @@ fn shared_stream(cu: &Cuda, kernel_ns: u64, rounds: u32) {
         cu,
         "cuCtxSynchronize",
         "cuCtxSynchronize",
-        unsafe extern "C" fn() -> R
+        pfn::CtxSynchronize
     );
-    let get_ctx = f!(
-        cu,
-        "cuCtxGetCurrent",
-        "cuCtxGetCurrent",
-        unsafe extern "C" fn(*mut *mut c_void) -> R
-    );
-    let set_ctx = f!(
-        cu,
-        "cuCtxSetCurrent",
-        "cuCtxSetCurrent",
-        unsafe extern "C" fn(*mut c_void) -> R
-    );
-    let stream_create = f!(
-        cu,
-        "cuStreamCreate",
-        "cuStreamCreate",
-        unsafe extern "C" fn(*mut *mut c_void, c_uint) -> R
-    );
+    let get_ctx = f!(cu, "cuCtxGetCurrent", "cuCtxGetCurrent", pfn::CtxGetCurrent);
+    let set_ctx = f!(cu, "cuCtxSetCurrent", "cuCtxSetCurrent", pfn::CtxSetCurrent);
+    let stream_create = f!(cu, "cuStreamCreate", "cuStreamCreate", pfn::StreamCreate);
     let launch = f!(cu, "cuLaunchKernel", "cuLaunchKernel", Launch);
     let (mut ctx, mut stream) = (std::ptr::null_mut(), std::ptr::null_mut());
     // SAFETY: valid out-pointers.
@@ -1283,10 +1181,10 @@ fn main() {
 
 /// Driver-held memory: context, a module, a heap limit, the reported total.
 fn resident(cu: &Cuda) {
-    type Load = unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> R;
-    type Unload = unsafe extern "C" fn(*mut c_void) -> R;
-    type SetLimit = unsafe extern "C" fn(c_int, usize) -> R;
-    type Total = unsafe extern "C" fn(*mut usize, c_int) -> R;
+    type Load = pfn::ModuleLoadData;
+    type Unload = pfn::ModuleUnload;
+    type SetLimit = pfn::CtxSetLimit;
+    type Total = pfn::DeviceTotalMem;
     let load = f!(cu, "cuModuleLoadData", "cuModuleLoadData", Load);
     let unload = f!(cu, "cuModuleUnload", "cuModuleUnload", Unload);
     let set_limit = f!(cu, "cuCtxSetLimit", "cuCtxSetLimit", SetLimit);
@@ -1340,20 +1238,14 @@ fn resident(cu: &Cuda) {
 /// Creates the primary context and allocates `bytes` without asserting
 /// (either may be refused), reports both codes, and holds until killed.
 fn hold_soft(cu: &Cuda, bytes: usize) -> ! {
-    let cu_init = f!(cu, "cuInit", "cuInit", unsafe extern "C" fn(c_uint) -> R);
-    type Retain = unsafe extern "C" fn(*mut *mut c_void, c_int) -> R;
+    let cu_init = f!(cu, "cuInit", "cuInit", pfn::Init);
     let retain = f!(
         cu,
         "cuDevicePrimaryCtxRetain",
         "cuDevicePrimaryCtxRetain",
         Retain
     );
-    let set = f!(
-        cu,
-        "cuCtxSetCurrent",
-        "cuCtxSetCurrent",
-        unsafe extern "C" fn(*mut c_void) -> R
-    );
+    let set = f!(cu, "cuCtxSetCurrent", "cuCtxSetCurrent", pfn::CtxSetCurrent);
     let alloc = f!(cu, "cuMemAlloc", "cuMemAlloc_v2", Alloc);
     let mut ctx = std::ptr::null_mut();
     let mut p = 0;
@@ -1378,14 +1270,6 @@ fn hold_soft(cu: &Cuda, bytes: usize) -> ! {
 /// NVML's per-process usage of GPU index 0, as the host sums it.
 /// (pid, bytes) of every process NVML lists on GPU 0.
 fn nvml_list() -> Vec<(u32, u64)> {
-    #[repr(C)]
-    #[derive(Clone, Copy, Default)]
-    struct Info {
-        pid: c_uint,
-        used: u64,
-        gi: c_uint,
-        ci: c_uint,
-    }
     // SAFETY: dlopen/dlsym of NVML by name; signatures from nvml.h.
     unsafe {
         let h = libc::dlopen(c"libnvidia-ml.so.1".as_ptr(), libc::RTLD_NOW);
@@ -1395,18 +1279,21 @@ fn nvml_list() -> Vec<(u32, u64)> {
             assert!(!p.is_null(), "{n:?}");
             p
         };
-        let init: unsafe extern "C" fn() -> c_int = std::mem::transmute(sym(c"nvmlInit_v2"));
-        let by_index: unsafe extern "C" fn(c_uint, *mut *mut c_void) -> c_int =
+        let init: nvml_pfn::Init = std::mem::transmute(sym(c"nvmlInit_v2"));
+        let by_index: nvml_pfn::DeviceGetHandleByIndex =
             std::mem::transmute(sym(c"nvmlDeviceGetHandleByIndex_v2"));
-        let procs: unsafe extern "C" fn(*mut c_void, *mut c_uint, *mut Info) -> c_int =
+        let procs: nvml_pfn::DeviceGetComputeRunningProcesses =
             std::mem::transmute(sym(c"nvmlDeviceGetComputeRunningProcesses_v3"));
         assert_eq!(init(), 0);
         let mut dev = std::ptr::null_mut();
         assert_eq!(by_index(0, &mut dev), 0);
-        let mut buf = [Info::default(); 256];
+        let mut buf = [NvmlProcessInfo::default(); 256];
         let mut n = buf.len() as c_uint;
         assert_eq!(procs(dev, &mut n, buf.as_mut_ptr()), 0);
-        buf[..n as usize].iter().map(|i| (i.pid, i.used)).collect()
+        buf[..n as usize]
+            .iter()
+            .map(|i| (i.pid, i.used_gpu_memory))
+            .collect()
     }
 }
 
@@ -1468,28 +1355,13 @@ fn nvml_own() -> u64 {
 /// A VMM handle created, mapped, released while mapped, then unmapped:
 /// the ledger's use and NVML's figure for this process after each step.
 fn vmm_mapped(cu: &Cuda, size: usize) {
-    type Reserve = unsafe extern "C" fn(*mut u64, usize, usize, u64, u64) -> R;
-    type Map = unsafe extern "C" fn(u64, usize, usize, u64, u64) -> R;
-    let create = f!(
-        cu,
-        "cuMemCreate",
-        "cuMemCreate",
-        unsafe extern "C" fn(*mut u64, usize, *const CUmemAllocationProp, u64) -> R
-    );
-    let release = f!(
-        cu,
-        "cuMemRelease",
-        "cuMemRelease",
-        unsafe extern "C" fn(u64) -> R
-    );
+    type Reserve = pfn::MemAddressReserve;
+    type Map = pfn::MemMap;
+    let create = f!(cu, "cuMemCreate", "cuMemCreate", pfn::MemCreate);
+    let release = f!(cu, "cuMemRelease", "cuMemRelease", pfn::MemRelease);
     let reserve = f!(cu, "cuMemAddressReserve", "cuMemAddressReserve", Reserve);
     let map = f!(cu, "cuMemMap", "cuMemMap", Map);
-    let unmap = f!(
-        cu,
-        "cuMemUnmap",
-        "cuMemUnmap",
-        unsafe extern "C" fn(u64, usize) -> R
-    );
+    let unmap = f!(cu, "cuMemUnmap", "cuMemUnmap", pfn::MemUnmap);
     let prop = device0_prop();
     let (mut h, mut va) = (0, 0);
     let mut out = Vec::new();
@@ -1547,19 +1419,13 @@ fn fork_keeps_charges(cu: &Cuda, bytes: usize) {
 /// Allocates `b0` on device 0 and `b1` on device 1 (each through its
 /// primary context) and reports each device's ledger use and free memory.
 fn two_devices(cu: &Cuda, b0: usize, b1: usize) {
-    type Retain = unsafe extern "C" fn(*mut *mut c_void, c_int) -> R;
     let retain = f!(
         cu,
         "cuDevicePrimaryCtxRetain",
         "cuDevicePrimaryCtxRetain",
         Retain
     );
-    let set = f!(
-        cu,
-        "cuCtxSetCurrent",
-        "cuCtxSetCurrent",
-        unsafe extern "C" fn(*mut c_void) -> R
-    );
+    let set = f!(cu, "cuCtxSetCurrent", "cuCtxSetCurrent", pfn::CtxSetCurrent);
     let alloc = f!(cu, "cuMemAlloc", "cuMemAlloc_v2", Alloc);
     let mut ctx = [std::ptr::null_mut(); 2];
     let mut rcs = Vec::new();
@@ -1595,19 +1461,13 @@ fn two_devices(cu: &Cuda, b0: usize, b1: usize) {
 /// A stream made on device 1, then `cuMemAllocAsync` on it with device 0's
 /// context current: the ledger's use of both devices after it.
 fn async_on_other_device(cu: &Cuda, bytes: usize) {
-    type Retain = unsafe extern "C" fn(*mut *mut c_void, c_int) -> R;
     let retain = f!(
         cu,
         "cuDevicePrimaryCtxRetain",
         "cuDevicePrimaryCtxRetain",
         Retain
     );
-    let set = f!(
-        cu,
-        "cuCtxSetCurrent",
-        "cuCtxSetCurrent",
-        unsafe extern "C" fn(*mut c_void) -> R
-    );
+    let set = f!(cu, "cuCtxSetCurrent", "cuCtxSetCurrent", pfn::CtxSetCurrent);
     let create = f!(cu, "cuStreamCreate", "cuStreamCreate", StreamCreate);
     let alloc = f!(cu, "cuMemAllocAsync", "cuMemAllocAsync", AllocAsync);
     let (mut c0, mut c1, mut stream) = (
@@ -1648,20 +1508,8 @@ fn async_on_other_device(cu: &Cuda, bytes: usize) {
 /// pool and a managed pool, with device 0's context current: per pool, the
 /// rc and the ledger's change on devices 0 and 1.
 fn pool_location(cu: &Cuda, bytes: usize) {
-    #[repr(C)]
-    struct PoolProps {
-        alloc_type: c_int,
-        handle_types: c_int,
-        loc_type: c_int,
-        loc_id: c_int,
-        win32: *mut c_void,
-        max_size: usize,
-        usage: u16,
-        reserved: [u8; 54],
-    }
-    type PoolCreate = unsafe extern "C" fn(*mut *mut c_void, *const PoolProps) -> R;
-    type FromPool = unsafe extern "C" fn(*mut u64, usize, *mut c_void, *mut c_void) -> R;
-    type Retain = unsafe extern "C" fn(*mut *mut c_void, c_int) -> R;
+    type PoolCreate = pfn::MemPoolCreate;
+    type FromPool = pfn::MemAllocFromPoolAsync;
     let retain = f!(
         cu,
         "cuDevicePrimaryCtxRetain",
@@ -1688,20 +1536,26 @@ fn pool_location(cu: &Cuda, bytes: usize) {
     let ledger = ledger().expect("ledger");
     let mut kv = Vec::new();
     for (name, alloc_type, loc_type, loc_id) in [
-        ("device1", 1, 1, 1),
-        ("host", 1, 2, 0),
-        ("managed", 2, 1, 0),
+        (
+            "device1",
+            CU_MEM_ALLOCATION_TYPE_PINNED,
+            CU_MEM_LOCATION_TYPE_DEVICE,
+            1,
+        ),
+        (
+            "host",
+            CU_MEM_ALLOCATION_TYPE_PINNED,
+            CU_MEM_LOCATION_TYPE_HOST,
+            0,
+        ),
+        (
+            "managed",
+            CU_MEM_ALLOCATION_TYPE_MANAGED,
+            CU_MEM_LOCATION_TYPE_DEVICE,
+            0,
+        ),
     ] {
-        let props = PoolProps {
-            alloc_type,
-            handle_types: 0,
-            loc_type,
-            loc_id,
-            win32: std::ptr::null_mut(),
-            max_size: 0,
-            usage: 0,
-            reserved: [0; 54],
-        };
+        let props = pool_props(alloc_type, loc_type, loc_id);
         let (u0, u1) = (ledger.used(0), ledger.used(1));
         let (mut pool, mut p) = (std::ptr::null_mut(), 0);
         // SAFETY: valid props and out-pointers; the NULL stream.
@@ -1725,10 +1579,24 @@ fn pool_location(cu: &Cuda, bytes: usize) {
 /// charge at or above it is a context not measured yet.
 const CONTEXT_ESTIMATE: u64 = 1 << 30;
 
+/// `CUmemPoolProps` of a pool of `alloc_type` memory at `location`.
+fn pool_props(alloc_type: c_int, location_type: c_int, location_id: c_int) -> CUmemPoolProps {
+    CUmemPoolProps {
+        alloc_type,
+        handle_types: 0,
+        location_type,
+        location_id,
+        win32_security_attributes: std::ptr::null_mut(),
+        max_size: 0,
+        usage: 0,
+        reserved: [0; 54],
+    }
+}
+
 /// `cuMemCreate`'s properties for plain device memory on device 0.
 fn device0_prop() -> CUmemAllocationProp {
     CUmemAllocationProp {
-        type_: 1, // CU_MEM_ALLOCATION_TYPE_PINNED
+        type_: CU_MEM_ALLOCATION_TYPE_PINNED,
         requested_handle_types: 0,
         location_type: CU_MEM_LOCATION_TYPE_DEVICE,
         location_id: 0,
