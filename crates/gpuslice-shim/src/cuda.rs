@@ -18,6 +18,8 @@ pub use gpuslice_cuda_abi::nvml::{NvmlDevice, NvmlMemory, NvmlMemoryV2};
 
 /// `CU_MEM_ALLOCATION_TYPE_PINNED`: device (or pinned host) memory.
 pub const CU_MEM_ALLOCATION_TYPE_PINNED: c_int = 1;
+/// `CU_MEM_ALLOCATION_TYPE_MANAGED`: managed (migratable) memory.
+pub const CU_MEM_ALLOCATION_TYPE_MANAGED: c_int = 2;
 
 /// The head of `CUmemPoolProps`: allocation type and location.
 #[repr(C)]

@@ -25,8 +25,8 @@ use crate::compute;
 use crate::cuda::*;
 use crate::driver::{capturing, relaxed};
 use crate::pools::{
-    device_mem_pool, find_pool, pool_attr, pool_entry, settle_device, settle_graph,
-    settle_graph_now_and_then, settle_pool, PoolEntry,
+    destroyed, device_mem_pool, device_of_pool, find_pool, free_pooled, pool_attr, pool_entry,
+    settle_device, settle_graph, settle_graph_now_and_then, settle_pool, PoolEntry,
 };
 use crate::real::{real_fn, Real};
 use crate::resident::{target, target_current};
@@ -76,8 +76,18 @@ fn track(rc: CUresult, table: &Handles, t: Target, key: u64, bytes: u64) -> CUre
 /// address to another thread right after), release on success, restore on
 /// failure.
 fn untrack(table: &Handles, key: u64, call: impl FnOnce() -> CUresult) -> CUresult {
+    untrack_or(table, key, call, |call| call())
+}
+
+/// [`untrack`], with `absent` making the call when `key` is not in `table`.
+fn untrack_or<C: FnOnce() -> CUresult>(
+    table: &Handles,
+    key: u64,
+    call: C,
+    absent: impl FnOnce(C) -> CUresult,
+) -> CUresult {
     let Some(v) = table.remove(key) else {
-        return call();
+        return absent(call);
     };
     let rc = call();
     if rc == CUDA_SUCCESS {
@@ -202,8 +212,14 @@ pub unsafe fn mem_alloc_pitch(
 /// C contract of `cuMemFree_v2`.
 pub unsafe fn mem_free(real: &Real, dptr: CUdeviceptr) -> CUresult {
     let f = real_fn!(real, unsafe extern "C" fn(CUdeviceptr) -> CUresult);
+    // cuMemFree also frees stream-ordered allocations.
     // SAFETY: caller contract.
-    untrack(&PTRS, dptr, || unsafe { f(dptr) })
+    untrack_or(
+        &PTRS,
+        dptr,
+        || unsafe { f(dptr) },
+        |call| free_pooled(dptr, call),
+    )
 }
 
 // ------------------------------------------------------------ pools
@@ -235,6 +251,7 @@ fn pooled(
     t: Target,
     e: &PoolEntry,
     pool: CUmemoryPool,
+    dptr: *mut CUdeviceptr,
     size: usize,
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
@@ -257,6 +274,8 @@ fn pooled(
         t.release(hold);
         return rc;
     }
+    // SAFETY: callers pass a non-null dptr, written by the driver on success.
+    e.allocated(unsafe { *dptr });
     settle_pool(e, t, hold);
     rc
 }
@@ -284,7 +303,7 @@ pub unsafe fn mem_alloc_async(
     }
     match device_mem_pool(t.dev).and_then(|p| pool_entry(p, t.dev).map(|e| (p, e))) {
         // SAFETY: caller contract.
-        Some((pool, e)) => pooled(t, e, pool, size, || unsafe { f(dptr, size, stream) }),
+        Some((pool, e)) => pooled(t, e, pool, dptr, size, || unsafe { f(dptr, size, stream) }),
         None => {
             if !t.reserve(size as u64) {
                 return CUDA_ERROR_OUT_OF_MEMORY;
@@ -313,15 +332,16 @@ pub unsafe fn mem_alloc_from_pool_async(
 ) -> CUresult {
     type F = unsafe extern "C" fn(*mut CUdeviceptr, usize, CUmemoryPool, CUstream) -> CUresult;
     let f = real_fn!(real, F);
-    // A host or managed pool holds no device memory; a device pool made
-    // through cuMemPoolCreate is charged to its device; any other (a
-    // device's default pool) to the current context's device.
-    let t = if HOST_POOLS.get(pool as u64).is_some() {
+    // A host pool holds no device memory; a pool made through
+    // cuMemPoolCreate is charged to its device; a device's default (or
+    // current) pool to that device, whichever context is current; any
+    // other to the current context's device.
+    let t = if HOST_POOLS.get(pool as u64).is_some() || !shim().active() {
         None
     } else {
         match find_pool(pool) {
             Some(e) => target(e.dev.load(Ordering::Acquire) as CUdevice),
-            None => target_current(),
+            None => device_of_pool(pool).map_or_else(target_current, target),
         }
     };
     let Some(t) = t.filter(|_| size > 0 && !dptr.is_null() && !pool.is_null()) else {
@@ -349,7 +369,9 @@ pub unsafe fn mem_alloc_from_pool_async(
         return track(rc, &PTRS, t, key, size as u64);
     };
     // SAFETY: caller contract.
-    pooled(t, e, pool, size, || unsafe { f(dptr, size, pool, stream) })
+    pooled(t, e, pool, dptr, size, || unsafe {
+        f(dptr, size, pool, stream)
+    })
 }
 
 /// # Safety
@@ -360,10 +382,16 @@ pub unsafe fn mem_free_async(real: &Real, dptr: CUdeviceptr, stream: CUstream) -
         unsafe extern "C" fn(CUdeviceptr, CUstream) -> CUresult
     );
     // Pool memory stays reserved by its pool after a free: its charge moves
-    // only when the pool's reserve does (settles). Pointers charged
-    // individually are released here.
+    // only when the pool's reserve does (settles), or with a destroyed
+    // pool's last allocation. Pointers charged individually are released
+    // here.
     // SAFETY: caller contract.
-    untrack(&PTRS, dptr, || unsafe { f(dptr, stream) })
+    untrack_or(
+        &PTRS,
+        dptr,
+        || unsafe { f(dptr, stream) },
+        |call| free_pooled(dptr, call),
+    )
 }
 
 /// # Safety
@@ -404,14 +432,22 @@ pub unsafe fn mem_pool_create(
     let (Some(p), Some(&made)) = (unsafe { props.as_ref() }, unsafe { pool.as_ref() }) else {
         return rc;
     };
-    if p.alloc_type == CU_MEM_ALLOCATION_TYPE_PINNED
-        && p.location_type == CU_MEM_LOCATION_TYPE_DEVICE
-    {
-        if let Some(t) = target_no_context(p.location_id) {
-            let _ = pool_entry(made, t.dev);
+    // Device memory, and managed memory the way cuMemAllocManaged is
+    // charged: on the pool's device, else (a managed pool with no device
+    // location) the current device at each allocation. Host memory: never.
+    match (p.alloc_type, p.location_type) {
+        (
+            CU_MEM_ALLOCATION_TYPE_PINNED | CU_MEM_ALLOCATION_TYPE_MANAGED,
+            CU_MEM_LOCATION_TYPE_DEVICE,
+        ) => {
+            if let Some(t) = target_no_context(p.location_id) {
+                let _ = pool_entry(made, t.dev);
+            }
         }
-    } else {
-        HOST_POOLS.insert(made as u64, 1);
+        (CU_MEM_ALLOCATION_TYPE_MANAGED, _) => {}
+        _ => {
+            HOST_POOLS.insert(made as u64, 1);
+        }
     }
     rc
 }
@@ -424,11 +460,7 @@ pub unsafe fn mem_pool_destroy(real: &Real, pool: CUmemoryPool) -> CUresult {
     let rc = unsafe { f(pool) };
     if rc == CUDA_SUCCESS {
         HOST_POOLS.remove(pool as u64);
-        if let Some(e) = find_pool(pool) {
-            let charged = e.charged.swap(0, Ordering::AcqRel);
-            state::release(e.dev.load(Ordering::Acquire), charged);
-            e.pool.store(std::ptr::null_mut(), Ordering::Release);
-        }
+        destroyed(pool);
     }
     rc
 }

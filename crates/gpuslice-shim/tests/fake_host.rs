@@ -16,6 +16,8 @@ use gpuslice_ledger::Ledger;
 use serde_json::Value;
 
 const MIB: u64 = 1 << 20;
+/// The fake driver's pool reserve grows in 32 MiB steps, as the H200's.
+const POOL_STEP: u64 = 32 * MIB;
 
 /// The shim as cargo writes it (installed, it is renamed libgpuslice.so).
 const SHIM_FILE: &str = "libgpuslice_shim.so";
@@ -122,10 +124,10 @@ fn every_allocation_path_is_charged_and_released_whichever_way_it_is_looked_up()
         // Pitch 1024 (1000 rounded to 512) × 1024 rows.
         exact("cuMemAllocPitch", MIB);
         exact("cuMemAllocManaged", 5 * MIB);
-        // Pool reserve grows in 2 MiB steps.
-        exact("cuMemAllocAsync", 8 * MIB);
-        exact("cuMemAllocAsync_ptsz", 8 * MIB);
-        exact("cuMemAllocFromPoolAsync", 10 * MIB);
+        // The pool's reserve, grown in 32 MiB steps.
+        exact("cuMemAllocAsync", POOL_STEP);
+        exact("cuMemAllocAsync_ptsz", POOL_STEP);
+        exact("cuMemAllocFromPoolAsync", POOL_STEP);
         exact("cuMemCreate", 4 * MIB);
         // The driver's requirement (64 KiB aligned), not the estimate.
         exact("cuArrayCreate", 4 * MIB);
@@ -185,7 +187,7 @@ fn allocations_during_stream_capture_become_graph_memory_charged_at_launch() {
         ] {
             assert_eq!(n(o, k), 0, "{via} {k}: {o}");
         }
-        assert_eq!(n(o, "charged"), 8 * MIB as i64, "{via}: {o}");
+        assert_eq!(n(o, "charged"), POOL_STEP as i64, "{via}: {o}");
     }
     assert_eq!(s.ledger().used(0), 0);
 }
@@ -559,14 +561,14 @@ fn a_stream_ordered_allocation_is_charged_to_the_stream_s_device() {
         .unwrap();
     let v = &lines(&out)[0];
     assert_eq!(n(v, "rc"), 0, "{v}");
-    // The driver takes it from device 1's pool (a 2 MiB-stepped reserve),
-    // though device 0's context is current.
+    // The driver takes it from device 1's pool (a reserve grown in 32 MiB
+    // steps), though device 0's context is current.
     assert_eq!(
         n(v, "used0"),
         n(v, "before0"),
         "charged to the current device: {v}"
     );
-    assert_eq!(n(v, "used1") - n(v, "before1"), 10 * MIB as i64, "{v}");
+    assert_eq!(n(v, "used1") - n(v, "before1"), POOL_STEP as i64, "{v}");
 }
 
 #[test]
@@ -586,17 +588,20 @@ fn a_pool_s_allocations_are_charged_where_the_pool_s_memory_is() {
             .map(|x| x.as_i64().unwrap())
             .collect()
     };
-    // [rc, change on device 0, change on device 1], device 0 current.
-    assert_eq!(
-        at("device1"),
-        [0, 0, 10 * MIB as i64],
-        "the pool's device: {v}"
-    );
+    // [rc, change on device 0, change on device 1], device 0 current; the
+    // pools reserve in 32 MiB steps.
+    let step = POOL_STEP as i64;
+    assert_eq!(at("device1"), [0, 0, step], "the pool's device: {v}");
     assert_eq!(at("host"), [0, 0, 0], "host memory is not the GPU's: {v}");
     assert_eq!(
         at("managed"),
-        [0, 0, 0],
-        "managed memory is not charged: {v}"
+        [0, 0, step],
+        "managed memory, charged where it is (as cuMemAllocManaged's): {v}"
+    );
+    assert_eq!(
+        at("default1"),
+        [0, 0, step],
+        "device 1's default pool, from device 0: {v}"
     );
 }
 
@@ -633,4 +638,23 @@ fn a_slice_whose_host_pid_resolver_does_not_answer_keeps_the_estimates() {
     assert_eq!(n(v, "context") as u64, 1024 * MIB, "{v}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("host pid resolver"), "{err}");
+}
+
+#[test]
+fn a_pool_destroyed_with_allocations_outstanding_stays_charged_until_they_are_freed() {
+    let s = physical_slice("1GiB");
+    for free in ["cuMemFreeAsync", "cuMemFree"] {
+        let v = &s.run(&["pool-destroy", &(64 * MIB).to_string(), free])[0];
+        for rc in ["rc_create", "rc_alloc", "rc_destroy", "rc_free"] {
+            assert_eq!(n(v, rc), 0, "{free} {rc}: {v}");
+        }
+        let at = |k: &str| (v[k][0].as_u64().unwrap(), v[k][1].as_u64().unwrap());
+        // [ledger, NVML]: the driver keeps a destroyed pool's memory while
+        // an allocation from it is outstanding, and the charge follows it.
+        let (allocated, destroyed, freed) = (at("allocated"), at("destroyed"), at("freed"));
+        assert_eq!(allocated, (CTX + 64 * MIB, CTX + 64 * MIB), "{free}: {v}");
+        assert_eq!(destroyed, allocated, "{free}: released at the destroy: {v}");
+        assert_eq!(freed, (CTX, CTX), "{free}: after the last free: {v}");
+    }
+    assert_eq!(s.ledger().used(0), 0);
 }

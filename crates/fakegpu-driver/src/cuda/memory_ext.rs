@@ -4,7 +4,11 @@
 //!
 //! Every byte of device memory any of these hold goes through
 //! [`memory::alloc`] on the device's key, so `cuMemGetInfo` and NVML see it.
-//! Pools reserve in 2 MiB steps and keep their reserve until trimmed; graph
+//! Pools grow their reserve in 32 MiB steps, by what an allocation needs
+//! beyond the free reserve (as the H200's driver 580 does,
+//! bench/results/mempool-20261203T1752Z.json), and keep it until trimmed;
+//! a pool destroyed with allocations outstanding keeps its memory until
+//! the last of them is freed (the CUDA documentation, and the H200); graph
 //! memory is reserved by the first launch (or upload) of an exec with
 //! allocation nodes and released by `cuDeviceGraphMemTrim` once no exec
 //! needs it — as the real driver does. While a stream captures (see
@@ -19,7 +23,9 @@ use std::sync::{Mutex, MutexGuard};
 
 use super::*;
 
-const POOL_STEP: u64 = 2 << 20;
+const POOL_STEP: u64 = 32 << 20;
+/// VMM address reservations are aligned to the allocation granularity.
+const VA_STEP: u64 = 2 << 20;
 const ARRAY_ALIGN: u64 = 64 << 10;
 
 type Handle = *mut c_void;
@@ -53,6 +59,9 @@ struct Graphs {
 #[derive(Default)]
 struct Ext {
     pools: BTreeMap<usize, Pool>,
+    /// Pools destroyed with allocations outstanding: their handles are
+    /// invalid, their memory stays until the last allocation is freed.
+    draining: BTreeMap<usize, Pool>,
     default_pool: BTreeMap<usize, usize>,
     next_pool: usize,
     next_addr: u64,
@@ -156,6 +165,36 @@ fn pool_alloc(e: &mut Ext, id: usize, size: u64) -> Result<u64, CUresult> {
 /// Addresses of host pools' memory (no device memory behind them).
 static HOST_CHUNKS: std::sync::atomic::AtomicU64 =
     std::sync::atomic::AtomicU64::new(0x4f00_0000_0000);
+
+fn release_chunks(p: &mut Pool) {
+    for (addr, _) in p.chunks.drain(..) {
+        memory::free(addr);
+    }
+    p.reserved = 0;
+}
+
+/// Frees a pool allocation (stream-ordered or not): back to its pool, or,
+/// for a destroyed pool's last outstanding one, the pool's memory with it.
+/// False when `dptr` is no pool allocation.
+pub(super) fn free_pooled(dptr: CUdeviceptr) -> bool {
+    with(|e| {
+        let Some(id) = e.owner.remove(&dptr) else {
+            return false;
+        };
+        let Some(p) = e.pools.get_mut(&id).or_else(|| e.draining.get_mut(&id)) else {
+            return false;
+        };
+        if let Some(size) = p.live.remove(&dptr) {
+            p.used -= size;
+        }
+        if p.live.is_empty() {
+            if let Some(mut p) = e.draining.remove(&id) {
+                release_chunks(&mut p);
+            }
+        }
+        true
+    })
+}
 
 fn trim(p: &mut Pool, keep: u64) {
     let floor = p.used.max(keep);
@@ -284,11 +323,12 @@ pub unsafe extern "C" fn cuMemPoolCreate(pool: *mut Handle, props: *const u8) ->
             )
         };
         // Pinned on a device (1), or on the host (2..=4: host, host NUMA,
-        // current host NUMA); managed (allocType 2) on a device: neither
-        // host nor managed pools hold the device's memory.
+        // current host NUMA); managed (allocType 2) on a device. Host pools
+        // hold none of the device's memory; managed ones hold it the way
+        // cuMemAllocManaged does here (on their device).
         let host = match (alloc, ty) {
-            (1, 1) => false,
-            (1, 2..=4) | (2, 1) => true,
+            (1, 1) | (2, 1) => false,
+            (1, 2..=4) => true,
             _ => return CUDA_ERROR_INVALID_VALUE,
         };
         let dev = if ty == 1 { id } else { 0 };
@@ -310,11 +350,18 @@ pub unsafe extern "C" fn cuMemPoolCreate(pool: *mut Handle, props: *const u8) ->
 pub extern "C" fn cuMemPoolDestroy(pool: Handle) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
         with(|e| {
-            let Some(mut p) = pool_id(pool).and_then(|id| e.pools.remove(&id)) else {
+            // A device's default pool cannot be destroyed.
+            let Some(id) = pool_id(pool).filter(|id| !e.default_pool.values().any(|d| d == id))
+            else {
                 return CUDA_ERROR_INVALID_VALUE;
             };
-            for (addr, _) in p.chunks.drain(..) {
-                memory::free(addr);
+            let Some(mut p) = e.pools.remove(&id) else {
+                return CUDA_ERROR_INVALID_VALUE;
+            };
+            if p.live.is_empty() {
+                release_chunks(&mut p);
+            } else {
+                e.draining.insert(id, p);
             }
             CUDA_SUCCESS
         })
@@ -468,17 +515,10 @@ fn free_async(dptr: CUdeviceptr, stream: usize) -> CUresult {
             Ok(false) => {}
             Err(e) => return e,
         }
-        let pooled = with(|e| {
-            let id = e.owner.remove(&dptr)?;
-            let p = e.pools.get_mut(&id)?;
-            let size = p.live.remove(&dptr)?;
-            p.used -= size;
-            Some(())
-        });
-        match pooled {
-            Some(()) => CUDA_SUCCESS,
-            None if memory::free(dptr) || capture::free_node(dptr) => CUDA_SUCCESS,
-            None => CUDA_ERROR_INVALID_VALUE,
+        if free_pooled(dptr) || memory::free(dptr) || capture::free_node(dptr) {
+            CUDA_SUCCESS
+        } else {
+            CUDA_ERROR_INVALID_VALUE
         }
     })
 }
@@ -566,7 +606,7 @@ pub unsafe extern "C" fn cuMemAddressReserve(
         rc(state().and_then(|_| {
             let va = with(|e| {
                 let va = e.vmm.next_va.max(VA_BASE);
-                e.vmm.next_va = va + (size as u64).div_ceil(POOL_STEP) * POOL_STEP;
+                e.vmm.next_va = va + (size as u64).div_ceil(VA_STEP) * VA_STEP;
                 va
             });
             // SAFETY: caller contract.

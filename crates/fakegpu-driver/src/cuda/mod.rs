@@ -437,10 +437,12 @@ pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
         rc(capture::unsafe_call()
             .and_then(|_| current_device())
-            .and_then(|_| match memory::free(dptr) {
-                true => Ok(()),
-                false => Err(CUDA_ERROR_INVALID_VALUE),
-            }))
+            .and_then(
+                |_| match memory_ext::free_pooled(dptr) || memory::free(dptr) {
+                    true => Ok(()),
+                    false => Err(CUDA_ERROR_INVALID_VALUE),
+                },
+            ))
     })
 }
 

@@ -25,6 +25,9 @@
 //! - `cycle N SIZE`: N cuMemAlloc(SIZE) + cuMemFree cycles; prints the
 //!   nanoseconds per cycle (the shim's cost on the hot path, with and
 //!   without a cap).
+//! - `pool-destroy BYTES FREE`: a pool destroyed with an allocation
+//!   outstanding, then the allocation freed with FREE (`cuMemFreeAsync` or
+//!   `cuMemFree`): [ledger, NVML] after each step.
 //! - `hold BYTES`: allocates, prints `held`, sleeps until killed.
 //! - `addr NAME`: prints the address `--via` gives for NAME and the file
 //!   that defines it.
@@ -1250,6 +1253,10 @@ fn main() {
             pool_location(&cu, rest[1].parse().expect("BYTES"));
             0
         }
+        "pool-destroy" => {
+            pool_destroy(&cu, rest[1].parse().expect("BYTES"), &rest[2]);
+            0
+        }
         "fork" => {
             fork_keeps_charges(&cu, rest[1].parse().expect("BYTES"));
             0
@@ -1645,22 +1652,10 @@ fn async_on_other_device(cu: &Cuda, bytes: usize) {
 }
 
 /// `cuMemAllocFromPoolAsync` of `bytes` from a pool on device 1, a host
-/// pool and a managed pool, with device 0's context current: per pool, the
-/// rc and the ledger's change on devices 0 and 1.
+/// pool, a managed pool on device 1 and device 1's default pool, with
+/// device 0's context current: per pool, the rc and the ledger's change on
+/// devices 0 and 1.
 fn pool_location(cu: &Cuda, bytes: usize) {
-    #[repr(C)]
-    struct PoolProps {
-        alloc_type: c_int,
-        handle_types: c_int,
-        loc_type: c_int,
-        loc_id: c_int,
-        win32: *mut c_void,
-        max_size: usize,
-        usage: u16,
-        reserved: [u8; 54],
-    }
-    type PoolCreate = unsafe extern "C" fn(*mut *mut c_void, *const PoolProps) -> R;
-    type FromPool = unsafe extern "C" fn(*mut u64, usize, *mut c_void, *mut c_void) -> R;
     type Retain = unsafe extern "C" fn(*mut *mut c_void, c_int) -> R;
     let retain = f!(
         cu,
@@ -1675,6 +1670,12 @@ fn pool_location(cu: &Cuda, bytes: usize) {
         "cuMemAllocFromPoolAsync",
         FromPool
     );
+    let default_pool = f!(
+        cu,
+        "cuDeviceGetDefaultMemPool",
+        "cuDeviceGetDefaultMemPool",
+        unsafe extern "C" fn(*mut *mut c_void, c_int) -> R
+    );
     let mut c1 = std::ptr::null_mut();
     // SAFETY: a valid out-pointer; device 1's context is made (and charged)
     // before the baseline, device 0's stays current.
@@ -1687,26 +1688,24 @@ fn pool_location(cu: &Cuda, bytes: usize) {
     }
     let ledger = ledger().expect("ledger");
     let mut kv = Vec::new();
+    // (name, allocation type, location type, device); allocation type 0:
+    // the device's default pool.
     for (name, alloc_type, loc_type, loc_id) in [
         ("device1", 1, 1, 1),
         ("host", 1, 2, 0),
-        ("managed", 2, 1, 0),
+        ("managed", 2, 1, 1),
+        ("default1", 0, 1, 1),
     ] {
-        let props = PoolProps {
-            alloc_type,
-            handle_types: 0,
-            loc_type,
-            loc_id,
-            win32: std::ptr::null_mut(),
-            max_size: 0,
-            usage: 0,
-            reserved: [0; 54],
-        };
+        let props = PoolProps::new(alloc_type, loc_type, loc_id);
         let (u0, u1) = (ledger.used(0), ledger.used(1));
         let (mut pool, mut p) = (std::ptr::null_mut(), 0);
         // SAFETY: valid props and out-pointers; the NULL stream.
         let rc = unsafe {
-            match create(&mut pool, &props) {
+            let made = match alloc_type {
+                0 => default_pool(&mut pool, loc_id),
+                _ => create(&mut pool, &props),
+            };
+            match made {
                 0 => from(&mut p, bytes, pool, std::ptr::null_mut()),
                 e => e,
             }
@@ -1718,6 +1717,82 @@ fn pool_location(cu: &Cuda, bytes: usize) {
         ));
     }
     let kv: Vec<(&str, String)> = kv.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    line(&kv);
+}
+
+/// `CUmemPoolProps`.
+#[repr(C)]
+struct PoolProps {
+    alloc_type: c_int,
+    handle_types: c_int,
+    loc_type: c_int,
+    loc_id: c_int,
+    win32: *mut c_void,
+    max_size: usize,
+    usage: u16,
+    reserved: [u8; 54],
+}
+
+impl PoolProps {
+    fn new(alloc_type: c_int, loc_type: c_int, loc_id: c_int) -> PoolProps {
+        PoolProps {
+            alloc_type,
+            handle_types: 0,
+            loc_type,
+            loc_id,
+            win32: std::ptr::null_mut(),
+            max_size: 0,
+            usage: 0,
+            reserved: [0; 54],
+        }
+    }
+}
+
+type PoolCreate = unsafe extern "C" fn(*mut *mut c_void, *const PoolProps) -> R;
+type FromPool = unsafe extern "C" fn(*mut u64, usize, *mut c_void, *mut c_void) -> R;
+type FreeAsync = unsafe extern "C" fn(u64, *mut c_void) -> R;
+
+/// A pool on device 0, `bytes` from it, the pool destroyed with that
+/// allocation outstanding, then the allocation freed (`FREE`:
+/// `cuMemFreeAsync` or `cuMemFree`): return codes and [ledger, NVML] after
+/// each step.
+fn pool_destroy(cu: &Cuda, bytes: usize, free_with: &str) {
+    let create = f!(cu, "cuMemPoolCreate", "cuMemPoolCreate", PoolCreate);
+    let from = f!(
+        cu,
+        "cuMemAllocFromPoolAsync",
+        "cuMemAllocFromPoolAsync",
+        FromPool
+    );
+    let destroy = f!(
+        cu,
+        "cuMemPoolDestroy",
+        "cuMemPoolDestroy",
+        unsafe extern "C" fn(*mut c_void) -> R
+    );
+    let free_async = f!(cu, "cuMemFreeAsync", "cuMemFreeAsync", FreeAsync);
+    let free = f!(cu, "cuMemFree", "cuMemFree_v2", Free);
+    let props = PoolProps::new(1, CU_MEM_LOCATION_TYPE_DEVICE, 0);
+    let (mut pool, mut p) = (std::ptr::null_mut(), 0);
+    let mut kv = Vec::new();
+    // SAFETY: valid props and out-pointers; the pool is destroyed once, the
+    // allocation freed once, on the NULL stream.
+    unsafe {
+        kv.push(("rc_create", create(&mut pool, &props).to_string()));
+        kv.push((
+            "rc_alloc",
+            from(&mut p, bytes, pool, std::ptr::null_mut()).to_string(),
+        ));
+        kv.push(("allocated", format!("[{},{}]", used(), nvml_own())));
+        kv.push(("rc_destroy", destroy(pool).to_string()));
+        kv.push(("destroyed", format!("[{},{}]", used(), nvml_own())));
+        let rc = match free_with {
+            "cuMemFree" => free(p),
+            _ => free_async(p, std::ptr::null_mut()),
+        };
+        kv.push(("rc_free", rc.to_string()));
+        kv.push(("freed", format!("[{},{}]", used(), nvml_own())));
+    }
     line(&kv);
 }
 
