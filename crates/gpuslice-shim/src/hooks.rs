@@ -26,7 +26,8 @@ use crate::cuda::*;
 use crate::driver::{capturing, relaxed};
 use crate::pools::{
     destroyed, device_mem_pool, device_of_pool, find_pool, free_pooled, pool_attr, pool_entry,
-    settle_device, settle_graph, settle_graph_now_and_then, settle_pool, PoolEntry,
+    pool_growth, settle_device, settle_graph, settle_graph_now_and_then, settle_pool,
+    settle_pool_within, undo_growth, PoolEntry,
 };
 use crate::real::{real_fn, Real};
 use crate::resident::{target, target_current};
@@ -49,8 +50,6 @@ static ARRAY_DESTROY: Real = Real::named(c"cuArrayDestroy");
 static MIPMAP_DESTROY: Real = Real::named(c"cuMipmappedArrayDestroy");
 static MEM_FREE: Real = Real::named(c"cuMemFree_v2");
 static STREAM_GET_DEVICE: Real = Real::named(c"cuStreamGetDevice");
-
-const MIB2: u64 = 2 << 20;
 
 fn round_up(v: u64, to: u64) -> u64 {
     v.div_ceil(to).saturating_mul(to)
@@ -244,28 +243,26 @@ fn stream_target(stream: CUstream) -> Option<Target> {
     target_current()
 }
 
-/// Stream-ordered allocation from `pool`: holds the growth the pool may
-/// need (nothing when its free reserve covers `size`, else `size` rounded
-/// to 2 MiB) before the call, then settles to the pool's reserved memory.
+/// Stream-ordered allocation from `pool` on `stream`: holds what the pool
+/// will grow by ([`pool_growth`]) before the call, then settles to the
+/// pool's reserved memory. A pool that grew more than held and past the
+/// cap (a driver with another growth step, a fragmented reserve) has the
+/// allocation taken back and the call fails with OOM: the pool's physical
+/// size never passes the cap.
 fn pooled(
     t: Target,
     e: &PoolEntry,
-    pool: CUmemoryPool,
+    (pool, stream): (CUmemoryPool, CUstream),
     dptr: *mut CUdeviceptr,
     size: usize,
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
-    let size = size as u64;
     let (reserved, used) = relaxed(|| {
         let reserved = pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT).unwrap_or(0);
         let used = pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT).unwrap_or(reserved);
         (reserved, used)
     });
-    let hold = if reserved.saturating_sub(used) >= size {
-        0
-    } else {
-        round_up(size, MIB2)
-    };
+    let hold = pool_growth(reserved, used, size as u64);
     if hold > 0 && !t.reserve(hold) {
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -275,8 +272,14 @@ fn pooled(
         return rc;
     }
     // SAFETY: callers pass a non-null dptr, written by the driver on success.
-    e.allocated(unsafe { *dptr });
-    settle_pool(e, t, hold);
+    let ptr = unsafe { *dptr };
+    if !settle_pool_within(e, t, hold) {
+        undo_growth(pool, ptr, stream, reserved);
+        settle_pool(e, t, hold);
+        state::refused(t.dev, size as u64, t.ledger.used(t.dev), shim().caps[t.dev]);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    e.allocated(ptr);
     rc
 }
 
@@ -303,7 +306,9 @@ pub unsafe fn mem_alloc_async(
     }
     match device_mem_pool(t.dev).and_then(|p| pool_entry(p, t.dev).map(|e| (p, e))) {
         // SAFETY: caller contract.
-        Some((pool, e)) => pooled(t, e, pool, dptr, size, || unsafe { f(dptr, size, stream) }),
+        Some((pool, e)) => pooled(t, e, (pool, stream), dptr, size, || unsafe {
+            f(dptr, size, stream)
+        }),
         None => {
             if !t.reserve(size as u64) {
                 return CUDA_ERROR_OUT_OF_MEMORY;
@@ -369,7 +374,7 @@ pub unsafe fn mem_alloc_from_pool_async(
         return track(rc, &PTRS, t, key, size as u64);
     };
     // SAFETY: caller contract.
-    pooled(t, e, pool, dptr, size, || unsafe {
+    pooled(t, e, (pool, stream), dptr, size, || unsafe {
         f(dptr, size, pool, stream)
     })
 }

@@ -204,6 +204,76 @@ pub fn settle_pool(e: &PoolEntry, t: Target, hold: u64) {
     t.adjust(now as i128 - old as i128 - hold as i128);
 }
 
+/// What a stream-ordered pool grows by when an allocation does not fit its
+/// free reserve: what is missing, rounded up to this step (32 MiB on the
+/// H200, driver 580: bench/results/mempool-20261203T1752Z.json).
+pub const POOL_GROWTH_STEP: u64 = 32 << 20;
+
+/// What to hold before allocating `size` from a pool with `reserved` bytes
+/// reserved, `used` of them in use: nothing when the free reserve covers
+/// it, else what the pool will grow by.
+pub fn pool_growth(reserved: u64, used: u64, size: u64) -> u64 {
+    let free = reserved.saturating_sub(used);
+    if free >= size {
+        0
+    } else {
+        (size - free)
+            .div_ceil(POOL_GROWTH_STEP)
+            .saturating_mul(POOL_GROWTH_STEP)
+    }
+}
+
+/// [`settle_pool`] after an allocation for which `hold` was reserved,
+/// except that growth beyond `hold` is charged only within the cap: false
+/// when it does not fit (nothing more charged; the caller undoes the
+/// allocation with [`undo_growth`]).
+pub fn settle_pool_within(e: &PoolEntry, t: Target, hold: u64) -> bool {
+    let pool = e.pool.load(Ordering::Acquire);
+    let old = e.charged.load(Ordering::Acquire);
+    let now = relaxed(|| pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT));
+    let extra = now.map_or(0, |now| now.saturating_sub(old.saturating_add(hold)));
+    if extra > 0 && !t.reserve(extra) {
+        return false;
+    }
+    settle_pool(e, t, hold + extra);
+    true
+}
+
+static FREE_ASYNC: Real = Real::named(c"cuMemFreeAsync");
+static STREAM_SYNCHRONIZE: Real = Real::named(c"cuStreamSynchronize");
+static CTX_SYNCHRONIZE: Real = Real::named(c"cuCtxSynchronize");
+static POOL_TRIM_TO: Real = Real::named(c"cuMemPoolTrimTo");
+
+/// Takes back an allocation whose pool grew past the cap: frees it on its
+/// stream, waits for the free, and trims the pool back to `keep` (its
+/// reserve before the allocation), so the memory is the driver's again.
+pub fn undo_growth(pool: CUmemoryPool, ptr: CUdeviceptr, stream: CUstream, keep: u64) {
+    type Free = unsafe extern "C" fn(CUdeviceptr, CUstream) -> CUresult;
+    type Sync = unsafe extern "C" fn(CUstream) -> CUresult;
+    type CtxSync = unsafe extern "C" fn() -> CUresult;
+    type Trim = unsafe extern "C" fn(CUmemoryPool, usize) -> CUresult;
+    // SAFETY: the signatures of cuMemFreeAsync, cuStreamSynchronize,
+    // cuCtxSynchronize and cuMemPoolTrimTo; the pointer was just allocated
+    // on `stream` and nothing else has it yet.
+    unsafe {
+        if let Some(free) = FREE_ASYNC.func::<Free>() {
+            free(ptr, stream);
+        }
+        // The NULL stream: the per-thread one of a `_ptsz` caller orders
+        // with it, and the context's synchronisation covers both.
+        if stream.is_null() {
+            if let Some(sync) = CTX_SYNCHRONIZE.func::<CtxSync>() {
+                sync();
+            }
+        } else if let Some(sync) = STREAM_SYNCHRONIZE.func::<Sync>() {
+            sync(stream);
+        }
+        if let Some(trim) = POOL_TRIM_TO.func::<Trim>() {
+            relaxed(|| trim(pool, keep.min(usize::MAX as u64) as usize));
+        }
+    }
+}
+
 /// Graph memory (allocation nodes, e.g. captured cudaMallocAsync) lives in
 /// a per-device graph pool that grows when a graph is launched or
 /// uploaded. It cannot be reserved before the launch; it is charged right
@@ -262,4 +332,31 @@ pub fn settle_graph_now_and_then(t: Target) {
     }
     LAST_GRAPH_SETTLE[t.dev].store(now.max(1), Ordering::Relaxed);
     settle_graph(t);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn growth_is_what_the_h200_s_pool_grew_by() {
+        // bench/results/mempool-20261203T1752Z.json: (reserved, used, size)
+        // → what the reserve grew by.
+        let used = 10_492 * MIB + 300 * 1024;
+        for (reserved, used, size, grew) in [
+            (0, 0, MIB, 32 * MIB),
+            (32 * MIB, 28 * MIB + 300 * 1024, 16 * MIB, 32 * MIB),
+            (96 * MIB, 92 * MIB + 300 * 1024, 256 * MIB, 256 * MIB),
+            (10_496 * MIB, used, 33 * MIB, 32 * MIB),
+            (32 * MIB, MIB, 3 * MIB + 1, 0),
+        ] {
+            assert_eq!(
+                pool_growth(reserved, used, size),
+                grew,
+                "{reserved} {used} {size}"
+            );
+        }
+    }
 }

@@ -658,3 +658,37 @@ fn a_pool_destroyed_with_allocations_outstanding_stays_charged_until_they_are_fr
     }
     assert_eq!(s.ledger().used(0), 0);
 }
+
+/// A stream-ordered pool grows by whole steps (32 MiB on the H200), more
+/// than a small allocation asks for: filled with 16 MiB allocations up to a
+/// cap that ends half a step above a step boundary, the pool must stop
+/// below the cap as NVML counts it, not one step over. With a driver whose
+/// step is larger than the shim expects (`FAKEGPU_POOL_STEP`, 96 MiB), the
+/// growth that does not fit is taken back and refused.
+#[test]
+fn a_stream_ordered_pool_stays_within_the_cap_in_physical_memory() {
+    // 96 MiB context + 29 steps of 32 MiB + 16 MiB.
+    let cap = CTX + 29 * POOL_STEP + 16 * MIB;
+    let s = physical_slice(&format!("{}MiB", cap / MIB));
+    for step in [None, Some(96 * MIB)] {
+        let mut c = s.client(&["fill", &(16 * MIB).to_string(), "async"]);
+        if let Some(step) = step {
+            c.env("FAKEGPU_POOL_STEP", step.to_string());
+        }
+        let v = &lines(&c.output().unwrap())[0];
+        assert_eq!(n(v, "fail_rc"), 2, "ends refused: {step:?} {v}");
+        let (ledger, nvml) = (n(v, "ledger_full") as u64, n(v, "nvml_full") as u64);
+        assert!(nvml <= cap, "NVML {nvml} > cap {cap}: {step:?} {v}");
+        assert_eq!(
+            ledger, nvml,
+            "the ledger is what the driver holds: {step:?} {v}"
+        );
+        let want = match step {
+            None => 29 * 2,
+            // Steps of 96 MiB: 9 fit (864 MiB), 6 allocations each.
+            Some(_) => 9 * 6,
+        };
+        assert_eq!(n(v, "count"), want, "{step:?} {v}");
+    }
+    assert_eq!(s.ledger().used(0), 0);
+}

@@ -23,7 +23,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use super::*;
 
-const POOL_STEP: u64 = 32 << 20;
+pub(super) const POOL_STEP: u64 = 32 << 20;
 /// VMM address reservations are aligned to the allocation granularity.
 const VA_STEP: u64 = 2 << 20;
 const ARRAY_ALIGN: u64 = 64 << 10;
@@ -143,7 +143,8 @@ fn pool_alloc(e: &mut Ext, id: usize, size: u64) -> Result<u64, CUresult> {
     let p = e.pools.get_mut(&id).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     let slack = p.reserved - p.used;
     if slack < size {
-        let grow = (size - slack).div_ceil(POOL_STEP) * POOL_STEP;
+        let step = state().map_or(POOL_STEP, |s| s.pool_step);
+        let grow = (size - slack).div_ceil(step) * step;
         let chunk = if p.host {
             HOST_CHUNKS.fetch_add(grow, std::sync::atomic::Ordering::Relaxed)
         } else {

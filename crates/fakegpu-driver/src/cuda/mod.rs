@@ -35,6 +35,9 @@ struct State {
     ctx_bytes: u64,
     /// Device memory a loaded module or library holds.
     module_bytes: u64,
+    /// The step a stream-ordered pool's reserve grows by
+    /// (`FAKEGPU_POOL_STEP`, for a driver other than the H200's 32 MiB).
+    pool_step: u64,
 }
 
 static STATE: OnceLock<State> = OnceLock::new();
@@ -85,6 +88,9 @@ fn initialize() -> State {
         module_bytes: env_bytes("FAKEGPU_MODULE_BYTES")
             .or(kernel.as_ref().map(|k| k.module_bytes))
             .unwrap_or(0),
+        pool_step: env_bytes("FAKEGPU_POOL_STEP")
+            .filter(|&b| b > 0)
+            .unwrap_or(memory_ext::POOL_STEP),
     }
 }
 

@@ -13,8 +13,9 @@
 //! Commands (each prints JSON lines):
 //! - `paths`: every allocation path once: rc, ledger use after alloc and
 //!   after free.
-//! - `fill BLOCK`: cuMemAlloc BLOCK bytes until it fails; reports count,
-//!   the failing rc, cuMemGetInfo; frees all.
+//! - `fill BLOCK [async]`: cuMemAlloc (`async`: cuMemAllocAsync on the
+//!   NULL stream) BLOCK bytes until it fails; reports count, the failing
+//!   rc, cuMemGetInfo, the ledger and NVML when full; frees all.
 //! - `stress SECONDS SEED MAX_BLOCK`: random alloc/free, checking the
 //!   ledger never passes the cap; frees all.
 //! - `capture COUNT SIZE`: stream-ordered allocations while streams
@@ -770,25 +771,38 @@ fn mem_info(cu: &Cuda) -> (R, usize, usize) {
     (rc, free, total)
 }
 
-fn fill(cu: &Cuda, block: usize) {
+fn fill(cu: &Cuda, block: usize, stream_ordered: bool) {
     let alloc = f!(cu, "cuMemAlloc", "cuMemAlloc_v2", Alloc);
     let free = f!(cu, "cuMemFree", "cuMemFree_v2", Free);
+    let alloc_async = f!(cu, "cuMemAllocAsync", "cuMemAllocAsync", AllocAsync);
+    let free_async = f!(cu, "cuMemFreeAsync", "cuMemFreeAsync", FreeAsync);
     let (_, free0, total0) = mem_info(cu);
     let mut ptrs = Vec::new();
     let rc = loop {
         let mut p = 0;
-        // SAFETY: valid out-pointer.
-        let rc = unsafe { alloc(&mut p, block) };
+        // SAFETY: valid out-pointer; the NULL stream.
+        let rc = unsafe {
+            match stream_ordered {
+                true => alloc_async(&mut p, block, std::ptr::null_mut()),
+                false => alloc(&mut p, block),
+            }
+        };
         if rc != 0 || ptrs.len() > 100_000 {
             break rc;
         }
         ptrs.push(p);
     };
     let (_, free_full, _) = mem_info(cu);
-    let used_full = used();
-    for p in &ptrs {
+    let (used_full, nvml_full) = (used(), nvml_own());
+    for &p in &ptrs {
         // SAFETY: frees our own allocations.
-        assert_eq!(unsafe { free(*p) }, 0);
+        let rc = unsafe {
+            match stream_ordered {
+                true => free_async(p, std::ptr::null_mut()),
+                false => free(p),
+            }
+        };
+        assert_eq!(rc, 0);
     }
     line(&[
         ("count", ptrs.len().to_string()),
@@ -798,6 +812,7 @@ fn fill(cu: &Cuda, block: usize) {
         ("free_before", free0.to_string()),
         ("free_full", free_full.to_string()),
         ("ledger_full", used_full.to_string()),
+        ("nvml_full", nvml_full.to_string()),
         ("ledger_after", used().to_string()),
     ]);
 }
@@ -1176,7 +1191,8 @@ fn main() {
             0
         }
         "fill" => {
-            fill(&cu, rest[1].parse().expect("BLOCK"));
+            let stream_ordered = rest.get(2).is_some_and(|m| m == "async");
+            fill(&cu, rest[1].parse().expect("BLOCK"), stream_ordered);
             0
         }
         "info" => {
