@@ -692,3 +692,36 @@ fn a_stream_ordered_pool_stays_within_the_cap_in_physical_memory() {
     }
     assert_eq!(s.ledger().used(0), 0);
 }
+
+/// `dlvsym` is a lookup the shim does not interpose: it must not hand a
+/// program the driver's own allocation functions around the cap. The
+/// driver's libraries define no symbol versions (the H200's libcuda 580
+/// neither: PART memphys `dlvsym`), and glibc's `dlvsym` asks for a
+/// version, so it finds none of their functions, in the library's handle
+/// or in the global scope; should it ever find one, it must be the shim's.
+#[test]
+fn dlvsym_never_hands_out_the_driver_s_own_allocation_functions() {
+    let s = slice("1GiB");
+    let names = [
+        "cuMemAlloc_v2",
+        "cuMemFree_v2",
+        "cuMemAllocAsync",
+        "cuMemCreate",
+        "cuGetProcAddress_v2",
+        "cuDeviceTotalMem_v2",
+    ];
+    for via in ["dlsym", "global"] {
+        let mut args = vec!["--via", via, "dlvsym"];
+        args.extend(names);
+        let results = s.run(&args);
+        assert_eq!(results.len(), names.len() * 2 * 4, "{via}: {results:?}");
+        for v in &results {
+            let file = v["file"].as_str().unwrap();
+            let base = Path::new(file).file_name().and_then(|f| f.to_str());
+            assert!(
+                file.is_empty() || base == Some(SHIM_FILE),
+                "{via}: dlvsym reached the driver: {v}"
+            );
+        }
+    }
+}

@@ -30,6 +30,9 @@
 //!   outstanding, then the allocation freed with FREE (`cuMemFreeAsync` or
 //!   `cuMemFree`): [ledger, NVML] after each step.
 //! - `hold BYTES`: allocates, prints `held`, sleeps until killed.
+//! - `dlvsym NAME...`: what `dlvsym` gives for each NAME in libcuda's
+//!   handle and in `RTLD_DEFAULT`, under several versions: the defining
+//!   file.
 //! - `addr NAME`: prints the address `--via` gives for NAME and the file
 //!   that defines it.
 //! - `compute MODE KERNEL_NS SECONDS WARMUP`: launches kernels of
@@ -870,6 +873,31 @@ fn stress(cu: &Cuda, secs: f64, mut rng: u64, max_block: usize) -> i32 {
     }
 }
 
+/// Each NAME looked up with `dlvsym` in libcuda's handle and in
+/// `RTLD_DEFAULT`, with versions a program might try (not the empty one:
+/// glibc dereferences a null version name for it): one line per lookup
+/// with the file that defines what came back ("" for none).
+fn dlvsym_lookups(cu: &Cuda, names: &[String]) {
+    for name in names {
+        for (which, h) in [("handle", cu.handle), ("default", libc::RTLD_DEFAULT)] {
+            for version in ["GLIBC_2.2.5", "GLIBC_2.34", "CUDA_12.0", "libcuda.so.1"] {
+                let (n, v) = (
+                    CString::new(name.as_str()).unwrap(),
+                    CString::new(version).unwrap(),
+                );
+                // SAFETY: a live handle (or RTLD_DEFAULT) and NUL-terminated strings.
+                let p = unsafe { libc::dlvsym(h, n.as_ptr(), v.as_ptr()) };
+                line(&[
+                    ("name", q(name)),
+                    ("handle", q(which)),
+                    ("version", q(version)),
+                    ("file", format!("{:?}", file_of(p))),
+                ]);
+            }
+        }
+    }
+}
+
 fn file_of(p: *mut c_void) -> String {
     let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
     // SAFETY: dladdr fills info.
@@ -1172,6 +1200,10 @@ fn main() {
             ("addr", (p as usize).to_string()),
             ("file", format!("{:?}", file_of(p))),
         ]);
+        return;
+    }
+    if cmd == "dlvsym" {
+        dlvsym_lookups(&cu, &rest[1..]);
         return;
     }
     match cmd {
