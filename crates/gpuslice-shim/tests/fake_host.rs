@@ -725,3 +725,21 @@ fn dlvsym_never_hands_out_the_driver_s_own_allocation_functions() {
         }
     }
 }
+
+/// A context limit that makes the driver hold more than the cap leaves
+/// (a 2 GiB malloc heap in a 1 GiB slice) is refused with OUT_OF_MEMORY,
+/// the previous value is put back, and the driver holds nothing more.
+#[test]
+fn a_context_limit_past_the_cap_is_refused_and_undone() {
+    let s = physical_slice("1GiB");
+    // CU_LIMIT_MALLOC_HEAP_SIZE = 2; the default heap is 8 MiB.
+    let v = &s.run(&["set-limit", "2", &(2048 * MIB).to_string()])[0];
+    assert_eq!(n(v, "rc"), 2, "{v}");
+    assert_eq!(n(v, "rc_get"), 0, "{v}");
+    assert_eq!(n(v, "limit") as u64, 8 * MIB, "the previous value: {v}");
+    assert_eq!(v["after"], v["before"], "[ledger, NVML] unchanged: {v}");
+    let v = &s.run(&["set-limit", "2", &(256 * MIB).to_string()])[0];
+    assert_eq!(n(v, "rc"), 0, "within the cap: {v}");
+    let grew = |i: usize| v["after"][i].as_u64().unwrap() - v["before"][i].as_u64().unwrap();
+    assert_eq!((grew(0), grew(1)), (248 * MIB, 248 * MIB), "{v}");
+}

@@ -29,6 +29,8 @@
 //! - `pool-destroy BYTES FREE`: a pool destroyed with an allocation
 //!   outstanding, then the allocation freed with FREE (`cuMemFreeAsync` or
 //!   `cuMemFree`): [ledger, NVML] after each step.
+//! - `set-limit LIMIT VALUE`: `cuCtxSetLimit`'s rc, the limit read back,
+//!   [ledger, NVML] before and after.
 //! - `hold BYTES`: allocates, prints `held`, sleeps until killed.
 //! - `dlvsym NAME...`: what `dlvsym` gives for each NAME in libcuda's
 //!   handle and in `RTLD_DEFAULT`, under several versions: the defining
@@ -1301,6 +1303,14 @@ fn main() {
             pool_location(&cu, rest[1].parse().expect("BYTES"));
             0
         }
+        "set-limit" => {
+            set_limit(
+                &cu,
+                rest[1].parse().expect("LIMIT"),
+                rest[2].parse().expect("VALUE"),
+            );
+            0
+        }
         "pool-destroy" => {
             pool_destroy(&cu, rest[1].parse().expect("BYTES"), &rest[2]);
             0
@@ -1389,6 +1399,36 @@ fn resident(cu: &Cuda) {
             "after_heap_back",
             (used() as i128 - context as i128).to_string(),
         ),
+    ]);
+}
+
+/// `cuCtxSetLimit(limit, value)`: its rc, the limit read back, and
+/// [ledger, NVML] before and after.
+fn set_limit(cu: &Cuda, limit: c_int, value: usize) {
+    let set = f!(
+        cu,
+        "cuCtxSetLimit",
+        "cuCtxSetLimit",
+        unsafe extern "C" fn(c_int, usize) -> R
+    );
+    let get = f!(
+        cu,
+        "cuCtxGetLimit",
+        "cuCtxGetLimit",
+        unsafe extern "C" fn(*mut usize, c_int) -> R
+    );
+    let before = (used(), nvml_own());
+    // SAFETY: plain driver calls with a valid out-pointer.
+    let (rc, mut now) = (unsafe { set(limit, value) }, 0usize);
+    // SAFETY: as above.
+    let rc_get = unsafe { get(&mut now, limit) };
+    let after = (used(), nvml_own());
+    line(&[
+        ("rc", rc.to_string()),
+        ("rc_get", rc_get.to_string()),
+        ("limit", now.to_string()),
+        ("before", format!("[{},{}]", before.0, before.1)),
+        ("after", format!("[{},{}]", after.0, after.1)),
     ]);
 }
 
