@@ -30,8 +30,10 @@ what it measured), with the exact command, date and driver version.
            drop in cuMemGetInfo's free memory, and what
            cuArrayGetMemoryRequirements / cuMipmappedArrayGetMemoryRequirements
            return (rc, size, alignment), next to the shim's estimate
-           (texels x channels x element size). Recorded, not judged: the
-           next session settles the shim's array charging against it.
+           (texels x channels x element size). `pass`: for every array
+           the shim's charge (`shim_charge`: 0 for deferred mapping, else
+           the estimate rounded up to 2 MiB) covers the drop in free
+           memory (`covered`).
   legacy   the pre-3.2 names the shim does not interpose (`cuMemAlloc`,
            `cuMemFree`: 32-bit pointer and size), looked up with dlsym
            and called through ctypes, bare and under `--memory 20GiB`:
@@ -555,6 +557,15 @@ def arrays():
     lines = [l for l in p.stdout.splitlines() if l.startswith("[")]
     if lines:
         rec["cases"] = json.loads(lines[-1])
+        # What the shim charges: nothing for a deferred-mapping array, else
+        # the estimate rounded up to 2 MiB (the driver reports no
+        # requirements for plain arrays on the H200).
+        for c in rec["cases"]:
+            if "free_drop" in c:
+                deferred = c.get("flags", 0) & 0x80
+                c["shim_charge"] = 0 if deferred else -(-c["estimate"] // (2 * MIB)) * 2 * MIB
+                c["covered"] = c["shim_charge"] >= c["free_drop"]
+        rec["pass"] = bool(rec["cases"]) and all(c.get("covered") for c in rec["cases"])
     return rec
 
 
@@ -574,7 +585,7 @@ def verdict():
         c = RESULT.get("clients", {}).get(name, {})
         if not (c.get("pass") and c.get("got_mib", 0) > 0 and c.get("total_is_cap", True)):
             failed.append("client " + name)
-    for part in ("dlvsym", "pooldestroy"):
+    for part in ("arrays", "dlvsym", "pooldestroy"):
         if part in RESULT and not RESULT[part].get("pass"):
             failed.append(part)
     return failed

@@ -799,10 +799,19 @@ fn array_destroy_real(kind: ArrayKind, arr: CUarray) {
     }
 }
 
+/// `CUDA_ARRAY3D_DEFERRED_MAPPING`: the array holds no memory of its own;
+/// what is mapped into it comes from `cuMemCreate` handles, charged there.
+const ARRAY3D_DEFERRED_MAPPING: c_uint = 0x80;
+/// The driver backs a plain array with whole 2 MiB pages (the H200: a
+/// 256 KiB array took 2 MiB, an 85.3 MiB mipmapped one 86 MiB;
+/// bench/results/memphys-20261203T1704Z.json, `arrays`).
+const ARRAY_GRANULE: u64 = 2 << 20;
+
 /// Reserves an estimate (width × height × depth × channels × element size,
-/// summed over mip levels), creates, then settles to the driver's memory
-/// requirements when it reports them; destroys the array again when the
-/// real size does not fit.
+/// summed over mip levels, rounded up to [`ARRAY_GRANULE`]), creates, then
+/// settles to the driver's memory requirements when it reports them (the
+/// H200's reports them only for deferred-mapping arrays, which are not
+/// charged); destroys the array again when the real size does not fit.
 fn array_common(
     t: Target,
     kind: ArrayKind,
@@ -810,6 +819,7 @@ fn array_common(
     arr: *mut CUarray,
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
+    let est = round_up(est, ARRAY_GRANULE);
     if !t.reserve(est) {
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -882,6 +892,10 @@ pub unsafe fn array3d_create(
         // SAFETY: caller contract.
         return unsafe { f(arr, desc) };
     };
+    if d.flags & ARRAY3D_DEFERRED_MAPPING != 0 {
+        // SAFETY: caller contract.
+        return unsafe { f(arr, desc) };
+    }
     let est = extent(d.width, d.height, d.depth, d.format, d.num_channels);
     // SAFETY: caller contract.
     array_common(t, ArrayKind::Plain, est, arr, || unsafe { f(arr, desc) })
@@ -904,6 +918,10 @@ pub unsafe fn mipmapped_create(
         // SAFETY: caller contract.
         return unsafe { f(arr, desc, levels) };
     };
+    if d.flags & ARRAY3D_DEFERRED_MAPPING != 0 {
+        // SAFETY: caller contract.
+        return unsafe { f(arr, desc, levels) };
+    }
     let est = (0..levels.clamp(1, 64)).fold(0u64, |sum, l| {
         let shrink = |v: usize| if v == 0 { 0 } else { (v >> l).max(1) };
         sum.saturating_add(extent(

@@ -129,10 +129,11 @@ fn every_allocation_path_is_charged_and_released_whichever_way_it_is_looked_up()
         exact("cuMemAllocAsync_ptsz", POOL_STEP);
         exact("cuMemAllocFromPoolAsync", POOL_STEP);
         exact("cuMemCreate", 4 * MIB);
-        // The driver's requirement (64 KiB aligned), not the estimate.
+        // Whole 2 MiB pages, as the driver backs plain arrays.
         exact("cuArrayCreate", 4 * MIB);
         exact("cuArray3DCreate", 4 * MIB);
-        exact("cuMipmappedArrayCreate", (4096 + 1024 + 256 + 64) * 1024);
+        // (4096 + 1024 + 256 + 64) KiB over four levels.
+        exact("cuMipmappedArrayCreate", 6 * MIB);
         exact("graph mem node", 11 * MIB);
     }
     assert_eq!(s.ledger().used(0), 0);
@@ -742,4 +743,27 @@ fn a_context_limit_past_the_cap_is_refused_and_undone() {
     assert_eq!(n(v, "rc"), 0, "within the cap: {v}");
     let grew = |i: usize| v["after"][i].as_u64().unwrap() - v["before"][i].as_u64().unwrap();
     assert_eq!((grew(0), grew(1)), (248 * MIB, 248 * MIB), "{v}");
+}
+
+/// Arrays are charged what the driver backs them with, as the H200 showed:
+/// a plain array whole 2 MiB pages (a 256 KiB one takes 2 MiB, and the
+/// driver reports no memory requirements for it), a deferred-mapping one
+/// nothing (the memory mapped into it is a `cuMemCreate` handle's, charged
+/// there).
+#[test]
+fn arrays_are_charged_what_the_driver_backs_them_with() {
+    let s = physical_slice("1GiB");
+    let v = &s.run(&["arrays"])[0];
+    let at = |k: &str| -> Vec<i64> {
+        v[k].as_array()
+            .unwrap_or_else(|| panic!("{k} in {v}"))
+            .iter()
+            .map(|x| x.as_i64().unwrap())
+            .collect()
+    };
+    // [rc, ledger change, NVML change].
+    let two = 2 * MIB as i64;
+    assert_eq!(at("small_1d"), [0, two, two], "{v}");
+    assert_eq!(at("deferred_2d"), [0, 0, 0], "{v}");
+    assert_eq!(at("deferred_mipmapped"), [0, 0, 0], "{v}");
 }

@@ -67,8 +67,9 @@ struct Ext {
     next_addr: u64,
     /// pool allocation address → pool id.
     owner: BTreeMap<u64, usize>,
-    /// array handle → bytes.
-    arrays: BTreeMap<u64, u64>,
+    /// array handle → its requirements' size for a deferred-mapping array,
+    /// None for a plain one (its handle is its memory's address).
+    arrays: BTreeMap<u64, Option<u64>>,
     graphs: Graphs,
     vmm: Vmm,
 }
@@ -684,7 +685,16 @@ fn format_bytes(format: c_int) -> Option<u64> {
     }
 }
 
-/// Size the fake gives an array: texels × bytes, aligned to 64 KiB.
+/// `CUDA_ARRAY3D_DEFERRED_MAPPING`: the array holds no memory; the
+/// program maps some into it (`cuMemMapArrayAsync`).
+const DEFERRED_MAPPING: c_uint = 0x80;
+/// The device memory a plain array holds is its size rounded up to 2 MiB
+/// (the H200: a 256 KiB 1D array and an 85.3 MiB mipmapped one took 2 and
+/// 86 MiB, bench/results/memphys-20261203T1704Z.json, `arrays`).
+const ARRAY_GRANULE: u64 = 2 << 20;
+
+/// An array's size as its memory requirements give it: texels × bytes,
+/// aligned to 64 KiB.
 fn array_bytes(w: usize, h: usize, d: usize, format: c_int, channels: c_uint) -> Option<u64> {
     if w == 0 || !matches!(channels, 1 | 2 | 4) {
         return None;
@@ -693,11 +703,25 @@ fn array_bytes(w: usize, h: usize, d: usize, format: c_int, channels: c_uint) ->
     Some((texels * channels as u64 * format_bytes(format)?).div_ceil(ARRAY_ALIGN) * ARRAY_ALIGN)
 }
 
-fn make_array(arr: *mut Handle, bytes: Option<u64>) -> CUresult {
+/// Makes an array of `bytes` (its requirements' size). A plain one holds
+/// that rounded up to [`ARRAY_GRANULE`] and, as on the real driver, has no
+/// memory requirements to report; a deferred-mapping one holds nothing and
+/// reports them.
+fn make_array(arr: *mut Handle, bytes: Option<u64>, flags: c_uint) -> CUresult {
     rc(current_device().and_then(|dev| {
         let bytes = bytes.ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        let h = dev_alloc(dev, bytes)?;
-        with(|e| e.arrays.insert(h, bytes));
+        let h = if flags & DEFERRED_MAPPING != 0 {
+            with(|e| {
+                let h = e.next_addr;
+                e.next_addr += ARRAY_ALIGN;
+                e.arrays.insert(h, Some(bytes));
+                h
+            })
+        } else {
+            let h = dev_alloc(dev, bytes.div_ceil(ARRAY_GRANULE) * ARRAY_GRANULE)?;
+            with(|e| e.arrays.insert(h, None));
+            h
+        };
         // SAFETY: callers checked `arr`'s contract.
         unsafe { out(arr, h as Handle) }
     }))
@@ -716,7 +740,7 @@ pub unsafe extern "C" fn cuArrayCreate_v2(
             return CUDA_ERROR_INVALID_VALUE;
         };
         let bytes = array_bytes(d.width, d.height, 1, d.format, d.num_channels);
-        make_array(arr, bytes)
+        make_array(arr, bytes, 0)
     })
 }
 
@@ -733,7 +757,7 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
             return CUDA_ERROR_INVALID_VALUE;
         };
         let bytes = array_bytes(d.width, d.height, d.depth, d.format, d.num_channels);
-        make_array(arr, bytes)
+        make_array(arr, bytes, d.flags)
     })
 }
 
@@ -764,7 +788,7 @@ pub unsafe extern "C" fn cuMipmappedArrayCreate(
         let bytes = (0..levels.min(32))
             .map(|l| array_bytes(shrink(w, l), shrink(h, l), shrink(d, l), f, c))
             .sum::<Option<u64>>();
-        make_array(arr, bytes)
+        make_array(arr, bytes, desc.flags)
     })
 }
 
@@ -772,7 +796,8 @@ fn destroy_array(arr: Handle) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
         let h = arr as u64;
         match with(|e| e.arrays.remove(&h)) {
-            Some(_) if memory::free(h) => CUDA_SUCCESS,
+            Some(Some(_)) => CUDA_SUCCESS,
+            Some(None) if memory::free(h) => CUDA_SUCCESS,
             _ => CUDA_ERROR_INVALID_VALUE,
         }
     })
@@ -799,7 +824,9 @@ pub unsafe extern "C" fn cuArrayGetMemoryRequirements(
     _dev: CUdevice,
 ) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
-        let Some(bytes) = with(|e| e.arrays.get(&(arr as u64)).copied()) else {
+        // Only deferred-mapping arrays have requirements (the H200: 1,
+        // CUDA_ERROR_INVALID_VALUE, for every plain array).
+        let Some(Some(bytes)) = with(|e| e.arrays.get(&(arr as u64)).copied()) else {
             return CUDA_ERROR_INVALID_VALUE;
         };
         if req.is_null() {

@@ -29,6 +29,8 @@
 //! - `pool-destroy BYTES FREE`: a pool destroyed with an allocation
 //!   outstanding, then the allocation freed with FREE (`cuMemFreeAsync` or
 //!   `cuMemFree`): [ledger, NVML] after each step.
+//! - `arrays`: a small plain array and deferred-mapping ones: rc and the
+//!   change of the ledger and of NVML's figure for each.
 //! - `set-limit LIMIT VALUE`: `cuCtxSetLimit`'s rc, the limit read back,
 //!   [ledger, NVML] before and after.
 //! - `hold BYTES`: allocates, prints `held`, sleeps until killed.
@@ -1303,6 +1305,10 @@ fn main() {
             pool_location(&cu, rest[1].parse().expect("BYTES"));
             0
         }
+        "arrays" => {
+            arrays(&cu);
+            0
+        }
         "set-limit" => {
             set_limit(
                 &cu,
@@ -1400,6 +1406,61 @@ fn resident(cu: &Cuda) {
             (used() as i128 - context as i128).to_string(),
         ),
     ]);
+}
+
+/// Arrays the real driver backs differently from their size: a small
+/// plain 1D array (whole 2 MiB pages) and deferred-mapping 3D and
+/// mipmapped arrays (no memory until mapped). Per case: [rc, change of the
+/// ledger, change of NVML's figure], the array alive.
+fn arrays(cu: &Cuda) {
+    let arr3 = f!(
+        cu,
+        "cuArray3DCreate",
+        "cuArray3DCreate_v2",
+        unsafe extern "C" fn(*mut *mut c_void, *const Array3DDescriptor) -> R
+    );
+    let mip = f!(
+        cu,
+        "cuMipmappedArrayCreate",
+        "cuMipmappedArrayCreate",
+        unsafe extern "C" fn(*mut *mut c_void, *const Array3DDescriptor, c_uint) -> R
+    );
+    let desc = |width, height, flags| Array3DDescriptor {
+        width,
+        height,
+        depth: 0,
+        format: 0x01,
+        num_channels: 4,
+        flags,
+    };
+    let mut kv = Vec::new();
+    // (name, descriptor, mip levels; 0: a plain array).
+    for (name, d, levels) in [
+        ("small_1d", desc(65536, 0, 0), 0),
+        ("deferred_2d", desc(1024, 1024, 0x80), 0),
+        ("deferred_mipmapped", desc(1024, 1024, 0x80), 4),
+    ] {
+        let before = (used(), nvml_own());
+        let mut a = std::ptr::null_mut();
+        // SAFETY: valid descriptor and out-pointer; the arrays stay alive
+        // until exit.
+        let rc = unsafe {
+            match levels {
+                0 => arr3(&mut a, &d),
+                n => mip(&mut a, &d, n),
+            }
+        };
+        let grew = |now: u64, was: u64| now as i128 - was as i128;
+        kv.push((
+            name,
+            format!(
+                "[{rc},{},{}]",
+                grew(used(), before.0),
+                grew(nvml_own(), before.1)
+            ),
+        ));
+    }
+    line(&kv);
 }
 
 /// `cuCtxSetLimit(limit, value)`: its rc, the limit read back, and
