@@ -472,7 +472,7 @@ def dlvsym():
 # slice: the slice's view of free memory (cuMemGetInfo, the cap minus the
 # ledger) after each step, and the host's NVML figure for the process.
 POOLDESTROY = r'''
-import ctypes, json, os, sys
+import ctypes, json, os, sys, time
 cu = ctypes.CDLL("libcuda.so.1")
 assert cu.cuInit(0) == 0
 dev = ctypes.c_int(); cu.cuDeviceGet(ctypes.byref(dev), 0)
@@ -490,6 +490,7 @@ def step(name):
     sys.stdin.readline()
 pr = Props(); pr.allocType = 1; pr.locType = 1; pr.locId = 0
 pool, p = ctypes.c_void_p(), ctypes.c_uint64()
+time.sleep(0.5)  # the context's measurement replaces its estimate first
 step("before")
 assert cu.cuMemPoolCreate(ctypes.byref(pool), ctypes.byref(pr)) == 0
 assert cu.cuMemAllocFromPoolAsync(ctypes.byref(p), ctypes.c_size_t(1 << 30), pool, None) == 0
