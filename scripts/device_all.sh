@@ -13,8 +13,10 @@
 #   computediag  issue 5: what the GPU does under partial duty, without gpuslice (~45 s)
 #   computetrace issue 5: one capped worker's bucket traced across workload and share changes (~25 s)
 #   memphys    issue 16: physical memory cap (1/2/5/8 processes in one 20 GiB slice, host NVML sum),
-#              usable memory for torch, the client matrix, array sizes the driver reports, the old
-#              32-bit cuMemAlloc against the cap (device_memphys.py, ~230 s, at most 300)
+#              usable memory for torch, the client matrix, array sizes the driver reports against
+#              the shim's charge, the old 32-bit cuMemAlloc against the cap, dlvsym on the driver's
+#              libraries, a pool destroyed with memory outstanding (device_memphys.py, ~240 s, at
+#              most 300)
 #   hostpid    issue 16 follow-up: the shim measures a context inside run's PID namespace and under
 #              --pid host (host NVML lists the pid `slices` shows, the resolver gives the same pid,
 #              the ledger matches NVML's figure; device_hostpid.py, ~20 s, at most 90)

@@ -30,18 +30,35 @@ what it measured), with the exact command, date and driver version.
            drop in cuMemGetInfo's free memory, and what
            cuArrayGetMemoryRequirements / cuMipmappedArrayGetMemoryRequirements
            return (rc, size, alignment), next to the shim's estimate
-           (texels x channels x element size). Recorded, not judged: the
-           next session settles the shim's array charging against it.
+           (texels x channels x element size). `pass`: for every array
+           the shim's charge (`shim_charge`: 0 for deferred mapping, else
+           the estimate rounded up to 2 MiB) covers the drop in free
+           memory (`covered`).
   legacy   the pre-3.2 names the shim does not interpose (`cuMemAlloc`,
            `cuMemFree`: 32-bit pointer and size), looked up with dlsym
            and called through ctypes, bare and under `--memory 20GiB`:
            1 GiB at a time until refused (at most 40). Recorded, not
            judged: `escapes_cap` true means the old names pass the cap
            on this driver (a gap docs/shim.md lists).
+  dlvsym   dlvsym on libcuda and libnvidia-ml (allocation and memory-info
+           names, several versions, the library's handle and
+           RTLD_DEFAULT), bare and under `--memory 20GiB`: each lookup's
+           defining file. `pass`: under gpuslice no lookup yields a
+           function that is not the shim's (the driver's libraries define
+           no symbol versions, so glibc finds none: `found` is empty).
+  pooldestroy  in a 20 GiB slice, a created pool with 1 GiB outstanding is
+           destroyed, then the allocation freed: the slice's free memory
+           (cuMemGetInfo) and the host's NVML figure after each step.
+           `pass`: free memory does not grow at the destroy
+           (`destroy_kept_charge`) and is back after the free
+           (`free_released`); `driver_held_after_destroy` records that
+           the driver kept the memory (bench/results/mempool-*).
 
 Top-level `pass`: every procs case within the cap, torch's usable memory
 and total_memory == cap, every client within the cap with memory obtained
-and total == cap where reported.
+and total == cap where reported (CuPy's cudaMallocAsync pool included: its
+32 MiB growth steps are held before each allocation), dlvsym and
+pooldestroy passing.
 """
 
 import datetime
@@ -401,6 +418,125 @@ for p in ptrs:
 '''
 
 
+# dlvsym on the driver's libraries: each name under several versions, in
+# the library's handle and in RTLD_DEFAULT, with the file that defines
+# what came back (dladdr). Not the empty version: glibc dereferences a
+# null version name for it.
+DLVSYM = r'''
+import ctypes, json
+libc = ctypes.CDLL(None)
+libc.dlopen.restype = libc.dlvsym.restype = ctypes.c_void_p
+libc.dlopen.argtypes = [ctypes.c_char_p, ctypes.c_int]
+libc.dlvsym.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p]
+class DlInfo(ctypes.Structure):
+    _fields_ = [("fname", ctypes.c_char_p), ("fbase", ctypes.c_void_p), ("sname", ctypes.c_char_p), ("saddr", ctypes.c_void_p)]
+def file_of(p):
+    info = DlInfo()
+    if not p or not libc.dladdr(ctypes.c_void_p(p), ctypes.byref(info)):
+        return ""
+    return (info.fname or b"").decode()
+out = []
+for lib, names in (("libcuda.so.1", ("cuMemAlloc_v2", "cuMemFree_v2", "cuMemAllocAsync", "cuMemCreate",
+                                      "cuGetProcAddress_v2", "cuDeviceTotalMem_v2", "cuMemGetInfo_v2")),
+                   ("libnvidia-ml.so.1", ("nvmlDeviceGetMemoryInfo", "nvmlDeviceGetMemoryInfo_v2"))):
+    h = libc.dlopen(lib.encode(), 2 | 0x100)  # RTLD_NOW | RTLD_GLOBAL
+    for name in names:
+        for which, handle in (("handle", h), ("default", None)):
+            for version in ("GLIBC_2.2.5", "GLIBC_2.34", "CUDA_12.0", "CUDA_13.0", lib):
+                p = libc.dlvsym(handle, name.encode(), version.encode())
+                out.append({"lib": lib, "name": name, "handle": which, "version": version, "file": file_of(p)})
+print(json.dumps(out))
+'''
+
+
+def dlvsym():
+    """Whether dlvsym finds any driver function (bare) and whether, under
+    the shim, it finds one that is not the shim's: `pass` when it never
+    hands out the driver's own function under gpuslice."""
+    out = {}
+    for name, cmd in (("bare", [PY, "-c", DLVSYM]),
+                      ("gpuslice", [GPUSLICE, "run", "--gpus", "0", "--memory", CAP, "--", PY, "-c", DLVSYM])):
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        rec = {"rc": p.returncode, "stderr_tail": p.stderr[-1000:]}
+        lines = [l for l in p.stdout.splitlines() if l.startswith("[")]
+        if lines:
+            rec["lookups"] = json.loads(lines[-1])
+            rec["found"] = [l for l in rec["lookups"] if l["file"]]
+        out[name] = rec
+    found = out["gpuslice"].get("found")
+    out["pass"] = found is not None and all("gpuslice" in l["file"] for l in found)
+    return out
+
+
+# A pool destroyed with 1 GiB outstanding, then the allocation freed, in a
+# slice: the slice's view of free memory (cuMemGetInfo, the cap minus the
+# ledger) after each step, and the host's NVML figure for the process.
+POOLDESTROY = r'''
+import ctypes, json, os, sys, time
+cu = ctypes.CDLL("libcuda.so.1")
+assert cu.cuInit(0) == 0
+dev = ctypes.c_int(); cu.cuDeviceGet(ctypes.byref(dev), 0)
+ctx = ctypes.c_void_p(); cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev); cu.cuCtxSetCurrent(ctx)
+class Props(ctypes.Structure):
+    _fields_ = [("allocType", ctypes.c_int), ("handleTypes", ctypes.c_int), ("locType", ctypes.c_int), ("locId", ctypes.c_int),
+                ("win32", ctypes.c_void_p), ("maxSize", ctypes.c_size_t), ("usage", ctypes.c_ushort), ("reserved", ctypes.c_ubyte * 54)]
+def free():
+    cu.cuCtxSynchronize()
+    f, t = ctypes.c_size_t(), ctypes.c_size_t()
+    cu.cuMemGetInfo_v2(ctypes.byref(f), ctypes.byref(t))
+    return f.value
+def step(name):
+    print(json.dumps({"step": name, "free": free()}), flush=True)
+    sys.stdin.readline()
+pr = Props(); pr.allocType = 1; pr.locType = 1; pr.locId = 0
+pool, p = ctypes.c_void_p(), ctypes.c_uint64()
+time.sleep(0.5)  # the context's measurement replaces its estimate first
+step("before")
+assert cu.cuMemPoolCreate(ctypes.byref(pool), ctypes.byref(pr)) == 0
+assert cu.cuMemAllocFromPoolAsync(ctypes.byref(p), ctypes.c_size_t(1 << 30), pool, None) == 0
+step("allocated")
+assert cu.cuMemPoolDestroy(pool) == 0
+step("destroyed")
+assert cu.cuMemFreeAsync(p, None) == 0
+step("freed")
+'''
+
+
+def pooldestroy():
+    """`pass`: the slice's free memory does not grow at the destroy (the
+    charge stays while the driver holds the memory) and comes back after
+    the free; the host's NVML figure shows what the driver held."""
+    cmd = [GPUSLICE, "run", "--gpus", "0", "--memory", CAP, "--", PY, "-c", POOLDESTROY]
+    p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    rec = {"command": cmd[:-1] + ["<POOLDESTROY>"], "steps": {}}
+    t = time.monotonic()
+    while p.poll() is None and time.monotonic() - t < 60 and len(rec["steps"]) < 4:
+        line = p.stdout.readline()
+        if not line.startswith("{"):
+            continue
+        r = json.loads(line)
+        r["physical_mib"] = physical(p.pid)[0] / MIB
+        rec["steps"][r["step"]] = r
+        p.stdin.write("\n")
+        p.stdin.flush()
+    try:
+        p.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        p.kill()
+    rec["rc"] = p.returncode
+    rec["stderr_tail"] = p.stderr.read()[-1000:]
+    st = rec["steps"]
+    if len(st) == 4:
+        f = {k: v["free"] / MIB for k, v in st.items()}
+        rec["destroy_kept_charge"] = f["destroyed"] <= f["allocated"] + 1
+        rec["free_released"] = f["freed"] >= f["before"] - 64
+        rec["driver_held_after_destroy"] = st["destroyed"]["physical_mib"] >= st["allocated"]["physical_mib"] - 1
+        rec["pass"] = rec["destroy_kept_charge"] and rec["free_released"]
+    else:
+        rec["pass"] = False
+    return rec
+
+
 def legacy():
     out = {}
     for name, cmd in (("bare", [PY, "-c", LEGACY]),
@@ -422,6 +558,15 @@ def arrays():
     lines = [l for l in p.stdout.splitlines() if l.startswith("[")]
     if lines:
         rec["cases"] = json.loads(lines[-1])
+        # What the shim charges: nothing for a deferred-mapping array, else
+        # the estimate rounded up to 2 MiB (the driver reports no
+        # requirements for plain arrays on the H200).
+        for c in rec["cases"]:
+            if "free_drop" in c:
+                deferred = c.get("flags", 0) & 0x80
+                c["shim_charge"] = 0 if deferred else -(-c["estimate"] // (2 * MIB)) * 2 * MIB
+                c["covered"] = c["shim_charge"] >= c["free_drop"]
+        rec["pass"] = bool(rec["cases"]) and all(c.get("covered") for c in rec["cases"])
     return rec
 
 
@@ -441,6 +586,9 @@ def verdict():
         c = RESULT.get("clients", {}).get(name, {})
         if not (c.get("pass") and c.get("got_mib", 0) > 0 and c.get("total_is_cap", True)):
             failed.append("client " + name)
+    for part in ("arrays", "dlvsym", "pooldestroy"):
+        if part in RESULT and not RESULT[part].get("pass"):
+            failed.append(part)
     return failed
 
 
@@ -484,7 +632,8 @@ def main():
     args = sys.argv[1:]
     os.makedirs(args[0], exist_ok=True)
     OUT = os.path.join(args[0], "memphys.json")
-    only = set(args[args.index("--only") + 1].split(",")) if "--only" in args else {"procs", "torch", "clients", "arrays", "legacy"}
+    only = set(args[args.index("--only") + 1].split(",")) if "--only" in args else {
+        "procs", "torch", "clients", "arrays", "legacy", "dlvsym", "pooldestroy"}
     RESULT.update({
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
         "command": " ".join([PY] + sys.argv),
@@ -528,6 +677,13 @@ def main():
         except Exception as e:
             RESULT["legacy"] = {"error": repr(e)[:300]}
         save()
+    for part, run in (("dlvsym", dlvsym), ("pooldestroy", pooldestroy)):
+        if part in only:
+            try:
+                RESULT[part] = run()
+            except Exception as e:
+                RESULT[part] = {"error": repr(e)[:300], "pass": False}
+            save()
     failed = verdict()
     RESULT["failed"] = failed
     RESULT["pass"] = not failed

@@ -145,6 +145,11 @@ pub struct ArrayDescriptor {
     pub num_channels: c_uint,
 }
 
+/// `CUDA_ARRAY3D_DEFERRED_MAPPING` (a flag of `CUDA_ARRAY3D_DESCRIPTOR`):
+/// the array holds no memory of its own; what is mapped into it comes
+/// from `cuMemCreate` handles.
+pub const CUDA_ARRAY3D_DEFERRED_MAPPING: c_uint = 0x80;
+
 /// `CUDA_ARRAY3D_DESCRIPTOR`.
 #[repr(C)]
 pub struct Array3DDescriptor {
@@ -298,6 +303,7 @@ pub mod pfn {
     pub type MemPoolTrimTo = unsafe extern "C" fn(pool: CUmemoryPool, keep: usize) -> CUresult;
     pub type MemPoolGetAttribute =
         unsafe extern "C" fn(pool: CUmemoryPool, attr: c_int, value: *mut c_void) -> CUresult;
+    /// Also `cuDeviceGetDefaultMemPool`.
     pub type DeviceGetMemPool =
         unsafe extern "C" fn(pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult;
     pub type DeviceGetGraphMemAttribute =

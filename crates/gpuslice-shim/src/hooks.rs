@@ -25,8 +25,9 @@ use crate::compute;
 use crate::cuda::*;
 use crate::driver::{capturing, relaxed};
 use crate::pools::{
-    device_mem_pool, find_pool, pool_attr, pool_entry, settle_device, settle_graph,
-    settle_graph_now_and_then, settle_pool, PoolEntry,
+    destroyed, device_mem_pool, device_of_pool, find_pool, free_pooled, pool_attr, pool_entry,
+    pool_growth, settle_device, settle_graph, settle_graph_now_and_then, settle_pool,
+    settle_pool_within, undo_growth, PoolEntry,
 };
 use crate::real::{real_fn, Real};
 use crate::resident::{target, target_current};
@@ -49,8 +50,6 @@ static ARRAY_DESTROY: Real = Real::named(c"cuArrayDestroy");
 static MIPMAP_DESTROY: Real = Real::named(c"cuMipmappedArrayDestroy");
 static MEM_FREE: Real = Real::named(c"cuMemFree_v2");
 static STREAM_GET_DEVICE: Real = Real::named(c"cuStreamGetDevice");
-
-const MIB2: u64 = 2 << 20;
 
 fn round_up(v: u64, to: u64) -> u64 {
     v.div_ceil(to).saturating_mul(to)
@@ -76,8 +75,18 @@ fn track(rc: CUresult, table: &Handles, t: Target, key: u64, bytes: u64) -> CUre
 /// address to another thread right after), release on success, restore on
 /// failure.
 fn untrack(table: &Handles, key: u64, call: impl FnOnce() -> CUresult) -> CUresult {
+    untrack_or(table, key, call, |call| call())
+}
+
+/// [`untrack`], with `absent` making the call when `key` is not in `table`.
+fn untrack_or<C: FnOnce() -> CUresult>(
+    table: &Handles,
+    key: u64,
+    call: C,
+    absent: impl FnOnce(C) -> CUresult,
+) -> CUresult {
     let Some(v) = table.remove(key) else {
-        return call();
+        return absent(call);
     };
     let rc = call();
     if rc == CUDA_SUCCESS {
@@ -194,8 +203,14 @@ pub unsafe fn mem_alloc_pitch(
 /// C contract of `cuMemFree_v2`.
 pub unsafe fn mem_free(real: &Real, dptr: CUdeviceptr) -> CUresult {
     let f = real_fn!(real, pfn::MemFree);
+    // cuMemFree also frees stream-ordered allocations.
     // SAFETY: caller contract.
-    untrack(&PTRS, dptr, || unsafe { f(dptr) })
+    untrack_or(
+        &PTRS,
+        dptr,
+        || unsafe { f(dptr) },
+        |call| free_pooled(dptr, call),
+    )
 }
 
 // ------------------------------------------------------------ pools
@@ -219,27 +234,26 @@ fn stream_target(stream: CUstream) -> Option<Target> {
     target_current()
 }
 
-/// Stream-ordered allocation from `pool`: holds the growth the pool may
-/// need (nothing when its free reserve covers `size`, else `size` rounded
-/// to 2 MiB) before the call, then settles to the pool's reserved memory.
+/// Stream-ordered allocation from `pool` on `stream`: holds what the pool
+/// will grow by ([`pool_growth`]) before the call, then settles to the
+/// pool's reserved memory. A pool that grew more than held and past the
+/// cap (a driver with another growth step, a fragmented reserve) has the
+/// allocation taken back and the call fails with OOM: the pool's physical
+/// size never passes the cap.
 fn pooled(
     t: Target,
     e: &PoolEntry,
-    pool: CUmemoryPool,
+    (pool, stream): (CUmemoryPool, CUstream),
+    dptr: *mut CUdeviceptr,
     size: usize,
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
-    let size = size as u64;
     let (reserved, used) = relaxed(|| {
         let reserved = pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT).unwrap_or(0);
         let used = pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT).unwrap_or(reserved);
         (reserved, used)
     });
-    let hold = if reserved.saturating_sub(used) >= size {
-        0
-    } else {
-        round_up(size, MIB2)
-    };
+    let hold = pool_growth(reserved, used, size as u64);
     if hold > 0 && !t.reserve(hold) {
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -248,7 +262,15 @@ fn pooled(
         t.release(hold);
         return rc;
     }
-    settle_pool(e, t, hold);
+    // SAFETY: callers pass a non-null dptr, written by the driver on success.
+    let ptr = unsafe { *dptr };
+    if !settle_pool_within(e, t, hold) {
+        undo_growth(pool, ptr, stream, reserved);
+        settle_pool(e, t, hold);
+        state::refused(t.dev, size as u64, t.ledger.used(t.dev), shim().caps[t.dev]);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    e.allocated(ptr);
     rc
 }
 
@@ -272,7 +294,9 @@ pub unsafe fn mem_alloc_async(
     }
     match device_mem_pool(t.dev).and_then(|p| pool_entry(p, t.dev).map(|e| (p, e))) {
         // SAFETY: caller contract.
-        Some((pool, e)) => pooled(t, e, pool, size, || unsafe { f(dptr, size, stream) }),
+        Some((pool, e)) => pooled(t, e, (pool, stream), dptr, size, || unsafe {
+            f(dptr, size, stream)
+        }),
         None => {
             if !t.reserve(size as u64) {
                 return CUDA_ERROR_OUT_OF_MEMORY;
@@ -300,15 +324,16 @@ pub unsafe fn mem_alloc_from_pool_async(
     stream: CUstream,
 ) -> CUresult {
     let f = real_fn!(real, pfn::MemAllocFromPoolAsync);
-    // A host or managed pool holds no device memory; a device pool made
-    // through cuMemPoolCreate is charged to its device; any other (a
-    // device's default pool) to the current context's device.
-    let t = if HOST_POOLS.get(pool as u64).is_some() {
+    // A host pool holds no device memory; a pool made through
+    // cuMemPoolCreate is charged to its device; a device's default (or
+    // current) pool to that device, whichever context is current; any
+    // other to the current context's device.
+    let t = if HOST_POOLS.get(pool as u64).is_some() || !shim().active() {
         None
     } else {
         match find_pool(pool) {
             Some(e) => target(e.dev.load(Ordering::Acquire) as CUdevice),
-            None => target_current(),
+            None => device_of_pool(pool).map_or_else(target_current, target),
         }
     };
     let Some(t) = t.filter(|_| size > 0 && !dptr.is_null() && !pool.is_null()) else {
@@ -336,7 +361,9 @@ pub unsafe fn mem_alloc_from_pool_async(
         return track(rc, &PTRS, t, key, size as u64);
     };
     // SAFETY: caller contract.
-    pooled(t, e, pool, size, || unsafe { f(dptr, size, pool, stream) })
+    pooled(t, e, (pool, stream), dptr, size, || unsafe {
+        f(dptr, size, pool, stream)
+    })
 }
 
 /// # Safety
@@ -344,10 +371,16 @@ pub unsafe fn mem_alloc_from_pool_async(
 pub unsafe fn mem_free_async(real: &Real, dptr: CUdeviceptr, stream: CUstream) -> CUresult {
     let f = real_fn!(real, pfn::MemFreeAsync);
     // Pool memory stays reserved by its pool after a free: its charge moves
-    // only when the pool's reserve does (settles). Pointers charged
-    // individually are released here.
+    // only when the pool's reserve does (settles), or with a destroyed
+    // pool's last allocation. Pointers charged individually are released
+    // here.
     // SAFETY: caller contract.
-    untrack(&PTRS, dptr, || unsafe { f(dptr, stream) })
+    untrack_or(
+        &PTRS,
+        dptr,
+        || unsafe { f(dptr, stream) },
+        |call| free_pooled(dptr, call),
+    )
 }
 
 /// # Safety
@@ -366,7 +399,7 @@ pub unsafe fn mem_pool_trim_to(real: &Real, pool: CUmemoryPool, keep: usize) -> 
     rc
 }
 
-/// Pools made on the host or as managed memory: not charged.
+/// Pools made on the host: not charged.
 static HOST_POOLS: Handles = Handles::new(6, 10);
 
 /// # Safety
@@ -387,14 +420,22 @@ pub unsafe fn mem_pool_create(
     let (Some(p), Some(&made)) = (unsafe { props.as_ref() }, unsafe { pool.as_ref() }) else {
         return rc;
     };
-    if p.alloc_type == CU_MEM_ALLOCATION_TYPE_PINNED
-        && p.location_type == CU_MEM_LOCATION_TYPE_DEVICE
-    {
-        if let Some(t) = target_no_context(p.location_id) {
-            let _ = pool_entry(made, t.dev);
+    // Device memory, and managed memory the way cuMemAllocManaged is
+    // charged: on the pool's device, else (a managed pool with no device
+    // location) the current device at each allocation. Host memory: never.
+    match (p.alloc_type, p.location_type) {
+        (
+            CU_MEM_ALLOCATION_TYPE_PINNED | CU_MEM_ALLOCATION_TYPE_MANAGED,
+            CU_MEM_LOCATION_TYPE_DEVICE,
+        ) => {
+            if let Some(t) = target_no_context(p.location_id) {
+                let _ = pool_entry(made, t.dev);
+            }
         }
-    } else {
-        HOST_POOLS.insert(made as u64, 1);
+        (CU_MEM_ALLOCATION_TYPE_MANAGED, _) => {}
+        _ => {
+            HOST_POOLS.insert(made as u64, 1);
+        }
     }
     rc
 }
@@ -407,11 +448,7 @@ pub unsafe fn mem_pool_destroy(real: &Real, pool: CUmemoryPool) -> CUresult {
     let rc = unsafe { f(pool) };
     if rc == CUDA_SUCCESS {
         HOST_POOLS.remove(pool as u64);
-        if let Some(e) = find_pool(pool) {
-            let charged = e.charged.swap(0, Ordering::AcqRel);
-            state::release(e.dev.load(Ordering::Acquire), charged);
-            e.pool.store(std::ptr::null_mut(), Ordering::Release);
-        }
+        destroyed(pool);
     }
     rc
 }
@@ -705,10 +742,16 @@ fn array_destroy_real(kind: ArrayKind, arr: CUarray) {
     }
 }
 
+/// The driver backs a plain array with whole 2 MiB pages (the H200: a
+/// 256 KiB array took 2 MiB, an 85.3 MiB mipmapped one 86 MiB;
+/// bench/results/memphys-20261203T1704Z.json, `arrays`).
+const ARRAY_GRANULE: u64 = 2 << 20;
+
 /// Reserves an estimate (width × height × depth × channels × element size,
-/// summed over mip levels), creates, then settles to the driver's memory
-/// requirements when it reports them; destroys the array again when the
-/// real size does not fit.
+/// summed over mip levels, rounded up to [`ARRAY_GRANULE`]), creates, then
+/// settles to the driver's memory requirements when it reports them (the
+/// H200's reports them only for deferred-mapping arrays, which are not
+/// charged); destroys the array again when the real size does not fit.
 fn array_common(
     t: Target,
     kind: ArrayKind,
@@ -716,6 +759,7 @@ fn array_common(
     arr: *mut CUarray,
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
+    let est = round_up(est, ARRAY_GRANULE);
     if !t.reserve(est) {
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -782,6 +826,10 @@ pub unsafe fn array3d_create(
         // SAFETY: caller contract.
         return unsafe { f(arr, desc) };
     };
+    if d.flags & CUDA_ARRAY3D_DEFERRED_MAPPING != 0 {
+        // SAFETY: caller contract.
+        return unsafe { f(arr, desc) };
+    }
     let est = extent(d.width, d.height, d.depth, d.format, d.num_channels);
     // SAFETY: caller contract.
     array_common(t, ArrayKind::Plain, est, arr, || unsafe { f(arr, desc) })
@@ -803,6 +851,10 @@ pub unsafe fn mipmapped_create(
         // SAFETY: caller contract.
         return unsafe { f(arr, desc, levels) };
     };
+    if d.flags & CUDA_ARRAY3D_DEFERRED_MAPPING != 0 {
+        // SAFETY: caller contract.
+        return unsafe { f(arr, desc, levels) };
+    }
     let est = (0..levels.clamp(1, 64)).fold(0u64, |sum, l| {
         let shrink = |v: usize| if v == 0 { 0 } else { (v >> l).max(1) };
         sum.saturating_add(extent(

@@ -16,6 +16,8 @@ use gpuslice_ledger::Ledger;
 use serde_json::Value;
 
 const MIB: u64 = 1 << 20;
+/// The fake driver's pool reserve grows in 32 MiB steps, as the H200's.
+const POOL_STEP: u64 = 32 * MIB;
 
 /// The shim as cargo writes it (installed, it is renamed libgpuslice.so).
 const SHIM_FILE: &str = "libgpuslice_shim.so";
@@ -122,15 +124,16 @@ fn every_allocation_path_is_charged_and_released_whichever_way_it_is_looked_up()
         // Pitch 1024 (1000 rounded to 512) × 1024 rows.
         exact("cuMemAllocPitch", MIB);
         exact("cuMemAllocManaged", 5 * MIB);
-        // Pool reserve grows in 2 MiB steps.
-        exact("cuMemAllocAsync", 8 * MIB);
-        exact("cuMemAllocAsync_ptsz", 8 * MIB);
-        exact("cuMemAllocFromPoolAsync", 10 * MIB);
+        // The pool's reserve, grown in 32 MiB steps.
+        exact("cuMemAllocAsync", POOL_STEP);
+        exact("cuMemAllocAsync_ptsz", POOL_STEP);
+        exact("cuMemAllocFromPoolAsync", POOL_STEP);
         exact("cuMemCreate", 4 * MIB);
-        // The driver's requirement (64 KiB aligned), not the estimate.
+        // Whole 2 MiB pages, as the driver backs plain arrays.
         exact("cuArrayCreate", 4 * MIB);
         exact("cuArray3DCreate", 4 * MIB);
-        exact("cuMipmappedArrayCreate", (4096 + 1024 + 256 + 64) * 1024);
+        // (4096 + 1024 + 256 + 64) KiB over four levels.
+        exact("cuMipmappedArrayCreate", 6 * MIB);
         exact("graph mem node", 11 * MIB);
     }
     assert_eq!(s.ledger().used(0), 0);
@@ -185,7 +188,7 @@ fn allocations_during_stream_capture_become_graph_memory_charged_at_launch() {
         ] {
             assert_eq!(n(o, k), 0, "{via} {k}: {o}");
         }
-        assert_eq!(n(o, "charged"), 8 * MIB as i64, "{via}: {o}");
+        assert_eq!(n(o, "charged"), POOL_STEP as i64, "{via}: {o}");
     }
     assert_eq!(s.ledger().used(0), 0);
 }
@@ -559,14 +562,14 @@ fn a_stream_ordered_allocation_is_charged_to_the_stream_s_device() {
         .unwrap();
     let v = &lines(&out)[0];
     assert_eq!(n(v, "rc"), 0, "{v}");
-    // The driver takes it from device 1's pool (a 2 MiB-stepped reserve),
-    // though device 0's context is current.
+    // The driver takes it from device 1's pool (a reserve grown in 32 MiB
+    // steps), though device 0's context is current.
     assert_eq!(
         n(v, "used0"),
         n(v, "before0"),
         "charged to the current device: {v}"
     );
-    assert_eq!(n(v, "used1") - n(v, "before1"), 10 * MIB as i64, "{v}");
+    assert_eq!(n(v, "used1") - n(v, "before1"), POOL_STEP as i64, "{v}");
 }
 
 #[test]
@@ -586,17 +589,20 @@ fn a_pool_s_allocations_are_charged_where_the_pool_s_memory_is() {
             .map(|x| x.as_i64().unwrap())
             .collect()
     };
-    // [rc, change on device 0, change on device 1], device 0 current.
-    assert_eq!(
-        at("device1"),
-        [0, 0, 10 * MIB as i64],
-        "the pool's device: {v}"
-    );
+    // [rc, change on device 0, change on device 1], device 0 current; the
+    // pools reserve in 32 MiB steps.
+    let step = POOL_STEP as i64;
+    assert_eq!(at("device1"), [0, 0, step], "the pool's device: {v}");
     assert_eq!(at("host"), [0, 0, 0], "host memory is not the GPU's: {v}");
     assert_eq!(
         at("managed"),
-        [0, 0, 0],
-        "managed memory is not charged: {v}"
+        [0, 0, step],
+        "managed memory, charged where it is (as cuMemAllocManaged's): {v}"
+    );
+    assert_eq!(
+        at("default1"),
+        [0, 0, step],
+        "device 1's default pool, from device 0: {v}"
     );
 }
 
@@ -633,4 +639,131 @@ fn a_slice_whose_host_pid_resolver_does_not_answer_keeps_the_estimates() {
     assert_eq!(n(v, "context") as u64, 1024 * MIB, "{v}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("host pid resolver"), "{err}");
+}
+
+#[test]
+fn a_pool_destroyed_with_allocations_outstanding_stays_charged_until_they_are_freed() {
+    let s = physical_slice("1GiB");
+    for free in ["cuMemFreeAsync", "cuMemFree"] {
+        let v = &s.run(&["pool-destroy", &(64 * MIB).to_string(), free])[0];
+        for rc in ["rc_create", "rc_alloc", "rc_destroy", "rc_free"] {
+            assert_eq!(n(v, rc), 0, "{free} {rc}: {v}");
+        }
+        let at = |k: &str| (v[k][0].as_u64().unwrap(), v[k][1].as_u64().unwrap());
+        // [ledger, NVML]: the driver keeps a destroyed pool's memory while
+        // an allocation from it is outstanding, and the charge follows it.
+        let (allocated, destroyed, freed) = (at("allocated"), at("destroyed"), at("freed"));
+        assert_eq!(allocated, (CTX + 64 * MIB, CTX + 64 * MIB), "{free}: {v}");
+        assert_eq!(destroyed, allocated, "{free}: released at the destroy: {v}");
+        assert_eq!(freed, (CTX, CTX), "{free}: after the last free: {v}");
+    }
+    assert_eq!(s.ledger().used(0), 0);
+}
+
+/// A stream-ordered pool grows by whole steps (32 MiB on the H200), more
+/// than a small allocation asks for: filled with 16 MiB allocations up to a
+/// cap that ends half a step above a step boundary, the pool must stop
+/// below the cap as NVML counts it, not one step over. With a driver whose
+/// step is larger than the shim expects (`FAKEGPU_POOL_STEP`, 96 MiB), the
+/// growth that does not fit is taken back and refused.
+#[test]
+fn a_stream_ordered_pool_stays_within_the_cap_in_physical_memory() {
+    // 96 MiB context + 29 steps of 32 MiB + 16 MiB.
+    let cap = CTX + 29 * POOL_STEP + 16 * MIB;
+    let s = physical_slice(&format!("{}MiB", cap / MIB));
+    for step in [None, Some(96 * MIB)] {
+        let mut c = s.client(&["fill", &(16 * MIB).to_string(), "async"]);
+        if let Some(step) = step {
+            c.env("FAKEGPU_POOL_STEP", step.to_string());
+        }
+        let v = &lines(&c.output().unwrap())[0];
+        assert_eq!(n(v, "fail_rc"), 2, "ends refused: {step:?} {v}");
+        let (ledger, nvml) = (n(v, "ledger_full") as u64, n(v, "nvml_full") as u64);
+        assert!(nvml <= cap, "NVML {nvml} > cap {cap}: {step:?} {v}");
+        assert_eq!(
+            ledger, nvml,
+            "the ledger is what the driver holds: {step:?} {v}"
+        );
+        let want = match step {
+            None => 29 * 2,
+            // Steps of 96 MiB: 9 fit (864 MiB), 6 allocations each.
+            Some(_) => 9 * 6,
+        };
+        assert_eq!(n(v, "count"), want, "{step:?} {v}");
+    }
+    assert_eq!(s.ledger().used(0), 0);
+}
+
+/// `dlvsym` is a lookup the shim does not interpose: it must not hand a
+/// program the driver's own allocation functions around the cap. The
+/// driver's libraries define no symbol versions (the H200's libcuda 580
+/// neither: PART memphys `dlvsym`), and glibc's `dlvsym` asks for a
+/// version, so it finds none of their functions, in the library's handle
+/// or in the global scope; should it ever find one, it must be the shim's.
+#[test]
+fn dlvsym_never_hands_out_the_driver_s_own_allocation_functions() {
+    let s = slice("1GiB");
+    let names = [
+        "cuMemAlloc_v2",
+        "cuMemFree_v2",
+        "cuMemAllocAsync",
+        "cuMemCreate",
+        "cuGetProcAddress_v2",
+        "cuDeviceTotalMem_v2",
+    ];
+    for via in ["dlsym", "global"] {
+        let mut args = vec!["--via", via, "dlvsym"];
+        args.extend(names);
+        let results = s.run(&args);
+        assert_eq!(results.len(), names.len() * 2 * 4, "{via}: {results:?}");
+        for v in &results {
+            let file = v["file"].as_str().unwrap();
+            let base = Path::new(file).file_name().and_then(|f| f.to_str());
+            assert!(
+                file.is_empty() || base == Some(SHIM_FILE),
+                "{via}: dlvsym reached the driver: {v}"
+            );
+        }
+    }
+}
+
+/// A context limit that makes the driver hold more than the cap leaves
+/// (a 2 GiB malloc heap in a 1 GiB slice) is refused with OUT_OF_MEMORY,
+/// the previous value is put back, and the driver holds nothing more.
+#[test]
+fn a_context_limit_past_the_cap_is_refused_and_undone() {
+    let s = physical_slice("1GiB");
+    // CU_LIMIT_MALLOC_HEAP_SIZE = 2; the default heap is 8 MiB.
+    let v = &s.run(&["set-limit", "2", &(2048 * MIB).to_string()])[0];
+    assert_eq!(n(v, "rc"), 2, "{v}");
+    assert_eq!(n(v, "rc_get"), 0, "{v}");
+    assert_eq!(n(v, "limit") as u64, 8 * MIB, "the previous value: {v}");
+    assert_eq!(v["after"], v["before"], "[ledger, NVML] unchanged: {v}");
+    let v = &s.run(&["set-limit", "2", &(256 * MIB).to_string()])[0];
+    assert_eq!(n(v, "rc"), 0, "within the cap: {v}");
+    let grew = |i: usize| v["after"][i].as_u64().unwrap() - v["before"][i].as_u64().unwrap();
+    assert_eq!((grew(0), grew(1)), (248 * MIB, 248 * MIB), "{v}");
+}
+
+/// Arrays are charged what the driver backs them with, as the H200 showed:
+/// a plain array whole 2 MiB pages (a 256 KiB one takes 2 MiB, and the
+/// driver reports no memory requirements for it), a deferred-mapping one
+/// nothing (the memory mapped into it is a `cuMemCreate` handle's, charged
+/// there).
+#[test]
+fn arrays_are_charged_what_the_driver_backs_them_with() {
+    let s = physical_slice("1GiB");
+    let v = &s.run(&["arrays"])[0];
+    let at = |k: &str| -> Vec<i64> {
+        v[k].as_array()
+            .unwrap_or_else(|| panic!("{k} in {v}"))
+            .iter()
+            .map(|x| x.as_i64().unwrap())
+            .collect()
+    };
+    // [rc, ledger change, NVML change].
+    let two = 2 * MIB as i64;
+    assert_eq!(at("small_1d"), [0, two, two], "{v}");
+    assert_eq!(at("deferred_2d"), [0, 0, 0], "{v}");
+    assert_eq!(at("deferred_mipmapped"), [0, 0, 0], "{v}");
 }

@@ -4,7 +4,11 @@
 //!
 //! Every byte of device memory any of these hold goes through
 //! [`memory::alloc`] on the device's key, so `cuMemGetInfo` and NVML see it.
-//! Pools reserve in 2 MiB steps and keep their reserve until trimmed; graph
+//! Pools grow their reserve in 32 MiB steps, by what an allocation needs
+//! beyond the free reserve (as the H200's driver 580 does,
+//! bench/results/mempool-20261203T1752Z.json), and keep it until trimmed;
+//! a pool destroyed with allocations outstanding keeps its memory until
+//! the last of them is freed (the CUDA documentation, and the H200); graph
 //! memory is reserved by the first launch (or upload) of an exec with
 //! allocation nodes and released by `cuDeviceGraphMemTrim` once no exec
 //! needs it — as the real driver does. While a stream captures (see
@@ -19,7 +23,9 @@ use std::sync::{Mutex, MutexGuard};
 
 use super::*;
 
-const POOL_STEP: u64 = 2 << 20;
+pub(super) const POOL_STEP: u64 = 32 << 20;
+/// VMM address reservations are aligned to the allocation granularity.
+const VA_STEP: u64 = 2 << 20;
 const ARRAY_ALIGN: u64 = 64 << 10;
 
 type Handle = *mut c_void;
@@ -53,13 +59,17 @@ struct Graphs {
 #[derive(Default)]
 struct Ext {
     pools: BTreeMap<usize, Pool>,
+    /// Pools destroyed with allocations outstanding: their handles are
+    /// invalid, their memory stays until the last allocation is freed.
+    draining: BTreeMap<usize, Pool>,
     default_pool: BTreeMap<usize, usize>,
     next_pool: usize,
     next_addr: u64,
     /// pool allocation address → pool id.
     owner: BTreeMap<u64, usize>,
-    /// array handle → bytes.
-    arrays: BTreeMap<u64, u64>,
+    /// array handle → its requirements' size for a deferred-mapping array,
+    /// None for a plain one (its handle is its memory's address).
+    arrays: BTreeMap<u64, Option<u64>>,
     graphs: Graphs,
     vmm: Vmm,
 }
@@ -134,7 +144,8 @@ fn pool_alloc(e: &mut Ext, id: usize, size: u64) -> Result<u64, CUresult> {
     let p = e.pools.get_mut(&id).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     let slack = p.reserved - p.used;
     if slack < size {
-        let grow = (size - slack).div_ceil(POOL_STEP) * POOL_STEP;
+        let step = state().map_or(POOL_STEP, |s| s.pool_step);
+        let grow = (size - slack).div_ceil(step) * step;
         let chunk = if p.host {
             HOST_CHUNKS.fetch_add(grow, std::sync::atomic::Ordering::Relaxed)
         } else {
@@ -156,6 +167,36 @@ fn pool_alloc(e: &mut Ext, id: usize, size: u64) -> Result<u64, CUresult> {
 /// Addresses of host pools' memory (no device memory behind them).
 static HOST_CHUNKS: std::sync::atomic::AtomicU64 =
     std::sync::atomic::AtomicU64::new(0x4f00_0000_0000);
+
+fn release_chunks(p: &mut Pool) {
+    for (addr, _) in p.chunks.drain(..) {
+        memory::free(addr);
+    }
+    p.reserved = 0;
+}
+
+/// Frees a pool allocation (stream-ordered or not): back to its pool, or,
+/// for a destroyed pool's last outstanding one, the pool's memory with it.
+/// False when `dptr` is no pool allocation.
+pub(super) fn free_pooled(dptr: CUdeviceptr) -> bool {
+    with(|e| {
+        let Some(id) = e.owner.remove(&dptr) else {
+            return false;
+        };
+        let Some(p) = e.pools.get_mut(&id).or_else(|| e.draining.get_mut(&id)) else {
+            return false;
+        };
+        if let Some(size) = p.live.remove(&dptr) {
+            p.used -= size;
+        }
+        if p.live.is_empty() {
+            if let Some(mut p) = e.draining.remove(&id) {
+                release_chunks(&mut p);
+            }
+        }
+        true
+    })
+}
 
 fn trim(p: &mut Pool, keep: u64) {
     let floor = p.used.max(keep);
@@ -280,11 +321,12 @@ pub unsafe extern "C" fn cuMemPoolCreate(
         };
         let (alloc, ty, id) = (p.alloc_type, p.location_type, p.location_id);
         // Pinned on a device (1), or on the host (2..=4: host, host NUMA,
-        // current host NUMA); managed (allocType 2) on a device: neither
-        // host nor managed pools hold the device's memory.
+        // current host NUMA); managed (allocType 2) on a device. Host pools
+        // hold none of the device's memory; managed ones hold it the way
+        // cuMemAllocManaged does here (on their device).
         let host = match (alloc, ty) {
-            (1, 1) => false,
-            (1, 2..=4) | (2, 1) => true,
+            (1, 1) | (2, 1) => false,
+            (1, 2..=4) => true,
             _ => return CUDA_ERROR_INVALID_VALUE,
         };
         let dev = if ty == 1 { id } else { 0 };
@@ -306,11 +348,18 @@ pub unsafe extern "C" fn cuMemPoolCreate(
 pub extern "C" fn cuMemPoolDestroy(pool: Handle) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
         with(|e| {
-            let Some(mut p) = pool_id(pool).and_then(|id| e.pools.remove(&id)) else {
+            // A device's default pool cannot be destroyed.
+            let Some(id) = pool_id(pool).filter(|id| !e.default_pool.values().any(|d| d == id))
+            else {
                 return CUDA_ERROR_INVALID_VALUE;
             };
-            for (addr, _) in p.chunks.drain(..) {
-                memory::free(addr);
+            let Some(mut p) = e.pools.remove(&id) else {
+                return CUDA_ERROR_INVALID_VALUE;
+            };
+            if p.live.is_empty() {
+                release_chunks(&mut p);
+            } else {
+                e.draining.insert(id, p);
             }
             CUDA_SUCCESS
         })
@@ -464,17 +513,10 @@ fn free_async(dptr: CUdeviceptr, stream: usize) -> CUresult {
             Ok(false) => {}
             Err(e) => return e,
         }
-        let pooled = with(|e| {
-            let id = e.owner.remove(&dptr)?;
-            let p = e.pools.get_mut(&id)?;
-            let size = p.live.remove(&dptr)?;
-            p.used -= size;
-            Some(())
-        });
-        match pooled {
-            Some(()) => CUDA_SUCCESS,
-            None if memory::free(dptr) || capture::free_node(dptr) => CUDA_SUCCESS,
-            None => CUDA_ERROR_INVALID_VALUE,
+        if free_pooled(dptr) || memory::free(dptr) || capture::free_node(dptr) {
+            CUDA_SUCCESS
+        } else {
+            CUDA_ERROR_INVALID_VALUE
         }
     })
 }
@@ -562,7 +604,7 @@ pub unsafe extern "C" fn cuMemAddressReserve(
         rc(state().and_then(|_| {
             let va = with(|e| {
                 let va = e.vmm.next_va.max(VA_BASE);
-                e.vmm.next_va = va + (size as u64).div_ceil(POOL_STEP) * POOL_STEP;
+                e.vmm.next_va = va + (size as u64).div_ceil(VA_STEP) * VA_STEP;
                 va
             });
             // SAFETY: caller contract.
@@ -639,7 +681,13 @@ fn format_bytes(format: c_int) -> Option<u64> {
     }
 }
 
-/// Size the fake gives an array: texels × bytes, aligned to 64 KiB.
+/// The device memory a plain array holds is its size rounded up to 2 MiB
+/// (the H200: a 256 KiB 1D array and an 85.3 MiB mipmapped one took 2 and
+/// 86 MiB, bench/results/memphys-20261203T1704Z.json, `arrays`).
+const ARRAY_GRANULE: u64 = 2 << 20;
+
+/// An array's size as its memory requirements give it: texels × bytes,
+/// aligned to 64 KiB.
 fn array_bytes(w: usize, h: usize, d: usize, format: c_int, channels: c_uint) -> Option<u64> {
     if w == 0 || !matches!(channels, 1 | 2 | 4) {
         return None;
@@ -648,11 +696,25 @@ fn array_bytes(w: usize, h: usize, d: usize, format: c_int, channels: c_uint) ->
     Some((texels * channels as u64 * format_bytes(format)?).div_ceil(ARRAY_ALIGN) * ARRAY_ALIGN)
 }
 
-fn make_array(arr: *mut Handle, bytes: Option<u64>) -> CUresult {
+/// Makes an array of `bytes` (its requirements' size). A plain one holds
+/// that rounded up to [`ARRAY_GRANULE`] and, as on the real driver, has no
+/// memory requirements to report; a deferred-mapping one holds nothing and
+/// reports them (the program maps memory into it: `cuMemMapArrayAsync`).
+fn make_array(arr: *mut Handle, bytes: Option<u64>, flags: c_uint) -> CUresult {
     rc(current_device().and_then(|dev| {
         let bytes = bytes.ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        let h = dev_alloc(dev, bytes)?;
-        with(|e| e.arrays.insert(h, bytes));
+        let h = if flags & CUDA_ARRAY3D_DEFERRED_MAPPING != 0 {
+            with(|e| {
+                let h = e.next_addr;
+                e.next_addr += ARRAY_ALIGN;
+                e.arrays.insert(h, Some(bytes));
+                h
+            })
+        } else {
+            let h = dev_alloc(dev, bytes.div_ceil(ARRAY_GRANULE) * ARRAY_GRANULE)?;
+            with(|e| e.arrays.insert(h, None));
+            h
+        };
         // SAFETY: callers checked `arr`'s contract.
         unsafe { out(arr, h as Handle) }
     }))
@@ -671,7 +733,7 @@ pub unsafe extern "C" fn cuArrayCreate_v2(
             return CUDA_ERROR_INVALID_VALUE;
         };
         let bytes = array_bytes(d.width, d.height, 1, d.format, d.num_channels);
-        make_array(arr, bytes)
+        make_array(arr, bytes, 0)
     })
 }
 
@@ -688,7 +750,7 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
             return CUDA_ERROR_INVALID_VALUE;
         };
         let bytes = array_bytes(d.width, d.height, d.depth, d.format, d.num_channels);
-        make_array(arr, bytes)
+        make_array(arr, bytes, d.flags)
     })
 }
 
@@ -719,7 +781,7 @@ pub unsafe extern "C" fn cuMipmappedArrayCreate(
         let bytes = (0..levels.min(32))
             .map(|l| array_bytes(shrink(w, l), shrink(h, l), shrink(d, l), f, c))
             .sum::<Option<u64>>();
-        make_array(arr, bytes)
+        make_array(arr, bytes, desc.flags)
     })
 }
 
@@ -727,7 +789,8 @@ fn destroy_array(arr: Handle) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
         let h = arr as u64;
         match with(|e| e.arrays.remove(&h)) {
-            Some(_) if memory::free(h) => CUDA_SUCCESS,
+            Some(Some(_)) => CUDA_SUCCESS,
+            Some(None) if memory::free(h) => CUDA_SUCCESS,
             _ => CUDA_ERROR_INVALID_VALUE,
         }
     })
@@ -754,7 +817,9 @@ pub unsafe extern "C" fn cuArrayGetMemoryRequirements(
     _dev: CUdevice,
 ) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
-        let Some(bytes) = with(|e| e.arrays.get(&(arr as u64)).copied()) else {
+        // Only deferred-mapping arrays have requirements (the H200: 1,
+        // CUDA_ERROR_INVALID_VALUE, for every plain array).
+        let Some(Some(bytes)) = with(|e| e.arrays.get(&(arr as u64)).copied()) else {
             return CUDA_ERROR_INVALID_VALUE;
         };
         if req.is_null() {

@@ -36,6 +36,9 @@ struct State {
     ctx_bytes: u64,
     /// Device memory a loaded module or library holds.
     module_bytes: u64,
+    /// The step a stream-ordered pool's reserve grows by
+    /// (`FAKEGPU_POOL_STEP`, for a driver other than the H200's 32 MiB).
+    pool_step: u64,
 }
 
 static STATE: OnceLock<State> = OnceLock::new();
@@ -86,6 +89,9 @@ fn initialize() -> State {
         module_bytes: env_bytes("FAKEGPU_MODULE_BYTES")
             .or(kernel.as_ref().map(|k| k.module_bytes))
             .unwrap_or(0),
+        pool_step: env_bytes("FAKEGPU_POOL_STEP")
+            .filter(|&b| b > 0)
+            .unwrap_or(memory_ext::POOL_STEP),
     }
 }
 
@@ -438,10 +444,12 @@ pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
         rc(capture::unsafe_call()
             .and_then(|_| current_device())
-            .and_then(|_| match memory::free(dptr) {
-                true => Ok(()),
-                false => Err(CUDA_ERROR_INVALID_VALUE),
-            }))
+            .and_then(
+                |_| match memory_ext::free_pooled(dptr) || memory::free(dptr) {
+                    true => Ok(()),
+                    false => Err(CUDA_ERROR_INVALID_VALUE),
+                },
+            ))
     })
 }
 

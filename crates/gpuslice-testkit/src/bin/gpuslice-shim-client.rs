@@ -13,8 +13,9 @@
 //! Commands (each prints JSON lines):
 //! - `paths`: every allocation path once: rc, ledger use after alloc and
 //!   after free.
-//! - `fill BLOCK`: cuMemAlloc BLOCK bytes until it fails; reports count,
-//!   the failing rc, cuMemGetInfo; frees all.
+//! - `fill BLOCK [async]`: cuMemAlloc (`async`: cuMemAllocAsync on the
+//!   NULL stream) BLOCK bytes until it fails; reports count, the failing
+//!   rc, cuMemGetInfo, the ledger and NVML when full; frees all.
 //! - `stress SECONDS SEED MAX_BLOCK`: random alloc/free, checking the
 //!   ledger never passes the cap; frees all.
 //! - `capture COUNT SIZE`: stream-ordered allocations while streams
@@ -25,7 +26,17 @@
 //! - `cycle N SIZE`: N cuMemAlloc(SIZE) + cuMemFree cycles; prints the
 //!   nanoseconds per cycle (the shim's cost on the hot path, with and
 //!   without a cap).
+//! - `pool-destroy BYTES FREE`: a pool destroyed with an allocation
+//!   outstanding, then the allocation freed with FREE (`cuMemFreeAsync` or
+//!   `cuMemFree`): [ledger, NVML] after each step.
+//! - `arrays`: a small plain array and deferred-mapping ones: rc and the
+//!   change of the ledger and of NVML's figure for each.
+//! - `set-limit LIMIT VALUE`: `cuCtxSetLimit`'s rc, the limit read back,
+//!   [ledger, NVML] before and after.
 //! - `hold BYTES`: allocates, prints `held`, sleeps until killed.
+//! - `dlvsym NAME...`: what `dlvsym` gives for each NAME in libcuda's
+//!   handle and in `RTLD_DEFAULT`, under several versions: the defining
+//!   file.
 //! - `addr NAME`: prints the address `--via` gives for NAME and the file
 //!   that defines it.
 //! - `compute MODE KERNEL_NS SECONDS WARMUP`: launches kernels of
@@ -50,7 +61,7 @@ use std::time::{Duration, Instant};
 
 use gpuslice_cuda_abi::cuda::{
     pfn, Array3DDescriptor, ArrayDescriptor, CUmemAllocationProp, CUmemPoolProps, CUresult as R,
-    LaunchConfig, MemAllocNodeParams, CU_GET_PROC_ADDRESS_DEFAULT,
+    LaunchConfig, MemAllocNodeParams, CUDA_ARRAY3D_DEFERRED_MAPPING, CU_GET_PROC_ADDRESS_DEFAULT,
     CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, CU_MEM_ALLOCATION_TYPE_MANAGED,
     CU_MEM_ALLOCATION_TYPE_PINNED, CU_MEM_LOCATION_TYPE_DEVICE, CU_MEM_LOCATION_TYPE_HOST,
     CU_STREAM_CAPTURE_MODE_GLOBAL, CU_STREAM_PER_THREAD, LIBCUDA,
@@ -692,25 +703,38 @@ fn mem_info(cu: &Cuda) -> (R, usize, usize) {
     (rc, free, total)
 }
 
-fn fill(cu: &Cuda, block: usize) {
+fn fill(cu: &Cuda, block: usize, stream_ordered: bool) {
     let alloc = f!(cu, "cuMemAlloc", "cuMemAlloc_v2", Alloc);
     let free = f!(cu, "cuMemFree", "cuMemFree_v2", Free);
+    let alloc_async = f!(cu, "cuMemAllocAsync", "cuMemAllocAsync", AllocAsync);
+    let free_async = f!(cu, "cuMemFreeAsync", "cuMemFreeAsync", pfn::MemFreeAsync);
     let (_, free0, total0) = mem_info(cu);
     let mut ptrs = Vec::new();
     let rc = loop {
         let mut p = 0;
-        // SAFETY: valid out-pointer.
-        let rc = unsafe { alloc(&mut p, block) };
+        // SAFETY: valid out-pointer; the NULL stream.
+        let rc = unsafe {
+            match stream_ordered {
+                true => alloc_async(&mut p, block, std::ptr::null_mut()),
+                false => alloc(&mut p, block),
+            }
+        };
         if rc != 0 || ptrs.len() > 100_000 {
             break rc;
         }
         ptrs.push(p);
     };
     let (_, free_full, _) = mem_info(cu);
-    let used_full = used();
-    for p in &ptrs {
+    let (used_full, nvml_full) = (used(), nvml_own());
+    for &p in &ptrs {
         // SAFETY: frees our own allocations.
-        assert_eq!(unsafe { free(*p) }, 0);
+        let rc = unsafe {
+            match stream_ordered {
+                true => free_async(p, std::ptr::null_mut()),
+                false => free(p),
+            }
+        };
+        assert_eq!(rc, 0);
     }
     line(&[
         ("count", ptrs.len().to_string()),
@@ -720,6 +744,7 @@ fn fill(cu: &Cuda, block: usize) {
         ("free_before", free0.to_string()),
         ("free_full", free_full.to_string()),
         ("ledger_full", used_full.to_string()),
+        ("nvml_full", nvml_full.to_string()),
         ("ledger_after", used().to_string()),
     ]);
 }
@@ -774,6 +799,31 @@ fn stress(cu: &Cuda, secs: f64, mut rng: u64, max_block: usize) -> i32 {
         3
     } else {
         0
+    }
+}
+
+/// Each NAME looked up with `dlvsym` in libcuda's handle and in
+/// `RTLD_DEFAULT`, with versions a program might try (not the empty one:
+/// glibc dereferences a null version name for it): one line per lookup
+/// with the file that defines what came back ("" for none).
+fn dlvsym_lookups(cu: &Cuda, names: &[String]) {
+    for name in names {
+        for (which, h) in [("handle", cu.handle), ("default", libc::RTLD_DEFAULT)] {
+            for version in ["GLIBC_2.2.5", "GLIBC_2.34", "CUDA_12.0", "libcuda.so.1"] {
+                let (n, v) = (
+                    CString::new(name.as_str()).unwrap(),
+                    CString::new(version).unwrap(),
+                );
+                // SAFETY: a live handle (or RTLD_DEFAULT) and NUL-terminated strings.
+                let p = unsafe { libc::dlvsym(h, n.as_ptr(), v.as_ptr()) };
+                line(&[
+                    ("name", q(name)),
+                    ("handle", q(which)),
+                    ("version", q(version)),
+                    ("file", format!("{:?}", file_of(p))),
+                ]);
+            }
+        }
     }
 }
 
@@ -1054,6 +1104,10 @@ fn main() {
         ]);
         return;
     }
+    if cmd == "dlvsym" {
+        dlvsym_lookups(&cu, &rest[1..]);
+        return;
+    }
     match cmd {
         "hold-soft" => hold_soft(&cu, rest[1].parse().expect("BYTES")),
         "nvml-procs" => nvml_procs(),
@@ -1071,7 +1125,8 @@ fn main() {
             0
         }
         "fill" => {
-            fill(&cu, rest[1].parse().expect("BLOCK"));
+            let stream_ordered = rest.get(2).is_some_and(|m| m == "async");
+            fill(&cu, rest[1].parse().expect("BLOCK"), stream_ordered);
             0
         }
         "info" => {
@@ -1146,6 +1201,22 @@ fn main() {
         }
         "pool-location" => {
             pool_location(&cu, rest[1].parse().expect("BYTES"));
+            0
+        }
+        "arrays" => {
+            arrays(&cu);
+            0
+        }
+        "set-limit" => {
+            set_limit(
+                &cu,
+                rest[1].parse().expect("LIMIT"),
+                rest[2].parse().expect("VALUE"),
+            );
+            0
+        }
+        "pool-destroy" => {
+            pool_destroy(&cu, rest[1].parse().expect("BYTES"), &rest[2]);
             0
         }
         "fork" => {
@@ -1232,6 +1303,89 @@ fn resident(cu: &Cuda) {
             "after_heap_back",
             (used() as i128 - context as i128).to_string(),
         ),
+    ]);
+}
+
+/// Arrays the real driver backs differently from their size: a small
+/// plain 1D array (whole 2 MiB pages) and deferred-mapping 3D and
+/// mipmapped arrays (no memory until mapped). Per case: [rc, change of the
+/// ledger, change of NVML's figure], the array alive.
+fn arrays(cu: &Cuda) {
+    let arr3 = f!(
+        cu,
+        "cuArray3DCreate",
+        "cuArray3DCreate_v2",
+        pfn::Array3DCreate
+    );
+    let mip = f!(
+        cu,
+        "cuMipmappedArrayCreate",
+        "cuMipmappedArrayCreate",
+        pfn::MipmappedArrayCreate
+    );
+    let desc = |width, height, flags| Array3DDescriptor {
+        width,
+        height,
+        depth: 0,
+        format: 0x01,
+        num_channels: 4,
+        flags,
+    };
+    let mut kv = Vec::new();
+    // (name, descriptor, mip levels; 0: a plain array).
+    for (name, d, levels) in [
+        ("small_1d", desc(65536, 0, 0), 0),
+        (
+            "deferred_2d",
+            desc(1024, 1024, CUDA_ARRAY3D_DEFERRED_MAPPING),
+            0,
+        ),
+        (
+            "deferred_mipmapped",
+            desc(1024, 1024, CUDA_ARRAY3D_DEFERRED_MAPPING),
+            4,
+        ),
+    ] {
+        let before = (used(), nvml_own());
+        let mut a = std::ptr::null_mut();
+        // SAFETY: valid descriptor and out-pointer; the arrays stay alive
+        // until exit.
+        let rc = unsafe {
+            match levels {
+                0 => arr3(&mut a, &d),
+                n => mip(&mut a, &d, n),
+            }
+        };
+        let grew = |now: u64, was: u64| now as i128 - was as i128;
+        kv.push((
+            name,
+            format!(
+                "[{rc},{},{}]",
+                grew(used(), before.0),
+                grew(nvml_own(), before.1)
+            ),
+        ));
+    }
+    line(&kv);
+}
+
+/// `cuCtxSetLimit(limit, value)`: its rc, the limit read back, and
+/// [ledger, NVML] before and after.
+fn set_limit(cu: &Cuda, limit: c_int, value: usize) {
+    let set = f!(cu, "cuCtxSetLimit", "cuCtxSetLimit", pfn::CtxSetLimit);
+    let get = f!(cu, "cuCtxGetLimit", "cuCtxGetLimit", pfn::CtxGetLimit);
+    let before = (used(), nvml_own());
+    // SAFETY: plain driver calls with a valid out-pointer.
+    let (rc, mut now) = (unsafe { set(limit, value) }, 0usize);
+    // SAFETY: as above.
+    let rc_get = unsafe { get(&mut now, limit) };
+    let after = (used(), nvml_own());
+    line(&[
+        ("rc", rc.to_string()),
+        ("rc_get", rc_get.to_string()),
+        ("limit", now.to_string()),
+        ("before", format!("[{},{}]", before.0, before.1)),
+        ("after", format!("[{},{}]", after.0, after.1)),
     ]);
 }
 
@@ -1505,23 +1659,28 @@ fn async_on_other_device(cu: &Cuda, bytes: usize) {
 }
 
 /// `cuMemAllocFromPoolAsync` of `bytes` from a pool on device 1, a host
-/// pool and a managed pool, with device 0's context current: per pool, the
-/// rc and the ledger's change on devices 0 and 1.
+/// pool, a managed pool on device 1 and device 1's default pool, with
+/// device 0's context current: per pool, the rc and the ledger's change on
+/// devices 0 and 1.
 fn pool_location(cu: &Cuda, bytes: usize) {
-    type PoolCreate = pfn::MemPoolCreate;
-    type FromPool = pfn::MemAllocFromPoolAsync;
     let retain = f!(
         cu,
         "cuDevicePrimaryCtxRetain",
         "cuDevicePrimaryCtxRetain",
         Retain
     );
-    let create = f!(cu, "cuMemPoolCreate", "cuMemPoolCreate", PoolCreate);
+    let create = f!(cu, "cuMemPoolCreate", "cuMemPoolCreate", pfn::MemPoolCreate);
     let from = f!(
         cu,
         "cuMemAllocFromPoolAsync",
         "cuMemAllocFromPoolAsync",
-        FromPool
+        pfn::MemAllocFromPoolAsync
+    );
+    let default_pool = f!(
+        cu,
+        "cuDeviceGetDefaultMemPool",
+        "cuDeviceGetDefaultMemPool",
+        pfn::DeviceGetMemPool
     );
     let mut c1 = std::ptr::null_mut();
     // SAFETY: a valid out-pointer; device 1's context is made (and charged)
@@ -1535,6 +1694,8 @@ fn pool_location(cu: &Cuda, bytes: usize) {
     }
     let ledger = ledger().expect("ledger");
     let mut kv = Vec::new();
+    // (name, allocation type, location type, device); allocation type 0:
+    // the device's default pool.
     for (name, alloc_type, loc_type, loc_id) in [
         (
             "device1",
@@ -1552,15 +1713,20 @@ fn pool_location(cu: &Cuda, bytes: usize) {
             "managed",
             CU_MEM_ALLOCATION_TYPE_MANAGED,
             CU_MEM_LOCATION_TYPE_DEVICE,
-            0,
+            1,
         ),
+        ("default1", 0, CU_MEM_LOCATION_TYPE_DEVICE, 1),
     ] {
         let props = pool_props(alloc_type, loc_type, loc_id);
         let (u0, u1) = (ledger.used(0), ledger.used(1));
         let (mut pool, mut p) = (std::ptr::null_mut(), 0);
         // SAFETY: valid props and out-pointers; the NULL stream.
         let rc = unsafe {
-            match create(&mut pool, &props) {
+            let made = match alloc_type {
+                0 => default_pool(&mut pool, loc_id),
+                _ => create(&mut pool, &props),
+            };
+            match made {
                 0 => from(&mut p, bytes, pool, std::ptr::null_mut()),
                 e => e,
             }
@@ -1572,6 +1738,54 @@ fn pool_location(cu: &Cuda, bytes: usize) {
         ));
     }
     let kv: Vec<(&str, String)> = kv.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    line(&kv);
+}
+
+/// A pool on device 0, `bytes` from it, the pool destroyed with that
+/// allocation outstanding, then the allocation freed (`FREE`:
+/// `cuMemFreeAsync` or `cuMemFree`): return codes and [ledger, NVML] after
+/// each step.
+fn pool_destroy(cu: &Cuda, bytes: usize, free_with: &str) {
+    let create = f!(cu, "cuMemPoolCreate", "cuMemPoolCreate", pfn::MemPoolCreate);
+    let from = f!(
+        cu,
+        "cuMemAllocFromPoolAsync",
+        "cuMemAllocFromPoolAsync",
+        pfn::MemAllocFromPoolAsync
+    );
+    let destroy = f!(
+        cu,
+        "cuMemPoolDestroy",
+        "cuMemPoolDestroy",
+        pfn::MemPoolDestroy
+    );
+    let free_async = f!(cu, "cuMemFreeAsync", "cuMemFreeAsync", pfn::MemFreeAsync);
+    let free = f!(cu, "cuMemFree", "cuMemFree_v2", Free);
+    let props = pool_props(
+        CU_MEM_ALLOCATION_TYPE_PINNED,
+        CU_MEM_LOCATION_TYPE_DEVICE,
+        0,
+    );
+    let (mut pool, mut p) = (std::ptr::null_mut(), 0);
+    let mut kv = Vec::new();
+    // SAFETY: valid props and out-pointers; the pool is destroyed once, the
+    // allocation freed once, on the NULL stream.
+    unsafe {
+        kv.push(("rc_create", create(&mut pool, &props).to_string()));
+        kv.push((
+            "rc_alloc",
+            from(&mut p, bytes, pool, std::ptr::null_mut()).to_string(),
+        ));
+        kv.push(("allocated", format!("[{},{}]", used(), nvml_own())));
+        kv.push(("rc_destroy", destroy(pool).to_string()));
+        kv.push(("destroyed", format!("[{},{}]", used(), nvml_own())));
+        let rc = match free_with {
+            "cuMemFree" => free(p),
+            _ => free_async(p, std::ptr::null_mut()),
+        };
+        kv.push(("rc_free", rc.to_string()));
+        kv.push(("freed", format!("[{},{}]", used(), nvml_own())));
+    }
     line(&kv);
 }
 
