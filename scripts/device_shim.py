@@ -521,10 +521,14 @@ def do_c():
     res = r["result"] or {}
     procs = res.get("processes") or []
     # Each took its fixed 8 GiB before the barrier; together they filled the
-    # cap (at least 19 GiB) and never passed it; the ledger ends at zero.
+    # cap and never passed it; the ledger ends at zero. The cap is physical
+    # (issue 16): the ledger holds each process's context too (518 MiB each
+    # on the H200), so the slice is full at 19+ GiB of ledger while the two
+    # processes' allocations come to the cap less their contexts (< 1 GiB each).
     ok = (len(procs) == 2 and all(p.get("first_share_bytes") == 8 * GIB for p in procs)
-          and 19 * GIB <= res.get("together_bytes", 0) <= CAP_BYTES
-          and (res.get("ledger_while_both_hold") or 0) <= CAP_BYTES and res.get("ledger_after") == 0)
+          and CAP_BYTES - 2 * GIB <= res.get("together_bytes", 0) <= CAP_BYTES
+          and 19 * GIB <= (res.get("ledger_while_both_hold") or 0) <= CAP_BYTES
+          and res.get("ledger_after") == 0)
     check("c_two_processes_share_cap", r, ok)
 
 
