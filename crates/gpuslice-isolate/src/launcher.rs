@@ -343,30 +343,97 @@ fn child_main(
     filters: &[seccompiler::BpfProgram],
 ) -> Result<std::convert::Infallible, (i32, String)> {
     let failed = |e: String| (EXIT_LAUNCH_FAILED, e);
+    if plan.pid_namespace {
+        return init_main(plan, procs, signals, go, cmd, filters);
+    }
     setup_child(plan, procs).map_err(failed)?;
     mark("c-mounted");
+    wait_for(go)?;
+    mark("c-go");
+    confine(plan, filters).map_err(failed)?;
+    mark("c-confined");
+    exec_command(cmd, &signals.old_mask)
+}
+
+/// Blocks until the launcher's byte comes: the device filter is on.
+fn wait_for(go: OwnedFd) -> Result<(), (i32, String)> {
     let mut byte = [0u8; 1];
     if !matches!(File::from(go).read(&mut byte), Ok(1)) {
         // The launcher could not put the device filter on; it says why.
         return Err((EXIT_LAUNCH_FAILED, String::new()));
     }
+    Ok(())
+}
+
+/// The child as PID 1 of the slice's namespace. The command's process is
+/// forked as soon as the namespaces exist, and confines itself
+/// (capabilities, the user switch, seccomp, whose install is the slowest
+/// step of a launch) while the init builds the mounts in the namespace
+/// they share; it execs once the init says the mounts and the launcher's
+/// device filter are in place. The init then supervises it.
+fn init_main(
+    plan: &SandboxPlan,
+    procs: Option<File>,
+    signals: &SignalGuard,
+    go: OwnedFd,
+    cmd: &ChildCommand,
+    filters: &[seccompiler::BpfProgram],
+) -> Result<std::convert::Infallible, (i32, String)> {
+    let failed = |e: String| (EXIT_LAUNCH_FAILED, e);
+    join_cgroup(procs).map_err(failed)?;
+    unshare_namespaces(plan).map_err(failed)?;
+    let (ready_rx, ready_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(|e| failed(format!("pipe: {e}")))?;
+    // SAFETY: this process is single-threaded (the launcher starts no
+    // thread and this is its forked child), so the command's process may
+    // run ordinary Rust code until it execs.
+    let command = match unsafe { fork() }.map_err(|e| failed(format!("fork: {e}")))? {
+        ForkResult::Child => {
+            drop((ready_tx, go));
+            // An error goes the launcher's way, as the init's would.
+            return command_main(plan, ready_rx, cmd, &signals.old_mask, filters);
+        }
+        ForkResult::Parent { child } => child,
+    };
+    drop(ready_rx);
+    build_mounts(plan).map_err(failed)?;
+    mark("c-mounted");
+    wait_for(go)?;
     mark("c-go");
-    confine(plan, filters).map_err(failed)?;
-    mark("c-confined");
-    if !plan.pid_namespace {
-        return exec_command(cmd, &signals.old_mask);
-    }
-    let child = spawn_command(cmd, &signals.old_mask)?;
-    mark("c-spawned");
+    // A command that already failed to confine itself has said why.
+    let _ = File::from(ready_tx).write_all(b"1");
     // The launcher reads the error pipe to its end: the init's copy must
-    // go (the command's closed on exec), with every other descriptor the
+    // go (the command's closes on exec), with every other descriptor the
     // init does not need.
     let _ = fds::close_all_beyond_stdio();
     let _ = pidns::undumpable();
-    let code = pidns::supervise(child, &signals.signals);
+    let code = pidns::supervise(command, &signals.signals);
     mark("c-reaped");
     // SAFETY: as the caller's _exit: nothing of the parent's state runs.
     unsafe { libc::_exit(code) }
+}
+
+/// The command's process under an init: steps 5–9, then exec once the
+/// init says the slice is ready.
+fn command_main(
+    plan: &SandboxPlan,
+    ready: OwnedFd,
+    cmd: &ChildCommand,
+    old_mask: &SigSet,
+    filters: &[seccompiler::BpfProgram],
+) -> Result<std::convert::Infallible, (i32, String)> {
+    // Dies with the init (which dies with the launcher).
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
+        .map_err(|e| (EXIT_LAUNCH_FAILED, format!("prctl: {e}")))?;
+    confine(plan, filters).map_err(|e| (EXIT_LAUNCH_FAILED, e))?;
+    mark("c2-confined");
+    let mut byte = [0u8; 1];
+    if !matches!(File::from(ready).read(&mut byte), Ok(1)) {
+        // The init failed (and said why) or is gone.
+        // SAFETY: _exit in a forked child.
+        unsafe { libc::_exit(EXIT_LAUNCH_FAILED) }
+    }
+    exec_command(cmd, old_mask)
 }
 
 /// Steps 5–9: descriptors, capabilities around the user switch,
@@ -402,33 +469,6 @@ fn switch_identity(id: &Identity) -> Result<(), String> {
         return Err("the launcher exited during the user switch".into());
     }
     Ok(())
-}
-
-/// The init's side: starts the command with what [`exec_command`] gives
-/// it (default SIGPIPE, the caller's signal mask, PATH search), through
-/// `posix_spawnp`: glibc's vfork-style clone shares the init's memory
-/// until the exec instead of copying it, and a fork of this process
-/// (page tables, copy-on-write faults, the copy's teardown at exec) was a
-/// large part of what the PID namespace added to a launch. An exec
-/// failure comes back as the call's error, with the same exit codes.
-fn spawn_command(cmd: &ChildCommand, old_mask: &SigSet) -> Result<Pid, (i32, String)> {
-    use nix::spawn::{posix_spawnp, PosixSpawnAttr, PosixSpawnFileActions, PosixSpawnFlags};
-    let failed = |what: &str, e: nix::Error| (EXIT_LAUNCH_FAILED, format!("{what}: {e}"));
-    let mut attr = PosixSpawnAttr::init().map_err(|e| failed("posix_spawnattr_init", e))?;
-    let mut pipe = SigSet::empty();
-    pipe.add(Signal::SIGPIPE);
-    attr.set_sigdefault(&pipe)
-        .and_then(|()| attr.set_sigmask(old_mask))
-        .and_then(|()| {
-            attr.set_flags(
-                PosixSpawnFlags::POSIX_SPAWN_SETSIGDEF | PosixSpawnFlags::POSIX_SPAWN_SETSIGMASK,
-            )
-        })
-        .map_err(|e| failed("posix_spawnattr", e))?;
-    let actions =
-        PosixSpawnFileActions::init().map_err(|e| failed("posix_spawn_file_actions_init", e))?;
-    posix_spawnp(&cmd.argv[0], &actions, &attr, &cmd.argv, &cmd.env)
-        .map_err(|err| exec_failed(cmd, err))
 }
 
 /// The exit code and message of a command that could not be executed:
@@ -469,20 +509,32 @@ fn exec_command(
 
 /// Steps 1–3.
 fn setup_child(plan: &SandboxPlan, procs: Option<File>) -> Result<(), String> {
-    // Die with the launcher: a killed launcher must not leave a child
-    // running unsupervised in a cgroup nobody removes (with a PID
-    // namespace, the whole namespace goes with it).
-    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(|e| format!("prctl: {e}"))?;
-    if let Some(procs) = procs {
-        cgroup::enter_self(&procs).map_err(|e| format!("joining the slice cgroup: {e}"))?;
-    }
+    join_cgroup(procs)?;
     if plan.mount_namespace() {
         enter_mount_namespace(plan)?;
     }
     Ok(())
 }
 
+/// Step 1, after making this process die with the launcher: a killed
+/// launcher must not leave a child running unsupervised in a cgroup nobody
+/// removes (with a PID namespace, the whole namespace goes with it).
+fn join_cgroup(procs: Option<File>) -> Result<(), String> {
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(|e| format!("prctl: {e}"))?;
+    if let Some(procs) = procs {
+        cgroup::enter_self(&procs).map_err(|e| format!("joining the slice cgroup: {e}"))?;
+    }
+    Ok(())
+}
+
 fn enter_mount_namespace(plan: &SandboxPlan) -> Result<(), String> {
+    unshare_namespaces(plan)?;
+    build_mounts(plan)
+}
+
+/// Step 2: the mount namespace (and cgroup and user namespaces), its
+/// mounts made slaves of the host's.
+fn unshare_namespaces(plan: &SandboxPlan) -> Result<(), String> {
     let mut flags = CloneFlags::CLONE_NEWNS;
     if plan.user_namespace {
         flags |= CloneFlags::CLONE_NEWUSER;
@@ -506,6 +558,11 @@ fn enter_mount_namespace(plan: &SandboxPlan) -> Result<(), String> {
         None::<&str>,
     )
     .map_err(|e| format!("making / a slave mount: {e}"))?;
+    Ok(())
+}
+
+/// Step 3: the mounts, in the namespace [`unshare_namespaces`] made.
+fn build_mounts(plan: &SandboxPlan) -> Result<(), String> {
     // The mirror must get the host's exact modes; the child gets our umask back.
     let umask = nix::sys::stat::umask(nix::sys::stat::Mode::empty());
 
