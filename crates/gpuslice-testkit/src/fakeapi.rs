@@ -17,7 +17,9 @@
 //!   counter for the whole store, as etcd's revision); `metadata.generation`
 //!   starts at 1 and grows when the spec changes; `metadata.uid` is set on
 //!   create;
-//! - a missing object is a 404 with a `Status` body (reason `NotFound`).
+//! - a missing object is a 404 with a `Status` body (reason `NotFound`);
+//! - optionally, the `DRADeviceTaints` feature off: device taints are
+//!   dropped from written slices ([`FakeApiServer::drop_device_taints`]).
 //!
 //! Not modelled: watches (the driver does not watch), validation of the
 //! objects (tests validate them against the upstream schemas).
@@ -40,6 +42,9 @@ struct Store {
     slice_writes: AtomicU64,
     /// PUTs still to be preceded by another writer's update.
     interfere: AtomicU64,
+    /// Drop device taints on writes, as a server without the
+    /// `DRADeviceTaints` feature does.
+    drop_taints: std::sync::atomic::AtomicBool,
 }
 
 impl Store {
@@ -136,6 +141,13 @@ impl FakeApiServer {
     /// moves on), as when two writers race.
     pub fn interfere_with_updates(&self, n: u64) {
         self.store.interfere.store(n, Ordering::SeqCst);
+    }
+
+    /// Behave as an API server without the `DRADeviceTaints` feature: the
+    /// `taints` of ResourceSlice devices are dropped on create and update,
+    /// silently (the real server's dropDisabledFields).
+    pub fn drop_device_taints(&self, on: bool) {
+        self.store.drop_taints.store(on, Ordering::SeqCst);
     }
 
     /// Removes a slice behind the driver's back.
@@ -293,6 +305,13 @@ fn write_slice(s: &Store, name: Option<&str>, body: &[u8]) -> Response<Full<Byte
     let Some(obj_name) = obj["metadata"]["name"].as_str().map(str::to_string) else {
         return status(422, "Invalid", "metadata.name: Required value");
     };
+    if s.drop_taints.load(Ordering::SeqCst) {
+        for d in obj["spec"]["devices"].as_array_mut().into_iter().flatten() {
+            if let Some(d) = d.as_object_mut() {
+                d.remove("taints");
+            }
+        }
+    }
     let mut slices = s.slices.lock().unwrap();
     match name {
         None => {

@@ -100,7 +100,7 @@ pub fn run(global: &Global, args: &DraArgs) -> Result<i32> {
     let driver = Options {
         driver_name: args.driver_name.clone(),
         pool: args.node_name.clone(),
-        host_root,
+        host_root: host_root.clone(),
         inventory,
         cdi_dir: args.cdi_dir.clone(),
         state_dir: args.state_dir.clone(),
@@ -110,8 +110,12 @@ pub fn run(global: &Global, args: &DraArgs) -> Result<i32> {
             .and_then(|p| p.canonicalize().ok()),
         strip_host_root: args.strip_host_root,
     };
+    let again = host_root.clone();
     daemon::run(DaemonOptions {
         driver,
+        rediscover: std::sync::Arc::new(move || {
+            discover(&again, &DiscoverOptions::default()).context("rediscovering the GPUs")
+        }),
         sockets: Sockets {
             plugins_dir: args.plugins_dir.clone(),
             registry_dir: args.registry_dir.clone(),
