@@ -24,7 +24,7 @@
 //! (`driver::check_capacity`). Partitionable devices (shared counters)
 //! would let the scheduler know; not done yet (docs/dra.md).
 
-use crate::apiserver::{ApiError, SliceApi, SliceWriteError};
+use crate::apiserver::{ApiError, SliceApi, SliceWriteError, WatchEnd, WatchEvent};
 use gpuslice_core::{Gpu, Inventory};
 use k8s_openapi::api::resource::v1::{
     CapacityRequestPolicy, CapacityRequestPolicyRange, Device, DeviceAttribute, DeviceCapacity,
@@ -390,6 +390,7 @@ async fn publish_once(
     let existing: BTreeMap<String, ResourceSlice> = api
         .list_slices(node, driver)
         .await?
+        .items
         .into_iter()
         .filter(|s| s.spec.driver == driver && s.spec.pool.name == node)
         .filter_map(|s| Some((s.metadata.name.clone()?, s)))
@@ -512,7 +513,8 @@ pub fn pool_devices(
 /// Keeps the pool published: at once, on every health change (`health`:
 /// the device plugin's XID watcher, `gpuslice_k8s::plugin::health`), on
 /// every inventory change (`inventory`: hot-plug, [`crate::hotplug`]), and
-/// every `resync` (which also puts right what others changed). Unhealthy
+/// whenever the pool's slices change on the API server ([`watch_pool`]:
+/// someone else edited or deleted them), and every `resync`. Unhealthy
 /// GPUs are tainted, or left out once the API server is seen dropping
 /// taints. Runs until the health or the inventory sender is dropped;
 /// errors are logged and retried at the next turn.
@@ -525,50 +527,113 @@ pub async fn follow(
     mut health: tokio::sync::watch::Receiver<gpuslice_k8s::plugin::health::Snapshot>,
     resync: std::time::Duration,
 ) {
-    let mut mode = Unhealthy::Taint;
-    let mut sick: BTreeMap<u32, Sick> = BTreeMap::new();
-    loop {
-        let secs = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs() as i64);
-        let now = k8s_openapi::jiff::Timestamp::from_second(secs).unwrap_or_default();
-        let snapshot = health.borrow_and_update().unhealthy.clone();
-        sick.retain(|g, s| snapshot.get(g) == Some(&s.why));
-        for (g, why) in snapshot {
-            sick.entry(g).or_insert(Sick { why, since: now });
+    let changed_there = tokio::sync::Notify::new();
+    let keep = async {
+        let mut mode = Unhealthy::Taint;
+        let mut sick: BTreeMap<u32, Sick> = BTreeMap::new();
+        loop {
+            let secs = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs() as i64);
+            let now = k8s_openapi::jiff::Timestamp::from_second(secs).unwrap_or_default();
+            let snapshot = health.borrow_and_update().unhealthy.clone();
+            sick.retain(|g, s| snapshot.get(g) == Some(&s.why));
+            for (g, why) in snapshot {
+                sick.entry(g).or_insert(Sick { why, since: now });
+            }
+            let inv = inventory.borrow_and_update().clone();
+            let d = pool_devices(&inv, policy, &sick, mode);
+            match publish(api, driver, node, &d).await {
+                Ok(p) if p.taints_dropped && mode == Unhealthy::Taint => {
+                    tracing::warn!(
+                        "the API server drops device taints (DRADeviceTaints off?): unhealthy GPUs now leave the pool instead"
+                    );
+                    mode = Unhealthy::Remove;
+                    continue;
+                }
+                Ok(p) if p.changed => tracing::info!(
+                    "published {} devices of {} GPUs in pool {node}, generation {} ({} GPUs unhealthy)",
+                    d.len(),
+                    inv.gpus.len(),
+                    p.generation,
+                    sick.len()
+                ),
+                Ok(_) => {}
+                Err(e) => tracing::warn!("publishing ResourceSlices: {e}"),
+            }
+            tokio::select! {
+                changed = health.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                }
+                changed = inventory.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                }
+                _ = changed_there.notified() => {}
+                _ = tokio::time::sleep(resync) => {}
+            }
         }
-        let inv = inventory.borrow_and_update().clone();
-        let d = pool_devices(&inv, policy, &sick, mode);
-        match publish(api, driver, node, &d).await {
-            Ok(p) if p.taints_dropped && mode == Unhealthy::Taint => {
-                tracing::warn!(
-                    "the API server drops device taints (DRADeviceTaints off?): unhealthy GPUs now leave the pool instead"
-                );
-                mode = Unhealthy::Remove;
+    };
+    tokio::select! {
+        _ = keep => {}
+        _ = watch_pool(api, driver, node, &changed_there) => {}
+    }
+}
+
+/// How long a failed watch waits before it is tried again.
+const WATCH_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Follows the pool's slices on the API server, as a reflector does:
+/// lists them, then watches from the list's resourceVersion, moving on
+/// with every event and bookmark; a watch the server ends is taken up
+/// again from there, and one whose resourceVersion is too old (410 Gone,
+/// compacted away) starts over from a new list. Every change seen (and
+/// every list, which may hide missed ones) wakes `changed`. Never returns.
+pub async fn watch_pool(
+    api: &dyn SliceApi,
+    driver: &str,
+    node: &str,
+    changed: &tokio::sync::Notify,
+) {
+    loop {
+        let mut rv = match api.list_slices(node, driver).await {
+            Ok(l) => l.resource_version,
+            Err(e) => {
+                tracing::warn!("listing ResourceSlices to watch: {e}");
+                tokio::time::sleep(WATCH_RETRY).await;
                 continue;
             }
-            Ok(p) if p.changed => tracing::info!(
-                "published {} devices of {} GPUs in pool {node}, generation {} ({} GPUs unhealthy)",
-                d.len(),
-                inv.gpus.len(),
-                p.generation,
-                sick.len()
-            ),
-            Ok(_) => {}
-            Err(e) => tracing::warn!("publishing ResourceSlices: {e}"),
-        }
-        tokio::select! {
-            changed = health.changed() => {
-                if changed.is_err() {
-                    return;
+        };
+        changed.notify_one();
+        loop {
+            let from = rv.clone();
+            let mut on_event = |ev: WatchEvent| {
+                if let Some(v) = ev.resource_version() {
+                    rv = v.to_string();
+                }
+                if let WatchEvent::Changed(s) = ev {
+                    if s.spec.pool.name == node {
+                        changed.notify_one();
+                    }
+                }
+            };
+            let end = api.watch_slices(node, driver, &from, &mut on_event).await;
+            match end {
+                Ok(WatchEnd::Closed) => {}
+                Ok(WatchEnd::Gone) => {
+                    tracing::info!(
+                        "ResourceSlice watch: resourceVersion {rv} is gone; listing again"
+                    );
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!("ResourceSlice watch: {e}");
+                    tokio::time::sleep(WATCH_RETRY).await;
                 }
             }
-            changed = inventory.changed() => {
-                if changed.is_err() {
-                    return;
-                }
-            }
-            _ = tokio::time::sleep(resync) => {}
         }
     }
 }
