@@ -73,7 +73,7 @@ pub fn shed_setuid(cli: Option<&Cli>) -> anyhow::Result<()> {
 
 /// Runs a command `gpuslice` itself carries; None for the others, and
 /// for what a statically linked launcher leaves to `gpuslice-full`
-/// ([`cmd::run::linked_statically`]).
+/// (`cmd::run::linked_statically`).
 pub fn run_lean(cli: &Cli) -> Option<anyhow::Result<i32>> {
     let g = &cli.global;
     let result = match &cli.command {
