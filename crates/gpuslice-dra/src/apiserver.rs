@@ -448,3 +448,34 @@ fn status_message(body: &[u8]) -> String {
         .and_then(|v| v["message"].as_str().map(str::to_string))
         .unwrap_or_else(|| String::from_utf8_lossy(body).chars().take(200).collect())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watch_lines_are_events_bookmarks_or_gone() {
+        let slice = br#"{"type":"MODIFIED","object":{"apiVersion":"resource.k8s.io/v1","kind":"ResourceSlice","metadata":{"name":"s","resourceVersion":"12"},"spec":{"driver":"d","pool":{"name":"n","generation":1,"resourceSliceCount":1}}}}"#;
+        let ev = watch_event(slice).unwrap().unwrap();
+        assert!(matches!(ev, WatchEvent::Changed(_)));
+        assert_eq!(ev.resource_version(), Some("12"));
+        let b = br#"{"type":"BOOKMARK","object":{"kind":"ResourceSlice","apiVersion":"resource.k8s.io/v1","metadata":{"resourceVersion":"40"}}}"#;
+        assert_eq!(
+            watch_event(b).unwrap().unwrap().resource_version(),
+            Some("40")
+        );
+        let gone = br#"{"type":"ERROR","object":{"kind":"Status","code":410,"reason":"Expired","message":"too old resource version: 3 (40)"}}"#;
+        assert!(watch_event(gone).unwrap().is_none());
+        let other =
+            br#"{"type":"ERROR","object":{"kind":"Status","code":500,"message":"etcd down"}}"#;
+        assert!(watch_event(other).unwrap_err().contains("etcd down"));
+        assert!(watch_event(b"{not json").is_err());
+        assert!(watch_event(br#"{"type":"SURPRISE","object":{}}"#).is_err());
+    }
+
+    #[test]
+    fn selector_values_are_escaped() {
+        assert_eq!(query_escape("node-a.example"), "node-a.example");
+        assert_eq!(query_escape("a&b=c,d"), "a%26b%3Dc%2Cd");
+    }
+}
