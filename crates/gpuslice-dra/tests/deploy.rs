@@ -130,7 +130,7 @@ fn rbac_allows_what_the_driver_calls_and_binds_the_daemonsets_account() {
                 && r.verbs.iter().any(|v| v == verb)
         })
     };
-    for verb in ["list", "create", "update", "delete"] {
+    for verb in ["list", "watch", "create", "update", "delete"] {
         assert!(allows("resource.k8s.io", "resourceslices", verb), "{verb}");
     }
     assert!(allows("resource.k8s.io", "resourceclaims", "get"));
