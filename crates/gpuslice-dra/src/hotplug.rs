@@ -12,6 +12,12 @@
 //!
 //! GPU indexes are bus-order positions (`gpuslice_core::discover`): a GPU
 //! leaving renumbers those after it, as CUDA and NVML do.
+//!
+//! NVML enumerates the GPUs at its first initialisation in a process, and
+//! the XID watcher keeps it initialised: discovery in the plugin still
+//! hears of a GPU that left from NVML. Which GPUs the driver has bound is
+//! procfs's to say, so a rediscovered inventory keeps only those
+//! ([`bound_only`]).
 
 use gpuslice_core::{HostRoot, Inventory};
 use rustix::fs::inotify;
@@ -50,6 +56,25 @@ pub fn fingerprint(root: &HostRoot) -> Vec<String> {
     );
     out.sort();
     out
+}
+
+/// `inv` without the GPUs the driver no longer lists in
+/// `<root>/proc/driver/nvidia/gpus`, renumbered in bus order.
+pub fn bound_only(root: &HostRoot, mut inv: Inventory) -> Inventory {
+    let bound: Vec<String> = std::fs::read_dir(root.nvidia_proc().join("gpus"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .map(|n| n.to_ascii_lowercase())
+        .collect();
+    inv.gpus
+        .retain(|g| bound.contains(&g.pci_bus_id.to_ascii_lowercase()));
+    inv.gpus.sort_by(|a, b| a.pci_bus_id.cmp(&b.pci_bus_id));
+    for (i, g) in inv.gpus.iter_mut().enumerate() {
+        g.index = i as u32;
+    }
+    inv
 }
 
 /// The inotify instance over the watched directories; None when inotify
@@ -145,6 +170,7 @@ where
         let f = rediscover.clone();
         match tokio::task::spawn_blocking(f).await {
             Ok(Ok(inv)) => {
+                let inv = bound_only(&root, inv);
                 last = now;
                 let changed = tx.send_if_modified(|cur| {
                     let changed = *cur != inv;

@@ -58,8 +58,15 @@ async fn a_gpu_leaving_and_joining_the_host_is_republished_within_2s() {
     let fake = FakeApiServer::start().await;
     let api = HttpApi::new(&fake.url, None).unwrap();
     let (inv_tx, inv_rx) = tokio::sync::watch::channel(inv);
-    // Health never changes here (no watcher); the sender stays.
-    let (_health_tx, health_rx) = tokio::sync::watch::channel(Default::default());
+    // The XID watcher holds NVML open, as in the plugin: NVML enumerated
+    // the GPUs at its first init and still lists one that left.
+    let (health_tx, health_rx) = tokio::sync::watch::channel(Default::default());
+    let _watcher = gpuslice_k8s::plugin::health::start(
+        &inv_rx.borrow(),
+        &Default::default(),
+        Some(h.nvml_lib()),
+        health_tx,
+    );
     let follower = tokio::spawn(async move {
         follow(
             &api,
