@@ -60,28 +60,14 @@ pub fn run(opts: DaemonOptions) -> Result<()> {
         let (tx, rx) = tokio::sync::watch::channel(Default::default());
         let watcher = gpuslice_k8s::plugin::health::start(&inventory, &health, None, tx.clone());
         let (inv_tx, inv_rx) = tokio::sync::watch::channel(inventory);
-        let mut changes = inv_rx.clone();
-        let d = driver.clone();
-        tokio::spawn(async move {
-            let mut watcher = Some(watcher);
-            while changes.changed().await.is_ok() {
-                let inv = changes.borrow_and_update().clone();
-                // Prepare checks claims against the GPUs there now.
-                d.set_inventory(inv.clone());
-                // GPU indexes may have moved: the XID watcher starts over
-                // on the GPUs there now, every GPU healthy, as after a
-                // restart. (Its drop joins its thread: off the runtime.)
-                let old = watcher.take();
-                let _ = tokio::task::spawn_blocking(move || drop(old)).await;
-                tx.send_modify(|s| s.unhealthy.clear());
-                watcher = Some(gpuslice_k8s::plugin::health::start(
-                    &inv,
-                    &health,
-                    None,
-                    tx.clone(),
-                ));
-            }
-        });
+        tokio::spawn(crate::hotplug::apply(
+            inv_rx.clone(),
+            driver.clone(),
+            health,
+            None,
+            tx,
+            watcher,
+        ));
         let rescan = crate::hotplug::watch(host_root, HOTPLUG_POLL, move || rediscover(), inv_tx);
         let publisher = follow(
             api.as_ref(),

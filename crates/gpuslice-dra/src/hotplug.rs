@@ -193,6 +193,36 @@ where
     }
 }
 
+/// Takes every new inventory up for the rest of the plugin: the driver
+/// prepares claims against the GPUs there now, and the XID watcher starts
+/// over on them (GPU indexes may have moved), every GPU healthy, as after
+/// a restart. Returns when the inventory's sender is gone.
+pub async fn apply(
+    mut changes: watch::Receiver<Inventory>,
+    driver: std::sync::Arc<crate::driver::Driver>,
+    health: gpuslice_k8s::plugin::config::Health,
+    nvml_lib: Option<PathBuf>,
+    tx: watch::Sender<gpuslice_k8s::plugin::health::Snapshot>,
+    watcher: gpuslice_k8s::plugin::health::Watcher,
+) {
+    let mut watcher = Some(watcher);
+    while changes.changed().await.is_ok() {
+        let inv = changes.borrow_and_update().clone();
+        driver.set_inventory(inv.clone());
+        // Its drop joins its thread: off the runtime. Gone before the
+        // health is cleared, so no event of the old numbering follows.
+        let old = watcher.take();
+        let _ = tokio::task::spawn_blocking(move || drop(old)).await;
+        tx.send_modify(|s| s.unhealthy.clear());
+        watcher = Some(gpuslice_k8s::plugin::health::start(
+            &inv,
+            &health,
+            nvml_lib.clone(),
+            tx.clone(),
+        ));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
