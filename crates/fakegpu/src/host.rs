@@ -311,6 +311,52 @@ impl FakeHost {
         tree::mknod_char(&self.node_path(minor), tree::NVIDIA_MAJOR, minor, 0o666)
     }
 
+    /// Hot-unplugs GPU `minor`, as the kernel does when a GPU leaves:
+    /// its `proc/driver/nvidia/gpus/<bus>` directory and `dev/nvidia<minor>`
+    /// node go, and the fake driver (kernel.json) no longer has it.
+    /// [`FakeHost::gpus`] still lists it (for [`FakeHost::plug_gpu`]).
+    pub fn unplug_gpu(&self, minor: u32) -> io::Result<()> {
+        let gpu = self.kernel_gpu(minor)?;
+        let mut left = self.kernel.clone();
+        left.gpus.retain(|g| g.minor != minor);
+        self.write_kernel(&left)?;
+        fs::remove_dir_all(self.path(tree::gpu_proc_rel(gpu)))?;
+        self.remove_node(minor)
+    }
+
+    /// Plugs GPU `minor` back in after [`FakeHost::unplug_gpu`].
+    pub fn plug_gpu(&self, minor: u32) -> io::Result<()> {
+        let gpu = self.kernel_gpu(minor)?;
+        self.create_node(minor)?;
+        tree::write_gpu_proc(&self.root, gpu)?;
+        let mut now = self.kernel.clone();
+        let present = |g: &KernelGpu| g.minor == minor || self.path(tree::gpu_proc_rel(g)).is_dir();
+        now.gpus.retain(present);
+        self.write_kernel(&now)
+    }
+
+    fn kernel_gpu(&self, minor: u32) -> io::Result<&KernelGpu> {
+        self.kernel
+            .gpus
+            .iter()
+            .find(|g| g.minor == minor)
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("fakegpu: no GPU of minor {minor} on this host"),
+                )
+            })
+    }
+
+    /// Replaces kernel.json atomically: a fake NVML starting meanwhile
+    /// reads the old or the new one, never half of one.
+    fn write_kernel(&self, kernel: &Kernel) -> io::Result<()> {
+        let json = serde_json::to_string_pretty(kernel).map_err(io::Error::other)?;
+        let tmp = self.path(format!("{KERNEL_FILE}.tmp"));
+        tree::write(&tmp, &json)?;
+        fs::rename(tmp, self.path(KERNEL_FILE))
+    }
+
     /// Rewrites `proc/driver/nvidia/params` with `ModifyDeviceFiles: 0|1`.
     pub fn set_modify_device_files(&self, on: bool) -> io::Result<()> {
         tree::write(

@@ -179,10 +179,23 @@ pub fn write_proc(root: &Path, kernel: &Kernel, modify_device_files: bool) -> io
         &params_text(modify_device_files),
     )?;
     for gpu in &kernel.gpus {
-        let dir = proc.join("driver/nvidia/gpus").join(&gpu.pci_bus_id);
-        write(&dir.join("information"), &information_text(gpu))?;
+        write_gpu_proc(root, gpu)?;
     }
     write_caps(root, kernel)
+}
+
+/// `proc/driver/nvidia/gpus/<bus>/`, the directory the driver makes for a
+/// GPU it binds.
+pub fn gpu_proc_rel(gpu: &KernelGpu) -> String {
+    format!("proc/driver/nvidia/gpus/{}", gpu.pci_bus_id)
+}
+
+/// A GPU's `proc/driver/nvidia/gpus/<bus>/information`.
+pub fn write_gpu_proc(root: &Path, gpu: &KernelGpu) -> io::Result<()> {
+    write(
+        &root.join(gpu_proc_rel(gpu)).join("information"),
+        &information_text(gpu),
+    )
 }
 
 /// MIG capabilities: the access files under `capabilities/` and the

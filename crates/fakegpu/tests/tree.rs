@@ -272,3 +272,31 @@ fn bad_configurations_are_refused() {
         .build()
         .is_err());
 }
+
+#[test]
+fn a_gpu_unplugged_leaves_proc_dev_and_the_driver_and_comes_back() {
+    let host = FakeHost::builder()
+        .gpus(3)
+        .build()
+        .expect("build fake host (needs root)");
+    let bus = host.gpus()[1].pci_bus_id.clone();
+    let kernel = |h: &FakeHost| -> Vec<u32> {
+        let k: Kernel = serde_json::from_str(&read(h, ".fakegpu/kernel.json")).unwrap();
+        k.gpus.iter().map(|g| g.minor).collect()
+    };
+    host.unplug_gpu(1).unwrap();
+    assert!(!host.path(format!("proc/driver/nvidia/gpus/{bus}")).exists());
+    assert!(!host.node_exists(1));
+    assert_eq!(kernel(&host), [0, 2]);
+    assert!(host.node_exists(2), "the others stay");
+    // Another leaves while GPU 1 is out; GPU 1 comes back alone.
+    host.unplug_gpu(2).unwrap();
+    host.plug_gpu(1).unwrap();
+    assert_eq!(kernel(&host), [0, 1]);
+    assert_eq!(char_dev(&host.node_path(1)), (195, 1, 0o666));
+    assert!(
+        read(&host, &format!("proc/driver/nvidia/gpus/{bus}/information"))
+            .contains(&host.gpus()[1].uuid)
+    );
+    assert!(host.unplug_gpu(7).is_err(), "no such GPU");
+}

@@ -14,6 +14,8 @@ use thiserror::Error;
 
 pub const VERSION: u32 = 1;
 pub const FILE: &str = "checkpoint.json";
+/// Where `gpuslice dra` keeps it unless told otherwise (`--state-dir`).
+pub const DEFAULT_DIR: &str = "/var/lib/gpuslice/dra";
 
 #[derive(Debug, Error)]
 pub enum CheckpointError {
@@ -103,6 +105,52 @@ impl Checkpoint {
         gpuslice_k8s::cdi::atomic_write(&self.path, &data, 0o600)
             .map_err(|e| CheckpointError::Write(self.path.clone(), format!("{e:#}")))
     }
+}
+
+/// One slice of a prepared claim, as `gpuslice slices` and the exporter
+/// show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreparedSlice {
+    /// Its CDI device name (`<uid>-<n>`), the `slice` of its limits record.
+    pub slice: String,
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub device: String,
+    pub gpu: u32,
+    pub caps: Option<gpuslice_k8s::cdi::SliceCaps>,
+}
+
+impl PreparedClaim {
+    /// The claim's slices, one per device.
+    pub fn slices(&self) -> Vec<PreparedSlice> {
+        self.devices
+            .iter()
+            .map(|d| PreparedSlice {
+                slice: d
+                    .cdi_device_id
+                    .rsplit_once('=')
+                    .map_or(d.cdi_device_id.as_str(), |(_, n)| n)
+                    .to_string(),
+                namespace: self.namespace.clone(),
+                name: self.name.clone(),
+                uid: self.uid.clone(),
+                device: d.allocated.device.clone(),
+                gpu: d.allocated.kind.gpu(),
+                caps: d.allocated.caps,
+            })
+            .collect()
+    }
+}
+
+/// The slices of every claim prepared in `dir`'s checkpoint (none when
+/// there is no checkpoint).
+pub fn prepared_slices(dir: &Path) -> Result<Vec<PreparedSlice>, CheckpointError> {
+    Ok(Checkpoint::load(dir)?
+        .claims
+        .values()
+        .flat_map(PreparedClaim::slices)
+        .collect())
 }
 
 #[cfg(test)]

@@ -85,6 +85,8 @@ pub struct Options {
 
 pub struct Driver {
     opts: Options,
+    /// The GPUs now: `opts.inventory` at first, then what hot-plug found.
+    inventory: std::sync::RwLock<Inventory>,
     api: Arc<dyn ClaimSource>,
     state: Mutex<Checkpoint>,
 }
@@ -96,10 +98,24 @@ impl Driver {
             .map_err(|e| CheckpointError::Io(opts.state_dir.clone(), e))?;
         let state = Checkpoint::load(&opts.state_dir)?;
         Ok(Driver {
+            inventory: std::sync::RwLock::new(opts.inventory.clone()),
             opts,
             api,
             state: Mutex::new(state),
         })
+    }
+
+    /// The GPUs changed (hot-plug): claims prepared from now on are
+    /// checked against and written for `inv`.
+    pub fn set_inventory(&self, inv: Inventory) {
+        *self.inventory.write().unwrap_or_else(|e| e.into_inner()) = inv;
+    }
+
+    fn inventory(&self) -> Inventory {
+        self.inventory
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     pub fn driver_name(&self) -> &str {
@@ -199,6 +215,7 @@ impl Driver {
         claim: &str,
         new: &[Allocated],
     ) -> Result<(), PrepareError> {
+        let inventory = self.inventory();
         let held: Vec<&Allocated> = state
             .claims
             .values()
@@ -206,9 +223,7 @@ impl Driver {
             .collect();
         for (i, a) in new.iter().enumerate() {
             let gpu = a.kind.gpu();
-            let info = self
-                .opts
-                .inventory
+            let info = inventory
                 .gpus
                 .iter()
                 .find(|g| g.index == gpu)
@@ -308,7 +323,7 @@ impl Driver {
             use_nvml: false,
             ..cdi::Options::default()
         };
-        let g = cdi::generate_slices(&self.opts.host_root, &self.opts.inventory, &opts, &slices)
+        let g = cdi::generate_slices(&self.opts.host_root, &self.inventory(), &opts, &slices)
             .map_err(cdi_err)?;
         let path = spec_path(&self.opts.cdi_dir, uid);
         let records: Vec<PathBuf> = slices

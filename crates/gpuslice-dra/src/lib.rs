@@ -13,14 +13,16 @@
 //! whole GPUs, pre-created MIG devices, and per GPU a shared device with
 //! consumable `memory` and `compute`.
 //!
-//! An unhealthy GPU (critical XID) leaves the pool until it recovers.
-//! Not here yet (docs/dra.md): hot-plug re-publication.
+//! An unhealthy GPU (critical XID) stays in the pool with its devices
+//! tainted `NoSchedule` until it recovers; GPUs appearing or disappearing
+//! are rediscovered and re-published without a restart ([`hotplug`]).
 
 pub mod apiserver;
 pub mod checkpoint;
 pub mod claim;
 pub mod daemon;
 pub mod driver;
+pub mod hotplug;
 pub mod publish;
 pub mod quantity;
 pub mod server;

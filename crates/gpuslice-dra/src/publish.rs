@@ -11,16 +11,24 @@
 //!   (bytes, a request policy in steps of [`SharedPolicy::memory_step`])
 //!   and `compute` (percent of the GPU's time, 1 to 100 in steps of 1).
 //!
+//! An unhealthy GPU (critical XID) stays in the pool with every device of
+//! it tainted ([`UNHEALTHY_TAINT`], the XID as value, effect `NoSchedule`:
+//! the scheduler allocates it to no new claim, running ones keep it); on
+//! recovery the taints go. An API server without the `DRADeviceTaints`
+//! feature drops taints silently, which would offer a broken GPU: when a
+//! write comes back without the taints it carried, the publisher falls
+//! back to leaving such GPUs out of the pool ([`Unhealthy::Remove`]).
+//!
 //! A whole GPU and its shared device are both offered; the scheduler does
 //! not know they overlap, so Prepare refuses a claim that would take both
 //! (`driver::check_capacity`). Partitionable devices (shared counters)
 //! would let the scheduler know; not done yet (docs/dra.md).
 
-use crate::apiserver::{ApiError, SliceApi, SliceWriteError};
+use crate::apiserver::{ApiError, SliceApi, SliceWriteError, WatchEnd, WatchEvent};
 use gpuslice_core::{Gpu, Inventory};
 use k8s_openapi::api::resource::v1::{
     CapacityRequestPolicy, CapacityRequestPolicyRange, Device, DeviceAttribute, DeviceCapacity,
-    ResourcePool, ResourceSlice, ResourceSliceSpec,
+    DeviceTaint, ResourcePool, ResourceSlice, ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -29,6 +37,10 @@ use thiserror::Error;
 
 /// The most devices one ResourceSlice may hold (without taints or counters).
 pub const MAX_DEVICES_PER_SLICE: usize = 128;
+/// The most when any of its devices has a taint (the API's validation).
+pub const MAX_TAINTED_DEVICES_PER_SLICE: usize = 64;
+/// The key of the taint on an unhealthy GPU's devices; its value is the XID.
+pub const UNHEALTHY_TAINT: &str = "gpuslice.io/unhealthy";
 /// How often a write is retried after a conflict (someone else wrote).
 const CONFLICT_RETRIES: usize = 5;
 
@@ -285,12 +297,19 @@ pub fn slice_name(node: &str, driver: &str, k: usize) -> String {
 }
 
 /// The pool's slices at `generation`, [`MAX_DEVICES_PER_SLICE`] devices
-/// each (one slice, empty, when there are none: the pool still exists).
+/// each, or [`MAX_TAINTED_DEVICES_PER_SLICE`] when any device of the pool
+/// is tainted (one slice, empty, when there are none: the pool still
+/// exists).
 pub fn slices(driver: &str, node: &str, generation: i64, devices: &[Device]) -> Vec<ResourceSlice> {
+    let per_slice = if devices.iter().any(|d| d.taints.is_some()) {
+        MAX_TAINTED_DEVICES_PER_SLICE
+    } else {
+        MAX_DEVICES_PER_SLICE
+    };
     let chunks: Vec<&[Device]> = if devices.is_empty() {
         vec![&[]]
     } else {
-        devices.chunks(MAX_DEVICES_PER_SLICE).collect()
+        devices.chunks(per_slice).collect()
     };
     let count = chunks.len() as i64;
     chunks
@@ -331,6 +350,9 @@ pub struct Published {
     pub generation: i64,
     /// Whether anything was written.
     pub changed: bool,
+    /// A write came back with fewer device taints than it carried: the API
+    /// server drops them (its `DRADeviceTaints` feature is off).
+    pub taints_dropped: bool,
 }
 
 /// Makes the node's pool hold exactly `devices`: re-reads what is
@@ -368,6 +390,7 @@ async fn publish_once(
     let existing: BTreeMap<String, ResourceSlice> = api
         .list_slices(node, driver)
         .await?
+        .items
         .into_iter()
         .filter(|s| s.spec.driver == driver && s.spec.pool.name == node)
         .filter_map(|s| Some((s.metadata.name.clone()?, s)))
@@ -388,20 +411,21 @@ async fn publish_once(
         return Ok(Published {
             generation: top,
             changed: false,
+            taints_dropped: false,
         });
     }
     let generation = top + 1;
+    let mut taints_dropped = false;
     for mut s in slices(driver, node, generation, devices) {
         let name = s.metadata.name.clone().unwrap_or_default();
-        match existing.get(&name) {
+        let stored = match existing.get(&name) {
             Some(e) => {
                 s.metadata.resource_version = e.metadata.resource_version.clone();
-                api.update_slice(&s).await?;
+                api.update_slice(&s).await?
             }
-            None => {
-                api.create_slice(&s).await?;
-            }
-        }
+            None => api.create_slice(&s).await?,
+        };
+        taints_dropped |= taint_count(&stored) < taint_count(&s);
     }
     let keep: Vec<String> = slices(driver, node, generation, devices)
         .into_iter()
@@ -413,60 +437,203 @@ async fn publish_once(
     Ok(Published {
         generation,
         changed: true,
+        taints_dropped,
     })
 }
 
-/// The devices of the GPUs not in `unhealthy` (indexes): an unhealthy
-/// GPU leaves the pool, all its devices with it, until it recovers.
-pub fn healthy_devices(
+fn taint_count(s: &ResourceSlice) -> usize {
+    s.spec
+        .devices
+        .iter()
+        .flatten()
+        .map(|d| d.taints.as_ref().map_or(0, Vec::len))
+        .sum()
+}
+
+/// What becomes of an unhealthy GPU's devices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unhealthy {
+    /// They stay, each with a `NoSchedule` [`UNHEALTHY_TAINT`].
+    Taint,
+    /// They leave the pool (where the API server drops taints).
+    Remove,
+}
+
+/// A GPU's health problem: why (the health watcher's words, `XID <n>`)
+/// and since when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sick {
+    pub why: String,
+    pub since: k8s_openapi::jiff::Timestamp,
+}
+
+/// The taint value for `why`: the XID number of `XID <n>`, else
+/// `unknown` (a taint value must be a label value).
+fn taint_value(why: &str) -> String {
+    match why.strip_prefix("XID ") {
+        Some(n) if !n.is_empty() && n.len() <= 20 && n.bytes().all(|b| b.is_ascii_digit()) => {
+            n.into()
+        }
+        _ => "unknown".into(),
+    }
+}
+
+/// The pool's devices with the unhealthy GPUs (by index) tainted or left
+/// out. A taint's `timeAdded` is when the GPU went bad, in whole seconds
+/// (what the API server keeps), so re-publishing an unchanged state
+/// writes nothing.
+pub fn pool_devices(
     inv: &Inventory,
     policy: &SharedPolicy,
-    unhealthy: &std::collections::BTreeSet<u32>,
+    unhealthy: &BTreeMap<u32, Sick>,
+    mode: Unhealthy,
 ) -> Vec<Device> {
-    let mut healthy = inv.clone();
-    healthy.gpus.retain(|g| !unhealthy.contains(&g.index));
-    devices(&healthy, policy)
+    let mut out = devices(inv, policy);
+    out.retain_mut(|d| {
+        let gpu = crate::claim::DeviceKind::parse(&d.name).map(|k| k.gpu());
+        let Some(sick) = gpu.and_then(|g| unhealthy.get(&g)) else {
+            return true;
+        };
+        if mode == Unhealthy::Remove {
+            return false;
+        }
+        let since =
+            k8s_openapi::jiff::Timestamp::from_second(sick.since.as_second()).unwrap_or(sick.since);
+        d.taints = Some(vec![DeviceTaint {
+            key: UNHEALTHY_TAINT.into(),
+            value: Some(taint_value(&sick.why)),
+            effect: "NoSchedule".into(),
+            time_added: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(since)),
+        }]);
+        true
+    });
+    out
 }
 
 /// Keeps the pool published: at once, on every health change (`health`:
-/// the device plugin's XID watcher, `gpuslice_k8s::plugin::health`), and
-/// every `resync` (which also puts right what others changed). Runs until
-/// the health sender is dropped; errors are logged and retried at the next
-/// turn.
+/// the device plugin's XID watcher, `gpuslice_k8s::plugin::health`), on
+/// every inventory change (`inventory`: hot-plug, [`crate::hotplug`]), and
+/// whenever the pool's slices change on the API server ([`watch_pool`]:
+/// someone else edited or deleted them), and every `resync`. Unhealthy
+/// GPUs are tainted, or left out once the API server is seen dropping
+/// taints. Runs until the health or the inventory sender is dropped;
+/// errors are logged and retried at the next turn.
 pub async fn follow(
     api: &dyn SliceApi,
     driver: &str,
     node: &str,
-    inv: &Inventory,
+    mut inventory: tokio::sync::watch::Receiver<Inventory>,
     policy: &SharedPolicy,
     mut health: tokio::sync::watch::Receiver<gpuslice_k8s::plugin::health::Snapshot>,
     resync: std::time::Duration,
 ) {
-    loop {
-        let unhealthy: std::collections::BTreeSet<u32> = health
-            .borrow_and_update()
-            .unhealthy
-            .keys()
-            .copied()
-            .collect();
-        let d = healthy_devices(inv, policy, &unhealthy);
-        match publish(api, driver, node, &d).await {
-            Ok(p) if p.changed => tracing::info!(
-                "published {} devices in pool {node}, generation {} ({} GPUs unhealthy)",
-                d.len(),
-                p.generation,
-                unhealthy.len()
-            ),
-            Ok(_) => {}
-            Err(e) => tracing::warn!("publishing ResourceSlices: {e}"),
+    let changed_there = tokio::sync::Notify::new();
+    let keep = async {
+        let mut mode = Unhealthy::Taint;
+        let mut sick: BTreeMap<u32, Sick> = BTreeMap::new();
+        loop {
+            let secs = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs() as i64);
+            let now = k8s_openapi::jiff::Timestamp::from_second(secs).unwrap_or_default();
+            let snapshot = health.borrow_and_update().unhealthy.clone();
+            sick.retain(|g, s| snapshot.get(g) == Some(&s.why));
+            for (g, why) in snapshot {
+                sick.entry(g).or_insert(Sick { why, since: now });
+            }
+            let inv = inventory.borrow_and_update().clone();
+            let d = pool_devices(&inv, policy, &sick, mode);
+            match publish(api, driver, node, &d).await {
+                Ok(p) if p.taints_dropped && mode == Unhealthy::Taint => {
+                    tracing::warn!(
+                        "the API server drops device taints (DRADeviceTaints off?): unhealthy GPUs now leave the pool instead"
+                    );
+                    mode = Unhealthy::Remove;
+                    continue;
+                }
+                Ok(p) if p.changed => tracing::info!(
+                    "published {} devices of {} GPUs in pool {node}, generation {} ({} GPUs unhealthy)",
+                    d.len(),
+                    inv.gpus.len(),
+                    p.generation,
+                    sick.len()
+                ),
+                Ok(_) => {}
+                Err(e) => tracing::warn!("publishing ResourceSlices: {e}"),
+            }
+            tokio::select! {
+                changed = health.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                }
+                changed = inventory.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                }
+                _ = changed_there.notified() => {}
+                _ = tokio::time::sleep(resync) => {}
+            }
         }
-        tokio::select! {
-            changed = health.changed() => {
-                if changed.is_err() {
-                    return;
+    };
+    tokio::select! {
+        _ = keep => {}
+        _ = watch_pool(api, driver, node, &changed_there) => {}
+    }
+}
+
+/// How long a failed watch waits before it is tried again.
+const WATCH_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Follows the pool's slices on the API server, as a reflector does:
+/// lists them, then watches from the list's resourceVersion, moving on
+/// with every event and bookmark; a watch the server ends is taken up
+/// again from there, and one whose resourceVersion is too old (410 Gone,
+/// compacted away) starts over from a new list. Every change seen (and
+/// every list, which may hide missed ones) wakes `changed`. Never returns.
+pub async fn watch_pool(
+    api: &dyn SliceApi,
+    driver: &str,
+    node: &str,
+    changed: &tokio::sync::Notify,
+) {
+    loop {
+        let mut rv = match api.list_slices(node, driver).await {
+            Ok(l) => l.resource_version,
+            Err(e) => {
+                tracing::warn!("listing ResourceSlices to watch: {e}");
+                tokio::time::sleep(WATCH_RETRY).await;
+                continue;
+            }
+        };
+        changed.notify_one();
+        loop {
+            let from = rv.clone();
+            let mut on_event = |ev: WatchEvent| {
+                if let Some(v) = ev.resource_version() {
+                    rv = v.to_string();
+                }
+                if let WatchEvent::Changed(s) = ev {
+                    if s.spec.pool.name == node {
+                        changed.notify_one();
+                    }
+                }
+            };
+            let end = api.watch_slices(node, driver, &from, &mut on_event).await;
+            match end {
+                Ok(WatchEnd::Closed) => {}
+                Ok(WatchEnd::Gone) => {
+                    tracing::info!(
+                        "ResourceSlice watch: resourceVersion {rv} is gone; listing again"
+                    );
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!("ResourceSlice watch: {e}");
+                    tokio::time::sleep(WATCH_RETRY).await;
                 }
             }
-            _ = tokio::time::sleep(resync) => {}
         }
     }
 }

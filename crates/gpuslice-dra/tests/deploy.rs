@@ -130,7 +130,7 @@ fn rbac_allows_what_the_driver_calls_and_binds_the_daemonsets_account() {
                 && r.verbs.iter().any(|v| v == verb)
         })
     };
-    for verb in ["list", "create", "update", "delete"] {
+    for verb in ["list", "watch", "create", "update", "delete"] {
         assert!(allows("resource.k8s.io", "resourceslices", verb), "{verb}");
     }
     assert!(allows("resource.k8s.io", "resourceclaims", "get"));
@@ -298,14 +298,30 @@ fn upstream_1_36_schemas_accept_the_manifests_and_the_published_slices() {
     )
     .unwrap();
     let d = devices(&inv, &SharedPolicy::default());
+    // And with GPUs 0 (whole and shared) and 2 (MIG) tainted unhealthy.
+    let sick = std::collections::BTreeMap::from([0, 2].map(|g| {
+        (
+            g,
+            gpuslice_dra::publish::Sick {
+                why: "XID 79".into(),
+                since: k8s_openapi::jiff::Timestamp::from_second(1_780_000_000).unwrap(),
+            },
+        )
+    }));
+    let tainted = gpuslice_dra::publish::pool_devices(
+        &inv,
+        &SharedPolicy::default(),
+        &sick,
+        gpuslice_dra::publish::Unhealthy::Taint,
+    );
     let dir = tempfile::tempdir().unwrap();
     let mut written = Vec::new();
-    for (i, s) in gpuslice_dra::publish::slices(gpuslice_dra::DRIVER_NAME, "node-a", 1, &d)
-        .iter()
-        .enumerate()
-    {
+    let all = [&d, &tainted]
+        .into_iter()
+        .flat_map(|d| gpuslice_dra::publish::slices(gpuslice_dra::DRIVER_NAME, "node-a", 1, d));
+    for (i, s) in all.enumerate() {
         let f = dir.path().join(format!("slice-{i}.json"));
-        std::fs::write(&f, serde_json::to_vec_pretty(s).unwrap()).unwrap();
+        std::fs::write(&f, serde_json::to_vec_pretty(&s).unwrap()).unwrap();
         written.push(f);
     }
     validate(&tool, &written).unwrap_or_else(|e| panic!("published ResourceSlice: {e}"));

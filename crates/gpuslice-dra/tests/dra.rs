@@ -63,6 +63,11 @@ impl Env {
 
     /// Starts the plugin (a fresh Driver on the same state: a restart).
     fn start(&self, shim: bool) -> Served {
+        serve(self.driver(shim), &self.sockets()).unwrap()
+    }
+
+    /// A Driver on this state and the fake host's GPUs, not served.
+    fn driver(&self, shim: bool) -> Arc<Driver> {
         let h = host();
         let root = HostRoot::new(h.root());
         let inventory = discover(
@@ -85,8 +90,7 @@ impl Env {
             strip_host_root: false,
         };
         let api = Arc::new(HttpApi::new(&self.api.url, None).unwrap());
-        let driver = Arc::new(Driver::new(opts, api).unwrap());
-        serve(driver, &self.sockets()).unwrap()
+        Arc::new(Driver::new(opts, api).unwrap())
     }
 
     async fn kubelet(&self) -> Registered {
@@ -516,6 +520,38 @@ async fn over_capacity_claims_are_refused_clearly() {
     for uid in ["uid-b", "uid-c", "uid-w"] {
         assert!(!spec_path(&e.cdi_dir(), uid).exists());
     }
+}
+
+/// Hot-plug hands the driver the GPUs there now: a claim on a GPU that
+/// left is refused, one on a GPU still there is prepared.
+#[tokio::test]
+async fn prepare_checks_claims_against_the_gpus_there_now() {
+    let e = Env::new().await;
+    let d = e.driver(true);
+    let mut inv = discover(
+        &HostRoot::new(host().root()),
+        &DiscoverOptions {
+            nvml_lib: Some(host().nvml_lib()),
+            ..DiscoverOptions::default()
+        },
+    )
+    .unwrap();
+    inv.gpus.retain(|g| g.index != 2);
+    d.set_inventory(inv);
+    e.api
+        .put_claim(shared_claim("ns", "a", "uid-a", NODE, 2, "1Gi", "10"));
+    e.api
+        .put_claim(shared_claim("ns", "b", "uid-b", NODE, 1, "1Gi", "10"));
+    let claim = |name: &str, uid: &str| gpuslice_dra::driver::ClaimRef {
+        namespace: "ns".into(),
+        name: name.into(),
+        uid: uid.into(),
+    };
+    let r = d.prepare(&[claim("a", "uid-a"), claim("b", "uid-b")]).await;
+    let a = r["uid-a"].as_ref().unwrap_err();
+    assert!(a.contains("GPU 2 is not on this node"), "{a}");
+    assert!(!spec_path(&e.cdi_dir(), "uid-a").exists());
+    assert_eq!(r["uid-b"].as_ref().unwrap()[0].device, "gpu-1-shared");
 }
 
 #[tokio::test]

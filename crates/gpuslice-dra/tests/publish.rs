@@ -8,7 +8,10 @@ use gpuslice_core::discover::{discover, DiscoverOptions};
 use gpuslice_core::{HostRoot, Inventory};
 use gpuslice_dra::apiserver::{HttpApi, SliceApi, SliceWriteError};
 use gpuslice_dra::claim::DeviceKind;
-use gpuslice_dra::publish::{devices, publish, slice_name, slices, PublishError, SharedPolicy};
+use gpuslice_dra::publish::{
+    devices, follow, pool_devices, publish, slice_name, slices, PublishError, SharedPolicy, Sick,
+    Unhealthy, UNHEALTHY_TAINT,
+};
 use gpuslice_dra::DRIVER_NAME;
 use gpuslice_testkit::fakeapi::FakeApiServer;
 use serde_json::{json, Value};
@@ -313,4 +316,151 @@ async fn slices_changed_behind_its_back_are_put_right() {
         .collect();
     assert_eq!(ours, [&name]);
     assert!(all.contains_key(&slice_name("node-b", DRIVER_NAME, 0)));
+}
+
+fn sick(gpu: u32, why: &str) -> std::collections::BTreeMap<u32, Sick> {
+    let since = k8s_openapi::jiff::Timestamp::from_second(1_780_000_000).unwrap();
+    std::collections::BTreeMap::from([(
+        gpu,
+        Sick {
+            why: why.into(),
+            since,
+        },
+    )])
+}
+
+fn names(slice: &Value) -> Vec<String> {
+    slice["spec"]["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn an_unhealthy_gpu_is_tainted_and_republishing_it_writes_nothing() {
+    let fake = FakeApiServer::start().await;
+    let api = HttpApi::new(&fake.url, None).unwrap();
+    let inv = inventory();
+    let policy = SharedPolicy::default();
+    let healthy = devices(&inv, &policy);
+    let bad = pool_devices(&inv, &policy, &sick(3, "XID 48"), Unhealthy::Taint);
+    // Nothing leaves: the GPU's devices (its MIG devices, GPU 3 is in MIG
+    // mode) are tainted, the others untouched.
+    assert_eq!(bad.len(), healthy.len());
+    for d in &bad {
+        let t = d.taints.as_deref().unwrap_or_default();
+        if DeviceKind::parse(&d.name).unwrap().gpu() == 3 {
+            assert_eq!(t.len(), 1, "{}", d.name);
+            assert_eq!(t[0].key, UNHEALTHY_TAINT);
+            assert_eq!(t[0].value.as_deref(), Some("48"));
+            assert_eq!(t[0].effect, "NoSchedule");
+        } else {
+            assert!(t.is_empty(), "{}", d.name);
+        }
+    }
+    // Not an XID: a label value still.
+    let odd = pool_devices(&inv, &policy, &sick(0, "XID (unknown)"), Unhealthy::Taint);
+    assert_eq!(
+        odd[0].taints.as_ref().unwrap()[0].value.as_deref(),
+        Some("unknown")
+    );
+
+    publish(&api, DRIVER_NAME, NODE, &healthy).await.unwrap();
+    let p = publish(&api, DRIVER_NAME, NODE, &bad).await.unwrap();
+    assert_eq!(
+        (p.generation, p.changed, p.taints_dropped),
+        (2, true, false)
+    );
+    // timeAdded survives the round trip: the same state is no change.
+    let writes = fake.slice_writes();
+    let p = publish(&api, DRIVER_NAME, NODE, &bad).await.unwrap();
+    assert_eq!((p.generation, p.changed), (2, false));
+    assert_eq!(fake.slice_writes(), writes);
+    let s = slice0(&fake);
+    assert_eq!(
+        device(&s, "gpu-3-mig-1")["taints"][0]["timeAdded"],
+        "2026-05-28T20:26:40Z"
+    );
+    // Recovery: the taints go, a new generation.
+    let p = publish(&api, DRIVER_NAME, NODE, &healthy).await.unwrap();
+    assert_eq!((p.generation, p.changed), (3, true));
+    assert!(device(&slice0(&fake), "gpu-3-mig-1")["taints"].is_null());
+}
+
+#[tokio::test]
+async fn tainted_pools_split_at_64_devices_per_slice() {
+    let d: Vec<k8s_openapi::api::resource::v1::Device> = (0..100)
+        .map(|i| k8s_openapi::api::resource::v1::Device {
+            name: format!("gpu-{i}"),
+            ..Default::default()
+        })
+        .collect();
+    assert_eq!(slices(DRIVER_NAME, NODE, 1, &d).len(), 1);
+    let mut t = d.clone();
+    t[99].taints = Some(vec![Default::default()]);
+    let s = slices(DRIVER_NAME, NODE, 1, &t);
+    assert_eq!(s.len(), 2);
+    assert_eq!(s[0].spec.devices.as_ref().unwrap().len(), 64);
+}
+
+/// The published device names once `ok` holds of them (within 5 s).
+async fn wait_names(
+    fake: &FakeApiServer,
+    what: &str,
+    ok: &dyn Fn(&[String]) -> bool,
+) -> Vec<String> {
+    let t0 = std::time::Instant::now();
+    loop {
+        let n = fake
+            .slices()
+            .get(&slice_name(NODE, DRIVER_NAME, 0))
+            .map(names)
+            .unwrap_or_default();
+        if ok(&n) {
+            return n;
+        }
+        assert!(t0.elapsed().as_secs() < 5, "{what}: {n:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn where_the_server_drops_taints_an_unhealthy_gpu_leaves_the_pool() {
+    let fake = FakeApiServer::start().await;
+    fake.drop_device_taints(true);
+    let api = HttpApi::new(&fake.url, None).unwrap();
+    let (_inv_tx, inv_rx) = tokio::sync::watch::channel(inventory());
+    let (tx, rx) = tokio::sync::watch::channel(Default::default());
+    let follower = tokio::spawn(async move {
+        follow(
+            &api,
+            DRIVER_NAME,
+            NODE,
+            inv_rx,
+            &SharedPolicy::default(),
+            rx,
+            std::time::Duration::from_secs(3600),
+        )
+        .await
+    });
+    let has_1 = |n: &[String]| n.iter().any(|x| x.starts_with("gpu-1"));
+    wait_names(&fake, "first publication", &has_1).await;
+    tx.send_modify(|s: &mut gpuslice_k8s::plugin::health::Snapshot| {
+        s.unhealthy.insert(1, "XID 79".into());
+    });
+    // Tainted, the taints dropped, then left out: no untainted offer of a
+    // broken GPU stays.
+    let n = wait_names(&fake, "GPU 1 out", &|n| !has_1(n)).await;
+    assert!(n.contains(&"gpu-2-shared".to_string()), "{n:?}");
+    tx.send_modify(|s| {
+        s.unhealthy.clear();
+    });
+    wait_names(&fake, "GPU 1 back", &has_1).await;
+    drop(tx);
+    tokio::time::timeout(std::time::Duration::from_secs(5), follower)
+        .await
+        .unwrap()
+        .unwrap();
 }

@@ -1,5 +1,6 @@
-//! Health re-publication: an XID injected into the fake NVML takes the
-//! GPU's devices out of the published pool; after recovery they return.
+//! Health re-publication: an XID injected into the fake NVML taints the
+//! GPU's devices in the published pool (`NoSchedule`, the XID as value);
+//! after recovery the taints go.
 //! Its own test binary: the fake NVML follows `FAKEGPU_ROOT`, one host per
 //! process.
 
@@ -7,7 +8,7 @@ use fakegpu::FakeHost;
 use gpuslice_core::discover::{discover, DiscoverOptions};
 use gpuslice_core::HostRoot;
 use gpuslice_dra::apiserver::HttpApi;
-use gpuslice_dra::publish::{follow, slice_name, SharedPolicy};
+use gpuslice_dra::publish::{follow, slice_name, SharedPolicy, UNHEALTHY_TAINT};
 use gpuslice_dra::DRIVER_NAME;
 use gpuslice_k8s::plugin::config::Health;
 use gpuslice_testkit::fakeapi::FakeApiServer;
@@ -33,6 +34,18 @@ fn published_names(api: &FakeApiServer) -> Vec<String> {
         .collect()
 }
 
+/// The names of the published devices that carry a taint.
+fn tainted(api: &FakeApiServer) -> Vec<String> {
+    api.slices()
+        .get(&slice_name(NODE, DRIVER_NAME, 0))
+        .and_then(|s| s["spec"]["devices"].as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .filter(|d| d["taints"].is_array())
+        .map(|d| d["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
 async fn wait_until(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) -> Duration {
     let t0 = Instant::now();
     while !ok() {
@@ -43,7 +56,7 @@ async fn wait_until(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) -
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_xid_takes_the_gpu_out_of_the_pool_until_it_recovers() {
+async fn an_xid_taints_the_gpus_devices_until_it_recovers() {
     let h = FakeHost::builder().gpus(3).build().unwrap();
     std::env::set_var("FAKEGPU_ROOT", h.root());
     let inv = discover(
@@ -64,14 +77,14 @@ async fn an_xid_takes_the_gpu_out_of_the_pool_until_it_recovers() {
     let watcher = gpuslice_k8s::plugin::health::start(&inv, &health, Some(h.nvml_lib()), tx);
     let mut watching = rx.clone();
     let policy = SharedPolicy::default();
+    let (_inv_tx, inv_rx) = tokio::sync::watch::channel(inv.clone());
     let follower = {
-        let inv = inv.clone();
         tokio::spawn(async move {
             follow(
                 &api,
                 DRIVER_NAME,
                 NODE,
-                &inv,
+                inv_rx,
                 &policy,
                 rx,
                 Duration::from_secs(3600),
@@ -93,28 +106,43 @@ async fn an_xid_takes_the_gpu_out_of_the_pool_until_it_recovers() {
     .expect("the XID watcher runs")
     .unwrap();
 
-    // An application XID changes nothing; a critical one takes GPU 1 out.
+    // An application XID changes nothing; a critical one taints every
+    // device of GPU 1, which stays in the pool.
     h.inject_xid(1, 13).unwrap();
     h.inject_xid(1, 79).unwrap();
-    let took = wait_until("GPU 1 out after XID 79", Duration::from_secs(5), || {
-        !published_names(&fake)
-            .iter()
-            .any(|n| n.starts_with("gpu-1"))
+    let took = wait_until("GPU 1 tainted after XID 79", Duration::from_secs(5), || {
+        !tainted(&fake).is_empty()
     })
     .await;
     eprintln!("re-published {took:?} after the XID");
-    let names = published_names(&fake);
-    assert!(names.contains(&"gpu-0".to_string()) && names.contains(&"gpu-2-shared".to_string()));
+    assert_eq!(tainted(&fake), ["gpu-1", "gpu-1-shared"]);
+    assert!(all(&published_names(&fake)));
     let s = slice0(&fake);
     assert_eq!(s["spec"]["pool"]["generation"], 2);
+    let d = &s["spec"]["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == "gpu-1-shared")
+        .unwrap()["taints"];
+    assert_eq!(d.as_array().unwrap().len(), 1, "{d}");
+    assert_eq!(d[0]["key"], UNHEALTHY_TAINT);
+    assert_eq!(d[0]["value"], "79");
+    assert_eq!(d[0]["effect"], "NoSchedule");
+    let added = d[0]["timeAdded"].as_str().unwrap();
+    assert!(added.ends_with('Z') && added.len() == 20, "{added}");
 
-    // Quiet for recoverAfterSeconds and answering: back, at generation 3.
-    wait_until("GPU 1 back after recovery", Duration::from_secs(10), || {
-        all(&published_names(&fake))
-    })
+    // Quiet for recoverAfterSeconds and answering: untainted, at
+    // generation 3.
+    wait_until(
+        "GPU 1 untainted after recovery",
+        Duration::from_secs(10),
+        || tainted(&fake).is_empty(),
+    )
     .await;
+    assert!(all(&published_names(&fake)));
     assert_eq!(slice0(&fake)["spec"]["pool"]["generation"], 3);
-    drop(watcher); // the sender goes: follow returns
+    drop(watcher); // the health sender goes: follow returns
     tokio::time::timeout(Duration::from_secs(5), follower)
         .await
         .expect("follow ends with its health source")

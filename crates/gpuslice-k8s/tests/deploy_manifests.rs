@@ -69,6 +69,12 @@ fn plain_manifests_are_kubernetes_objects() {
     }
 }
 
+/// `gpuslice_dra::checkpoint::DEFAULT_DIR`, where the exporter looks by
+/// default (gpuslice-k8s does not depend on gpuslice-dra).
+fn gpuslice_dra_state_dir() -> &'static str {
+    "/var/lib/gpuslice/dra"
+}
+
 fn check_daemonset(ds: &DaemonSet) {
     let tmpl = &ds.spec.as_ref().unwrap().template;
     let ann = tmpl.metadata.as_ref().unwrap().annotations.clone().unwrap();
@@ -126,6 +132,18 @@ fn check_daemonset(ds: &DaemonSet) {
             .any(|m| m.mount_path == "/var/lib/kubelet/pod-resources"),
         "the plugin has no PodResources socket"
     );
+    // The exporter reads the DRA plugin's checkpoint (the claims' labels)
+    // where `gpuslice exporter` looks by default.
+    if let Some(exporter) = pod.containers.iter().find(|c| c.name == "exporter") {
+        assert!(
+            exporter
+                .volume_mounts
+                .iter()
+                .flatten()
+                .any(|m| { m.mount_path == gpuslice_dra_state_dir() && m.read_only == Some(true) }),
+            "the exporter has no DRA checkpoint"
+        );
+    }
     assert_eq!(pod.host_pid, Some(true));
     let cmd = plugin.command.clone().unwrap().join(" ");
     assert!(

@@ -9,6 +9,7 @@
 //! scrape never waits on NVML, the ledgers or the kubelet.
 
 pub mod bench;
+pub mod dra;
 pub mod gpu;
 pub mod pods;
 pub mod sample;
@@ -42,6 +43,8 @@ pub struct Config {
     pub ledger_dir: PathBuf,
     /// The kubelet's PodResources socket; None leaves pod labels out.
     pub pod_resources_socket: Option<PathBuf>,
+    /// The DRA claims prepared on this node; None leaves them out.
+    pub dra_claims: Option<dra::DraClaims>,
 }
 
 /// The rendered last sample, in both text formats, without the age.
@@ -272,6 +275,12 @@ impl Collector {
             .unwrap_or_default()
             .push(self.inventory.as_ref(), &mut s);
         slices::collect(&self.cfg.ledger_dir, self.inventory.as_ref(), &mut s);
+        if let Some(claims) = &self.cfg.dra_claims {
+            match (claims.0)() {
+                Ok(c) => dra::collect(&c, self.inventory.as_ref(), &mut s),
+                Err(e) => tracing::debug!("no DRA claims: {e}"),
+            }
+        }
         self.collect_pods(&mut s);
         self.collections += 1;
         s.push(

@@ -59,6 +59,7 @@ metrics! {
     GPU_REMAP_FAILED: Gauge "gpu_row_remap_failed" "1 when a row remap has failed";
     GPU_XID_ERRORS: Counter "gpu_xid_errors" "Critical XID events on the GPU since the exporter started, by XID code (NVML events)";
     GPU_LAST_XID: Gauge "gpu_last_xid" "The last XID code seen on the GPU since the exporter started (absent when none)";
+    DRA_CLAIM_INFO: Gauge "dra_claim_info" "A DRA claim's slice prepared on this node (value 1), with the claim's namespace, name and uid";
     GPU_POD_INFO: Gauge "gpu_pod_info" "A container the kubelet assigned this GPU (or one of its replicas) to (value 1)";
     SLICE_CAP: Gauge "slice_memory_cap_bytes" "A slice's GPU memory cap on a device (absent when unlimited)";
     SLICE_USED: Gauge "slice_memory_used_bytes" "GPU memory a slice's processes hold on a device (from its ledger)";

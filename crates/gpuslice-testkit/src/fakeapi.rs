@@ -17,18 +17,64 @@
 //!   counter for the whole store, as etcd's revision); `metadata.generation`
 //!   starts at 1 and grows when the spec changes; `metadata.uid` is set on
 //!   create;
-//! - a missing object is a 404 with a `Status` body (reason `NotFound`).
+//! - a missing object is a 404 with a `Status` body (reason `NotFound`);
+//! - optionally, the `DRADeviceTaints` feature off: device taints are
+//!   dropped from written slices ([`FakeApiServer::drop_device_taints`]).
 //!
-//! Not modelled: watches (the driver does not watch), validation of the
-//! objects (tests validate them against the upstream schemas).
+//! - ResourceSlice watches (`watch=true`, with the list's selectors):
+//!   every change after the `resourceVersion` asked for, one JSON event a
+//!   line; `BOOKMARK` events with the store's revision when
+//!   `allowWatchBookmarks=true` (every 100 ms here, about a minute on the
+//!   real server); a `resourceVersion` older than the compacted history is
+//!   answered with an `ERROR` event of code 410 (`Expired`), as is an open
+//!   watch whose history is compacted away ([`FakeApiServer::expire_watches`]);
+//!   the server may end a watch at any time ([`FakeApiServer::close_watches`]).
+//!
+//! Not modelled: claim watches (the driver reads claims with GET only),
+//! validation of the objects (tests validate them against the upstream
+//! schemas).
 
-use http_body_util::{BodyExt, Full};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Bytes;
+use hyper::body::Frame;
 use hyper::{Request, Response};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+
+type Body = UnsyncBoxBody<Bytes, std::convert::Infallible>;
+
+/// What open watches are told.
+#[derive(Clone)]
+enum Msg {
+    /// A slice change: resourceVersion, event type, the object.
+    Event(u64, &'static str, Value),
+    /// Their history is compacted away: 410.
+    Expire,
+    /// The server ends them.
+    Close,
+}
+
+/// The history of slice changes watches are served from.
+struct Log {
+    /// (resourceVersion, event type, object), oldest first, after `floor`.
+    events: Vec<(u64, &'static str, Value)>,
+    /// Changes up to here are compacted away.
+    floor: u64,
+    live: tokio::sync::broadcast::Sender<Msg>,
+}
+
+impl Default for Log {
+    fn default() -> Self {
+        Log {
+            events: Vec::new(),
+            floor: 0,
+            live: tokio::sync::broadcast::channel(1024).0,
+        }
+    }
+}
 
 #[derive(Default)]
 struct Store {
@@ -40,11 +86,32 @@ struct Store {
     slice_writes: AtomicU64,
     /// PUTs still to be preceded by another writer's update.
     interfere: AtomicU64,
+    /// Drop device taints on writes, as a server without the
+    /// `DRADeviceTaints` feature does.
+    drop_taints: std::sync::atomic::AtomicBool,
+    log: Mutex<Log>,
+    /// ResourceSlice lists answered.
+    lists: AtomicU64,
+    /// The resourceVersion each slice watch started from.
+    watch_starts: Mutex<Vec<String>>,
+    /// Between bookmarks (ms; 0 is the default, 100).
+    bookmark_ms: AtomicU64,
 }
 
 impl Store {
     fn next_rv(&self) -> String {
         (self.revision.fetch_add(1, Ordering::SeqCst) + 1).to_string()
+    }
+
+    /// A slice change: `obj` gets the next resourceVersion, and the change
+    /// goes into the history and to the open watches, under the log's
+    /// lock (so a watch or a list sees every change up to its revision).
+    fn commit(&self, kind: &'static str, obj: &mut Value) {
+        let mut log = self.log.lock().unwrap();
+        let rv = self.revision.fetch_add(1, Ordering::SeqCst) + 1;
+        obj["metadata"]["resourceVersion"] = json!(rv.to_string());
+        log.events.push((rv, kind, obj.clone()));
+        let _ = log.live.send(Msg::Event(rv, kind, obj.clone()));
     }
 }
 
@@ -75,7 +142,7 @@ impl FakeApiServer {
                 tokio::spawn(async move {
                     let svc = hyper::service::service_fn(move |req| {
                         let s = s.clone();
-                        async move { Ok::<_, std::convert::Infallible>(handle(&s, req).await) }
+                        async move { Ok::<_, std::convert::Infallible>(handle(s, req).await) }
                     });
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(hyper_util::rt::TokioIo::new(conn), svc)
@@ -128,7 +195,7 @@ impl FakeApiServer {
         let mut slices = self.store.slices.lock().unwrap();
         let obj = slices.get_mut(name).expect("no such slice");
         edit(obj);
-        obj["metadata"]["resourceVersion"] = json!(self.store.next_rv());
+        self.store.commit("MODIFIED", obj);
     }
 
     /// The next `n` ResourceSlice updates each meet another writer's
@@ -138,13 +205,64 @@ impl FakeApiServer {
         self.store.interfere.store(n, Ordering::SeqCst);
     }
 
+    /// Behave as an API server without the `DRADeviceTaints` feature: the
+    /// `taints` of ResourceSlice devices are dropped on create and update,
+    /// silently (the real server's dropDisabledFields).
+    pub fn drop_device_taints(&self, on: bool) {
+        self.store.drop_taints.store(on, Ordering::SeqCst);
+    }
+
     /// Removes a slice behind the driver's back.
     pub fn remove_slice(&self, name: &str) {
-        self.store.slices.lock().unwrap().remove(name);
+        let mut slices = self.store.slices.lock().unwrap();
+        if let Some(mut obj) = slices.remove(name) {
+            self.store.commit("DELETED", &mut obj);
+        }
+    }
+
+    /// ResourceSlice lists answered so far.
+    pub fn lists(&self) -> u64 {
+        self.store.lists.load(Ordering::SeqCst)
+    }
+
+    /// The resourceVersion each ResourceSlice watch so far started from.
+    pub fn watch_starts(&self) -> Vec<String> {
+        self.store.watch_starts.lock().unwrap().clone()
+    }
+
+    /// The store's revision (the newest resourceVersion given out).
+    pub fn revision(&self) -> u64 {
+        self.store.revision.load(Ordering::SeqCst)
+    }
+
+    /// Compacts the history up to now, as etcd does: a watch from an
+    /// older resourceVersion is answered 410 Gone.
+    pub fn compact(&self) {
+        let mut log = self.store.log.lock().unwrap();
+        log.floor = self.store.revision.load(Ordering::SeqCst);
+        log.events.clear();
+    }
+
+    /// Compacts the history and tells every open watch so (an `ERROR`
+    /// event of code 410): their clients must list again.
+    pub fn expire_watches(&self) {
+        self.compact();
+        let _ = self.store.log.lock().unwrap().live.send(Msg::Expire);
+    }
+
+    /// Bookmarks of watches started from now on come every `every`.
+    pub fn set_bookmark_interval(&self, every: std::time::Duration) {
+        let ms = every.as_millis().clamp(1, u64::MAX.into()) as u64;
+        self.store.bookmark_ms.store(ms, Ordering::SeqCst);
+    }
+
+    /// Ends every open watch (as the server does at its timeout).
+    pub fn close_watches(&self) {
+        let _ = self.store.log.lock().unwrap().live.send(Msg::Close);
     }
 }
 
-async fn handle(s: &Store, req: Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
+async fn handle(s: Arc<Store>, req: Request<hyper::body::Incoming>) -> Response<Body> {
     let path = req.uri().path().to_string();
     let query = req.uri().query().unwrap_or_default().to_string();
     let method = req.method().clone();
@@ -176,17 +294,23 @@ async fn handle(s: &Store, req: Request<hyper::body::Incoming>) -> Response<Full
         }
         (Method::GET, ["apis", "resource.k8s.io", "v1", "resourceslices"]) => {
             s.gets.fetch_add(1, Ordering::SeqCst);
-            list_slices(s, &query)
+            if param(&query, "watch") == Some("true") {
+                watch_slices(s, &query)
+            } else {
+                list_slices(&s, &query)
+            }
         }
         (Method::POST, ["apis", "resource.k8s.io", "v1", "resourceslices"]) => {
-            write_slice(s, None, &body)
+            write_slice(&s, None, &body)
         }
         (Method::PUT, ["apis", "resource.k8s.io", "v1", "resourceslices", name]) => {
-            write_slice(s, Some(name), &body)
+            write_slice(&s, Some(name), &body)
         }
         (Method::DELETE, ["apis", "resource.k8s.io", "v1", "resourceslices", name]) => {
-            match s.slices.lock().unwrap().remove(*name) {
-                Some(obj) => {
+            let mut slices = s.slices.lock().unwrap();
+            match slices.remove(*name) {
+                Some(mut obj) => {
+                    s.commit("DELETED", &mut obj);
                     s.slice_writes.fetch_add(1, Ordering::SeqCst);
                     ok(200, &obj)
                 }
@@ -205,18 +329,28 @@ async fn handle(s: &Store, req: Request<hyper::body::Incoming>) -> Response<Full
     }
 }
 
-fn ok(code: u16, v: &Value) -> Response<Full<Bytes>> {
+fn ok(code: u16, v: &Value) -> Response<Body> {
     Response::builder()
         .status(code)
         .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(v.to_string())))
+        .body(Full::new(Bytes::from(v.to_string())).boxed_unsync())
         .unwrap()
 }
 
-/// `fieldSelector=a=b,c=d` (URL-encoded) on the fields the real server
-/// selects ResourceSlices by.
-fn list_slices(s: &Store, query: &str) -> Response<Full<Bytes>> {
-    let mut want: Vec<(String, String)> = Vec::new();
+/// A query parameter's value (not decoded).
+fn param<'a>(query: &'a str, key: &str) -> Option<&'a str> {
+    query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+}
+
+/// The terms of `fieldSelector=a=b,c=d` (URL-encoded) on the fields the
+/// real server selects ResourceSlices by.
+type Selector = Vec<(String, String)>;
+
+/// A bad selector is the message of a 400.
+fn selector(query: &str) -> Result<Selector, String> {
+    let mut want: Selector = Vec::new();
     for kv in query.split('&').filter(|q| !q.is_empty()) {
         let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
         if k != "fieldSelector" {
@@ -229,36 +363,40 @@ fn list_slices(s: &Store, query: &str) -> Response<Full<Bytes>> {
             .replace("%2c", ",");
         for term in v.split(',') {
             let Some((f, x)) = term.split_once('=') else {
-                return status(
-                    400,
-                    "BadRequest",
-                    &format!("invalid field selector {term:?}"),
-                );
+                return Err(format!("invalid field selector {term:?}"));
             };
             if !["spec.nodeName", "spec.driver", "spec.pool.name"].contains(&f) {
-                return status(
-                    400,
-                    "BadRequest",
-                    &format!("field label not supported: {f}"),
-                );
+                return Err(format!("field label not supported: {f}"));
             }
             want.push((f.to_string(), x.to_string()));
         }
     }
-    let field = |o: &Value, f: &str| -> String {
-        let v = match f {
+    Ok(want)
+}
+
+fn selects(want: &Selector, o: &Value) -> bool {
+    want.iter().all(|(f, x)| {
+        let v = match f.as_str() {
             "spec.nodeName" => &o["spec"]["nodeName"],
             "spec.driver" => &o["spec"]["driver"],
             _ => &o["spec"]["pool"]["name"],
         };
-        v.as_str().unwrap_or_default().to_string()
+        v.as_str().unwrap_or_default() == x
+    })
+}
+
+fn list_slices(s: &Store, query: &str) -> Response<Body> {
+    let want = match selector(query) {
+        Ok(w) => w,
+        Err(why) => return status(400, "BadRequest", &why),
     };
-    let items: Vec<Value> = s
-        .slices
-        .lock()
-        .unwrap()
+    s.lists.fetch_add(1, Ordering::SeqCst);
+    let slices = s.slices.lock().unwrap();
+    // No change commits meanwhile: the list is exactly the state at `rv`.
+    let _log = s.log.lock().unwrap();
+    let items: Vec<Value> = slices
         .values()
-        .filter(|o| want.iter().all(|(f, x)| field(o, f) == *x))
+        .filter(|o| selects(&want, o))
         .cloned()
         .collect();
     let rv = s.revision.load(Ordering::SeqCst).to_string();
@@ -273,9 +411,121 @@ fn list_slices(s: &Store, query: &str) -> Response<Full<Bytes>> {
     )
 }
 
+/// A watch of ResourceSlices: the changes after `resourceVersion` (none
+/// given or 0: from now), then each as it happens, with bookmarks when
+/// asked for; 410 when the history it needs is compacted away.
+fn watch_slices(s: Arc<Store>, query: &str) -> Response<Body> {
+    let want = match selector(query) {
+        Ok(w) => w,
+        Err(why) => return status(400, "BadRequest", &why),
+    };
+    let asked = param(query, "resourceVersion").unwrap_or_default();
+    s.watch_starts.lock().unwrap().push(asked.to_string());
+    let from: u64 = match asked {
+        "" => 0,
+        v => match v.parse() {
+            Ok(n) => n,
+            Err(_) => {
+                return status(
+                    400,
+                    "BadRequest",
+                    &format!("resourceVersion {v:?}: a number"),
+                )
+            }
+        },
+    };
+    let bookmarks = param(query, "allowWatchBookmarks") == Some("true");
+    let every = match s.bookmark_ms.load(Ordering::SeqCst) {
+        0 => 100,
+        ms => ms,
+    };
+    let (backlog, mut live, expired) = {
+        let log = s.log.lock().unwrap();
+        let from = if from == 0 {
+            s.revision.load(Ordering::SeqCst)
+        } else {
+            from
+        };
+        let backlog: Vec<Msg> = log
+            .events
+            .iter()
+            .filter(|(rv, _, _)| *rv > from)
+            .map(|(rv, k, o)| Msg::Event(*rv, k, o.clone()))
+            .collect();
+        (backlog, log.live.subscribe(), from < log.floor)
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, std::convert::Infallible>>(64);
+    tokio::spawn(async move {
+        let line = |v: Value| Ok(Frame::data(Bytes::from(format!("{v}\n"))));
+        let gone = json!({"type": "ERROR", "object": {
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": "too old resource version", "reason": "Expired", "code": 410,
+        }});
+        if expired {
+            let _ = tx.send(line(gone)).await;
+            return;
+        }
+        let mut last = from;
+        let mut tick = tokio::time::interval(std::time::Duration::from_millis(every));
+        let mut pending = backlog;
+        loop {
+            let mut bookmark = None;
+            if pending.is_empty() {
+                tokio::select! {
+                    m = live.recv() => match m {
+                        Ok(m) => pending.push(m),
+                        Err(_) => return,
+                    },
+                    _ = tick.tick(), if bookmarks => {
+                        // Under the log's lock nothing commits: every
+                        // change up to `now` is in `live` already.
+                        let _log = s.log.lock().unwrap();
+                        let now = s.revision.load(Ordering::SeqCst);
+                        while let Ok(m) = live.try_recv() {
+                            pending.push(m);
+                        }
+                        bookmark = Some(now);
+                    }
+                }
+            }
+            for m in std::mem::take(&mut pending) {
+                let out = match m {
+                    Msg::Event(rv, kind, obj) if rv > last && selects(&want, &obj) => {
+                        last = rv;
+                        json!({"type": kind, "object": obj})
+                    }
+                    Msg::Event(..) => continue,
+                    Msg::Expire => {
+                        let _ = tx.send(line(gone)).await;
+                        return;
+                    }
+                    Msg::Close => return,
+                };
+                if tx.send(line(out)).await.is_err() {
+                    return;
+                }
+            }
+            if let Some(now) = bookmark {
+                let b = json!({"type": "BOOKMARK", "object": {
+                    "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                    "metadata": {"resourceVersion": now.to_string()},
+                }});
+                if tx.send(line(b)).await.is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    Response::builder()
+        .status(200)
+        .header("content-type", "application/json")
+        .body(StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx)).boxed_unsync())
+        .unwrap()
+}
+
 /// POST (`name` None) or PUT of a ResourceSlice, with the real server's
 /// optimistic concurrency and generation bookkeeping.
-fn write_slice(s: &Store, name: Option<&str>, body: &[u8]) -> Response<Full<Bytes>> {
+fn write_slice(s: &Store, name: Option<&str>, body: &[u8]) -> Response<Body> {
     let mut obj: Value = match serde_json::from_slice(body) {
         Ok(v) => v,
         Err(e) => return status(400, "BadRequest", &format!("not JSON: {e}")),
@@ -293,6 +543,13 @@ fn write_slice(s: &Store, name: Option<&str>, body: &[u8]) -> Response<Full<Byte
     let Some(obj_name) = obj["metadata"]["name"].as_str().map(str::to_string) else {
         return status(422, "Invalid", "metadata.name: Required value");
     };
+    if s.drop_taints.load(Ordering::SeqCst) {
+        for d in obj["spec"]["devices"].as_array_mut().into_iter().flatten() {
+            if let Some(d) = d.as_object_mut() {
+                d.remove("taints");
+            }
+        }
+    }
     let mut slices = s.slices.lock().unwrap();
     match name {
         None => {
@@ -310,12 +567,11 @@ fn write_slice(s: &Store, name: Option<&str>, body: &[u8]) -> Response<Full<Byte
                     "resourceVersion should not be set on objects to be created",
                 );
             }
-            let rv = s.next_rv();
-            let n = s.revision.load(Ordering::SeqCst);
+            let n = s.revision.load(Ordering::SeqCst) + 1;
             let m = &mut obj["metadata"];
-            m["resourceVersion"] = json!(rv);
             m["generation"] = json!(1);
             m["uid"] = json!(format!("00000000-0000-4000-8000-{n:012}"));
+            s.commit("ADDED", &mut obj);
             slices.insert(obj_name, obj.clone());
             s.slice_writes.fetch_add(1, Ordering::SeqCst);
             ok(201, &obj)
@@ -334,7 +590,7 @@ fn write_slice(s: &Store, name: Option<&str>, body: &[u8]) -> Response<Full<Byte
                 .is_ok();
             if race {
                 if let Some(o) = slices.get_mut(&obj_name) {
-                    o["metadata"]["resourceVersion"] = json!(s.next_rv());
+                    s.commit("MODIFIED", o);
                 }
             }
             let Some(old) = slices.get(&obj_name) else {
@@ -369,9 +625,9 @@ fn write_slice(s: &Store, name: Option<&str>, body: &[u8]) -> Response<Full<Byte
             };
             let uid = old["metadata"]["uid"].clone();
             let m = &mut obj["metadata"];
-            m["resourceVersion"] = json!(s.next_rv());
             m["generation"] = json!(gen);
             m["uid"] = uid;
+            s.commit("MODIFIED", &mut obj);
             slices.insert(obj_name, obj.clone());
             s.slice_writes.fetch_add(1, Ordering::SeqCst);
             ok(200, &obj)
@@ -380,7 +636,7 @@ fn write_slice(s: &Store, name: Option<&str>, body: &[u8]) -> Response<Full<Byte
 }
 
 /// A `metav1.Status` failure, as the API server answers errors.
-fn status(code: u16, reason: &str, message: &str) -> Response<Full<Bytes>> {
+fn status(code: u16, reason: &str, message: &str) -> Response<Body> {
     let body = json!({
         "kind": "Status", "apiVersion": "v1", "metadata": {},
         "status": "Failure", "message": message, "reason": reason, "code": code,
@@ -388,7 +644,7 @@ fn status(code: u16, reason: &str, message: &str) -> Response<Full<Bytes>> {
     Response::builder()
         .status(code)
         .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body.to_string())))
+        .body(Full::new(Bytes::from(body.to_string())).boxed_unsync())
         .unwrap()
 }
 

@@ -177,6 +177,9 @@ fn prometheus_scrapes_gpus_slices_and_pods() {
 
     let sock = tmp.path().join("kubelet.sock");
     fake_kubelet(&sock, uuid(3), uuid(5));
+    // A DRA claim prepared here: 20 GiB and 30 % of GPU 0.
+    let dra = tmp.path().join("dra");
+    common::write_dra_checkpoint(&dra);
 
     let port = free_port();
     let exporter_addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
@@ -195,6 +198,8 @@ fn prometheus_scrapes_gpus_slices_and_pods() {
             .arg(&ledgers)
             .arg("--pod-resources-socket")
             .arg(&sock)
+            .arg("--dra-state-dir")
+            .arg(&dra)
             .spawn()
             .unwrap(),
     );
@@ -220,6 +225,20 @@ fn prometheus_scrapes_gpus_slices_and_pods() {
     metrics_with("\ngpuslice_exporter_xid_events_up 1.0\n");
     host.inject_xid(2, 79).unwrap();
     metrics_with("xid=\"79\"");
+    // The claim's namespace and name label its slice; its grant is the
+    // slice's cap and share.
+    let text = metrics_with(
+        r#"gpuslice_dra_claim_info{slice="uid-1-0",claim_namespace="team-a",claim_name="train",claim_uid="uid-1",device="gpu-0-shared",gpu="0"} 1"#,
+    );
+    let l = format!("{{slice=\"uid-1-0\",gpu=\"0\",uuid=\"{}\"}}", uuid(0));
+    assert!(
+        text.contains(&format!("gpuslice_slice_memory_cap_bytes{l} 21474836480")),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("gpuslice_slice_compute_share_ratio{l} 0.3")),
+        "{text}"
+    );
 
     // The classic text format passes promtool's checks.
     let text = http_get(exporter_addr, "/metrics").unwrap();

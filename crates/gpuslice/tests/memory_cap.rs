@@ -82,6 +82,42 @@ fn run_with_memory_caps_the_child_and_slices_shows_it() {
     assert_eq!(std::fs::read_dir(ledgers.path()).unwrap().count(), 0);
 }
 
+/// A DRA claim prepared on the host (the plugin's checkpoint below the
+/// host root) is listed with its claim's namespace and name and what it
+/// was granted.
+#[test]
+fn slices_shows_the_dra_claims_prepared_here() {
+    let h = FakeHost::builder().gpus(2).build().unwrap();
+    let ledgers = tempfile::tempdir().unwrap();
+    let v = slices_json(&h, ledgers.path());
+    assert_eq!(v["dra_claims"], serde_json::json!([]), "{v}");
+    common::write_dra_checkpoint(&h.path("var/lib/gpuslice/dra"));
+    let v = slices_json(&h, ledgers.path());
+    let c = &v["dra_claims"][0];
+    assert_eq!(c["slice"], "uid-1-0", "{v}");
+    assert_eq!(c["claim_namespace"], "team-a", "{v}");
+    assert_eq!(c["claim_name"], "train", "{v}");
+    assert_eq!(c["claim_uid"], "uid-1", "{v}");
+    assert_eq!(c["device"], "gpu-0-shared", "{v}");
+    assert_eq!(c["cap_bytes"], 20u64 << 30, "{v}");
+    assert_eq!(c["compute_percent"], 30, "{v}");
+    let text = slices_text(&h, ledgers.path());
+    assert!(
+        text.contains("slice uid-1-0 (DRA claim team-a/train): gpu 0 gpu-0-shared  cap 20480MiB, compute share 30%"),
+        "{text}"
+    );
+    // A checkpoint it cannot read is said, not taken for none.
+    std::fs::write(h.path("var/lib/gpuslice/dra/checkpoint.json"), "{not json").unwrap();
+    let v = slices_json(&h, ledgers.path());
+    assert!(
+        v["dra_error"]
+            .as_str()
+            .unwrap()
+            .contains("not a gpuslice DRA checkpoint"),
+        "{v}"
+    );
+}
+
 #[test]
 fn a_bad_memory_size_fails_before_the_child_starts() {
     let h = FakeHost::builder().gpus(1).build().unwrap();

@@ -56,7 +56,7 @@ pub struct DraArgs {
     pub cdi_dir: PathBuf,
 
     /// Where the checkpoint of prepared claims is kept.
-    #[arg(long, value_name = "DIR", default_value = "/var/lib/gpuslice/dra")]
+    #[arg(long, value_name = "DIR", env = DRA_STATE_DIR_ENV, default_value = gpuslice_dra::checkpoint::DEFAULT_DIR)]
     pub state_dir: PathBuf,
 
     /// Write CDI host paths relative to --host-root (the plugin runs in a pod with the host mounted there).
@@ -74,6 +74,23 @@ pub struct DraArgs {
     /// Shared devices: the compute (percent) a request that names none consumes.
     #[arg(long, value_name = "PERCENT", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub compute_default: u32,
+}
+
+/// The variable naming the DRA plugin's state directory, for `dra`,
+/// `slices` and `exporter` alike.
+pub const DRA_STATE_DIR_ENV: &str = "GPUSLICE_DRA_STATE_DIR";
+
+/// The DRA plugin's state directory as `slices` and `exporter` find it:
+/// `$GPUSLICE_DRA_STATE_DIR`, else the default below the host root.
+pub fn state_dir(global: &Global) -> PathBuf {
+    std::env::var_os(DRA_STATE_DIR_ENV)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            global
+                .host_root
+                .join(gpuslice_dra::checkpoint::DEFAULT_DIR.trim_start_matches('/'))
+        })
 }
 
 pub fn run(global: &Global, args: &DraArgs) -> Result<i32> {
@@ -100,7 +117,7 @@ pub fn run(global: &Global, args: &DraArgs) -> Result<i32> {
     let driver = Options {
         driver_name: args.driver_name.clone(),
         pool: args.node_name.clone(),
-        host_root,
+        host_root: host_root.clone(),
         inventory,
         cdi_dir: args.cdi_dir.clone(),
         state_dir: args.state_dir.clone(),
@@ -110,8 +127,12 @@ pub fn run(global: &Global, args: &DraArgs) -> Result<i32> {
             .and_then(|p| p.canonicalize().ok()),
         strip_host_root: args.strip_host_root,
     };
+    let again = host_root.clone();
     daemon::run(DaemonOptions {
         driver,
+        rediscover: std::sync::Arc::new(move || {
+            discover(&again, &DiscoverOptions::default()).context("rediscovering the GPUs")
+        }),
         sockets: Sockets {
             plugins_dir: args.plugins_dir.clone(),
             registry_dir: args.registry_dir.clone(),

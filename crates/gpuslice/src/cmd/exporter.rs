@@ -3,6 +3,7 @@
 use anyhow::{anyhow, Result};
 use clap::Args;
 use gpuslice_core::HostRoot;
+use gpuslice_metrics::dra::{ClaimSlice, DraClaims};
 use gpuslice_metrics::{bench, parse_duration, pods, Config, Exporter, DEFAULT_LISTEN};
 use serde_json::json;
 use std::path::PathBuf;
@@ -27,9 +28,33 @@ pub struct ExporterArgs {
     #[arg(long, value_name = "PATH", env = "GPUSLICE_POD_RESOURCES_SOCKET")]
     pub pod_resources_socket: Option<PathBuf>,
 
+    /// The DRA plugin's state directory, whose checkpoint names the claims prepared here [default: $GPUSLICE_DRA_STATE_DIR, else var/lib/gpuslice/dra below --host-root].
+    #[arg(long, value_name = "DIR")]
+    pub dra_state_dir: Option<PathBuf>,
+
     /// Benchmark instead of serving: listen on a free loopback port, scrape /metrics N times, print latency percentiles (JSON) and exit.
     #[arg(long, value_name = "N")]
     pub bench_scrapes: Option<usize>,
+}
+
+/// The claims prepared in the DRA plugin's checkpoint in `dir`.
+fn dra_claims(dir: PathBuf) -> DraClaims {
+    DraClaims(std::sync::Arc::new(move || {
+        let slices = gpuslice_dra::checkpoint::prepared_slices(&dir).map_err(|e| e.to_string())?;
+        Ok(slices
+            .into_iter()
+            .map(|s| ClaimSlice {
+                slice: s.slice,
+                namespace: s.namespace,
+                name: s.name,
+                uid: s.uid,
+                device: s.device,
+                gpu: s.gpu,
+                memory_bytes: s.caps.map(|c| c.memory_bytes),
+                compute_percent: s.caps.map(|c| c.compute_percent),
+            })
+            .collect())
+    }))
 }
 
 pub fn run(global: &Global, args: &ExporterArgs) -> Result<i32> {
@@ -58,6 +83,11 @@ pub fn run(global: &Global, args: &ExporterArgs) -> Result<i32> {
             .clone()
             .unwrap_or_else(gpuslice_ledger::ledger_dir),
         pod_resources_socket: Some(socket),
+        dra_claims: Some(dra_claims(
+            args.dra_state_dir
+                .clone()
+                .unwrap_or_else(|| super::dra::state_dir(global)),
+        )),
     };
     let exporter = Exporter::start(cfg)?;
     let Some(n) = args.bench_scrapes else {

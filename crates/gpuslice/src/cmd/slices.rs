@@ -169,6 +169,36 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// A DRA claim's slice: what it was granted (its usage ledger is in its
+/// container's own tmpfs, not visible here).
+fn dra_json(s: &gpuslice_dra::checkpoint::PreparedSlice) -> Value {
+    json!({
+        "slice": s.slice,
+        "claim_namespace": s.namespace,
+        "claim_name": s.name,
+        "claim_uid": s.uid,
+        "device": s.device,
+        "gpu": s.gpu,
+        "cap_bytes": s.caps.map(|c| c.memory_bytes),
+        "compute_percent": s.caps.map(|c| c.compute_percent),
+    })
+}
+
+fn print_dra(s: &gpuslice_dra::checkpoint::PreparedSlice) {
+    let grant = match s.caps {
+        Some(c) => format!(
+            "cap {}, compute share {}%",
+            mib(&json!(c.memory_bytes)),
+            c.compute_percent
+        ),
+        None => "the whole device".into(),
+    };
+    println!(
+        "slice {} (DRA claim {}/{}): gpu {} {}  {grant}",
+        s.slice, s.namespace, s.name, s.gpu, s.device
+    );
+}
+
 fn mib(v: &Value) -> String {
     v.as_u64().map_or_else(
         || "-".to_string(),
@@ -184,16 +214,29 @@ pub fn run(global: &Global) -> Result<i32> {
         .iter()
         .map(|p| describe(p, &table))
         .collect();
+    let dra_dir = super::dra::state_dir(global);
+    let dra = gpuslice_dra::checkpoint::prepared_slices(&dra_dir);
     if global.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(
-                &json!({ "dir": dir.display().to_string(), "slices": slices })
-            )?
-        );
+        let mut out = json!({ "dir": dir.display().to_string(), "slices": slices });
+        match &dra {
+            Ok(d) => out["dra_claims"] = d.iter().map(dra_json).collect(),
+            Err(e) => out["dra_error"] = json!(e.to_string()),
+        }
+        println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(0);
     }
+    match &dra {
+        Ok(d) => {
+            for s in d {
+                print_dra(s);
+            }
+        }
+        Err(e) => println!("DRA claims: {e}"),
+    }
     if slices.is_empty() {
+        if dra.is_ok_and(|d| !d.is_empty()) {
+            return Ok(0);
+        }
         println!(
             "no slices with a memory cap or compute share in {}",
             dir.display()

@@ -6,3 +6,40 @@ pub const GPUSLICE: &str = env!("CARGO_BIN_EXE_gpuslice");
 
 #[allow(dead_code)] // Only the memory-cap, compute-share and slice-integrity tests use it.
 pub mod slice;
+
+/// Writes a DRA plugin checkpoint in `dir` with one prepared claim,
+/// `team-a/train` (uid `uid-1`), a share of GPU 0: 20 GiB and 30 %, its
+/// slice `uid-1-0`.
+#[allow(dead_code)] // Only the slices and exporter tests use it.
+pub fn write_dra_checkpoint(dir: &std::path::Path) {
+    use gpuslice_dra::checkpoint::{Checkpoint, PreparedClaim, PreparedDevice};
+    use gpuslice_dra::claim::{Allocated, DeviceKind};
+    std::fs::create_dir_all(dir).unwrap();
+    let mut c = Checkpoint::load(dir).unwrap();
+    c.claims.insert(
+        "uid-1".into(),
+        PreparedClaim {
+            namespace: "team-a".into(),
+            name: "train".into(),
+            uid: "uid-1".into(),
+            resource_version: Some("7".into()),
+            devices: vec![PreparedDevice {
+                allocated: Allocated {
+                    request: "gpu".into(),
+                    pool: "node-a".into(),
+                    device: "gpu-0-shared".into(),
+                    share_id: Some("uid-1-share".into()),
+                    kind: DeviceKind::Shared { gpu: 0 },
+                    caps: Some(gpuslice_k8s::cdi::SliceCaps {
+                        memory_bytes: 20 << 30,
+                        compute_percent: 30,
+                    }),
+                },
+                cdi_device_id: "gpuslice.dev/claim=uid-1-0".into(),
+            }],
+            cdi_spec: dir.join("spec.json"),
+            records: vec![],
+        },
+    );
+    c.save().unwrap();
+}

@@ -50,7 +50,8 @@ pub fn gpuslice(h: &FakeHost, ledgers: &Path, args: &[&str]) -> Command {
         .env_remove("GPUSLICE_COMPUTE_MODE")
         .env_remove("GPUSLICE_MEMORY_LIMIT")
         .env_remove("GPUSLICE_COMPUTE_LIMIT")
-        .env_remove("GPUSLICE_LEDGER");
+        .env_remove("GPUSLICE_LEDGER")
+        .env_remove("GPUSLICE_DRA_STATE_DIR");
     c
 }
 

@@ -1,0 +1,190 @@
+//! Hot-plug: a GPU leaving or joining the fake host re-publishes the
+//! pool (a new generation, its devices gone or back) without a restart.
+//! Its own test binary: the fake NVML follows `FAKEGPU_ROOT`, one host per
+//! process.
+
+use fakegpu::FakeHost;
+use gpuslice_core::discover::{discover, DiscoverOptions};
+use gpuslice_core::HostRoot;
+use gpuslice_dra::apiserver::HttpApi;
+use gpuslice_dra::hotplug;
+use gpuslice_dra::publish::{follow, slice_name, SharedPolicy};
+use gpuslice_dra::DRIVER_NAME;
+use gpuslice_testkit::fakeapi::FakeApiServer;
+use serde_json::Value;
+use std::time::{Duration, Instant};
+
+const NODE: &str = "node-a";
+
+fn slice0(api: &FakeApiServer) -> Option<Value> {
+    api.slices().remove(&slice_name(NODE, DRIVER_NAME, 0))
+}
+
+fn names(api: &FakeApiServer) -> Vec<String> {
+    slice0(api)
+        .and_then(|s| s["spec"]["devices"].as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .map(|d| d["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn generation(api: &FakeApiServer) -> i64 {
+    slice0(api).unwrap()["spec"]["pool"]["generation"]
+        .as_i64()
+        .unwrap()
+}
+
+async fn wait_until(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) -> Duration {
+    let t0 = Instant::now();
+    while !ok() {
+        assert!(t0.elapsed() < limit, "{what}: not within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    t0.elapsed()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_leaving_and_joining_the_host_is_republished_within_2s() {
+    let h = FakeHost::builder().gpus(3).build().unwrap();
+    std::env::set_var("FAKEGPU_ROOT", h.root());
+    let root = HostRoot::new(h.root());
+    let opts = DiscoverOptions {
+        nvml_lib: Some(h.nvml_lib()),
+        ..DiscoverOptions::default()
+    };
+    let inv = discover(&root, &opts).unwrap();
+    assert_eq!(inv.gpus.len(), 3);
+    let fake = FakeApiServer::start().await;
+    let api = HttpApi::new(&fake.url, None).unwrap();
+    let (inv_tx, inv_rx) = tokio::sync::watch::channel(inv);
+    // The XID watcher holds NVML open, as in the plugin: NVML enumerated
+    // the GPUs at its first init and still lists one that left.
+    let (health_tx, health_rx) = tokio::sync::watch::channel(Default::default());
+    let _watcher = gpuslice_k8s::plugin::health::start(
+        &inv_rx.borrow(),
+        &Default::default(),
+        Some(h.nvml_lib()),
+        health_tx,
+    );
+    let follower = tokio::spawn(async move {
+        follow(
+            &api,
+            DRIVER_NAME,
+            NODE,
+            inv_rx,
+            &SharedPolicy::default(),
+            health_rx,
+            Duration::from_secs(3600),
+        )
+        .await
+    });
+    let rescan = {
+        let root = root.clone();
+        // A poll far longer than the test: inotify must do the work.
+        tokio::spawn(hotplug::watch(
+            root.clone(),
+            Duration::from_secs(3600),
+            move || Ok(discover(&root, &opts)?),
+            inv_tx,
+        ))
+    };
+    let has = |n: &[String], d: &str| n.iter().any(|x| x == d);
+    wait_until("first publication", Duration::from_secs(10), || {
+        has(&names(&fake), "gpu-2-shared")
+    })
+    .await;
+    assert_eq!(generation(&fake), 1);
+
+    h.unplug_gpu(2).unwrap();
+    let took = wait_until("GPU 2 gone", Duration::from_secs(2), || {
+        !names(&fake).iter().any(|n| n.starts_with("gpu-2"))
+    })
+    .await;
+    eprintln!("re-published {took:?} after the unplug");
+    let n = names(&fake);
+    assert!(has(&n, "gpu-0") && has(&n, "gpu-1-shared"), "{n:?}");
+    assert_eq!(generation(&fake), 2);
+
+    h.plug_gpu(2).unwrap();
+    wait_until("GPU 2 back", Duration::from_secs(2), || {
+        let n = names(&fake);
+        has(&n, "gpu-2") && has(&n, "gpu-2-shared")
+    })
+    .await;
+    assert_eq!(generation(&fake), 3);
+    let s = slice0(&fake).unwrap();
+    let gpu2 = s["spec"]["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == "gpu-2")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        gpu2["attributes"]["uuid"]["string"],
+        h.gpus()[2].uuid.as_str()
+    );
+
+    // GPU 0 leaves: the others move down (bus order), as CUDA numbers them.
+    h.unplug_gpu(0).unwrap();
+    wait_until("GPU 0 gone", Duration::from_secs(2), || {
+        !has(&names(&fake), "gpu-2")
+    })
+    .await;
+    let s = slice0(&fake).unwrap();
+    let uuids: Vec<&str> = s["spec"]["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["attributes"]["type"]["string"] == "gpu")
+        .map(|d| d["attributes"]["uuid"]["string"].as_str().unwrap())
+        .collect();
+    assert_eq!(uuids, [&h.gpus()[1].uuid, &h.gpus()[2].uuid]);
+
+    follower.abort();
+    // The rescanner ends once nobody listens.
+    tokio::time::timeout(Duration::from_secs(5), rescan)
+        .await
+        .expect("the rescanner ends with its receivers")
+        .unwrap();
+}
+
+/// procfs sends no inotify events; here the GPUs' proc directory does
+/// not exist when the watcher starts (the driver loads later), so no
+/// watch is on it and only the poll can see the GPU arrive.
+#[tokio::test]
+async fn a_driver_loaded_later_is_noticed_by_the_poll() {
+    let h = FakeHost::builder().gpus(2).build().unwrap();
+    let root = HostRoot::new(h.root());
+    let opts = DiscoverOptions {
+        use_nvml: false,
+        ..DiscoverOptions::default()
+    };
+    let gpus = h.path("proc/driver/nvidia/gpus");
+    let bus = &h.gpus()[0].pci_bus_id;
+    let info = std::fs::read(gpus.join(bus).join("information")).unwrap();
+    std::fs::remove_dir_all(&gpus).unwrap();
+    let (tx, mut rx) = tokio::sync::watch::channel(discover(&root, &opts).unwrap());
+    assert_eq!(rx.borrow_and_update().gpus.len(), 0);
+    let r = root.clone();
+    let task = tokio::spawn(hotplug::watch(
+        root.clone(),
+        Duration::from_millis(200),
+        move || Ok(discover(&r, &opts)?),
+        tx,
+    ));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    std::fs::create_dir_all(gpus.join(bus)).unwrap();
+    std::fs::write(gpus.join(bus).join("information"), info).unwrap();
+    tokio::time::timeout(Duration::from_secs(2), rx.changed())
+        .await
+        .expect("rediscovered by the poll")
+        .unwrap();
+    assert_eq!(rx.borrow().gpus.len(), 1);
+    drop(rx);
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .unwrap()
+        .unwrap();
+}

@@ -1,0 +1,112 @@
+//! Hot-plug and health together: after a GPU leaves, the XID watcher
+//! starts over on the GPUs there now, so an XID is reported at the GPU's
+//! new index (not its old one) and the old numbering's health is gone.
+//! Its own test binary: the fake NVML follows `FAKEGPU_ROOT`, one host per
+//! process.
+
+use fakegpu::FakeHost;
+use gpuslice_core::discover::{discover, DiscoverOptions};
+use gpuslice_core::HostRoot;
+use gpuslice_dra::apiserver::HttpApi;
+use gpuslice_dra::driver::{Driver, Options};
+use gpuslice_dra::hotplug::{apply, bound_only};
+use gpuslice_k8s::plugin::config::Health;
+use gpuslice_k8s::plugin::health::{start, Snapshot};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_gpu_leaves_xids_are_reported_at_the_new_indexes() {
+    let h = FakeHost::builder().gpus(3).build().unwrap();
+    std::env::set_var("FAKEGPU_ROOT", h.root());
+    let root = HostRoot::new(h.root());
+    let opts = DiscoverOptions {
+        nvml_lib: Some(h.nvml_lib()),
+        ..DiscoverOptions::default()
+    };
+    let inv = discover(&root, &opts).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let driver = Arc::new(
+        Driver::new(
+            Options {
+                driver_name: gpuslice_dra::DRIVER_NAME.into(),
+                pool: "node-a".into(),
+                host_root: root.clone(),
+                inventory: inv.clone(),
+                cdi_dir: dir.path().join("cdi"),
+                state_dir: dir.path().join("state"),
+                shim: None,
+                hook: None,
+                strip_host_root: false,
+            },
+            // Never called here.
+            Arc::new(HttpApi::new("http://127.0.0.1:9", None).unwrap()),
+        )
+        .unwrap(),
+    );
+    let health = Health {
+        recover_after_seconds: 3600,
+        ..Health::default()
+    };
+    let (tx, mut rx) = tokio::sync::watch::channel(Snapshot::default());
+    let watcher = start(&inv, &health, Some(h.nvml_lib()), tx.clone());
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        rx.wait_for(|s| s.watching == "events"),
+    )
+    .await
+    .expect("the XID watcher runs")
+    .unwrap();
+    h.inject_xid(2, 79).unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        rx.wait_for(|s| s.unhealthy.contains_key(&2)),
+    )
+    .await
+    .expect("GPU 2 unhealthy")
+    .unwrap();
+
+    let (inv_tx, inv_rx) = tokio::sync::watch::channel(inv);
+    let task = tokio::spawn(apply(
+        inv_rx,
+        driver,
+        health,
+        Some(h.nvml_lib()),
+        tx,
+        watcher,
+    ));
+    // GPU 0 leaves: the GPU that was 2 is 1 now.
+    h.unplug_gpu(0).unwrap();
+    let now = bound_only(&root, discover(&root, &opts).unwrap());
+    assert_eq!(now.gpus[1].uuid, h.gpus()[2].uuid);
+    inv_tx.send(now).unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        rx.wait_for(|s| s.unhealthy.is_empty()),
+    )
+    .await
+    .expect("the old numbering's health is cleared")
+    .unwrap();
+    // The new watcher registers its events in its own time; an XID
+    // injected before that is not delivered, so inject until one lands.
+    let t0 = Instant::now();
+    loop {
+        h.inject_xid(2, 79).unwrap();
+        let got = tokio::time::timeout(
+            Duration::from_millis(300),
+            rx.wait_for(|s| !s.unhealthy.is_empty()),
+        )
+        .await;
+        if let Ok(s) = got {
+            let keys: Vec<u32> = s.unwrap().unhealthy.keys().copied().collect();
+            assert_eq!(keys, [1], "the XID is reported at the GPU's new index");
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "no XID reported");
+    }
+    drop(inv_tx);
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("apply ends with its inventory sender")
+        .unwrap();
+}

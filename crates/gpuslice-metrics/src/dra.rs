@@ -1,0 +1,108 @@
+//! DRA claims prepared on this node (`gpuslice dra`): their slices' caps
+//! and shares, and which claim each slice is, as labels.
+//!
+//! A claim's usage ledger lives in its container's own tmpfs, out of the
+//! host's sight, so what is known here is what was granted: read from the
+//! DRA plugin's checkpoint by the caller ([`DraClaims`]; the format is
+//! gpuslice-dra's).
+
+use crate::sample::{self as m, Labels, Sample};
+use gpuslice_core::Inventory;
+use std::sync::Arc;
+
+/// One slice of a prepared claim (one allocation result).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimSlice {
+    /// The slice's id: its CDI device name, `<claim uid>-<n>`, also the
+    /// `slice` of its limits record.
+    pub slice: String,
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    /// The device of the ResourceSlice (`gpu-0-shared`, …).
+    pub device: String,
+    pub gpu: u32,
+    /// The consumed capacity (shared devices); None for a whole GPU or MIG.
+    pub memory_bytes: Option<u64>,
+    pub compute_percent: Option<u32>,
+}
+
+/// Reads the prepared claims at each collection.
+#[derive(Clone)]
+pub struct DraClaims(pub Arc<dyn Fn() -> Result<Vec<ClaimSlice>, String> + Send + Sync>);
+
+impl std::fmt::Debug for DraClaims {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DraClaims(..)")
+    }
+}
+
+/// Adds `gpuslice_dra_claim_info` (the claim's namespace, name and uid as
+/// labels of its slice) and the slice's cap and share, labelled as the
+/// ledgers' slices are.
+pub fn collect(claims: &[ClaimSlice], inv: Option<&Inventory>, out: &mut Sample) {
+    for c in claims {
+        let gpu = inv.and_then(|inv| inv.gpus.iter().find(|g| g.index == c.gpu));
+        let info: Labels = vec![
+            ("slice", c.slice.clone()),
+            ("claim_namespace", c.namespace.clone()),
+            ("claim_name", c.name.clone()),
+            ("claim_uid", c.uid.clone()),
+            ("device", c.device.clone()),
+            ("gpu", c.gpu.to_string()),
+        ];
+        out.push(m::DRA_CLAIM_INFO, &info, 1.0);
+        let l: Labels = vec![
+            ("slice", c.slice.clone()),
+            ("gpu", c.gpu.to_string()),
+            ("uuid", gpu.map_or_else(String::new, |g| g.uuid.clone())),
+        ];
+        if let Some(b) = c.memory_bytes {
+            out.push(m::SLICE_CAP, &l, b as f64);
+        }
+        if let Some(p) = c.compute_percent {
+            out.push(m::SLICE_COMPUTE_SHARE, &l, f64::from(p) / 100.0);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_claims_slice_carries_its_namespace_and_name() {
+        let mut s = Sample::default();
+        collect(
+            &[ClaimSlice {
+                slice: "u-1-0".into(),
+                namespace: "team-a".into(),
+                name: "train".into(),
+                uid: "u-1".into(),
+                device: "gpu-0-shared".into(),
+                gpu: 0,
+                memory_bytes: Some(20 << 30),
+                compute_percent: Some(30),
+            }],
+            None,
+            &mut s,
+        );
+        let text = s.render();
+        assert!(
+            text.contains(r#"gpuslice_dra_claim_info{slice="u-1-0",claim_namespace="team-a",claim_name="train",claim_uid="u-1",device="gpu-0-shared",gpu="0"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#"gpuslice_slice_memory_cap_bytes{slice="u-1-0",gpu="0",uuid=""} 21474836480"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#"gpuslice_slice_compute_share_ratio{slice="u-1-0",gpu="0",uuid=""} 0.3"#
+            ),
+            "{text}"
+        );
+    }
+}
