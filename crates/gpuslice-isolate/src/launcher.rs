@@ -407,13 +407,20 @@ fn init_main(
     mark("c-mounted");
     wait_for(go)?;
     mark("c-go");
+    // Before the command runs: /proc/1 becomes root's and ptrace-protected.
+    let _ = pidns::undumpable();
     // A command that already failed to confine itself has said why.
     let _ = File::from(ready_tx).write_all(b"1");
+    // The init confines itself as the command did, off the launch's path
+    // now: it holds nothing the command could use, but stays no stronger.
+    if let Err(e) = confine(plan, filters) {
+        let _ = nix::sys::signal::kill(command, Signal::SIGKILL);
+        return Err(failed(format!("confining the slice's init: {e}")));
+    }
     // The launcher reads the error pipe to its end: the init's copy must
     // go (the command's closes on exec), with every other descriptor the
     // init does not need.
     let _ = fds::close_all_beyond_stdio();
-    let _ = pidns::undumpable();
     let code = pidns::supervise(command, &signals.signals);
     mark("c-reaped");
     // SAFETY: as the caller's _exit: nothing of the parent's state runs.
