@@ -33,7 +33,7 @@
 //! is forked from it right after step 2: it takes steps 5–9 (the seccomp
 //! install is the slowest step of a launch) while the init takes steps 3
 //! and 4 in the mount namespace they share, and execs only when the init
-//! writes that both are done ([`init_main`]). It is our code until then,
+//! writes that both are done (`init_main`). It is our code until then,
 //! holds nothing of the host's `/dev`, and sees the mounts as they land.
 
 use crate::cgroup::{self, CgroupDriver, SliceCgroup};
