@@ -183,13 +183,6 @@ pub fn launch(
     slice_id: &str,
     cmd: &ChildCommand,
 ) -> Result<i32, LaunchError> {
-    // Compiled here: the child only installs it.
-    let filters = if plan.privileges.confined() {
-        seccomp::compile()?
-    } else {
-        vec![]
-    };
-    mark("seccomp-compiled");
     let cgroup = match &plan.cgroup {
         Some(driver) => {
             cgroup::reap_stale(driver);
@@ -227,6 +220,10 @@ pub fn launch(
     // child execs only once a byte comes through here (~0.1 ms of BPF
     // verifying off every launch on the H200).
     let (go_rx, go_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(sys("pipe"))?;
+    // The seccomp filter comes through here: compiled while the child
+    // builds its mounts, installed by whoever execs the command.
+    let (filters_rx, filters_tx) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(sys("pipe"))?;
     if plan.pid_namespace {
         // The next child of this process is PID 1 of a new namespace. The
         // launcher forks once and starts no thread after this (the kernel
@@ -243,9 +240,8 @@ pub fn launch(
     let child = match forked {
         Forked::Child => {
             mark("c-start");
-            drop(err_rx);
-            drop(go_tx);
-            let (code, err) = child_main(plan, procs, signals, go_rx, cmd, &filters).unwrap_err();
+            drop((err_rx, go_tx, filters_tx));
+            let (code, err) = child_main(plan, procs, signals, go_rx, cmd, filters_rx).unwrap_err();
             let mut tx = File::from(err_tx);
             let _ = tx.write_all(format!("{code} {err}").as_bytes());
             // SAFETY: _exit skips atexit handlers and destructors of the
@@ -255,18 +251,18 @@ pub fn launch(
         Forked::Parent(child) => child,
     };
     mark("forked");
-    drop(err_tx);
-    drop(procs);
-    drop(go_rx);
-    if let Some(c) = &cgroup {
-        if let Err(e) = c.apply(&plan.policy) {
+    drop((err_tx, procs, go_rx, filters_rx));
+    let filters = match prepare_filters(plan, cgroup.as_ref()) {
+        Ok(filters) => filters,
+        Err(e) => {
             // The child never execs: it is waiting for the byte.
             let _ = nix::sys::signal::kill(child, Signal::SIGKILL);
             let _ = waitpid(child, None);
-            return Err(e.into()); // the cgroup is removed on drop
+            return Err(e); // the cgroup is removed on drop
         }
-    }
+    };
     let _ = File::from(go_tx).write_all(b"1");
+    let _ = File::from(filters_tx).write_all(&seccomp::encode(&filters));
     mark("filter-on");
 
     let setup_error = read_to_end(err_rx);
@@ -299,6 +295,23 @@ pub fn launch(
         }),
         None => code,
     }
+}
+
+/// The launcher's part while its child builds the mounts: the device
+/// filter on the slice cgroup, and the seccomp filter compiled (empty for
+/// `--privileged`).
+fn prepare_filters(
+    plan: &SandboxPlan,
+    cgroup: Option<&SliceCgroup>,
+) -> Result<Vec<seccompiler::BpfProgram>, LaunchError> {
+    if let Some(c) = cgroup {
+        c.apply(&plan.policy)?;
+    }
+    Ok(if plan.privileges.confined() {
+        seccomp::compile()?
+    } else {
+        vec![]
+    })
 }
 
 /// Forks the child: straight into the cgroup v2 directory when there is
@@ -347,7 +360,7 @@ fn child_main(
     signals: &SignalGuard,
     go: OwnedFd,
     cmd: &ChildCommand,
-    filters: &[seccompiler::BpfProgram],
+    filters: OwnedFd,
 ) -> Result<std::convert::Infallible, (i32, String)> {
     let failed = |e: String| (EXIT_LAUNCH_FAILED, e);
     if plan.pid_namespace {
@@ -357,9 +370,28 @@ fn child_main(
     mark("c-mounted");
     wait_for(go)?;
     mark("c-go");
-    confine(plan, filters).map_err(failed)?;
+    let filters = receive_filters(plan, filters).map_err(failed)?;
+    confine(plan, &filters).map_err(failed)?;
     mark("c-confined");
     exec_command(cmd, &signals.old_mask)
+}
+
+/// The seccomp filter the launcher compiled: all of it, and for a
+/// confined command at least one program (a launcher gone before sending
+/// it must not leave the command unfiltered).
+fn receive_filters(
+    plan: &SandboxPlan,
+    from: OwnedFd,
+) -> Result<Vec<seccompiler::BpfProgram>, String> {
+    let mut bytes = Vec::new();
+    File::from(from)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("reading the seccomp filter: {e}"))?;
+    let filters = seccomp::decode(&bytes).map_err(|e| e.to_string())?;
+    if plan.privileges.confined() && filters.is_empty() {
+        return Err(seccomp::SeccompError::Transfer.to_string());
+    }
+    Ok(filters)
 }
 
 /// Blocks until the launcher's byte comes: the device filter is on.
@@ -384,7 +416,7 @@ fn init_main(
     signals: &SignalGuard,
     go: OwnedFd,
     cmd: &ChildCommand,
-    filters: &[seccompiler::BpfProgram],
+    filters: OwnedFd,
 ) -> Result<std::convert::Infallible, (i32, String)> {
     let failed = |e: String| (EXIT_LAUNCH_FAILED, e);
     join_cgroup(procs).map_err(failed)?;
@@ -402,7 +434,7 @@ fn init_main(
         }
         ForkResult::Parent { child } => child,
     };
-    drop(ready_rx);
+    drop((ready_rx, filters));
     build_mounts(plan).map_err(failed)?;
     mark("c-mounted");
     wait_for(go)?;
@@ -413,7 +445,12 @@ fn init_main(
     let _ = File::from(ready_tx).write_all(b"1");
     // The init confines itself as the command did, off the launch's path
     // now: it holds nothing the command could use, but stays no stronger.
-    if let Err(e) = confine(plan, filters) {
+    let own = if plan.privileges.confined() {
+        seccomp::compile().map_err(|e| e.to_string())
+    } else {
+        Ok(vec![])
+    };
+    if let Err(e) = own.and_then(|own| confine(plan, &own)) {
         let _ = nix::sys::signal::kill(command, Signal::SIGKILL);
         return Err(failed(format!("confining the slice's init: {e}")));
     }
@@ -434,12 +471,13 @@ fn command_main(
     ready: OwnedFd,
     cmd: &ChildCommand,
     old_mask: &SigSet,
-    filters: &[seccompiler::BpfProgram],
+    filters: OwnedFd,
 ) -> Result<std::convert::Infallible, (i32, String)> {
+    let failed = |e: String| (EXIT_LAUNCH_FAILED, e);
     // Dies with the init (which dies with the launcher).
-    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
-        .map_err(|e| (EXIT_LAUNCH_FAILED, format!("prctl: {e}")))?;
-    confine(plan, filters).map_err(|e| (EXIT_LAUNCH_FAILED, e))?;
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(|e| failed(format!("prctl: {e}")))?;
+    let filters = receive_filters(plan, filters).map_err(failed)?;
+    confine(plan, &filters).map_err(failed)?;
     mark("c2-confined");
     let mut byte = [0u8; 1];
     if !matches!(File::from(ready).read(&mut byte), Ok(1)) {

@@ -39,6 +39,8 @@ pub enum SeccompError {
     Build(#[from] seccompiler::BackendError),
     #[error("installing the seccomp filter: {0}")]
     Install(#[from] seccompiler::Error),
+    #[error("the seccomp filter did not arrive whole from the launcher")]
+    Transfer,
 }
 
 /// Calls a confined command gets EPERM for, whatever their arguments.
@@ -158,6 +160,47 @@ fn clone_with_namespaces() -> Result<Vec<SeccompRule>, seccompiler::BackendError
         .collect()
 }
 
+/// `filters` as bytes for the pipe from the launcher to its child, which
+/// installs what [`compile`] made in the launcher while the child built its
+/// mounts: per program a little-endian `u32` length, then its instructions
+/// (code, jt, jf, k).
+pub fn encode(filters: &[BpfProgram]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for f in filters {
+        out.extend_from_slice(&(f.len() as u32).to_le_bytes());
+        for i in f {
+            out.extend_from_slice(&i.code.to_le_bytes());
+            out.extend_from_slice(&[i.jt, i.jf]);
+            out.extend_from_slice(&i.k.to_le_bytes());
+        }
+    }
+    out
+}
+
+/// The programs [`encode`] wrote; an error for anything cut short.
+pub fn decode(mut bytes: &[u8]) -> Result<Vec<BpfProgram>, SeccompError> {
+    let mut filters = Vec::new();
+    while !bytes.is_empty() {
+        let (len, rest) = bytes
+            .split_first_chunk::<4>()
+            .ok_or(SeccompError::Transfer)?;
+        let len = u32::from_le_bytes(*len) as usize;
+        let body = rest.get(..len * 8).ok_or(SeccompError::Transfer)?;
+        filters.push(
+            body.chunks_exact(8)
+                .map(|c| seccompiler::sock_filter {
+                    code: u16::from_le_bytes([c[0], c[1]]),
+                    jt: c[2],
+                    jf: c[3],
+                    k: u32::from_le_bytes([c[4], c[5], c[6], c[7]]),
+                })
+                .collect(),
+        );
+        bytes = &rest[len * 8..];
+    }
+    Ok(filters)
+}
+
 /// Installs `filters` on the calling thread (sets no_new_privs first, as
 /// the kernel requires without CAP_SYS_ADMIN). The child is single-threaded.
 pub fn install(filters: &[BpfProgram]) -> Result<(), SeccompError> {
@@ -193,6 +236,24 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn the_filters_cross_the_pipe_unchanged_and_a_cut_one_is_refused() {
+        let filters = compile().unwrap();
+        let bytes = encode(&filters);
+        let back = decode(&bytes).unwrap();
+        assert_eq!(back.len(), filters.len());
+        for (a, b) in back.iter().zip(&filters) {
+            assert_eq!(a.len(), b.len());
+            assert!(a
+                .iter()
+                .zip(b)
+                .all(|(x, y)| (x.code, x.jt, x.jf, x.k) == (y.code, y.jt, y.jf, y.k)));
+        }
+        assert!(decode(&bytes[..bytes.len() - 3]).is_err());
+        assert!(decode(&bytes[..2]).is_err());
+        assert!(decode(&[]).unwrap().is_empty());
     }
 
     #[test]
