@@ -97,20 +97,33 @@ pub fn prepare(dir: &Path) -> Result<(), Error> {
         .map_err(io_err(dir))
 }
 
-/// Removes the directories in `ledger_dir` that no pod holds (`held`: the
-/// slice ids of the devices the kubelet lists), older than `grace`, that no
-/// process uses.
-pub fn sweep(ledger_dir: &Path, held: &HashSet<String>, grace: Duration) -> Swept {
-    let mut out = Swept::default();
+/// The slice directories in `ledger_dir`, listed before the kubelet is
+/// asked which pods hold which: a directory made after that answer (an
+/// Allocate in between) is not in it, so a sweep cannot take it for one
+/// no pod holds.
+pub fn listed(ledger_dir: &Path) -> Vec<String> {
     let Ok(entries) = fs::read_dir(ledger_dir) else {
-        return out; // nothing allocated yet
+        return Vec::new(); // nothing allocated yet
     };
-    let mut names: Vec<String> = entries
+    entries
         .flatten()
         .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
         .filter_map(|e| e.file_name().into_string().ok())
-        .filter(|n| n.starts_with(SLICE_PREFIX) && !held.contains(n))
-        .collect();
+        .filter(|n| n.starts_with(SLICE_PREFIX))
+        .collect()
+}
+
+/// Removes the directories of `listed` (see [`listed`]) in `ledger_dir`
+/// that no pod holds (`held`: the slice ids of the devices the kubelet
+/// lists), older than `grace`, that no process uses.
+pub fn sweep(
+    ledger_dir: &Path,
+    listed: Vec<String>,
+    held: &HashSet<String>,
+    grace: Duration,
+) -> Swept {
+    let mut out = Swept::default();
+    let mut names: Vec<String> = listed.into_iter().filter(|n| !held.contains(n)).collect();
     names.sort();
     for name in names {
         let dir = ledger_dir.join(&name);
@@ -283,13 +296,32 @@ mod tests {
         let slot = l.attach().unwrap();
         age(&dir, 120);
         let none = HashSet::new();
-        let s = sweep(t.path(), &none, Duration::from_secs(60));
+        let s = sweep(t.path(), listed(t.path()), &none, Duration::from_secs(60));
         assert_eq!(s.in_use, vec!["k8s-x".to_string()]);
         assert!(dir.is_dir());
         l.detach(slot);
-        let s = sweep(t.path(), &none, Duration::from_secs(60));
+        let s = sweep(t.path(), listed(t.path()), &none, Duration::from_secs(60));
         assert_eq!(s.removed, vec!["k8s-x".to_string()]);
         assert!(!dir.exists());
+    }
+
+    #[test]
+    fn a_directory_made_after_the_listing_stays_whatever_the_answer() {
+        let t = tempfile::tempdir().unwrap();
+        let before = listed(t.path());
+        // An Allocate between the listing and the kubelet's answer.
+        let dir = t.path().join("k8s-new");
+        fs::create_dir_all(&dir).unwrap();
+        age(&dir, 120);
+        let s = sweep(t.path(), before, &HashSet::new(), Duration::from_secs(60));
+        assert!(s.removed.is_empty() && dir.is_dir(), "{s:?}");
+        let s = sweep(
+            t.path(),
+            listed(t.path()),
+            &HashSet::new(),
+            Duration::from_secs(60),
+        );
+        assert_eq!(s.removed, vec!["k8s-new".to_string()]);
     }
 
     #[test]
@@ -303,7 +335,7 @@ mod tests {
         let target = t.path().join("not-ours");
         std::os::unix::fs::symlink(&target, t.path().join("k8s-link")).unwrap();
         let held: HashSet<String> = ["k8s-held".to_string()].into();
-        let s = sweep(t.path(), &held, Duration::from_secs(60));
+        let s = sweep(t.path(), listed(t.path()), &held, Duration::from_secs(60));
         assert_eq!(s, Swept::default());
         for n in ["k8s-held", "k8s-young", "not-ours", "k8s-link"] {
             assert!(t.path().join(n).symlink_metadata().is_ok(), "{n}");
@@ -329,7 +361,12 @@ mod tests {
         std::os::unix::fs::symlink(&outside, dir.join("d")).unwrap();
         assert!(!in_use(&dir));
         age(&dir, 120);
-        let s = sweep(t.path(), &HashSet::new(), Duration::from_secs(60));
+        let s = sweep(
+            t.path(),
+            listed(t.path()),
+            &HashSet::new(),
+            Duration::from_secs(60),
+        );
         assert_eq!(s.removed, vec!["k8s-evil".to_string()]);
         assert!(outside.join("keep").exists() && outside.join("k8s-x.ledger").exists());
         // A garbage ledger written just now may be one being created.

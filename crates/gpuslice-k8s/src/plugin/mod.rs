@@ -422,14 +422,17 @@ pub async fn serve(
     }
 }
 
-/// Every `ledgerCleanup.intervalSeconds`: the slice ids of the devices the
-/// kubelet says pods hold, then [`ledgers::sweep`]. No answer, no sweep.
+/// Every `ledgerCleanup.intervalSeconds`: the ledger directories there
+/// are, then the slice ids of the devices the kubelet says pods hold, then
+/// [`ledgers::sweep`] of the former. No answer, no sweep.
 async fn sweep_ledgers(plan: Arc<Plan>, state: Arc<watch::Sender<State>>) {
     let cfg = &plan.cfg.ledger_cleanup;
     let mut tick = tokio::time::interval(Duration::from_secs(cfg.interval_seconds));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
+        let dir = plan.cfg.ledger_dir.clone();
+        let listed = ledgers::listed(&dir);
         let held =
             match gpuslice_metrics::pods::list(&cfg.pod_resources_socket, Duration::from_secs(5))
                 .await
@@ -445,10 +448,11 @@ async fn sweep_ledgers(plan: Arc<Plan>, state: Arc<watch::Sender<State>>) {
                     continue;
                 }
             };
-        let dir = plan.cfg.ledger_dir.clone();
         let grace = Duration::from_secs(cfg.grace_seconds);
         let swept =
-            match tokio::task::spawn_blocking(move || ledgers::sweep(&dir, &held, grace)).await {
+            match tokio::task::spawn_blocking(move || ledgers::sweep(&dir, listed, &held, grace))
+                .await
+            {
                 Ok(s) => s,
                 Err(e) => {
                     tracing::error!("ledger sweep: {e}");
