@@ -11,8 +11,9 @@ use gpuslice_dra::hotplug;
 use gpuslice_dra::publish::{follow, slice_name, SharedPolicy};
 use gpuslice_dra::DRIVER_NAME;
 use gpuslice_testkit::fakeapi::FakeApiServer;
+use gpuslice_testkit::wait_until;
 use serde_json::Value;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const NODE: &str = "node-a";
 
@@ -33,15 +34,6 @@ fn generation(api: &FakeApiServer) -> i64 {
     slice0(api).unwrap()["spec"]["pool"]["generation"]
         .as_i64()
         .unwrap()
-}
-
-async fn wait_until(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) -> Duration {
-    let t0 = Instant::now();
-    while !ok() {
-        assert!(t0.elapsed() < limit, "{what}: not within {limit:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    t0.elapsed()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,8 +12,9 @@ use gpuslice_dra::publish::{follow, slice_name, SharedPolicy, UNHEALTHY_TAINT};
 use gpuslice_dra::DRIVER_NAME;
 use gpuslice_k8s::plugin::config::Health;
 use gpuslice_testkit::fakeapi::FakeApiServer;
+use gpuslice_testkit::wait_until;
 use serde_json::Value;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const NODE: &str = "node-a";
 
@@ -44,15 +45,6 @@ fn tainted(api: &FakeApiServer) -> Vec<String> {
         .filter(|d| d["taints"].is_array())
         .map(|d| d["name"].as_str().unwrap().to_string())
         .collect()
-}
-
-async fn wait_until(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) -> Duration {
-    let t0 = Instant::now();
-    while !ok() {
-        assert!(t0.elapsed() < limit, "{what}: not within {limit:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    t0.elapsed()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

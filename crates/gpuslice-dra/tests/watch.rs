@@ -11,8 +11,9 @@ use gpuslice_dra::apiserver::HttpApi;
 use gpuslice_dra::publish::{follow, slice_name, SharedPolicy};
 use gpuslice_dra::DRIVER_NAME;
 use gpuslice_testkit::fakeapi::{shared_claim, FakeApiServer};
+use gpuslice_testkit::wait_until;
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const NODE: &str = "node-a";
 
@@ -31,14 +32,6 @@ fn inventory() -> Inventory {
         },
     )
     .unwrap()
-}
-
-async fn wait_until(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !ok() {
-        assert!(t0.elapsed() < limit, "{what}: not within {limit:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// Starts `follow` (resync: an hour, so only the watch can act) and waits

@@ -72,6 +72,22 @@ fn append_line(path: &std::path::Path, line: &str) -> std::io::Result<()> {
     f.write_all(format!("{line}\n").as_bytes())
 }
 
+/// Polls `ok` every 10 ms until it holds, and returns how long that took;
+/// panics naming `what` once `limit` has passed (async tests of daemons
+/// that act in the background: publishing, watching, hot-plug).
+pub async fn wait_until(
+    what: &str,
+    limit: std::time::Duration,
+    mut ok: impl FnMut() -> bool,
+) -> std::time::Duration {
+    let t0 = std::time::Instant::now();
+    while !ok() {
+        assert!(t0.elapsed() < limit, "{what}: not within {limit:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    t0.elapsed()
+}
+
 /// Whether this is a CI run (`CI=true`), where every test must run.
 pub fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
