@@ -99,6 +99,17 @@ fn n(v: &Value, k: &str) -> i64 {
     v[k].as_i64().unwrap_or_else(|| panic!("{k} in {v}"))
 }
 
+/// A client step's `[ledger, NVML]` pair: what the slice is charged and
+/// what the driver holds for the process at that step.
+fn charged_and_held(v: &Value, k: &str) -> (u64, u64) {
+    let pair = |i: usize| {
+        v[k][i]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{k}[{i}] in {v}"))
+    };
+    (pair(0), pair(1))
+}
+
 #[test]
 fn every_allocation_path_is_charged_and_released_whichever_way_it_is_looked_up() {
     let s = slice("1GiB");
@@ -540,7 +551,7 @@ fn a_handle_released_while_mapped_stays_charged_until_its_last_unmap() {
         ] {
             assert_eq!(n(v, rc), 0, "{via} {rc}: {v}");
         }
-        let at = |k: &str| (v[k][0].as_u64().unwrap(), v[k][1].as_u64().unwrap());
+        let at = |k: &str| charged_and_held(v, k);
         // [ledger, NVML]: the driver holds the memory until the unmap, and
         // the charge follows it.
         let (mapped, released, unmapped) = (at("mapped"), at("released"), at("unmapped"));
@@ -649,7 +660,7 @@ fn a_pool_destroyed_with_allocations_outstanding_stays_charged_until_they_are_fr
         for rc in ["rc_create", "rc_alloc", "rc_destroy", "rc_free"] {
             assert_eq!(n(v, rc), 0, "{free} {rc}: {v}");
         }
-        let at = |k: &str| (v[k][0].as_u64().unwrap(), v[k][1].as_u64().unwrap());
+        let at = |k: &str| charged_and_held(v, k);
         // [ledger, NVML]: the driver keeps a destroyed pool's memory while
         // an allocation from it is outstanding, and the charge follows it.
         let (allocated, destroyed, freed) = (at("allocated"), at("destroyed"), at("freed"));
