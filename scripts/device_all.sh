@@ -23,8 +23,11 @@
 #   gpt2       issue 16: the torch.compile'd GPT-2 bare vs --memory 20GiB, 6 interleaved rounds, with
 #              the shim's per-family call counts (device_gpt2.py, ~150 s, at most 200), then the perf ratios of
 #              device_shim.py in the same run (first tensor, malloc/free, GEMM; ROUNDS=2, ~60 s)
+#   gemmcap    issue 16: an 8192^2 GEMM loop bare vs --memory 20GiB, two warm workers taking turns
+#              (12 alternating windows of 1.5 s; device_gemm_cap.py, ~60 s). gemm-cap.json "pass"
 #   integrity  issue 17: env -i / su nobody capped under --memory 20GiB --compute 30, a 30 % slice
-#              beside a board forger, the 30/70 pair, a GPT-2-like loop eager and compiled at 50 % (~330 s)
+#              beside a board forger, the 30/70 pair over one shared window, GPT-2 small eager (batch 8 and 16) and compiled at 50 % with
+#              the GPU-busy fraction the meter sees at 100 % (~330 s; INTEGRITY_STEPS picks steps)
 #   users      issue 15: torch/jax/cupy on --gpus 0 as --user nobody, none of them see a GPU with
 #              --gpus none (root and nobody), a mknod'ed alias of /dev/nvidia0 hidden by number (~60 s)
 #   boundary   issue 15: the adversarial suite's attacks against the real driver with --gpus none under
@@ -93,6 +96,9 @@ part_gpt2() {
     # The first-tensor, malloc/free and GEMM figures, bare vs capped, of this run.
     cp "$(ls -t "$work"/memphys-perf/shim-*.json 2>/dev/null | head -1)" "$work/gpt2-perf.json" 2>/dev/null
 }
+part_gemmcap() {
+    bounded 120 python3 scripts/device_gemm_cap.py "$work/gemm-cap.json"
+}
 part_cdi() {
     bounded 60 python3 scripts/device_cdi.py "$work"
 }
@@ -157,7 +163,7 @@ part_doctor() {
 # parts that finished.
 collect() {
     tar czf "$out/results.tgz" -C "$work" .
-    for f in launch-phases.json memphys.json hostpid.json gpt2.json gpt2-perf.json isolation.json launch-none.json layout.json doctor.json cdi.json exporter.json plugin.json compute.json compute-diag.json compute-trace.json users.json integrity.json boundary.json launch-boundary.json; do
+    for f in launch-phases.json memphys.json hostpid.json gpt2.json gpt2-perf.json gemm-cap.json isolation.json launch-none.json layout.json doctor.json cdi.json exporter.json plugin.json compute.json compute-diag.json compute-trace.json users.json integrity.json boundary.json launch-boundary.json; do
         [ -f "$work/$f" ] && cp "$work/$f" "$out/"
     done
 }
