@@ -58,17 +58,29 @@ struct Entry {
 /// Replace `dev` (the host's `<root>/dev`) with a view that lacks the
 /// nodes `policy` denies. Returns how many nodes were hidden. The caller
 /// must have set the umask to 0, so entries get the host's exact modes.
-pub fn mount_private_dev(dev: &Path, policy: &DevicePolicy, nodes: NodeMode) -> io::Result<usize> {
+///
+/// `surveyed`: for [`NodeMode::Whiteout`], what [`Survey::of`] found in the
+/// same `/dev`, made by the launcher while this child built its namespaces
+/// (walking the H200's `/dev` was most of this step); None surveys here.
+pub fn mount_private_dev(
+    dev: &Path,
+    policy: &DevicePolicy,
+    nodes: NodeMode,
+    surveyed: Option<Survey>,
+) -> io::Result<usize> {
     match nodes {
-        NodeMode::Whiteout => overlay(dev, policy),
+        NodeMode::Whiteout => overlay(dev, policy, surveyed),
         NodeMode::Bind => mirror(dev, policy),
     }
 }
 
 /// [`NodeMode::Whiteout`]: see the module docs.
-fn overlay(dev: &Path, policy: &DevicePolicy) -> io::Result<usize> {
+fn overlay(dev: &Path, policy: &DevicePolicy, surveyed: Option<Survey>) -> io::Result<usize> {
     let dev_meta = fs::metadata(dev).map_err(|e| ctx(e, "stat", dev))?;
-    let Survey { hidden, nested } = survey(dev, dev_meta.dev(), policy)?;
+    let Survey { hidden, nested } = match surveyed {
+        Some(s) => s,
+        None => survey(dev, dev_meta.dev(), policy)?,
+    };
 
     let host = File::open(dev).map_err(|e| ctx(e, "open", dev))?;
     let host_path = PathBuf::from(format!("/proc/self/fd/{}", host.as_raw_fd()));
@@ -116,13 +128,63 @@ fn overlay(dev: &Path, policy: &DevicePolicy) -> io::Result<usize> {
 }
 
 /// What the overlay must do about the host's `/dev`.
-#[derive(Default)]
-struct Survey {
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Survey {
     /// Denied char nodes (relative paths): whiteouts.
     hidden: Vec<PathBuf>,
     /// Directories that are mount points (`pts`, `shm`, `mqueue`…): an
     /// overlay shows what is under a mount point, so each is bound again.
     nested: Vec<PathBuf>,
+}
+
+impl Survey {
+    /// The survey [`NodeMode::Whiteout`] needs of `dev` under `policy`.
+    pub fn of(dev: &Path, policy: &DevicePolicy) -> io::Result<Survey> {
+        let dev_meta = fs::metadata(dev).map_err(|e| ctx(e, "stat", dev))?;
+        survey(dev, dev_meta.dev(), policy)
+    }
+
+    /// Bytes for a pipe: `h` or `n` and a path, each ended by NUL, then a
+    /// final `.` (a message cut short is told from an empty survey).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (tag, paths) in [(b'h', &self.hidden), (b'n', &self.nested)] {
+            for p in paths {
+                out.push(tag);
+                out.extend_from_slice(p.as_os_str().as_encoded_bytes());
+                out.push(0);
+            }
+        }
+        out.push(b'.');
+        out
+    }
+
+    /// [`Survey::encode`]'s bytes back; None unless complete and well formed
+    /// (relative paths without `..`: the child joins them under `/dev`).
+    pub fn decode(bytes: &[u8]) -> Option<Survey> {
+        use std::os::unix::ffi::OsStrExt;
+        let body = bytes.strip_suffix(b".")?;
+        let mut out = Survey::default();
+        if body.is_empty() {
+            return Some(out);
+        }
+        for rec in body.strip_suffix(b"\0")?.split(|b| *b == 0) {
+            let (&tag, path) = rec.split_first()?;
+            let path = PathBuf::from(std::ffi::OsStr::from_bytes(path));
+            let plain = path
+                .components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)));
+            if path.as_os_str().is_empty() || !plain {
+                return None;
+            }
+            match tag {
+                b'h' => out.hidden.push(path),
+                b'n' => out.nested.push(path),
+                _ => return None,
+            }
+        }
+        Some(out)
+    }
 }
 
 /// One pass over `dev` and the directories below it on the same
@@ -354,4 +416,45 @@ fn chown(path: &Path, uid: u32, gid: u32) -> io::Result<()> {
 /// the user sees says what failed where.
 pub(crate) fn ctx(e: io::Error, what: &str, path: &Path) -> io::Error {
     io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn survey(hidden: &[&str], nested: &[&str]) -> Survey {
+        Survey {
+            hidden: hidden.iter().map(PathBuf::from).collect(),
+            nested: nested.iter().map(PathBuf::from).collect(),
+        }
+    }
+
+    #[test]
+    fn survey_round_trips_through_its_encoding() {
+        for s in [
+            survey(&[], &[]),
+            survey(&["nvidia0", "sub/gpu alias"], &["pts", "shm"]),
+            survey(&["nvidia-caps/nvidia-cap1"], &[]),
+        ] {
+            assert_eq!(Survey::decode(&s.encode()), Some(s));
+        }
+    }
+
+    #[test]
+    fn a_cut_or_escaping_survey_is_refused() {
+        let full = survey(&["nvidia0", "nvidia1"], &["pts"]).encode();
+        // Cut anywhere short of the end marker: refused, so the child
+        // surveys /dev itself instead of hiding less.
+        for cut in 0..full.len() {
+            assert_eq!(Survey::decode(&full[..cut]), None, "cut at {cut}");
+        }
+        for bad in [
+            &b"h../etc/shadow\0."[..],
+            b"h/dev/nvidia0\0.",
+            b"x0\0.",
+            b"h\0.",
+        ] {
+            assert_eq!(Survey::decode(bad), None, "{bad:?}");
+        }
+    }
 }

@@ -35,6 +35,11 @@
 //! and 4 in the mount namespace they share, and execs only when the init
 //! writes that both are done (`init_main`). It is our code until then,
 //! holds nothing of the host's `/dev`, and sees the mounts as they land.
+//!
+//! Meanwhile the launcher sends, through pipes, in the order the child
+//! needs them: the compiled seccomp filter (step 9), the survey of the
+//! host's `/dev` for the overlay (step 3), and a byte once the device
+//! filter is on the slice cgroup (step 4).
 
 use crate::cgroup::{self, CgroupDriver, SliceCgroup};
 use crate::devfs::{self, NodeMode};
@@ -224,6 +229,14 @@ pub fn launch(
     // builds its mounts, installed by whoever execs the command.
     let (filters_rx, filters_tx) =
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(sys("pipe"))?;
+    // The host /dev's survey comes through here: walked by the launcher
+    // while the child makes its namespaces (see devfs::mount_private_dev).
+    let (survey_rx, survey_tx) = if plan.private_dev == Some(NodeMode::Whiteout) {
+        let (rx, tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(sys("pipe"))?;
+        (Some(rx), Some(tx))
+    } else {
+        (None, None)
+    };
     if plan.pid_namespace {
         // The next child of this process is PID 1 of a new namespace. The
         // launcher forks once and starts no thread after this (the kernel
@@ -240,8 +253,13 @@ pub fn launch(
     let child = match forked {
         Forked::Child => {
             mark("c-start");
-            drop((err_rx, go_tx, filters_tx));
-            let (code, err) = child_main(plan, procs, signals, go_rx, cmd, filters_rx).unwrap_err();
+            drop((err_rx, go_tx, filters_tx, survey_tx));
+            let pipes = ChildPipes {
+                go: go_rx,
+                filters: filters_rx,
+                survey: survey_rx,
+            };
+            let (code, err) = child_main(plan, procs, signals, pipes, cmd).unwrap_err();
             let mut tx = File::from(err_tx);
             let _ = tx.write_all(format!("{code} {err}").as_bytes());
             // SAFETY: _exit skips atexit handlers and destructors of the
@@ -251,18 +269,27 @@ pub fn launch(
         Forked::Parent(child) => child,
     };
     mark("forked");
-    drop((err_tx, procs, go_rx, filters_rx));
-    let filters = match prepare_filters(plan, cgroup.as_ref()) {
-        Ok(filters) => filters,
-        Err(e) => {
-            // The child never execs: it is waiting for the byte.
-            let _ = nix::sys::signal::kill(child, Signal::SIGKILL);
-            let _ = waitpid(child, None);
-            return Err(e); // the cgroup is removed on drop
+    drop((err_tx, procs, go_rx, filters_rx, survey_rx));
+    // While the child builds its namespaces, in the order it needs them:
+    // the seccomp filter (the command's process installs it first), the
+    // survey (the init's private /dev), the device filter (before exec).
+    let prepared = seccomp_filters(plan).and_then(|filters| {
+        let _ = File::from(filters_tx).write_all(&seccomp::encode(&filters));
+        if let Some(tx) = survey_tx {
+            send_survey(plan, tx);
         }
-    };
+        match &cgroup {
+            Some(c) => Ok(c.apply(&plan.policy)?),
+            None => Ok(()),
+        }
+    });
+    if let Err(e) = prepared {
+        // The child never execs: it is waiting for the byte.
+        let _ = nix::sys::signal::kill(child, Signal::SIGKILL);
+        let _ = waitpid(child, None);
+        return Err(e); // the cgroup is removed on drop
+    }
     let _ = File::from(go_tx).write_all(b"1");
-    let _ = File::from(filters_tx).write_all(&seccomp::encode(&filters));
     mark("filter-on");
 
     let setup_error = read_to_end(err_rx);
@@ -297,21 +324,43 @@ pub fn launch(
     }
 }
 
-/// The launcher's part while its child builds the mounts: the device
-/// filter on the slice cgroup, and the seccomp filter compiled (empty for
-/// `--privileged`).
-fn prepare_filters(
-    plan: &SandboxPlan,
-    cgroup: Option<&SliceCgroup>,
-) -> Result<Vec<seccompiler::BpfProgram>, LaunchError> {
-    if let Some(c) = cgroup {
-        c.apply(&plan.policy)?;
-    }
+/// The seccomp filter the command installs (none for `--privileged`).
+fn seccomp_filters(plan: &SandboxPlan) -> Result<Vec<seccompiler::BpfProgram>, LaunchError> {
     Ok(if plan.privileges.confined() {
         seccomp::compile()?
     } else {
         vec![]
     })
+}
+
+/// Walks the host `/dev` for the child's overlay and sends what it found.
+/// On an error nothing is sent, and the child walks `/dev` itself (and
+/// reports the error if it has it too).
+fn send_survey(plan: &SandboxPlan, to: OwnedFd) {
+    match devfs::Survey::of(&plan.root.dev(), &plan.policy) {
+        Ok(survey) => {
+            let _ = File::from(to).write_all(&survey.encode());
+        }
+        Err(e) => tracing::debug!("surveying /dev for the child: {e}"),
+    }
+}
+
+/// The pipes the child reads from the launcher.
+struct ChildPipes {
+    /// A byte once the device filter is on.
+    go: OwnedFd,
+    /// The seccomp filter ([`seccomp::encode`]).
+    filters: OwnedFd,
+    /// The host `/dev`'s survey ([`devfs::Survey::encode`]), when the
+    /// private `/dev` is an overlay.
+    survey: Option<OwnedFd>,
+}
+
+/// The launcher's survey of `/dev`, or None (the child then makes its own).
+fn receive_survey(from: Option<OwnedFd>) -> Option<devfs::Survey> {
+    let mut bytes = Vec::new();
+    File::from(from?).read_to_end(&mut bytes).ok()?;
+    devfs::Survey::decode(&bytes)
 }
 
 /// Forks the child: straight into the cgroup v2 directory when there is
@@ -358,15 +407,19 @@ fn child_main(
     plan: &SandboxPlan,
     procs: Option<File>,
     signals: &SignalGuard,
-    go: OwnedFd,
+    pipes: ChildPipes,
     cmd: &ChildCommand,
-    filters: OwnedFd,
 ) -> Result<std::convert::Infallible, (i32, String)> {
     let failed = |e: String| (EXIT_LAUNCH_FAILED, e);
     if plan.pid_namespace {
-        return init_main(plan, procs, signals, go, cmd, filters);
+        return init_main(plan, procs, signals, pipes, cmd);
     }
-    setup_child(plan, procs).map_err(failed)?;
+    let ChildPipes {
+        go,
+        filters,
+        survey,
+    } = pipes;
+    setup_child(plan, procs, survey).map_err(failed)?;
     mark("c-mounted");
     wait_for(go)?;
     mark("c-go");
@@ -414,11 +467,15 @@ fn init_main(
     plan: &SandboxPlan,
     procs: Option<File>,
     signals: &SignalGuard,
-    go: OwnedFd,
+    pipes: ChildPipes,
     cmd: &ChildCommand,
-    filters: OwnedFd,
 ) -> Result<std::convert::Infallible, (i32, String)> {
     let failed = |e: String| (EXIT_LAUNCH_FAILED, e);
+    let ChildPipes {
+        go,
+        filters,
+        survey,
+    } = pipes;
     join_cgroup(procs).map_err(failed)?;
     unshare_namespaces(plan).map_err(failed)?;
     let (ready_rx, ready_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
@@ -428,14 +485,14 @@ fn init_main(
     // run ordinary Rust code until it execs.
     let command = match unsafe { fork() }.map_err(|e| failed(format!("fork: {e}")))? {
         ForkResult::Child => {
-            drop((ready_tx, go));
+            drop((ready_tx, go, survey));
             // An error goes the launcher's way, as the init's would.
             return command_main(plan, ready_rx, cmd, &signals.old_mask, filters);
         }
         ForkResult::Parent { child } => child,
     };
     drop((ready_rx, filters));
-    build_mounts(plan).map_err(failed)?;
+    build_mounts(plan, survey).map_err(failed)?;
     mark("c-mounted");
     wait_for(go)?;
     mark("c-go");
@@ -560,10 +617,14 @@ fn exec_command(
 }
 
 /// Steps 1–3.
-fn setup_child(plan: &SandboxPlan, procs: Option<File>) -> Result<(), String> {
+fn setup_child(
+    plan: &SandboxPlan,
+    procs: Option<File>,
+    survey: Option<OwnedFd>,
+) -> Result<(), String> {
     join_cgroup(procs)?;
     if plan.mount_namespace() {
-        enter_mount_namespace(plan)?;
+        enter_mount_namespace(plan, survey)?;
     }
     Ok(())
 }
@@ -579,9 +640,9 @@ fn join_cgroup(procs: Option<File>) -> Result<(), String> {
     Ok(())
 }
 
-fn enter_mount_namespace(plan: &SandboxPlan) -> Result<(), String> {
+fn enter_mount_namespace(plan: &SandboxPlan, survey: Option<OwnedFd>) -> Result<(), String> {
     unshare_namespaces(plan)?;
-    build_mounts(plan)
+    build_mounts(plan, survey)
 }
 
 /// Step 2: the mount namespace (and cgroup and user namespaces), its
@@ -614,7 +675,7 @@ fn unshare_namespaces(plan: &SandboxPlan) -> Result<(), String> {
 }
 
 /// Step 3: the mounts, in the namespace [`unshare_namespaces`] made.
-fn build_mounts(plan: &SandboxPlan) -> Result<(), String> {
+fn build_mounts(plan: &SandboxPlan, survey: Option<OwnedFd>) -> Result<(), String> {
     // The mirror must get the host's exact modes; the child gets our umask back.
     let umask = nix::sys::stat::umask(nix::sys::stat::Mode::empty());
 
@@ -634,7 +695,8 @@ fn build_mounts(plan: &SandboxPlan) -> Result<(), String> {
             .map_err(|e| e.to_string())?;
         // No logging here: a forked child must not take the stderr lock
         // another thread of the parent may have held at fork.
-        devfs::mount_private_dev(&dev, &plan.policy, nodes).map_err(|e| e.to_string())?;
+        let surveyed = receive_survey(survey);
+        devfs::mount_private_dev(&dev, &plan.policy, nodes, surveyed).map_err(|e| e.to_string())?;
         mark("c-dev");
     }
     if let Some(params) = &plan.params_overlay {
