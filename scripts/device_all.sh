@@ -28,6 +28,8 @@
 #   integrity  issue 17: env -i / su nobody capped under --memory 20GiB --compute 30, a 30 % slice
 #              beside a board forger, the 30/70 pair over one shared window, GPT-2 small eager (batch 8 and 16) and compiled at 50 % with
 #              the GPU-busy fraction the meter sees at 100 % (~330 s; INTEGRITY_STEPS picks steps)
+#   procutil   issue 17 diagnosis, no gpuslice: two GEMM processes time-sliced (one at ~30 % duty),
+#              event-timed GPU time vs NVML per-process smUtil (device_procutil.py, ~40 s)
 #   users      issue 15: torch/jax/cupy on --gpus 0 as --user nobody, none of them see a GPU with
 #              --gpus none (root and nobody), a mknod'ed alias of /dev/nvidia0 hidden by number (~60 s)
 #   boundary   issue 15: the adversarial suite's attacks against the real driver with --gpus none under
@@ -99,6 +101,9 @@ part_gpt2() {
 part_gemmcap() {
     bounded 120 python3 scripts/device_gemm_cap.py "$work/gemm-cap.json"
 }
+part_procutil() {
+    bounded 90 python3 scripts/device_procutil.py "$work/procutil.json"
+}
 part_cdi() {
     bounded 60 python3 scripts/device_cdi.py "$work"
 }
@@ -163,7 +168,7 @@ part_doctor() {
 # parts that finished.
 collect() {
     tar czf "$out/results.tgz" -C "$work" .
-    for f in launch-phases.json memphys.json hostpid.json gpt2.json gpt2-perf.json gemm-cap.json isolation.json launch-none.json layout.json doctor.json cdi.json exporter.json plugin.json compute.json compute-diag.json compute-trace.json users.json integrity.json boundary.json launch-boundary.json; do
+    for f in launch-phases.json memphys.json hostpid.json gpt2.json gpt2-perf.json gemm-cap.json procutil.json isolation.json launch-none.json layout.json doctor.json cdi.json exporter.json plugin.json compute.json compute-diag.json compute-trace.json users.json integrity.json boundary.json launch-boundary.json; do
         [ -f "$work/$f" ] && cp "$work/$f" "$out/"
     done
 }
