@@ -645,8 +645,7 @@ fn enter_mount_namespace(plan: &SandboxPlan, survey: Option<OwnedFd>) -> Result<
     build_mounts(plan, survey)
 }
 
-/// Step 2: the mount namespace (and cgroup and user namespaces), its
-/// mounts made slaves of the host's.
+/// Step 2: the mount namespace (and cgroup and user namespaces).
 fn unshare_namespaces(plan: &SandboxPlan) -> Result<(), String> {
     let mut flags = CloneFlags::CLONE_NEWNS;
     if plan.user_namespace {
@@ -662,7 +661,15 @@ fn unshare_namespaces(plan: &SandboxPlan) -> Result<(), String> {
     if plan.user_namespace {
         crate::userns::map_self().map_err(|e| e.to_string())?;
     }
-    // Our mounts must not propagate back to the host.
+    Ok(())
+}
+
+/// Step 3: the mounts, in the namespace [`unshare_namespaces`] made.
+fn build_mounts(plan: &SandboxPlan, survey: Option<OwnedFd>) -> Result<(), String> {
+    // Our mounts must not propagate back to the host. Made here, not with
+    // the namespace, so the command's process (which has no mounts to
+    // make) is forked a step earlier: it shares the namespace and execs
+    // only once the init is done.
     nix::mount::mount(
         None::<&str>,
         "/",
@@ -671,11 +678,6 @@ fn unshare_namespaces(plan: &SandboxPlan) -> Result<(), String> {
         None::<&str>,
     )
     .map_err(|e| format!("making / a slave mount: {e}"))?;
-    Ok(())
-}
-
-/// Step 3: the mounts, in the namespace [`unshare_namespaces`] made.
-fn build_mounts(plan: &SandboxPlan, survey: Option<OwnedFd>) -> Result<(), String> {
     // The mirror must get the host's exact modes; the child gets our umask back.
     let umask = nix::sys::stat::umask(nix::sys::stat::Mode::empty());
 
