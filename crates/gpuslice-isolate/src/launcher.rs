@@ -325,7 +325,7 @@ pub fn launch(
 }
 
 /// The seccomp filter the command installs (none for `--privileged`).
-fn seccomp_filters(plan: &SandboxPlan) -> Result<Vec<seccompiler::BpfProgram>, LaunchError> {
+fn seccomp_filters(plan: &SandboxPlan) -> Result<Vec<seccomp::BpfProgram>, LaunchError> {
     Ok(if plan.privileges.confined() {
         seccomp::compile()?
     } else {
@@ -432,10 +432,7 @@ fn child_main(
 /// The seccomp filter the launcher compiled: all of it, and for a
 /// confined command at least one program (a launcher gone before sending
 /// it must not leave the command unfiltered).
-fn receive_filters(
-    plan: &SandboxPlan,
-    from: OwnedFd,
-) -> Result<Vec<seccompiler::BpfProgram>, String> {
+fn receive_filters(plan: &SandboxPlan, from: OwnedFd) -> Result<Vec<seccomp::BpfProgram>, String> {
     let mut bytes = Vec::new();
     File::from(from)
         .read_to_end(&mut bytes)
@@ -547,7 +544,7 @@ fn command_main(
 
 /// Steps 5–9: descriptors, capabilities around the user switch,
 /// no_new_privs, seccomp.
-fn confine(plan: &SandboxPlan, filters: &[seccompiler::BpfProgram]) -> Result<(), String> {
+fn confine(plan: &SandboxPlan, filters: &[seccomp::BpfProgram]) -> Result<(), String> {
     let kept = plan.privileges.kept();
     if plan.privileges.confined() {
         fds::close_on_exec_beyond(plan.preserve_fds).map_err(|e| e.to_string())?;

@@ -1,4 +1,5 @@
-//! The seccomp filter of a confined command, built with `seccompiler`.
+//! The seccomp filter of a confined command, built with libseccomp (the
+//! `libseccomp` crate over the C library, linked statically).
 //!
 //! A deny list (the rest is allowed), as docker's default profile is in
 //! effect for these calls: each denied call returns EPERM, so a program
@@ -16,29 +17,37 @@
 //! cannot read, and ENOSYS makes glibc fall back to `clone`, whose flags
 //! the filter checks.
 //!
-//! Only the native ABI passes (seccompiler kills a call made through
-//! another, such as i386's `int 0x80`); x32 is not compiled into the
-//! kernels we run on (`CONFIG_X86_X32_ABI` off on Ubuntu) — see
-//! docs/security.md.
+//! Only the native ABI passes (a call made through another, such as
+//! i386's `int 0x80`, kills the thread; libseccomp's x86-64 filter also
+//! refuses x32 numbers) — see docs/security.md.
 //!
-//! The filter is compiled in the launcher, before the fork, and installed
-//! by the child as its last step before exec (after the mounts, the user
-//! switch and the capability drop, which use some of these calls).
+//! One program, its calls in a binary tree (libseccomp's
+//! `SCMP_FLTATR_CTL_OPTIMIZE` level 2): when a filter is installed the
+//! kernel runs it for every system call number to build its action cache,
+//! so an install costs about the number of calls times the length of the
+//! path through the filter. seccompiler's linear chain of ~50 calls (two
+//! programs, 324 + 10 instructions) made the install the slowest step on
+//! the command's way to exec; bench/README.md (issue 15) has the figures.
+//!
+//! The filter is compiled in the launcher, after the fork, while the
+//! child makes its namespaces, and installed by the command's process as
+//! its last step before exec (after the user switch and the capability
+//! drop, which use some of these calls).
 
-use seccompiler::{
-    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
-    SeccompRule, TargetArch,
-};
-use std::collections::BTreeMap;
+use libseccomp::{ScmpAction, ScmpArgCompare, ScmpCompareOp, ScmpFilterContext, ScmpSyscall};
+use std::io::Read;
+
+/// A classic BPF program, as the kernel takes it.
+pub type BpfProgram = Vec<libc::sock_filter>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SeccompError {
-    #[error("seccomp filter: this architecture ({0}) is not supported by seccompiler; use --privileged to run without the filter")]
-    Arch(&'static str),
-    #[error("building the seccomp filter: {0}")]
-    Build(#[from] seccompiler::BackendError),
+    #[error("building the seccomp filter with libseccomp: {0}")]
+    Build(#[from] libseccomp::error::SeccompError),
+    #[error("exporting the seccomp filter: {0}")]
+    Export(std::io::Error),
     #[error("installing the seccomp filter: {0}")]
-    Install(#[from] seccompiler::Error),
+    Install(std::io::Error),
     #[error("the seccomp filter did not arrive whole from the launcher")]
     Transfer,
 }
@@ -119,45 +128,54 @@ const NAMESPACE_FLAGS: &[libc::c_int] = &[
     0x80, // CLONE_NEWTIME
 ];
 
-/// The confined command's filters: denied calls (EPERM), then `clone3`
-/// (ENOSYS). Two programs because a seccompiler filter has one action
-/// for every match; the kernel runs both on every call.
+/// The confined command's filter: the denied calls get EPERM, `clone` with
+/// a namespace flag EPERM, `clone3` ENOSYS, everything else passes. One
+/// program (returned in a list: the pipe's format carries any number).
 pub fn compile() -> Result<Vec<BpfProgram>, SeccompError> {
-    let arch = TargetArch::try_from(std::env::consts::ARCH)
-        .map_err(|_| SeccompError::Arch(std::env::consts::ARCH))?;
-    let mut denied: BTreeMap<i64, Vec<SeccompRule>> =
-        DENIED.iter().map(|&nr| (nr, vec![])).collect();
-    denied.insert(libc::SYS_clone, clone_with_namespaces()?);
-    let deny = SeccompFilter::new(
-        denied,
-        SeccompAction::Allow,
-        SeccompAction::Errno(libc::EPERM as u32),
-        arch,
-    )?;
-    let clone3 = SeccompFilter::new(
-        [(libc::SYS_clone3, vec![])].into(),
-        SeccompAction::Allow,
-        SeccompAction::Errno(libc::ENOSYS as u32),
-        arch,
-    )?;
-    Ok(vec![deny.try_into()?, clone3.try_into()?])
+    let mut ctx = ScmpFilterContext::new(ScmpAction::Allow)?;
+    ctx.set_ctl_optimize(2)?;
+    let eperm = ScmpAction::Errno(libc::EPERM);
+    for &nr in DENIED {
+        ctx.add_rule(eperm, syscall(nr))?;
+    }
+    // Rules of a call are or-ed: one per namespace flag in clone's first
+    // argument (the flags on every architecture we build for).
+    for &flag in NAMESPACE_FLAGS {
+        let flag = flag as u64;
+        let cmp = ScmpArgCompare::new(0, ScmpCompareOp::MaskedEqual(flag), flag);
+        ctx.add_rule_conditional(eperm, syscall(libc::SYS_clone), &[cmp])?;
+    }
+    ctx.add_rule(ScmpAction::Errno(libc::ENOSYS), syscall(libc::SYS_clone3))?;
+    Ok(vec![export(&ctx)?])
 }
 
-/// One rule per namespace flag (rules of a call are or-ed): the flags
-/// are `clone`'s first argument on every architecture we build for.
-fn clone_with_namespaces() -> Result<Vec<SeccompRule>, seccompiler::BackendError> {
-    NAMESPACE_FLAGS
-        .iter()
-        .map(|&flag| {
-            let flag = flag as u64;
-            SeccompRule::new(vec![SeccompCondition::new(
-                0,
-                SeccompCmpArgLen::Qword,
-                SeccompCmpOp::MaskedEq(flag),
-                flag,
-            )?])
+fn syscall(nr: libc::c_long) -> ScmpSyscall {
+    // System call numbers fit an i32 on every architecture.
+    ScmpSyscall::from(nr as i32)
+}
+
+/// The program libseccomp generated, read back through a pipe
+/// (`seccomp_export_bpf`; the in-memory export needs libseccomp 2.6).
+fn export(ctx: &ScmpFilterContext) -> Result<BpfProgram, SeccompError> {
+    let (rx, tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(|e| SeccompError::Export(e.into()))?;
+    // A filter of a few hundred instructions fits the pipe's buffer.
+    ctx.export_bpf(&tx)?;
+    drop(tx);
+    let mut bytes = Vec::new();
+    std::fs::File::from(rx)
+        .read_to_end(&mut bytes)
+        .map_err(SeccompError::Export)?;
+    // Native-endian `struct sock_filter`s: code u16, jt u8, jf u8, k u32.
+    Ok(bytes
+        .chunks_exact(8)
+        .map(|c| libc::sock_filter {
+            code: u16::from_ne_bytes([c[0], c[1]]),
+            jt: c[2],
+            jf: c[3],
+            k: u32::from_ne_bytes([c[4], c[5], c[6], c[7]]),
         })
-        .collect()
+        .collect())
 }
 
 /// `filters` as bytes for the pipe from the launcher to its child, which
@@ -188,7 +206,7 @@ pub fn decode(mut bytes: &[u8]) -> Result<Vec<BpfProgram>, SeccompError> {
         let body = rest.get(..len * 8).ok_or(SeccompError::Transfer)?;
         filters.push(
             body.chunks_exact(8)
-                .map(|c| seccompiler::sock_filter {
+                .map(|c| libc::sock_filter {
                     code: u16::from_le_bytes([c[0], c[1]]),
                     jt: c[2],
                     jf: c[3],
@@ -204,8 +222,25 @@ pub fn decode(mut bytes: &[u8]) -> Result<Vec<BpfProgram>, SeccompError> {
 /// Installs `filters` on the calling thread (sets no_new_privs first, as
 /// the kernel requires without CAP_SYS_ADMIN). The child is single-threaded.
 pub fn install(filters: &[BpfProgram]) -> Result<(), SeccompError> {
+    nix::sys::prctl::set_no_new_privs().map_err(|e| SeccompError::Install(e.into()))?;
     for f in filters {
-        seccompiler::apply_filter(f)?;
+        let prog = libc::sock_fprog {
+            len: u16::try_from(f.len()).map_err(|_| SeccompError::Transfer)?,
+            filter: f.as_ptr().cast_mut(),
+        };
+        // SAFETY: `prog` points at `f`'s instructions, alive for the call;
+        // the kernel copies the program and checks it before installing.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_seccomp,
+                libc::SECCOMP_SET_MODE_FILTER,
+                0,
+                &prog as *const libc::sock_fprog,
+            )
+        };
+        if rc != 0 {
+            return Err(SeccompError::Install(std::io::Error::last_os_error()));
+        }
     }
     Ok(())
 }
@@ -285,5 +320,38 @@ mod tests {
         assert_eq!(errno_under_filter(umount_nonexistent), libc::EPERM);
         // getpid is allowed: the filter is a deny list.
         assert_eq!(errno_under_filter(getpid_ok), 0);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn x32_numbers_are_refused_even_where_the_kernel_lacks_x32() {
+        let filters = compile().unwrap();
+        // SAFETY: the child only makes raw syscalls and _exits.
+        match unsafe { nix::unistd::fork() }.unwrap() {
+            nix::unistd::ForkResult::Child => {
+                if install(&filters).is_err() {
+                    // SAFETY: _exit in the forked child.
+                    unsafe { libc::_exit(255) }
+                }
+                // getpid under the x32 numbering: unfiltered, the kernel
+                // would answer ENOSYS (no x32) or run it.
+                // SAFETY: getpid takes nothing.
+                unsafe { libc::syscall(0x4000_0000 | libc::SYS_getpid) };
+                // SAFETY: _exit in the forked child.
+                unsafe { libc::_exit(0) }
+            }
+            nix::unistd::ForkResult::Parent { child } => {
+                let status = nix::sys::wait::waitpid(child, None).unwrap();
+                assert_eq!(
+                    status,
+                    nix::sys::wait::WaitStatus::Signaled(
+                        child,
+                        nix::sys::signal::Signal::SIGSYS,
+                        false
+                    ),
+                    "an x32 call must be killed by the filter"
+                );
+            }
+        }
     }
 }
