@@ -34,10 +34,12 @@ pub enum ApiError {
     },
     #[error("{url}: {why}")]
     Transport { url: String, why: String },
-    #[error("{url}: not a ResourceClaim: {why}")]
+    #[error("{url}: bad object: {why}")]
     Decode { url: String, why: String },
     #[error("API server URL {0:?}: expected http(s)://HOST[:PORT] (e.g. https://10.96.0.1:443, or http://127.0.0.1:PORT for a test double)")]
     Url(String),
+    #[error("API server URL {0:?}: a bearer token goes over plain HTTP only to a loopback address (a local test double); use https://")]
+    PlainHttpToken(String),
     #[error("--token-file {0}: {1} (expected a file holding a bearer token)")]
     Token(PathBuf, String),
     /// No `--api-server`, and neither a kubeconfig nor the in-cluster
@@ -82,6 +84,11 @@ impl ApiTarget {
                 ));
             }
         }
+        if let (Some(url), Some(_)) = (&api_server, token_file) {
+            if url.scheme_str() == Some("http") && !is_loopback(url) {
+                return Err(ApiError::PlainHttpToken(url.to_string()));
+            }
+        }
         Ok(ApiTarget {
             api_server,
             token_file: token_file.map(Path::to_path_buf),
@@ -124,6 +131,16 @@ fn parse_url(s: &str) -> Result<http::Uri, ApiError> {
         return Err(bad());
     }
     Ok(uri)
+}
+
+/// Whether the URL's host is `localhost` or a loopback address.
+fn is_loopback(url: &http::Uri) -> bool {
+    let host = url.host().unwrap_or_default();
+    let ip = host.trim_start_matches('[').trim_end_matches(']');
+    host == "localhost"
+        || ip
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|a| a.is_loopback())
 }
 
 /// `resource.k8s.io/v1` through kube-rs (see the module docs).
@@ -468,6 +485,32 @@ mod tests {
                 "{e}"
             );
             assert!(!e.contains('\n'));
+        }
+    }
+
+    #[test]
+    fn a_token_goes_over_plain_http_only_to_loopback() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, "t").unwrap();
+        for ok in [
+            "http://127.0.0.1:8080",
+            "http://localhost:1",
+            "http://[::1]:2",
+            "https://10.0.0.1",
+        ] {
+            ApiTarget::new(Some(ok), Some(&token)).unwrap();
+        }
+        for leak in [
+            "http://10.0.0.1:8080",
+            "http://kubernetes.default.svc",
+            "http://127.0.0.1.evil.example",
+        ] {
+            let e = ApiTarget::new(Some(leak), Some(&token)).unwrap_err();
+            assert!(matches!(e, ApiError::PlainHttpToken(_)), "{leak}: {e:?}");
+            assert!(e.to_string().contains("use https://"), "{e}");
+            // Without a token there is nothing to leak.
+            ApiTarget::new(Some(leak), None).unwrap();
         }
     }
 
