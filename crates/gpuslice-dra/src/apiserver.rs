@@ -1,18 +1,24 @@
 //! The API server calls the driver makes, behind [`ClaimSource`] and
 //! [`SliceApi`] so the driver is tested against a local test double
 //! (`gpuslice_testkit::fakeapi`): claims are read with GET; ResourceSlices
-//! are listed, watched (one JSON event a line, bookmarks, 410 Gone) and
-//! written.
+//! are listed, watched (bookmarks, 410 Gone) and written.
 //!
-//! [`HttpApi`] is the implementation for a real control plane, over plain
-//! HTTP/1.1: it reaches an API server through `kubectl proxy` or another
-//! authenticating proxy on the node (a bearer token is sent when given).
-//! It does not speak TLS: in-cluster access with the service account's
-//! CA and token (kube-rs) is not done yet (docs/dra.md).
+//! [`KubeApi`] implements them with a kube-rs [`kube::Client`] (rustls,
+//! no OpenSSL). [`ApiTarget`] says where it connects and as whom:
+//! - by default [`kube::Config::infer`]: a kubeconfig (`$KUBECONFIG`,
+//!   `~/.kube/config`) if there is one, else the pod's service account
+//!   (`KUBERNETES_SERVICE_HOST`/`_PORT`, the token and CA under
+//!   `/var/run/secrets/kubernetes.io/serviceaccount/`, both re-read as
+//!   they rotate): TLS verified against the cluster CA, the driver's own
+//!   RBAC rights;
+//! - `--api-server URL` (`https://…` verified against the system roots, or
+//!   `http://…` for a test double) and `--token-file` instead (the token
+//!   is re-read as it rotates).
 
-use http_body_util::{BodyExt, Full};
-use hyper::body::Bytes;
+use futures_util::TryStreamExt;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use kube::api::{Api, DeleteParams, ListParams, PostParams, WatchParams};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 use thiserror::Error;
 
@@ -28,10 +34,18 @@ pub enum ApiError {
     },
     #[error("{url}: {why}")]
     Transport { url: String, why: String },
-    #[error("{url}: not a ResourceClaim: {why}")]
+    #[error("{url}: bad object: {why}")]
     Decode { url: String, why: String },
-    #[error("API server URL {0:?}: only http://HOST:PORT is supported (e.g. kubectl proxy's http://127.0.0.1:8001)")]
+    #[error("API server URL {0:?}: expected http(s)://HOST[:PORT] (e.g. https://10.96.0.1:443, or http://127.0.0.1:PORT for a test double)")]
     Url(String),
+    #[error("API server URL {0:?}: a bearer token goes over plain HTTP only to a loopback address (a local test double); use https://")]
+    PlainHttpToken(String),
+    #[error("--token-file {0}: {1} (expected a file holding a bearer token)")]
+    Token(PathBuf, String),
+    /// No `--api-server`, and neither a kubeconfig nor the in-cluster
+    /// service account is there.
+    #[error("finding the API server: no kubeconfig ($KUBECONFIG, ~/.kube/config) and no in-cluster service account (KUBERNETES_SERVICE_HOST, /var/run/secrets/kubernetes.io/serviceaccount/): {0}")]
+    Config(String),
 }
 
 /// The claim calls the driver makes.
@@ -41,77 +55,208 @@ pub trait ClaimSource: Send + Sync {
     async fn get_claim(&self, namespace: &str, name: &str) -> Result<ResourceClaim, ApiError>;
 }
 
-/// `resource.k8s.io/v1` over plain HTTP (see the module docs).
-#[derive(Debug, Clone)]
-pub struct HttpApi {
-    authority: String,
-    token: Option<String>,
+/// Where the API server is and which credentials the driver shows it
+/// (see the module docs), checked before anything connects.
+#[derive(Debug, Clone, Default)]
+pub struct ApiTarget {
+    api_server: Option<http::Uri>,
+    token_file: Option<PathBuf>,
+}
+
+impl ApiTarget {
+    /// `api_server` None: [`kube::Config::infer`]. A bad URL or an
+    /// unreadable or empty token file is an error here.
+    pub fn new(api_server: Option<&str>, token_file: Option<&Path>) -> Result<Self, ApiError> {
+        let api_server = api_server.map(parse_url).transpose()?;
+        if let Some(f) = token_file {
+            let token = std::fs::read_to_string(f)
+                .map_err(|e| ApiError::Token(f.to_path_buf(), e.to_string()))?;
+            if token.trim().is_empty() {
+                return Err(ApiError::Token(f.to_path_buf(), "empty".into()));
+            }
+            // kube-rs sends (and, as it rotates, re-reads) the file as it
+            // is, where client-go trims it: a newline would make every
+            // request fail.
+            if token.trim() != token {
+                return Err(ApiError::Token(
+                    f.to_path_buf(),
+                    "the token has whitespace around it (a trailing newline? write it with printf %s)".into(),
+                ));
+            }
+        }
+        if let (Some(url), Some(_)) = (&api_server, token_file) {
+            if url.scheme_str() == Some("http") && !is_loopback(url) {
+                return Err(ApiError::PlainHttpToken(url.to_string()));
+            }
+        }
+        Ok(ApiTarget {
+            api_server,
+            token_file: token_file.map(Path::to_path_buf),
+        })
+    }
+
+    /// The client. Must run on the tokio runtime that will use it (the
+    /// client's request queue is a task there).
+    pub async fn connect(&self) -> Result<KubeApi, ApiError> {
+        let config = match &self.api_server {
+            Some(url) => kube::Config::new(url.clone()),
+            None => kube::Config::infer()
+                .await
+                .map_err(|e| ApiError::Config(one_line(&e)))?,
+        };
+        self.client(config)
+    }
+
+    /// The client of `config` with the `--token-file` (re-read as it
+    /// rotates) in place of its credentials.
+    fn client(&self, mut config: kube::Config) -> Result<KubeApi, ApiError> {
+        if let Some(f) = &self.token_file {
+            config.auth_info = kube::config::AuthInfo {
+                token_file: Some(f.display().to_string()),
+                ..Default::default()
+            };
+        }
+        KubeApi::with_config(config)
+    }
+}
+
+/// `http(s)://HOST[:PORT]`, an optional path prefix (a proxy's), no query.
+fn parse_url(s: &str) -> Result<http::Uri, ApiError> {
+    let bad = || ApiError::Url(s.into());
+    let uri: http::Uri = s.parse().map_err(|_| bad())?;
+    let scheme_ok = matches!(uri.scheme_str(), Some("http" | "https"));
+    let host_ok = uri.host().is_some_and(|h| !h.is_empty());
+    let no_userinfo = uri.authority().is_some_and(|a| !a.as_str().contains('@'));
+    if !scheme_ok || !host_ok || !no_userinfo || uri.query().is_some() {
+        return Err(bad());
+    }
+    Ok(uri)
+}
+
+/// Whether the URL's host is `localhost` or a loopback address.
+fn is_loopback(url: &http::Uri) -> bool {
+    let host = url.host().unwrap_or_default();
+    let ip = host.trim_start_matches('[').trim_end_matches(']');
+    host == "localhost"
+        || ip
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|a| a.is_loopback())
+}
+
+/// `resource.k8s.io/v1` through kube-rs (see the module docs).
+#[derive(Clone)]
+pub struct KubeApi {
+    client: kube::Client,
+    /// The cluster URL, for error messages.
+    base: String,
     timeout: Duration,
 }
 
-impl HttpApi {
-    /// `base`: `http://HOST:PORT`.
-    pub fn new(base: &str, token: Option<String>) -> Result<Self, ApiError> {
-        let authority = base
-            .strip_prefix("http://")
-            .map(|a| a.trim_end_matches('/'))
-            .filter(|a| !a.is_empty() && !a.contains('/'))
-            .ok_or_else(|| ApiError::Url(base.into()))?;
-        Ok(HttpApi {
-            authority: authority.into(),
-            token,
+impl std::fmt::Debug for KubeApi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeApi").field("base", &self.base).finish()
+    }
+}
+
+impl KubeApi {
+    /// A client of the API server at `url` (`--api-server`), with the
+    /// bearer token in `token_file`. Must run inside a tokio runtime.
+    pub fn new(url: &str, token_file: Option<&Path>) -> Result<Self, ApiError> {
+        let target = ApiTarget::new(Some(url), token_file)?;
+        let url = target.api_server.clone().ok_or(ApiError::Url(url.into()))?;
+        target.client(kube::Config::new(url))
+    }
+
+    fn with_config(config: kube::Config) -> Result<Self, ApiError> {
+        let base = config.cluster_url.to_string().trim_end_matches('/').into();
+        let client = kube::Client::try_from(config).map_err(|e| ApiError::Transport {
+            url: String::new(),
+            why: format!("building the API client: {}", one_line(&e)),
+        })?;
+        Ok(KubeApi {
+            client,
+            base,
             timeout: Duration::from_secs(10),
         })
     }
 
-    async fn get(&self, path: &str) -> Result<(u16, Bytes), String> {
-        self.send(hyper::Method::GET, path, None).await
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
     }
 
-    async fn send(
-        &self,
-        method: hyper::Method,
-        path: &str,
-        body: Option<Vec<u8>>,
-    ) -> Result<(u16, Bytes), String> {
-        let (status, body) = self.open(method, path, body).await?;
-        let body = body.collect().await.map_err(|e| e.to_string())?.to_bytes();
-        Ok((status, body))
+    fn slices(&self) -> Api<ResourceSlice> {
+        Api::all(self.client.clone())
     }
 
-    /// Sends a request; the answer's status and its body, unread (a
-    /// watch streams it).
-    async fn open(
+    /// Runs a call bounded by the timeout; kube's errors as ours.
+    async fn call<T>(
         &self,
-        method: hyper::Method,
         path: &str,
-        body: Option<Vec<u8>>,
-    ) -> Result<(u16, hyper::body::Incoming), String> {
-        let stream = tokio::net::TcpStream::connect(&self.authority)
-            .await
-            .map_err(|e| e.to_string())?;
-        let (mut tx, conn) =
-            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-                .await
-                .map_err(|e| e.to_string())?;
-        tokio::spawn(conn);
-        let mut req = hyper::Request::builder()
-            .method(method)
-            .uri(path)
-            .header(hyper::header::HOST, &self.authority)
-            .header(hyper::header::ACCEPT, "application/json");
-        if let Some(t) = &self.token {
-            req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {t}"));
+        call: impl std::future::Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, ApiError> {
+        match tokio::time::timeout(self.timeout, call).await {
+            Err(_) => Err(ApiError::Transport {
+                url: self.url(path),
+                why: format!("no answer in {:?}", self.timeout),
+            }),
+            Ok(r) => r.map_err(|e| self.error(path, e)),
         }
-        if body.is_some() {
-            req = req.header(hyper::header::CONTENT_TYPE, "application/json");
-        }
-        let req = req
-            .body(Full::new(Bytes::from(body.unwrap_or_default())))
-            .map_err(|e| e.to_string())?;
-        let resp = tx.send_request(req).await.map_err(|e| e.to_string())?;
-        Ok((resp.status().as_u16(), resp.into_body()))
     }
+
+    fn error(&self, path: &str, e: kube::Error) -> ApiError {
+        let url = self.url(path);
+        match e {
+            kube::Error::Api(s) => ApiError::Status {
+                url,
+                status: s.code,
+                body: s.message.chars().take(200).collect(),
+            },
+            kube::Error::SerdeError(e) => ApiError::Decode {
+                url,
+                why: e.to_string(),
+            },
+            e => ApiError::Transport {
+                url,
+                why: one_line(&e),
+            },
+        }
+    }
+
+    async fn write_slice(
+        &self,
+        path: &str,
+        s: &ResourceSlice,
+        create: bool,
+    ) -> Result<ResourceSlice, SliceWriteError> {
+        let name = s.metadata.name.clone().unwrap_or_default();
+        let pp = PostParams::default();
+        let api = self.slices();
+        let r = if create {
+            self.call(path, api.create(&pp, s)).await
+        } else {
+            self.call(path, api.replace(&name, &pp, s)).await
+        };
+        r.map_err(|e| match e {
+            ApiError::Status {
+                status: 409, body, ..
+            } => SliceWriteError::Conflict(name, body),
+            e => e.into(),
+        })
+    }
+}
+
+/// An error and its sources on one line.
+fn one_line(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        let m = s.to_string();
+        if !out.contains(&m) {
+            out = format!("{out}: {m}");
+        }
+        src = s.source();
+    }
+    out.replace('\n', " ")
 }
 
 /// The path of a claim: namespace and name must be DNS names (no `/`).
@@ -120,10 +265,9 @@ pub fn claim_path(namespace: &str, name: &str) -> String {
 }
 
 #[tonic::async_trait]
-impl ClaimSource for HttpApi {
+impl ClaimSource for KubeApi {
     async fn get_claim(&self, namespace: &str, name: &str) -> Result<ResourceClaim, ApiError> {
         let path = claim_path(namespace, name);
-        let url = format!("http://{}{path}", self.authority);
         let valid = |s: &str| {
             !s.is_empty()
                 && s.bytes()
@@ -131,31 +275,16 @@ impl ClaimSource for HttpApi {
         };
         if !valid(namespace) || !valid(name) {
             return Err(ApiError::Decode {
-                url,
+                url: self.url(&path),
                 why: "namespace and name must be DNS names".into(),
             });
         }
-        let (status, body) = tokio::time::timeout(self.timeout, self.get(&path))
-            .await
-            .map_err(|_| ApiError::Transport {
-                url: url.clone(),
-                why: format!("no answer in {:?}", self.timeout),
-            })?
-            .map_err(|why| ApiError::Transport {
-                url: url.clone(),
-                why,
-            })?;
-        match status {
-            200 => serde_json::from_slice(&body).map_err(|e| ApiError::Decode {
-                url,
-                why: e.to_string(),
-            }),
-            404 => Err(ApiError::NotFound(namespace.into(), name.into())),
-            s => Err(ApiError::Status {
-                url,
-                status: s,
-                body: String::from_utf8_lossy(&body).chars().take(200).collect(),
-            }),
+        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), namespace);
+        match self.call(&path, api.get(name)).await {
+            Err(ApiError::Status { status: 404, .. }) => {
+                Err(ApiError::NotFound(namespace.into(), name.into()))
+            }
+            r => r,
         }
     }
 }
@@ -233,75 +362,22 @@ pub trait SliceApi: Send + Sync {
 
 /// How long the server is asked to keep a watch open; the watch is given
 /// up when nothing (not even a bookmark) came for [`WATCH_IDLE`].
-const WATCH_SECONDS: u64 = 290;
+const WATCH_SECONDS: u32 = 290;
 const WATCH_IDLE: Duration = Duration::from_secs(330);
 
 /// The collection path of ResourceSlices.
 pub const SLICES_PATH: &str = "/apis/resource.k8s.io/v1/resourceslices";
 
-impl HttpApi {
-    async fn call(
-        &self,
-        method: hyper::Method,
-        path: &str,
-        body: Option<Vec<u8>>,
-    ) -> Result<(u16, Bytes), ApiError> {
-        let url = format!("http://{}{path}", self.authority);
-        tokio::time::timeout(self.timeout, self.send(method, path, body))
-            .await
-            .map_err(|_| ApiError::Transport {
-                url: url.clone(),
-                why: format!("no answer in {:?}", self.timeout),
-            })?
-            .map_err(|why| ApiError::Transport { url, why })
-    }
-
-    fn status_error(&self, path: &str, status: u16, body: &[u8]) -> ApiError {
-        ApiError::Status {
-            url: format!("http://{}{path}", self.authority),
-            status,
-            body: String::from_utf8_lossy(body).chars().take(200).collect(),
-        }
-    }
-
-    async fn write_slice(
-        &self,
-        method: hyper::Method,
-        path: &str,
-        s: &ResourceSlice,
-    ) -> Result<ResourceSlice, SliceWriteError> {
-        let name = s.metadata.name.clone().unwrap_or_default();
-        let body = serde_json::to_vec(s).map_err(|e| ApiError::Decode {
-            url: path.into(),
-            why: e.to_string(),
-        })?;
-        let (status, bytes) = self.call(method, path, Some(body)).await?;
-        match status {
-            200 | 201 => serde_json::from_slice(&bytes).map_err(|e| {
-                SliceWriteError::Api(ApiError::Decode {
-                    url: path.into(),
-                    why: e.to_string(),
-                })
-            }),
-            409 => Err(SliceWriteError::Conflict(name, status_message(&bytes))),
-            st => Err(self.status_error(path, st, &bytes).into()),
-        }
-    }
+/// The field selector of this node's slices of this driver.
+fn slice_selector(node: &str, driver: &str) -> String {
+    format!("spec.nodeName={node},spec.driver={driver}")
 }
 
 #[tonic::async_trait]
-impl SliceApi for HttpApi {
+impl SliceApi for KubeApi {
     async fn list_slices(&self, node: &str, driver: &str) -> Result<SliceList, ApiError> {
-        let path = format!("{SLICES_PATH}?{}", slice_selector(node, driver));
-        let (status, bytes) = self.call(hyper::Method::GET, &path, None).await?;
-        if status != 200 {
-            return Err(self.status_error(&path, status, &bytes));
-        }
-        let list: k8s_openapi::List<ResourceSlice> =
-            serde_json::from_slice(&bytes).map_err(|e| ApiError::Decode {
-                url: path.clone(),
-                why: e.to_string(),
-            })?;
+        let lp = ListParams::default().fields(&slice_selector(node, driver));
+        let list = self.call(SLICES_PATH, self.slices().list(&lp)).await?;
         Ok(SliceList {
             items: list.items,
             resource_version: list.metadata.resource_version.unwrap_or_default(),
@@ -315,138 +391,67 @@ impl SliceApi for HttpApi {
         resource_version: &str,
         on_event: &mut (dyn FnMut(WatchEvent) + Send),
     ) -> Result<WatchEnd, ApiError> {
-        let path = format!(
-            "{SLICES_PATH}?{}&watch=true&allowWatchBookmarks=true&timeoutSeconds={WATCH_SECONDS}&resourceVersion={}",
-            slice_selector(node, driver),
-            query_escape(resource_version)
-        );
-        let url = format!("http://{}{path}", self.authority);
-        let transport = |why: String| ApiError::Transport {
-            url: url.clone(),
-            why,
+        let wp = WatchParams::default()
+            .fields(&slice_selector(node, driver))
+            .timeout(WATCH_SECONDS);
+        debug_assert!(wp.bookmarks);
+        let api = self.slices();
+        let stream = match self
+            .call(SLICES_PATH, api.watch(&wp, resource_version))
+            .await
+        {
+            Ok(s) => s,
+            Err(ApiError::Status { status: 410, .. }) => return Ok(WatchEnd::Gone),
+            Err(e) => return Err(e),
         };
-        let (status, mut body) =
-            tokio::time::timeout(self.timeout, self.open(hyper::Method::GET, &path, None))
-                .await
-                .map_err(|_| transport(format!("no answer in {:?}", self.timeout)))?
-                .map_err(transport)?;
-        match status {
-            200 => {}
-            410 => return Ok(WatchEnd::Gone),
-            st => {
-                let bytes = body
-                    .collect()
-                    .await
-                    .map(|b| b.to_bytes())
-                    .unwrap_or_default();
-                return Err(self.status_error(&path, st, &bytes));
-            }
-        }
-        // One JSON object a line.
-        let mut buf: Vec<u8> = Vec::new();
+        let mut stream = std::pin::pin!(stream);
         loop {
-            let frame = match tokio::time::timeout(WATCH_IDLE, body.frame()).await {
-                Err(_) => return Err(transport(format!("nothing for {WATCH_IDLE:?}"))),
-                Ok(None) => return Ok(WatchEnd::Closed),
-                Ok(Some(f)) => f.map_err(|e| transport(e.to_string()))?,
-            };
-            let Ok(data) = frame.into_data() else {
-                continue;
-            };
-            buf.extend_from_slice(&data);
-            while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
-                let line: Vec<u8> = buf.drain(..=nl).collect();
-                if line.iter().all(u8::is_ascii_whitespace) {
-                    continue;
+            let next = tokio::time::timeout(WATCH_IDLE, stream.try_next())
+                .await
+                .map_err(|_| ApiError::Transport {
+                    url: self.url(SLICES_PATH),
+                    why: format!("watch: nothing for {WATCH_IDLE:?}"),
+                })?
+                .map_err(|e| self.error(SLICES_PATH, e))?;
+            use kube::api::WatchEvent as Ev;
+            match next {
+                None => return Ok(WatchEnd::Closed),
+                Some(Ev::Added(s) | Ev::Modified(s) | Ev::Deleted(s)) => {
+                    on_event(WatchEvent::Changed(Box::new(s)))
                 }
-                let ev = watch_event(&line).map_err(|why| ApiError::Decode {
-                    url: url.clone(),
-                    why,
-                })?;
-                match ev {
-                    Some(ev) => on_event(ev),
-                    None => return Ok(WatchEnd::Gone),
+                Some(Ev::Bookmark(b)) => {
+                    on_event(WatchEvent::Bookmark(b.metadata.resource_version))
+                }
+                Some(Ev::Error(s)) if s.code == 410 => return Ok(WatchEnd::Gone),
+                Some(Ev::Error(s)) => {
+                    return Err(ApiError::Status {
+                        url: self.url(SLICES_PATH),
+                        status: s.code,
+                        body: format!("watch error: {}", s.message),
+                    })
                 }
             }
         }
     }
 
     async fn create_slice(&self, s: &ResourceSlice) -> Result<ResourceSlice, SliceWriteError> {
-        self.write_slice(hyper::Method::POST, SLICES_PATH, s).await
+        self.write_slice(SLICES_PATH, s, true).await
     }
 
     async fn update_slice(&self, s: &ResourceSlice) -> Result<ResourceSlice, SliceWriteError> {
         let name = s.metadata.name.as_deref().unwrap_or_default();
-        self.write_slice(hyper::Method::PUT, &format!("{SLICES_PATH}/{name}"), s)
+        self.write_slice(&format!("{SLICES_PATH}/{name}"), s, false)
             .await
     }
 
     async fn delete_slice(&self, name: &str) -> Result<(), ApiError> {
         let path = format!("{SLICES_PATH}/{name}");
-        let (status, bytes) = self.call(hyper::Method::DELETE, &path, None).await?;
-        match status {
-            200 | 202 | 404 => Ok(()),
-            st => Err(self.status_error(&path, st, &bytes)),
+        let dp = DeleteParams::default();
+        match self.call(&path, self.slices().delete(name, &dp)).await {
+            Ok(_) | Err(ApiError::Status { status: 404, .. }) => Ok(()),
+            Err(e) => Err(e),
         }
     }
-}
-
-fn slice_selector(node: &str, driver: &str) -> String {
-    format!(
-        "fieldSelector=spec.nodeName%3D{}%2Cspec.driver%3D{}",
-        query_escape(node),
-        query_escape(driver)
-    )
-}
-
-/// Percent-encodes all but the unreserved characters of a query value.
-fn query_escape(v: &str) -> String {
-    v.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-/// One line of a watch: an event, or None for an ERROR event of code 410
-/// (the resourceVersion is too old: list again). Other ERROR events are
-/// errors.
-fn watch_event(line: &[u8]) -> Result<Option<WatchEvent>, String> {
-    #[derive(serde::Deserialize)]
-    struct Raw {
-        #[serde(rename = "type")]
-        kind: String,
-        object: serde_json::Value,
-    }
-    let raw: Raw = serde_json::from_slice(line).map_err(|e| format!("a watch event: {e}"))?;
-    match raw.kind.as_str() {
-        "ADDED" | "MODIFIED" | "DELETED" => serde_json::from_value(raw.object)
-            .map(|s| Some(WatchEvent::Changed(Box::new(s))))
-            .map_err(|e| format!("a watch event's ResourceSlice: {e}")),
-        "BOOKMARK" => Ok(Some(WatchEvent::Bookmark(
-            raw.object["metadata"]["resourceVersion"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string(),
-        ))),
-        "ERROR" if raw.object["code"] == 410 => Ok(None),
-        "ERROR" => Err(format!(
-            "watch error: {}",
-            raw.object["message"].as_str().unwrap_or_default()
-        )),
-        other => Err(format!("watch event of unknown type {other:?}")),
-    }
-}
-
-/// The `message` of a `metav1.Status` body, else the body's start.
-fn status_message(body: &[u8]) -> String {
-    serde_json::from_slice::<serde_json::Value>(body)
-        .ok()
-        .and_then(|v| v["message"].as_str().map(str::to_string))
-        .unwrap_or_else(|| String::from_utf8_lossy(body).chars().take(200).collect())
 }
 
 #[cfg(test)]
@@ -454,28 +459,80 @@ mod tests {
     use super::*;
 
     #[test]
-    fn watch_lines_are_events_bookmarks_or_gone() {
-        let slice = br#"{"type":"MODIFIED","object":{"apiVersion":"resource.k8s.io/v1","kind":"ResourceSlice","metadata":{"name":"s","resourceVersion":"12"},"spec":{"driver":"d","pool":{"name":"n","generation":1,"resourceSliceCount":1}}}}"#;
-        let ev = watch_event(slice).unwrap().unwrap();
-        assert!(matches!(ev, WatchEvent::Changed(_)));
-        assert_eq!(ev.resource_version(), Some("12"));
-        let b = br#"{"type":"BOOKMARK","object":{"kind":"ResourceSlice","apiVersion":"resource.k8s.io/v1","metadata":{"resourceVersion":"40"}}}"#;
-        assert_eq!(
-            watch_event(b).unwrap().unwrap().resource_version(),
-            Some("40")
-        );
-        let gone = br#"{"type":"ERROR","object":{"kind":"Status","code":410,"reason":"Expired","message":"too old resource version: 3 (40)"}}"#;
-        assert!(watch_event(gone).unwrap().is_none());
-        let other =
-            br#"{"type":"ERROR","object":{"kind":"Status","code":500,"message":"etcd down"}}"#;
-        assert!(watch_event(other).unwrap_err().contains("etcd down"));
-        assert!(watch_event(b"{not json").is_err());
-        assert!(watch_event(br#"{"type":"SURPRISE","object":{}}"#).is_err());
+    fn api_server_urls_are_http_or_https_with_a_host() {
+        for good in [
+            "https://10.96.0.1:443",
+            "https://kubernetes.default.svc",
+            "http://127.0.0.1:8080/",
+            "https://[fd00::1]:6443",
+            "https://rancher.example/k8s/clusters/c-1",
+        ] {
+            assert!(parse_url(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "",
+            "127.0.0.1:8001",
+            "ftp://host",
+            "https://",
+            "http:///x",
+            "https://user:pw@host",
+            "https://host?x=1",
+            "https://ho st",
+        ] {
+            let e = parse_url(bad).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("{bad:?}")) && e.contains("http(s)://HOST"),
+                "{e}"
+            );
+            assert!(!e.contains('\n'));
+        }
     }
 
     #[test]
-    fn selector_values_are_escaped() {
-        assert_eq!(query_escape("node-a.example"), "node-a.example");
-        assert_eq!(query_escape("a&b=c,d"), "a%26b%3Dc%2Cd");
+    fn a_token_goes_over_plain_http_only_to_loopback() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, "t").unwrap();
+        for ok in [
+            "http://127.0.0.1:8080",
+            "http://localhost:1",
+            "http://[::1]:2",
+            "https://10.0.0.1",
+        ] {
+            ApiTarget::new(Some(ok), Some(&token)).unwrap();
+        }
+        for leak in [
+            "http://10.0.0.1:8080",
+            "http://kubernetes.default.svc",
+            "http://127.0.0.1.evil.example",
+        ] {
+            let e = ApiTarget::new(Some(leak), Some(&token)).unwrap_err();
+            assert!(matches!(e, ApiError::PlainHttpToken(_)), "{leak}: {e:?}");
+            assert!(e.to_string().contains("use https://"), "{e}");
+            // Without a token there is nothing to leak.
+            ApiTarget::new(Some(leak), None).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_token_file_must_hold_a_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join("empty");
+        std::fs::write(&empty, "\n").unwrap();
+        let e = ApiTarget::new(None, Some(&empty)).unwrap_err().to_string();
+        assert!(e.contains("empty") && e.contains("--token-file"), "{e}");
+        let missing = dir.path().join("missing");
+        let e = ApiTarget::new(None, Some(&missing))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("missing") && e.contains("No such file"), "{e}");
+        let newline = dir.path().join("newline");
+        std::fs::write(&newline, "token\n").unwrap();
+        let e = ApiTarget::new(None, Some(&newline))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("trailing newline"), "{e}");
+        std::fs::write(&newline, "token").unwrap();
+        ApiTarget::new(None, Some(&newline)).unwrap();
     }
 }

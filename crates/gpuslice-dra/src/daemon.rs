@@ -7,7 +7,7 @@
 //! kubelet sees the plugin go). The checkpoint, the claims' CDI specs and
 //! the ResourceSlices stay: a restarted plugin takes them up again.
 
-use crate::apiserver::HttpApi;
+use crate::apiserver::ApiTarget;
 use crate::driver::{Driver, Options};
 use crate::publish::{follow, SharedPolicy};
 use crate::server::{serve, Sockets};
@@ -28,12 +28,12 @@ pub struct DaemonOptions {
     pub driver: Options,
     pub rediscover: Rediscover,
     pub sockets: Sockets,
-    pub api: HttpApi,
+    /// Where the API server is; the client connects on the daemon's runtime.
+    pub api: ApiTarget,
     pub policy: SharedPolicy,
 }
 
 pub fn run(opts: DaemonOptions) -> Result<()> {
-    let api = Arc::new(opts.api);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -45,6 +45,7 @@ pub fn run(opts: DaemonOptions) -> Result<()> {
     let health = gpuslice_k8s::plugin::config::Health::default();
     let (driver_name, node) = (opts.driver.driver_name.clone(), opts.driver.pool.clone());
     rt.block_on(async move {
+        let api = Arc::new(opts.api.connect().await?);
         let driver = Arc::new(Driver::new(opts.driver, api.clone())?);
         let prepared = driver.prepared().await.len();
         let served = serve(driver.clone(), &opts.sockets)?;

@@ -204,6 +204,23 @@ fn the_daemonset_gives_the_plugin_the_kubelets_directories() {
     let plugin = pod.containers.iter().find(|c| c.name == "plugin").unwrap();
     let cmd = plugin.command.clone().unwrap();
     assert!(cmd.contains(&"dra".to_string()), "{cmd:?}");
+    // The plugin talks to the API server as its own service account: no
+    // proxy on the node (any process there could use its rights), no
+    // --api-server pointing at one.
+    assert!(
+        !cmd.iter().any(|a| a.starts_with("--api-server")),
+        "{cmd:?}"
+    );
+    assert_eq!(
+        pod.containers
+            .iter()
+            .map(|c| c.name.as_str())
+            .collect::<Vec<_>>(),
+        ["plugin"],
+        "no sidecars"
+    );
+    assert_eq!(pod.automount_service_account_token, Some(true));
+    assert_eq!(pod.service_account_name.as_deref(), Some("gpuslice-dra"));
     let node = plugin
         .env
         .iter()

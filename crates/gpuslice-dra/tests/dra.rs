@@ -8,7 +8,7 @@ use fakegpu::FakeHost;
 use gpuslice_core::discover::{discover, DiscoverOptions};
 use gpuslice_core::HostRoot;
 use gpuslice_dra::api::{v1, v1beta1};
-use gpuslice_dra::apiserver::HttpApi;
+use gpuslice_dra::apiserver::KubeApi;
 use gpuslice_dra::driver::{spec_path, Driver, Options};
 use gpuslice_dra::server::{serve, Served, Sockets};
 use gpuslice_dra::DRIVER_NAME;
@@ -89,7 +89,7 @@ impl Env {
             hook: None,
             strip_host_root: false,
         };
-        let api = Arc::new(HttpApi::new(&self.api.url, None).unwrap());
+        let api = Arc::new(KubeApi::new(&self.api.url, None).unwrap());
         Arc::new(Driver::new(opts, api).unwrap())
     }
 

@@ -6,7 +6,7 @@
 use fakegpu::FakeHost;
 use gpuslice_core::discover::{discover, DiscoverOptions};
 use gpuslice_core::HostRoot;
-use gpuslice_dra::apiserver::HttpApi;
+use gpuslice_dra::apiserver::KubeApi;
 use gpuslice_dra::hotplug;
 use gpuslice_dra::publish::{follow, slice_name, SharedPolicy};
 use gpuslice_dra::DRIVER_NAME;
@@ -48,7 +48,7 @@ async fn a_gpu_leaving_and_joining_the_host_is_republished_within_2s() {
     let inv = discover(&root, &opts).unwrap();
     assert_eq!(inv.gpus.len(), 3);
     let fake = FakeApiServer::start().await;
-    let api = HttpApi::new(&fake.url, None).unwrap();
+    let api = KubeApi::new(&fake.url, None).unwrap();
     let (inv_tx, inv_rx) = tokio::sync::watch::channel(inv);
     // The XID watcher holds NVML open, as in the plugin: NVML enumerated
     // the GPUs at its first init and still lists one that left.

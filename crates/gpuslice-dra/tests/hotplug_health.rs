@@ -7,7 +7,7 @@
 use fakegpu::FakeHost;
 use gpuslice_core::discover::{discover, DiscoverOptions};
 use gpuslice_core::HostRoot;
-use gpuslice_dra::apiserver::HttpApi;
+use gpuslice_dra::apiserver::KubeApi;
 use gpuslice_dra::driver::{Driver, Options};
 use gpuslice_dra::hotplug::{apply, bound_only};
 use gpuslice_k8s::plugin::config::Health;
@@ -40,7 +40,7 @@ async fn after_a_gpu_leaves_xids_are_reported_at_the_new_indexes() {
                 strip_host_root: false,
             },
             // Never called here.
-            Arc::new(HttpApi::new("http://127.0.0.1:9", None).unwrap()),
+            Arc::new(KubeApi::new("http://127.0.0.1:9", None).unwrap()),
         )
         .unwrap(),
     );

@@ -9,7 +9,7 @@
 use fakegpu::FakeHost;
 use gpuslice_core::discover::{discover, DiscoverOptions};
 use gpuslice_core::HostRoot;
-use gpuslice_dra::apiserver::HttpApi;
+use gpuslice_dra::apiserver::KubeApi;
 use gpuslice_dra::driver::{spec_path, ClaimRef, Driver, Options};
 use gpuslice_dra::DRIVER_NAME;
 use gpuslice_k8s::cdi::{limits_record_path, PRELOAD_FILE};
@@ -59,7 +59,7 @@ async fn podman_runs_a_prepared_claim_with_exactly_its_caps() {
             hook: None,
             strip_host_root: false,
         },
-        Arc::new(HttpApi::new(&api.url, None).unwrap()),
+        Arc::new(KubeApi::new(&api.url, None).unwrap()),
     )
     .unwrap();
     let claim = ClaimRef {

@@ -6,7 +6,7 @@
 use fakegpu::FakeHost;
 use gpuslice_core::discover::{discover, DiscoverOptions};
 use gpuslice_core::{HostRoot, Inventory};
-use gpuslice_dra::apiserver::{HttpApi, SliceApi, SliceWriteError};
+use gpuslice_dra::apiserver::{KubeApi, SliceApi, SliceWriteError};
 use gpuslice_dra::claim::DeviceKind;
 use gpuslice_dra::publish::{
     devices, follow, pool_devices, publish, slice_name, slices, PublishError, SharedPolicy, Sick,
@@ -58,7 +58,7 @@ fn device<'a>(slice: &'a Value, name: &str) -> &'a Value {
 #[tokio::test]
 async fn whole_shared_and_mig_devices_with_attributes_capacities_and_policies() {
     let fake = FakeApiServer::start().await;
-    let api = HttpApi::new(&fake.url, None).unwrap();
+    let api = KubeApi::new(&fake.url, None).unwrap();
     let inv = inventory();
     let d = devices(&inv, &SharedPolicy::default());
     let p = publish(&api, DRIVER_NAME, NODE, &d).await.unwrap();
@@ -160,7 +160,7 @@ async fn whole_shared_and_mig_devices_with_attributes_capacities_and_policies() 
 #[tokio::test]
 async fn configured_policies_are_published() {
     let fake = FakeApiServer::start().await;
-    let api = HttpApi::new(&fake.url, None).unwrap();
+    let api = KubeApi::new(&fake.url, None).unwrap();
     let policy = SharedPolicy {
         memory_step: 256 << 20,
         memory_default: 4 << 30,
@@ -182,7 +182,7 @@ async fn configured_policies_are_published() {
 #[tokio::test]
 async fn unchanged_writes_nothing_and_a_change_moves_the_generation() {
     let fake = FakeApiServer::start().await;
-    let api = HttpApi::new(&fake.url, None).unwrap();
+    let api = KubeApi::new(&fake.url, None).unwrap();
     let mut inv = inventory();
     let d = devices(&inv, &SharedPolicy::default());
     publish(&api, DRIVER_NAME, NODE, &d).await.unwrap();
@@ -215,7 +215,7 @@ async fn unchanged_writes_nothing_and_a_change_moves_the_generation() {
 #[tokio::test]
 async fn a_racing_writer_is_never_overwritten_blindly() {
     let fake = FakeApiServer::start().await;
-    let api = HttpApi::new(&fake.url, None).unwrap();
+    let api = KubeApi::new(&fake.url, None).unwrap();
     let mut inv = inventory();
     publish(
         &api,
@@ -281,7 +281,7 @@ async fn a_racing_writer_is_never_overwritten_blindly() {
 #[tokio::test]
 async fn slices_changed_behind_its_back_are_put_right() {
     let fake = FakeApiServer::start().await;
-    let api = HttpApi::new(&fake.url, None).unwrap();
+    let api = KubeApi::new(&fake.url, None).unwrap();
     let d = devices(&inventory(), &SharedPolicy::default());
     publish(&api, DRIVER_NAME, NODE, &d).await.unwrap();
     let name = slice_name(NODE, DRIVER_NAME, 0);
@@ -341,7 +341,7 @@ fn names(slice: &Value) -> Vec<String> {
 #[tokio::test]
 async fn an_unhealthy_gpu_is_tainted_and_republishing_it_writes_nothing() {
     let fake = FakeApiServer::start().await;
-    let api = HttpApi::new(&fake.url, None).unwrap();
+    let api = KubeApi::new(&fake.url, None).unwrap();
     let inv = inventory();
     let policy = SharedPolicy::default();
     let healthy = devices(&inv, &policy);
@@ -430,7 +430,7 @@ async fn wait_names(
 async fn where_the_server_drops_taints_an_unhealthy_gpu_leaves_the_pool() {
     let fake = FakeApiServer::start().await;
     fake.drop_device_taints(true);
-    let api = HttpApi::new(&fake.url, None).unwrap();
+    let api = KubeApi::new(&fake.url, None).unwrap();
     let (_inv_tx, inv_rx) = tokio::sync::watch::channel(inventory());
     let (tx, rx) = tokio::sync::watch::channel(Default::default());
     let follower = tokio::spawn(async move {

@@ -7,7 +7,7 @@
 use fakegpu::FakeHost;
 use gpuslice_core::discover::{discover, DiscoverOptions};
 use gpuslice_core::HostRoot;
-use gpuslice_dra::apiserver::HttpApi;
+use gpuslice_dra::apiserver::KubeApi;
 use gpuslice_dra::publish::{follow, slice_name, SharedPolicy, UNHEALTHY_TAINT};
 use gpuslice_dra::DRIVER_NAME;
 use gpuslice_k8s::plugin::config::Health;
@@ -60,7 +60,7 @@ async fn an_xid_taints_the_gpus_devices_until_it_recovers() {
     )
     .unwrap();
     let fake = FakeApiServer::start().await;
-    let api = HttpApi::new(&fake.url, None).unwrap();
+    let api = KubeApi::new(&fake.url, None).unwrap();
     let (tx, rx) = tokio::sync::watch::channel(Default::default());
     let health = Health {
         recover_after_seconds: 1,

@@ -7,7 +7,7 @@
 use fakegpu::FakeHost;
 use gpuslice_core::discover::{discover, DiscoverOptions};
 use gpuslice_core::{HostRoot, Inventory};
-use gpuslice_dra::apiserver::HttpApi;
+use gpuslice_dra::apiserver::KubeApi;
 use gpuslice_dra::publish::{follow, slice_name, SharedPolicy};
 use gpuslice_dra::DRIVER_NAME;
 use gpuslice_testkit::fakeapi::{shared_claim, FakeApiServer};
@@ -37,7 +37,7 @@ fn inventory() -> Inventory {
 /// Starts `follow` (resync: an hour, so only the watch can act) and waits
 /// for the first publication and the first watch.
 async fn start(fake: &FakeApiServer) -> tokio::task::JoinHandle<()> {
-    let api = HttpApi::new(&fake.url, None).unwrap();
+    let api = KubeApi::new(&fake.url, None).unwrap();
     let (inv_tx, inv_rx) = tokio::sync::watch::channel(inventory());
     let (health_tx, health_rx) = tokio::sync::watch::channel(Default::default());
     let task = tokio::spawn(async move {

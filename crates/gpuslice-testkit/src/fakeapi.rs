@@ -18,6 +18,11 @@
 //!   starts at 1 and grows when the spec changes; `metadata.uid` is set on
 //!   create;
 //! - a missing object is a 404 with a `Status` body (reason `NotFound`);
+//! - authentication, when asked for ([`FakeApiServer::require_token`]):
+//!   a request without `Authorization: Bearer <that token>` is a 401
+//!   `Unauthorized` `Status`, as the real server answers an unknown or
+//!   missing token; every request's `Authorization` header is recorded
+//!   ([`FakeApiServer::authorizations`]);
 //! - optionally, the `DRADeviceTaints` feature off: device taints are
 //!   dropped from written slices ([`FakeApiServer::drop_device_taints`]).
 //!
@@ -96,6 +101,10 @@ struct Store {
     watch_starts: Mutex<Vec<String>>,
     /// Between bookmarks (ms; 0 is the default, 100).
     bookmark_ms: AtomicU64,
+    /// The bearer token every request must show (None: no check).
+    token: Mutex<Option<String>>,
+    /// Each request's `Authorization` header, in order.
+    authorizations: Mutex<Vec<Option<String>>>,
 }
 
 impl Store {
@@ -256,6 +265,17 @@ impl FakeApiServer {
         self.store.bookmark_ms.store(ms, Ordering::SeqCst);
     }
 
+    /// From now on, a request without `Authorization: Bearer <token>` is
+    /// answered 401 (None: no check, the default).
+    pub fn require_token(&self, token: Option<&str>) {
+        *self.store.token.lock().unwrap() = token.map(str::to_string);
+    }
+
+    /// Each request's `Authorization` header so far (None: it had none).
+    pub fn authorizations(&self) -> Vec<Option<String>> {
+        self.store.authorizations.lock().unwrap().clone()
+    }
+
     /// Ends every open watch (as the server does at its timeout).
     pub fn close_watches(&self) {
         let _ = self.store.log.lock().unwrap().live.send(Msg::Close);
@@ -266,6 +286,16 @@ async fn handle(s: Arc<Store>, req: Request<hyper::body::Incoming>) -> Response<
     let path = req.uri().path().to_string();
     let query = req.uri().query().unwrap_or_default().to_string();
     let method = req.method().clone();
+    let auth = req
+        .headers()
+        .get(hyper::header::AUTHORIZATION)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    s.authorizations.lock().unwrap().push(auth.clone());
+    if let Some(t) = s.token.lock().unwrap().as_deref() {
+        if auth.as_deref() != Some(&format!("Bearer {t}")) {
+            return status(401, "Unauthorized", "Unauthorized");
+        }
+    }
     let body = match req.into_body().collect().await {
         Ok(b) => b.to_bytes(),
         Err(e) => return status(400, "BadRequest", &e.to_string()),
@@ -294,7 +324,7 @@ async fn handle(s: Arc<Store>, req: Request<hyper::body::Incoming>) -> Response<
         }
         (Method::GET, ["apis", "resource.k8s.io", "v1", "resourceslices"]) => {
             s.gets.fetch_add(1, Ordering::SeqCst);
-            if param(&query, "watch") == Some("true") {
+            if flag(&query, "watch") {
                 watch_slices(s, &query)
             } else {
                 list_slices(&s, &query)
@@ -342,6 +372,15 @@ fn param<'a>(query: &'a str, key: &str) -> Option<&'a str> {
     query
         .split('&')
         .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+}
+
+/// A boolean query parameter as the real server reads it (Go's
+/// `strconv.ParseBool`: `watch=1` is a watch as much as `watch=true`).
+fn flag(query: &str, key: &str) -> bool {
+    matches!(
+        param(query, key),
+        Some("1" | "t" | "T" | "true" | "TRUE" | "True")
+    )
 }
 
 /// The terms of `fieldSelector=a=b,c=d` (URL-encoded) on the fields the
@@ -434,7 +473,7 @@ fn watch_slices(s: Arc<Store>, query: &str) -> Response<Body> {
             }
         },
     };
-    let bookmarks = param(query, "allowWatchBookmarks") == Some("true");
+    let bookmarks = flag(query, "allowWatchBookmarks");
     let every = match s.bookmark_ms.load(Ordering::SeqCst) {
         0 => 100,
         ms => ms,

@@ -142,8 +142,16 @@ fn dra_refuses_bad_flags_in_one_line_and_leaves_nothing() {
             "a positive multiple of the step",
         ),
         (
-            vec!["--api-server", "https://10.0.0.1:6443"],
-            "only http://HOST:PORT is supported",
+            vec!["--api-server", "127.0.0.1:8001"],
+            "API server URL \"127.0.0.1:8001\": expected http(s)://HOST[:PORT]",
+        ),
+        (
+            vec!["--api-server", "ftp://10.0.0.1"],
+            "expected http(s)://HOST[:PORT]",
+        ),
+        (
+            vec!["--token-file", "/nonexistent/token"],
+            "--token-file /nonexistent/token: No such file",
         ),
         (vec!["--compute-default", "0"], "--compute-default"),
     ] {

@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use gpuslice_core::discover::{discover, DiscoverOptions};
 use gpuslice_core::HostRoot;
-use gpuslice_dra::apiserver::HttpApi;
+use gpuslice_dra::apiserver::ApiTarget;
 use gpuslice_dra::daemon::{self, DaemonOptions};
 use gpuslice_dra::driver::Options;
 use gpuslice_dra::publish::SharedPolicy;
@@ -26,16 +26,13 @@ pub struct DraArgs {
     #[arg(long, default_value = gpuslice_dra::DRIVER_NAME)]
     pub driver_name: String,
 
-    /// The API server, plain HTTP only (e.g. `kubectl proxy` on the node); in-cluster TLS is not supported yet.
-    #[arg(
-        long,
-        value_name = "URL",
-        env = "GPUSLICE_DRA_API_SERVER",
-        default_value = "http://127.0.0.1:8001"
-    )]
-    pub api_server: String,
+    /// The API server (`https://HOST[:PORT]`, or `http://` for a test double); default: the
+    /// kubeconfig ($KUBECONFIG, ~/.kube/config) if any, else the pod's service account.
+    #[arg(long, value_name = "URL", env = "GPUSLICE_DRA_API_SERVER")]
+    pub api_server: Option<String>,
 
-    /// A file holding a bearer token sent to the API server.
+    /// A file holding the bearer token to show the API server (re-read as it rotates), in
+    /// place of the inferred credentials.
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
 
@@ -95,16 +92,7 @@ pub fn state_dir(global: &Global) -> PathBuf {
 
 pub fn run(global: &Global, args: &DraArgs) -> Result<i32> {
     // Bad flags fail before the (slower) discovery.
-    let token = match &args.token_file {
-        Some(f) => Some(
-            std::fs::read_to_string(f)
-                .with_context(|| format!("--token-file {}", f.display()))?
-                .trim()
-                .to_string(),
-        ),
-        None => None,
-    };
-    let api = HttpApi::new(&args.api_server, token)?;
+    let api = ApiTarget::new(args.api_server.as_deref(), args.token_file.as_deref())?;
     let policy = SharedPolicy {
         memory_step: args.memory_step.0,
         memory_default: args.memory_default.0,
