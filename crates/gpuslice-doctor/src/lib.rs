@@ -12,6 +12,8 @@
 //!   and remapped rows, memory held by processes outside any slice;
 //! - [`k8s`]: the CDI spec, the device-plugin socket, a conflicting NVIDIA
 //!   container toolkit;
+//! - [`dra`]: the DRA kubelet plugin's registration and sockets, CDI in
+//!   the container runtime, the kubelet's DRA feature gates;
 //! - [`policy`]: the admin policy file for non-root callers and a sudo rule
 //!   for gpuslice.
 //!
@@ -27,6 +29,7 @@
 //! it again (the parent `gpuslice/` directory is left, as `run` leaves it).
 
 pub mod devices;
+pub mod dra;
 pub mod driver;
 pub mod gpu;
 pub mod isolation;
@@ -219,12 +222,13 @@ type Family = fn(&Context) -> Vec<Check>;
 /// Runs every check.
 pub fn run(opts: &Options) -> Report {
     let ctx = Context::new(opts);
-    let families: [(&str, Family); 6] = [
+    let families: [(&str, Family); 7] = [
         ("driver", driver::checks),
         ("devices", devices::checks),
         ("isolation", isolation::checks),
         ("gpu", gpu::checks),
         ("k8s", k8s::checks),
+        ("dra", dra::checks),
         ("policy", policy::checks),
     ];
     let mut checks = Vec::new();
