@@ -454,6 +454,13 @@ fn helm_lints_and_renders_the_chart_into_valid_objects() {
     });
     let e = validate_objects(&tool, &[bad]).unwrap_err();
     assert!(e.contains("gpuPolicy"), "{e}");
+    let typo = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"},
+        "spec": {"containers": [{"name": "c", "image": "i"}],
+                 "volumes": [{"name": "v", "hostPath": {"path": "/x", "type": "Directroy"}}]},
+    });
+    let e = validate_objects(&tool, &[typo]).unwrap_err();
+    assert!(e.contains("Directroy"), "{e}");
 }
 
 #[test]

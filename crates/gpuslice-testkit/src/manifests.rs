@@ -101,9 +101,46 @@ pub fn validate(tool: &Path, files: &[PathBuf]) -> Result<(), String> {
     }
 }
 
+/// The `hostPath.type` values the API server accepts; the OpenAPI schemas
+/// leave the field a free string.
+const HOST_PATH_TYPES: [&str; 8] = [
+    "",
+    "DirectoryOrCreate",
+    "Directory",
+    "FileOrCreate",
+    "File",
+    "Socket",
+    "CharDevice",
+    "BlockDevice",
+];
+
+/// Every `hostPath.type` in `v` that the API server would refuse.
+fn bad_host_path_types(v: &Value, out: &mut Vec<String>) {
+    match v {
+        Value::Object(m) => {
+            if let Some(t) = m.get("hostPath").and_then(|h| h.get("type")) {
+                if !t.as_str().is_some_and(|t| HOST_PATH_TYPES.contains(&t)) {
+                    out.push(format!("hostPath type {t} (one of {HOST_PATH_TYPES:?})"));
+                }
+            }
+            m.values().for_each(|c| bad_host_path_types(c, out));
+        }
+        Value::Array(a) => a.iter().for_each(|c| bad_host_path_types(c, out)),
+        _ => {}
+    }
+}
+
 /// [`validate`] of objects, each written to a file of its own (named by
-/// its kind and name, which the tool's messages show).
+/// its kind and name, which the tool's messages show), and of what the
+/// schemas leave out: `hostPath.type`'s values.
 pub fn validate_objects(tool: &Path, objects: &[Value]) -> Result<(), String> {
+    let mut bad = Vec::new();
+    for o in objects {
+        bad_host_path_types(o, &mut bad);
+    }
+    if !bad.is_empty() {
+        return Err(bad.join("; "));
+    }
     let dir = tempfile::tempdir().unwrap();
     let files: Vec<PathBuf> = objects
         .iter()
