@@ -527,3 +527,44 @@ fn helm_chart_refuses_the_device_plugin_and_dra_on_the_same_nodes() {
     assert!(e.contains("hand out each GPU twice"), "{e}");
     assert!(e.contains("dra.nodeAffinity"), "{e}");
 }
+
+/// DRA values the plugin would refuse at start, or a misspelt key that
+/// Helm would ignore, are refused when rendering (values.schema.json),
+/// naming the value.
+#[test]
+fn helm_chart_refuses_bad_dra_values() {
+    let Some((helm, _)) = helm_and_validator("helm_chart_refuses_bad_dra_values") else {
+        return;
+    };
+    let on = |dra: serde_json::Value| {
+        let mut v = serde_json::json!({"devicePlugin": {"enabled": false}, "dra": dra});
+        v["dra"]["enabled"] = true.into();
+        v
+    };
+    for (values, names) in [
+        (
+            on(serde_json::json!({"shared": {"computeDefault": 150}})),
+            "computeDefault",
+        ),
+        (
+            on(serde_json::json!({"shared": {"computeDefault": 0}})),
+            "computeDefault",
+        ),
+        (
+            on(serde_json::json!({"shared": {"memoryStep": "1.5 gigs"}})),
+            "memoryStep",
+        ),
+        (
+            on(serde_json::json!({"kubeletDir": "var/lib/kubelet"})),
+            "kubeletDir",
+        ),
+        (on(serde_json::json!({"cdidir": "/etc/cdi"})), "cdidir"),
+        (serde_json::json!({"dra": {"enabled": "yes"}}), "enabled"),
+    ] {
+        let e = helm
+            .render(&chart(), "gs", "gpuslice-system", &values)
+            .err()
+            .unwrap_or_else(|| panic!("rendered {values}"));
+        assert!(e.contains("schema") && e.contains(names), "{values}: {e}");
+    }
+}
