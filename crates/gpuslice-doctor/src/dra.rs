@@ -11,15 +11,13 @@
 //! On a host without a kubelet every check here is skipped.
 
 use crate::{list, Check, Context};
-use gpuslice_core::HostRoot;
+use gpuslice_core::{Gpu, HostRoot};
+use gpuslice_dra::DRIVER_NAME as DRIVER;
 use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
-/// The DRA driver name (gpuslice-dra's `DRIVER_NAME`; the doctor does
-/// not link the driver).
-pub const DRIVER: &str = "gpu.gpuslice.io";
 /// Where the driver writes its claims' CDI specs unless told otherwise
 /// (`gpuslice dra --cdi-dir`).
 pub const CDI_DIR: &str = gpuslice_k8s::cdi::DYNAMIC_DIR;
@@ -38,7 +36,100 @@ pub fn checks(ctx: &Context) -> Vec<Check> {
         plugin(&ctx.root),
         cdi_runtime(&ctx.root),
         feature_gates(&ctx.root),
+        claims(&ctx.dra_state_dir, ctx.gpus()),
     ]
+}
+
+/// The claims the DRA plugin prepared on this node (its checkpoint): each
+/// on a GPU this host has, and the capped ones within its memory.
+fn claims(dir: &Path, gpus: &[Gpu]) -> Check {
+    const NAME: &str = "dra.claims";
+    let file = dir.join(gpuslice_dra::checkpoint::FILE);
+    if file.symlink_metadata().is_err() {
+        return Check::skip(
+            NAME,
+            format!("no DRA claims prepared here (no {})", file.display()),
+            "",
+        );
+    }
+    let cp = match gpuslice_dra::checkpoint::Checkpoint::load(dir) {
+        Ok(cp) => cp,
+        Err(e) => {
+            return Check::fail(
+                NAME,
+                format!("the DRA plugin's checkpoint is unreadable: {e}"),
+                "the plugin cannot prepare or unprepare claims with it: see its log \
+                 (docs/dra.md, Prepare and unprepare)",
+            )
+        }
+    };
+    let slices: Vec<_> = cp
+        .claims
+        .values()
+        .flat_map(gpuslice_dra::checkpoint::PreparedClaim::slices)
+        .collect();
+    let mut problems = Vec::new();
+    let mut capped: BTreeMap<u32, u64> = BTreeMap::new();
+    for s in &slices {
+        if !gpus.iter().any(|g| g.index == s.gpu) {
+            problems.push(format!(
+                "{}/{} holds GPU {}, which this host does not have",
+                s.namespace, s.name, s.gpu
+            ));
+        }
+        if let Some(c) = s.caps {
+            *capped.entry(s.gpu).or_default() += c.memory_bytes;
+        }
+    }
+    let mut over = Vec::new();
+    for (gpu, sum) in &capped {
+        let total = gpus
+            .iter()
+            .find(|g| g.index == *gpu)
+            .and_then(|g| g.memory_bytes);
+        if let Some(total) = total.filter(|t| sum > t) {
+            over.push(format!(
+                "GPU {gpu}: the claims' caps add up to {} MiB of its {} MiB",
+                sum >> 20,
+                total >> 20
+            ));
+        }
+    }
+    if !over.is_empty() {
+        return Check::fail(
+            NAME,
+            format!("overcommitted: {}", list(&over, 2)),
+            "delete the pods of the newest claims on that GPU; the plugin refuses such a \
+             Prepare, so report how it came about",
+        );
+    }
+    if !problems.is_empty() {
+        return Check::warn(
+            NAME,
+            list(&problems, 2),
+            "delete those claims' pods (the GPU is gone: their containers cannot use it)",
+        );
+    }
+    let shown: Vec<String> = slices
+        .iter()
+        .map(|s| {
+            let caps = s
+                .caps
+                .map(|c| format!(" {} MiB, {} %", c.memory_bytes >> 20, c.compute_percent))
+                .unwrap_or_default();
+            format!("{}/{} on {}{caps}", s.namespace, s.name, s.device)
+        })
+        .collect();
+    Check::pass(
+        NAME,
+        format!(
+            "{} claim(s) prepared, {} slice(s){}{}",
+            cp.claims.len(),
+            slices.len(),
+            if shown.is_empty() { "" } else { ": " },
+            list(&shown, 4)
+        ),
+    )
 }
 
 fn no_kubelet(root: &HostRoot, name: &str) -> Option<Check> {
@@ -511,6 +602,9 @@ fn feature_gates(root: &HostRoot) -> Check {
 mod tests {
     use super::*;
     use crate::Status;
+    use gpuslice_dra::checkpoint::{Checkpoint, PreparedClaim, PreparedDevice};
+    use gpuslice_dra::claim::{Allocated, DeviceKind};
+    use gpuslice_k8s::cdi::SliceCaps;
     use std::os::unix::net::UnixListener;
 
     fn write(root: &Path, rel: &str, text: &str) {
@@ -704,18 +798,106 @@ mod tests {
         assert!(c.detail.contains("DRAConsumableCapacity=false"), "{c:?}");
     }
 
+    fn prepare(dir: &Path, claims: &[(&str, DeviceKind, Option<u64>)]) {
+        let mut cp = Checkpoint::load(dir).unwrap();
+        for (name, kind, mib) in claims {
+            let uid = format!("uid-{name}");
+            let device = match kind {
+                DeviceKind::Whole { gpu } => format!("gpu-{gpu}"),
+                DeviceKind::Shared { gpu } => format!("gpu-{gpu}-shared"),
+                DeviceKind::Mig { gpu, mig } => format!("gpu-{gpu}-mig-{mig}"),
+            };
+            cp.claims.insert(
+                uid.clone(),
+                PreparedClaim {
+                    namespace: "team-a".into(),
+                    name: name.to_string(),
+                    uid: uid.clone(),
+                    resource_version: None,
+                    devices: vec![PreparedDevice {
+                        allocated: Allocated {
+                            request: "gpu".into(),
+                            pool: "node-a".into(),
+                            device,
+                            share_id: None,
+                            kind: *kind,
+                            caps: mib.map(|m| SliceCaps {
+                                memory_bytes: m << 20,
+                                compute_percent: 30,
+                            }),
+                        },
+                        cdi_device_id: format!("gpuslice.dev/claim={uid}-0"),
+                    }],
+                    cdi_spec: dir.join(format!("{uid}.json")),
+                    records: vec![],
+                },
+            );
+        }
+        cp.save().unwrap();
+    }
+
+    #[test]
+    fn prepared_claims() {
+        let tmp = tempfile::tempdir().unwrap();
+        let gpus: Vec<Gpu> = (0..2)
+            .map(|index| Gpu {
+                index,
+                memory_bytes: Some(80 << 30),
+                ..Default::default()
+            })
+            .collect();
+        let c = claims(tmp.path(), &gpus);
+        assert_eq!(c.status, Status::Skip, "{c:?}");
+        prepare(
+            tmp.path(),
+            &[
+                ("train", DeviceKind::Shared { gpu: 0 }, Some(20480)),
+                ("eval", DeviceKind::Shared { gpu: 0 }, Some(40960)),
+                ("big", DeviceKind::Whole { gpu: 1 }, None),
+            ],
+        );
+        let c = claims(tmp.path(), &gpus);
+        assert_eq!(c.status, Status::Pass, "{c:?}");
+        assert!(
+            c.detail.starts_with("3 claim(s) prepared, 3 slice(s)"),
+            "{c:?}"
+        );
+        assert!(
+            c.detail
+                .contains("team-a/train on gpu-0-shared 20480 MiB, 30 %"),
+            "{c:?}"
+        );
+        assert!(
+            c.detail.contains("team-a/big on gpu-1,") || c.detail.ends_with("team-a/big on gpu-1"),
+            "{c:?}"
+        );
+        // GPU 1 gone from the host.
+        let c = claims(tmp.path(), &gpus[..1]);
+        assert_eq!(c.status, Status::Warn, "{c:?}");
+        assert!(c.detail.contains("team-a/big holds GPU 1"), "{c:?}");
+        // More capped memory than the GPU has.
+        prepare(
+            tmp.path(),
+            &[("more", DeviceKind::Shared { gpu: 0 }, Some(30720))],
+        );
+        let c = claims(tmp.path(), &gpus);
+        assert_eq!(c.status, Status::Fail, "{c:?}");
+        assert!(
+            c.detail
+                .contains("GPU 0: the claims' caps add up to 92160 MiB of its 81920 MiB"),
+            "{c:?}"
+        );
+        // A checkpoint the plugin cannot read.
+        fs::write(tmp.path().join(gpuslice_dra::checkpoint::FILE), "{not json").unwrap();
+        let c = claims(tmp.path(), &gpus);
+        assert_eq!(c.status, Status::Fail, "{c:?}");
+        assert!(c.detail.contains("unreadable"), "{c:?}");
+    }
+
     #[test]
     fn flags() {
         let g = flag_gates("KUBELET_EXTRA_ARGS='--v=2 --feature-gates A=true,B=false'");
         assert_eq!(g, BTreeMap::from([("A".into(), true), ("B".into(), false)]));
         assert!(flag_gates("KUBELET_EXTRA_ARGS=--feature-gates=A=maybe").is_empty());
-    }
-}
-
-#[cfg(test)]
-mod driver_names {
-    #[test]
-    fn the_drivers_name() {
-        assert_eq!(super::DRIVER, gpuslice_dra::DRIVER_NAME);
     }
 }

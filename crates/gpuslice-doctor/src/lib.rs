@@ -13,7 +13,8 @@
 //! - [`k8s`]: the CDI spec, the device-plugin socket, a conflicting NVIDIA
 //!   container toolkit;
 //! - [`dra`]: the DRA kubelet plugin's registration and sockets, CDI in
-//!   the container runtime, the kubelet's DRA feature gates;
+//!   the container runtime, the kubelet's DRA feature gates, the claims
+//!   prepared on the node;
 //! - [`policy`]: the admin policy file for non-root callers and a sudo rule
 //!   for gpuslice.
 //!
@@ -117,6 +118,9 @@ pub struct Options {
     /// Where NVML is loaded from; None is `libnvidia-ml.so.1` through the
     /// loader's search path.
     pub nvml_lib: Option<PathBuf>,
+    /// The DRA plugin's state directory (its checkpoint of prepared
+    /// claims); None: the default below the host root.
+    pub dra_state_dir: Option<PathBuf>,
 }
 
 impl Default for Options {
@@ -126,6 +130,7 @@ impl Default for Options {
             cgroup_root: None,
             use_nvml: true,
             nvml_lib: None,
+            dra_state_dir: None,
         }
     }
 }
@@ -139,6 +144,7 @@ pub struct Context {
     /// Why `nvml` is None.
     pub nvml_why: String,
     pub cgroup_root: Option<PathBuf>,
+    pub dra_state_dir: PathBuf,
 }
 
 impl Context {
@@ -171,6 +177,10 @@ impl Context {
             nvml,
             nvml_why,
             cgroup_root: opts.cgroup_root.clone(),
+            dra_state_dir: opts
+                .dra_state_dir
+                .clone()
+                .unwrap_or_else(|| opts.host_root.join(gpuslice_dra::checkpoint::DEFAULT_DIR)),
         }
     }
 

@@ -119,6 +119,7 @@ fn healthy_fake_host_passes() {
         "dra.plugin",
         "dra.cdi-runtime",
         "dra.feature-gates",
+        "dra.claims",
     ] {
         let c = check(&v, name);
         assert_eq!(c["status"], "skip", "{name}: {c:#}");
