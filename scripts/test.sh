@@ -36,6 +36,20 @@ if [ -z "${KUBERNETES_VALIDATE:-}" ] && ! command -v kubernetes-validate >/dev/n
   export KUBERNETES_VALIDATE="$PWD/target/kubernetes-validate/bin/kubernetes-validate"
 fi
 
+# issue 19: the Helm chart is rendered and linted by Helm itself, through
+# helm-sdkpy (its wheel carries Helm's Go library). It declares Python >=
+# 3.12 but runs on 3.11 (Debian 12): installed with --ignore-requires-python,
+# pinned, in a venv of its own under target/.
+helm_sdkpy_version=0.1.32
+if [ -z "${HELM_SDKPY_PYTHON:-}" ]; then
+  if ! target/helm-sdkpy/bin/python -c "import helm_sdkpy, importlib.metadata as m; assert m.version('helm-sdkpy') == '$helm_sdkpy_version'" 2>/dev/null; then
+    rm -rf target/helm-sdkpy
+    python3 -m venv target/helm-sdkpy
+    target/helm-sdkpy/bin/pip install -q --ignore-requires-python "helm-sdkpy==$helm_sdkpy_version"
+  fi
+  export HELM_SDKPY_PYTHON="$PWD/target/helm-sdkpy/bin/python"
+fi
+
 if [ "$(id -u)" != 0 ]; then
   echo "scripts/test.sh: the isolation tests need root (mknod, mount namespaces, cgroups); run it as root" >&2
   exit 1

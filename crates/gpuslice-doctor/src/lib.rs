@@ -12,6 +12,9 @@
 //!   and remapped rows, memory held by processes outside any slice;
 //! - [`k8s`]: the CDI spec, the device-plugin socket, a conflicting NVIDIA
 //!   container toolkit;
+//! - [`dra`]: the DRA kubelet plugin's registration and sockets, CDI in
+//!   the container runtime, the kubelet's DRA feature gates, the claims
+//!   prepared on the node;
 //! - [`policy`]: the admin policy file for non-root callers and a sudo rule
 //!   for gpuslice.
 //!
@@ -27,6 +30,7 @@
 //! it again (the parent `gpuslice/` directory is left, as `run` leaves it).
 
 pub mod devices;
+pub mod dra;
 pub mod driver;
 pub mod gpu;
 pub mod isolation;
@@ -114,6 +118,9 @@ pub struct Options {
     /// Where NVML is loaded from; None is `libnvidia-ml.so.1` through the
     /// loader's search path.
     pub nvml_lib: Option<PathBuf>,
+    /// The DRA plugin's state directory (its checkpoint of prepared
+    /// claims); None: the default below the host root.
+    pub dra_state_dir: Option<PathBuf>,
 }
 
 impl Default for Options {
@@ -123,6 +130,7 @@ impl Default for Options {
             cgroup_root: None,
             use_nvml: true,
             nvml_lib: None,
+            dra_state_dir: None,
         }
     }
 }
@@ -136,6 +144,7 @@ pub struct Context {
     /// Why `nvml` is None.
     pub nvml_why: String,
     pub cgroup_root: Option<PathBuf>,
+    pub dra_state_dir: PathBuf,
 }
 
 impl Context {
@@ -168,6 +177,10 @@ impl Context {
             nvml,
             nvml_why,
             cgroup_root: opts.cgroup_root.clone(),
+            dra_state_dir: opts
+                .dra_state_dir
+                .clone()
+                .unwrap_or_else(|| opts.host_root.join(gpuslice_dra::checkpoint::DEFAULT_DIR)),
         }
     }
 
@@ -219,12 +232,13 @@ type Family = fn(&Context) -> Vec<Check>;
 /// Runs every check.
 pub fn run(opts: &Options) -> Report {
     let ctx = Context::new(opts);
-    let families: [(&str, Family); 6] = [
+    let families: [(&str, Family); 7] = [
         ("driver", driver::checks),
         ("devices", devices::checks),
         ("isolation", isolation::checks),
         ("gpu", gpu::checks),
         ("k8s", k8s::checks),
+        ("dra", dra::checks),
         ("policy", policy::checks),
     ];
     let mut checks = Vec::new();

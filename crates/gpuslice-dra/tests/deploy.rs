@@ -4,7 +4,10 @@
 //! and the DaemonSet gives the plugin the kubelet's directories.
 
 use gpuslice_dra::publish::{devices, SharedPolicy};
-use gpuslice_testkit::manifests::{typed, yaml_docs};
+use gpuslice_testkit::manifests::{
+    chart_values, kubernetes_validate, typed, validate, validate_objects, yaml_docs,
+    yaml_text_docs, Helm, KUBERNETES_VALIDATE_MISSING,
+};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
@@ -33,21 +36,28 @@ struct Objects {
 }
 
 fn objects() -> Objects {
-    let mut o = Objects::default();
+    let mut docs = Vec::new();
     for file in files() {
-        for (i, doc) in yaml_docs(&file).iter().enumerate() {
-            let what = format!("{} #{i}", file.display());
-            match doc["kind"].as_str().unwrap_or_default() {
-                "DeviceClass" => o.classes.push(typed(doc, &what)),
-                "Namespace" => {
-                    typed::<Namespace>(doc, &what);
-                }
-                "ServiceAccount" => o.accounts.push(typed(doc, &what)),
-                "ClusterRole" => o.roles.push(typed(doc, &what)),
-                "ClusterRoleBinding" => o.bindings.push(typed(doc, &what)),
-                "DaemonSet" => o.daemonsets.push(typed(doc, &what)),
-                other => panic!("{what}: kind {other:?} not checked by this test"),
+        for (i, doc) in yaml_docs(&file).into_iter().enumerate() {
+            docs.push((doc, format!("{} #{i}", file.display())));
+        }
+    }
+    sort(docs)
+}
+
+fn sort(docs: Vec<(serde_json::Value, String)>) -> Objects {
+    let mut o = Objects::default();
+    for (doc, what) in docs {
+        match doc["kind"].as_str().unwrap_or_default() {
+            "DeviceClass" => o.classes.push(typed(&doc, &what)),
+            "Namespace" => {
+                typed::<Namespace>(&doc, &what);
             }
+            "ServiceAccount" => o.accounts.push(typed(&doc, &what)),
+            "ClusterRole" => o.roles.push(typed(&doc, &what)),
+            "ClusterRoleBinding" => o.bindings.push(typed(&doc, &what)),
+            "DaemonSet" => o.daemonsets.push(typed(&doc, &what)),
+            other => panic!("{what}: kind {other:?} not checked by this test"),
         }
     }
     o
@@ -55,20 +65,23 @@ fn objects() -> Objects {
 
 #[test]
 fn device_classes_select_the_published_types() {
-    let o = objects();
-    let names: Vec<&str> = o
+    check_device_classes(&objects());
+}
+
+/// The DeviceClass of each device type, by name.
+const CLASSES: [(&str, &str); 3] = [
+    ("gpu.gpuslice.io", "gpu"),
+    ("gpu-shared.gpuslice.io", "shared"),
+    ("mig.gpuslice.io", "mig"),
+];
+
+fn check_device_classes(o: &Objects) {
+    let names: BTreeSet<&str> = o
         .classes
         .iter()
         .map(|c| c.metadata.name.as_deref().unwrap())
         .collect();
-    assert_eq!(
-        names,
-        [
-            "gpu.gpuslice.io",
-            "gpu-shared.gpuslice.io",
-            "mig.gpuslice.io"
-        ]
-    );
+    assert_eq!(names, BTreeSet::from(CLASSES.map(|(n, _)| n)));
     // What the driver publishes on a host with whole, shared and MIG devices.
     let host = fakegpu::FakeHost::builder()
         .gpus(2)
@@ -97,7 +110,9 @@ fn device_classes_select_the_published_types() {
         published,
         BTreeSet::from(["gpu", "shared", "mig"].map(String::from))
     );
-    for (c, ty) in o.classes.iter().zip(["gpu", "shared", "mig"]) {
+    for c in &o.classes {
+        let name = c.metadata.name.as_deref().unwrap();
+        let ty = CLASSES.iter().find(|(n, _)| *n == name).unwrap().1;
         let sel = c.spec.selectors.as_ref().unwrap();
         assert_eq!(sel.len(), 1);
         let cel = &sel[0].cel.as_ref().unwrap().expression;
@@ -120,7 +135,10 @@ fn device_classes_select_the_published_types() {
 
 #[test]
 fn rbac_allows_what_the_driver_calls_and_binds_the_daemonsets_account() {
-    let o = objects();
+    check_rbac(&objects());
+}
+
+fn check_rbac(o: &Objects) {
     assert_eq!(o.roles.len(), 1);
     let rules = o.roles[0].rules.as_ref().unwrap();
     let allows = |group: &str, resource: &str, verb: &str| {
@@ -157,7 +175,13 @@ fn rbac_allows_what_the_driver_calls_and_binds_the_daemonsets_account() {
 
 #[test]
 fn the_daemonset_gives_the_plugin_the_kubelets_directories() {
-    let o = objects();
+    check_daemonset(&objects(), "/var/lib/kubelet", "/var/run/cdi");
+}
+
+/// The DaemonSet mounts the kubelet's directories below `kubelet` at
+/// their host paths (the plugin names its socket to the kubelet by path)
+/// and the runtime's CDI directory `cdi`.
+fn check_daemonset(o: &Objects, kubelet: &str, cdi: &str) {
     assert_eq!(o.daemonsets.len(), 1);
     let pod = o.daemonsets[0]
         .spec
@@ -174,12 +198,11 @@ fn the_daemonset_gives_the_plugin_the_kubelets_directories() {
         .filter_map(|v| v.host_path.as_ref().map(|h| h.path.clone()))
         .collect();
     for want in [
-        "/var/lib/kubelet/plugins",
-        "/var/lib/kubelet/plugins_registry",
-        "/var/run/cdi",
-        "/var/lib/gpuslice/dra",
+        format!("{kubelet}/plugins"),
+        format!("{kubelet}/plugins_registry"),
+        cdi.to_string(),
     ] {
-        assert!(host_paths.contains(want), "no hostPath {want}");
+        assert!(host_paths.contains(&want), "no hostPath {want}");
     }
     let volumes: BTreeSet<&str> = pod
         .volumes
@@ -245,43 +268,19 @@ fn the_daemonset_gives_the_plugin_the_kubelets_directories() {
         .map(|m| m.mount_path.as_str())
         .collect();
     for want in [
-        "/var/lib/kubelet/plugins",
-        "/var/lib/kubelet/plugins_registry",
+        format!("{kubelet}/plugins"),
+        format!("{kubelet}/plugins_registry"),
     ] {
-        assert!(mounts.contains(want), "{want}");
+        assert!(mounts.contains(want.as_str()), "{want}");
     }
-}
-
-/// `kubernetes-validate` (PyPI; it ships the upstream OpenAPI schemas):
-/// `$KUBERNETES_VALIDATE`, else on PATH.
-fn kubernetes_validate() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("KUBERNETES_VALIDATE") {
-        return Some(PathBuf::from(p));
-    }
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join("kubernetes-validate"))
-            .find(|p| p.is_file())
-    })
-}
-
-/// Validates `files` against the Kubernetes 1.36 schemas, strictly
-/// (unknown fields are errors); the tool's output on failure.
-fn validate(tool: &Path, files: &[PathBuf]) -> Result<(), String> {
-    let out = std::process::Command::new(tool)
-        .args(["-k", "1.36.0", "--strict", "--quiet"])
-        .args(files)
-        .output()
-        .unwrap_or_else(|e| panic!("{}: {e}", tool.display()));
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ))
-    }
+    // Where the plugin's state is, the exporter and `gpuslice slices` look.
+    assert!(
+        plugin.volume_mounts.iter().flatten().any(|m| {
+            m.mount_path == gpuslice_dra::checkpoint::DEFAULT_DIR && m.read_only != Some(true)
+        }),
+        "no writable {}",
+        gpuslice_dra::checkpoint::DEFAULT_DIR
+    );
 }
 
 #[test]
@@ -289,7 +288,7 @@ fn upstream_1_36_schemas_accept_the_manifests_and_the_published_slices() {
     let tool = kubernetes_validate();
     let unmet = tool
         .is_none()
-        .then(|| "kubernetes-validate not found (pip install kubernetes-validate, or set $KUBERNETES_VALIDATE)".to_string());
+        .then(|| KUBERNETES_VALIDATE_MISSING.to_string());
     if !gpuslice_testkit::precondition(
         "upstream_1_36_schemas_accept_the_manifests_and_the_published_slices",
         unmet,
@@ -351,4 +350,238 @@ fn upstream_1_36_schemas_accept_the_manifests_and_the_published_slices() {
     std::fs::write(&f, bad.to_string()).unwrap();
     let e = validate(&tool, &[f]).unwrap_err();
     assert!(e.contains("sharable"), "{e}");
+}
+
+fn chart() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/helm/gpuslice")
+}
+
+/// Helm (helm-sdkpy) and kubernetes-validate, or the test's precondition
+/// verdict when one is missing.
+fn helm_and_validator(test: &str) -> Option<(Helm, PathBuf)> {
+    let helm = Helm::find();
+    let tool = kubernetes_validate();
+    let unmet = match (&helm, &tool) {
+        (Err(e), _) => Some(e.clone()),
+        (_, None) => Some(KUBERNETES_VALIDATE_MISSING.to_string()),
+        _ => None,
+    };
+    gpuslice_testkit::precondition(test, unmet).then(|| (helm.unwrap(), tool.unwrap()))
+}
+
+/// The chart's DRA driver (`dra.enabled`), rendered and linted by Helm,
+/// with default and other values: what deploy/dra/ has, objects the
+/// upstream 1.36 schemas accept, and a DaemonSet that reaches the API
+/// server with its service account (no proxy sidecar).
+#[test]
+fn helm_chart_renders_the_dra_driver_as_deploy_dra_does() {
+    let Some((helm, tool)) =
+        helm_and_validator("helm_chart_renders_the_dra_driver_as_deploy_dra_does")
+    else {
+        return;
+    };
+    let plain = objects();
+    let cases = [
+        (
+            serde_json::json!({"dra": {"enabled": true}, "devicePlugin": {"enabled": false}}),
+            "/var/lib/kubelet",
+            "/var/run/cdi",
+        ),
+        // A distribution with the kubelet elsewhere, the runtime reading
+        // /etc/cdi, other shared-device defaults, a RuntimeClass, and the
+        // device plugin kept on other nodes.
+        (
+            serde_json::json!({
+                "runtimeClassName": "nvidia",
+                "image": {"tag": "0.1.0", "pullPolicy": "Always"},
+                "dra": {
+                    "enabled": true,
+                    "kubeletDir": "/var/lib/k0s/kubelet",
+                    "cdiDir": "/etc/cdi",
+                    "stateDir": "/srv/gpuslice/dra",
+                    "shared": {"memoryStep": "256MiB", "memoryDefault": "4GiB", "computeDefault": 25},
+                    "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [{"matchExpressions": [
+                            {"key": "gpuslice.dev/mode", "operator": "In", "values": ["dra"]}]}]}},
+                },
+            }),
+            "/var/lib/k0s/kubelet",
+            "/etc/cdi",
+        ),
+    ];
+    for (values, kubelet, cdi) in cases {
+        let lint = helm
+            .lint(&chart(), Some(&chart_values(&chart(), &values)))
+            .unwrap_or_else(|e| panic!("{values}: {e}"));
+        assert!(
+            lint.iter().all(|(sev, _)| sev == "INFO"),
+            "helm lint with {values}: {lint:?}"
+        );
+        let r = helm
+            .render(&chart(), "gs", "gpuslice-system", &values)
+            .unwrap_or_else(|e| panic!("{values}: {e}"));
+        assert_eq!(
+            yaml_text_docs(&r.manifest, "the rendered chart").len(),
+            r.created.len(),
+            "Helm created other objects than it rendered"
+        );
+        validate_objects(&tool, &r.created).unwrap_or_else(|e| panic!("{values}: {e}"));
+        let dra: Vec<_> = r
+            .created
+            .iter()
+            .filter(|o| {
+                o["metadata"]["labels"]["app.kubernetes.io/component"] == "dra-kubelet-plugin"
+            })
+            .map(|o| {
+                (
+                    o.clone(),
+                    format!("{} {}", o["kind"], o["metadata"]["name"]),
+                )
+            })
+            .collect();
+        let o = sort(dra);
+        check_device_classes(&o);
+        check_rbac(&o);
+        check_daemonset(&o, kubelet, cdi);
+        // The same classes and rules as deploy/dra/.
+        let specs = |o: &Objects| {
+            o.classes
+                .iter()
+                .map(|c| {
+                    (
+                        c.metadata.name.clone(),
+                        serde_json::to_value(&c.spec).unwrap(),
+                    )
+                })
+                .collect::<std::collections::BTreeMap<_, _>>()
+        };
+        assert_eq!(specs(&o), specs(&plain));
+        assert_eq!(o.roles[0].rules, plain.roles[0].rules);
+        // The plugin alone, with its service account's token and no API
+        // server flag: it uses the in-cluster credentials.
+        let pod = o.daemonsets[0]
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
+            .spec
+            .clone()
+            .unwrap();
+        let names: Vec<&str> = pod.containers.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["plugin"]);
+        assert_eq!(pod.automount_service_account_token, Some(true));
+        assert_ne!(o.accounts[0].automount_service_account_token, Some(false));
+        let cmd = pod.containers[0].command.clone().unwrap();
+        assert!(
+            !cmd.iter().any(|a| a.starts_with("--api-server")),
+            "{cmd:?}"
+        );
+        let flag = |f: &str| cmd.iter().skip_while(|a| *a != f).nth(1).cloned();
+        let shared = &chart_values(&chart(), &values)["dra"]["shared"];
+        assert_eq!(
+            flag("--memory-step").as_deref(),
+            shared["memoryStep"].as_str()
+        );
+        assert_eq!(
+            flag("--memory-default").as_deref(),
+            shared["memoryDefault"].as_str()
+        );
+        assert_eq!(
+            flag("--compute-default"),
+            Some(shared["computeDefault"].to_string())
+        );
+        assert_eq!(flag("--cdi-dir"), Some(format!("/host{cdi}")));
+        // Its pods are its own: the device plugin's DaemonSet and the
+        // metrics Service do not select them.
+        let labels = o.daemonsets[0]
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
+            .metadata
+            .clone()
+            .unwrap()
+            .labels
+            .unwrap();
+        for other in r.created.iter().filter(|x| {
+            x["kind"] == "Service" || (x["kind"] == "DaemonSet" && x["metadata"]["name"] == "gs")
+        }) {
+            let sel = other["spec"]["selector"]
+                .get("matchLabels")
+                .unwrap_or(&other["spec"]["selector"]);
+            let selects = sel
+                .as_object()
+                .unwrap()
+                .iter()
+                .all(|(k, v)| labels.get(k).map(String::as_str) == v.as_str());
+            assert!(
+                !selects,
+                "{} {} selects the DRA plugin's pods",
+                other["kind"], other["metadata"]["name"]
+            );
+        }
+    }
+}
+
+/// The device plugin and the DRA driver on the same nodes would hand out
+/// each GPU twice: the chart refuses to render that, saying how to fix it.
+#[test]
+fn helm_chart_refuses_the_device_plugin_and_dra_on_the_same_nodes() {
+    let Some((helm, _)) =
+        helm_and_validator("helm_chart_refuses_the_device_plugin_and_dra_on_the_same_nodes")
+    else {
+        return;
+    };
+    let e = helm
+        .render(
+            &chart(),
+            "gs",
+            "gpuslice-system",
+            &serde_json::json!({"dra": {"enabled": true}}),
+        )
+        .err()
+        .expect("rendered the device plugin and the DRA driver on the same nodes");
+    assert!(e.contains("hand out each GPU twice"), "{e}");
+    assert!(e.contains("dra.nodeAffinity"), "{e}");
+}
+
+/// DRA values the plugin would refuse at start, or a misspelt key that
+/// Helm would ignore, are refused when rendering (values.schema.json),
+/// naming the value.
+#[test]
+fn helm_chart_refuses_bad_dra_values() {
+    let Some((helm, _)) = helm_and_validator("helm_chart_refuses_bad_dra_values") else {
+        return;
+    };
+    let on = |dra: serde_json::Value| {
+        let mut v = serde_json::json!({"devicePlugin": {"enabled": false}, "dra": dra});
+        v["dra"]["enabled"] = true.into();
+        v
+    };
+    for (values, names) in [
+        (
+            on(serde_json::json!({"shared": {"computeDefault": 150}})),
+            "computeDefault",
+        ),
+        (
+            on(serde_json::json!({"shared": {"computeDefault": 0}})),
+            "computeDefault",
+        ),
+        (
+            on(serde_json::json!({"shared": {"memoryStep": "1.5 gigs"}})),
+            "memoryStep",
+        ),
+        (
+            on(serde_json::json!({"kubeletDir": "var/lib/kubelet"})),
+            "kubeletDir",
+        ),
+        (on(serde_json::json!({"cdidir": "/etc/cdi"})), "cdidir"),
+        (serde_json::json!({"dra": {"enabled": "yes"}}), "enabled"),
+    ] {
+        let e = helm
+            .render(&chart(), "gs", "gpuslice-system", &values)
+            .err()
+            .unwrap_or_else(|| panic!("rendered {values}"));
+        assert!(e.contains("schema") && e.contains(names), "{values}: {e}");
+    }
 }

@@ -1,10 +1,15 @@
 //! deploy/: the plain manifests are valid Kubernetes objects (k8s-openapi
 //! types, and nothing they drop: a misspelt field fails), the Helm chart's
-//! files parse and every `.Values` path its templates use exists, and the
+//! files parse and every `.Values` path its templates use exists, Helm
+//! itself (helm-sdkpy) lints and renders it into objects the upstream 1.36
+//! schemas accept (kubernetes-validate), and the
 //! Grafana dashboard queries only series the exporter emits.
 
 use gpuslice_k8s::plugin::config::Config;
-use gpuslice_testkit::manifests::typed;
+use gpuslice_testkit::manifests::{
+    chart_values, kubernetes_validate, typed, validate_objects, yaml_text_docs, Helm,
+    KUBERNETES_VALIDATE_MISSING,
+};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service};
 use serde::Deserialize;
@@ -76,10 +81,15 @@ fn gpuslice_dra_state_dir() -> &'static str {
 }
 
 fn check_daemonset(ds: &DaemonSet) {
+    check_daemonset_on(ds, 9400);
+}
+
+/// The device plugin's DaemonSet, its exporter on `port`.
+fn check_daemonset_on(ds: &DaemonSet, port: i32) {
     let tmpl = &ds.spec.as_ref().unwrap().template;
     let ann = tmpl.metadata.as_ref().unwrap().annotations.clone().unwrap();
     assert_eq!(ann["prometheus.io/scrape"], "true");
-    assert_eq!(ann["prometheus.io/port"], "9400");
+    assert_eq!(ann["prometheus.io/port"], port.to_string());
     let pod = tmpl.spec.as_ref().unwrap();
     let host_paths: BTreeSet<String> = pod
         .volumes
@@ -169,7 +179,7 @@ fn check_daemonset(ds: &DaemonSet) {
         .ports
         .iter()
         .flatten()
-        .any(|p| p.container_port == 9400));
+        .any(|p| p.container_port == port));
     let labels = pod
         .init_containers
         .iter()
@@ -326,6 +336,131 @@ fn grafana_dashboard_uses_emitted_metrics() {
     for p in all.iter().filter(|p| p["type"] != "row") {
         assert_eq!(p["datasource"]["uid"], "${datasource}", "{}", p["title"]);
     }
+}
+
+fn chart() -> PathBuf {
+    deploy().join("helm/gpuslice")
+}
+
+/// Helm itself (helm-sdkpy) lints the chart and renders it, with default
+/// and with other values; every object it would create is one the
+/// upstream 1.36 schemas accept and k8s-openapi types in full, and the
+/// device plugin's objects pass the plain manifests' checks.
+#[test]
+fn helm_lints_and_renders_the_chart_into_valid_objects() {
+    let test = "helm_lints_and_renders_the_chart_into_valid_objects";
+    let helm = Helm::find();
+    let tool = kubernetes_validate();
+    let unmet = match (&helm, &tool) {
+        (Err(e), _) => Some(e.clone()),
+        (_, None) => Some(KUBERNETES_VALIDATE_MISSING.to_string()),
+        _ => None,
+    };
+    if !gpuslice_testkit::precondition(test, unmet) {
+        return;
+    }
+    let (helm, tool) = (helm.unwrap(), tool.unwrap());
+    let cases = [
+        (serde_json::json!({}), 9400, false),
+        // Another exporter port and interval, a ServiceMonitor, shared
+        // GPUs with CDI, a RuntimeClass, and the DRA driver on other nodes.
+        (
+            serde_json::json!({
+                "runtimeClassName": "nvidia",
+                "image": {"repository": "registry.example/gpuslice", "tag": "0.1.0"},
+                "config": {
+                    "roles": [{"gpus": [0], "role": "whole"}, {"gpus": "others", "role": "shared", "replicas": 4}],
+                    "strategies": {"cdi": true},
+                },
+                "exporter": {"port": 9500, "interval": "15s"},
+                "serviceMonitor": {"enabled": true, "additionalLabels": {"release": "prometheus"}},
+                "dra": {"enabled": true, "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": [
+                        {"key": "gpuslice.dev/mode", "operator": "In", "values": ["dra"]}]}]}}},
+            }),
+            9500,
+            true,
+        ),
+    ];
+    for (values, port, monitor) in cases {
+        let lint = helm
+            .lint(&chart(), Some(&chart_values(&chart(), &values)))
+            .unwrap_or_else(|e| panic!("{values}: {e}"));
+        // Helm's one INFO: Chart.yaml has no icon.
+        assert!(
+            lint.iter().all(|(sev, _)| sev == "INFO"),
+            "helm lint with {values}: {lint:?}"
+        );
+        let r = helm
+            .render(&chart(), "gpuslice", "gpuslice", &values)
+            .unwrap_or_else(|e| panic!("{values}: {e}"));
+        assert_eq!(
+            yaml_text_docs(&r.manifest, "the rendered chart").len(),
+            r.created.len()
+        );
+        // ServiceMonitor is prometheus-operator's CRD: no upstream schema.
+        let (crds, core): (Vec<_>, Vec<_>) = r
+            .created
+            .iter()
+            .cloned()
+            .partition(|o| o["kind"] == "ServiceMonitor");
+        validate_objects(&tool, &core).unwrap_or_else(|e| panic!("{values}: {e}"));
+        assert_eq!(crds.len(), usize::from(monitor), "{values}");
+        for m in &crds {
+            assert_eq!(m["spec"]["endpoints"][0]["port"], "metrics");
+            assert_eq!(m["metadata"]["labels"]["release"], "prometheus");
+        }
+        let mut kinds = BTreeSet::new();
+        for o in &core {
+            let what = format!("{} {} ({values})", o["kind"], o["metadata"]["name"]);
+            kinds.insert(o["kind"].as_str().unwrap().to_string());
+            match o["kind"].as_str().unwrap() {
+                "ConfigMap" => {
+                    let cm: ConfigMap = typed(o, &what);
+                    Config::parse(&cm.data.unwrap()["config.yaml"])
+                        .unwrap_or_else(|e| panic!("{what}: config: {e:#}"));
+                }
+                "Service" => {
+                    let s: Service = typed(o, &what);
+                    assert!(s
+                        .spec
+                        .unwrap()
+                        .ports
+                        .unwrap()
+                        .iter()
+                        .any(|p| p.port == port));
+                }
+                "DaemonSet" if o["metadata"]["name"] == "gpuslice" => {
+                    check_daemonset_on(&typed(o, &what), port)
+                }
+                // The DRA driver's objects: gpuslice-dra's tests/deploy.rs.
+                _ => {}
+            }
+        }
+        for k in ["ConfigMap", "DaemonSet", "Service"] {
+            assert!(kinds.contains(k), "no {k} rendered with {values}");
+        }
+    }
+
+    // Both checks can fail: a chart whose values lack what its templates
+    // use does not lint, and an object 1.36 does not know is refused.
+    let lint = helm
+        .lint(&chart(), Some(&serde_json::json!({"image": {"tag": "x"}})))
+        .unwrap();
+    assert!(lint.iter().any(|(sev, _)| sev == "ERROR"), "{lint:?}");
+    let bad = serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "x"},
+        "spec": {"selector": {}, "template": {"spec": {"containers": [], "gpuPolicy": "shared"}}},
+    });
+    let e = validate_objects(&tool, &[bad]).unwrap_err();
+    assert!(e.contains("gpuPolicy"), "{e}");
+    let typo = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"},
+        "spec": {"containers": [{"name": "c", "image": "i"}],
+                 "volumes": [{"name": "v", "hostPath": {"path": "/x", "type": "Directroy"}}]},
+    });
+    let e = validate_objects(&tool, &[typo]).unwrap_err();
+    assert!(e.contains("Directroy"), "{e}");
 }
 
 #[test]

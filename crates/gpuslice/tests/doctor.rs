@@ -116,6 +116,10 @@ fn healthy_fake_host_passes() {
         "isolation.compute-boards",
         "k8s.cdi",
         "k8s.device-plugin",
+        "dra.plugin",
+        "dra.cdi-runtime",
+        "dra.feature-gates",
+        "dra.claims",
     ] {
         let c = check(&v, name);
         assert_eq!(c["status"], "skip", "{name}: {c:#}");
@@ -409,6 +413,94 @@ fn xid_errors_in_the_kernel_log() {
         "fail",
         &["Xid 79 ×1 on GPU1", "fallen off the bus"],
         "reset the GPU",
+    );
+}
+
+/// A Kubernetes node of the DRA driver on the fake host: the plugin's
+/// sockets answering, containerd 2.x (CDI on by default), a 1.36 control
+/// plane. Each DRA check passes; then the DRA socket goes (the plugin's
+/// pod lost the kubelet's plugins mount), then CDI is turned off, then
+/// consumable capacity on a 1.35 control plane: each is found alone.
+#[test]
+fn dra_node() {
+    use std::os::unix::net::UnixListener;
+    let h = healthy().build().unwrap();
+    let put = |rel: &str, text: &str| {
+        let p = h.root().join(rel);
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(p, text).unwrap();
+    };
+    let kubelet = h.root().join("var/lib/kubelet");
+    fs::create_dir_all(kubelet.join("plugins_registry")).unwrap();
+    fs::create_dir_all(kubelet.join("plugins/gpu.gpuslice.io")).unwrap();
+    let _reg =
+        UnixListener::bind(kubelet.join("plugins_registry/gpu.gpuslice.io-reg.sock")).unwrap();
+    let dra_sock = kubelet.join("plugins/gpu.gpuslice.io/dra.sock");
+    let dra = UnixListener::bind(&dra_sock).unwrap();
+    put(
+        "etc/containerd/config.toml",
+        "version = 3\n[plugins.'io.containerd.cri.v1.runtime']\n  enable_cdi = true\n",
+    );
+    let apiserver =
+        |v: &str| format!("spec:\n  containers:\n  - image: registry.k8s.io/kube-apiserver:{v}\n");
+    put(
+        "etc/kubernetes/manifests/kube-apiserver.yaml",
+        &apiserver("v1.36.1"),
+    );
+    put(
+        "var/lib/kubelet/config.yaml",
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n",
+    );
+    let (code, v) = doctor(&h, &[]);
+    assert_eq!(code, 0, "{v:#}");
+    for name in ["dra.plugin", "dra.cdi-runtime", "dra.feature-gates"] {
+        assert_eq!(check(&v, name)["status"], "pass", "{name}: {v:#}");
+    }
+    assert!(check(&v, "dra.feature-gates")["detail"]
+        .as_str()
+        .unwrap()
+        .contains("v1.36.1"));
+
+    drop(dra);
+    fs::remove_file(&dra_sock).unwrap();
+    let (code, v) = doctor(&h, &[]);
+    found(
+        &v,
+        code,
+        "dra.plugin",
+        "fail",
+        &["dra.sock", "does not"],
+        "plugins directory",
+    );
+    let _dra = UnixListener::bind(&dra_sock).unwrap();
+
+    put(
+        "etc/containerd/config.toml",
+        "version = 3\n[plugins.'io.containerd.cri.v1.runtime']\n  enable_cdi = false\n",
+    );
+    let (code, v) = doctor(&h, &[]);
+    found(
+        &v,
+        code,
+        "dra.cdi-runtime",
+        "fail",
+        &["enable_cdi = false"],
+        "enable_cdi = true",
+    );
+    put("etc/containerd/config.toml", "version = 3\n");
+
+    put(
+        "etc/kubernetes/manifests/kube-apiserver.yaml",
+        &apiserver("v1.35.0"),
+    );
+    let (code, v) = doctor(&h, &[]);
+    found(
+        &v,
+        code,
+        "dra.feature-gates",
+        "warn",
+        &["DRAConsumableCapacity", "v1.35.0", "shared GPUs"],
+        "DRAConsumableCapacity=true",
     );
 }
 

@@ -20,6 +20,7 @@ pub fn run(global: &Global, args: &DoctorArgs) -> Result<i32> {
     let opts = Options {
         host_root: HostRoot::new(&global.host_root),
         cgroup_root: args.cgroup_root.clone(),
+        dra_state_dir: Some(super::dra::state_dir(global)),
         ..Default::default()
     };
     let report = gpuslice_doctor::run(&opts);
