@@ -75,7 +75,8 @@ fn resolve_all(args: &RunArgs) -> Result<CdiEdits> {
 
 /// `vendor/class=name`.
 fn parse_id(id: &str) -> Result<(&str, &str)> {
-    let bad = || anyhow!("CDI device {id:?} is not VENDOR/CLASS=NAME (e.g. gpuslice.dev/claim=<uid>-0)");
+    let bad =
+        || anyhow!("CDI device {id:?} is not VENDOR/CLASS=NAME (e.g. gpuslice.dev/claim=<uid>-0)");
     let (kind, name) = id.split_once('=').ok_or_else(bad)?;
     let (vendor, class) = kind.split_once('/').ok_or_else(bad)?;
     if vendor.is_empty() || class.is_empty() || name.is_empty() {
@@ -222,7 +223,8 @@ fn apply(out: &mut CdiEdits, e: &Value, id: &str, spec: &Path) -> Result<()> {
         out.env.push(kv.to_string());
     }
     for n in e["deviceNodes"].as_array().into_iter().flatten() {
-        out.nodes.push(node(n).map_err(|why| anyhow!("{}: {why}", at()))?);
+        out.nodes
+            .push(node(n).map_err(|why| anyhow!("{}: {why}", at()))?);
     }
     for m in e["mounts"].as_array().into_iter().flatten() {
         mount(out, m).map_err(|why| anyhow!("{}: {why}", at()))?;
@@ -239,9 +241,14 @@ fn node(n: &Value) -> Result<(u32, u32, String)> {
     let path = n["path"].as_str().unwrap_or_default();
     let host = n["hostPath"].as_str().unwrap_or(path);
     if !matches!(n["type"].as_str(), None | Some("c")) {
-        bail!("device node {path}: type {}, but GPU nodes are character devices (\"c\")", n["type"]);
+        bail!(
+            "device node {path}: type {}, but GPU nodes are character devices (\"c\")",
+            n["type"]
+        );
     }
-    let md = std::fs::metadata(host).map_err(|e| anyhow!("device node {host}: {e} (is the driver loaded? regenerate the spec)"))?;
+    let md = std::fs::metadata(host).map_err(|e| {
+        anyhow!("device node {host}: {e} (is the driver loaded? regenerate the spec)")
+    })?;
     if !md.file_type().is_char_device() {
         bail!("device node {host} is not a character device");
     }
@@ -364,7 +371,10 @@ mod tests {
         let other = serde_json::json!({"hookName": "createContainer", "path": "/usr/bin/nvidia-ctk",
             "args": ["nvidia-ctk", "hook", "update-ldcache"]});
         let e = hook(&other).unwrap_err().to_string();
-        assert!(e.contains("nvidia-ctk") && e.contains("container runtime"), "{e}");
+        assert!(
+            e.contains("nvidia-ctk") && e.contains("container runtime"),
+            "{e}"
+        );
         let start = serde_json::json!({"hookName": "startContainer", "path": "/usr/bin/gpuslice",
             "args": ["gpuslice", "cdi", "hook", "params"]});
         assert!(hook(&start).is_err());
@@ -389,7 +399,10 @@ mod tests {
         );
         let odd = serde_json::json!({"hostPath": "/etc/hostname", "containerPath": "/etc/hostname",
             "options": ["ro", "exec-anything"]});
-        assert!(mount(&mut e, &odd).unwrap_err().to_string().contains("exec-anything"));
+        assert!(mount(&mut e, &odd)
+            .unwrap_err()
+            .to_string()
+            .contains("exec-anything"));
         let rw_record = serde_json::json!({"hostPath": "/etc/hostname",
             "containerPath": format!("{SLICE_DIR}/{LIMITS_FILE}"), "options": ["bind"]});
         assert!(mount(&mut e, &rw_record).is_err());

@@ -6,7 +6,6 @@ use anyhow::{anyhow, bail, Context, Result};
 use gpuslice_core::discover::cache::discover_cached;
 use gpuslice_core::discover::DiscoverOptions;
 use gpuslice_core::{DevicePolicy, HostRoot, Inventory, Selection};
-use gpuslice_ledger::limits::SliceLimits;
 use gpuslice_isolate::cgroup::{new_slice_id, CgroupDriver, Version};
 use gpuslice_isolate::devfs::NodeMode;
 use gpuslice_isolate::driver_proc::params_without_modify;
@@ -14,6 +13,7 @@ use gpuslice_isolate::launcher::{launch, ChildCommand, SandboxPlan, SignalGuard}
 use gpuslice_isolate::marks::mark;
 use gpuslice_isolate::privileges::Privileges;
 use gpuslice_isolate::Isolation;
+use gpuslice_ledger::limits::SliceLimits;
 use std::ffi::{CString, OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
@@ -243,9 +243,9 @@ pub fn run_with(global: &Global, args: &RunArgs, cdi: Option<CdiEdits>) -> Resul
     };
     let limits = match cdi_limits {
         Some(l) => Some(l),
-        None if args.memory.is_some() || args.compute.is_some() => Some(
-            super::slice_setup::limits_of(&inv, &sel, &slice_id, args)?,
-        ),
+        None if args.memory.is_some() || args.compute.is_some() => {
+            Some(super::slice_setup::limits_of(&inv, &sel, &slice_id, args)?)
+        }
         None => None,
     };
     let Some(mut limits) = limits else {
@@ -259,7 +259,12 @@ pub fn run_with(global: &Global, args: &RunArgs, cdi: Option<CdiEdits>) -> Resul
     let (records, mut files) = super::slice_setup::set_up(&limits, rootless, &mut cmd.env, shim)?;
     // A CDI device's own record is what the slice sees, as a runtime
     // would bind it (the launcher's copy, same content, is for `slices`).
+    // Its directory (the spec's, with every claim's record) is masked
+    // like the ledgers': root in the slice owns those files.
     if let (Some(f), Some(record)) = (files.as_mut(), cdi.as_ref().and_then(|c| c.record.clone())) {
+        if let Some(dir) = record.parent() {
+            f.masked.push(dir.to_path_buf());
+        }
         f.limits = record;
     }
     plan.slice_files = files;
@@ -290,7 +295,9 @@ impl CdiEdits {
     /// its MIG devices are named too (then those MIG devices). Any other
     /// node is refused: `gpuslice run` exposes GPU nodes only.
     pub fn selection(&self, inv: &Inventory) -> Result<Selection> {
-        use gpuslice_core::model::{DRM_MAJOR, NVIDIACTL_MINOR, NVIDIA_MAJOR, NVIDIA_MODESET_MINOR};
+        use gpuslice_core::model::{
+            DRM_MAJOR, NVIDIACTL_MINOR, NVIDIA_MAJOR, NVIDIA_MODESET_MINOR,
+        };
         let who = self.devices.join(", ");
         let mut gpus = Vec::new();
         let mut caps = Vec::new();
@@ -353,7 +360,10 @@ impl CdiEdits {
         };
         let who = self.devices.join(", ");
         if self.shim.is_none() {
-            bail!("CDI device {who}: it binds a limits record but no shim at {}; regenerate the spec", gpuslice_k8s::cdi::CONTAINER_SHIM);
+            bail!(
+                "CDI device {who}: it binds a limits record but no shim at {}; regenerate the spec",
+                gpuslice_k8s::cdi::CONTAINER_SHIM
+            );
         }
         let limits = gpuslice_ledger::limits::verify_and_read(record, false)
             .map_err(|e| anyhow!("CDI device {who}: its limits record: {e}"))?;
@@ -370,7 +380,6 @@ impl CdiEdits {
         Ok(Some(limits))
     }
 }
-
 
 /// Sets `KEY=VALUE`s over the command's environment, replacing a
 /// variable of the same name (a runtime's order: the spec's last).
