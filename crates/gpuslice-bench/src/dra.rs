@@ -235,13 +235,18 @@ pub fn run(setup: &Setup, args: &DraArgs) -> Result<i32> {
     let (date, _) = crate::utc_now();
     let inv = inventory(setup)?;
     if inv.gpus.is_empty() {
-        bail!("no GPU below {}: the driver has nothing to prepare", setup.host_root.display());
+        bail!(
+            "no GPU below {}: the driver has nothing to prepare",
+            setup.host_root.display()
+        );
     }
-    let source = args.health.unwrap_or(if fake_nvml(&setup.host_root).is_some() {
-        HealthSource::Xid
-    } else {
-        HealthSource::Synthetic
-    });
+    let source = args
+        .health
+        .unwrap_or(if fake_nvml(&setup.host_root).is_some() {
+            HealthSource::Xid
+        } else {
+            HealthSource::Synthetic
+        });
     let rt = runtime()?;
     let (prepare, unprepare) = rt.block_on(bench_prepare(setup, &inv, args))?;
     let health = rt.block_on(bench_health(setup, &inv, args, source))?;
@@ -252,7 +257,11 @@ pub fn run(setup: &Setup, args: &DraArgs) -> Result<i32> {
     let publish_max = health["to_taint"]["max_ms"]
         .as_f64()
         .unwrap_or(f64::INFINITY)
-        .max(health["to_untaint"]["max_ms"].as_f64().unwrap_or(f64::INFINITY));
+        .max(
+            health["to_untaint"]["max_ms"]
+                .as_f64()
+                .unwrap_or(f64::INFINITY),
+        );
     let pass = prep["p99_ms"].as_f64().is_some_and(|p| p <= PREPARE_P99_MS)
         && publish_max <= PUBLISH_MAX_MS;
     let report = json!({
@@ -291,7 +300,11 @@ pub fn run(setup: &Setup, args: &DraArgs) -> Result<i32> {
 
 /// Prepares `claims` claims one call each, rolling over the GPUs, keeping
 /// `window` prepared; the prepare and unprepare latencies (ms).
-async fn bench_prepare(setup: &Setup, inv: &Inventory, args: &DraArgs) -> Result<(Vec<f64>, Vec<f64>)> {
+async fn bench_prepare(
+    setup: &Setup,
+    inv: &Inventory,
+    args: &DraArgs,
+) -> Result<(Vec<f64>, Vec<f64>)> {
     let work = tempfile::tempdir()?;
     let api = FakeApiServer::start().await;
     let mut plugin = Plugin::start(setup, inv, work.path(), &api.url).await?;
@@ -300,7 +313,15 @@ async fn bench_prepare(setup: &Setup, inv: &Inventory, args: &DraArgs) -> Result
     let uid = |i: usize| format!("bench-uid-{i}");
     for i in 0..args.claims {
         let g = gpus[i % gpus.len()];
-        api.put_claim(shared_claim("bench", &name(i), &uid(i), NODE, g, "256Mi", "1"));
+        api.put_claim(shared_claim(
+            "bench",
+            &name(i),
+            &uid(i),
+            NODE,
+            g,
+            "256Mi",
+            "1",
+        ));
     }
     let window = args.window as usize * gpus.len();
     // Warm: the first call opens the channels and connections.
@@ -323,7 +344,10 @@ async fn bench_prepare(setup: &Setup, inv: &Inventory, args: &DraArgs) -> Result
     }
     let gets = api.gets();
     if gets < args.claims as u64 {
-        bail!("the double served {gets} GETs for {} prepares: the API read was skipped", args.claims);
+        bail!(
+            "the double served {gets} GETs for {} prepares: the API read was skipped",
+            args.claims
+        );
     }
     drop(plugin.driver);
     Ok((prep, unprep))
@@ -352,7 +376,12 @@ async fn bench_health(
             let lib = fake_nvml(&setup.host_root)
                 .ok_or_else(|| anyhow!("--health xid needs a fake host (gpuslice fakehost)"))?;
             (
-                Some(gpuslice_k8s::plugin::health::start(inv, &health, Some(lib), tx)),
+                Some(gpuslice_k8s::plugin::health::start(
+                    inv,
+                    &health,
+                    Some(lib),
+                    tx,
+                )),
                 None,
             )
         }
@@ -554,8 +583,15 @@ async fn selftest_prepare(
         _ = follow(&api, DRIVER_NAME, NODE, inv_rx, &policy, rx, Duration::from_secs(3600)) => bail!("the publisher stopped"),
     }
     let slice = fake.slices().remove(&name).unwrap_or_default();
-    let devices = slice["spec"]["devices"].as_array().cloned().unwrap_or_default();
-    let dev = devices.iter().find(|d| d["name"] == shared.as_str()).cloned().unwrap_or_default();
+    let devices = slice["spec"]["devices"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let dev = devices
+        .iter()
+        .find(|d| d["name"] == shared.as_str())
+        .cloned()
+        .unwrap_or_default();
     rep["published"] = json!({
         "devices": devices.iter().map(|d| d["name"].clone()).collect::<Vec<_>>(),
         "shared_device": dev,
@@ -566,13 +602,18 @@ async fn selftest_prepare(
     let mut ok = dev["allowMultipleAllocations"] == json!(true);
     for (name, mem, pct) in selftest_claims(args)? {
         let uid = format!("selftest-{name}");
-        fake.put_claim(shared_claim("selftest", &name, &uid, NODE, gpu.index, &mem, &pct));
+        fake.put_claim(shared_claim(
+            "selftest", &name, &uid, NODE, gpu.index, &mem, &pct,
+        ));
         let t = Instant::now();
         let r = plugin.prepare("selftest", &name, &uid).await;
         let ms = t.elapsed().as_secs_f64() * 1e3;
         let entry = match r {
             Ok(ids) => {
-                let record = gpuslice_k8s::cdi::limits_record_path(&args.work.join("cdi"), &format!("{uid}-0"));
+                let record = gpuslice_k8s::cdi::limits_record_path(
+                    &args.work.join("cdi"),
+                    &format!("{uid}-0"),
+                );
                 json!({
                     "claim": name, "uid": uid, "memory": mem, "compute": pct,
                     "cdi_device_ids": ids, "prepare_ms": ms,
@@ -612,7 +653,9 @@ async fn selftest_unprepare(
             .filter(|p| p.exists())
             .collect();
         ok &= r.is_ok() && left.is_empty();
-        done.push(json!({"uid": uid, "error": r.err().map(|e| format!("{e:#}")), "left_behind": left}));
+        done.push(
+            json!({"uid": uid, "error": r.err().map(|e| format!("{e:#}")), "left_behind": left}),
+        );
     }
     ok &= plugin.driver.prepared().await.is_empty();
     rep["unprepared"] = json!(done);

@@ -30,12 +30,19 @@ fn the_dra_selftest_prepares_claims_that_run_with_their_caps() {
     let tmp = tempfile::tempdir().unwrap();
     let work = tmp.path().join("work");
     let w = work.to_str().unwrap();
-    let out = gpuslice(&h, ledgers.path(), &["--json", "bench", "dra-selftest", "prepare", "--work", w])
-        .output()
-        .unwrap();
+    let out = gpuslice(
+        &h,
+        ledgers.path(),
+        &["--json", "bench", "dra-selftest", "prepare", "--work", w],
+    )
+    .output()
+    .unwrap();
     let rep = json_of(&out);
     assert_eq!(rep["pass"], true, "{rep:#}");
-    assert_eq!(rep["published"]["shared_device"]["allowMultipleAllocations"], true, "{rep:#}");
+    assert_eq!(
+        rep["published"]["shared_device"]["allowMultipleAllocations"], true,
+        "{rep:#}"
+    );
     let claims = rep["claims"].as_array().unwrap();
     assert_eq!(claims.len(), 2, "{rep:#}");
 
@@ -53,7 +60,17 @@ fn the_dra_selftest_prepares_claims_that_run_with_their_caps() {
         let out = gpuslice(
             &h,
             ledgers.path(),
-            &["run", "--cdi-spec-dir", cdi.to_str().unwrap(), "--cdi-device", id, "--", "sh", "-c", &script],
+            &[
+                "run",
+                "--cdi-spec-dir",
+                cdi.to_str().unwrap(),
+                "--cdi-device",
+                id,
+                "--",
+                "sh",
+                "-c",
+                &script,
+            ],
         )
         .output()
         .unwrap();
@@ -61,9 +78,13 @@ fn the_dra_selftest_prepares_claims_that_run_with_their_caps() {
         assert_eq!(v["total"], cap * GIB, "{id}: {v}");
     }
 
-    let out = gpuslice(&h, ledgers.path(), &["--json", "bench", "dra-selftest", "unprepare", "--work", w])
-        .output()
-        .unwrap();
+    let out = gpuslice(
+        &h,
+        ledgers.path(),
+        &["--json", "bench", "dra-selftest", "unprepare", "--work", w],
+    )
+    .output()
+    .unwrap();
     let rep = json_of(&out);
     assert_eq!(rep["pass"], true, "{rep:#}");
     assert_eq!(rep["unprepared"].as_array().unwrap().len(), 2, "{rep:#}");
@@ -100,9 +121,10 @@ fn bench_dra_reports_prepare_latencies_and_publication_after_xids() {
     )
     .output()
     .unwrap();
-    let rep: Value = serde_json::from_slice(&std::fs::read(&out_file).unwrap_or_else(|e| {
-        panic!("{e}: {}", String::from_utf8_lossy(&out.stderr))
-    }))
+    let rep: Value = serde_json::from_slice(
+        &std::fs::read(&out_file)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr))),
+    )
     .unwrap();
     let prep = &rep["prepare"]["latency"];
     assert_eq!(prep["n"], 40, "{rep:#}");
@@ -115,5 +137,7 @@ fn bench_dra_reports_prepare_latencies_and_publication_after_xids() {
     assert!(rep["host"]["gpu_count"] == 2, "{rep:#}");
     // The exit status is the verdict.
     assert_eq!(out.status.success(), rep["pass"] == true, "{rep:#}");
-    assert!(!Path::new(&rep["host_root"].as_str().unwrap()).as_os_str().is_empty());
+    assert!(!Path::new(&rep["host_root"].as_str().unwrap())
+        .as_os_str()
+        .is_empty());
 }
