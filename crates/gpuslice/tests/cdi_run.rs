@@ -18,7 +18,7 @@ use gpuslice_core::HostRoot;
 use gpuslice_dra::apiserver::HttpApi;
 use gpuslice_dra::driver::{spec_path, ClaimRef, Driver, Options};
 use gpuslice_dra::DRIVER_NAME;
-use gpuslice_testkit::fakeapi::{shared_claim, FakeApiServer};
+use gpuslice_testkit::fakeapi::{device_claim, shared_claim, FakeApiServer};
 use serde_json::{json, Value};
 
 mod common;
@@ -56,7 +56,7 @@ struct Prepared {
 }
 
 impl Prepared {
-    /// Prepares `claims`: (uid, gpu, memory, compute).
+    /// Prepares `claims`: (uid, gpu, memory, compute); memory "" for the GPU whole.
     fn new(claims: &[(&str, u32, &str, &str)]) -> Prepared {
         // SAFETY: geteuid has no preconditions.
         assert_eq!(unsafe { libc::geteuid() }, 0, "these tests need root (CI)");
@@ -98,7 +98,12 @@ impl Prepared {
             )
             .unwrap();
             for (uid, gpu, mem, compute) in claims {
-                api.put_claim(shared_claim("ns", uid, uid, "node-a", *gpu, mem, compute));
+                // No memory: the GPU whole.
+                api.put_claim(if mem.is_empty() {
+                    device_claim("ns", uid, uid, "node-a", &format!("gpu-{gpu}"))
+                } else {
+                    shared_claim("ns", uid, uid, "node-a", *gpu, mem, compute)
+                });
                 let c = ClaimRef {
                     namespace: "ns".into(),
                     name: uid.to_string(),
@@ -411,7 +416,7 @@ fn assert_refused(p: &Prepared, out: &Output, says: &str) {
 
 #[test]
 fn bad_cdi_input_is_refused_with_one_line_and_nothing_left() {
-    let p = Prepared::new(&[("claim-a", 2, "20Gi", "30")]);
+    let p = Prepared::new(&[("claim-a", 2, "20Gi", "30"), ("claim-c", 3, "10Gi", "10")]);
     let run = |args: &[&str]| {
         let mut all = args.to_vec();
         all.extend(["--", "echo", "RAN"]);
@@ -427,6 +432,13 @@ fn bad_cdi_input_is_refused_with_one_line_and_nothing_left() {
     assert_refused(&p, &out, "--gpus");
     let out = run(&["--cdi-device", &id("claim-a"), "--memory", "1GiB"]);
     assert_refused(&p, &out, "--memory");
+    let out = run(&[
+        "--cdi-device",
+        &id("claim-a"),
+        "--cdi-device",
+        &id("claim-c"),
+    ]);
+    assert_refused(&p, &out, "a second limits record");
 
     // A malformed spec among them.
     let junk = p.cdi().join("junk.json");
@@ -486,4 +498,33 @@ fn bad_cdi_input_is_refused_with_one_line_and_nothing_left() {
         .output()
         .unwrap();
     assert_eq!(text(&out.stdout), "RAN\n", "{}", text(&out.stderr));
+}
+
+#[test]
+fn a_whole_gpu_claim_runs_uncapped_on_its_gpu_alone() {
+    let p = Prepared::new(&[("whole", 1, "", "")]);
+    let script = format!(
+        "{}ls {}/dev | grep '^nvidia[0-9]'; {} info; test -e /run/gpuslice/slice/limits && echo CAPPED; true",
+        fake_driver(p.host),
+        p.host.root().display(),
+        client().display()
+    );
+    let out = p
+        .run(&["--cdi-device", &id("whole"), "--", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}\n{stdout}", text(&out.stderr));
+    assert!(
+        stdout.starts_with("nvidia1\n"),
+        "GPU 1's node alone: {stdout}"
+    );
+    let got = lines(&out);
+    assert_eq!(
+        got[0]["total"],
+        fakegpu::kernel::GPU_MEMORY_BYTES,
+        "uncapped: {stdout}"
+    );
+    assert!(!stdout.contains("CAPPED"), "{stdout}");
+    p.assert_nothing_left();
 }

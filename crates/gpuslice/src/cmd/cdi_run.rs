@@ -306,6 +306,9 @@ fn mount(out: &mut CdiEdits, m: &Value) -> Result<()> {
         if !bind.read_only {
             bail!("the limits record's mount at {target} is not read-only; regenerate the spec");
         }
+        if out.record.is_some() {
+            bail!("a second limits record ({source}): a slice has one; run each capped device as its own slice");
+        }
         out.record = Some(source.into());
         return Ok(());
     }
