@@ -201,7 +201,7 @@ pub fn run_with(global: &Global, args: &RunArgs, cdi: Option<CdiEdits>) -> Resul
         Some(c) => c.limits(&inv, &sel)?,
         None => None,
     };
-    tenant.enforce(&root, &inv, &sel, args)?;
+    tenant.enforce(&root, &inv, &sel, args, cdi_limits.as_ref())?;
     if args.privileged {
         eprintln!(
             "gpuslice: WARNING: --privileged: the command runs as full root (every capability, \
