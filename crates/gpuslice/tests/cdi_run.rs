@@ -492,6 +492,15 @@ fn bad_cdi_input_is_refused_with_one_line_and_nothing_left() {
     );
     let out = run_spec(&p, &dir, "echo RAN");
     assert_refused(&p, &out, "is not an NVIDIA GPU node");
+    // A node renamed in the slice.
+    let gpu1 = p.host.path("dev/nvidia1");
+    write_spec(
+        &p,
+        &dir,
+        json!({"deviceNodes": [{"path": "/dev/nvidia0", "hostPath": gpu1}]}),
+    );
+    let out = run_spec(&p, &dir, "echo RAN");
+    assert_refused(&p, &out, "only at its host name");
     // The spec's own run works (the faults above were the faults).
     let out = p
         .run(&["--cdi-device", &id("claim-a"), "--", "echo", "RAN"])

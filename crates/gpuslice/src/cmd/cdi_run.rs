@@ -252,6 +252,11 @@ fn node(n: &Value) -> Result<(u32, u32, String)> {
     if !md.file_type().is_char_device() {
         bail!("device node {host} is not a character device");
     }
+    // The slice's /dev shows the host's node under its own name.
+    let inside = Path::new(path).strip_prefix("/").unwrap_or(Path::new(path));
+    if !path.starts_with("/dev/") || !Path::new(host).ends_with(inside) {
+        bail!("device node {path} (host {host}): gpuslice run shows a node only at its host name under /dev; regenerate the spec");
+    }
     let (major, minor) = (libc::major(md.rdev()), libc::minor(md.rdev()));
     for (key, want) in [("major", major), ("minor", minor)] {
         if let Some(said) = n[key].as_u64() {
