@@ -19,8 +19,9 @@
 //!   launcher creates nothing on the host: a missing target, such as the
 //!   driver libraries' `/usr/local/nvidia/lib64`, is left out and the file
 //!   stays at its host path);
-//! - hooks: only gpuslice's own params hook, whose work the launcher's
-//!   params overlay does; any other hook is refused.
+//! - hooks: only gpuslice's own params hook, whose work is the launcher's
+//!   own params overlay (laid as for `--gpus`: when the selection hides a
+//!   GPU); any other hook is refused.
 //!
 //! Specs are root's trust: a spec file or directory that is not root's,
 //! or that another user could write, is refused (docs/security.md).
