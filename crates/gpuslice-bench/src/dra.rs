@@ -86,7 +86,7 @@ pub enum Phase {
 /// The host's GPUs, with NVML (memory sizes: the over-commit check needs them).
 fn inventory(setup: &Setup) -> Result<Inventory> {
     let root = HostRoot::new(&setup.host_root);
-    let nvml_lib = fake_nvml(&setup.host_root);
+    let nvml_lib = fake_nvml(&setup.host_root)?;
     discover(
         &root,
         &DiscoverOptions {
@@ -99,11 +99,14 @@ fn inventory(setup: &Setup) -> Result<Inventory> {
 
 /// A fake host's NVML (`gpuslice fakehost`: the built fake driver, which
 /// follows `FAKEGPU_ROOT`); None on a real host.
-fn fake_nvml(root: &Path) -> Option<PathBuf> {
-    fakegpu::is_fake_host(root).then(|| {
-        std::env::set_var("FAKEGPU_ROOT", root);
-        fakegpu::driver_so_path()
-    })
+fn fake_nvml(root: &Path) -> Result<Option<PathBuf>> {
+    if !fakegpu::is_fake_host(root) {
+        return Ok(None);
+    }
+    let lib = fakegpu::try_driver_so_path()
+        .map_err(|why| anyhow!("a fake host needs the fake NVML: {why}"))?;
+    std::env::set_var("FAKEGPU_ROOT", root);
+    Ok(Some(lib))
 }
 
 /// The driver on `work`'s state, served on its sockets, and the test
@@ -242,7 +245,7 @@ pub fn run(setup: &Setup, args: &DraArgs) -> Result<i32> {
     }
     let source = args
         .health
-        .unwrap_or(if fake_nvml(&setup.host_root).is_some() {
+        .unwrap_or(if fake_nvml(&setup.host_root)?.is_some() {
             HealthSource::Xid
         } else {
             HealthSource::Synthetic
@@ -373,7 +376,7 @@ async fn bench_health(
     // The XID watcher on the fake NVML, or none (the changes are sent here).
     let (watcher, synthetic) = match source {
         HealthSource::Xid => {
-            let lib = fake_nvml(&setup.host_root)
+            let lib = fake_nvml(&setup.host_root)?
                 .ok_or_else(|| anyhow!("--health xid needs a fake host (gpuslice fakehost)"))?;
             (
                 Some(gpuslice_k8s::plugin::health::start(
