@@ -47,6 +47,12 @@
 #              shared 4 ways (only gpu.shared served; two 1-replica requests packed onto it, both
 #              slices run the probe at once; ledger dirs removed once PodResources drops the pods),
 #              kubelet restarts, 60 s health (~90 s)
+#   dra        issue 19: the DRA driver publishes the GPU to its API test double and prepares
+#              20Gi/30 and 40Gi/60 claims (bench dra-selftest); both slices started from their CDI
+#              device IDs by `gpuslice run --cdi-device` with PyTorch: mem_get_info total == cap,
+#              hold 20 / 40 GiB and refused beyond, 8192^2 bf16 GEMMs over one common window within
+#              2 % of 1:2; bench dra --claims 1000 (prepare p99, publication after a health
+#              change); unprepare from the checkpoint (device_dra.py, ~100 s, at most 120)
 # Run from the repo root as root after scripts/device-build.sh. Each part is
 # bounded; everything lands in OUTDIR/results.tgz (the device tool brings
 # back few files), plus the small JSON summaries beside it.
@@ -140,6 +146,10 @@ part_plugin() {
         --replicas 4 --bench-allocs 10000 --restarts 3 --label "H200 (real driver)" \
         --probe "$(pwd)/.device-carry/gpuslice-cuda-probe" --out "$work/plugin.json"
 }
+part_dra() {
+    # DRA claims applied by `gpuslice run --cdi-device`; dra.json "pass", bench-dra.json.
+    DRA_BUDGET_S=${DRA_BUDGET_S:-120} bounded 140 python3 scripts/device_dra.py "$work"
+}
 part_users() {
     # Makes /dev/gpualias (a copy of /dev/nvidia0) and removes it again.
     bounded 240 python3 scripts/device_users.py "$work"
@@ -168,7 +178,7 @@ part_doctor() {
 # parts that finished.
 collect() {
     tar czf "$out/results.tgz" -C "$work" .
-    for f in launch-phases.json memphys.json hostpid.json gpt2.json gpt2-perf.json gemm-cap.json procutil.json isolation.json launch-none.json layout.json doctor.json cdi.json exporter.json plugin.json compute.json compute-diag.json compute-trace.json users.json integrity.json boundary.json launch-boundary.json; do
+    for f in launch-phases.json memphys.json hostpid.json gpt2.json gpt2-perf.json gemm-cap.json procutil.json isolation.json launch-none.json layout.json doctor.json cdi.json exporter.json plugin.json compute.json compute-diag.json compute-trace.json users.json integrity.json boundary.json launch-boundary.json dra.json bench-dra.json; do
         [ -f "$work/$f" ] && cp "$work/$f" "$out/"
     done
 }

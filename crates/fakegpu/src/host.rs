@@ -409,13 +409,7 @@ impl FakeHost {
     /// open with that GPU registered (one line `<uuid> <xid>` appended to
     /// `.fakegpu/xid`).
     pub fn inject_xid(&self, gpu_index: usize, xid: u64) -> io::Result<()> {
-        use std::io::Write;
-        let uuid = &self.gpus()[gpu_index].uuid;
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.path(STATE_DIR).join("xid"))?;
-        writeln!(f, "{uuid} {xid}")
+        inject_xid_below(&self.root, &self.gpus()[gpu_index].uuid, xid)
     }
 
     /// The environment a process needs to run against this host's fake
@@ -452,4 +446,15 @@ impl FakeHost {
         }
         self.root.clone()
     }
+}
+
+/// [`FakeHost::inject_xid`] for the fake host at `root` (one made by
+/// another process, e.g. `gpuslice fakehost`), by the GPU's UUID.
+pub fn inject_xid_below(root: &Path, uuid: &str, xid: u64) -> io::Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(root.join(STATE_DIR).join("xid"))?;
+    writeln!(f, "{uuid} {xid}")
 }

@@ -28,7 +28,7 @@ pub mod tree;
 
 use std::path::PathBuf;
 
-pub use host::{is_fake_host, FakeHost, FakeHostBuilder, KERNEL_FILE, MAX_GPUS};
+pub use host::{inject_xid_below, is_fake_host, FakeHost, FakeHostBuilder, KERNEL_FILE, MAX_GPUS};
 pub use kernel::{Kernel, KernelGpu, KernelMig};
 pub use probe::{
     format_uuid, probe_command, run_probe, ProbeAlloc, ProbeDevice, ProbeNvml, ProbeReport,
@@ -75,16 +75,29 @@ pub fn artifact_dirs() -> Vec<PathBuf> {
     dirs
 }
 
+/// [`driver_so_path`], or why it is missing (with how to build it).
+pub fn try_driver_so_path() -> Result<PathBuf, String> {
+    try_find_artifact(
+        "FAKEGPU_DRIVER_LIB",
+        DRIVER_SO,
+        "cargo build -p fakegpu-driver",
+    )
+}
+
 fn find_artifact(env: &str, file: &str, build: &str) -> PathBuf {
+    try_find_artifact(env, file, build).unwrap_or_else(|why| panic!("{why}"))
+}
+
+fn try_find_artifact(env: &str, file: &str, build: &str) -> Result<PathBuf, String> {
     if let Some(path) = std::env::var_os(env).filter(|p| !p.is_empty()) {
         let path = PathBuf::from(path);
         if probe::is_file(&path) {
-            return path;
+            return Ok(path);
         }
-        panic!(
+        return Err(format!(
             "fakegpu: ${env}={} does not exist; build it with `{build}`",
             path.display()
-        );
+        ));
     }
     let dirs = artifact_dirs();
     if let Some(found) = dirs
@@ -92,10 +105,10 @@ fn find_artifact(env: &str, file: &str, build: &str) -> PathBuf {
         .map(|d| d.join(file))
         .find(|p| probe::is_file(p))
     {
-        return found;
+        return Ok(found);
     }
-    panic!(
+    Err(format!(
         "fakegpu: {file} not found in {dirs:?}: build it with `{build}` \
          (same profile as the tests), or set ${env}"
-    );
+    ))
 }

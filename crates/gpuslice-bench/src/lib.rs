@@ -1,7 +1,8 @@
 //! `gpuslice bench`: the benchmarks that back gpuslice's claims, with
 //! their statistics (`stats.rs`), SVG plots (`plot.rs`) and the facts
 //! about the machine each result records (`host.rs`); and the device
-//! plugin's self-test against a test kubelet (`plugin.rs`).
+//! plugin's self-test against a test kubelet (`plugin.rs`); the DRA
+//! driver's benchmark and self-test against its API test double (`dra.rs`).
 //!
 //! The CLI (`gpuslice-full`) hands it a [`Setup`]: the benchmarks time
 //! the `gpuslice` binary users call, which this crate does not link.
@@ -10,6 +11,7 @@
 // terminal (`bench-init-<time>.json`), not for rustdoc's HTML.
 #![allow(rustdoc::invalid_html_tags)]
 
+mod dra;
 mod host;
 mod init;
 mod launch;
@@ -17,6 +19,7 @@ mod plot;
 mod plugin;
 mod stats;
 
+pub use dra::{DraArgs, DraSelftestArgs};
 pub use init::InitArgs;
 pub use launch::LaunchArgs;
 pub use plugin::{selftest as plugin_selftest, SelftestArgs};
@@ -44,6 +47,11 @@ pub enum BenchCommand {
     Init(InitArgs),
     /// Launch overhead of isolation against a bare exec (and bubblewrap when installed).
     Launch(LaunchArgs),
+    /// The DRA driver against its API test double and the test kubelet: NodePrepareResources latency per claim, ResourceSlice re-publication after a health change.
+    Dra(DraArgs),
+    /// Drive the DRA driver on this host's GPUs (prepare claims, then unprepare them) and report JSON (the GPU machine's check).
+    #[command(hide = true)]
+    DraSelftest(DraSelftestArgs),
 }
 
 /// Runs a benchmark; the exit status (1 when runs failed).
@@ -51,6 +59,8 @@ pub fn run(ctx: &Setup, cmd: &BenchCommand) -> Result<i32> {
     match cmd {
         BenchCommand::Init(args) => init::run(ctx, args),
         BenchCommand::Launch(args) => launch::run(ctx, args),
+        BenchCommand::Dra(args) => dra::run(ctx, args),
+        BenchCommand::DraSelftest(args) => dra::selftest(ctx, args),
     }
 }
 

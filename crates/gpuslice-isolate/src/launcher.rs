@@ -97,6 +97,9 @@ pub struct SandboxPlan {
     /// place, and other slices' records hidden ([`slicefs`]); needs a
     /// mount namespace, so it makes one.
     pub slice_files: Option<slicefs::SliceFiles>,
+    /// Bind mounts a CDI spec asks for, made before the slice's files
+    /// (which they cannot cover: those are mounted over them).
+    pub binds: Vec<slicefs::Bind>,
 }
 
 impl SandboxPlan {
@@ -107,6 +110,7 @@ impl SandboxPlan {
             || self.params_overlay.is_some()
             || !self.masked_gpus.is_empty()
             || self.slice_files.is_some()
+            || !self.binds.is_empty()
             || self.pid_namespace
             || self.privileges.confined()
     }
@@ -709,6 +713,9 @@ fn build_mounts(plan: &SandboxPlan, survey: Option<OwnedFd>) -> Result<(), Strin
     }
     driver_proc::mask_gpu_dirs(&plan.root, &plan.masked_gpus).map_err(|e| e.to_string())?;
     mark("c-procfs");
+    for b in &plan.binds {
+        b.mount().map_err(|e| e.to_string())?;
+    }
     if let Some(files) = &plan.slice_files {
         slicefs::mount_slice_files(files).map_err(|e| e.to_string())?;
     }

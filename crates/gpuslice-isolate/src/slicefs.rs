@@ -55,6 +55,39 @@ pub struct SliceFiles {
     pub visible: Vec<PathBuf>,
 }
 
+/// A bind mount a CDI spec asks for (`gpuslice run --cdi-device`), made
+/// in the child's mount namespace exactly where and how the spec says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bind {
+    /// Host path.
+    pub source: PathBuf,
+    /// Where the command sees it; must exist (the launcher creates
+    /// nothing on the host for a spec).
+    pub target: PathBuf,
+    pub read_only: bool,
+    pub nosuid: bool,
+    pub nodev: bool,
+    pub noexec: bool,
+}
+
+impl Bind {
+    /// Makes the bind (in the child, inside its mount namespace).
+    pub fn mount(&self) -> io::Result<()> {
+        let mut flags = MsFlags::empty();
+        for (on, f) in [
+            (self.read_only, MsFlags::MS_RDONLY),
+            (self.nosuid, MsFlags::MS_NOSUID),
+            (self.nodev, MsFlags::MS_NODEV),
+            (self.noexec, MsFlags::MS_NOEXEC),
+        ] {
+            if on {
+                flags |= f;
+            }
+        }
+        bind(&self.source, &self.target, flags)
+    }
+}
+
 /// Makes the mount points the child needs, on the host, as root: the fixed
 /// place and `/etc/ld.so.preload` (empty: the loader reads an empty list
 /// as none).

@@ -140,6 +140,7 @@ mod tests {
             "gpuslice run --gpus all --privileged --isolation env --cuda-cache /c -- x --flag",
             "gpuslice --json list",
             "gpuslice slices --json",
+            "gpuslice run --cdi-spec-dir /d --cdi-device gpuslice.dev/claim=u-0 -- x",
         ] {
             let l = lean(line);
             assert!(l.is_some(), "{line}");
@@ -160,6 +161,9 @@ mod tests {
             "gpuslice cdi generate",
             "gpuslice bench launch --runs 3",
             "gpuslice doctor",
+            "gpuslice run --cdi-device a.b/c=d --gpus 0 -- x",
+            "gpuslice run --cdi-device a.b/c=d --memory 1GiB -- x",
+            "gpuslice run -- x",
         ] {
             assert_eq!(lean(line), None, "{line}");
         }

@@ -77,6 +77,8 @@ pub fn shed_setuid(cli: Option<&Cli>) -> anyhow::Result<()> {
 pub fn run_lean(cli: &Cli) -> Option<anyhow::Result<i32>> {
     let g = &cli.global;
     let result = match &cli.command {
+        // A CDI launch parses specs with the CDI stack: gpuslice-full's.
+        Command::Run(args) if !args.cdi_device.is_empty() => return None,
         Command::Run(args) if cmd::run::carried_here(args) => cmd::run::run(g, args),
         _ if cmd::run::linked_statically() => return None,
         Command::List => cmd::list::run(g),
@@ -99,6 +101,7 @@ pub fn run_full(cli: &Cli) -> anyhow::Result<i32> {
     let g = &cli.global;
     match &cli.command {
         Command::List => cmd::list::run(g),
+        Command::Run(args) if !args.cdi_device.is_empty() => cmd::cdi_run::run(g, args),
         Command::Run(args) => cmd::run::run(g, args),
         Command::Slices => cmd::slices::run(g),
         Command::Cdi(c) => cmd::cdi::run(g, c),

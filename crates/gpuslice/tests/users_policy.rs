@@ -633,3 +633,69 @@ fn host_root_symlinks_out_of_the_root_are_refused_and_nothing_is_read() {
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!mounts.contains(&secret_dir.path().display().to_string()));
 }
+
+/// A CDI spec (root's) for `example.com/test=d`: GPU `gpu`'s node and a
+/// limits record capping it at `memory`, with the built shim.
+fn capped_spec(h: &FakeHost, dir: &Path, gpu: usize, memory: &str) {
+    use gpuslice_ledger::limits::{DeviceLimits, MemorySize, Mode, SliceLimits};
+    std::fs::create_dir_all(dir).unwrap();
+    let record = dir.join("record");
+    let limits = SliceLimits {
+        slice_id: "d".into(),
+        mode: Mode::Cap,
+        devices: vec![DeviceLimits {
+            uuid: h.gpus()[gpu].uuid.clone(),
+            memory: Some(memory.parse::<MemorySize>().unwrap()),
+            compute: Some("50".parse().unwrap()),
+        }],
+    };
+    std::fs::write(&record, limits.render()).unwrap();
+    let shim = common::slice::built_shim();
+    let spec = serde_json::json!({
+        "cdiVersion": "0.6.0",
+        "kind": "example.com/test",
+        "devices": [{"name": "d", "containerEdits": {
+            "deviceNodes": [{"path": format!("/dev/nvidia{gpu}"), "hostPath": h.path(format!("dev/nvidia{gpu}"))}],
+            "mounts": [
+                {"hostPath": shim, "containerPath": "/usr/local/gpuslice/libgpuslice.so", "options": ["ro", "bind"]},
+                {"hostPath": record, "containerPath": "/run/gpuslice/slice/limits", "options": ["ro", "bind"]},
+            ],
+        }}],
+    });
+    std::fs::write(dir.join("test.json"), spec.to_string()).unwrap();
+}
+
+/// A CDI device's record stands for --memory/--compute: a bound caller
+/// gets the GPUs and caps the policy allows, no more.
+#[test]
+fn the_policy_holds_for_cdi_devices() {
+    let h = host(4);
+    let u = TestUser::new();
+    let p = rule_for(&h, &u, "max_memory = \"1GiB\"\nmax_compute = 50\n");
+    let specs = tempfile::tempdir().unwrap();
+    let ledgers = tempfile::tempdir().unwrap();
+    let run = |memory: &str| {
+        capped_spec(&h, specs.path(), 1, memory);
+        let mut c = sudo_cmd(
+            &h,
+            &u,
+            &p,
+            &[
+                "run",
+                "--cdi-spec-dir",
+                specs.path().to_str().unwrap(),
+                "--cdi-device",
+                "example.com/test=d",
+                "--",
+                "true",
+            ],
+        );
+        c.env("GPUSLICE_LEDGER_DIR", ledgers.path())
+            .env("GPUSLICE_BOARD_DIR", ledgers.path().join("boards"))
+            .output()
+            .unwrap()
+    };
+    let out = run("512MiB");
+    assert!(out.status.success(), "{}", text(&out));
+    refused(&run("2GiB"), "max_memory");
+}

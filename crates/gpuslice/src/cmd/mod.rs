@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod cdi;
+pub mod cdi_run;
 pub mod device_plugin;
 pub mod doctor;
 pub mod dra;

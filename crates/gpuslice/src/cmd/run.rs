@@ -2,7 +2,7 @@
 
 use super::tenant::Tenant;
 use crate::global::Global;
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use gpuslice_core::discover::cache::discover_cached;
 use gpuslice_core::discover::DiscoverOptions;
 use gpuslice_core::{DevicePolicy, HostRoot, Inventory, Selection};
@@ -13,6 +13,7 @@ use gpuslice_isolate::launcher::{launch, ChildCommand, SandboxPlan, SignalGuard}
 use gpuslice_isolate::marks::mark;
 use gpuslice_isolate::privileges::Privileges;
 use gpuslice_isolate::Isolation;
+use gpuslice_ledger::limits::SliceLimits;
 use std::ffi::{CString, OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
@@ -39,8 +40,20 @@ pub enum CgroupVersion {
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
     /// GPUs to expose: comma list of 3, 0-3, GPU-<uuid>, 0000:3b:00.0, MIG-<uuid>, <gpu>:<mig>, all, none.
-    #[arg(long, value_name = "SEL")]
-    pub gpus: String,
+    #[arg(long, value_name = "SEL", required_unless_present = "cdi_device")]
+    pub gpus: Option<String>,
+
+    /// Apply a CDI device's edits (device nodes, mounts, env) as a container runtime would, on the host (root only; repeatable). Its device nodes select the GPUs, a limits record it mounts sets the caps: not with --gpus, --memory or --compute.
+    #[arg(
+        long,
+        value_name = "VENDOR/CLASS=NAME",
+        conflicts_with_all = ["gpus", "memory", "compute"]
+    )]
+    pub cdi_device: Vec<String>,
+
+    /// Where --cdi-device looks for specs (repeatable) [default: /etc/cdi, /var/run/cdi].
+    #[arg(long, value_name = "DIR", requires = "cdi_device")]
+    pub cdi_spec_dir: Vec<PathBuf>,
 
     /// Isolation layers [default: full as root, namespace (user namespace) otherwise].
     #[arg(long, value_enum)]
@@ -97,6 +110,13 @@ pub struct RunArgs {
     pub command: Vec<OsString>,
 }
 
+impl RunArgs {
+    /// `--gpus`; empty for a CDI launch (its device nodes select).
+    pub fn selector(&self) -> &str {
+        self.gpus.as_deref().unwrap_or("")
+    }
+}
+
 /// `run --pid`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum PidMode {
@@ -134,7 +154,7 @@ pub fn carried_here(args: &RunArgs) -> bool {
                 gpuslice_policy::Caller::detect(),
                 Ok(gpuslice_policy::Caller::Root)
             )
-            && !names_mig(&args.gpus))
+            && !names_mig(args.selector()))
 }
 
 fn names_mig(selector: &str) -> bool {
@@ -156,6 +176,13 @@ const SLICE_ENV: &[&str] = &[
 ];
 
 pub fn run(global: &Global, args: &RunArgs) -> Result<i32> {
+    run_with(global, args, None)
+}
+
+/// [`run`], with the edits of `--cdi-device` resolved by `gpuslice-full`
+/// (`super::cdi_run`): they select the GPUs, add binds and variables,
+/// and may bring the slice's limits record and shim.
+pub fn run_with(global: &Global, args: &RunArgs, cdi: Option<CdiEdits>) -> Result<i32> {
     // Before anything opens a descriptor that could fill a gap among them.
     gpuslice_isolate::fds::check_preserved(args.preserve_fds)?;
     // Before discovery, which may load NVML and with it threads.
@@ -163,11 +190,18 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<i32> {
     let root = HostRoot::new(&global.host_root);
     let tenant = Tenant::resolve(&root, args)?;
     let started = std::time::Instant::now();
-    let inv = discover_for_run(&root, &args.gpus)?;
+    let inv = discover_for_run(&root, args.selector())?;
     tracing::debug!(elapsed_us = started.elapsed().as_micros() as u64, sources = ?inv.sources, "discovered");
     mark("discovered");
-    let sel = Selection::parse(&args.gpus, &inv)?;
-    tenant.enforce(&root, &inv, &sel, args)?;
+    let sel = match &cdi {
+        Some(c) => c.selection(&inv)?,
+        None => Selection::parse(args.selector(), &inv)?,
+    };
+    let cdi_limits = match &cdi {
+        Some(c) => c.limits(&inv, &sel)?,
+        None => None,
+    };
+    tenant.enforce(&root, &inv, &sel, args, cdi_limits.as_ref())?;
     if args.privileged {
         eprintln!(
             "gpuslice: WARNING: --privileged: the command runs as full root (every capability, \
@@ -194,26 +228,169 @@ pub fn run(global: &Global, args: &RunArgs) -> Result<i32> {
         "isolation layers"
     );
     mark("planned");
+    let mut env = child_env(&inv, &sel, &slice_id, args, &tenant)?;
+    if let Some(c) = &cdi {
+        plan.binds = c.binds.clone();
+        apply_env(&mut env, &c.env)?;
+    }
     let cmd = ChildCommand {
         argv: args
             .command
             .iter()
             .map(|a| cstring(a))
             .collect::<Result<_>>()?,
-        env: child_env(&inv, &sel, &slice_id, args, &tenant)?,
+        env,
     };
-    if args.memory.is_none() && args.compute.is_none() {
+    let limits = match cdi_limits {
+        Some(l) => Some(l),
+        None if args.memory.is_some() || args.compute.is_some() => {
+            Some(super::slice_setup::limits_of(&inv, &sel, &slice_id, args)?)
+        }
+        None => None,
+    };
+    let Some(mut limits) = limits else {
         return Ok(launch(&signals, &plan, &slice_id, &cmd)?);
-    }
+    };
+    limits.slice_id = slice_id.clone();
     // Memory cap / compute share: the slice's records, written by root
     // and mounted at the slice's fixed place, with the shim preloaded.
     let mut cmd = cmd;
-    let limits = super::slice_setup::limits_of(&inv, &sel, &slice_id, args)?;
-    let (records, files) = super::slice_setup::set_up(&limits, rootless, &mut cmd.env)?;
+    let shim = cdi.as_ref().and_then(|c| c.shim.as_deref());
+    let (records, mut files) = super::slice_setup::set_up(&limits, rootless, &mut cmd.env, shim)?;
+    // A CDI device's own record is what the slice sees, as a runtime
+    // would bind it (the launcher's copy, same content, is for `slices`).
+    // Its directory (the spec's, with every claim's record) is masked
+    // like the ledgers': root in the slice owns those files.
+    if let (Some(f), Some(record)) = (files.as_mut(), cdi.as_ref().and_then(|c| c.record.clone())) {
+        if let Some(dir) = record.parent() {
+            f.masked.push(dir.to_path_buf());
+        }
+        f.limits = record;
+    }
     plan.slice_files = files;
     let result = launch(&signals, &plan, &slice_id, &cmd);
     drop(records);
     Ok(result?)
+}
+
+/// What a CDI device asks of the slice, resolved from its spec.
+#[derive(Debug, Clone, Default)]
+pub struct CdiEdits {
+    /// The devices, as named on the command line (for messages).
+    pub devices: Vec<String>,
+    /// `(major, minor, path)` of every device node the edits name.
+    pub nodes: Vec<(u32, u32, String)>,
+    /// `KEY=VALUE`, in the order the runtime applies them.
+    pub env: Vec<String>,
+    pub binds: Vec<gpuslice_isolate::slicefs::Bind>,
+    /// Host path of the root-written limits record bound at the slice's fixed place.
+    pub record: Option<PathBuf>,
+    /// Host path of the shim the spec mounts.
+    pub shim: Option<PathBuf>,
+}
+
+impl CdiEdits {
+    /// The GPUs and MIG devices whose nodes the edits name: each
+    /// `/dev/nvidia<minor>` a GPU, unless the MIG access caps of some of
+    /// its MIG devices are named too (then those MIG devices). Any other
+    /// node is refused: `gpuslice run` exposes GPU nodes only.
+    pub fn selection(&self, inv: &Inventory) -> Result<Selection> {
+        use gpuslice_core::model::{
+            DRM_MAJOR, NVIDIACTL_MINOR, NVIDIA_MAJOR, NVIDIA_MODESET_MINOR,
+        };
+        let who = self.devices.join(", ");
+        let mut gpus = Vec::new();
+        let mut caps = Vec::new();
+        for (major, minor, path) in &self.nodes {
+            let (major, minor) = (*major, *minor);
+            if major == NVIDIA_MAJOR {
+                if minor == NVIDIACTL_MINOR || minor == NVIDIA_MODESET_MINOR {
+                    continue;
+                }
+                let gpu = inv.gpu_by_minor(minor).ok_or_else(|| {
+                    anyhow!("CDI device {who}: {path} ({major}:{minor}) is no GPU of this host (gpuslice list shows them): regenerate the spec")
+                })?;
+                gpus.push(gpu.index);
+            } else if Some(major) == inv.majors.nvidia_uvm || major == DRM_MAJOR {
+                continue; // checked against the selection's policy below
+            } else if Some(major) == inv.majors.nvidia_caps {
+                caps.push(minor);
+            } else {
+                bail!("CDI device {who}: {path} ({major}:{minor}) is not an NVIDIA GPU node; gpuslice run exposes GPU nodes only (use a container runtime for other devices)");
+            }
+        }
+        gpus.sort_unstable();
+        gpus.dedup();
+        if gpus.is_empty() {
+            bail!("CDI device {who}: its edits name no GPU node (/dev/nvidia<N>); name a GPU's device");
+        }
+        let mut sel = Selection::default();
+        for g in inv.gpus.iter().filter(|g| gpus.contains(&g.index)) {
+            let migs: Vec<u32> = g
+                .migs
+                .iter()
+                .filter(|m| {
+                    m.gi_access_minor.is_some_and(|c| caps.contains(&c))
+                        && m.ci_access_minor.is_some_and(|c| caps.contains(&c))
+                })
+                .map(|m| m.index)
+                .collect();
+            if migs.is_empty() {
+                sel.gpus.push(g.index);
+            } else {
+                sel.migs.extend(migs.into_iter().map(|m| (g.index, m)));
+            }
+        }
+        // The private /dev and the device cgroup allow the selection's
+        // nodes: each node the spec names must be one of them.
+        let policy = DevicePolicy::for_selection(inv, &sel);
+        for (major, minor, path) in &self.nodes {
+            if !policy.allows_char(*major, *minor) {
+                bail!("CDI device {who}: {path} ({major}:{minor}) does not belong to the GPUs it selects; regenerate the spec");
+            }
+        }
+        Ok(sel)
+    }
+
+    /// The limits record's caps, for the GPUs selected: each device it
+    /// names must be one of them.
+    fn limits(&self, inv: &Inventory, sel: &Selection) -> Result<Option<SliceLimits>> {
+        let Some(record) = &self.record else {
+            return Ok(None);
+        };
+        let who = self.devices.join(", ");
+        if self.shim.is_none() {
+            bail!(
+                "CDI device {who}: it binds a limits record but no shim at {}; regenerate the spec",
+                gpuslice_k8s::cdi::CONTAINER_SHIM
+            );
+        }
+        let limits = gpuslice_ledger::limits::verify_and_read(record, false)
+            .map_err(|e| anyhow!("CDI device {who}: its limits record: {e}"))?;
+        let visible = sel.visible_devices(inv);
+        for d in &limits.devices {
+            if !visible.split(',').any(|u| u == d.uuid) {
+                bail!(
+                    "CDI device {who}: its limits record {} caps {}, which its device nodes do not select ({visible}); regenerate the spec",
+                    record.display(),
+                    d.uuid
+                );
+            }
+        }
+        Ok(Some(limits))
+    }
+}
+
+/// Sets `KEY=VALUE`s over the command's environment, replacing a
+/// variable of the same name (a runtime's order: the spec's last).
+fn apply_env(env: &mut Vec<CString>, vars: &[String]) -> Result<()> {
+    for kv in vars {
+        let key = kv.split('=').next().unwrap_or_default();
+        let prefix = format!("{key}=");
+        env.retain(|e| !e.as_bytes().starts_with(prefix.as_bytes()));
+        env.push(CString::new(kv.as_bytes()).map_err(|_| anyhow!("NUL byte in CDI env {kv:?}"))?);
+    }
+    Ok(())
 }
 
 /// NVML costs ~10 ms to initialise on a real GPU and the driver's procfs
@@ -324,6 +501,7 @@ fn plan(
         preserve_fds: args.preserve_fds,
         identity: None,
         slice_files: None,
+        binds: Vec::new(),
     })
 }
 

@@ -76,13 +76,17 @@ pub fn limits_of(
 
 /// Writes the slice's records and returns them with the mounts the child
 /// needs (None when not root: see the module docs); adds the child's
-/// variables to `env`.
+/// variables to `env`. `shim`: the one a CDI spec mounts, else gpuslice's.
 pub fn set_up(
     limits: &SliceLimits,
     rootless: bool,
     env: &mut Vec<CString>,
+    shim: Option<&Path>,
 ) -> Result<(SliceSetup, Option<SliceFiles>)> {
-    let shim = crate::shim::find().map_err(|e| anyhow!("--memory/--compute: {e}"))?;
+    let shim = match shim {
+        Some(s) => s.to_path_buf(),
+        None => crate::shim::find().map_err(|e| anyhow!("--memory/--compute: {e}"))?,
+    };
     let dir = gpuslice_ledger::ledger_dir();
     gpuslice_ledger::ensure_dir(&dir)?;
     super::slices::reap_stale_ledgers(&dir);

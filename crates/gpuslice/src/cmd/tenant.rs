@@ -60,12 +60,15 @@ impl Tenant {
     }
 
     /// A bound caller's request against the policy; Ok for everyone else.
+    /// `cdi`: the caps of a `--cdi-device`'s limits record, which stand for
+    /// `--memory`/`--compute` (the largest over its devices).
     pub fn enforce(
         &self,
         root: &HostRoot,
         inv: &Inventory,
         sel: &Selection,
         args: &RunArgs,
+        cdi: Option<&gpuslice_ledger::limits::SliceLimits>,
     ) -> Result<()> {
         let (Some((policy, path)), Caller::User { uid, gid, .. }) = (&self.policy, self.caller)
         else {
@@ -74,8 +77,18 @@ impl Tenant {
         let request = Request {
             host_root: root.path(),
             selection: sel,
-            memory: args.memory.map(|m| m.0),
-            compute: args.compute.map(|c| c.basis_points()),
+            memory: match cdi {
+                Some(l) => l.devices.iter().filter_map(|d| d.memory.map(|m| m.0)).max(),
+                None => args.memory.map(|m| m.0),
+            },
+            compute: match cdi {
+                Some(l) => l
+                    .devices
+                    .iter()
+                    .filter_map(|d| d.compute.map(|c| c.basis_points()))
+                    .max(),
+                None => args.compute.map(|c| c.basis_points()),
+            },
             run_as: self.identity.as_ref().map_or((0, 0), |i| (i.uid, i.gid)),
             // Anything that gives up a layer of the boundary: --privileged,
             // the host's PID namespace, fewer isolation layers.
