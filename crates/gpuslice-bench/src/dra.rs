@@ -18,7 +18,7 @@ use clap::{Args, ValueEnum};
 use gpuslice_core::discover::{discover, DiscoverOptions};
 use gpuslice_core::{HostRoot, Inventory};
 use gpuslice_dra::api::v1;
-use gpuslice_dra::apiserver::HttpApi;
+use gpuslice_dra::apiserver::KubeApi;
 use gpuslice_dra::driver::{Driver, Options};
 use gpuslice_dra::publish::{follow, slice_name, SharedPolicy, UNHEALTHY_TAINT};
 use gpuslice_dra::server::{serve, Served, Sockets};
@@ -130,7 +130,7 @@ impl Plugin {
             hook: Some(setup.gpuslice.clone()),
             strip_host_root: false,
         };
-        let api = Arc::new(HttpApi::new(api_url, None)?);
+        let api = Arc::new(KubeApi::new(api_url, None)?);
         let driver = Arc::new(Driver::new(opts, api)?);
         let sockets = Sockets {
             plugins_dir: work.join("plugins"),
@@ -365,7 +365,7 @@ async fn bench_health(
     source: HealthSource,
 ) -> Result<Value> {
     let fake = FakeApiServer::start().await;
-    let api = HttpApi::new(&fake.url, None)?;
+    let api = KubeApi::new(&fake.url, None)?;
     let (tx, rx) = tokio::sync::watch::channel(Snapshot::default());
     let gpu = inv.gpus[0].clone();
     let mut watching = rx.clone();
@@ -564,7 +564,7 @@ async fn selftest_prepare(
         .find(|g| g.index == args.gpu)
         .ok_or_else(|| anyhow!("--gpu {}: no such GPU ({} found)", args.gpu, inv.gpus.len()))?;
     let fake = FakeApiServer::start().await;
-    let api = HttpApi::new(&fake.url, None)?;
+    let api = KubeApi::new(&fake.url, None)?;
     // Publication: the GPU and its shared device with its capacities.
     let (_tx, rx) = tokio::sync::watch::channel(Snapshot::default());
     let (_inv_tx, inv_rx) = tokio::sync::watch::channel(inv.clone());

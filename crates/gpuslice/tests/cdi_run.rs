@@ -15,7 +15,7 @@ use std::sync::{Arc, OnceLock};
 use fakegpu::FakeHost;
 use gpuslice_core::discover::{discover, DiscoverOptions};
 use gpuslice_core::HostRoot;
-use gpuslice_dra::apiserver::HttpApi;
+use gpuslice_dra::apiserver::KubeApi;
 use gpuslice_dra::driver::{spec_path, ClaimRef, Driver, Options};
 use gpuslice_dra::DRIVER_NAME;
 use gpuslice_testkit::fakeapi::{device_claim, shared_claim, FakeApiServer};
@@ -94,7 +94,7 @@ impl Prepared {
                     hook: None,
                     strip_host_root: false,
                 },
-                Arc::new(HttpApi::new(&api.url, None).unwrap()),
+                Arc::new(KubeApi::new(&api.url, None).unwrap()),
             )
             .unwrap();
             for (uid, gpu, mem, compute) in claims {
