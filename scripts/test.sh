@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_pkgs=()
-# The build: libseccomp.a, linked into gpuslice (.cargo/config.toml).
+# The build: libseccomp, with which crates/gpuslice-isolate/build.rs
+# generates the seccomp filter.
 dpkg -s libseccomp-dev >/dev/null 2>&1 || need_pkgs+=(libseccomp-dev)
 command -v bwrap >/dev/null || need_pkgs+=(bubblewrap)
 command -v mknod >/dev/null || need_pkgs+=(coreutils)

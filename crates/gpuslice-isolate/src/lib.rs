@@ -26,6 +26,7 @@ pub mod privileges;
 pub mod readonly;
 mod relay;
 pub mod seccomp;
+pub mod seccomp_policy;
 pub mod slicefs;
 pub mod spawn;
 pub mod userns;
