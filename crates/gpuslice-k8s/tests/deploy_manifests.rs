@@ -7,8 +7,7 @@
 
 use gpuslice_k8s::plugin::config::Config;
 use gpuslice_testkit::manifests::{
-    chart_values, kubernetes_validate, typed, validate_objects, yaml_text_docs, Helm,
-    KUBERNETES_VALIDATE_MISSING,
+    kubernetes_validate, typed, validate_objects, Helm, KUBERNETES_VALIDATE_MISSING,
 };
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service};
@@ -383,21 +382,7 @@ fn helm_lints_and_renders_the_chart_into_valid_objects() {
         ),
     ];
     for (values, port, monitor) in cases {
-        let lint = helm
-            .lint(&chart(), Some(&chart_values(&chart(), &values)))
-            .unwrap_or_else(|e| panic!("{values}: {e}"));
-        // Helm's one INFO: Chart.yaml has no icon.
-        assert!(
-            lint.iter().all(|(sev, _)| sev == "INFO"),
-            "helm lint with {values}: {lint:?}"
-        );
-        let r = helm
-            .render(&chart(), "gpuslice", "gpuslice", &values)
-            .unwrap_or_else(|e| panic!("{values}: {e}"));
-        assert_eq!(
-            yaml_text_docs(&r.manifest, "the rendered chart").len(),
-            r.created.len()
-        );
+        let r = helm.lint_and_render(&chart(), "gpuslice", "gpuslice", &values);
         // ServiceMonitor is prometheus-operator's CRD: no upstream schema.
         let (crds, core): (Vec<_>, Vec<_>) = r
             .created

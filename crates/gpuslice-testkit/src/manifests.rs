@@ -267,6 +267,37 @@ impl Helm {
     }
 }
 
+impl Helm {
+    /// [`Helm::lint`] with `over` merged into the chart's values (only
+    /// INFO messages allowed: Helm's one is Chart.yaml's missing icon),
+    /// then [`Helm::render`]; asserts Helm created exactly the objects it
+    /// rendered. Panics naming `over` on any failure.
+    pub fn lint_and_render(
+        &self,
+        chart: &Path,
+        release: &str,
+        namespace: &str,
+        over: &Value,
+    ) -> Rendered {
+        let lint = self
+            .lint(chart, Some(&chart_values(chart, over)))
+            .unwrap_or_else(|e| panic!("{over}: {e}"));
+        assert!(
+            lint.iter().all(|(sev, _)| sev == "INFO"),
+            "helm lint with {over}: {lint:?}"
+        );
+        let r = self
+            .render(chart, release, namespace, over)
+            .unwrap_or_else(|e| panic!("{over}: {e}"));
+        assert_eq!(
+            yaml_text_docs(&r.manifest, "the rendered chart").len(),
+            r.created.len(),
+            "Helm created other objects than it rendered ({over})"
+        );
+        r
+    }
+}
+
 /// `chart`'s values.yaml with `over` merged in as Helm merges values
 /// (maps key by key, anything else replaced).
 pub fn chart_values(chart: &Path, over: &Value) -> Value {
