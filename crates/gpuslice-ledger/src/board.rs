@@ -11,8 +11,13 @@
 //! # Layout (version 1, 4 160 bytes)
 //! | offset | size | what |
 //! |---|---|---|
-//! | 0 | 64 | header: magic `GPUSLBRD`, version, slot count |
+//! | 0 | 64 | header: magic `GPUSLBRD`, version, slot count, the GPU's turn, who waits for it, the turn's futex word |
 //! | 64 | 64 × 64 | slots: key (0 = free), share (basis points), mode, GPU ns used, last update (CLOCK_MONOTONIC ns) |
+//!
+//! The turn (header words 3–5, zero on a board made before them, which
+//! reads as "free"): which slot's slice may have work on the GPU now and
+//! until when, so that two slices' kernels are not time-sliced into each
+//! other's measurements ([`Turn`], the shim's `turns` module).
 //!
 //! An all-zero file is an empty board: a new file needs no initialisation
 //! beyond its header, which is written with compare-and-swap, so processes
@@ -53,6 +58,10 @@ pub const STALE_NS: u64 = 10_000_000_000;
 const H_MAGIC: usize = 0;
 const H_VERSION: usize = 8;
 const H_SLOTS: usize = 16;
+const H_TURN: usize = 24;
+const H_WAITING: usize = 32;
+/// A 4-byte futex word, bumped whenever the turn is given back.
+const H_TURN_SEQ: usize = 40;
 const S_KEY: usize = 0;
 const S_SHARE: usize = 8;
 const S_MODE: usize = 16;
@@ -76,6 +85,35 @@ pub struct BoardSlot {
     pub mode: Mode,
     pub busy_ns: u64,
     pub beat_ns: u64,
+}
+
+/// The GPU's turn as one word: the holder's slot + 1 in the top 16 bits
+/// (0: free) and the end of its turn in µs of CLOCK_MONOTONIC below.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Turn(u64);
+
+const TURN_TIME_BITS: u32 = 48;
+const TURN_TIME_MASK: u64 = (1 << TURN_TIME_BITS) - 1;
+
+impl Turn {
+    pub const FREE: Turn = Turn(0);
+
+    fn new(slot: usize, until_ns: u64) -> Turn {
+        Turn(((slot as u64 + 1) << TURN_TIME_BITS) | ((until_ns / 1000) & TURN_TIME_MASK))
+    }
+
+    /// The slot whose slice has the turn; None when it is free.
+    pub fn holder(self) -> Option<usize> {
+        match self.0 >> TURN_TIME_BITS {
+            0 => None,
+            h => Some(h as usize - 1),
+        }
+    }
+
+    /// When the holder's turn ends (CLOCK_MONOTONIC ns, µs precision).
+    pub fn until_ns(self) -> u64 {
+        (self.0 & TURN_TIME_MASK) * 1000
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -402,6 +440,87 @@ impl Board {
         })
     }
 
+    /// Who has the GPU's turn now.
+    pub fn turn(&self) -> Turn {
+        Turn(self.map.u64_at(H_TURN).load(Ordering::Acquire))
+    }
+
+    /// Takes the turn for `slot` until `until_ns`, if it is still `seen`
+    /// (free, expired, or ours to extend). Whether it was taken.
+    pub fn take_turn(&self, seen: Turn, slot: usize, until_ns: u64) -> bool {
+        slot < BOARD_SLOTS
+            && self
+                .map
+                .u64_at(H_TURN)
+                .compare_exchange(
+                    seen.0,
+                    Turn::new(slot, until_ns).0,
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+    }
+
+    /// Passes the turn, if it is still `seen`, to `slot` until `until_ns`
+    /// (None: gives it back, free), and wakes the waiters.
+    pub fn pass_turn(&self, seen: Turn, slot: Option<usize>, until_ns: u64) -> bool {
+        let next = match slot {
+            Some(s) if s < BOARD_SLOTS => Turn::new(s, until_ns),
+            Some(_) => return false,
+            None => Turn::FREE,
+        };
+        let passed = self
+            .map
+            .u64_at(H_TURN)
+            .compare_exchange(seen.0, next.0, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok();
+        if passed {
+            self.map.u32_at(H_TURN_SEQ).fetch_add(1, Ordering::AcqRel);
+            self.map.futex_wake(H_TURN_SEQ);
+        }
+        passed
+    }
+
+    /// The first slot after `slot` (in a circle) that waits for the turn.
+    pub fn next_waiting(&self, slot: usize) -> Option<usize> {
+        let bits = self.map.u64_at(H_WAITING).load(Ordering::Acquire);
+        (1..=BOARD_SLOTS)
+            .map(|i| (slot + i) % BOARD_SLOTS)
+            .find(|&s| s != slot && bits & (1 << s) != 0)
+    }
+
+    /// The turn's sequence number: read it before the turn, then
+    /// [`Board::wait_turn`] with it sleeps until a give-back after that.
+    pub fn turn_seq(&self) -> u32 {
+        self.map.u32_at(H_TURN_SEQ).load(Ordering::Acquire)
+    }
+
+    /// Sleeps until the turn is given back after `seq` was read, at most
+    /// `timeout_ns`.
+    pub fn wait_turn(&self, seq: u32, timeout_ns: u64) {
+        self.map.futex_wait(H_TURN_SEQ, seq, timeout_ns);
+    }
+
+    /// Marks `slot` as waiting for the turn (or no longer).
+    pub fn set_waiting(&self, slot: usize, waiting: bool) {
+        if slot >= BOARD_SLOTS {
+            return;
+        }
+        let bit = 1u64 << slot;
+        let w = self.map.u64_at(H_WAITING);
+        if waiting {
+            w.fetch_or(bit, Ordering::AcqRel);
+        } else {
+            w.fetch_and(!bit, Ordering::AcqRel);
+        }
+    }
+
+    /// Whether a slot other than `slot` waits for the turn.
+    pub fn others_waiting(&self, slot: usize) -> bool {
+        let bit = if slot < BOARD_SLOTS { 1u64 << slot } else { 0 };
+        self.map.u64_at(H_WAITING).load(Ordering::Acquire) & !bit != 0
+    }
+
     /// Publishes the share of the slice holding `slot` (it may change
     /// while the slice runs: its ledger's share word is live).
     pub fn set_share(&self, slot: usize, share_bp: u64) {
@@ -445,6 +564,54 @@ mod tests {
         b.set_share(a, 2500);
         assert_eq!(b2.slot(a).map(|s| s.share_bp), Some(2500));
         assert_eq!(b.slot(BOARD_SLOTS), None);
+    }
+
+    #[test]
+    fn the_turn_passes_by_compare_and_swap_and_wakes_its_waiters() {
+        let (dir, b) = board();
+        let other = Board::open_or_create(dir.path(), "GPU-1234").unwrap();
+        assert_eq!(b.turn(), Turn::FREE, "a new board's turn is free");
+        assert!(b.take_turn(Turn::FREE, 3, 5_000_000));
+        let t = other.turn();
+        assert_eq!((t.holder(), t.until_ns()), (Some(3), 5_000_000));
+        // Taken from a stale view: refused.
+        assert!(!other.take_turn(Turn::FREE, 7, 9_000_000));
+        assert!(!other.pass_turn(Turn::FREE, None, 0));
+        // Waiting is per slot; a slot does not wait on itself.
+        other.set_waiting(7, true);
+        assert!(b.others_waiting(3) && !b.others_waiting(7));
+        // A waiter sleeps on the sequence word until the give-back.
+        let seq = other.turn_seq();
+        let waiter = std::thread::spawn(move || {
+            let t0 = std::time::Instant::now();
+            other.wait_turn(seq, 5_000_000_000);
+            (t0.elapsed(), other.turn())
+        });
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert_eq!(b.next_waiting(3), Some(7));
+        assert!(b.pass_turn(t, Some(7), 6_000_000));
+        let (slept, seen) = waiter.join().unwrap();
+        assert_eq!((seen.holder(), seen.until_ns()), (Some(7), 6_000_000));
+        assert!(
+            slept < std::time::Duration::from_secs(4),
+            "woken by the give-back, not the timeout: {slept:?}"
+        );
+        assert_ne!(b.turn_seq(), seq);
+        b.set_waiting(7, false);
+        assert!(!b.others_waiting(3));
+        assert_eq!(b.next_waiting(3), None);
+        // Waiters are served in a circle from the holder on.
+        for w in [1, 5, 9] {
+            b.set_waiting(w, true);
+        }
+        assert_eq!(b.next_waiting(5), Some(9));
+        assert_eq!(b.next_waiting(9), Some(1));
+        assert!(b.pass_turn(b.turn(), None, 0));
+        assert_eq!(b.turn(), Turn::FREE);
+        // The last slot round-trips; out-of-range slots take nothing.
+        assert!(b.take_turn(Turn::FREE, BOARD_SLOTS - 1, 1_000));
+        assert_eq!(b.turn().holder(), Some(BOARD_SLOTS - 1));
+        assert!(!b.take_turn(b.turn(), BOARD_SLOTS, 1_000));
     }
 
     #[test]

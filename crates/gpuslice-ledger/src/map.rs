@@ -105,6 +105,45 @@ impl Mapping {
         unsafe { &*self.ptr.as_ptr().add(off).cast::<AtomicU32>() }
     }
 
+    /// Sleeps while the 4-byte word at `off` holds `expected`, at most
+    /// `timeout_ns` (a shared futex: any process mapping the file may wake
+    /// it). Returns early on a wake-up, a signal or a changed word.
+    pub fn futex_wait(&self, off: usize, expected: u32, timeout_ns: u64) {
+        let word = self.u32_at(off);
+        let ts = libc::timespec {
+            tv_sec: (timeout_ns / 1_000_000_000) as libc::time_t,
+            tv_nsec: (timeout_ns % 1_000_000_000) as libc::c_long,
+        };
+        // SAFETY: FUTEX_WAIT on a 4-aligned word of this live mapping (not
+        // FUTEX_PRIVATE: the word is shared between processes); `ts` is a
+        // valid relative timeout; the result (EAGAIN, ETIMEDOUT, EINTR)
+        // needs no handling: the caller re-reads the state.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                std::ptr::from_ref(word),
+                libc::FUTEX_WAIT,
+                expected,
+                &ts,
+            )
+        };
+    }
+
+    /// Wakes every waiter on the 4-byte word at `off`.
+    pub fn futex_wake(&self, off: usize) {
+        let word = self.u32_at(off);
+        // SAFETY: FUTEX_WAKE on a 4-aligned word of this live mapping; it
+        // reads nothing else.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                std::ptr::from_ref(word),
+                libc::FUTEX_WAKE,
+                i32::MAX,
+            )
+        };
+    }
+
     /// Bytes written once before publication, never changed after.
     pub fn bytes(&self, off: usize, len: usize) -> &[u8] {
         self.check(off, len, 1);

@@ -168,6 +168,14 @@ impl Boards {
         }
     }
 
+    /// `dev`'s board and this slice's slot on it (None: no seat), for
+    /// taking turns on the GPU ([`crate::turns`]).
+    #[inline]
+    pub fn seat(&self, dev: usize, now_ns: u64) -> Option<(&Board, usize)> {
+        let s = self.seats.get(dev)?.as_ref()?;
+        Some((&s.board, s.own_slot(now_ns)?))
+    }
+
     /// How `dev`'s bucket refills now, for a slice whose share is
     /// `share_bp` (None: no seat, the share applies).
     #[inline]

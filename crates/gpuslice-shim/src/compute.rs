@@ -73,6 +73,7 @@ const MAX_WAIT_NS: u64 = 2_000_000_000;
 static EVENT_CREATE: Real = Real::named(c"cuEventCreate");
 static EVENT_RECORD: Real = Real::named(c"cuEventRecord");
 static EVENT_QUERY: Real = Real::named(c"cuEventQuery");
+static EVENT_SYNC: Real = Real::named(c"cuEventSynchronize");
 static EVENT_ELAPSED_V2: Real = Real::named(c"cuEventElapsedTime_v2");
 static EVENT_ELAPSED: Real = Real::named(c"cuEventElapsedTime");
 
@@ -279,6 +280,7 @@ impl Ring {
             }
             let est = ESTIMATE[kind as usize][dev].load(Ordering::Relaxed);
             self.gate(ledger, dev, est);
+            crate::turns::acquire(dev, est, &Queued { ring: self, ledger });
         });
         let est = ESTIMATE[kind as usize][dev].load(Ordering::Relaxed);
         ledger.compute_charge(dev, est as i64);
@@ -474,6 +476,20 @@ impl Ring {
         self.len.set(self.len.get() - 1);
     }
 
+    /// Waits until every group in flight is done and settles them.
+    fn drain(&self, ledger: &Ledger) {
+        self.close_newest(ledger, now_ns());
+        // SAFETY: cuEventSynchronize(CUevent).
+        if let Some(sync) = unsafe { EVENT_SYNC.func::<pfn::EventSynchronize>() } {
+            for i in 0..self.len.get() {
+                // SAFETY: a recorded event of ours (only the newest group is
+                // ever open, and it was just closed).
+                unsafe { sync(self.at(self.head.get() + i).end.get()) };
+            }
+        }
+        self.harvest(ledger);
+    }
+
     /// The ring is full: waits for the oldest group to finish.
     fn wait_oldest(&self, ledger: &Ledger) {
         // SAFETY: cuEventQuery(CUevent).
@@ -557,12 +573,46 @@ impl Ring {
             let debt = short.max(1) as u64 + std::mem::take(&mut behind);
             let wall = (u128::from(debt) * u128::from(FULL_SHARE) / u128::from(share))
                 .min(u128::from(MAX_NAP_NS)) as u64;
+            // Waiting for our own bucket: a turn of ours that another
+            // slice wants is handed over first (each nap: it may want it
+            // only now).
+            crate::turns::yield_idle(dev, &Queued { ring: self, ledger });
             nap(wall.max(MIN_NAP_NS));
             self.harvest(ledger);
             now = now_ns();
         }
         if now > t0 {
             ledger.compute_throttled(dev, now - t0);
+        }
+    }
+}
+
+/// This thread's queued work, as taking turns sees it.
+struct Queued<'a> {
+    ring: &'a Ring,
+    ledger: &'a Ledger,
+}
+
+impl crate::turns::Queue for Queued<'_> {
+    fn queued_ns(&self) -> u64 {
+        let r = self.ring;
+        (0..r.len.get())
+            .map(|i| r.at(r.head.get() + i).est.get())
+            .sum()
+    }
+
+    fn close(&self) {
+        self.ring.close_newest(self.ledger, now_ns());
+    }
+
+    fn drain(&self) {
+        self.ring.drain(self.ledger);
+    }
+
+    fn trim(&self, ns: u64) {
+        self.ring.harvest(self.ledger);
+        while self.queued_ns() > ns && self.ring.len.get() > 0 {
+            self.ring.wait_oldest(self.ledger);
         }
     }
 }

@@ -37,6 +37,9 @@ pub struct Config {
     pub compute_mode: Mode,
     /// `GPUSLICE_BOARD_DIR`: where the GPUs' boards are.
     pub board_dir: String,
+    /// `GPUSLICE_COMPUTE_HANDOVER=off`: slices with a share do not take
+    /// turns on the GPU ([`crate::turns`]; for comparison and diagnosis).
+    pub handover: bool,
     /// `GPUSLICE_SLICE_DIR`: the slice's records when the fixed place
     /// has none (a slice without a mount namespace of its own).
     pub slice_dir: Option<String>,
@@ -143,6 +146,8 @@ impl Config {
                 .filter(|d| !d.is_empty())
                 .unwrap_or_else(|| gpuslice_ledger::board::DEFAULT_BOARD_DIR.into()),
             slice_dir: get(gpuslice_ledger::limits::SLICE_DIR_ENV).filter(|d| !d.is_empty()),
+            handover: !get("GPUSLICE_COMPUTE_HANDOVER")
+                .is_some_and(|v| matches!(v.trim(), "0" | "off" | "no")),
             errors,
         }
     }

@@ -51,6 +51,7 @@ mod state;
 mod stats;
 mod sys;
 mod table;
+mod turns;
 
 extern "C" fn constructor() {
     real::guard((), || {

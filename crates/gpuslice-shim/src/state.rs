@@ -36,6 +36,8 @@ pub struct Shim {
     /// Seats on the GPUs' boards (work-conserving mode, or a capped slice
     /// on a GPU where others borrow); None: none.
     pub boards: Option<Boards>,
+    /// Slices take turns on the GPU ([`crate::turns`]).
+    pub handover: bool,
     pub caps: [u64; MAX_DEVICES],
     /// `GPUSLICE_CONTEXT_BYTES` (None: measured, see [`crate::resident`]).
     pub context_bytes: Option<u64>,
@@ -107,6 +109,7 @@ impl Shim {
             compute_active: false,
             compute: [0; MAX_DEVICES],
             boards: None,
+            handover: false,
             caps: [UNLIMITED; MAX_DEVICES],
             context_bytes: cfg.context_bytes,
             log: cfg.log,
@@ -161,6 +164,7 @@ impl Shim {
             compute_active,
             compute,
             boards,
+            handover: cfg.handover,
             caps,
             context_bytes: cfg.context_bytes,
             log: cfg.log,
@@ -232,6 +236,7 @@ impl Shim {
             compute_active,
             compute,
             boards,
+            handover: cfg.handover,
             caps,
             context_bytes: cfg.context_bytes,
             log,

@@ -2,9 +2,14 @@
 //! synchronisation whose timestamps are that timeline's: enough for the
 //! shim's compute-share tests.
 //!
-//! Each device runs one piece of work at a time (per process): a launch at
-//! host time `now` starts at `max(now, device tail)` and runs for its
-//! duration, which is the `u64` nanoseconds the launch's first kernel
+//! Each device runs one piece of work at a time: a launch at host time
+//! `now` starts at `max(now, device tail)` and runs for its duration. The
+//! device tail is the process's own, or, with `$FAKEGPU_ENGINE` naming a
+//! file, shared by every process using that file: one engine, as a real
+//! GPU without MPS runs one context's work at a time (it time-slices them;
+//! here a launch queues behind the others' work, which does to event
+//! timing what time-slicing does: an event pair around a launch spans the
+//! other processes' work that ran in between). A launch's duration which is the `u64` nanoseconds the launch's first kernel
 //! parameter points to (`kernelParams[0]`), else `$FAKEGPU_KERNEL_NS`
 //! (default 10 µs). A graph launch runs for `$FAKEGPU_GRAPH_NS` (default
 //! 0). A launch on a capturing stream is captured, not run. Events record
@@ -16,8 +21,9 @@
 
 use std::collections::BTreeMap;
 use std::ffi::{c_float, c_uint, c_void};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::capture::{key, stream_op};
 use super::*;
@@ -48,9 +54,72 @@ fn timeline() -> MutexGuard<'static, Timeline> {
     TIMELINE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// CLOCK_MONOTONIC in ns: one clock for every process on the engine.
 fn now() -> u64 {
-    static BASE: OnceLock<Instant> = OnceLock::new();
-    BASE.get_or_init(Instant::now).elapsed().as_nanos() as u64
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out-pointer; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Devices the shared engine file has a word for.
+const ENGINE_DEVICES: usize = 64;
+
+/// The shared engine (`$FAKEGPU_ENGINE`): per device, when the work queued
+/// by every process ends (CLOCK_MONOTONIC ns). None: each process has its
+/// own GPU.
+fn engine() -> Option<&'static [AtomicU64; ENGINE_DEVICES]> {
+    static ENGINE: OnceLock<Option<usize>> = OnceLock::new();
+    let addr = (*ENGINE.get_or_init(|| {
+        let path = std::env::var_os("FAKEGPU_ENGINE").filter(|p| !p.is_empty())?;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .ok()?;
+        let len = ENGINE_DEVICES * 8;
+        file.set_len(len as u64).ok()?;
+        // SAFETY: a fresh shared mapping of a file of `len` bytes, chosen
+        // by the kernel; checked below and never unmapped.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                std::os::fd::AsRawFd::as_raw_fd(&file),
+                0,
+            )
+        };
+        (p != libc::MAP_FAILED).then_some(p as usize)
+    }))?;
+    // SAFETY: a live, page-aligned mapping of ENGINE_DEVICES words, only
+    // ever accessed atomically (by every process that maps it).
+    Some(unsafe { &*(addr as *const [AtomicU64; ENGINE_DEVICES]) })
+}
+
+/// When `ns` of work that could start at `ready` starts on `dev`'s shared
+/// engine (queued behind every process's work); `ready` itself without one.
+fn engine_start(dev: usize, ready: u64, ns: u64) -> u64 {
+    // One word per physical GPU, by its PCI bus (ordinals differ between
+    // processes that see different GPUs).
+    let word = device(dev as CUdevice).map(|d| d.pci.bus as usize % ENGINE_DEVICES);
+    let Some(tail) = engine().zip(word.ok()).map(|(e, w)| &e[w]) else {
+        return ready;
+    };
+    let mut seen = tail.load(Ordering::Acquire);
+    loop {
+        let start = ready.max(seen);
+        match tail.compare_exchange(seen, start + ns, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return start,
+            Err(now_seen) => seen = now_seen,
+        }
+    }
 }
 
 fn env_ns(name: &str, default: u64) -> u64 {
@@ -80,7 +149,7 @@ fn run(stream: Handle, ptsz: bool, ns: u64) -> CUresult {
         let t = now();
         let mut tl = timeline();
         let (tail, busy) = tl.dev_tail.get(&dev).copied().unwrap_or((0, 0));
-        let end = tail.max(t) + ns;
+        let end = engine_start(dev, tail.max(t), ns) + ns;
         tl.dev_tail.insert(dev, (end, busy + ns));
         tl.stream_tail.insert(k, end);
         Ok(())
@@ -284,10 +353,17 @@ pub extern "C" fn cuEventQuery(event: Handle) -> CUresult {
     })
 }
 
+/// Waits for host time `at`: asleep until shortly before, then spinning,
+/// as the real driver's synchronisation spins (a sleep alone oversleeps
+/// by the timer slack, ~50 µs, every time).
 fn wait_until(at: u64) {
+    const SPIN_NS: u64 = 100_000;
     let t = now();
-    if at > t {
-        std::thread::sleep(Duration::from_nanos(at - t));
+    if at > t + SPIN_NS {
+        std::thread::sleep(Duration::from_nanos(at - t - SPIN_NS));
+    }
+    while now() < at {
+        std::thread::yield_now();
     }
 }
 
