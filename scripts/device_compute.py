@@ -14,6 +14,7 @@ Every measurement runs 0.3 s of warm-up first (drains the bucket's burst),
 then a timed window. Writes OUTDIR/compute.json after every measurement.
 Whole run bounded to ~110 s; levels in priority order.
 """
+import glob
 import json, mmap, os, re, select, struct, subprocess, sys, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -211,17 +212,36 @@ class Worker:
             self.p.kill()
 
 
+def slice_key(dev, ino):
+    # gpuslice_ledger::board::slice_key: splitmix64 of the ledger's (dev, ino).
+    m = (1 << 64) - 1
+    z = (((dev << 32) | (dev >> 32)) & m) ^ ino ^ 0x9E3779B97F4A7C15
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+    return max(z ^ (z >> 31), 1)
+
+
 def set_share(ledger, pct):
     # A slice of `run`: its shares are root's limits record beside the
     # ledger, which the shim re-reads every 250 ms; rewritten in place (the
-    # slice's read-only bind mount follows the inode, not the name).
+    # slice's read-only bind mount follows the inode, not the name). The
+    # share the other slices count for it (oversubscription) is root's
+    # share record on the board directory: rewritten too, as an admin
+    # changing a live slice's share must (a stale 70 % there scaled a 30 %
+    # neighbour of a 60 % slice to 27 %).
     record = os.path.join(os.path.dirname(ledger), "limits")
     if os.path.exists(record):
+        bp = int(round(pct * 100))
         with open(record, "r+") as f:
-            text = re.sub(r"compute_bp \d+", f"compute_bp {int(round(pct * 100))}", f.read())
+            text = re.sub(r"compute_bp \d+", f"compute_bp {bp}", f.read())
             f.seek(0)
             f.write(text)
             f.truncate()
+        st = os.stat(ledger)
+        key = "%016x" % slice_key(st.st_dev, st.st_ino)
+        for share_rec in glob.glob(f"/run/gpuslice/gpus/shares/*/{key}"):
+            with open(share_rec, "w") as f:
+                f.write(f"{bp}\n")
         time.sleep(0.3)
         return
     with open(ledger, "r+b") as f:
