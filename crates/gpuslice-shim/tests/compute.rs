@@ -514,3 +514,61 @@ fn slices_take_turns_so_each_is_charged_its_own_work() {
         "without turns the pair was {without:?}: is the engine shared?"
     );
 }
+
+/// The GPU's turn is a word on the board that every tenant can write. An
+/// attacker that forges a turn held "forever" by another slot and writes
+/// it again every millisecond costs a slice one bounded wait (16 ms), after
+/// which the slice ignores the GPU's turns for a second: a 30 % slice
+/// keeps its share. If a forged turn were honoured, the slice would stop.
+#[test]
+fn a_forged_turn_costs_a_slice_at_most_one_wait_a_second() {
+    use std::os::unix::fs::FileExt;
+    let _one_at_a_time = serial();
+    let s = Slice::new();
+    let engine = s.dir.path().join("engine");
+    let mut c = s.client(
+        "victim",
+        Some("30"),
+        &[
+            "--via", "procaddr", "compute", "kernel", "1500000", SECONDS, WARMUP,
+        ],
+    );
+    c.env("FAKEGPU_ENGINE", &engine);
+    let victim = spawn(c);
+    let board = gpuslice_ledger::board::board_path(&s.boards(), &s.host.gpus()[0].uuid);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let forger = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut writes = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Ok(f) = std::fs::OpenOptions::new().write(true).open(&board) {
+                    // Slot 63 holds the turn for an hour from now (µs of
+                    // CLOCK_MONOTONIC in the low 48 bits).
+                    let mut ts = libc::timespec {
+                        tv_sec: 0,
+                        tv_nsec: 0,
+                    };
+                    // SAFETY: a valid out-pointer.
+                    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+                    let now_us = ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1000;
+                    let turn = (64u64 << 48) | (now_us + 3_600_000_000);
+                    if f.write_at(&turn.to_le_bytes(), 24).is_ok() {
+                        writes += 1;
+                    }
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            writes
+        })
+    };
+    let v = result(victim.wait_with_output().unwrap());
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let writes = forger.join().unwrap();
+    assert!(writes > 500, "the forger wrote the turn {writes} times");
+    let got = share(&v);
+    assert!(
+        got >= 27.0,
+        "a forged turn took a 30 % slice to {got:.1} % ({v})"
+    );
+}
