@@ -24,12 +24,15 @@
 //!   [`GRACE_NS`] after its end is taken.
 //!
 //! **Trust.** The board is writable by every tenant of the GPU, so a
-//! hostile slice can hold the turn, or forge one, forever. A waiter waits
-//! at most [`MAX_WAIT_NS`] in all for one launch; after that the turns of
+//! hostile slice can hold the turn, or forge one, forever, or forge
+//! waiters that are passed the turn and never use it. A waiter waits at
+//! most [`MAX_WAIT_NS`] in all for one launch, and takes a turn not passed
+//! on [`GRACE_NS`] after its end once a second; past either, the turns of
 //! that GPU are ignored for [`BACKOFF_NS`] (the GPU's own time-slicing, as
-//! without turns). So a liar costs a slice at most `MAX_WAIT_NS` per
-//! `BACKOFF_NS` beyond what its share already allows; one that keeps to
-//! the protocol gets a turn in two, as a neighbour that launches without
+//! without turns). So a liar costs a slice at most `MAX_WAIT_NS` plus two
+//! turns and their grace (32 ms) per `BACKOFF_NS` beyond what its share
+//! already allows (its bucket refills meanwhile); one that keeps to the
+//! protocol gets a turn in two, as a neighbour that launches without
 //! pause gets half the GPU from the time-slicing itself.
 //!
 //! Not covered: the queued work of *other* threads or processes of the
@@ -57,6 +60,8 @@ pub const BACKOFF_NS: u64 = 1_000_000_000;
 
 /// Per device: until when this process ignores the GPU's turns.
 static IGNORE_UNTIL: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+/// Per device: when this process last found a turn not passed on in time.
+static LAST_FAULT: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
 
 /// What a turn needs of the launching thread's queued work.
 pub trait Queue {
@@ -131,8 +136,16 @@ pub fn acquire(dev: usize, est_ns: u64, queue: &dyn Queue) {
                 }
                 let until = turn.until_ns();
                 if now > until + GRACE_NS {
-                    // Not given back in time: taken, and its holder no
-                    // longer counts as waiting (a live one says so again).
+                    // Not passed on in time: its holder died, or lies (a
+                    // forged waiter that was passed the turn). Once a
+                    // second that is taken in stride; twice, the GPU's
+                    // turns are ignored.
+                    if repeated_fault(dev, now) {
+                        ignore_turns(dev, now);
+                        break;
+                    }
+                    // Taken, and its holder no longer counts as waiting
+                    // (a live one says so again).
                     if board.take_turn(turn, slot, now + QUANTUM_NS) {
                         board.set_waiting(h, false);
                         break;
@@ -172,6 +185,13 @@ pub fn yield_idle(dev: usize, queue: &dyn Queue) {
             pass(board, turn, next, queue);
         }
     }
+}
+
+/// Records a turn found not passed on in time; whether another was found
+/// less than [`BACKOFF_NS`] before.
+fn repeated_fault(dev: usize, now: u64) -> bool {
+    let last = LAST_FAULT[dev].swap(now, Ordering::Relaxed);
+    last != 0 && now - last < BACKOFF_NS
 }
 
 fn ignore_turns(dev: usize, now: u64) {

@@ -516,35 +516,60 @@ fn slices_take_turns_so_each_is_charged_its_own_work() {
 }
 
 /// The GPU's turn is a word on the board that every tenant can write. An
-/// attacker that forges a turn held "forever" by another slot and writes
-/// it again every millisecond costs a slice one bounded wait (16 ms), after
-/// which the slice ignores the GPU's turns for a second: a 30 % slice
-/// keeps its share. If a forged turn were honoured, the slice would stop.
+/// attacker that forges a turn held "forever" by another slot, or forges
+/// waiters (which are passed the turn and never use it), and writes it
+/// again every millisecond, costs a slice a few bounded waits a second,
+/// after which the slice ignores the GPU's turns for a second: the slice
+/// keeps its share. If a forged turn were honoured, a slice would stop; if
+/// forged waiters were, it would idle two turns in three (a 70 % slice
+/// then got 36 %).
 #[test]
 fn a_forged_turn_costs_a_slice_at_most_one_wait_a_second() {
-    use std::os::unix::fs::FileExt;
     let _one_at_a_time = serial();
+    // Slot 63 holds the turn for an hour from now (µs of CLOCK_MONOTONIC
+    // in the low 48 bits of the header's word 3).
+    let forged_turn = |now_us: u64| (24u64, (64u64 << 48) | (now_us + 3_600_000_000));
+    // Every slot waits (the header's word 4).
+    let forged_waiters = |_: u64| (32u64, u64::MAX);
+    for (what, pct, forge) in [
+        (
+            "turn",
+            30.0,
+            &forged_turn as &(dyn Fn(u64) -> (u64, u64) + Sync),
+        ),
+        ("waiters", 70.0, &forged_waiters),
+    ] {
+        let got = beside_a_board_forger(pct, forge);
+        assert!(
+            got >= pct - 3.0,
+            "forged {what}: a {pct} % slice got {got:.1} %"
+        );
+    }
+}
+
+/// The share a slice of `pct` % and 1.5 ms kernels gets alone on one
+/// engine while the test rewrites the board word `forge(now_us)` names
+/// every ms.
+fn beside_a_board_forger(pct: f64, forge: &(dyn Fn(u64) -> (u64, u64) + Sync)) -> f64 {
+    use std::os::unix::fs::FileExt;
     let s = Slice::new();
-    let engine = s.dir.path().join("engine");
+    let pct = pct.to_string();
     let mut c = s.client(
         "victim",
-        Some("30"),
+        Some(&pct),
         &[
             "--via", "procaddr", "compute", "kernel", "1500000", SECONDS, WARMUP,
         ],
     );
-    c.env("FAKEGPU_ENGINE", &engine);
+    c.env("FAKEGPU_ENGINE", s.dir.path().join("engine"));
     let victim = spawn(c);
     let board = gpuslice_ledger::board::board_path(&s.boards(), &s.host.gpus()[0].uuid);
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let forger = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let forger = scope.spawn(|| {
             let mut writes = 0u64;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 if let Ok(f) = std::fs::OpenOptions::new().write(true).open(&board) {
-                    // Slot 63 holds the turn for an hour from now (µs of
-                    // CLOCK_MONOTONIC in the low 48 bits).
                     let mut ts = libc::timespec {
                         tv_sec: 0,
                         tv_nsec: 0,
@@ -552,23 +577,19 @@ fn a_forged_turn_costs_a_slice_at_most_one_wait_a_second() {
                     // SAFETY: a valid out-pointer.
                     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
                     let now_us = ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1000;
-                    let turn = (64u64 << 48) | (now_us + 3_600_000_000);
-                    if f.write_at(&turn.to_le_bytes(), 24).is_ok() {
+                    let (at, word) = forge(now_us);
+                    if f.write_at(&word.to_le_bytes(), at).is_ok() {
                         writes += 1;
                     }
                 }
                 std::thread::sleep(std::time::Duration::from_millis(1));
             }
             writes
-        })
-    };
-    let v = result(victim.wait_with_output().unwrap());
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let writes = forger.join().unwrap();
-    assert!(writes > 500, "the forger wrote the turn {writes} times");
-    let got = share(&v);
-    assert!(
-        got >= 27.0,
-        "a forged turn took a 30 % slice to {got:.1} % ({v})"
-    );
+        });
+        let v = result(victim.wait_with_output().unwrap());
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let writes = forger.join().unwrap();
+        assert!(writes > 500, "the forger wrote the board {writes} times");
+        share(&v)
+    })
 }
