@@ -6,6 +6,14 @@ import ctypes, errno, os, struct, sys
 
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
+L = ctypes.c_long
+
+
+def syscall(nr, *args):
+    # syscall(2) is variadic and reads every argument as a long: a Python
+    # int passed bare is a C int, whose register's upper half is garbage
+    # (process_vm_readv's flags then read non-zero: EINVAL, now and then).
+    return libc.syscall(L(nr), *(L(a) if isinstance(a, int) else a for a in args))
 NR = {"x86_64": {"bpf": 321, "process_vm_readv": 310},
       "aarch64": {"bpf": 280, "process_vm_readv": 270}}[os.uname().machine]
 
@@ -36,13 +44,13 @@ def vmread(pid):
     buf = ctypes.create_string_buffer(8)
     local = struct.pack("QQ", ctypes.addressof(buf), 8)
     remote = struct.pack("QQ", addr, 8)
-    rc = libc.syscall(NR["process_vm_readv"], int(pid), local, 1, remote, 1, 0)
+    rc = syscall(NR["process_vm_readv"], int(pid), local, 1, remote, 1, 0)
     return result(rc)
 
 
 def bpf(cmd, attr):
     buf = ctypes.create_string_buffer(attr, 128)
-    rc = libc.syscall(NR["bpf"], cmd, buf, 128)
+    rc = syscall(NR["bpf"], cmd, buf, 128)
     return rc, buf
 
 
