@@ -134,8 +134,14 @@ pub fn compute_boards(root: &HostRoot) -> Check {
     let mut boards = 0;
     let mut slices = 0;
     let mut foreign = Vec::new();
+    let shares = board::shares_dir(&dir);
     for entry in fs::read_dir(&dir).into_iter().flatten().flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
+        // Root's share records (`run --compute`, the device plugin, the
+        // CDI specs' read-only bind) belong here.
+        if entry.path() == shares {
+            continue;
+        }
         let uuid = name.strip_suffix(".board");
         match uuid.and_then(|u| Board::open_existing(&dir, u)) {
             Some(b) => {
