@@ -118,6 +118,24 @@ impl Driver {
             .clone()
     }
 
+    /// The host's board directory, made ready for a claim's spec to bind
+    /// it (capped slices take turns on the GPU through it); None, with a
+    /// warning, when it cannot be (the slices are then time-sliced by the
+    /// GPU alone: their caps and shares hold all the same).
+    fn boards(&self) -> Option<PathBuf> {
+        let dir = self
+            .opts
+            .host_root
+            .join(gpuslice_ledger::board::DEFAULT_BOARD_DIR);
+        match gpuslice_ledger::board::prepare_dir(&dir) {
+            Ok(()) => Some(dir),
+            Err(e) => {
+                tracing::warn!(dir = %dir.display(), error = %e, "claims will not take turns on the GPU");
+                None
+            }
+        }
+    }
+
     pub fn driver_name(&self) -> &str {
         &self.opts.driver_name
     }
@@ -321,6 +339,11 @@ impl Driver {
             strip_host_root: self.opts.strip_host_root,
             spec_dir: self.opts.cdi_dir.clone(),
             use_nvml: false,
+            boards: slices
+                .iter()
+                .any(|s| s.caps.is_some())
+                .then(|| self.boards())
+                .flatten(),
             ..cdi::Options::default()
         };
         let g = cdi::generate_slices(&self.opts.host_root, &self.inventory(), &opts, &slices)

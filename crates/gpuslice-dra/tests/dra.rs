@@ -286,6 +286,21 @@ async fn shared_claim_in_v1_gets_exactly_its_caps_on_its_gpu_only() {
         targets.contains(&gpuslice_k8s::cdi::CONTAINER_SHIM),
         "{targets:?}"
     );
+    // The GPUs' boards are bound (the claim's slices take turns on the
+    // GPU), made ready on the host, root's share records read-only.
+    let board = |t: &str| {
+        mounts
+            .iter()
+            .find(|m| m["containerPath"] == t)
+            .unwrap_or_else(|| panic!("no mount at {t}: {targets:?}"))
+    };
+    let boards = board("/run/gpuslice/gpus");
+    assert!(std::path::Path::new(boards["hostPath"].as_str().unwrap()).is_dir());
+    let shares = board("/run/gpuslice/gpus/shares");
+    assert!(
+        shares["options"].as_array().unwrap().contains(&"ro".into()),
+        "{shares}"
+    );
 
     let record_file = limits_record_path(&e.cdi_dir(), "uid-a-0");
     assert!(record_file.exists());

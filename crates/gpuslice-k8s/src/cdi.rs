@@ -19,7 +19,7 @@ use container_device_interface::specs::config::Spec as CdiSpec;
 use gpuslice_core::discover::{discover, DiscoverOptions};
 use gpuslice_core::model::{NVIDIACTL_MINOR, NVIDIA_MAJOR, NVIDIA_MODESET_MINOR};
 use gpuslice_core::{DevicePolicy, HostRoot, Inventory, Selection};
-use gpuslice_ledger::board::Mode;
+use gpuslice_ledger::board::{self, Mode, DEFAULT_BOARD_DIR};
 use gpuslice_ledger::limits::{
     ComputeShare, DeviceLimits, MemorySize, SliceLimits, LIMITS_FILE, SLICE_DIR,
 };
@@ -136,6 +136,11 @@ pub struct Options {
     pub strip_host_root: bool,
     /// Use NVML (memory sizes for shared variants, MIG UUIDs).
     pub use_nvml: bool,
+    /// Host directory of the GPUs' boards (as seen here), made ready with
+    /// `board::prepare_dir`: bound into capped slices so that they take
+    /// turns on the GPU with the other slices (docs/compute-share.md).
+    /// None: not bound.
+    pub boards: Option<PathBuf>,
 }
 
 impl Default for Options {
@@ -150,6 +155,7 @@ impl Default for Options {
             spec_dir: PathBuf::from("/etc/cdi"),
             strip_host_root: false,
             use_nvml: true,
+            boards: None,
         }
     }
 }
@@ -902,6 +908,22 @@ impl Builder<'_> {
                 "options": ["ro", "nosuid", "nodev", "noexec", "bind"],
             },
         ]);
+        if let (Some(boards), Some(mounts)) = (&self.opts.boards, edits["mounts"].as_array_mut()) {
+            // Written by every tenant of the GPU (what a liar can do there
+            // is bounded: docs/security.md); root's share records in it
+            // read-only.
+            let inside = Path::new(DEFAULT_BOARD_DIR);
+            mounts.push(json!({
+                "hostPath": self.host(boards),
+                "containerPath": DEFAULT_BOARD_DIR,
+                "options": ["rw", "nosuid", "nodev", "noexec", "bind"],
+            }));
+            mounts.push(json!({
+                "hostPath": self.host(&board::shares_dir(boards)),
+                "containerPath": board::shares_dir(inside).display().to_string(),
+                "options": ["ro", "nosuid", "nodev", "noexec", "bind"],
+            }));
+        }
     }
 
     /// Warn once about the shim, not once per GPU.

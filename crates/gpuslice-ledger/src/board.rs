@@ -196,22 +196,10 @@ fn share_record(dir: &Path, uuid: &str, key: u64) -> PathBuf {
 /// refused (the board directory is world-writable: a tenant may have made
 /// it first). Returns the record, to be removed when the slice ends.
 pub fn publish_share(dir: &Path, uuid: &str, key: u64, share_bp: u64) -> io::Result<PathBuf> {
-    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
     let record = share_record(dir, uuid, key);
     let gpu_dir = record.parent().unwrap_or(dir);
     for d in [shares_dir(dir).as_path(), gpu_dir] {
-        match std::fs::DirBuilder::new().mode(0o755).create(d) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(e),
-        }
-        let m = std::fs::symlink_metadata(d)?;
-        if !m.is_dir() || m.uid() != 0 || m.mode() & 0o022 != 0 {
-            return Err(io::Error::other(format!(
-                "{} is not a root-owned directory writable by root alone; remove it",
-                d.display()
-            )));
-        }
+        root_owned_dir(d)?;
     }
     std::fs::write(
         &record,
@@ -222,6 +210,34 @@ pub fn publish_share(dir: &Path, uuid: &str, key: u64, share_bp: u64) -> io::Res
     )?;
     std::fs::set_permissions(&record, std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
     Ok(record)
+}
+
+/// Makes `d` a directory, root-owned 0755, unless it is one; one that
+/// exists owned by someone else (or writable by others) is refused.
+fn root_owned_dir(d: &Path) -> io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    match std::fs::DirBuilder::new().mode(0o755).create(d) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    let m = std::fs::symlink_metadata(d)?;
+    if !m.is_dir() || m.uid() != 0 || m.mode() & 0o022 != 0 {
+        return Err(io::Error::other(format!(
+            "{} is not a root-owned directory writable by root alone; remove it",
+            d.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Makes the board directory `dir` (world-writable and sticky: every
+/// tenant of a GPU writes its board) and its root-owned `shares`
+/// directory, as root, for bind-mounting them into slices: the boards
+/// read-write, the shares read-only over them.
+pub fn prepare_dir(dir: &Path) -> io::Result<()> {
+    crate::ensure_dir(dir).map_err(io::Error::other)?;
+    root_owned_dir(&shares_dir(dir))
 }
 
 /// Removes slice `key`'s share record on GPU `uuid` (the slice is gone),

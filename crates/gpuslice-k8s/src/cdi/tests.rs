@@ -212,6 +212,64 @@ fn spec_validates_and_names_every_device() {
     }
 }
 
+/// With the board directory given, a capped slice binds it read-write
+/// (its slices take turns on the GPU) and root's share records in it
+/// read-only over it; nothing else of the host is writable.
+#[test]
+fn capped_slices_bind_the_boards_with_root_s_shares_read_only() {
+    let host = FakeHost::builder().gpus(1).build().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let boards = dir.path().join("run/gpuslice/gpus");
+    gpuslice_ledger::board::prepare_dir(&boards).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(fs::metadata(&boards).unwrap().mode() & 0o7777, 0o1777);
+    let shares = gpuslice_ledger::board::shares_dir(&boards);
+    let m = fs::metadata(&shares).unwrap();
+    assert_eq!((m.uid(), m.mode() & 0o777), (0, 0o755));
+    let opts = Options {
+        boards: Some(boards.clone()),
+        ..options(&host, dir.path())
+    };
+    let g = generate_for(&HostRoot::new(host.root()), &inventory(&host), &opts).unwrap();
+    let v = serde_json::to_value(&g.spec).unwrap();
+    let mounts = device(&v, "0-shared-2")["containerEdits"]["mounts"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let at = |t: &str| {
+        mounts
+            .iter()
+            .position(|m| m["containerPath"] == t)
+            .unwrap_or_else(|| panic!("no mount at {t}: {mounts:?}"))
+    };
+    let (b, sh) = (at("/run/gpuslice/gpus"), at("/run/gpuslice/gpus/shares"));
+    assert_eq!(mounts[b]["hostPath"], boards.display().to_string());
+    assert_eq!(mounts[sh]["hostPath"], shares.display().to_string());
+    assert!(b < sh, "the shares are bound over the boards, after them");
+    let ro = |m: &Value| m["options"].as_array().unwrap().contains(&"ro".into());
+    assert!(ro(&mounts[sh]) && !ro(&mounts[b]));
+    for (i, m) in mounts.iter().enumerate() {
+        assert!(
+            m["type"] == "tmpfs" || ro(m) || i == b,
+            "writable host mount {m}"
+        );
+    }
+    // A whole GPU has no shim, so no board either.
+    let whole = device(&v, "0")["containerEdits"].to_string();
+    assert!(!whole.contains("/run/gpuslice/gpus"), "{whole}");
+    // A shares directory someone else made is refused, not bound.
+    let foreign = dir.path().join("other");
+    fs::create_dir_all(gpuslice_ledger::board::shares_dir(&foreign)).unwrap();
+    std::os::unix::fs::chown(
+        gpuslice_ledger::board::shares_dir(&foreign),
+        Some(65534),
+        None,
+    )
+    .unwrap();
+    let err = gpuslice_ledger::board::prepare_dir(&foreign).unwrap_err();
+    assert!(err.to_string().contains("root-owned"), "{err}");
+}
+
 #[test]
 fn shared_variant_mounts_the_shim_and_sets_the_caps() {
     let host = FakeHost::builder().gpus(2).build().unwrap();

@@ -81,13 +81,14 @@ pub fn run(global: &Global, cmd: &CdiCommand) -> Result<i32> {
     }
 }
 
-fn base_options(spec_dir: &Path) -> Options {
+fn base_options(root: &HostRoot, spec_dir: &Path) -> Options {
     Options {
         shim: crate::shim::find().ok(),
         hook: std::env::current_exe()
             .ok()
             .and_then(|p| p.canonicalize().ok()),
         spec_dir: spec_dir.to_path_buf(),
+        boards: Some(root.join(gpuslice_ledger::board::DEFAULT_BOARD_DIR)),
         ..Options::default()
     }
 }
@@ -119,14 +120,24 @@ fn generate(global: &Global, root: &HostRoot, a: &GenerateArgs) -> Result<i32> {
             .with_context(|| format!("cannot create {}", parent.display()))?;
     }
     let dir = spec_dir(&output);
-    let opts = Options {
+    let mut opts = Options {
         vendor: a.vendor.clone(),
         class: a.class.clone(),
         capabilities: Capability::parse_list(&a.capabilities)?,
         shared: cdi::parse_shared(&a.shared)?,
         strip_host_root: a.strip_host_root,
-        ..base_options(&dir)
+        ..base_options(root, &dir)
     };
+    // The shared variants bind the GPUs' boards: they must be there.
+    if let Some(boards) = opts.boards.take() {
+        match gpuslice_ledger::board::prepare_dir(&boards) {
+            Ok(()) => opts.boards = Some(boards),
+            Err(e) => eprintln!(
+                "gpuslice: warning: {}: {e}; shared variants will not take turns on the GPU",
+                boards.display()
+            ),
+        }
+    }
     let format = match a.format {
         Some(FormatArg::Json) => Format::Json,
         Some(FormatArg::Yaml) => Format::Yaml,
@@ -166,7 +177,7 @@ fn check(root: &HostRoot, a: &CheckArgs) -> Result<i32> {
         .spec
         .clone()
         .unwrap_or_else(|| PathBuf::from(cdi::DEFAULT_OUTPUT));
-    let opts = base_options(&spec_dir(&spec));
+    let opts = base_options(root, &spec_dir(&spec));
     match cdi::check(root, &spec, &opts)? {
         CheckResult::Current => {
             println!("current: {}", spec.display());
