@@ -76,7 +76,9 @@ async fn podman_runs_a_prepared_claim_with_exactly_its_caps() {
         id,
         "ls /dev; echo ---; cat /run/gpuslice/slice/limits; echo ---; \
          (echo x >> /run/gpuslice/slice/limits) 2>/dev/null || echo limits-read-only; \
-         cat /etc/ld.so.preload; test -f /usr/local/gpuslice/libgpuslice.so && echo shim-present; env",
+         cat /etc/ld.so.preload; test -f /usr/local/gpuslice/libgpuslice.so && echo shim-present; \
+         (echo 10000 > /run/gpuslice/gpus/shares/forged) 2>/dev/null || echo shares-read-only; \
+         touch /run/gpuslice/gpus/.probe && rm /run/gpuslice/gpus/.probe && echo boards-writable; env",
     );
     assert!(out.status.success(), "{out:?}");
     let t = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -111,6 +113,12 @@ async fn podman_runs_a_prepared_claim_with_exactly_its_caps() {
         "{rest}"
     );
     assert!(rest.contains("shim-present"), "{rest}");
+    // The GPUs' boards are there to take turns on; root's share records
+    // in them cannot be forged from the container (root in it or not).
+    assert!(rest.contains("boards-writable"), "{rest}");
+    assert!(rest.contains("shares-read-only"), "{rest}");
+    let host_shares = gpuslice_ledger::board::shares_dir(&host.root().join("run/gpuslice/gpus"));
+    assert!(!host_shares.join("forged").exists());
 
     let done = driver.unprepare(&[claim]).await;
     assert_eq!(done[&uid], Ok(()));

@@ -499,10 +499,14 @@ impl Board {
 
     /// The first slot after `slot` (in a circle) that waits for the turn.
     pub fn next_waiting(&self, slot: usize) -> Option<usize> {
-        let bits = self.map.u64_at(H_WAITING).load(Ordering::Acquire);
-        (1..=BOARD_SLOTS)
-            .map(|i| (slot + i) % BOARD_SLOTS)
-            .find(|&s| s != slot && bits & (1 << s) != 0)
+        let slot = slot % BOARD_SLOTS;
+        let others = self.map.u64_at(H_WAITING).load(Ordering::Acquire) & !(1u64 << slot);
+        if others == 0 {
+            return None; // every launch of a slice alone asks: no scan
+        }
+        // Bit i of the rotated word is slot `slot + 1 + i` (mod 64).
+        let i = others.rotate_right(slot as u32 + 1).trailing_zeros() as usize;
+        Some((slot + 1 + i) % BOARD_SLOTS)
     }
 
     /// The turn's sequence number: read it before the turn, then
@@ -622,6 +626,10 @@ mod tests {
         }
         assert_eq!(b.next_waiting(5), Some(9));
         assert_eq!(b.next_waiting(9), Some(1));
+        assert_eq!(b.next_waiting(0), Some(1));
+        b.set_waiting(63, true);
+        assert_eq!(b.next_waiting(9), Some(63));
+        assert_eq!(b.next_waiting(63), Some(1));
         assert!(b.pass_turn(b.turn(), None, 0));
         assert_eq!(b.turn(), Turn::FREE);
         // The last slot round-trips; out-of-range slots take nothing.
