@@ -94,7 +94,7 @@ fn commands_off_the_start_up_path_run_in_gpuslice_full() {
     let dir = tempfile::tempdir().unwrap();
     let lone = dir.path().join("gpuslice");
     std::fs::copy(GPUSLICE, &lone).unwrap();
-    let out = Command::new(&lone).args(["doctor"]).output().unwrap();
+    let out = run_fresh_copy(Command::new(&lone).args(["doctor"]));
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
@@ -170,4 +170,19 @@ fn dra_refuses_bad_flags_in_one_line_and_leaves_nothing() {
         0,
         "nothing left behind"
     );
+}
+
+/// Runs a binary just written by this test process. Another test's child,
+/// forked while the copy was open for writing, holds that descriptor until
+/// its exec: until then the kernel refuses to run the file (ETXTBSY).
+fn run_fresh_copy(c: &mut Command) -> std::process::Output {
+    for _ in 0..100 {
+        match c.output() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            r => return r.unwrap(),
+        }
+    }
+    panic!("{c:?}: still busy after 2 s");
 }
