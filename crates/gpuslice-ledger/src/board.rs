@@ -60,7 +60,7 @@ const H_VERSION: usize = 8;
 const H_SLOTS: usize = 16;
 const H_TURN: usize = 24;
 const H_WAITING: usize = 32;
-/// A 4-byte futex word, bumped whenever the turn is given back.
+/// A 4-byte futex word, bumped whenever the turn is passed on.
 const H_TURN_SEQ: usize = 40;
 const S_KEY: usize = 0;
 const S_SHARE: usize = 8;
@@ -477,19 +477,20 @@ impl Board {
                 .is_ok()
     }
 
-    /// Passes the turn, if it is still `seen`, to `slot` until `until_ns`
-    /// (None: gives it back, free), and wakes the waiters.
-    pub fn pass_turn(&self, seen: Turn, slot: Option<usize>, until_ns: u64) -> bool {
-        let next = match slot {
-            Some(s) if s < BOARD_SLOTS => Turn::new(s, until_ns),
-            Some(_) => return false,
-            None => Turn::FREE,
-        };
-        let passed = self
-            .map
-            .u64_at(H_TURN)
-            .compare_exchange(seen.0, next.0, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok();
+    /// Passes the turn, if it is still `seen`, to `slot` until `until_ns`,
+    /// and wakes the waiters.
+    pub fn pass_turn(&self, seen: Turn, slot: usize, until_ns: u64) -> bool {
+        let passed = slot < BOARD_SLOTS
+            && self
+                .map
+                .u64_at(H_TURN)
+                .compare_exchange(
+                    seen.0,
+                    Turn::new(slot, until_ns).0,
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                )
+                .is_ok();
         if passed {
             self.map.u32_at(H_TURN_SEQ).fetch_add(1, Ordering::AcqRel);
             self.map.futex_wake(H_TURN_SEQ);
@@ -510,12 +511,12 @@ impl Board {
     }
 
     /// The turn's sequence number: read it before the turn, then
-    /// [`Board::wait_turn`] with it sleeps until a give-back after that.
+    /// [`Board::wait_turn`] with it sleeps until the turn is passed on.
     pub fn turn_seq(&self) -> u32 {
         self.map.u32_at(H_TURN_SEQ).load(Ordering::Acquire)
     }
 
-    /// Sleeps until the turn is given back after `seq` was read, at most
+    /// Sleeps until the turn is passed on after `seq` was read, at most
     /// `timeout_ns`.
     pub fn wait_turn(&self, seq: u32, timeout_ns: u64) {
         self.map.futex_wait(H_TURN_SEQ, seq, timeout_ns);
@@ -533,12 +534,6 @@ impl Board {
         } else {
             w.fetch_and(!bit, Ordering::AcqRel);
         }
-    }
-
-    /// Whether a slot other than `slot` waits for the turn.
-    pub fn others_waiting(&self, slot: usize) -> bool {
-        let bit = if slot < BOARD_SLOTS { 1u64 << slot } else { 0 };
-        self.map.u64_at(H_WAITING).load(Ordering::Acquire) & !bit != 0
     }
 
     /// Publishes the share of the slice holding `slot` (it may change
@@ -596,11 +591,11 @@ mod tests {
         assert_eq!((t.holder(), t.until_ns()), (Some(3), 5_000_000));
         // Taken from a stale view: refused.
         assert!(!other.take_turn(Turn::FREE, 7, 9_000_000));
-        assert!(!other.pass_turn(Turn::FREE, None, 0));
+        assert!(!other.pass_turn(Turn::FREE, 7, 0));
         // Waiting is per slot; a slot does not wait on itself.
         other.set_waiting(7, true);
-        assert!(b.others_waiting(3) && !b.others_waiting(7));
-        // A waiter sleeps on the sequence word until the give-back.
+        assert!(b.next_waiting(3).is_some() && b.next_waiting(7).is_none());
+        // A waiter sleeps on the sequence word until the turn is passed.
         let seq = other.turn_seq();
         let waiter = std::thread::spawn(move || {
             let t0 = std::time::Instant::now();
@@ -609,16 +604,15 @@ mod tests {
         });
         std::thread::sleep(std::time::Duration::from_millis(50));
         assert_eq!(b.next_waiting(3), Some(7));
-        assert!(b.pass_turn(t, Some(7), 6_000_000));
+        assert!(b.pass_turn(t, 7, 6_000_000));
         let (slept, seen) = waiter.join().unwrap();
         assert_eq!((seen.holder(), seen.until_ns()), (Some(7), 6_000_000));
         assert!(
             slept < std::time::Duration::from_secs(4),
-            "woken by the give-back, not the timeout: {slept:?}"
+            "woken by the pass, not the timeout: {slept:?}"
         );
         assert_ne!(b.turn_seq(), seq);
         b.set_waiting(7, false);
-        assert!(!b.others_waiting(3));
         assert_eq!(b.next_waiting(3), None);
         // Waiters are served in a circle from the holder on.
         for w in [1, 5, 9] {
@@ -630,10 +624,8 @@ mod tests {
         b.set_waiting(63, true);
         assert_eq!(b.next_waiting(9), Some(63));
         assert_eq!(b.next_waiting(63), Some(1));
-        assert!(b.pass_turn(b.turn(), None, 0));
-        assert_eq!(b.turn(), Turn::FREE);
         // The last slot round-trips; out-of-range slots take nothing.
-        assert!(b.take_turn(Turn::FREE, BOARD_SLOTS - 1, 1_000));
+        assert!(b.pass_turn(b.turn(), BOARD_SLOTS - 1, 1_000));
         assert_eq!(b.turn().holder(), Some(BOARD_SLOTS - 1));
         assert!(!b.take_turn(b.turn(), BOARD_SLOTS, 1_000));
     }

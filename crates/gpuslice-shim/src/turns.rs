@@ -50,7 +50,7 @@ use crate::state::shim;
 
 /// How long a turn lasts while another slice waits for it.
 pub const QUANTUM_NS: u64 = 4_000_000;
-/// A turn not given back this long after its end is taken (its holder's
+/// A turn not passed on this long after its end is taken (its holder's
 /// last launch may start at the end and run this long).
 pub const GRACE_NS: u64 = QUANTUM_NS;
 /// The longest a launch waits for the turn before the GPU's turns are
@@ -170,7 +170,7 @@ pub fn acquire(dev: usize, est_ns: u64, queue: &dyn Queue) {
 /// done: a full turn from now.
 fn pass(board: &Board, turn: Turn, next: usize, queue: &dyn Queue) {
     queue.drain();
-    board.pass_turn(turn, Some(next), now_ns() + QUANTUM_NS);
+    board.pass_turn(turn, next, now_ns() + QUANTUM_NS);
 }
 
 /// Before this thread waits for its own bucket: a turn of ours that a
