@@ -8,6 +8,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, MutexGuard};
 
 mod common;
 use common::GPUSLICE;
@@ -280,8 +281,22 @@ fn under_sudo_the_command_runs_as_the_caller_unless_the_policy_allows_root() {
     );
 }
 
-/// Ledgers (in the default directory: a bound caller cannot choose
-/// another) and mounts below the fake host, which a run must not leave.
+/// Held by the tests whose runs make ledgers in the default directory (a
+/// bound caller cannot choose another), so that one test's [`leftovers`]
+/// never sees another's live slice come or go.
+fn default_ledger_dir() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// What `after` holds that `before` did not (a run may also reap a stale
+/// ledger that an earlier, killed test left: that one is gone, not new).
+fn left_behind(before: &[String], after: Vec<String>) -> Vec<String> {
+    after.into_iter().filter(|e| !before.contains(e)).collect()
+}
+
+/// Ledgers (in the default directory) and mounts below the fake host,
+/// which a run must not leave.
 fn leftovers(h: &FakeHost) -> Vec<String> {
     let mut left: Vec<String> = std::fs::read_dir(gpuslice_ledger::ledger_dir())
         .into_iter()
@@ -297,6 +312,7 @@ fn leftovers(h: &FakeHost) -> Vec<String> {
 
 #[test]
 fn the_policy_allows_and_refuses_selections_caps_users_and_privileges() {
+    let _ledgers = default_ledger_dir();
     let h = host(4);
     let u = TestUser::new();
     let other = TestUser::new();
@@ -373,11 +389,12 @@ fn the_policy_allows_and_refuses_selections_caps_users_and_privileges() {
     .output()
     .unwrap();
     assert!(out.status.success(), "{}", text(&out));
-    assert_eq!(leftovers(&h), before);
+    assert_eq!(left_behind(&before, leftovers(&h)), Vec::<String>::new());
 }
 
 #[test]
 fn a_sudo_caller_cannot_choose_the_shim_root_preloads() {
+    let _ledgers = default_ledger_dir();
     let h = host(2);
     let u = TestUser::new();
     let p = rule_for(&h, &u, "");
@@ -669,6 +686,7 @@ fn capped_spec(h: &FakeHost, dir: &Path, gpu: usize, memory: &str) {
 /// gets the GPUs and caps the policy allows, no more.
 #[test]
 fn the_policy_holds_for_cdi_devices() {
+    let _ledgers = default_ledger_dir();
     let h = host(4);
     let u = TestUser::new();
     let p = rule_for(&h, &u, "max_memory = \"1GiB\"\nmax_compute = 50\n");
