@@ -480,17 +480,7 @@ impl Board {
     /// Passes the turn, if it is still `seen`, to `slot` until `until_ns`,
     /// and wakes the waiters.
     pub fn pass_turn(&self, seen: Turn, slot: usize, until_ns: u64) -> bool {
-        let passed = slot < BOARD_SLOTS
-            && self
-                .map
-                .u64_at(H_TURN)
-                .compare_exchange(
-                    seen.0,
-                    Turn::new(slot, until_ns).0,
-                    Ordering::AcqRel,
-                    Ordering::Relaxed,
-                )
-                .is_ok();
+        let passed = self.take_turn(seen, slot, until_ns);
         if passed {
             self.map.u32_at(H_TURN_SEQ).fetch_add(1, Ordering::AcqRel);
             self.map.futex_wake(H_TURN_SEQ);
