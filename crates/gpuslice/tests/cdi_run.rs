@@ -9,7 +9,7 @@
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::sync::{Arc, OnceLock};
 
 use fakegpu::FakeHost;
@@ -23,16 +23,9 @@ use serde_json::{json, Value};
 
 mod common;
 use common::slice::{built_shim, client, gpuslice, slices_json};
+use common::Kill;
 
 const GIB: u64 = 1 << 30;
-
-struct Kill(Child);
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// A fake host of 4 GPUs, and claims prepared on it by the DRA driver
 /// (read from the API test double as kube-scheduler writes them), their

@@ -14,7 +14,7 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use fakegpu::FakeHost;
@@ -22,18 +22,10 @@ use serde_json::Value;
 
 mod common;
 use common::slice::{client, gpuslice, slices_json, slices_text};
-use common::GPUSLICE;
+use common::{Kill, GPUSLICE};
 
 const MIB: u64 = 1 << 20;
 const CAP: &str = "100MiB";
-
-struct Kill(Child);
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn host() -> FakeHost {
     // SAFETY: geteuid has no preconditions.

@@ -7,6 +7,17 @@ pub const GPUSLICE: &str = env!("CARGO_BIN_EXE_gpuslice");
 #[allow(dead_code)] // Only the memory-cap, compute-share and slice-integrity tests use it.
 pub mod slice;
 
+/// A child process killed and reaped when the test lets go of it, passed
+/// or panicking.
+#[allow(dead_code)] // Only the CDI, exporter and slice-integrity tests use it.
+pub struct Kill(pub std::process::Child);
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Writes a DRA plugin checkpoint in `dir` with one prepared claim,
 /// `team-a/train` (uid `uid-1`), a share of GPU 0: 20 GiB and 30 %, its
 /// slice `uid-1-0`.
