@@ -5,8 +5,8 @@
 
 use gpuslice_dra::publish::{devices, SharedPolicy};
 use gpuslice_testkit::manifests::{
-    chart_values, kubernetes_validate, typed, validate, validate_objects, yaml_docs, Helm,
-    KUBERNETES_VALIDATE_MISSING,
+    chart_values, helm_and_validator, kubernetes_validate, typed, validate, validate_objects,
+    yaml_docs, KUBERNETES_VALIDATE_MISSING,
 };
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
@@ -354,19 +354,6 @@ fn upstream_1_36_schemas_accept_the_manifests_and_the_published_slices() {
 
 fn chart() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/helm/gpuslice")
-}
-
-/// Helm (helm-sdkpy) and kubernetes-validate, or the test's precondition
-/// verdict when one is missing.
-fn helm_and_validator(test: &str) -> Option<(Helm, PathBuf)> {
-    let helm = Helm::find();
-    let tool = kubernetes_validate();
-    let unmet = match (&helm, &tool) {
-        (Err(e), _) => Some(e.clone()),
-        (_, None) => Some(KUBERNETES_VALIDATE_MISSING.to_string()),
-        _ => None,
-    };
-    gpuslice_testkit::precondition(test, unmet).then(|| (helm.unwrap(), tool.unwrap()))
 }
 
 /// The chart's DRA driver (`dra.enabled`), rendered and linted by Helm,

@@ -6,9 +6,7 @@
 //! Grafana dashboard queries only series the exporter emits.
 
 use gpuslice_k8s::plugin::config::Config;
-use gpuslice_testkit::manifests::{
-    kubernetes_validate, typed, validate_objects, Helm, KUBERNETES_VALIDATE_MISSING,
-};
+use gpuslice_testkit::manifests::{helm_and_validator, typed, validate_objects};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service};
 use serde::Deserialize;
@@ -348,17 +346,9 @@ fn chart() -> PathBuf {
 #[test]
 fn helm_lints_and_renders_the_chart_into_valid_objects() {
     let test = "helm_lints_and_renders_the_chart_into_valid_objects";
-    let helm = Helm::find();
-    let tool = kubernetes_validate();
-    let unmet = match (&helm, &tool) {
-        (Err(e), _) => Some(e.clone()),
-        (_, None) => Some(KUBERNETES_VALIDATE_MISSING.to_string()),
-        _ => None,
-    };
-    if !gpuslice_testkit::precondition(test, unmet) {
+    let Some((helm, tool)) = helm_and_validator(test) else {
         return;
-    }
-    let (helm, tool) = (helm.unwrap(), tool.unwrap());
+    };
     let cases = [
         (serde_json::json!({}), 9400, false),
         // Another exporter port and interval, a ServiceMonitor, shared

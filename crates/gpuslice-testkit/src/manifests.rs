@@ -74,6 +74,19 @@ pub fn kubernetes_validate() -> Option<PathBuf> {
 pub const KUBERNETES_VALIDATE_MISSING: &str =
     "kubernetes-validate not found (pip install kubernetes-validate, or set $KUBERNETES_VALIDATE)";
 
+/// Helm (helm-sdkpy) and `kubernetes-validate` for `test`, or `None` once
+/// [`crate::precondition`] has had its verdict on the one that is missing.
+pub fn helm_and_validator(test: &str) -> Option<(Helm, PathBuf)> {
+    let helm = Helm::find();
+    let tool = kubernetes_validate();
+    let unmet = match (&helm, &tool) {
+        (Err(e), _) => Some(e.clone()),
+        (_, None) => Some(KUBERNETES_VALIDATE_MISSING.to_string()),
+        _ => None,
+    };
+    crate::precondition(test, unmet).then(|| (helm.unwrap(), tool.unwrap()))
+}
+
 fn on_path(name: &str) -> Option<PathBuf> {
     std::env::var_os("PATH").and_then(|paths| {
         std::env::split_paths(&paths)
