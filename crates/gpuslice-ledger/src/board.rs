@@ -309,7 +309,7 @@ impl Board {
         } else if len != BOARD_SIZE as u64 {
             return Err(BoardError::Foreign { path });
         }
-        let map = Mapping::file(&file, BOARD_SIZE, true).map_err(io_err)?;
+        let map = Mapping::file_guarded(&file, BOARD_SIZE, true).map_err(io_err)?;
         let board = Board { map, path };
         board.adopt_header()?;
         Ok(board)
@@ -417,7 +417,7 @@ impl Board {
         if file.metadata().ok()?.len() != BOARD_SIZE as u64 {
             return None;
         }
-        let map = Mapping::file(&file, BOARD_SIZE, false).ok()?;
+        let map = Mapping::file_guarded(&file, BOARD_SIZE, false).ok()?;
         (map.u64_at(H_MAGIC).load(Ordering::Acquire) == MAGIC).then_some(Board { map, path })
     }
 
@@ -543,6 +543,29 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let b = Board::open_or_create(dir.path(), "GPU-1234").unwrap();
         (dir, b)
+    }
+
+    /// Every tenant of the GPU can truncate its board under the others'
+    /// mappings: a writer and a reader of it read zeros from then on (a
+    /// private copy each), and live (without the guard this test process
+    /// would die of SIGBUS).
+    #[test]
+    fn a_board_truncated_under_its_mappings_reads_as_zeros() {
+        let (dir, b) = board();
+        let reader = Board::open_existing(dir.path(), "GPU-1234").unwrap();
+        let a = b.claim(11, 3000, Mode::Cap, 1).unwrap();
+        assert_eq!(reader.snapshot().len(), 1);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(board_path(dir.path(), "GPU-1234"))
+            .and_then(|f| f.set_len(0))
+            .unwrap();
+        assert!(reader.snapshot().is_empty());
+        assert!(b.snapshot().is_empty());
+        assert!(b.map.lost() && reader.map.lost());
+        // The writer's copy is its own now: it still works, alone.
+        b.record(a, 500, 2);
+        assert!(reader.snapshot().is_empty());
     }
 
     #[test]

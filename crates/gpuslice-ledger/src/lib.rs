@@ -44,6 +44,7 @@ pub mod hostpid;
 pub mod limits;
 mod map;
 pub mod procfs;
+mod sigbus;
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
@@ -449,9 +450,10 @@ impl Ledger {
     }
 
     /// Opens the ledger at `path`, or creates it when there is none (two
-    /// processes racing both end up with the same file).
+    /// processes racing both end up with the same file). For the slice's
+    /// own processes, as [`Ledger::open_in_slice`].
     pub fn open_or_create(path: &Path, slice_id: &str, devices: &[DeviceSpec]) -> Result<Ledger> {
-        match Self::open(path) {
+        match Self::open_in_slice(path) {
             Err(Error::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
                 Self::create_inner(path, slice_id, devices, false)
             }
@@ -567,9 +569,32 @@ impl Ledger {
         Ok(())
     }
 
-    /// Opens an existing ledger, read-write when permitted (else read-only:
-    /// readable, but [`Ledger::attach`] and [`Ledger::reap`] fail).
+    /// Opens an existing ledger for a reader outside its slice (root's
+    /// `gpuslice slices`, the exporter, a launcher reaping stale ledgers),
+    /// read-write when permitted (else read-only: readable, but
+    /// [`Ledger::attach`] and [`Ledger::reap`] fail). Guarded: a slice that
+    /// truncates its file under this mapping leaves the reader a zeroed
+    /// private copy ([`Ledger::lost`]), not a SIGBUS death.
     pub fn open(path: &Path) -> Result<Ledger> {
+        Self::open_mapped(path, true)
+    }
+
+    /// Opens the slice's own ledger in one of its processes (the shim), as
+    /// [`Ledger::open`] but unguarded: a process whose ledger is truncated
+    /// under it dies of SIGBUS, because a private copy would free it from
+    /// the cap the slice's processes share (the slice fails closed, and
+    /// only it could have done that).
+    pub fn open_in_slice(path: &Path) -> Result<Ledger> {
+        Self::open_mapped(path, false)
+    }
+
+    /// Whether the file was truncated under a guarded ledger (which reads
+    /// as zeros since: nothing it says can be judged).
+    pub fn lost(&self) -> bool {
+        self.map.lost()
+    }
+
+    fn open_mapped(path: &Path, guarded: bool) -> Result<Ledger> {
         let (file, writable) = match OpenOptions::new().read(true).write(true).open(path) {
             Ok(f) => (f, true),
             Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EROFS)) => {
@@ -593,7 +618,12 @@ impl Ledger {
         }
         // Map what is there (bounded) to inspect the header safely.
         let map_len = size.min(FILE_SIZE as u64 * 4) as usize;
-        let map = Mapping::file(&file, map_len, writable).map_err(io_err(path))?;
+        let map = if guarded {
+            Mapping::file_guarded(&file, map_len, writable)
+        } else {
+            Mapping::file(&file, map_len, writable)
+        }
+        .map_err(io_err(path))?;
         if map.bytes(0, MAGIC.len()) != MAGIC {
             return Err(Error::Foreign {
                 path: path.to_path_buf(),

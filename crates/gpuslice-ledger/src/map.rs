@@ -1,4 +1,5 @@
-//! The memory mapping behind a ledger. All `unsafe` of the crate is here.
+//! The memory mapping behind a ledger. All `unsafe` of the crate is here
+//! and in `sigbus.rs` (what a guarded mapping does when its file shrinks).
 //!
 //! A [`Mapping`] is a fixed-size region, either a shared mapping of a ledger
 //! file or a private anonymous one. Every word other processes may change
@@ -16,6 +17,8 @@ pub struct Mapping {
     ptr: NonNull<u8>,
     len: usize,
     writable: bool,
+    /// Set for mappings of files that others may truncate (see `sigbus`).
+    guard: Option<crate::sigbus::Guard>,
 }
 
 // SAFETY: the mapping is plain memory; every concurrently mutated word is
@@ -26,7 +29,24 @@ unsafe impl Send for Mapping {}
 unsafe impl Sync for Mapping {}
 
 impl Mapping {
-    /// Maps `len` bytes of `file` shared (read-write when `writable`).
+    /// Maps `len` bytes of `file` shared (read-write when `writable`),
+    /// guarded: if the file is truncated under it, this process reads
+    /// private zero pages from then on instead of dying of SIGBUS
+    /// ([`Mapping::lost`] tells).
+    pub fn file_guarded(file: &File, len: usize, writable: bool) -> io::Result<Mapping> {
+        let mut map = Self::file(file, len, writable)?;
+        map.guard = crate::sigbus::register(map.ptr.as_ptr() as usize, len, writable);
+        Ok(map)
+    }
+
+    /// Whether the file was truncated under this guarded mapping (it reads
+    /// private zero pages since).
+    pub fn lost(&self) -> bool {
+        self.guard.as_ref().is_some_and(|g| g.lost())
+    }
+
+    /// Maps `len` bytes of `file` shared (read-write when `writable`); a
+    /// truncation of the file under it kills this process with SIGBUS.
     pub fn file(file: &File, len: usize, writable: bool) -> io::Result<Mapping> {
         let prot = if writable {
             libc::PROT_READ | libc::PROT_WRITE
@@ -70,7 +90,12 @@ impl Mapping {
         }
         let ptr =
             NonNull::new(ptr.cast::<u8>()).ok_or_else(|| io::Error::other("mmap gave null"))?;
-        Ok(Mapping { ptr, len, writable })
+        Ok(Mapping {
+            ptr,
+            len,
+            writable,
+            guard: None,
+        })
     }
 
     pub fn len(&self) -> usize {
@@ -168,6 +193,9 @@ impl Mapping {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
+        // Unguarded first: the SIGBUS handler must never map over a region
+        // that is no longer ours.
+        self.guard = None;
         // SAFETY: unmaps exactly the region mapped in `from_raw`; no
         // reference into it outlives `self` (they borrow `self`).
         unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };

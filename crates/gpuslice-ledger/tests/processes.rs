@@ -158,3 +158,34 @@ mod serde_like {
         }
     }
 }
+
+/// A slice can truncate its usage ledger under every process that maps it.
+/// Root's readers (`gpuslice slices`, the exporter, a launcher's reaping)
+/// must live on, reading zeros; the slice's own process dies of SIGBUS (a
+/// private copy would free it from the shared cap: it fails closed).
+#[test]
+fn a_truncated_ledger_leaves_its_readers_a_zeroed_copy_and_kills_its_slice() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().unwrap();
+    let run = |mode: &str| {
+        let (path, l) = ledger(dir.path(), &[MIB]);
+        drop(l);
+        Command::new(exercise())
+            .args(["truncated", path.to_str().unwrap(), mode])
+            .output()
+            .unwrap()
+    };
+    let reader = run("reader");
+    let text = String::from_utf8_lossy(&reader.stdout);
+    assert!(
+        reader.status.success(),
+        "reader: {:?} {text}",
+        reader.status
+    );
+    assert!(
+        text.contains("lost=true slice_before=stress slice_after=\"\""),
+        "{text}"
+    );
+    let slice = run("slice");
+    assert_eq!(slice.status.signal(), Some(libc::SIGBUS), "{slice:?}");
+}

@@ -279,7 +279,7 @@ fn open_recorded(limits: &SliceLimits, usage: &Path) -> Result<Ledger, String> {
     // A CDI spec can mount the record but not make a ledger per container:
     // the first process makes it in the container's own (tmpfs) slice
     // directory. Everywhere else root made it.
-    let mut ledger = match Ledger::open(usage) {
+    let mut ledger = match Ledger::open_in_slice(usage) {
         Err(gpuslice_ledger::Error::Io { source, .. })
             if source.kind() == std::io::ErrorKind::NotFound =>
         {
@@ -363,7 +363,7 @@ fn open_ledger(cfg: &Config) -> Option<Ledger> {
         .collect();
     if let Some(path) = &cfg.ledger_path {
         let r = if specs.is_empty() {
-            Ledger::open(std::path::Path::new(path))
+            Ledger::open_in_slice(std::path::Path::new(path))
         } else {
             Ledger::open_or_create(std::path::Path::new(path), &cfg.slice_id, &specs)
         };

@@ -593,3 +593,39 @@ fn beside_a_board_forger(pct: f64, forge: &(dyn Fn(u64) -> (u64, u64) + Sync)) -
         share(&v)
     })
 }
+
+/// Every tenant of a GPU can write its board, so one can also truncate it
+/// under the other slices' mappings. A slice's processes must not die of
+/// that (SIGBUS on the next read of the mapping): it keeps running, and
+/// keeps its share.
+#[test]
+fn a_truncated_board_does_not_crash_the_slices_that_map_it() {
+    let _one_at_a_time = serial();
+    let s = Slice::new();
+    let mut c = s.client(
+        "victim",
+        Some("50"),
+        &[
+            "--via", "procaddr", "compute", "kernel", "1500000", SECONDS, WARMUP,
+        ],
+    );
+    c.env("FAKEGPU_ENGINE", s.dir.path().join("engine"));
+    let victim = spawn(c);
+    let board = gpuslice_ledger::board::board_path(&s.boards(), &s.host.gpus()[0].uuid);
+    let t = std::time::Instant::now();
+    while !board.exists() && t.elapsed() < std::time::Duration::from_secs(5) {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&board)
+        .unwrap();
+    f.set_len(0).unwrap();
+    let v = result(victim.wait_with_output().unwrap());
+    let got = share(&v);
+    assert!(
+        got > 40.0,
+        "beside a truncated board a 50 % slice got {got:.1} %"
+    );
+}

@@ -8,6 +8,11 @@
 //!
 //! `gpuslice-ledger-exercise hold LEDGER DEVICE BYTES`: attaches, reserves
 //! BYTES, prints `held`, and sleeps until killed.
+//!
+//! `gpuslice-ledger-exercise truncated LEDGER reader|slice`: opens the
+//! ledger as root's readers do (`reader`) or as a slice's own process
+//! (`slice`), truncates the file to nothing, reads the mapping again and
+//! prints `lost=BOOL` (a process the truncation kills prints nothing).
 
 use std::io::Write;
 use std::path::Path;
@@ -20,8 +25,11 @@ fn main() {
     let code = match args.get(1).map(String::as_str) {
         Some("random") if args.len() == 7 => random(&args[2..]),
         Some("hold") if args.len() == 5 => hold(&args[2..]),
+        Some("truncated") if args.len() == 4 => truncated(&args[2..]),
         _ => {
-            eprintln!("usage: random LEDGER DEV SECONDS SEED MAX_BLOCK | hold LEDGER DEV BYTES");
+            eprintln!(
+                "usage: random LEDGER DEV SECONDS SEED MAX_BLOCK | hold LEDGER DEV BYTES | truncated LEDGER reader|slice"
+            );
             2
         }
     };
@@ -33,7 +41,7 @@ fn num(s: &str) -> u64 {
 }
 
 fn random(a: &[String]) -> i32 {
-    let ledger = Ledger::open(Path::new(&a[0])).expect("open ledger");
+    let ledger = Ledger::open_in_slice(Path::new(&a[0])).expect("open ledger");
     let dev = num(&a[1]) as usize;
     let deadline = Instant::now() + Duration::from_secs_f64(a[2].parse().expect("seconds"));
     let mut rng = num(&a[3]) | 1;
@@ -87,7 +95,7 @@ fn random(a: &[String]) -> i32 {
 }
 
 fn hold(a: &[String]) -> i32 {
-    let ledger = Ledger::open(Path::new(&a[0])).expect("open ledger");
+    let ledger = Ledger::open_in_slice(Path::new(&a[0])).expect("open ledger");
     let dev = num(&a[1]) as usize;
     let slot = ledger.attach().expect("attach");
     ledger.reserve(slot, dev, num(&a[2])).expect("reserve");
@@ -96,4 +104,27 @@ fn hold(a: &[String]) -> i32 {
     loop {
         std::thread::sleep(Duration::from_secs(3600));
     }
+}
+
+fn truncated(a: &[String]) -> i32 {
+    let path = Path::new(&a[0]);
+    let ledger = match a[1].as_str() {
+        "reader" => Ledger::open(path),
+        _ => Ledger::open_in_slice(path),
+    }
+    .expect("open ledger");
+    let before = ledger.snapshot();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .and_then(|f| f.set_len(0))
+        .expect("truncate");
+    let after = ledger.snapshot();
+    println!(
+        "lost={} slice_before={} slice_after={:?}",
+        ledger.lost(),
+        before.slice_id,
+        after.slice_id
+    );
+    0
 }

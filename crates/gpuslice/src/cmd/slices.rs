@@ -48,8 +48,8 @@ pub fn reap_stale_ledgers(dir: &Path) -> Vec<PathBuf> {
         {
             continue;
         }
-        if ledger.reap().is_err() || !ledger.snapshot().processes.is_empty() {
-            continue; // read-only to us, or still in use
+        if ledger.reap().is_err() || !ledger.snapshot().processes.is_empty() || ledger.lost() {
+            continue; // read-only to us, still in use, or truncated as we read
         }
         let key = board::ledger_key(&path).ok();
         let in_records = path.file_name().is_some_and(|n| n == USAGE_FILE);
