@@ -330,6 +330,11 @@ pub struct Ledger {
 
 /// This process's copy of a slice's limits (see [`Ledger::pin`]).
 struct Pinned {
+    /// Root's name for the slice and its devices: what reports label it
+    /// with and look for its cgroup by (the file's copies are the slice's
+    /// to write, so a slice could rename itself out of its own report).
+    slice_id: String,
+    uuids: Vec<String>,
     caps: [u64; MAX_DEVICES],
     /// Root may change a live slice's shares ([`Ledger::repin_shares`]).
     shares: [AtomicU64; MAX_DEVICES],
@@ -700,6 +705,8 @@ impl Ledger {
             });
         }
         let mut p = Pinned {
+            slice_id: limits.slice_id.clone(),
+            uuids: limits.devices.iter().map(|d| d.uuid.clone()).collect(),
             caps: [UNLIMITED; MAX_DEVICES],
             shares: [const { AtomicU64::new(0) }; MAX_DEVICES],
         };
@@ -752,8 +759,12 @@ impl Ledger {
         self.map.writable()
     }
 
+    /// The slice's name: its limits record's when pinned, else the file's.
     pub fn slice_id(&self) -> String {
-        str_field(self.map.bytes(H_SLICE_ID, MAX_ID_LEN + 1))
+        match &self.pinned {
+            Some(p) => p.slice_id.clone(),
+            None => str_field(self.map.bytes(H_SLICE_ID, MAX_ID_LEN + 1)),
+        }
     }
 
     pub fn device_count(&self) -> usize {
@@ -800,9 +811,13 @@ impl Ledger {
         self.dev(dev, D_PEAK).load(Ordering::Relaxed)
     }
 
+    /// Device `dev`'s UUID: the limits record's when pinned, else the file's.
     pub fn uuid(&self, dev: usize) -> String {
         if dev >= self.device_count {
             return String::new();
+        }
+        if let Some(p) = &self.pinned {
+            return p.uuids.get(dev).cloned().unwrap_or_default();
         }
         str_field(
             self.map

@@ -327,8 +327,11 @@ fn a_gpu_process_of_the_slice_without_the_shim_is_flagged() {
         libdir.path().join("libcuda.so.1"),
     )
     .unwrap();
+    // Named (its comm) with a terminal escape that erases a line.
+    let alias = libdir.path().join("esc\x1b[2K");
+    std::os::unix::fs::symlink(&c, &alias).unwrap();
     let mut escaped = Kill(
-        Command::new(&c)
+        Command::new(&alias)
             .args(["hold", "1000"])
             .envs(h.env())
             .env("LD_LIBRARY_PATH", libdir.path())
@@ -369,6 +372,37 @@ fn a_gpu_process_of_the_slice_without_the_shim_is_flagged() {
     assert_eq!(flagged[0]["shim_loaded"], false, "{v}");
     assert!(
         slices_text(&h, l).contains("NOT ENFORCED: a GPU process of the slice without the shim")
+    );
+
+    // The slice renames itself in its usage ledger (it may write that
+    // file), to hide from its own report, with terminal escapes that would
+    // erase the report's line above: it is still named by root's record,
+    // the process still flagged, and no escape (nor the process's own
+    // name's) reaches the terminal.
+    let id = s["slice"].as_str().unwrap().to_string();
+    {
+        use std::os::unix::fs::FileExt;
+        let usage = l.join(&id).join("usage");
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&usage)
+            .unwrap();
+        // The header's slice id: bytes 64..128 (crates/gpuslice-ledger/src/lib.rs).
+        f.write_at(b"renamed\x1b[1A\x1b[2K\0", 64).unwrap();
+    }
+    let v = slices_json(&h, l);
+    assert_eq!(v["slices"][0]["slice"], id.as_str(), "{v}");
+    assert_eq!(
+        v["slices"][0]["unenforced"][0]["pid"],
+        escaped.0.id(),
+        "{v}"
+    );
+    let text = slices_text(&h, l);
+    assert!(
+        text.contains(&format!("slice {id}"))
+            && text.contains("esc\\u{1b}[2K")
+            && !text.contains('\x1b'),
+        "{text:?}"
     );
 
     // The exporter says the same, per process.

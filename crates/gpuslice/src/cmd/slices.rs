@@ -195,8 +195,37 @@ fn print_dra(s: &gpuslice_dra::checkpoint::PreparedSlice) {
     };
     println!(
         "slice {} (DRA claim {}/{}): gpu {} {}  {grant}",
-        s.slice, s.namespace, s.name, s.gpu, s.device
+        printable(&s.slice),
+        printable(&s.namespace),
+        printable(&s.name),
+        s.gpu,
+        printable(&s.device)
     );
+}
+
+/// `text` with its control characters written as `\u{..}` escapes, for a
+/// terminal: a tenant's escape sequences could otherwise move the cursor
+/// over, or erase, what the report says about its slice.
+fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_unicode().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+/// [`printable`] applied to every string in `v`.
+fn printable_json(v: &mut Value) {
+    match v {
+        Value::String(s) => *s = printable(s),
+        Value::Array(a) => a.iter_mut().for_each(printable_json),
+        Value::Object(o) => o.values_mut().for_each(printable_json),
+        _ => {}
+    }
 }
 
 fn mib(v: &Value) -> String {
@@ -210,7 +239,7 @@ pub fn run(global: &Global) -> Result<i32> {
     let dir = gpuslice_ledger::ledger_dir();
     reap_stale_ledgers(&dir);
     let table = ProcessTable::scan();
-    let slices: Vec<Value> = gpuslice_ledger::list_dir(&dir)
+    let mut slices: Vec<Value> = gpuslice_ledger::list_dir(&dir)
         .iter()
         .map(|p| describe(p, &table))
         .collect();
@@ -242,6 +271,11 @@ pub fn run(global: &Global) -> Result<i32> {
             dir.display()
         );
         return Ok(0);
+    }
+    for s in slices.iter_mut() {
+        // Names, UUIDs, paths and errors can come from what a slice wrote
+        // (its ledger, a file it made in the ledger directory).
+        printable_json(s);
     }
     for s in &slices {
         if let Some(e) = s.get("error") {
