@@ -369,18 +369,45 @@ pub fn list_dir(dir: &Path) -> Vec<PathBuf> {
     let Ok(entries) = fs::read_dir(dir) else {
         return Vec::new();
     };
+    // Entries as they are, links not followed: the directory is writable
+    // by every user (and its `<id>/` by root only).
     let mut paths: Vec<PathBuf> = entries
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter_map(|p| {
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let (p, kind) = (e.path(), e.file_type().ok()?);
             if p.extension().is_some_and(|x| x == "ledger") {
-                return Some(p);
+                return kind.is_file().then_some(p);
             }
             let usage = p.join(limits::USAGE_FILE);
-            usage.is_file().then_some(usage)
+            let usage_is_file = fs::symlink_metadata(&usage).is_ok_and(|m| m.is_file());
+            (kind.is_dir() && usage_is_file).then_some(usage)
         })
         .collect();
     paths.sort();
     paths
+}
+
+/// A handle (`O_PATH`: nothing is opened) on `path` itself, never on
+/// what a symlink there names, that is a regular file: a FIFO or a device
+/// node is refused before anything opens it.
+fn regular_file_handle(path: &Path) -> io::Result<File> {
+    let handle = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)?;
+    if handle.metadata()?.is_file() {
+        Ok(handle)
+    } else {
+        Err(io::Error::other(
+            "not a regular file (a symlink, FIFO or device is never opened)",
+        ))
+    }
+}
+
+/// The path that reopens the inode `handle` holds.
+fn fd_path(handle: &File) -> PathBuf {
+    use std::os::fd::AsRawFd;
+    PathBuf::from(format!("/proc/self/fd/{}", handle.as_raw_fd()))
 }
 
 /// Parses `20GiB`, `512MiB`, `1.5GB`, `8G`, `4096` (bytes). Binary units
@@ -600,10 +627,18 @@ impl Ledger {
     }
 
     fn open_mapped(path: &Path, guarded: bool) -> Result<Ledger> {
-        let (file, writable) = match OpenOptions::new().read(true).write(true).open(path) {
+        // Root's readers list a directory others may write: a link planted
+        // there would have root open (and map) whatever it names.
+        let planted = if guarded {
+            Some(regular_file_handle(path).map_err(io_err(path))?)
+        } else {
+            None
+        };
+        let at = planted.as_ref().map_or_else(|| path.to_path_buf(), fd_path);
+        let (file, writable) = match OpenOptions::new().read(true).write(true).open(&at) {
             Ok(f) => (f, true),
             Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EROFS)) => {
-                (File::open(path).map_err(io_err(path))?, false)
+                (File::open(&at).map_err(io_err(path))?, false)
             }
             Err(e) => return Err(io_err(path)(e)),
         };

@@ -354,6 +354,36 @@ fn dir_helpers() {
     assert!(!valid_slice_id(""));
 }
 
+/// The ledger directory is writable by every user. What one plants there
+/// (a link to a file root would then open read-write and map, a link to a
+/// directory of another slice's records, a FIFO) is not listed, and a
+/// planted file is not opened by root's readers; the links' targets are
+/// valid ledgers, so only the refusal to follow them keeps them out.
+#[test]
+fn planted_links_and_special_files_are_neither_listed_nor_opened() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().join("slices");
+    ensure_dir(&d).unwrap();
+    let elsewhere = dir.path().join("elsewhere");
+    fs::create_dir(&elsewhere).unwrap();
+    let target = elsewhere.join(limits::USAGE_FILE);
+    Ledger::create(&target, "victim", &specs(&[GIB])).unwrap();
+    std::os::unix::fs::symlink(&target, d.join("link.ledger")).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, d.join("linked-dir")).unwrap();
+    let fifo =
+        std::ffi::CString::new(d.join("fifo.ledger").as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o666) }, 0);
+    Ledger::create(&d.join("real.ledger"), "real", &specs(&[GIB])).unwrap();
+    assert_eq!(list_dir(&d), [d.join("real.ledger")]);
+    for planted in ["link.ledger", "fifo.ledger"] {
+        let e = Ledger::open(&d.join(planted)).err().unwrap();
+        assert!(e.to_string().contains(planted), "{planted}: {e}");
+    }
+    // The control: the same target opens by its own path.
+    assert_eq!(Ledger::open(&target).unwrap().slice_id(), "victim");
+}
+
 /// A version-1 file (what an older gpuslice wrote): version 2 without the
 /// compute section.
 fn write_v1(p: &Path, cap: u64) {

@@ -19,6 +19,7 @@ pub fn gpu_of(inv: &Inventory, uuid: &str) -> Option<u32> {
 /// Adds the series of every readable ledger in `dir`; returns how many.
 pub fn collect(dir: &Path, inv: Option<&Inventory>, out: &mut Sample) -> usize {
     let mut n = 0;
+    let mut named = std::collections::HashSet::new();
     let table = ProcessTable::scan();
     for path in gpuslice_ledger::list_dir(dir) {
         let mut ledger = match Ledger::open(&path) {
@@ -36,6 +37,17 @@ pub fn collect(dir: &Path, inv: Option<&Inventory>, out: &mut Sample) -> usize {
             }
         }
         let snap = ledger.snapshot();
+        // One slice, one set of series: a second ledger under the same
+        // name (a local user's ledger file naming another slice, a slice's
+        // directory reached twice) would make the scrape fail for all.
+        if !named.insert(snap.slice_id.clone()) {
+            tracing::warn!(
+                "ledger {} names slice {:?} again: not exported",
+                path.display(),
+                snap.slice_id
+            );
+            continue;
+        }
         let slice: Labels = vec![("slice", snap.slice_id.clone())];
         // Processes of the slice the GPU sees, and whether the shim holds
         // them: 0 flags a GPU process that escaped it.
@@ -85,4 +97,34 @@ pub fn collect(dir: &Path, inv: Option<&Inventory>, out: &mut Sample) -> usize {
         n += 1;
     }
     n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sample::Sample;
+    use gpuslice_ledger::DeviceSpec;
+
+    /// Anyone may write a ledger file into the ledger directory, naming
+    /// any slice: two ledgers of one name give one set of series (a
+    /// duplicate series would fail the whole scrape).
+    #[test]
+    fn a_second_ledger_of_the_same_slice_is_not_exported() {
+        let dir = tempfile::tempdir().unwrap();
+        let dev = [DeviceSpec {
+            uuid: "GPU-1".into(),
+            cap: 1 << 30,
+        }];
+        for file in ["a.ledger", "b.ledger"] {
+            Ledger::create(&dir.path().join(file), "victim", &dev).unwrap();
+        }
+        let mut out = Sample::default();
+        assert_eq!(collect(dir.path(), None, &mut out), 1);
+        let caps = out
+            .series
+            .iter()
+            .filter(|s| s.metric.name == m::SLICE_CAP.name)
+            .count();
+        assert_eq!(caps, 1);
+    }
 }

@@ -30,10 +30,8 @@
 use gpuslice_ledger::procfs::{self, Liveness};
 use gpuslice_ledger::{Ledger, ProcessState};
 use std::collections::HashSet;
-use std::fs::{self, OpenOptions};
-use std::io::{self, Read, Write};
-use std::os::unix::fs::OpenOptionsExt;
-use std::os::unix::io::AsRawFd;
+use std::fs;
+use std::io;
 use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
@@ -46,8 +44,6 @@ const INIT_PID_NS: u64 = 0xEFFF_FFFC;
 /// A ledger that does not open may be one a process is creating right now
 /// for this long (creation takes microseconds).
 const CREATING: Duration = Duration::from_secs(10);
-/// More than any ledger layout is long (a longer file is not a ledger).
-const COPY_LIMIT: u64 = 4 * gpuslice_ledger::FILE_SIZE as u64;
 
 /// Allocate and the sweep, one at a time (over every ledger directory).
 static LOCK: Mutex<()> = Mutex::new(());
@@ -164,9 +160,13 @@ pub fn in_use(dir: &Path) -> bool {
         if !usage && path.extension().is_none_or(|x| x != "ledger") {
             continue;
         }
-        let ledger = match open_ledger(&path) {
-            Ok(Some(l)) => l,
-            Ok(None) => continue, // not a regular file: no shim's ledger
+        if !e.file_type().is_ok_and(|t| t.is_file()) {
+            continue; // no shim's ledger (a link or node is never opened)
+        }
+        // Ledger::open: no link followed, nothing but a regular file opened,
+        // and a truncation under the mapping reads as zeros (no SIGBUS).
+        let ledger = match Ledger::open(&path) {
+            Ok(l) => l,
             Err(_) if younger_than(e.metadata(), CREATING) => return true,
             Err(_) => continue,
         };
@@ -192,37 +192,6 @@ fn younger_than(meta: io::Result<fs::Metadata>, age: Duration) -> bool {
         .ok()
         .and_then(|t| t.elapsed().ok())
         .is_none_or(|a| a < age)
-}
-
-/// A copy of the ledger at `path`, opened without following a link and
-/// without opening anything but a regular file (a device node planted by
-/// the tenant is never opened); None when it is not a regular file. A
-/// copy, because the tenant may truncate its file while a mapping of it
-/// is read, which would kill the plugin with SIGBUS.
-fn open_ledger(path: &Path) -> Result<Option<Ledger>, Error> {
-    // O_PATH: a handle on the inode that opens nothing.
-    let handle = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(io_err(path))?;
-    if !handle.metadata().map_err(io_err(path))?.is_file() {
-        return Ok(None);
-    }
-    // The same inode again, through the handle: a regular file.
-    let mut data = Vec::new();
-    fs::File::open(fd_path(&handle))
-        .and_then(|f| f.take(COPY_LIMIT).read_to_end(&mut data))
-        .map_err(io_err(path))?;
-    let mut copy = tempfile::tempfile().map_err(io_err(Path::new("a temporary file")))?;
-    copy.write_all(&data).map_err(io_err(path))?;
-    Ledger::open(&fd_path(&copy))
-        .map(Some)
-        .map_err(Error::Ledger)
-}
-
-fn fd_path(f: &fs::File) -> std::path::PathBuf {
-    format!("/proc/self/fd/{}", f.as_raw_fd()).into()
 }
 
 /// The host's processes as (pid in their innermost namespace, start time).
