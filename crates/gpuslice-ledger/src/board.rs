@@ -413,7 +413,9 @@ impl Board {
     /// none or it is not a board.
     pub fn open_existing(dir: &Path, uuid: &str) -> Option<Board> {
         let path = board_path(dir, uuid);
-        let file = File::open(&path).ok()?;
+        // Root reads it (`gpuslice slices`, doctor) in a directory every
+        // user may write: nothing planted there is opened.
+        let file = crate::planted::open_read_only(&path).ok()?;
         if file.metadata().ok()?.len() != BOARD_SIZE as u64 {
             return None;
         }
@@ -543,6 +545,21 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let b = Board::open_or_create(dir.path(), "GPU-1234").unwrap();
         (dir, b)
+    }
+
+    /// Root's reader opens no link planted where a board would be (the
+    /// directory is 1777): here one to a real board elsewhere.
+    #[test]
+    fn a_link_planted_as_a_board_is_not_opened() {
+        let (dir, _b) = board();
+        let other = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(
+            board_path(dir.path(), "GPU-1234"),
+            board_path(other.path(), "GPU-1234"),
+        )
+        .unwrap();
+        assert!(Board::open_existing(other.path(), "GPU-1234").is_none());
+        assert!(Board::open_existing(dir.path(), "GPU-1234").is_some());
     }
 
     /// Every tenant of the GPU can truncate its board under the others'

@@ -43,6 +43,7 @@ pub mod enforcement;
 pub mod hostpid;
 pub mod limits;
 mod map;
+mod planted;
 pub mod procfs;
 mod sigbus;
 
@@ -387,29 +388,6 @@ pub fn list_dir(dir: &Path) -> Vec<PathBuf> {
     paths
 }
 
-/// A handle (`O_PATH`: nothing is opened) on `path` itself, never on
-/// what a symlink there names, that is a regular file: a FIFO or a device
-/// node is refused before anything opens it.
-fn regular_file_handle(path: &Path) -> io::Result<File> {
-    let handle = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)?;
-    if handle.metadata()?.is_file() {
-        Ok(handle)
-    } else {
-        Err(io::Error::other(
-            "not a regular file (a symlink, FIFO or device is never opened)",
-        ))
-    }
-}
-
-/// The path that reopens the inode `handle` holds.
-fn fd_path(handle: &File) -> PathBuf {
-    use std::os::fd::AsRawFd;
-    PathBuf::from(format!("/proc/self/fd/{}", handle.as_raw_fd()))
-}
-
 /// Parses `20GiB`, `512MiB`, `1.5GB`, `8G`, `4096` (bytes). Binary units
 /// (KiB, MiB, GiB, TiB, and the bare K/M/G/T) are powers of 1024; decimal
 /// ones (KB, MB, GB, TB) powers of 1000.
@@ -630,11 +608,13 @@ impl Ledger {
         // Root's readers list a directory others may write: a link planted
         // there would have root open (and map) whatever it names.
         let planted = if guarded {
-            Some(regular_file_handle(path).map_err(io_err(path))?)
+            Some(planted::regular_file_handle(path).map_err(io_err(path))?)
         } else {
             None
         };
-        let at = planted.as_ref().map_or_else(|| path.to_path_buf(), fd_path);
+        let at = planted
+            .as_ref()
+            .map_or_else(|| path.to_path_buf(), planted::fd_path);
         let (file, writable) = match OpenOptions::new().read(true).write(true).open(&at) {
             Ok(f) => (f, true),
             Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EROFS)) => {
