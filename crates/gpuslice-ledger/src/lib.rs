@@ -590,10 +590,11 @@ impl Ledger {
     }
 
     /// Opens the slice's own ledger in one of its processes (the shim), as
-    /// [`Ledger::open`] but unguarded: a process whose ledger is truncated
-    /// under it dies of SIGBUS, because a private copy would free it from
-    /// the cap the slice's processes share (the slice fails closed, and
-    /// only it could have done that).
+    /// [`Ledger::open`] but without a reader's guards: the path is opened
+    /// as given (the slice's fixed place, or its own), and a process whose
+    /// ledger is truncated under it dies of SIGBUS, because a private copy
+    /// would free it from the cap the slice's processes share (the slice
+    /// fails closed, and only it could have done that).
     pub fn open_in_slice(path: &Path) -> Result<Ledger> {
         Self::open_mapped(path, false)
     }
@@ -604,10 +605,12 @@ impl Ledger {
         self.map.lost()
     }
 
-    fn open_mapped(path: &Path, guarded: bool) -> Result<Ledger> {
+    /// `outside`: for a reader outside the slice ([`Ledger::open`]), which
+    /// opens nothing planted and maps the file guarded.
+    fn open_mapped(path: &Path, outside: bool) -> Result<Ledger> {
         // Root's readers list a directory others may write: a link planted
         // there would have root open (and map) whatever it names.
-        let planted = if guarded {
+        let planted = if outside {
             Some(planted::regular_file_handle(path).map_err(io_err(path))?)
         } else {
             None
@@ -638,7 +641,7 @@ impl Ledger {
         }
         // Map what is there (bounded) to inspect the header safely.
         let map_len = size.min(FILE_SIZE as u64 * 4) as usize;
-        let map = if guarded {
+        let map = if outside {
             Mapping::file_guarded(&file, map_len, writable)
         } else {
             Mapping::file(&file, map_len, writable)
