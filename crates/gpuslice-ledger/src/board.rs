@@ -36,7 +36,7 @@
 //! shares` (see the shim's `borrow` module), and its own share and cap are
 //! never read from here.
 
-use std::fs::{File, OpenOptions};
+use std::fs::OpenOptions;
 use std::io;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -285,21 +285,18 @@ impl Board {
             path: path.clone(),
             source,
         };
-        let file: File = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o666)
-            // The directory is world-writable: never follow a link planted
-            // there, and touch nothing but a regular file.
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&path)
-            .map_err(io_err)?;
+        // The directory is world-writable: never follow a link planted
+        // there, and open nothing but a regular file (a device node planted
+        // there would be opened, with whatever its open does, before a
+        // check after the open could refuse it).
+        let file = match crate::planted::open_or_create_rw(&path, 0o666) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::InvalidInput => {
+                return Err(BoardError::Foreign { path });
+            }
+            Err(e) => return Err(io_err(e)),
+        };
         let meta = file.metadata().map_err(io_err)?;
-        if !meta.is_file() {
-            return Err(BoardError::Foreign { path });
-        }
         let len = meta.len();
         if len == 0 {
             // A new file: the owner widens its mode past the umask, and
@@ -560,6 +557,35 @@ mod tests {
         .unwrap();
         assert!(Board::open_existing(other.path(), "GPU-1234").is_none());
         assert!(Board::open_existing(dir.path(), "GPU-1234").is_some());
+    }
+
+    /// A device node planted where a board would be (a container with
+    /// CAP_MKNOD can make one in the boards' directory) is refused before
+    /// it is opened: here one of an unregistered major, whose open fails
+    /// with ENXIO (an Io error), so a Foreign answer shows no open was made.
+    #[test]
+    fn a_device_node_planted_as_a_board_is_never_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = board_path(dir.path(), "GPU-1234");
+        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path; mknod reads nothing else.
+        let rc = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(511, 0)) };
+        // Needs root, as the tests do (scripts/test.sh).
+        assert_eq!(rc, 0, "mknod: {}", std::io::Error::last_os_error());
+        match Board::open_or_create(dir.path(), "GPU-1234") {
+            Err(BoardError::Foreign { .. }) => {}
+            Err(e) => panic!("opened: {e}"),
+            Ok(_) => panic!("a device node was taken for a board"),
+        }
+        // A FIFO as well (opened read-write it would not block, but it is
+        // no board either).
+        std::fs::remove_file(&path).unwrap();
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o666) }, 0);
+        assert!(matches!(
+            Board::open_or_create(dir.path(), "GPU-1234"),
+            Err(BoardError::Foreign { .. })
+        ));
     }
 
     /// Every tenant of the GPU can truncate its board under the others'

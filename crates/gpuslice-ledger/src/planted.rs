@@ -20,7 +20,8 @@ pub fn regular_file_handle(path: &Path) -> io::Result<File> {
     if handle.metadata()?.is_file() {
         Ok(handle)
     } else {
-        Err(io::Error::other(
+        Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
             "not a regular file (a symlink, FIFO or device is never opened)",
         ))
     }
@@ -34,4 +35,32 @@ pub fn fd_path(handle: &File) -> PathBuf {
 /// `path` opened read-only if it is a regular file ([`regular_file_handle`]).
 pub fn open_read_only(path: &Path) -> io::Result<File> {
     File::open(fd_path(&regular_file_handle(path)?))
+}
+
+/// `path` opened read-write if it is a regular file, else created new
+/// (`mode`, no link followed); `InvalidInput` when something else is there,
+/// which is never opened.
+pub fn open_or_create_rw(path: &Path, mode: u32) -> io::Result<File> {
+    let reopen = |handle: File| {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(fd_path(&handle))
+    };
+    match regular_file_handle(path) {
+        Ok(handle) => reopen(handle),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(path)
+            .or_else(|e| match e.kind() {
+                // Another process made it first.
+                io::ErrorKind::AlreadyExists => reopen(regular_file_handle(path)?),
+                _ => Err(e),
+            }),
+        Err(e) => Err(e),
+    }
 }
