@@ -51,6 +51,18 @@ if [ -z "${HELM_SDKPY_PYTHON:-}" ]; then
   export HELM_SDKPY_PYTHON="$PWD/target/helm-sdkpy/bin/python"
 fi
 
+# The DRA driver's sockets are dialled by gRPC C-core (Python's grpcio) with
+# its default :authority, as a kubelet-side client would, in a venv of its
+# own under target/.
+if [ -z "${GPUSLICE_GRPCIO_PYTHON:-}" ]; then
+  if ! target/grpcio/bin/python -c "import grpc" 2>/dev/null; then
+    rm -rf target/grpcio
+    python3 -m venv target/grpcio
+    target/grpcio/bin/pip install -q 'grpcio>=1.60'
+  fi
+  export GPUSLICE_GRPCIO_PYTHON="$PWD/target/grpcio/bin/python"
+fi
+
 if [ "$(id -u)" != 0 ]; then
   echo "scripts/test.sh: the isolation tests need root (mknod, mount namespaces, cgroups); run it as root" >&2
   exit 1

@@ -13,11 +13,12 @@ use gpuslice_dra::driver::{spec_path, Driver, Options};
 use gpuslice_dra::server::{serve, Served, Sockets};
 use gpuslice_dra::DRIVER_NAME;
 use gpuslice_k8s::cdi::limits_record_path;
+use gpuslice_k8s::grpc_wire::{grpc_go_authority, WireConn};
 use gpuslice_ledger::limits::{
     verify_and_read, ComputeShare, DeviceLimits, MemorySize, Mode, SliceLimits, LIMITS_FILE,
     SLICE_DIR,
 };
-use gpuslice_testkit::dra_kubelet::{register, Registered};
+use gpuslice_testkit::dra_kubelet::{get_info, register, Registered};
 use gpuslice_testkit::fakeapi::{device_claim, shared_claim, FakeApiServer};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -212,6 +213,93 @@ async fn registers_as_a_dra_plugin_with_both_versions() {
     drop(served);
     assert!(!e.sockets().registration(DRIVER_NAME).exists());
     assert!(!e.sockets().dra(DRIVER_NAME).exists());
+}
+
+/// The `:authority` values kubelets and gRPC clients send on a unix
+/// socket: grpc-go's (the kubelet's plugin watcher: the path without its
+/// leading slash, percent-encoded), `localhost` (the kubelet's DRA and
+/// device-manager clients), and the bare path (grpc-java, grpc-swift).
+fn kubelet_authorities(sock: &Path) -> Vec<String> {
+    vec![
+        grpc_go_authority(sock),
+        "localhost".into(),
+        sock.display().to_string(),
+    ]
+}
+
+#[tokio::test]
+async fn both_sockets_answer_every_authority_a_kubelet_sends() {
+    let e = Env::new().await;
+    let served = e.start(true);
+    let reg = served.registration_socket.clone();
+    let dra = served.dra_socket.clone();
+    tokio::task::spawn_blocking(move || {
+        for authority in kubelet_authorities(&reg) {
+            let info = get_info(&reg, &authority)
+                .unwrap_or_else(|e| panic!("GetInfo with :authority {authority:?}: {e}"));
+            assert_eq!(info.name, DRIVER_NAME, "{authority}");
+        }
+        // The DRA service: an empty NodePrepareResources (prepares nothing).
+        for authority in kubelet_authorities(&dra) {
+            let mut conn =
+                WireConn::connect(&dra, &authority, std::time::Duration::from_secs(10)).unwrap();
+            let raw = conn
+                .call(
+                    "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources",
+                    &[],
+                )
+                .unwrap_or_else(|e| panic!("NodePrepareResources with {authority:?}: {e}"));
+            assert!(raw.is_empty(), "an empty answer to an empty request");
+        }
+    })
+    .await
+    .unwrap();
+    drop(served);
+}
+
+/// gRPC C-core (Python's grpcio), whose default authority for a `unix:`
+/// target is the percent-encoded socket path, registers the plugin too.
+#[tokio::test]
+async fn grpc_core_with_its_default_authority_gets_the_plugin_info() {
+    let python = std::env::var("GPUSLICE_GRPCIO_PYTHON").unwrap_or_else(|_| "python3".into());
+    let have = std::process::Command::new(&python)
+        .args(["-c", "import grpc"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !gpuslice_testkit::precondition(
+        "grpc_core_with_its_default_authority_gets_the_plugin_info",
+        (!have).then(|| format!("{python} has no grpcio (scripts/test.sh installs it)")),
+    ) {
+        return;
+    }
+    let e = Env::new().await;
+    let served = e.start(true);
+    let script = r#"
+import grpc, sys
+channel = grpc.insecure_channel("unix:" + sys.argv[1])
+get_info = channel.unary_unary("/pluginregistration.Registration/GetInfo")
+sys.stdout.buffer.write(get_info(b"", timeout=10))
+"#;
+    let sock = served.registration_socket.clone();
+    // Blocking, off the runtime that serves the plugin.
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(&python)
+            .args(["-c", script])
+            .arg(&sock)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "grpcio's GetInfo failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    use prost::Message;
+    let info = gpuslice_dra::api::registration::PluginInfo::decode(out.stdout.as_slice()).unwrap();
+    assert_eq!(info.name, DRIVER_NAME);
+    assert_eq!(Path::new(&info.endpoint), served.dra_socket);
 }
 
 #[tokio::test]

@@ -1,3 +1,4 @@
 pub mod cdi;
+pub mod grpc_wire;
 pub mod labels;
 pub mod plugin;

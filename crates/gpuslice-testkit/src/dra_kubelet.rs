@@ -4,13 +4,27 @@
 //! (type `DRAPlugin`, the driver's name, an endpoint socket that exists, a
 //! supported service version it knows), reports the status back, and
 //! dials the endpoint with the client of the version it chose.
+//!
+//! On the wire it registers as the real kubelet does: its plugin watcher
+//! is grpc-go dialled with the socket path and no authority option, which
+//! sends the path percent-encoded as `:authority` (see
+//! `gpuslice_k8s::grpc_wire`), GetInfo then NotifyRegistrationStatus on one
+//! connection. The DRA service itself is dialled with `localhost`-like
+//! authority, as the kubelet's DRA client does.
 
-use gpuslice_dra::api::registration::registration_client::RegistrationClient;
 use gpuslice_dra::api::registration::{InfoRequest, PluginInfo, RegistrationStatus};
 use gpuslice_dra::api::{v1, v1beta1};
+use gpuslice_k8s::grpc_wire::{grpc_go_authority, WireConn, WireError};
 use gpuslice_k8s::plugin::server::dial;
+use prost::Message;
 use std::os::unix::fs::FileTypeExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The registration service's methods, as the kubelet calls them.
+pub const GET_INFO: &str = "/pluginregistration.Registration/GetInfo";
+pub const NOTIFY_REGISTRATION_STATUS: &str =
+    "/pluginregistration.Registration/NotifyRegistrationStatus";
 
 pub type V1 = v1::dra_plugin_client::DraPluginClient<tonic::transport::Channel>;
 pub type V1beta1 = v1beta1::dra_plugin_client::DraPluginClient<tonic::transport::Channel>;
@@ -23,17 +37,18 @@ pub struct Registered {
 
 /// Registers the plugin whose registration socket is `reg_socket`, as
 /// the kubelet would on seeing it appear; panics on what the kubelet
-/// would refuse (the refusal is reported to the plugin first).
+/// would refuse (the refusal is reported to the plugin first) and when
+/// the plugin cannot be registered at all (the kubelet's log then says
+/// `RegisterPlugin error -- failed to get plugin info using RPC GetInfo`).
 pub async fn register(reg_socket: &Path, driver: &str) -> Registered {
-    let mut reg = RegistrationClient::new(dial(reg_socket).await.unwrap());
-    let info = reg.get_info(InfoRequest {}).await.unwrap().into_inner();
-    let refusal = why_refused(&info, driver);
-    reg.notify_registration_status(RegistrationStatus {
-        plugin_registered: refusal.is_none(),
-        error: refusal.clone().unwrap_or_default(),
-    })
-    .await
-    .unwrap();
+    let (info, refusal) = registration(reg_socket.to_path_buf(), driver.to_string())
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "RegisterPlugin error -- failed to get plugin info using RPC GetInfo at socket {}, err: {e}",
+                reg_socket.display()
+            )
+        });
     if let Some(why) = refusal {
         panic!("the kubelet would refuse this registration: {why}");
     }
@@ -43,6 +58,39 @@ pub async fn register(reg_socket: &Path, driver: &str) -> Registered {
         v1beta1: V1beta1::new(ch),
         info,
     }
+}
+
+/// GetInfo with grpc-go's authority, then the kubelet's verdict sent back
+/// with NotifyRegistrationStatus on the same connection.
+async fn registration(
+    sock: PathBuf,
+    driver: String,
+) -> Result<(PluginInfo, Option<String>), WireError> {
+    tokio::task::spawn_blocking(move || {
+        let mut conn =
+            WireConn::connect(&sock, &grpc_go_authority(&sock), Duration::from_secs(10))?;
+        let info = get_info_on(&mut conn)?;
+        let refusal = why_refused(&info, &driver);
+        let status = RegistrationStatus {
+            plugin_registered: refusal.is_none(),
+            error: refusal.clone().unwrap_or_default(),
+        };
+        conn.call(NOTIFY_REGISTRATION_STATUS, &status.encode_to_vec())?;
+        Ok((info, refusal))
+    })
+    .await
+    .expect("the registration thread panicked")
+}
+
+/// GetInfo on `socket` with `authority` on the wire, nothing else.
+pub fn get_info(socket: &Path, authority: &str) -> Result<PluginInfo, WireError> {
+    let mut conn = WireConn::connect(socket, authority, Duration::from_secs(10))?;
+    get_info_on(&mut conn)
+}
+
+fn get_info_on(conn: &mut WireConn) -> Result<PluginInfo, WireError> {
+    let raw = conn.call(GET_INFO, &InfoRequest {}.encode_to_vec())?;
+    PluginInfo::decode(raw.as_slice()).map_err(|e| WireError::Malformed(e.to_string()))
 }
 
 fn why_refused(info: &PluginInfo, driver: &str) -> Option<String> {
