@@ -1,6 +1,7 @@
 //! The DRA driver's wiring on this node (docs/dra.md): the gpuslice DRA
 //! kubelet plugin registered (its registration socket in the kubelet's
-//! plugin registry, both its sockets answering), CDI enabled in the
+//! plugin registry answering GetInfo as the kubelet calls it, its DRA
+//! socket answering), CDI enabled in the
 //! container runtime that starts the claims' containers, and the DRA
 //! feature gates of the kubelet.
 //!
@@ -12,11 +13,14 @@
 
 use crate::{list, Check, Context};
 use gpuslice_core::{Gpu, HostRoot};
-use gpuslice_dra::DRIVER_NAME as DRIVER;
+use gpuslice_dra::server::get_info;
+use gpuslice_dra::{DRIVER_NAME as DRIVER, PLUGIN_TYPE, SUPPORTED_VERSIONS};
+use gpuslice_k8s::grpc_wire::grpc_go_authority;
 use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// Where the driver writes its claims' CDI specs unless told otherwise
 /// (`gpuslice dra --cdi-dir`).
@@ -162,6 +166,56 @@ pub fn sockets(root: &HostRoot) -> (PathBuf, PathBuf) {
     )
 }
 
+/// How long GetInfo may take (the kubelet allows its plugins 1 s to connect).
+const GET_INFO_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Why the plugin behind `reg` cannot be registered by a kubelet, from a
+/// GetInfo sent as the kubelet's plugin watcher sends it (grpc-go, the
+/// socket path percent-encoded as `:authority`); None when it can.
+fn unregistrable(reg: &Path) -> Option<(String, &'static str)> {
+    let authority = grpc_go_authority(reg);
+    let info = match get_info(reg, &authority, GET_INFO_TIMEOUT) {
+        Ok(info) => info,
+        Err(e) => {
+            return Some((
+                format!(
+                    "{} accepts connections, but GetInfo sent as the kubelet sends it                      (:authority {authority:?}) failed: {e}; the kubelet logs \"RegisterPlugin                      error -- failed to get plugin info using RPC GetInfo\" and never calls the plugin",
+                    reg.display()
+                ),
+                "run a gpuslice DRA plugin that accepts the kubelet's :authority (this version                  does) and restart its pod; docs/dra.md, Troubleshooting",
+            ))
+        }
+    };
+    let mut wrong = Vec::new();
+    if info.r#type != PLUGIN_TYPE {
+        wrong.push(format!("type {:?}, not {PLUGIN_TYPE}", info.r#type));
+    }
+    if info.name != DRIVER {
+        wrong.push(format!("name {:?}, not {DRIVER}", info.name));
+    }
+    if !info
+        .supported_versions
+        .iter()
+        .any(|v| SUPPORTED_VERSIONS.contains(&v.as_str()))
+    {
+        wrong.push(format!(
+            "versions {:?}, none of {SUPPORTED_VERSIONS:?}",
+            info.supported_versions
+        ));
+    }
+    (!wrong.is_empty()).then(|| {
+        (
+            format!(
+                "{} answers GetInfo with what the kubelet refuses: {}",
+                reg.display(),
+                wrong.join("; ")
+            ),
+            "another program serves the gpuslice DRA plugin's registration socket: stop it and \
+             restart the plugin's pod",
+        )
+    })
+}
+
 fn plugin(root: &HostRoot) -> Check {
     const NAME: &str = "dra.plugin";
     if let Some(c) = no_kubelet(root, NAME) {
@@ -189,6 +243,9 @@ fn plugin(root: &HostRoot) -> Check {
             "restart the gpuslice DRA plugin (its pod); remove the stale socket if the plugin \
              is gone for good",
         );
+    }
+    if let Some((why, fix)) = unregistrable(&reg) {
+        return Check::fail(NAME, why, fix);
     }
     if !answers(&dra) {
         return Check::fail(
@@ -227,8 +284,9 @@ fn plugin(root: &HostRoot) -> Check {
     Check::pass(
         NAME,
         format!(
-            "registration socket {} and DRA socket {} answer (whether the kubelet accepted \
-             the registration shows in the plugin's log and in kubectl get resourceslices)",
+            "registration socket {} answers GetInfo as the kubelet calls it and DRA socket {} \
+             answers (whether the kubelet accepted the registration shows in the plugin's log \
+             and in kubectl get resourceslices)",
             reg.display(),
             dra.display()
         ),
@@ -641,8 +699,24 @@ mod tests {
         assert_eq!(c.status, Status::Fail, "{c:?}");
         assert!(c.detail.contains("nothing answers"), "{c:?}");
 
+        // A socket that accepts and never answers GetInfo.
         fs::remove_file(&reg).unwrap();
-        let _reg = UnixListener::bind(&reg).unwrap();
+        let silent = UnixListener::bind(&reg).unwrap();
+        let c = plugin(&root);
+        assert_eq!(c.status, Status::Fail, "{c:?}");
+        assert!(c.detail.contains("GetInfo sent as the kubelet"), "{c:?}");
+        drop(silent);
+
+        // gpuslice's registration service, but no DRA socket.
+        fs::remove_file(&reg).unwrap();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let _reg = rt.block_on(async {
+            gpuslice_dra::server::serve_registration(DRIVER.into(), &dra, &reg).unwrap()
+        });
         let c = plugin(&root);
         assert_eq!(c.status, Status::Fail, "{c:?}");
         assert!(c.detail.contains("DRA socket"), "{c:?}");

@@ -11,6 +11,8 @@ use crate::api::registration::{
 };
 use crate::driver::{ClaimRef, Driver};
 use crate::{PLUGIN_TYPE, SUPPORTED_VERSIONS};
+use gpuslice_k8s::grpc_wire::{WireConn, WireError};
+use prost::Message;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use thiserror::Error;
@@ -42,6 +44,27 @@ impl Sockets {
     pub fn registration(&self, driver: &str) -> PathBuf {
         self.registry_dir.join(format!("{driver}-reg.sock"))
     }
+}
+
+/// The registration service's methods, as the kubelet calls them.
+pub const GET_INFO: &str = "/pluginregistration.Registration/GetInfo";
+pub const NOTIFY_REGISTRATION_STATUS: &str =
+    "/pluginregistration.Registration/NotifyRegistrationStatus";
+
+/// GetInfo on `conn` as the kubelet's plugin watcher calls it.
+pub fn get_info_on(conn: &mut WireConn) -> Result<PluginInfo, WireError> {
+    let raw = conn.call(GET_INFO, &InfoRequest {}.encode_to_vec())?;
+    PluginInfo::decode(raw.as_slice()).map_err(|e| WireError::Malformed(e.to_string()))
+}
+
+/// GetInfo on the registration socket `socket`, with `authority` on the
+/// wire (`grpc_wire::grpc_go_authority` for what the kubelet sends).
+pub fn get_info(
+    socket: &Path,
+    authority: &str,
+    timeout: std::time::Duration,
+) -> Result<PluginInfo, WireError> {
+    get_info_on(&mut WireConn::connect(socket, authority, timeout)?)
 }
 
 /// What the kubelet told us about our registration.
@@ -199,6 +222,36 @@ fn listen(path: &Path) -> Result<tokio::net::UnixListener, ServeError> {
     tokio::net::UnixListener::bind(path).map_err(|e| ServeError::Listen(path.into(), e))
 }
 
+/// Serves the registration service of the plugin `name`, whose DRA socket
+/// is `endpoint`, at `socket`; sending on (or dropping) the returned
+/// sender stops it. The kubelet's answers land in the returned state.
+pub fn serve_registration(
+    name: String,
+    endpoint: &Path,
+    socket: &Path,
+) -> Result<(oneshot::Sender<()>, Arc<Mutex<RegistrationState>>), ServeError> {
+    let reg = listen(socket)?;
+    let status = Arc::new(Mutex::new(RegistrationState::default()));
+    let svc = Reg {
+        name,
+        endpoint: endpoint.to_path_buf(),
+        status: status.clone(),
+    };
+    let (stop_reg, stopped_reg) = oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let r = tonic::transport::Server::builder()
+            .add_service(RegistrationServer::new(svc))
+            .serve_with_incoming_shutdown(UnixListenerStream::new(reg), async {
+                let _ = stopped_reg.await;
+            })
+            .await;
+        if let Err(e) = r {
+            tracing::warn!("registration server ended: {e}");
+        }
+    });
+    Ok((stop_reg, status))
+}
+
 /// Serves the driver (both API versions), then the registration socket.
 pub fn serve(driver: Arc<Driver>, sockets: &Sockets) -> Result<Served, ServeError> {
     let name = driver.driver_name().to_string();
@@ -219,25 +272,7 @@ pub fn serve(driver: Arc<Driver>, sockets: &Sockets) -> Result<Served, ServeErro
             tracing::warn!("DRA server ended: {e}");
         }
     });
-    let reg = listen(&registration_socket)?;
-    let status = Arc::new(Mutex::new(RegistrationState::default()));
-    let svc = Reg {
-        name,
-        endpoint: dra_socket.clone(),
-        status: status.clone(),
-    };
-    let (stop_reg, stopped_reg) = oneshot::channel::<()>();
-    tokio::spawn(async move {
-        let r = tonic::transport::Server::builder()
-            .add_service(RegistrationServer::new(svc))
-            .serve_with_incoming_shutdown(UnixListenerStream::new(reg), async {
-                let _ = stopped_reg.await;
-            })
-            .await;
-        if let Err(e) = r {
-            tracing::warn!("registration server ended: {e}");
-        }
-    });
+    let (stop_reg, status) = serve_registration(name, &dra_socket, &registration_socket)?;
     Ok(Served {
         dra_socket,
         registration_socket,

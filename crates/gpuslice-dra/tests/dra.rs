@@ -10,7 +10,7 @@ use gpuslice_core::HostRoot;
 use gpuslice_dra::api::{v1, v1beta1};
 use gpuslice_dra::apiserver::KubeApi;
 use gpuslice_dra::driver::{spec_path, Driver, Options};
-use gpuslice_dra::server::{serve, Served, Sockets};
+use gpuslice_dra::server::{get_info, serve, Served, Sockets};
 use gpuslice_dra::DRIVER_NAME;
 use gpuslice_k8s::cdi::limits_record_path;
 use gpuslice_k8s::grpc_wire::{grpc_go_authority, WireConn};
@@ -18,7 +18,7 @@ use gpuslice_ledger::limits::{
     verify_and_read, ComputeShare, DeviceLimits, MemorySize, Mode, SliceLimits, LIMITS_FILE,
     SLICE_DIR,
 };
-use gpuslice_testkit::dra_kubelet::{get_info, register, Registered};
+use gpuslice_testkit::dra_kubelet::{register, Registered};
 use gpuslice_testkit::fakeapi::{device_claim, shared_claim, FakeApiServer};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -235,7 +235,7 @@ async fn both_sockets_answer_every_authority_a_kubelet_sends() {
     let dra = served.dra_socket.clone();
     tokio::task::spawn_blocking(move || {
         for authority in kubelet_authorities(&reg) {
-            let info = get_info(&reg, &authority)
+            let info = get_info(&reg, &authority, std::time::Duration::from_secs(10))
                 .unwrap_or_else(|e| panic!("GetInfo with :authority {authority:?}: {e}"));
             assert_eq!(info.name, DRIVER_NAME, "{authority}");
         }

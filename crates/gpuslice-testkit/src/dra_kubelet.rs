@@ -12,19 +12,15 @@
 //! connection. The DRA service itself is dialled with `localhost`-like
 //! authority, as the kubelet's DRA client does.
 
-use gpuslice_dra::api::registration::{InfoRequest, PluginInfo, RegistrationStatus};
+use gpuslice_dra::api::registration::{PluginInfo, RegistrationStatus};
 use gpuslice_dra::api::{v1, v1beta1};
+use gpuslice_dra::server::{get_info_on, NOTIFY_REGISTRATION_STATUS};
 use gpuslice_k8s::grpc_wire::{grpc_go_authority, WireConn, WireError};
 use gpuslice_k8s::plugin::server::dial;
 use prost::Message;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-
-/// The registration service's methods, as the kubelet calls them.
-pub const GET_INFO: &str = "/pluginregistration.Registration/GetInfo";
-pub const NOTIFY_REGISTRATION_STATUS: &str =
-    "/pluginregistration.Registration/NotifyRegistrationStatus";
 
 pub type V1 = v1::dra_plugin_client::DraPluginClient<tonic::transport::Channel>;
 pub type V1beta1 = v1beta1::dra_plugin_client::DraPluginClient<tonic::transport::Channel>;
@@ -80,17 +76,6 @@ async fn registration(
     })
     .await
     .expect("the registration thread panicked")
-}
-
-/// GetInfo on `socket` with `authority` on the wire, nothing else.
-pub fn get_info(socket: &Path, authority: &str) -> Result<PluginInfo, WireError> {
-    let mut conn = WireConn::connect(socket, authority, Duration::from_secs(10))?;
-    get_info_on(&mut conn)
-}
-
-fn get_info_on(conn: &mut WireConn) -> Result<PluginInfo, WireError> {
-    let raw = conn.call(GET_INFO, &InfoRequest {}.encode_to_vec())?;
-    PluginInfo::decode(raw.as_slice()).map_err(|e| WireError::Malformed(e.to_string()))
 }
 
 fn why_refused(info: &PluginInfo, driver: &str) -> Option<String> {

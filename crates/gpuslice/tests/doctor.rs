@@ -416,11 +416,59 @@ fn xid_errors_in_the_kernel_log() {
     );
 }
 
+/// An HTTP/2 server on `sock` that answers every request stream as
+/// upstream h2 answers an `:authority` it cannot parse: RST_STREAM with
+/// PROTOCOL_ERROR (what a kubelet met before gpuslice patched h2).
+fn resetting_server(sock: &std::path::Path) -> std::thread::JoinHandle<()> {
+    use std::io::{Read, Write};
+    let listener = std::os::unix::net::UnixListener::bind(sock).unwrap();
+    // Until one request stream was reset (a bare connect, as doctor's
+    // first probe makes, sends nothing).
+    let reset_one = move |s: &mut std::os::unix::net::UnixStream| -> bool {
+        let mut preface = [0u8; 24];
+        if s.read_exact(&mut preface).is_err() {
+            return false;
+        }
+        // An empty SETTINGS of ours, then frames until a HEADERS arrives.
+        let _ = s.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+        loop {
+            let mut h = [0u8; 9];
+            if s.read_exact(&mut h).is_err() {
+                return false;
+            }
+            let len = u32::from_be_bytes([0, h[0], h[1], h[2]]) as usize;
+            let mut payload = vec![0u8; len];
+            if s.read_exact(&mut payload).is_err() {
+                return false;
+            }
+            if h[3] == 1 {
+                let mut rst = vec![0, 0, 4, 3, 0];
+                rst.extend_from_slice(&h[5..9]);
+                rst.extend_from_slice(&1u32.to_be_bytes());
+                let _ = s.write_all(&rst);
+                std::thread::sleep(std::time::Duration::from_millis(200));
+                return true;
+            }
+        }
+    };
+    std::thread::spawn(move || {
+        for s in listener.incoming() {
+            let Ok(mut s) = s else { return };
+            if reset_one(&mut s) {
+                return;
+            }
+        }
+    })
+}
+
 /// A Kubernetes node of the DRA driver on the fake host: the plugin's
-/// sockets answering, containerd 2.x (CDI on by default), a 1.36 control
-/// plane. Each DRA check passes; then the DRA socket goes (the plugin's
-/// pod lost the kubelet's plugins mount), then CDI is turned off, then
-/// consumable capacity on a 1.35 control plane: each is found alone.
+/// registration service (gpuslice's own, which the kubelet's grpc-go
+/// authority reaches) and DRA socket answering, containerd 2.x (CDI on by
+/// default), a 1.36 control plane. Each DRA check passes; then the DRA
+/// socket goes (the plugin's pod lost the kubelet's plugins mount), then
+/// CDI is turned off, then consumable capacity on a 1.35 control plane:
+/// each is found alone. A registration socket that resets the kubelet's
+/// GetInfo, or never answers it, fails `dra.plugin`.
 #[test]
 fn dra_node() {
     use std::os::unix::net::UnixListener;
@@ -433,10 +481,60 @@ fn dra_node() {
     let kubelet = h.root().join("var/lib/kubelet");
     fs::create_dir_all(kubelet.join("plugins_registry")).unwrap();
     fs::create_dir_all(kubelet.join("plugins/gpu.gpuslice.io")).unwrap();
-    let _reg =
-        UnixListener::bind(kubelet.join("plugins_registry/gpu.gpuslice.io-reg.sock")).unwrap();
+    let reg_sock = kubelet.join("plugins_registry/gpu.gpuslice.io-reg.sock");
     let dra_sock = kubelet.join("plugins/gpu.gpuslice.io/dra.sock");
     let dra = UnixListener::bind(&dra_sock).unwrap();
+
+    // A registration socket that resets the kubelet's stream, then one
+    // that accepts and never answers: neither can be registered.
+    let resetting = resetting_server(&reg_sock);
+    put(
+        "etc/containerd/config.toml",
+        "version = 3\n[plugins.'io.containerd.cri.v1.runtime']\n  enable_cdi = true\n",
+    );
+    let (code, v) = doctor(&h, &[]);
+    found(
+        &v,
+        code,
+        "dra.plugin",
+        "fail",
+        &[
+            "GetInfo",
+            "PROTOCOL_ERROR",
+            "var%2F",
+            "RegisterPlugin error",
+        ],
+        "accepts the kubelet's :authority",
+    );
+    resetting.join().unwrap();
+    fs::remove_file(&reg_sock).unwrap();
+    let _silent = UnixListener::bind(&reg_sock).unwrap();
+    let (code, v) = doctor(&h, &[]);
+    found(
+        &v,
+        code,
+        "dra.plugin",
+        "fail",
+        &["GetInfo"],
+        "restart its pod",
+    );
+    drop(_silent);
+    fs::remove_file(&reg_sock).unwrap();
+
+    // gpuslice's registration service, served as `gpuslice dra` serves it.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let _reg = rt.block_on(async {
+        gpuslice_dra::server::serve_registration(
+            gpuslice_dra::DRIVER_NAME.into(),
+            &dra_sock,
+            &reg_sock,
+        )
+        .unwrap()
+    });
     put(
         "etc/containerd/config.toml",
         "version = 3\n[plugins.'io.containerd.cri.v1.runtime']\n  enable_cdi = true\n",
