@@ -214,14 +214,12 @@ impl WireConn {
                         return message(&body);
                     }
                 }
-                HEADERS | CONTINUATION if id == stream => {
-                    if flags & END_STREAM != 0 {
-                        return if body.is_empty() {
-                            Err(WireError::NoMessage)
-                        } else {
-                            message(&body)
-                        };
-                    }
+                HEADERS | CONTINUATION if id == stream && flags & END_STREAM != 0 => {
+                    return if body.is_empty() {
+                        Err(WireError::NoMessage)
+                    } else {
+                        message(&body)
+                    };
                 }
                 _ => {}
             }
