@@ -1,11 +1,15 @@
-//! Generates the kubelet's DRA plugin service (v1 and v1beta1) and the
-//! plugin registration service, servers and clients (the clients drive the
+//! Generates the kubelet's DRA plugin service (v1 and v1beta1), its
+//! resource health service (v1alpha1, v1beta1, v1) and the plugin
+//! registration service, servers and clients (the clients drive the
 //! test kubelet), from the vendored protos. protox compiles them (pure
 //! Rust): no system `protoc` is needed.
 const PROTOS: &[&str] = &[
     "proto/dra_v1.proto",
     "proto/dra_v1beta1.proto",
     "proto/pluginregistration_v1.proto",
+    "proto/dra_health_v1alpha1.proto",
+    "proto/dra_health_v1beta1.proto",
+    "proto/dra_health_v1.proto",
 ];
 
 fn main() {

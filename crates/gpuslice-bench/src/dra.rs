@@ -136,7 +136,12 @@ impl Plugin {
             plugins_dir: work.join("plugins"),
             registry_dir: work.join("plugins_registry"),
         };
-        let served = serve(driver.clone(), &sockets)?;
+        let health = gpuslice_dra::feed::NodeFeed::fixed(
+            NODE,
+            gpuslice_dra::publish::SharedPolicy::default(),
+            inv.clone(),
+        );
+        let served = serve(driver.clone(), &sockets, health)?;
         let kubelet = register(&sockets.registration(DRIVER_NAME), DRIVER_NAME).await;
         Ok(Plugin {
             driver,
@@ -466,10 +471,13 @@ async fn bench_health(
     let publisher = follow(
         &api,
         DRIVER_NAME,
-        NODE,
-        inv_rx,
-        &policy,
-        rx,
+        gpuslice_dra::feed::NodeFeed {
+            pool: NODE.to_string(),
+            policy,
+            inventory: inv_rx,
+            xids: rx,
+            enforcement: tokio::sync::watch::channel(None).1,
+        },
         Duration::from_secs(3600),
     );
     let (mut to_taint, mut to_untaint, mut seen) = tokio::select! {
@@ -582,9 +590,20 @@ async fn selftest_prepare(
         .await
     };
     tokio::select! {
-        r = published => r.context("the shared device was not published")?,
-        _ = follow(&api, DRIVER_NAME, NODE, inv_rx, &policy, rx, Duration::from_secs(3600)) => bail!("the publisher stopped"),
-    }
+            r = published => r.context("the shared device was not published")?,
+            _ = follow(
+    &api,
+    DRIVER_NAME,
+    gpuslice_dra::feed::NodeFeed {
+    pool: NODE.to_string(),
+    policy,
+    inventory: inv_rx,
+    xids: rx,
+    enforcement: tokio::sync::watch::channel(None).1,
+    },
+    Duration::from_secs(3600),
+    ) => bail!("the publisher stopped"),
+        }
     let slice = fake.slices().remove(&name).unwrap_or_default();
     let devices = slice["spec"]["devices"]
         .as_array()

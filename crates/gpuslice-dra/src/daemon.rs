@@ -9,6 +9,7 @@
 
 use crate::apiserver::ApiTarget;
 use crate::driver::{Driver, Options};
+use crate::feed::{Enforcement, NodeFeed};
 use crate::publish::{follow, SharedPolicy};
 use crate::server::{serve, Sockets};
 use anyhow::{Context, Result};
@@ -20,6 +21,39 @@ pub const RESYNC: Duration = Duration::from_secs(60);
 /// How often the host's GPUs are compared with the last discovery when
 /// no inotify event came (procfs sends none).
 pub const HOTPLUG_POLL: Duration = Duration::from_secs(1);
+/// How often the shim is checked for what enforcement needs.
+pub const ENFORCEMENT_POLL: Duration = Duration::from_secs(5);
+
+/// Why shared claims' caps cannot be enforced on this node: no shim was
+/// found at start, or the shim that the claims' containers preload is
+/// missing, not a regular file, or not root's alone (a file others may
+/// write is a shim a tenant can replace). Such a node's devices are
+/// reported Unhealthy and tainted `gpuslice.io/unenforced`, so the
+/// scheduler places no claim that Prepare would refuse or could not cap.
+pub fn enforcement_problem(shim: Option<&std::path::Path>) -> Enforcement {
+    use std::os::unix::fs::MetadataExt;
+    let Some(shim) = shim else {
+        return Some(
+            "no shim (libgpuslice.so beside gpuslice, or $GPUSLICE_SHIM) was found at start".into(),
+        );
+    };
+    let m = match std::fs::metadata(shim) {
+        Ok(m) => m,
+        Err(e) => return Some(format!("the shim {} is missing: {e}", shim.display())),
+    };
+    if !m.is_file() {
+        return Some(format!("the shim {} is not a regular file", shim.display()));
+    }
+    if m.uid() != 0 || m.mode() & 0o022 != 0 {
+        return Some(format!(
+            "the shim {} is not root's alone (uid {}, mode {:o}): a tenant could replace it",
+            shim.display(),
+            m.uid(),
+            m.mode() & 0o7777
+        ));
+    }
+    None
+}
 
 /// Discovers the host's GPUs again (hot-plug).
 pub type Rediscover = Arc<dyn Fn() -> Result<gpuslice_core::Inventory> + Send + Sync>;
@@ -44,11 +78,25 @@ pub fn run(opts: DaemonOptions) -> Result<()> {
     let rediscover = opts.rediscover.clone();
     let health = gpuslice_k8s::plugin::config::Health::default();
     let (driver_name, node) = (opts.driver.driver_name.clone(), opts.driver.pool.clone());
+    let shim = opts.driver.shim.clone();
     rt.block_on(async move {
         let api = Arc::new(opts.api.connect().await?);
         let driver = Arc::new(Driver::new(opts.driver, api.clone())?);
         let prepared = driver.prepared().await.len();
-        let served = serve(driver.clone(), &opts.sockets)?;
+        // Health: the device plugin's XID watcher (NVML events); without
+        // NVML no GPU's health is known (the kubelet hears Unknown).
+        let (tx, rx) = tokio::sync::watch::channel(Default::default());
+        let watcher = gpuslice_k8s::plugin::health::start(&inventory, &health, None, tx.clone());
+        let (inv_tx, inv_rx) = tokio::sync::watch::channel(inventory);
+        let (enf_tx, enf_rx) = tokio::sync::watch::channel(enforcement_problem(shim.as_deref()));
+        let feed = NodeFeed {
+            pool: node.clone(),
+            policy: opts.policy,
+            inventory: inv_rx.clone(),
+            xids: rx,
+            enforcement: enf_rx,
+        };
+        let served = serve(driver.clone(), &opts.sockets, feed.clone())?;
         tracing::info!(
             "serving {} ({} prepared claims from the checkpoint); registration at {}",
             served.dra_socket.display(),
@@ -56,11 +104,6 @@ pub fn run(opts: DaemonOptions) -> Result<()> {
             served.registration_socket.display()
         );
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        // Health: the device plugin's XID watcher (NVML events); without
-        // NVML every GPU stays healthy.
-        let (tx, rx) = tokio::sync::watch::channel(Default::default());
-        let watcher = gpuslice_k8s::plugin::health::start(&inventory, &health, None, tx.clone());
-        let (inv_tx, inv_rx) = tokio::sync::watch::channel(inventory);
         tokio::spawn(crate::hotplug::apply(
             inv_rx.clone(),
             driver.clone(),
@@ -69,16 +112,25 @@ pub fn run(opts: DaemonOptions) -> Result<()> {
             tx,
             watcher,
         ));
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(ENFORCEMENT_POLL).await;
+                let now = enforcement_problem(shim.as_deref());
+                enf_tx.send_if_modified(|v| {
+                    let changed = *v != now;
+                    if changed {
+                        match &now {
+                            Some(why) => tracing::error!("slices are not enforced: {why}"),
+                            None => tracing::info!("slices are enforced again"),
+                        }
+                        *v = now.clone();
+                    }
+                    changed
+                });
+            }
+        });
         let rescan = crate::hotplug::watch(host_root, HOTPLUG_POLL, move || rediscover(), inv_tx);
-        let publisher = follow(
-            api.as_ref(),
-            &driver_name,
-            &node,
-            inv_rx,
-            &opts.policy,
-            rx,
-            RESYNC,
-        );
+        let publisher = follow(api.as_ref(), &driver_name, feed, RESYNC);
         tokio::select! {
             _ = term.recv() => {}
             _ = tokio::signal::ctrl_c() => {}
@@ -88,4 +140,32 @@ pub fn run(opts: DaemonOptions) -> Result<()> {
         drop(served);
         anyhow::Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn the_shim_must_be_there_and_root_s_alone() {
+        assert!(enforcement_problem(None).unwrap().contains("no shim"));
+        let dir = tempfile::tempdir().unwrap();
+        let shim = dir.path().join("libgpuslice.so");
+        assert!(enforcement_problem(Some(&shim))
+            .unwrap()
+            .contains("is missing"));
+        std::fs::write(&shim, b"").unwrap();
+        std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let root =
+            std::fs::metadata(&shim).is_ok_and(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0);
+        assert_eq!(enforcement_problem(Some(&shim)).is_none(), root);
+        std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o666)).unwrap();
+        assert!(enforcement_problem(Some(&shim))
+            .unwrap()
+            .contains("not root's alone"));
+        assert!(enforcement_problem(Some(dir.path()))
+            .unwrap()
+            .contains("not a regular file"));
+    }
 }

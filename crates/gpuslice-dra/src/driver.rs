@@ -111,7 +111,8 @@ impl Driver {
         *self.inventory.write().unwrap_or_else(|e| e.into_inner()) = inv;
     }
 
-    fn inventory(&self) -> Inventory {
+    /// The GPUs as the driver knows them now.
+    pub fn inventory(&self) -> Inventory {
         self.inventory
             .read()
             .unwrap_or_else(|e| e.into_inner())

@@ -22,6 +22,8 @@ pub mod checkpoint;
 pub mod claim;
 pub mod daemon;
 pub mod driver;
+pub mod feed;
+pub mod health;
 pub mod hotplug;
 pub mod publish;
 pub mod quantity;
@@ -38,6 +40,18 @@ pub mod api {
     }
     pub mod registration {
         tonic::include_proto!("pluginregistration");
+    }
+    /// `k8s.io/kubelet/pkg/apis/dra-health`, by version.
+    pub mod health {
+        pub mod v1alpha1 {
+            tonic::include_proto!("v1alpha1");
+        }
+        pub mod v1beta1 {
+            tonic::include_proto!("v1beta1");
+        }
+        pub mod v1 {
+            tonic::include_proto!("v1");
+        }
     }
 }
 

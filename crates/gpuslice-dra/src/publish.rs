@@ -41,6 +41,9 @@ pub const MAX_DEVICES_PER_SLICE: usize = 128;
 pub const MAX_TAINTED_DEVICES_PER_SLICE: usize = 64;
 /// The key of the taint on an unhealthy GPU's devices; its value is the XID.
 pub const UNHEALTHY_TAINT: &str = "gpuslice.io/unhealthy";
+/// The key of the taint on every device of a node that cannot enforce its
+/// slices' caps (`crate::daemon::enforcement_problem`).
+pub const UNENFORCED_TAINT: &str = "gpuslice.io/unenforced";
 /// How often a write is retried after a conflict (someone else wrote).
 const CONFLICT_RETRIES: usize = 5;
 
@@ -482,29 +485,43 @@ fn taint_value(why: &str) -> String {
 /// out. A taint's `timeAdded` is when the GPU went bad, in whole seconds
 /// (what the API server keeps), so re-publishing an unchanged state
 /// writes nothing.
+///
+/// When the node cannot enforce its slices (`unenforced`: since when),
+/// every device also carries a `NoSchedule` [`UNENFORCED_TAINT`].
 pub fn pool_devices(
     inv: &Inventory,
     policy: &SharedPolicy,
     unhealthy: &BTreeMap<u32, Sick>,
+    unenforced: Option<&Sick>,
     mode: Unhealthy,
 ) -> Vec<Device> {
+    let taint = |key: &str, value: String, since: k8s_openapi::jiff::Timestamp| {
+        let since = k8s_openapi::jiff::Timestamp::from_second(since.as_second()).unwrap_or(since);
+        DeviceTaint {
+            key: key.into(),
+            value: Some(value),
+            effect: "NoSchedule".into(),
+            time_added: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(since)),
+        }
+    };
     let mut out = devices(inv, policy);
     out.retain_mut(|d| {
         let gpu = crate::claim::DeviceKind::parse(&d.name).map(|k| k.gpu());
-        let Some(sick) = gpu.and_then(|g| unhealthy.get(&g)) else {
+        let sick = gpu.and_then(|g| unhealthy.get(&g));
+        let mut taints = Vec::new();
+        if let Some(sick) = sick {
+            taints.push(taint(UNHEALTHY_TAINT, taint_value(&sick.why), sick.since));
+        }
+        if let Some(u) = unenforced {
+            taints.push(taint(UNENFORCED_TAINT, "shim".into(), u.since));
+        }
+        if taints.is_empty() {
             return true;
-        };
+        }
         if mode == Unhealthy::Remove {
             return false;
         }
-        let since =
-            k8s_openapi::jiff::Timestamp::from_second(sick.since.as_second()).unwrap_or(sick.since);
-        d.taints = Some(vec![DeviceTaint {
-            key: UNHEALTHY_TAINT.into(),
-            value: Some(taint_value(&sick.why)),
-            effect: "NoSchedule".into(),
-            time_added: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(since)),
-        }]);
+        d.taints = Some(taints);
         true
     });
     out
@@ -521,16 +538,22 @@ pub fn pool_devices(
 pub async fn follow(
     api: &dyn SliceApi,
     driver: &str,
-    node: &str,
-    mut inventory: tokio::sync::watch::Receiver<Inventory>,
-    policy: &SharedPolicy,
-    mut health: tokio::sync::watch::Receiver<gpuslice_k8s::plugin::health::Snapshot>,
+    feed: crate::feed::NodeFeed,
     resync: std::time::Duration,
 ) {
+    let crate::feed::NodeFeed {
+        pool: node,
+        policy,
+        mut inventory,
+        xids: mut health,
+        mut enforcement,
+    } = feed;
+    let (node, policy) = (node.as_str(), &policy);
     let changed_there = tokio::sync::Notify::new();
     let keep = async {
         let mut mode = Unhealthy::Taint;
         let mut sick: BTreeMap<u32, Sick> = BTreeMap::new();
+        let mut unenforced: Option<Sick> = None;
         loop {
             let secs = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -541,8 +564,15 @@ pub async fn follow(
             for (g, why) in snapshot {
                 sick.entry(g).or_insert(Sick { why, since: now });
             }
+            match enforcement.borrow_and_update().clone() {
+                None => unenforced = None,
+                Some(why) if unenforced.as_ref().is_none_or(|u| u.why != why) => {
+                    unenforced = Some(Sick { why, since: now })
+                }
+                Some(_) => {}
+            }
             let inv = inventory.borrow_and_update().clone();
-            let d = pool_devices(&inv, policy, &sick, mode);
+            let d = pool_devices(&inv, policy, &sick, unenforced.as_ref(), mode);
             match publish(api, driver, node, &d).await {
                 Ok(p) if p.taints_dropped && mode == Unhealthy::Taint => {
                     tracing::warn!(
@@ -572,6 +602,8 @@ pub async fn follow(
                         return;
                     }
                 }
+                // A closed sender (nothing watches the shim) never wakes this.
+                Ok(()) = enforcement.changed() => {}
                 _ = changed_there.notified() => {}
                 _ = tokio::time::sleep(resync) => {}
             }

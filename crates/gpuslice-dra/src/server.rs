@@ -1,5 +1,6 @@
 //! The plugin's two sockets: the DRA service (v1 and v1beta1 on one
-//! socket, `<plugins dir>/<driver>/dra.sock`) and the registration
+//! socket, `<plugins dir>/<driver>/dra.sock`, with the devices' health
+//! service beside it) and the registration
 //! service the kubelet's plugin watcher finds in its registry directory
 //! (`<registry dir>/<driver>-reg.sock`). The registration socket is
 //! created last, once the DRA socket answers, because its appearance is
@@ -10,6 +11,7 @@ use crate::api::registration::{
     InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
 };
 use crate::driver::{ClaimRef, Driver};
+use crate::feed::NodeFeed;
 use crate::{PLUGIN_TYPE, SUPPORTED_VERSIONS};
 use gpuslice_k8s::grpc_wire::{WireConn, WireError};
 use prost::Message;
@@ -252,8 +254,14 @@ pub fn serve_registration(
     Ok((stop_reg, status))
 }
 
-/// Serves the driver (both API versions), then the registration socket.
-pub fn serve(driver: Arc<Driver>, sockets: &Sockets) -> Result<Served, ServeError> {
+/// Serves the driver (both API versions) and its devices' health (every
+/// version of the health service: the kubelet retries a missing one every
+/// few seconds, forever) on the DRA socket, then the registration socket.
+pub fn serve(
+    driver: Arc<Driver>,
+    sockets: &Sockets,
+    health: NodeFeed,
+) -> Result<Served, ServeError> {
     let name = driver.driver_name().to_string();
     let dra_socket = sockets.dra(&name);
     let registration_socket = sockets.registration(&name);
@@ -261,7 +269,10 @@ pub fn serve(driver: Arc<Driver>, sockets: &Sockets) -> Result<Served, ServeErro
     let (stop_dra, stopped_dra) = oneshot::channel::<()>();
     let router = tonic::transport::Server::builder()
         .add_service(v1::server(driver.clone()))
-        .add_service(v1beta1::server(driver));
+        .add_service(v1beta1::server(driver))
+        .add_service(crate::health::v1alpha1::server(health.clone()))
+        .add_service(crate::health::v1beta1::server(health.clone()))
+        .add_service(crate::health::v1::server(health));
     tokio::spawn(async move {
         let r = router
             .serve_with_incoming_shutdown(UnixListenerStream::new(dra), async {

@@ -324,10 +324,17 @@ fn upstream_1_36_schemas_accept_the_manifests_and_the_published_slices() {
             },
         )
     }));
+    // And the node unable to enforce its slices: every device carries the
+    // unenforced taint too (two taints on GPUs 0 and 2).
+    let unenforced = gpuslice_dra::publish::Sick {
+        why: "the shim is missing".into(),
+        since: k8s_openapi::jiff::Timestamp::from_second(1_780_000_100).unwrap(),
+    };
     let tainted = gpuslice_dra::publish::pool_devices(
         &inv,
         &SharedPolicy::default(),
         &sick,
+        Some(&unenforced),
         gpuslice_dra::publish::Unhealthy::Taint,
     );
     let dir = tempfile::tempdir().unwrap();

@@ -10,6 +10,8 @@ use gpuslice_core::HostRoot;
 use gpuslice_dra::api::{v1, v1beta1};
 use gpuslice_dra::apiserver::KubeApi;
 use gpuslice_dra::driver::{spec_path, Driver, Options};
+use gpuslice_dra::feed::NodeFeed;
+use gpuslice_dra::publish::SharedPolicy;
 use gpuslice_dra::server::{get_info, serve, Served, Sockets};
 use gpuslice_dra::DRIVER_NAME;
 use gpuslice_k8s::cdi::limits_record_path;
@@ -64,7 +66,9 @@ impl Env {
 
     /// Starts the plugin (a fresh Driver on the same state: a restart).
     fn start(&self, shim: bool) -> Served {
-        serve(self.driver(shim), &self.sockets()).unwrap()
+        let driver = self.driver(shim);
+        let health = NodeFeed::fixed(NODE, SharedPolicy::default(), driver.inventory());
+        serve(driver, &self.sockets(), health).unwrap()
     }
 
     /// A Driver on this state and the fake host's GPUs, not served.
@@ -254,6 +258,110 @@ async fn both_sockets_answer_every_authority_a_kubelet_sends() {
     })
     .await
     .unwrap();
+    drop(served);
+}
+
+/// The health service, as the kubelet watches it on the DRA socket:
+/// the complete list at once (Unknown while no XID is watched), then a
+/// critical XID on GPU 1 (Unhealthy, with the XID, in every version), then
+/// the shim gone (every device Unhealthy: its slices are not enforced).
+#[tokio::test]
+async fn device_health_reaches_the_kubelet_in_every_version() {
+    use gpuslice_dra::api::health::{v1 as h1, v1alpha1 as ha, v1beta1 as hb};
+    use gpuslice_k8s::plugin::health::Snapshot;
+    let e = Env::new().await;
+    let driver = e.driver(true);
+    let (xid_tx, xid_rx) = tokio::sync::watch::channel(Snapshot::default());
+    let (enf_tx, enf_rx) = tokio::sync::watch::channel(None);
+    let feed = NodeFeed {
+        pool: NODE.into(),
+        policy: SharedPolicy::default(),
+        inventory: tokio::sync::watch::channel(driver.inventory()).1,
+        xids: xid_rx,
+        enforcement: enf_rx,
+    };
+    let served = serve(driver, &e.sockets(), feed).unwrap();
+    let ch = gpuslice_k8s::plugin::server::dial(&served.dra_socket)
+        .await
+        .unwrap();
+    let mut alpha = ha::dra_resource_health_client::DraResourceHealthClient::new(ch.clone())
+        .node_watch_resources(ha::NodeWatchResourcesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let mut beta = hb::dra_resource_health_client::DraResourceHealthClient::new(ch.clone())
+        .node_watch_resources(hb::NodeWatchResourcesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let mut ga = h1::dra_resource_health_client::DraResourceHealthClient::new(ch)
+        .node_watch_resources(h1::NodeWatchResourcesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    // (pool, device) -> (health, message) of one v1 or v1beta1 update.
+    macro_rules! of {
+        ($m:expr) => {
+            $m.devices
+                .iter()
+                .map(|d| {
+                    let id = d.device.clone().unwrap();
+                    assert_eq!(id.pool_name, NODE);
+                    assert!(d.last_updated_time > 1_700_000_000);
+                    (id.device_name, (d.health, d.message.clone()))
+                })
+                .collect::<std::collections::BTreeMap<_, _>>()
+        };
+    }
+    let first = of!(ga.message().await.unwrap().unwrap());
+    assert!(
+        first.contains_key("gpu-0") && first.contains_key("gpu-3-mig-0"),
+        "{first:?}"
+    );
+    assert!(
+        first
+            .values()
+            .all(|(h, m)| *h == h1::HealthStatus::Unknown as i32 && m.contains("no XID")),
+        "{first:?}"
+    );
+    let a = alpha.message().await.unwrap().unwrap();
+    assert_eq!(a.devices.len(), first.len());
+    beta.message().await.unwrap().unwrap();
+
+    xid_tx.send_modify(|s| {
+        s.watching = "events".into();
+        s.unhealthy.insert(1, "XID 79".into());
+    });
+    let now = of!(ga.message().await.unwrap().unwrap());
+    assert_eq!(now["gpu-0"].0, h1::HealthStatus::Healthy as i32, "{now:?}");
+    assert_eq!(
+        now["gpu-1"].0,
+        h1::HealthStatus::Unhealthy as i32,
+        "{now:?}"
+    );
+    assert!(now["gpu-1"].1.contains("XID 79"), "{now:?}");
+    let b = of!(beta.message().await.unwrap().unwrap());
+    assert_eq!(b["gpu-1"].0, hb::HealthStatus::Unhealthy as i32);
+    let a = alpha.message().await.unwrap().unwrap();
+    let sick: Vec<_> = a
+        .devices
+        .iter()
+        .filter(|d| d.health == ha::HealthStatus::Unhealthy as i32)
+        .map(|d| d.device.clone().unwrap().device_name)
+        .collect();
+    assert!(
+        sick.iter().all(|n| n.starts_with("gpu-1")) && !sick.is_empty(),
+        "{sick:?}"
+    );
+
+    enf_tx.send(Some("the shim /x is missing".into())).unwrap();
+    let now = of!(ga.message().await.unwrap().unwrap());
+    assert!(
+        now.values()
+            .all(|(h, _)| *h == h1::HealthStatus::Unhealthy as i32),
+        "{now:?}"
+    );
+    assert!(now["gpu-0"].1.contains("not enforced"), "{now:?}");
     drop(served);
 }
 

@@ -345,7 +345,7 @@ async fn an_unhealthy_gpu_is_tainted_and_republishing_it_writes_nothing() {
     let inv = inventory();
     let policy = SharedPolicy::default();
     let healthy = devices(&inv, &policy);
-    let bad = pool_devices(&inv, &policy, &sick(3, "XID 48"), Unhealthy::Taint);
+    let bad = pool_devices(&inv, &policy, &sick(3, "XID 48"), None, Unhealthy::Taint);
     // Nothing leaves: the GPU's devices (its MIG devices, GPU 3 is in MIG
     // mode) are tainted, the others untouched.
     assert_eq!(bad.len(), healthy.len());
@@ -361,7 +361,13 @@ async fn an_unhealthy_gpu_is_tainted_and_republishing_it_writes_nothing() {
         }
     }
     // Not an XID: a label value still.
-    let odd = pool_devices(&inv, &policy, &sick(0, "XID (unknown)"), Unhealthy::Taint);
+    let odd = pool_devices(
+        &inv,
+        &policy,
+        &sick(0, "XID (unknown)"),
+        None,
+        Unhealthy::Taint,
+    );
     assert_eq!(
         odd[0].taints.as_ref().unwrap()[0].value.as_deref(),
         Some("unknown")
@@ -437,10 +443,13 @@ async fn where_the_server_drops_taints_an_unhealthy_gpu_leaves_the_pool() {
         follow(
             &api,
             DRIVER_NAME,
-            NODE,
-            inv_rx,
-            &SharedPolicy::default(),
-            rx,
+            gpuslice_dra::feed::NodeFeed {
+                pool: NODE.to_string(),
+                policy: SharedPolicy::default(),
+                inventory: inv_rx,
+                xids: rx,
+                enforcement: tokio::sync::watch::channel(None).1,
+            },
             std::time::Duration::from_secs(3600),
         )
         .await

@@ -45,10 +45,13 @@ async fn start(fake: &FakeApiServer) -> tokio::task::JoinHandle<()> {
         follow(
             &api,
             DRIVER_NAME,
-            NODE,
-            inv_rx,
-            &SharedPolicy::default(),
-            health_rx,
+            gpuslice_dra::feed::NodeFeed {
+                pool: NODE.to_string(),
+                policy: SharedPolicy::default(),
+                inventory: inv_rx,
+                xids: health_rx,
+                enforcement: tokio::sync::watch::channel(None).1,
+            },
             Duration::from_secs(3600),
         )
         .await
