@@ -459,7 +459,20 @@ async fn shared_claim_in_v1_gets_exactly_its_caps_on_its_gpu_only() {
         env.contains(&"GPUSLICE_COMPUTE_LIMIT=30".to_string()),
         "{env:?}"
     );
-    assert!(env.contains(&format!("NVIDIA_VISIBLE_DEVICES={uuid}")));
+    // The claim's GPU made visible as `run` does, once for the whole spec;
+    // nothing internal to gpuslice in the container's environment.
+    let common = env_of(&spec);
+    for var in ["CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"] {
+        assert!(common.contains(&format!("{var}={uuid}")), "{common:?}");
+        assert!(!env.iter().any(|v| v.starts_with(var)), "{env:?}");
+    }
+    assert!(
+        !common
+            .iter()
+            .chain(&env)
+            .any(|v| v.starts_with("GPUSLICE_CDI_")),
+        "{common:?} {env:?}"
+    );
     // The GPU's node and no other GPU's, in the device and in the common edits.
     let minor = host().gpus()[2].minor;
     assert_eq!(

@@ -250,10 +250,14 @@ pub fn generate_slices(
 ) -> Result<Generated> {
     let mut g = Builder::new(root, inv, opts);
     let mut values = Vec::new();
+    let mut uuids = Vec::new();
     for d in devices {
-        values.push(g.slice_device(d)?);
+        let (value, uuid) = g.slice_device(d)?;
+        values.push(value);
+        uuids.push(uuid);
     }
-    let common = g.common_edits()?;
+    let mut common = g.common_edits()?;
+    slice_env(&mut common, &uuids.join(","));
     let value = json!({
         "cdiVersion": container_device_interface::specs::config::CURRENT_VERSION,
         "kind": format!("{}/{}", opts.vendor, opts.class),
@@ -292,8 +296,8 @@ impl<'a> Builder<'a> {
         })
     }
 
-    /// One device of [`generate_slices`].
-    fn slice_device(&mut self, d: &SliceDevice) -> Result<Value> {
+    /// One device of [`generate_slices`], and the UUID it makes visible.
+    fn slice_device(&mut self, d: &SliceDevice) -> Result<(Value, String)> {
         let gpu = self
             .inv
             .gpus
@@ -325,9 +329,40 @@ impl<'a> Builder<'a> {
                 .limits(&uuid)
                 .with_context(|| format!("slice {}", d.name))?;
             self.write_slice_limits(&mut e, &shim, &d.name, limits);
+            // Visibility is the spec's, for all the devices of the claim
+            // together ([`slice_env`]): a device's own would hide the others.
+            if let Some(env) = e["env"].as_array_mut() {
+                env.retain(|v| {
+                    !v.as_str()
+                        .is_some_and(|s| s.starts_with("NVIDIA_VISIBLE_DEVICES="))
+                });
+            }
         }
-        Ok(device(&d.name, e))
+        Ok((device(&d.name, e), uuid))
     }
+}
+
+/// The environment of a spec of slices (a DRA claim's): what `run` gives
+/// its command, `CUDA_VISIBLE_DEVICES` and `NVIDIA_VISIBLE_DEVICES` naming
+/// every device of the spec (CDI merges one device's `env` over another's,
+/// so a per-device value would leave a container of two devices one), and
+/// none of the variables that record how a static spec was generated
+/// (`cdi check` reads those from `cdi generate`'s specs only).
+fn slice_env(common: &mut Value, visible: &str) {
+    let internal = [ANN_DRIVER, ANN_SHARED, ANN_STRIP];
+    let mut env: Vec<Value> = common["env"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|v| {
+            let name = v.as_str().and_then(|s| s.split_once('=')).map(|(k, _)| k);
+            !name.is_some_and(|k| internal.contains(&k))
+        })
+        .collect();
+    env.push(json!(format!("CUDA_VISIBLE_DEVICES={visible}")));
+    env.push(json!(format!("NVIDIA_VISIBLE_DEVICES={visible}")));
+    common["env"] = Value::Array(env);
 }
 
 /// Validates with the CDI crate: the schema, names, edits.
