@@ -16,7 +16,9 @@
 //!   is re-read as it rotates).
 
 use futures_util::TryStreamExt;
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DeleteParams, ListParams, PostParams, WatchParams};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -44,6 +46,8 @@ pub enum ApiError {
     Token(PathBuf, String),
     /// No `--api-server`, and neither a kubeconfig nor the in-cluster
     /// service account is there.
+    #[error("node {0:?} is not known to the API server: --node-name (NODE_NAME) must be this node's name as `kubectl get nodes` lists it (the pod's spec.nodeName)")]
+    NoNode(String),
     #[error("finding the API server: no kubeconfig ($KUBECONFIG, ~/.kube/config) and no in-cluster service account (KUBERNETES_SERVICE_HOST, /var/run/secrets/kubernetes.io/serviceaccount/): {0}")]
     Config(String),
 }
@@ -150,6 +154,8 @@ pub struct KubeApi {
     /// The cluster URL, for error messages.
     base: String,
     timeout: Duration,
+    /// The Node that owns the slices written ([`KubeApi::own_slices_by`]).
+    owner: std::sync::OnceLock<OwnerReference>,
 }
 
 impl std::fmt::Debug for KubeApi {
@@ -177,11 +183,27 @@ impl KubeApi {
             client,
             base,
             timeout: Duration::from_secs(10),
+            owner: std::sync::OnceLock::new(),
         })
     }
 
     fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
+    }
+
+    /// Reads `node`'s Node object and makes it the owner of every slice
+    /// written from now on. A node the API server does not have is an
+    /// error ([`ApiError::NoNode`]): the plugin was given a wrong name.
+    pub async fn own_slices_by(&self, node: &str) -> Result<(), ApiError> {
+        let path = format!("/api/v1/nodes/{node}");
+        let api: Api<Node> = Api::all(self.client.clone());
+        let n = match self.call(&path, api.get(node)).await {
+            Err(ApiError::Status { status: 404, .. }) => return Err(ApiError::NoNode(node.into())),
+            r => r?,
+        };
+        let uid = n.metadata.uid.unwrap_or_default();
+        let _ = self.owner.set(node_owner(node, &uid));
+        Ok(())
     }
 
     fn slices(&self) -> Api<ResourceSlice> {
@@ -358,6 +380,23 @@ pub trait SliceApi: Send + Sync {
     async fn update_slice(&self, s: &ResourceSlice) -> Result<ResourceSlice, SliceWriteError>;
     /// `DELETE /apis/resource.k8s.io/v1/resourceslices/{name}` (gone already is fine).
     async fn delete_slice(&self, name: &str) -> Result<(), ApiError>;
+    /// The owner of the slices written (the node's Node object, so that
+    /// they go with it, as the upstream kubelet-plugin helper sets it).
+    fn owner(&self) -> Option<OwnerReference> {
+        None
+    }
+}
+
+/// The owner reference of `node`'s ResourceSlices: its Node object.
+pub fn node_owner(node: &str, uid: &str) -> OwnerReference {
+    OwnerReference {
+        api_version: "v1".into(),
+        kind: "Node".into(),
+        name: node.into(),
+        uid: uid.into(),
+        controller: Some(true),
+        block_owner_deletion: None,
+    }
 }
 
 /// How long the server is asked to keep a watch open; the watch is given
@@ -451,6 +490,10 @@ impl SliceApi for KubeApi {
             Ok(_) | Err(ApiError::Status { status: 404, .. }) => Ok(()),
             Err(e) => Err(e),
         }
+    }
+
+    fn owner(&self) -> Option<OwnerReference> {
+        self.owner.get().cloned()
     }
 }
 

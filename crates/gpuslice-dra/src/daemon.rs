@@ -81,6 +81,9 @@ pub fn run(opts: DaemonOptions) -> Result<()> {
     let shim = opts.driver.shim.clone();
     rt.block_on(async move {
         let api = Arc::new(opts.api.connect().await?);
+        // A wrong node name would publish a pool no scheduler uses and
+        // never be told: it ends the plugin at once, with the reason.
+        api.own_slices_by(&node).await?;
         let driver = Arc::new(Driver::new(opts.driver, api.clone())?);
         let prepared = driver.prepared().await.len();
         // Health: the device plugin's XID watcher (NVML events); without

@@ -403,12 +403,22 @@ async fn publish_once(
         .map(|s| s.spec.pool.generation)
         .max()
         .unwrap_or(0);
-    let want = slices(driver, node, top, devices);
+    let owners = api.owner().map(|o| vec![o]);
+    let owned = |mut s: ResourceSlice| {
+        s.metadata.owner_references = owners.clone();
+        s
+    };
+    let want: Vec<ResourceSlice> = slices(driver, node, top, devices)
+        .into_iter()
+        .map(owned)
+        .collect();
     let current = want.len() == existing.len()
         && want.iter().all(|w| {
             existing
                 .get(w.metadata.name.as_deref().unwrap_or_default())
-                .is_some_and(|e| e.spec == w.spec)
+                .is_some_and(|e| {
+                    e.spec == w.spec && (owners.is_none() || e.metadata.owner_references == owners)
+                })
         });
     if current {
         return Ok(Published {
@@ -419,7 +429,10 @@ async fn publish_once(
     }
     let generation = top + 1;
     let mut taints_dropped = false;
-    for mut s in slices(driver, node, generation, devices) {
+    for mut s in slices(driver, node, generation, devices)
+        .into_iter()
+        .map(owned)
+    {
         let name = s.metadata.name.clone().unwrap_or_default();
         let stored = match existing.get(&name) {
             Some(e) => {

@@ -55,6 +55,37 @@ fn device<'a>(slice: &'a Value, name: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no device {name}"))
 }
 
+/// The slices are owned by the node's Node object (so they go with it),
+/// an old slice without the owner is put right, and a node name the API
+/// server does not know is an error, not a pool published for nothing.
+#[tokio::test]
+async fn slices_are_owned_by_their_node_and_a_wrong_node_name_is_refused() {
+    let fake = FakeApiServer::start().await;
+    let api = KubeApi::new(&fake.url, None).unwrap();
+    let d = devices(&inventory(), &SharedPolicy::default());
+    // Published before the owner was known (an older plugin).
+    publish(&api, DRIVER_NAME, NODE, &d).await.unwrap();
+    assert!(slice0(&fake)["metadata"]["ownerReferences"].is_null());
+
+    let e = api.own_slices_by("no-such-node").await.unwrap_err();
+    assert!(
+        e.to_string().contains("\"no-such-node\" is not known"),
+        "{e}"
+    );
+    assert!(e.to_string().contains("--node-name"), "{e}");
+
+    let uid = fake.put_node(NODE);
+    api.own_slices_by(NODE).await.unwrap();
+    let p = publish(&api, DRIVER_NAME, NODE, &d).await.unwrap();
+    assert!(p.changed, "the owner alone is a change to write");
+    assert_eq!(
+        slice0(&fake)["metadata"]["ownerReferences"],
+        json!([{"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": uid, "controller": true}])
+    );
+    let p = publish(&api, DRIVER_NAME, NODE, &d).await.unwrap();
+    assert!(!p.changed);
+}
+
 #[tokio::test]
 async fn whole_shared_and_mig_devices_with_attributes_capacities_and_policies() {
     let fake = FakeApiServer::start().await;

@@ -84,6 +84,8 @@ impl Default for Log {
 #[derive(Default)]
 struct Store {
     claims: Mutex<BTreeMap<(String, String), Value>>,
+    /// Node objects by name (`GET /api/v1/nodes/{name}`).
+    nodes: Mutex<BTreeMap<String, Value>>,
     slices: Mutex<BTreeMap<String, Value>>,
     revision: AtomicU64,
     gets: AtomicU64,
@@ -160,6 +162,19 @@ impl FakeApiServer {
             }
         });
         FakeApiServer { url, store, task }
+    }
+
+    /// Registers a Node (as the kubelet does when it joins); returns its uid.
+    pub fn put_node(&self, name: &str) -> String {
+        let uid = format!("node-uid-{name}");
+        self.store.nodes.lock().unwrap().insert(
+            name.into(),
+            json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name, "uid": uid, "resourceVersion": self.store.next_rv()},
+            }),
+        );
+        uid
     }
 
     /// Creates or replaces a claim (as the scheduler's status update
@@ -322,6 +337,10 @@ async fn handle(s: Arc<Store>, req: Request<hyper::body::Incoming>) -> Response<
                 ),
             }
         }
+        (Method::GET, ["api", "v1", "nodes", name]) => match s.nodes.lock().unwrap().get(*name) {
+            Some(n) => ok(200, n),
+            None => status(404, "NotFound", &format!("nodes \"{name}\" not found")),
+        },
         (Method::GET, ["apis", "resource.k8s.io", "v1", "resourceslices"]) => {
             s.gets.fetch_add(1, Ordering::SeqCst);
             if flag(&query, "watch") {
