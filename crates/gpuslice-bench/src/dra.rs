@@ -129,6 +129,7 @@ impl Plugin {
             shim: Some(setup.shim.clone()),
             hook: Some(setup.gpuslice.clone()),
             strip_host_root: false,
+            policy: gpuslice_dra::publish::SharedPolicy::default(),
         };
         let api = Arc::new(KubeApi::new(api_url, None)?);
         let driver = Arc::new(Driver::new(opts, api)?);
@@ -577,7 +578,7 @@ async fn selftest_prepare(
     let (_tx, rx) = tokio::sync::watch::channel(Snapshot::default());
     let (_inv_tx, inv_rx) = tokio::sync::watch::channel(inv.clone());
     let policy = SharedPolicy::default();
-    let shared = format!("gpu-{}-shared", gpu.index);
+    let shared = format!("gpu-{}", gpu.index);
     let name = slice_name(NODE, DRIVER_NAME, 0);
     let published = async {
         wait(Duration::from_secs(10), || {

@@ -2,11 +2,12 @@
 //! driver, each a device of our pool with, for the shared device, the
 //! capacity the scheduler recorded as consumed.
 //!
-//! Device names in our pool (the node's name), as the ResourceSlices will
-//! publish them: `gpu-<i>` (a whole GPU), `gpu-<i>-mig-<m>` (a MIG device)
-//! and `gpu-<i>-shared` (a GPU shared through consumable capacity:
-//! `allowMultipleAllocations`, capacities `memory` in bytes and `compute`
-//! in percent).
+//! Device names in our pool (the node's name), as the ResourceSlices
+//! publish them: `gpu-<i>` (a GPU, whole or shared through consumable
+//! capacity: `allowMultipleAllocations`, capacities `memory` in bytes and
+//! `compute` in percent) and `gpu-<i>-mig-<m>` (a MIG device).
+//! `gpu-<i>-shared` is how plugins before one device per GPU named a
+//! share; it is still understood, for claims prepared by them.
 
 use crate::quantity::{parse_integer, QuantityError};
 use gpuslice_k8s::cdi::SliceCaps;
@@ -84,7 +85,8 @@ pub struct Allocated {
     pub device: String,
     pub share_id: Option<String>,
     pub kind: DeviceKind,
-    /// For a shared device: exactly what was consumed.
+    /// For a share of a GPU: exactly what was consumed (None: the whole
+    /// GPU, or a MIG device).
     pub caps: Option<SliceCaps>,
 }
 
@@ -138,10 +140,15 @@ fn one(
     if r.pool != pool {
         return Err(bad(format!("not this node's pool {pool:?}")));
     }
-    let kind = DeviceKind::parse(&r.device).ok_or_else(|| {
-        bad("not a device of ours (gpu-<i>, gpu-<i>-mig-<m>, gpu-<i>-shared)".into())
-    })?;
+    let kind = DeviceKind::parse(&r.device)
+        .ok_or_else(|| bad("not a device of ours (gpu-<i>, gpu-<i>-mig-<m>)".into()))?;
     let caps = match kind {
+        // A GPU with consumedCapacity is a share of it (all of it is the
+        // whole GPU: `driver`); without, consumable capacity is off and the
+        // scheduler allocated it whole, to this claim alone.
+        DeviceKind::Whole { .. } if r.consumed_capacity.is_some() => {
+            Some(consumed(r).map_err(bad)?)
+        }
         DeviceKind::Shared { .. } => Some(consumed(r).map_err(bad)?),
         _ => None,
     };

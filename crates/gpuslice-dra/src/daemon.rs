@@ -10,7 +10,7 @@
 use crate::apiserver::ApiTarget;
 use crate::driver::{Driver, Options};
 use crate::feed::{Enforcement, NodeFeed};
-use crate::publish::{follow, SharedPolicy};
+use crate::publish::follow;
 use crate::server::{serve, Sockets};
 use anyhow::{Context, Result};
 use std::sync::Arc;
@@ -64,7 +64,6 @@ pub struct DaemonOptions {
     pub sockets: Sockets,
     /// Where the API server is; the client connects on the daemon's runtime.
     pub api: ApiTarget,
-    pub policy: SharedPolicy,
 }
 
 pub fn run(opts: DaemonOptions) -> Result<()> {
@@ -72,7 +71,8 @@ pub fn run(opts: DaemonOptions) -> Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    opts.policy.validate()?;
+    let policy = opts.driver.policy;
+    policy.validate()?;
     let inventory = opts.driver.inventory.clone();
     let host_root = opts.driver.host_root.clone();
     let rediscover = opts.rediscover.clone();
@@ -94,7 +94,7 @@ pub fn run(opts: DaemonOptions) -> Result<()> {
         let (enf_tx, enf_rx) = tokio::sync::watch::channel(enforcement_problem(shim.as_deref()));
         let feed = NodeFeed {
             pool: node.clone(),
-            policy: opts.policy,
+            policy,
             inventory: inv_rx.clone(),
             xids: rx,
             enforcement: enf_rx,

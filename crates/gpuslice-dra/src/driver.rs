@@ -81,6 +81,9 @@ pub struct Options {
     /// Write host paths relative to the host root (a pod that mounts the
     /// host at `--host-root` writes specs for the host's runtime).
     pub strip_host_root: bool,
+    /// The request policy the GPUs are published with: a result that
+    /// consumed all of a GPU's capacity is the whole GPU, uncapped.
+    pub policy: crate::publish::SharedPolicy,
 }
 
 pub struct Driver {
@@ -188,7 +191,8 @@ impl Driver {
         }
         let label = format!("{}/{}", c.namespace, c.name);
         let obj = self.api.get_claim(&c.namespace, &c.name).await?;
-        let results = allocated(&obj, &c.uid, &self.opts.driver_name, &self.opts.pool)?;
+        let mut results = allocated(&obj, &c.uid, &self.opts.driver_name, &self.opts.pool)?;
+        self.whole_gpus_uncapped(&mut results);
         self.check_capacity(state, &label, &results)?;
         let devices: Vec<PreparedDevice> = results
             .into_iter()
@@ -226,6 +230,26 @@ impl Driver {
         Ok(granted(&state.claims[&c.uid]))
     }
 
+    /// A share of a GPU that consumed all its capacity (the request named
+    /// none: the class of whole GPUs) is the whole GPU: no caps, no shim.
+    fn whole_gpus_uncapped(&self, results: &mut [Allocated]) {
+        let inventory = self.inventory();
+        for a in results {
+            let (DeviceKind::Whole { gpu }, Some(caps)) = (a.kind, a.caps) else {
+                continue;
+            };
+            let usable = inventory
+                .gpus
+                .iter()
+                .find(|g| g.index == gpu)
+                .and_then(|g| g.memory_bytes)
+                .map(|m| self.opts.policy.usable_memory(m));
+            if caps.compute_percent == 100 && usable.is_some_and(|u| caps.memory_bytes >= u) {
+                a.caps = None;
+            }
+        }
+    }
+
     /// Refuses results that would over-commit a GPU together with the
     /// claims already prepared (and with each other).
     fn check_capacity(
@@ -258,12 +282,18 @@ impl Driver {
                 gpu,
                 why,
             };
-            let conflict = others.iter().find(|o| match (a.kind, o.kind) {
-                (DeviceKind::Whole { .. }, _) | (_, DeviceKind::Whole { .. }) => true,
-                (DeviceKind::Mig { mig, .. }, DeviceKind::Mig { mig: m, .. }) => mig == m,
-                (DeviceKind::Mig { .. }, DeviceKind::Shared { .. })
-                | (DeviceKind::Shared { .. }, DeviceKind::Mig { .. }) => true,
-                (DeviceKind::Shared { .. }, DeviceKind::Shared { .. }) => false,
+            // A whole GPU (no caps) takes it alone; a MIG device is
+            // exclusive with itself and with shares; shares add up.
+            let exclusive =
+                |x: &Allocated| x.caps.is_none() && !matches!(x.kind, DeviceKind::Mig { .. });
+            let conflict = others.iter().find(|o| {
+                exclusive(a)
+                    || exclusive(o)
+                    || match (a.kind, o.kind) {
+                        (DeviceKind::Mig { mig, .. }, DeviceKind::Mig { mig: m, .. }) => mig == m,
+                        (DeviceKind::Mig { .. }, _) | (_, DeviceKind::Mig { .. }) => true,
+                        _ => false,
+                    }
             });
             if let Some(o) = conflict {
                 return Err(over(format!(

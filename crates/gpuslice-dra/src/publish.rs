@@ -3,13 +3,13 @@
 //! generation.
 //!
 //! Devices, named as [`crate::claim::DeviceKind`] parses them:
-//! - `gpu-<i>`: a whole GPU, with its attributes and capacity `memory`;
-//! - `gpu-<i>-mig-<m>`: a pre-created MIG device (the GPU itself, in MIG
-//!   mode, is offered as nothing else);
-//! - `gpu-<i>-shared`: the GPU shared through consumable capacity
+//! - `gpu-<i>`: a GPU, whole or shared through consumable capacity
 //!   (KEP-5075): `allowMultipleAllocations: true`, capacities `memory`
-//!   (bytes, a request policy in steps of [`SharedPolicy::memory_step`])
-//!   and `compute` (percent of the GPU's time, 1 to 100 in steps of 1).
+//!   (bytes, in steps of [`SharedPolicy::memory_step`]) and `compute`
+//!   (percent of the GPU's time, 1 to 100), each defaulting to all of it,
+//!   so a request naming no capacity takes the whole GPU ([`gpu_device`]);
+//! - `gpu-<i>-mig-<m>`: a pre-created MIG device (the GPU itself, in MIG
+//!   mode, is offered as nothing else).
 //!
 //! An unhealthy GPU (critical XID) stays in the pool with every device of
 //! it tainted ([`UNHEALTHY_TAINT`], the XID as value, effect `NoSchedule`:
@@ -19,10 +19,11 @@
 //! write comes back without the taints it carried, the publisher falls
 //! back to leaving such GPUs out of the pool ([`Unhealthy::Remove`]).
 //!
-//! A whole GPU and its shared device are both offered; the scheduler does
-//! not know they overlap, so Prepare refuses a claim that would take both
-//! (`driver::check_capacity`). Partitionable devices (shared counters)
-//! would let the scheduler know; not done yet (docs/dra.md).
+//! One device per GPU carries both the whole GPU and its shares, so every
+//! allocation the scheduler makes is one the node can prepare: a whole
+//! GPU consumes all of its capacity, leaving no room for a share, and a
+//! share leaves too little for the whole (docs/dra.md, "One device per
+//! GPU"). Prepare still checks (`driver::check_capacity`).
 
 use crate::apiserver::{ApiError, SliceApi, SliceWriteError, WatchEnd, WatchEvent};
 use gpuslice_core::{Gpu, Inventory};
@@ -49,24 +50,17 @@ const CONFLICT_RETRIES: usize = 5;
 
 const MIB: u64 = 1 << 20;
 
-/// The request policies of the shared devices.
+/// The request policy of the GPUs' consumable capacity. The defaults are
+/// fixed: all of the GPU (a request naming no capacity is the whole GPU).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SharedPolicy {
     /// Memory is consumed in multiples of this (bytes; a multiple of 1 MiB).
     pub memory_step: u64,
-    /// Memory a request that names none consumes (bytes, a multiple of the step).
-    pub memory_default: u64,
-    /// Compute (percent) a request that names none consumes.
-    pub compute_default: u32,
 }
 
 impl Default for SharedPolicy {
     fn default() -> Self {
-        SharedPolicy {
-            memory_step: MIB,
-            memory_default: 1 << 30,
-            compute_default: 100,
-        }
+        SharedPolicy { memory_step: MIB }
     }
 }
 
@@ -74,10 +68,6 @@ impl Default for SharedPolicy {
 pub enum PolicyError {
     #[error("memory step {0} B: a positive multiple of 1 MiB (1048576 B) is required")]
     Step(u64),
-    #[error("memory default {0} B: a positive multiple of the step {1} B is required")]
-    MemoryDefault(u64, u64),
-    #[error("compute default {0}: a percentage from 1 to 100 is required")]
-    ComputeDefault(u32),
 }
 
 impl SharedPolicy {
@@ -85,16 +75,12 @@ impl SharedPolicy {
         if self.memory_step == 0 || !self.memory_step.is_multiple_of(MIB) {
             return Err(PolicyError::Step(self.memory_step));
         }
-        if self.memory_default == 0 || !self.memory_default.is_multiple_of(self.memory_step) {
-            return Err(PolicyError::MemoryDefault(
-                self.memory_default,
-                self.memory_step,
-            ));
-        }
-        if !(1..=100).contains(&self.compute_default) {
-            return Err(PolicyError::ComputeDefault(self.compute_default));
-        }
         Ok(())
+    }
+
+    /// The memory a GPU of `total` bytes offers: whole steps of it.
+    pub fn usable_memory(&self, total: u64) -> u64 {
+        total / self.memory_step * self.memory_step
     }
 }
 
@@ -193,6 +179,73 @@ fn gpu_attributes(inv: &Inventory, gpu: &Gpu, domain: &str) -> BTreeMap<String, 
     a
 }
 
+/// A GPU's one device, `gpu-<i>`: the whole GPU and every share of it,
+/// so that the scheduler itself never places a whole-GPU claim beside a
+/// share (nor a share beside a whole GPU), which the node would refuse and
+/// leave the pod stranded. With its memory size known it allows multiple
+/// allocations (consumable capacity, KEP-5075) with capacities `memory`
+/// (bytes, in steps of [`SharedPolicy::memory_step`], at most the GPU's)
+/// and `compute` (percent, 1 to 100), each defaulting to all of it: a
+/// request that names no capacity (the whole-GPU class) consumes the whole
+/// GPU, one that names both takes a share. Without its memory size (no
+/// NVML), or one too small to share, it is offered whole only.
+fn gpu_device(
+    gpu: &Gpu,
+    attributes: BTreeMap<String, DeviceAttribute>,
+    policy: &SharedPolicy,
+) -> Device {
+    let whole_only = Device {
+        name: format!("gpu-{}", gpu.index),
+        attributes: Some(attributes.clone()),
+        ..Device::default()
+    };
+    let Some(mem) = gpu.memory_bytes else {
+        return whole_only;
+    };
+    // Memory in whole steps, at least min + one step.
+    let usable = policy.usable_memory(mem);
+    if usable < policy.memory_step * 2 {
+        return whole_only;
+    }
+    let capacity = BTreeMap::from([
+        (
+            crate::claim::CAPACITY_MEMORY.to_string(),
+            DeviceCapacity {
+                value: quantity(usable),
+                request_policy: Some(CapacityRequestPolicy {
+                    default: Some(quantity(usable)),
+                    valid_range: Some(CapacityRequestPolicyRange {
+                        min: quantity(policy.memory_step),
+                        max: Some(quantity(usable)),
+                        step: Some(quantity(policy.memory_step)),
+                    }),
+                    valid_values: None,
+                }),
+            },
+        ),
+        (
+            crate::claim::CAPACITY_COMPUTE.to_string(),
+            DeviceCapacity {
+                value: quantity(100),
+                request_policy: Some(CapacityRequestPolicy {
+                    default: Some(quantity(100)),
+                    valid_range: Some(CapacityRequestPolicyRange {
+                        min: quantity(1),
+                        max: Some(quantity(100)),
+                        step: Some(quantity(1)),
+                    }),
+                    valid_values: None,
+                }),
+            },
+        ),
+    ]);
+    Device {
+        allow_multiple_allocations: Some(true),
+        capacity: Some(capacity),
+        ..whole_only
+    }
+}
+
 /// The devices this node offers.
 pub fn devices(inv: &Inventory, policy: &SharedPolicy) -> Vec<Device> {
     let domains = nvlink_domains(&inv.gpus);
@@ -221,75 +274,9 @@ pub fn devices(inv: &Inventory, policy: &SharedPolicy) -> Vec<Device> {
             }
             continue;
         }
-        let mut whole = attrs.clone();
-        whole.insert("type".into(), string("gpu"));
-        let mut capacity = BTreeMap::new();
-        if let Some(mem) = gpu.memory_bytes {
-            capacity.insert(
-                "memory".into(),
-                DeviceCapacity {
-                    value: quantity(mem),
-                    request_policy: None,
-                },
-            );
-        }
-        out.push(Device {
-            name: format!("gpu-{}", gpu.index),
-            attributes: Some(whole),
-            capacity: (!capacity.is_empty()).then_some(capacity),
-            ..Device::default()
-        });
-        // A share needs the memory size to cap against.
-        let Some(mem) = gpu.memory_bytes else {
-            continue;
-        };
-        if mem < policy.memory_step * 2 {
-            continue; // min + step must fit
-        }
-        let mut shared = attrs;
-        shared.insert("type".into(), string("shared"));
-        let memory_default = policy
-            .memory_default
-            .min(mem / policy.memory_step * policy.memory_step);
-        let capacity = BTreeMap::from([
-            (
-                crate::claim::CAPACITY_MEMORY.to_string(),
-                DeviceCapacity {
-                    value: quantity(mem),
-                    request_policy: Some(CapacityRequestPolicy {
-                        default: Some(quantity(memory_default)),
-                        valid_range: Some(CapacityRequestPolicyRange {
-                            min: quantity(policy.memory_step),
-                            max: None,
-                            step: Some(quantity(policy.memory_step)),
-                        }),
-                        valid_values: None,
-                    }),
-                },
-            ),
-            (
-                crate::claim::CAPACITY_COMPUTE.to_string(),
-                DeviceCapacity {
-                    value: quantity(100),
-                    request_policy: Some(CapacityRequestPolicy {
-                        default: Some(quantity(policy.compute_default.into())),
-                        valid_range: Some(CapacityRequestPolicyRange {
-                            min: quantity(1),
-                            max: Some(quantity(100)),
-                            step: Some(quantity(1)),
-                        }),
-                        valid_values: None,
-                    }),
-                },
-            ),
-        ]);
-        out.push(Device {
-            name: format!("gpu-{}-shared", gpu.index),
-            allow_multiple_allocations: Some(true),
-            attributes: Some(shared),
-            capacity: Some(capacity),
-            ..Device::default()
-        });
+        let mut a = attrs;
+        a.insert("type".into(), string("gpu"));
+        out.push(gpu_device(gpu, a, policy));
     }
     out
 }
@@ -690,25 +677,10 @@ mod tests {
     #[test]
     fn policies_are_checked() {
         assert_eq!(SharedPolicy::default().validate(), Ok(()));
-        let p = |memory_step, memory_default, compute_default| SharedPolicy {
-            memory_step,
-            memory_default,
-            compute_default,
-        };
-        assert_eq!(p(0, MIB, 1).validate(), Err(PolicyError::Step(0)));
-        assert_eq!(p(1000, MIB, 1).validate(), Err(PolicyError::Step(1000)));
-        assert!(matches!(
-            p(2 * MIB, 3 * MIB, 1).validate(),
-            Err(PolicyError::MemoryDefault(..))
-        ));
-        assert_eq!(
-            p(MIB, MIB, 0).validate(),
-            Err(PolicyError::ComputeDefault(0))
-        );
-        assert_eq!(
-            p(MIB, MIB, 101).validate(),
-            Err(PolicyError::ComputeDefault(101))
-        );
+        let p = |memory_step| SharedPolicy { memory_step };
+        assert_eq!(p(0).validate(), Err(PolicyError::Step(0)));
+        assert_eq!(p(1000).validate(), Err(PolicyError::Step(1000)));
+        assert_eq!(p(256 * MIB).usable_memory(1000 * MIB), 768 * MIB);
     }
 
     #[test]

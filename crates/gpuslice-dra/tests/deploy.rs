@@ -68,10 +68,12 @@ fn device_classes_select_the_published_types() {
     check_device_classes(&objects());
 }
 
-/// The DeviceClass of each device type, by name.
+/// The DeviceClass of each device type, by name. Whole GPUs and shares
+/// select the same device per GPU (one device per GPU: the scheduler
+/// never places a whole GPU beside a share of it).
 const CLASSES: [(&str, &str); 3] = [
     ("gpu.gpuslice.io", "gpu"),
-    ("gpu-shared.gpuslice.io", "shared"),
+    ("gpu-shared.gpuslice.io", "gpu"),
     ("mig.gpuslice.io", "mig"),
 ];
 
@@ -106,13 +108,16 @@ fn check_device_classes(o: &Objects) {
                 .unwrap()
         })
         .collect();
-    assert_eq!(
-        published,
-        BTreeSet::from(["gpu", "shared", "mig"].map(String::from))
-    );
+    assert_eq!(published, BTreeSet::from(["gpu", "mig"].map(String::from)));
     for c in &o.classes {
         let name = c.metadata.name.as_deref().unwrap();
         let ty = CLASSES.iter().find(|(n, _)| *n == name).unwrap().1;
+        // Pods asking for the extended resource get whole GPUs.
+        assert_eq!(
+            c.spec.extended_resource_name.as_deref(),
+            (name == "gpu.gpuslice.io").then_some("gpu.gpuslice.io/gpu"),
+            "{name}"
+        );
         let sel = c.spec.selectors.as_ref().unwrap();
         assert_eq!(sel.len(), 1);
         let cel = &sel[0].cel.as_ref().unwrap().expression;
@@ -393,7 +398,7 @@ fn helm_chart_renders_the_dra_driver_as_deploy_dra_does() {
                     "kubeletDir": "/var/lib/k0s/kubelet",
                     "cdiDir": "/etc/cdi",
                     "stateDir": "/srv/gpuslice/dra",
-                    "shared": {"memoryStep": "256MiB", "memoryDefault": "4GiB", "computeDefault": 25},
+                    "shared": {"memoryStep": "256MiB"},
                     "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
                         "nodeSelectorTerms": [{"matchExpressions": [
                             {"key": "gpuslice.dev/mode", "operator": "In", "values": ["dra"]}]}]}},
@@ -462,13 +467,9 @@ fn helm_chart_renders_the_dra_driver_as_deploy_dra_does() {
             flag("--memory-step").as_deref(),
             shared["memoryStep"].as_str()
         );
-        assert_eq!(
-            flag("--memory-default").as_deref(),
-            shared["memoryDefault"].as_str()
-        );
-        assert_eq!(
-            flag("--compute-default"),
-            Some(shared["computeDefault"].to_string())
+        assert!(
+            !cmd.iter().any(|a| a.ends_with("-default")),
+            "no default flags: a request naming no capacity is the whole GPU: {cmd:?}"
         );
         assert_eq!(flag("--cdi-dir"), Some(format!("/host{cdi}")));
         // Its pods are its own: the device plugin's DaemonSet and the
@@ -540,12 +541,12 @@ fn helm_chart_refuses_bad_dra_values() {
     };
     for (values, names) in [
         (
-            on(serde_json::json!({"shared": {"computeDefault": 150}})),
+            on(serde_json::json!({"shared": {"computeDefault": 50}})),
             "computeDefault",
         ),
         (
-            on(serde_json::json!({"shared": {"computeDefault": 0}})),
-            "computeDefault",
+            on(serde_json::json!({"shared": {"memoryStep": "0MiB"}})),
+            "memoryStep",
         ),
         (
             on(serde_json::json!({"shared": {"memoryStep": "1.5 gigs"}})),

@@ -93,6 +93,7 @@ impl Env {
             shim: shim.then(|| self.dir.path().join("libgpuslice.so")),
             hook: None,
             strip_host_root: false,
+            policy: gpuslice_dra::publish::SharedPolicy::default(),
         };
         let api = Arc::new(KubeApi::new(&self.api.url, None).unwrap());
         Arc::new(Driver::new(opts, api).unwrap())
@@ -424,7 +425,7 @@ async fn shared_claim_in_v1_gets_exactly_its_caps_on_its_gpu_only() {
     let d = &got.devices[0];
     assert_eq!(
         (d.pool_name.as_str(), d.device_name.as_str()),
-        (NODE, "gpu-2-shared")
+        (NODE, "gpu-2")
     );
     assert_eq!(d.request_names, ["gpu"]);
     assert_eq!(d.cdi_device_ids, ["gpuslice.dev/claim=uid-a-0"]);
@@ -640,6 +641,80 @@ async fn a_restart_between_prepare_and_unprepare_loses_nothing() {
     assert_eq!(r.claims["uid-b"].error, "");
 }
 
+/// One device per GPU: a whole-GPU claim as a 1.36 scheduler records it
+/// (the request named no capacity and consumed all of it) is prepared
+/// whole, uncapped and without the shim, and the node agrees with the
+/// scheduler's arithmetic both ways: no share beside it, and no whole GPU
+/// beside a share.
+#[tokio::test]
+async fn a_whole_gpu_is_all_of_its_capacity_and_excludes_shares_both_ways() {
+    let e = Env::new().await;
+    let _s = e.start(true);
+    let mut k = e.kubelet().await;
+    let mem = host().gpus()[1].memory_bytes.to_string();
+    e.api.put_claim(shared_claim(
+        "ns",
+        "whole",
+        "uid-whole",
+        NODE,
+        1,
+        &mem,
+        "100",
+    ));
+    let r = prepare(&mut k, &[("ns", "whole", "uid-whole")]).await;
+    assert_eq!(r.claims["uid-whole"].error, "");
+    let spec = e.spec("uid-whole");
+    let device = &spec["devices"][0];
+    assert!(
+        device["containerEdits"]["mounts"].is_null(),
+        "no shim: {device}"
+    );
+    assert!(
+        !env_of(device)
+            .iter()
+            .any(|v| v.starts_with("GPUSLICE_MEMORY_LIMIT")),
+        "{device}"
+    );
+    // The scheduler would not place a share beside it (no capacity left);
+    // the node refuses one all the same.
+    e.api.put_claim(shared_claim(
+        "ns",
+        "share",
+        "uid-share",
+        NODE,
+        1,
+        "1Gi",
+        "10",
+    ));
+    let r = prepare(&mut k, &[("ns", "share", "uid-share")]).await;
+    assert!(
+        r.claims["uid-share"].error.contains("exclusive"),
+        "{:?}",
+        r.claims
+    );
+
+    // A share first, then the whole GPU: refused the other way round.
+    e.api
+        .put_claim(shared_claim("ns", "s2", "uid-s2", NODE, 2, "1Gi", "10"));
+    e.api
+        .put_claim(shared_claim("ns", "w2", "uid-w2", NODE, 2, &mem, "100"));
+    let r = prepare(&mut k, &[("ns", "s2", "uid-s2"), ("ns", "w2", "uid-w2")]).await;
+    assert_eq!(r.claims["uid-s2"].error, "");
+    assert!(
+        r.claims["uid-w2"].error.contains("exclusive"),
+        "{:?}",
+        r.claims
+    );
+    // Nearly all of it is still a share, capped.
+    e.api
+        .put_claim(shared_claim("ns", "s3", "uid-s3", NODE, 0, "1Gi", "100"));
+    let r = prepare(&mut k, &[("ns", "s3", "uid-s3")]).await;
+    assert_eq!(r.claims["uid-s3"].error, "");
+    assert!(env_of(&e.spec("uid-s3")["devices"][0])
+        .iter()
+        .any(|v| v.starts_with("GPUSLICE_MEMORY_LIMIT_0=")));
+}
+
 #[tokio::test]
 async fn a_malformed_claim_fails_alone_and_leaves_nothing() {
     let e = Env::new().await;
@@ -647,11 +722,14 @@ async fn a_malformed_claim_fails_alone_and_leaves_nothing() {
     let mut k = e.kubelet().await;
     e.api
         .put_claim(shared_claim("ns", "good", "uid-good", NODE, 0, "1Gi", "5"));
+    // A share as plugins before one device per GPU named it, whose
+    // consumedCapacity the API server dropped.
     let mut no_cc = shared_claim("ns", "nocc", "uid-nocc", NODE, 0, "1Gi", "5");
-    no_cc["status"]["allocation"]["devices"]["results"][0]
+    let r0 = no_cc["status"]["allocation"]["devices"]["results"][0]
         .as_object_mut()
-        .unwrap()
-        .remove("consumedCapacity");
+        .unwrap();
+    r0.remove("consumedCapacity");
+    r0.insert("device".into(), "gpu-0-shared".into());
     e.api.put_claim(no_cc);
     e.api
         .put_claim(shared_claim("ns", "big", "uid-big", NODE, 0, "1Gi", "150"));
@@ -775,7 +853,7 @@ async fn prepare_checks_claims_against_the_gpus_there_now() {
     let a = r["uid-a"].as_ref().unwrap_err();
     assert!(a.contains("GPU 2 is not on this node"), "{a}");
     assert!(!spec_path(&e.cdi_dir(), "uid-a").exists());
-    assert_eq!(r["uid-b"].as_ref().unwrap()[0].device, "gpu-1-shared");
+    assert_eq!(r["uid-b"].as_ref().unwrap()[0].device, "gpu-1");
 }
 
 #[tokio::test]

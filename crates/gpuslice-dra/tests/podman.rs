@@ -58,6 +58,7 @@ async fn podman_runs_a_prepared_claim_with_exactly_its_caps() {
             shim: Some(shim),
             hook: None,
             strip_host_root: false,
+            policy: gpuslice_dra::publish::SharedPolicy::default(),
         },
         Arc::new(KubeApi::new(&api.url, None).unwrap()),
     )

@@ -87,7 +87,7 @@ async fn slices_are_owned_by_their_node_and_a_wrong_node_name_is_refused() {
 }
 
 #[tokio::test]
-async fn whole_shared_and_mig_devices_with_attributes_capacities_and_policies() {
+async fn one_device_per_gpu_and_mig_devices_with_attributes_capacities_and_policies() {
     let fake = FakeApiServer::start().await;
     let api = KubeApi::new(&fake.url, None).unwrap();
     let inv = inventory();
@@ -113,17 +113,8 @@ async fn whole_shared_and_mig_devices_with_attributes_capacities_and_policies() 
         .collect();
     assert_eq!(
         names,
-        [
-            "gpu-0",
-            "gpu-0-shared",
-            "gpu-1",
-            "gpu-1-shared",
-            "gpu-2",
-            "gpu-2-shared",
-            "gpu-3-mig-0",
-            "gpu-3-mig-1"
-        ],
-        "a GPU in MIG mode is offered as its MIG devices only"
+        ["gpu-0", "gpu-1", "gpu-2", "gpu-3-mig-0", "gpu-3-mig-1"],
+        "one device per GPU, whole or shared; a GPU in MIG mode is offered as its MIG devices only"
     );
     // Every name is one Prepare understands.
     for n in &names {
@@ -148,22 +139,19 @@ async fn whole_shared_and_mig_devices_with_attributes_capacities_and_policies() 
     // The fake host's GPUs are all NVLinked: one domain, the lowest bus id.
     let lowest = host().gpus().iter().map(|g| &g.pci_bus_id).min().unwrap();
     assert_eq!(a["nvlinkDomain"], json!({"string": lowest}));
+    // Shared through consumable capacity, each capacity defaulting to all
+    // of it: a request that names none is the whole GPU, so the scheduler
+    // never puts a whole-GPU claim beside a share.
     let mem = g.memory_bytes.to_string();
-    assert_eq!(whole["capacity"], json!({"memory": {"value": mem}}));
-    assert!(whole["allowMultipleAllocations"].is_null());
-
-    let shared = device(&s, "gpu-1-shared");
-    assert_eq!(shared["allowMultipleAllocations"], true);
-    assert_eq!(shared["attributes"]["type"], json!({"string": "shared"}));
-    assert_eq!(shared["attributes"]["uuid"], json!({"string": g.uuid}));
+    assert_eq!(whole["allowMultipleAllocations"], true);
     assert_eq!(
-        shared["capacity"],
+        whole["capacity"],
         json!({
             "memory": {
                 "value": mem,
                 "requestPolicy": {
-                    "default": "1073741824",
-                    "validRange": {"min": "1048576", "step": "1048576"},
+                    "default": mem,
+                    "validRange": {"min": "1048576", "max": mem, "step": "1048576"},
                 },
             },
             "compute": {
@@ -189,25 +177,33 @@ async fn whole_shared_and_mig_devices_with_attributes_capacities_and_policies() 
 }
 
 #[tokio::test]
-async fn configured_policies_are_published() {
+async fn a_configured_memory_step_is_published_and_rounds_the_memory_down() {
     let fake = FakeApiServer::start().await;
     let api = KubeApi::new(&fake.url, None).unwrap();
     let policy = SharedPolicy {
         memory_step: 256 << 20,
-        memory_default: 4 << 30,
-        compute_default: 10,
     };
-    publish(&api, DRIVER_NAME, NODE, &devices(&inventory(), &policy))
+    let mut inv = inventory();
+    // Not a multiple of the step: what is offered is whole steps of it.
+    inv.gpus[0].memory_bytes = Some((10 << 30) + (100 << 20));
+    publish(&api, DRIVER_NAME, NODE, &devices(&inv, &policy))
         .await
         .unwrap();
     let s = slice0(&fake);
-    let c = &device(&s, "gpu-0-shared")["capacity"];
-    assert_eq!(c["memory"]["requestPolicy"]["default"], "4294967296");
+    let c = &device(&s, "gpu-0")["capacity"];
+    let usable = (10u64 << 30).to_string();
+    assert_eq!(c["memory"]["value"], usable);
+    assert_eq!(c["memory"]["requestPolicy"]["default"], usable);
     assert_eq!(
         c["memory"]["requestPolicy"]["validRange"],
-        json!({"min": "268435456", "step": "268435456"})
+        json!({"min": "268435456", "max": usable, "step": "268435456"})
     );
-    assert_eq!(c["compute"]["requestPolicy"]["default"], "10");
+    assert_eq!(c["compute"]["requestPolicy"]["default"], "100");
+    // Without its memory size (no NVML) a GPU is offered whole only.
+    inv.gpus[1].memory_bytes = None;
+    let d = devices(&inv, &policy);
+    let g1 = d.iter().find(|d| d.name == "gpu-1").unwrap();
+    assert!(g1.capacity.is_none() && g1.allow_multiple_allocations.is_none());
 }
 
 #[tokio::test]
@@ -493,7 +489,7 @@ async fn where_the_server_drops_taints_an_unhealthy_gpu_leaves_the_pool() {
     // Tainted, the taints dropped, then left out: no untainted offer of a
     // broken GPU stays.
     let n = wait_names(&fake, "GPU 1 out", &|n| !has_1(n)).await;
-    assert!(n.contains(&"gpu-2-shared".to_string()), "{n:?}");
+    assert!(n.contains(&"gpu-2".to_string()), "{n:?}");
     tx.send_modify(|s| {
         s.unhealthy.clear();
     });

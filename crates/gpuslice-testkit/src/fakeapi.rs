@@ -706,8 +706,12 @@ fn status(code: u16, reason: &str, message: &str) -> Response<Body> {
         .unwrap()
 }
 
-/// A claim as kube-scheduler leaves it for a shared device: the request
-/// in spec, the result with consumedCapacity and shareID in status.
+/// A claim as kube-scheduler leaves it for a share of a GPU (the GPU's
+/// one device, `gpu-<i>`, allows multiple allocations): the request in
+/// spec, the result with consumedCapacity and shareID in status. With the
+/// GPU's whole memory and `compute` 100 it is a whole-GPU claim as the
+/// scheduler records one on a 1.36 cluster (the request named no capacity
+/// and got the policy's defaults: all of it).
 pub fn shared_claim(
     ns: &str,
     name: &str,
@@ -732,14 +736,17 @@ pub fn shared_claim(
             "request": "gpu",
             "driver": "gpu.gpuslice.io",
             "pool": pool,
-            "device": format!("gpu-{gpu}-shared"),
+            "device": format!("gpu-{gpu}"),
             "shareID": format!("{uid}-share"),
             "consumedCapacity": {"memory": memory, "compute": compute},
         }]}}},
     })
 }
 
-/// A claim allocated one whole device (`gpu-<i>` or `gpu-<i>-mig-<m>`).
+/// A claim allocated one device without consumedCapacity: a MIG device
+/// (`gpu-<i>-mig-<m>`), or a whole GPU (`gpu-<i>`) where consumable
+/// capacity is off (1.34/1.35 without `DRAConsumableCapacity`: the device
+/// is then allocated exclusively).
 pub fn device_claim(ns: &str, name: &str, uid: &str, pool: &str, device: &str) -> Value {
     json!({
         "apiVersion": "resource.k8s.io/v1",

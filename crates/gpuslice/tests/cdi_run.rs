@@ -86,6 +86,7 @@ impl Prepared {
                     shim: Some(built_shim()),
                     hook: None,
                     strip_host_root: false,
+                    policy: gpuslice_dra::publish::SharedPolicy::default(),
                 },
                 Arc::new(KubeApi::new(&api.url, None).unwrap()),
             )

@@ -138,8 +138,8 @@ fn dra_refuses_bad_flags_in_one_line_and_leaves_nothing() {
             "memory step 1000 B: a positive multiple of 1 MiB",
         ),
         (
-            vec!["--memory-step", "2MiB", "--memory-default", "3MiB"],
-            "a positive multiple of the step",
+            vec!["--memory-default", "3MiB"],
+            "unexpected argument '--memory-default'",
         ),
         (
             vec!["--api-server", "127.0.0.1:8001"],
@@ -153,7 +153,7 @@ fn dra_refuses_bad_flags_in_one_line_and_leaves_nothing() {
             vec!["--token-file", "/nonexistent/token"],
             "--token-file /nonexistent/token: No such file",
         ),
-        (vec!["--compute-default", "0"], "--compute-default"),
+        (vec!["--memory-step", "0"], "memory step 0 B"),
     ] {
         let out = Command::new(GPUSLICE)
             .args(base)

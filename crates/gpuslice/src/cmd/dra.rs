@@ -60,17 +60,10 @@ pub struct DraArgs {
     #[arg(long)]
     pub strip_host_root: bool,
 
-    /// Shared devices: memory is requested in multiples of this (a multiple of 1MiB).
+    /// GPU memory is requested in multiples of this (a multiple of 1MiB). A request that names
+    /// no memory or compute takes all of the GPU's (the whole GPU).
     #[arg(long, value_name = "SIZE", default_value = "1MiB")]
     pub memory_step: MemorySize,
-
-    /// Shared devices: the memory a request that names none consumes.
-    #[arg(long, value_name = "SIZE", default_value = "1GiB")]
-    pub memory_default: MemorySize,
-
-    /// Shared devices: the compute (percent) a request that names none consumes.
-    #[arg(long, value_name = "PERCENT", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100))]
-    pub compute_default: u32,
 }
 
 /// The variable naming the DRA plugin's state directory, for `dra`,
@@ -95,8 +88,6 @@ pub fn run(global: &Global, args: &DraArgs) -> Result<i32> {
     let api = ApiTarget::new(args.api_server.as_deref(), args.token_file.as_deref())?;
     let policy = SharedPolicy {
         memory_step: args.memory_step.0,
-        memory_default: args.memory_default.0,
-        compute_default: args.compute_default,
     };
     policy.validate()?;
     let host_root = HostRoot::new(&global.host_root);
@@ -114,6 +105,7 @@ pub fn run(global: &Global, args: &DraArgs) -> Result<i32> {
             .ok()
             .and_then(|p| p.canonicalize().ok()),
         strip_host_root: args.strip_host_root,
+        policy,
     };
     let again = host_root.clone();
     daemon::run(DaemonOptions {
@@ -126,7 +118,6 @@ pub fn run(global: &Global, args: &DraArgs) -> Result<i32> {
             registry_dir: args.registry_dir.clone(),
         },
         api,
-        policy,
     })?;
     Ok(0)
 }
