@@ -17,9 +17,9 @@
 
 use futures_util::TryStreamExt;
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use k8s_openapi::api::resource::v1::{AllocatedDeviceStatus, ResourceClaim, ResourceSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{Api, DeleteParams, ListParams, PostParams, WatchParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchParams};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use thiserror::Error;
@@ -57,6 +57,18 @@ pub enum ApiError {
 pub trait ClaimSource: Send + Sync {
     /// `GET /apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}`.
     async fn get_claim(&self, namespace: &str, name: &str) -> Result<ResourceClaim, ApiError>;
+    /// Makes `devices` this driver's entries of the claim's
+    /// `status.devices`: a server-side apply of the status subresource
+    /// (`PATCH …/resourceclaims/{name}/status`, field manager `driver`),
+    /// which keeps other drivers' entries and drops ours not given (an
+    /// empty list removes them all).
+    async fn set_device_status(
+        &self,
+        namespace: &str,
+        name: &str,
+        driver: &str,
+        devices: Vec<AllocatedDeviceStatus>,
+    ) -> Result<(), ApiError>;
 }
 
 /// Where the API server is and which credentials the driver shows it
@@ -307,6 +319,33 @@ impl ClaimSource for KubeApi {
                 Err(ApiError::NotFound(namespace.into(), name.into()))
             }
             r => r,
+        }
+    }
+
+    async fn set_device_status(
+        &self,
+        namespace: &str,
+        name: &str,
+        driver: &str,
+        devices: Vec<AllocatedDeviceStatus>,
+    ) -> Result<(), ApiError> {
+        let path = format!("{}/status", claim_path(namespace, name));
+        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), namespace);
+        let patch = serde_json::json!({
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace},
+            "status": {"devices": devices},
+        });
+        let pp = PatchParams::apply(driver).force();
+        match self
+            .call(&path, api.patch_status(name, &pp, &Patch::Apply(&patch)))
+            .await
+        {
+            Err(ApiError::Status { status: 404, .. }) => {
+                Err(ApiError::NotFound(namespace.into(), name.into()))
+            }
+            r => r.map(|_| ()),
         }
     }
 }

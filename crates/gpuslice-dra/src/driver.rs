@@ -16,6 +16,9 @@ use crate::checkpoint::{Checkpoint, CheckpointError, PreparedClaim, PreparedDevi
 use crate::claim::{allocated, Allocated, DeviceKind};
 use gpuslice_core::{HostRoot, Inventory};
 use gpuslice_k8s::cdi::{self, Format, SliceDevice};
+use k8s_openapi::api::resource::v1::AllocatedDeviceStatus;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -158,13 +161,36 @@ impl Driver {
         let mut state = self.state.lock().await;
         let mut out = BTreeMap::new();
         for c in claims {
+            let fresh = !state.claims.contains_key(&c.uid);
             let r = self.prepare_one(&mut state, c).await.map_err(|e| {
                 tracing::warn!("prepare: {e}");
                 e.to_string()
             });
+            if let (true, Ok(_), Some(p)) = (fresh, &r, state.claims.get(&c.uid)) {
+                self.report(c, device_status(&self.opts.driver_name, p))
+                    .await;
+            }
             out.insert(c.uid.clone(), r);
         }
         out
+    }
+
+    /// Writes what the node enforces into the claim's `status.devices`
+    /// (so `kubectl get resourceclaim -o yaml` shows it). A claim keeps
+    /// working without it: a failure is logged, not returned.
+    async fn report(&self, c: &ClaimRef, devices: Vec<AllocatedDeviceStatus>) {
+        let r = self
+            .api
+            .set_device_status(&c.namespace, &c.name, &self.opts.driver_name, devices)
+            .await;
+        match r {
+            Ok(()) | Err(crate::apiserver::ApiError::NotFound(..)) => {}
+            Err(e) => tracing::warn!(
+                "claim {}/{}: status.devices not written: {e}",
+                c.namespace,
+                c.name
+            ),
+        }
     }
 
     async fn prepare_one(
@@ -399,14 +425,80 @@ impl Driver {
         let mut state = self.state.lock().await;
         let mut out = BTreeMap::new();
         for c in claims {
+            let held = state.claims.contains_key(&c.uid);
             let r = unprepare_one(&mut state, &c.uid).map_err(|e| {
                 tracing::warn!("unprepare {}/{}: {e}", c.namespace, c.name);
                 e
             });
+            if held && r.is_ok() && !c.name.is_empty() {
+                self.report(c, Vec::new()).await;
+            }
             out.insert(c.uid.clone(), r);
         }
         out
     }
+}
+
+/// The `status.devices` entries of a prepared claim: per device, a Ready
+/// condition and, as data, what the node enforces (`kind` whole, share or
+/// mig; for a share its `memoryBytes` and `computePercent`, exactly its
+/// limits record) and by which layers (`enforcedBy`).
+pub fn device_status(driver: &str, p: &PreparedClaim) -> Vec<AllocatedDeviceStatus> {
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        k8s_openapi::jiff::Timestamp::from_second(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs() as i64),
+        )
+        .unwrap_or_default(),
+    );
+    p.devices
+        .iter()
+        .map(|d| {
+            let a = &d.allocated;
+            let (data, message) = match (a.kind, a.caps) {
+                (_, Some(caps)) => (
+                    serde_json::json!({
+                        "kind": "share",
+                        "memoryBytes": caps.memory_bytes,
+                        "computePercent": caps.compute_percent,
+                        "enforcedBy": ["deviceNodes", "shim"],
+                        "cdiDevice": d.cdi_device_id,
+                    }),
+                    format!(
+                        "capped at {} MiB and {} % of GPU {}",
+                        caps.memory_bytes >> 20,
+                        caps.compute_percent,
+                        a.kind.gpu()
+                    ),
+                ),
+                (DeviceKind::Mig { gpu, mig }, None) => (
+                    serde_json::json!({"kind": "mig", "enforcedBy": ["deviceNodes"], "cdiDevice": d.cdi_device_id}),
+                    format!("MIG device {mig} of GPU {gpu}, isolated"),
+                ),
+                (_, None) => (
+                    serde_json::json!({"kind": "whole", "enforcedBy": ["deviceNodes"], "cdiDevice": d.cdi_device_id}),
+                    format!("GPU {} whole, isolated", a.kind.gpu()),
+                ),
+            };
+            AllocatedDeviceStatus {
+                driver: driver.into(),
+                pool: a.pool.clone(),
+                device: a.device.clone(),
+                share_id: a.share_id.clone(),
+                conditions: Some(vec![Condition {
+                    type_: "Ready".into(),
+                    status: "True".into(),
+                    reason: "Prepared".into(),
+                    message,
+                    last_transition_time: now.clone(),
+                    observed_generation: None,
+                }]),
+                data: Some(RawExtension(data)),
+                network_data: None,
+            }
+        })
+        .collect()
 }
 
 fn unprepare_one(state: &mut Checkpoint, uid: &str) -> Result<(), String> {

@@ -158,6 +158,8 @@ fn check_rbac(o: &Objects) {
     }
     assert!(allows("resource.k8s.io", "resourceclaims", "get"));
     assert!(!allows("resource.k8s.io", "resourceclaims", "update"));
+    assert!(allows("resource.k8s.io", "resourceclaims/status", "patch"));
+    assert!(!allows("resource.k8s.io", "resourceclaims", "patch"));
     assert!(allows("", "nodes", "get"));
 
     let ds = &o.daemonsets[0];

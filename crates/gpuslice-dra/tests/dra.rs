@@ -430,6 +430,30 @@ async fn shared_claim_in_v1_gets_exactly_its_caps_on_its_gpu_only() {
     assert_eq!(d.request_names, ["gpu"]);
     assert_eq!(d.cdi_device_ids, ["gpuslice.dev/claim=uid-a-0"]);
 
+    // What the node enforces, in the claim's status for kubectl to show
+    // (a server-side apply of status.devices as the driver's manager).
+    let status = &e.api.claim("ns", "a").unwrap()["status"]["devices"];
+    assert_eq!(status.as_array().map(Vec::len), Some(1), "{status}");
+    let st = &status[0];
+    assert_eq!(
+        (&st["driver"], &st["pool"], &st["device"], &st["shareID"]),
+        (
+            &Value::from(DRIVER_NAME),
+            &Value::from(NODE),
+            &Value::from("gpu-2"),
+            &Value::from("uid-a-share")
+        )
+    );
+    assert_eq!(st["data"]["kind"], "share");
+    assert_eq!(st["data"]["memoryBytes"], 20 * GIB);
+    assert_eq!(st["data"]["computePercent"], 30);
+    assert_eq!(
+        st["data"]["enforcedBy"],
+        serde_json::json!(["deviceNodes", "shim"])
+    );
+    assert_eq!(st["conditions"][0]["type"], "Ready");
+    assert_eq!(st["conditions"][0]["status"], "True");
+
     let spec = e.spec("uid-a");
     assert_eq!(spec["kind"], "gpuslice.dev/claim");
     let devices = spec["devices"].as_array().unwrap();
@@ -516,6 +540,10 @@ async fn shared_claim_in_v1_gets_exactly_its_caps_on_its_gpu_only() {
     assert!(record_file.exists());
 
     let u = unprepare(&mut k, &[("ns", "a", "uid-a")]).await;
+    assert!(
+        e.api.claim("ns", "a").unwrap()["status"]["devices"].is_null(),
+        "unprepare leaves the driver's status entries"
+    );
     assert_eq!(u.claims["uid-a"].error, "");
     assert!(!spec_path(&e.cdi_dir(), "uid-a").exists());
     assert!(!record_file.exists(), "unprepare left the limits record");
@@ -541,8 +569,11 @@ async fn whole_gpu_and_mig_in_v1beta1_get_isolation_without_caps() {
         .await
         .unwrap()
         .into_inner();
-    for uid in ["uid-w", "uid-m"] {
+    for (name, uid, kind) in [("w", "uid-w", "whole"), ("m", "uid-m", "mig")] {
         assert_eq!(r.claims[uid].error, "", "{uid}");
+        let st = &e.api.claim("ns", name).unwrap()["status"]["devices"][0];
+        assert_eq!(st["data"]["kind"], kind, "{st}");
+        assert_eq!(st["data"]["enforcedBy"], serde_json::json!(["deviceNodes"]));
         let spec = e.spec(uid);
         let env = env_of(&spec["devices"][0]);
         assert!(

@@ -86,6 +86,9 @@ struct Store {
     claims: Mutex<BTreeMap<(String, String), Value>>,
     /// Node objects by name (`GET /api/v1/nodes/{name}`).
     nodes: Mutex<BTreeMap<String, Value>>,
+    /// Per claim and field manager, the `status.devices` keys (driver,
+    /// pool, device, shareID) its last server-side apply owned.
+    status_owners: Mutex<BTreeMap<(String, String, String), Vec<Value>>>,
     slices: Mutex<BTreeMap<String, Value>>,
     revision: AtomicU64,
     gets: AtomicU64,
@@ -175,6 +178,16 @@ impl FakeApiServer {
             }),
         );
         uid
+    }
+
+    /// A claim as it is now (its `status.devices` as drivers applied them).
+    pub fn claim(&self, namespace: &str, name: &str) -> Option<Value> {
+        self.store
+            .claims
+            .lock()
+            .unwrap()
+            .get(&(namespace.to_string(), name.to_string()))
+            .cloned()
     }
 
     /// Creates or replaces a claim (as the scheduler's status update
@@ -298,6 +311,11 @@ impl FakeApiServer {
 }
 
 async fn handle(s: Arc<Store>, req: Request<hyper::body::Incoming>) -> Response<Body> {
+    let content_type = req
+        .headers()
+        .get(hyper::header::CONTENT_TYPE)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .unwrap_or_default();
     let path = req.uri().path().to_string();
     let query = req.uri().query().unwrap_or_default().to_string();
     let method = req.method().clone();
@@ -337,6 +355,10 @@ async fn handle(s: Arc<Store>, req: Request<hyper::body::Incoming>) -> Response<
                 ),
             }
         }
+        (
+            Method::PATCH,
+            ["apis", "resource.k8s.io", "v1", "namespaces", ns, "resourceclaims", name, "status"],
+        ) => apply_claim_status(&s, ns, name, &query, &content_type, &body),
         (Method::GET, ["api", "v1", "nodes", name]) => match s.nodes.lock().unwrap().get(*name) {
             Some(n) => ok(200, n),
             None => status(404, "NotFound", &format!("nodes \"{name}\" not found")),
@@ -376,6 +398,111 @@ async fn handle(s: Arc<Store>, req: Request<hyper::body::Incoming>) -> Response<
             &format!("the server could not find {method} {path}"),
         ),
     }
+}
+
+/// A server-side apply of a claim's status, as the API server does it
+/// for `status.devices` (a map list keyed by driver, pool, device and
+/// shareID): the manager's entries become the applied ones (those it
+/// applied before and leaves out are removed, other managers' stay). The
+/// API server's checks: apply content type, a `fieldManager`, entries
+/// that name an allocated device, complete conditions.
+fn apply_claim_status(
+    s: &Store,
+    ns: &str,
+    name: &str,
+    query: &str,
+    content_type: &str,
+    body: &[u8],
+) -> Response<Body> {
+    if content_type != "application/apply-patch+yaml" {
+        return status(
+            415,
+            "UnsupportedMediaType",
+            &format!("the body of the request was in an unknown format: {content_type}"),
+        );
+    }
+    let Some(manager) = param(query, "fieldManager").filter(|m| !m.is_empty()) else {
+        return status(
+            422,
+            "Invalid",
+            "PATCH, fieldManager: Required value: is required for apply patch",
+        );
+    };
+    let applied: Value = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(e) => return status(400, "BadRequest", &format!("not JSON: {e}")),
+    };
+    let mut claims = s.claims.lock().unwrap();
+    let Some(claim) = claims.get_mut(&(ns.to_string(), name.to_string())) else {
+        return status(
+            404,
+            "NotFound",
+            &format!("resourceclaims.resource.k8s.io \"{name}\" not found"),
+        );
+    };
+    let key = |d: &Value| {
+        json!([
+            d["driver"],
+            d["pool"],
+            d["device"],
+            d.get("shareID").cloned().unwrap_or(Value::Null)
+        ])
+    };
+    let allocated: Vec<Value> = claim["status"]["allocation"]["devices"]["results"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(key)
+        .collect();
+    let new: Vec<Value> = applied["status"]["devices"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    for d in &new {
+        if !allocated.contains(&key(d)) {
+            return status(
+                422,
+                "Invalid",
+                &format!(
+                    "status.devices: Invalid value: {}: must be an allocated device in the claim",
+                    key(d)
+                ),
+            );
+        }
+        for c in d["conditions"].as_array().into_iter().flatten() {
+            for f in ["type", "status", "reason", "lastTransitionTime"] {
+                if c[f].as_str().is_none_or(str::is_empty) {
+                    return status(
+                        422,
+                        "Invalid",
+                        &format!("status.devices.conditions.{f}: Required value"),
+                    );
+                }
+            }
+        }
+    }
+    let owner = (ns.to_string(), name.to_string(), manager.to_string());
+    let mut owners = s.status_owners.lock().unwrap();
+    let before = owners.remove(&owner).unwrap_or_default();
+    let mut devices: Vec<Value> = claim["status"]["devices"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|d| !before.contains(&key(d)) && !new.iter().any(|n| key(n) == key(d)))
+        .collect();
+    devices.extend(new.iter().cloned());
+    owners.insert(owner, new.iter().map(key).collect());
+    if devices.is_empty() {
+        if let Some(st) = claim["status"].as_object_mut() {
+            st.remove("devices");
+        }
+    } else {
+        claim["status"]["devices"] = Value::Array(devices);
+    }
+    claim["metadata"]["resourceVersion"] = json!(s.next_rv());
+    ok(200, claim)
 }
 
 fn ok(code: u16, v: &Value) -> Response<Body> {
