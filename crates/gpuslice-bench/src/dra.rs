@@ -652,8 +652,60 @@ async fn selftest_prepare(
     }
     rep["gpu"] = json!({"index": gpu.index, "uuid": gpu.uuid, "model": gpu.model, "memory_bytes": gpu.memory_bytes});
     rep["claims"] = json!(claims);
+    let (healthy, health) = device_health(setup, inv).await?;
+    rep["health"] = health;
+    ok &= healthy;
     rep["cdi_spec_dir"] = json!(args.work.join("cdi"));
     Ok(ok)
+}
+
+/// What the plugin's health service reports for the host's devices, with
+/// the XID watcher on the host's NVML (the real one on a GPU machine) and
+/// the shim's state: every device Healthy once the watcher runs (waits up
+/// to 10 s for it), as the kubelet would hear it.
+async fn device_health(setup: &Setup, inv: &Inventory) -> Result<(bool, Value)> {
+    use gpuslice_dra::health::Health;
+    let (xids_tx, xids) = tokio::sync::watch::channel(Snapshot::default());
+    let _watcher = gpuslice_k8s::plugin::health::start(
+        inv,
+        &Default::default(),
+        fake_nvml(&setup.host_root)?,
+        xids_tx,
+    );
+    let feed = gpuslice_dra::feed::NodeFeed {
+        pool: NODE.into(),
+        policy: SharedPolicy::default(),
+        inventory: tokio::sync::watch::channel(inv.clone()).1,
+        enforcement: tokio::sync::watch::channel(gpuslice_dra::daemon::enforcement_problem(Some(
+            &setup.shim,
+        )))
+        .1,
+        xids,
+    };
+    let mut updates = gpuslice_dra::health::follow(feed);
+    let t = Instant::now();
+    let mut last = Vec::new();
+    while t.elapsed() < Duration::from_secs(10) {
+        match tokio::time::timeout(Duration::from_secs(10), updates.recv()).await {
+            Ok(Some(list)) => {
+                let known = list.iter().all(|d| d.health != Health::Unknown);
+                last = list;
+                if known {
+                    break;
+                }
+            }
+            _ => break,
+        }
+    }
+    let healthy = !last.is_empty() && last.iter().all(|d| d.health == Health::Healthy);
+    let report = last
+        .iter()
+        .map(|d| json!({"device": d.device, "health": format!("{:?}", d.health), "message": d.message}))
+        .collect::<Vec<_>>();
+    Ok((
+        healthy,
+        json!({"devices": report, "seconds_to_known": t.elapsed().as_secs_f64()}),
+    ))
 }
 
 async fn selftest_unprepare(
