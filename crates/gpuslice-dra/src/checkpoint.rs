@@ -45,6 +45,10 @@ pub struct PreparedClaim {
     /// with it.
     #[serde(default)]
     pub records: Vec<PathBuf>,
+    /// The slice directories of its capped slices (`crate::claimfs`: one
+    /// ledger for all the claim's containers), unmounted and removed with it.
+    #[serde(default)]
+    pub slice_dirs: Vec<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -185,6 +189,7 @@ mod tests {
                 devices: vec![],
                 cdi_spec: "/x.json".into(),
                 records: vec!["/gpuslice-limits-u1-0".into()],
+                slice_dirs: vec![],
             },
         );
         c.save().unwrap();

@@ -21,6 +21,8 @@ pub const RESYNC: Duration = Duration::from_secs(60);
 /// How often the host's GPUs are compared with the last discovery when
 /// no inotify event came (procfs sends none).
 pub const HOTPLUG_POLL: Duration = Duration::from_secs(1);
+/// How often the claims' ledgers are reaped of dead containers' processes.
+pub const REAP_EVERY: Duration = Duration::from_secs(5);
 /// How often the shim is checked for what enforcement needs.
 pub const ENFORCEMENT_POLL: Duration = Duration::from_secs(5);
 
@@ -130,6 +132,13 @@ pub fn run(opts: DaemonOptions) -> Result<()> {
                     }
                     changed
                 });
+            }
+        });
+        let reaping = driver.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(REAP_EVERY).await;
+                reaping.reap_ledgers().await;
             }
         });
         let rescan = crate::hotplug::watch(host_root, HOTPLUG_POLL, move || rediscover(), inv_tx);

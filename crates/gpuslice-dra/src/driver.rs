@@ -43,6 +43,8 @@ pub enum PrepareError {
     },
     #[error("claim {0}: GPU {1} is not on this node")]
     NoGpu(String, u32),
+    #[error("claim {0}: {1} shares of GPUs ({2}); a container is one slice, so its caps would be one share's (the last mounted): ask for one share, the sum, in one request, or use a claim per share")]
+    SharesInOneClaim(String, usize, String),
     #[error("claim {0}: CDI spec: {1}")]
     Cdi(String, String),
     #[error(transparent)]
@@ -219,6 +221,18 @@ impl Driver {
         let obj = self.api.get_claim(&c.namespace, &c.name).await?;
         let mut results = allocated(&obj, &c.uid, &self.opts.driver_name, &self.opts.pool)?;
         self.whole_gpus_uncapped(&mut results);
+        let shares: Vec<&str> = results
+            .iter()
+            .filter(|a| a.caps.is_some())
+            .map(|a| a.device.as_str())
+            .collect();
+        if shares.len() > 1 {
+            return Err(PrepareError::SharesInOneClaim(
+                label,
+                shares.len(),
+                shares.join(", "),
+            ));
+        }
         self.check_capacity(state, &label, &results)?;
         let devices: Vec<PreparedDevice> = results
             .into_iter()
@@ -233,7 +247,7 @@ impl Driver {
                 allocated: a,
             })
             .collect();
-        let (spec, records) = self.write_spec(&label, &c.uid, &devices)?;
+        let (spec, records, slice_dirs) = self.write_spec(&label, &c.uid, &devices)?;
         state.claims.insert(
             c.uid.clone(),
             PreparedClaim {
@@ -244,6 +258,7 @@ impl Driver {
                 devices,
                 cdi_spec: spec,
                 records,
+                slice_dirs,
             },
         );
         if let Err(e) = state.save() {
@@ -361,15 +376,17 @@ impl Driver {
         Ok(())
     }
 
-    /// Writes the claim's CDI spec (one device per result) and the limits
-    /// records of its capped slices; returns the spec's path and the
-    /// records' (what Unprepare removes: the shared `ld.so.preload` stays).
+    /// Writes the claim's CDI spec (one device per result), the limits
+    /// records of its capped slices and their slice directories (one
+    /// ledger each for all the claim's containers: `crate::claimfs`);
+    /// returns the spec's path, the records' and the directories' (what
+    /// Unprepare removes: the shared `ld.so.preload` stays).
     fn write_spec(
         &self,
         claim: &str,
         uid: &str,
         devices: &[PreparedDevice],
-    ) -> Result<(PathBuf, Vec<PathBuf>), PrepareError> {
+    ) -> Result<(PathBuf, Vec<PathBuf>, Vec<PathBuf>), PrepareError> {
         let cdi_err = |e: anyhow::Error| PrepareError::Cdi(claim.into(), format!("{e:#}"));
         let slices: Vec<SliceDevice> = devices
             .iter()
@@ -387,6 +404,21 @@ impl Driver {
                 }
             })
             .collect();
+        let claims_dir = self.opts.host_root.join(crate::claimfs::CLAIMS_DIR);
+        let mut slice_dirs: Vec<PathBuf> = Vec::new();
+        for s in slices.iter().filter(|s| s.caps.is_some()) {
+            let dir = crate::claimfs::slice_dir(&claims_dir, &s.name);
+            if let Err(e) = crate::claimfs::make(&dir) {
+                for d in &slice_dirs {
+                    let _ = crate::claimfs::remove(d);
+                }
+                return Err(cdi_err(anyhow::anyhow!(
+                    "the slice directory {}: {e}",
+                    dir.display()
+                )));
+            }
+            slice_dirs.push(dir);
+        }
         let opts = cdi::Options {
             vendor: crate::CDI_VENDOR.into(),
             class: crate::CDI_CLASS.into(),
@@ -401,23 +433,67 @@ impl Driver {
                 .any(|s| s.caps.is_some())
                 .then(|| self.boards())
                 .flatten(),
+            slice_dirs: Some(claims_dir),
             ..cdi::Options::default()
         };
-        let g = cdi::generate_slices(&self.opts.host_root, &self.inventory(), &opts, &slices)
-            .map_err(cdi_err)?;
         let path = spec_path(&self.opts.cdi_dir, uid);
         let records: Vec<PathBuf> = slices
             .iter()
             .filter(|s| s.caps.is_some())
             .map(|s| cdi::limits_record_path(&self.opts.cdi_dir, &s.name))
             .collect();
-        if let Err(e) = cdi::write_atomically(&g, &path, Format::Json) {
+        let written = cdi::generate_slices(&self.opts.host_root, &self.inventory(), &opts, &slices)
+            .and_then(|g| cdi::write_atomically(&g, &path, Format::Json));
+        if let Err(e) = written {
             for r in &records {
                 let _ = std::fs::remove_file(r);
             }
+            for d in &slice_dirs {
+                let _ = crate::claimfs::remove(d);
+            }
             return Err(cdi_err(e));
         }
-        Ok((path, records))
+        Ok((path, records, slice_dirs))
+    }
+
+    /// Reclaims, in every prepared claim's usage ledger, the slots of its
+    /// containers' processes that died: each container is a pid namespace
+    /// of its own, and reclaims only its own, so a container that ended
+    /// whole would leave its bytes counted against the claim for good. The
+    /// plugin runs in the host's pid namespace (`hostPID`), from which
+    /// every container's pids resolve. Returns the bytes given back.
+    pub async fn reap_ledgers(&self) -> u64 {
+        let state = self.state.lock().await;
+        let mut bytes = 0;
+        for p in state.claims.values() {
+            for dir in &p.slice_dirs {
+                let usage = dir.join(gpuslice_ledger::limits::USAGE_FILE);
+                if !usage.exists() {
+                    continue; // no process of the claim has started
+                }
+                match gpuslice_ledger::Ledger::open(&usage).and_then(|l| l.reap()) {
+                    Ok(r) => {
+                        if r.slots > 0 {
+                            tracing::info!(
+                                "claim {}/{}: {} dead processes' {} bytes given back",
+                                p.namespace,
+                                p.name,
+                                r.slots,
+                                r.bytes
+                            );
+                        }
+                        bytes += r.bytes;
+                    }
+                    Err(e) => tracing::warn!(
+                        "claim {}/{}: its ledger {}: {e}",
+                        p.namespace,
+                        p.name,
+                        usage.display()
+                    ),
+                }
+            }
+        }
+        bytes
     }
 
     /// Unprepares each claim; a result per claim uid.
@@ -524,6 +600,9 @@ fn remove_files(p: &PreparedClaim) -> Result<(), String> {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(format!("removing {}: {e}", f.display())),
         }
+    }
+    for d in &p.slice_dirs {
+        crate::claimfs::remove(d).map_err(|e| format!("removing {}: {e}", d.display()))?;
     }
     Ok(())
 }

@@ -20,6 +20,7 @@
 pub mod apiserver;
 pub mod checkpoint;
 pub mod claim;
+pub mod claimfs;
 pub mod daemon;
 pub mod driver;
 pub mod feed;

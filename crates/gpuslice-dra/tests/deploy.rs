@@ -234,6 +234,20 @@ fn check_daemonset(o: &Objects, kubelet: &str, cdi: &str) {
     let plugin = pod.containers.iter().find(|c| c.name == "plugin").unwrap();
     let cmd = plugin.command.clone().unwrap();
     assert!(cmd.contains(&"dra".to_string()), "{cmd:?}");
+    // The claims' slice directories are tmpfs mounts the plugin makes,
+    // which the host (the runtime) must see: Bidirectional, below /host.
+    assert!(
+        host_paths.contains("/run/gpuslice/claims"),
+        "{host_paths:?}"
+    );
+    let claims = plugin
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.mount_path == format!("/host/{}", gpuslice_dra::claimfs::CLAIMS_DIR))
+        .expect("the claims' slice directories mounted at /host/run/gpuslice/claims");
+    assert_eq!(claims.mount_propagation.as_deref(), Some("Bidirectional"));
+    assert_ne!(claims.read_only, Some(true));
     // The plugin talks to the API server as its own service account: no
     // proxy on the node (any process there could use its rights), no
     // --api-server pointing at one.
@@ -250,6 +264,8 @@ fn check_daemonset(o: &Objects, kubelet: &str, cdi: &str) {
         "no sidecars"
     );
     assert_eq!(pod.automount_service_account_token, Some(true));
+    // Claims' ledgers hold container pids, which resolve from the host's.
+    assert_eq!(pod.host_pid, Some(true));
     // Its name is the RBAC's subject: check_rbac.
     let node = plugin
         .env

@@ -538,8 +538,45 @@ async fn shared_claim_in_v1_gets_exactly_its_caps_on_its_gpu_only() {
 
     let record_file = limits_record_path(&e.cdi_dir(), "uid-a-0");
     assert!(record_file.exists());
+    // One ledger for every container and pod of the claim: the slice's
+    // directory is the host's, a tmpfs of its own (bounded, RAM), not a
+    // tmpfs in each container (which multiplied the cap).
+    let slice_dir = board(SLICE_DIR);
+    let host_dir = std::path::PathBuf::from(slice_dir["hostPath"].as_str().unwrap());
+    assert_eq!(
+        host_dir,
+        HostRoot::new(host().root())
+            .join(gpuslice_dra::claimfs::CLAIMS_DIR)
+            .join("uid-a-0")
+    );
+    assert!(
+        slice_dir["type"].is_null() || slice_dir["type"] == "bind",
+        "{slice_dir}"
+    );
+    let opts = slice_dir["options"].to_string();
+    assert!(
+        opts.contains("\"rw\"") && opts.contains("nosuid") && opts.contains("noexec"),
+        "{opts}"
+    );
+    let mounted = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .find(|l| l.split(' ').nth(4) == Some(host_dir.to_str().unwrap()))
+        .map(str::to_string)
+        .unwrap_or_else(|| panic!("{} is not a mount point", host_dir.display()));
+    assert!(
+        mounted.contains(" - tmpfs ") && mounted.contains("size=1024k"),
+        "{mounted}"
+    );
+    // What a pod writes there is bounded: past 1 MiB the tmpfs is full.
+    let junk = std::fs::write(host_dir.join("junk"), vec![0u8; 2 << 20]);
+    assert!(junk.is_err(), "2 MiB fitted in the claim's slice directory");
 
     let u = unprepare(&mut k, &[("ns", "a", "uid-a")]).await;
+    assert!(
+        !host_dir.exists(),
+        "unprepare left the claim's slice directory"
+    );
     assert!(
         e.api.claim("ns", "a").unwrap()["status"]["devices"].is_null(),
         "unprepare leaves the driver's status entries"
@@ -670,6 +707,96 @@ async fn a_restart_between_prepare_and_unprepare_loses_nothing() {
     // Now it fits.
     let r = prepare(&mut k, &[("ns", "b", "uid-b")]).await;
     assert_eq!(r.claims["uid-b"].error, "");
+}
+
+/// Two requests of one claim on one GPU (or two shares of two GPUs) would
+/// mount two slices at the one slice directory of each container: the
+/// last mount's caps would win (40 Gi/60 consumed, 30 Gi/50 enforced).
+/// Refused at Prepare, with nothing left behind.
+#[tokio::test]
+async fn two_shares_in_one_claim_are_refused_not_capped_as_one() {
+    let e = Env::new().await;
+    let _s = e.start(true);
+    let mut k = e.kubelet().await;
+    let mut two = shared_claim("ns", "two", "uid-two", NODE, 0, "10Gi", "10");
+    let results = two["status"]["allocation"]["devices"]["results"]
+        .as_array_mut()
+        .unwrap();
+    let mut second = results[0].clone();
+    second["request"] = "more".into();
+    second["shareID"] = "uid-two-share-2".into();
+    second["consumedCapacity"] = serde_json::json!({"memory": "30Gi", "compute": "50"});
+    results.push(second);
+    e.api.put_claim(two);
+    let r = prepare(&mut k, &[("ns", "two", "uid-two")]).await;
+    let err = &r.claims["uid-two"].error;
+    assert!(err.contains("2 shares of GPUs (gpu-0, gpu-0)"), "{err}");
+    assert!(err.contains("one request"), "{err}");
+    assert!(!spec_path(&e.cdi_dir(), "uid-two").exists());
+}
+
+/// A container of a claim that ended whole (all its processes killed,
+/// its pid namespace gone) leaves slots no other container can reclaim:
+/// each reclaims only its own pid namespace's. The plugin, in the host's
+/// pid namespace, gives their bytes back to the claim.
+#[tokio::test]
+async fn the_plugin_gives_back_what_a_dead_container_held_in_its_claim() {
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::process::CommandExt;
+    let e = Env::new().await;
+    let d = e.driver(true);
+    e.api
+        .put_claim(shared_claim("ns", "r", "uid-r", NODE, 1, "4Gi", "10"));
+    let claim = gpuslice_dra::driver::ClaimRef {
+        namespace: "ns".into(),
+        name: "r".into(),
+        uid: "uid-r".into(),
+    };
+    d.prepare(std::slice::from_ref(&claim)).await["uid-r"]
+        .as_ref()
+        .unwrap();
+    let dir = HostRoot::new(host().root())
+        .join(gpuslice_dra::claimfs::CLAIMS_DIR)
+        .join("uid-r-0");
+    let usage = dir.join("usage");
+    let ledger = gpuslice_ledger::Ledger::create(
+        &usage,
+        "uid-r-0",
+        &[gpuslice_ledger::DeviceSpec {
+            uuid: host().gpus()[1].uuid.clone(),
+            cap: 4 * GIB,
+        }],
+    )
+    .unwrap();
+    // A process of a container: its own pid namespace.
+    let exercise = gpuslice_testkit::built("gpuslice-ledger-exercise", "gpuslice-testkit");
+    let mut child = std::process::Command::new("unshare")
+        .args(["--pid", "--fork", "--kill-child"])
+        .arg(&exercise)
+        .args(["hold", usage.to_str().unwrap(), "0", &GIB.to_string()])
+        .stdout(std::process::Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "held");
+    assert_eq!(ledger.used(0), GIB);
+    // The whole container goes.
+    nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    child.wait().unwrap();
+    assert_eq!(ledger.used(0), GIB, "nothing reclaims it by itself");
+    assert_eq!(d.reap_ledgers().await, GIB);
+    assert_eq!(ledger.used(0), 0);
+    drop(ledger);
+    d.unprepare(&[claim]).await;
+    assert!(!dir.exists());
 }
 
 /// One device per GPU: a whole-GPU claim as a 1.36 scheduler records it

@@ -2,8 +2,10 @@
 //! (30 GiB and 30 % of GPU 2, as kube-scheduler writes it) is prepared,
 //! podman + runc runs a container from the returned CDI device ID on the
 //! fake GPU host, and inside it the slice's limits record holds exactly
-//! the consumed capacity, read-only, with only that GPU's node; after
-//! Unprepare the device no longer resolves. Needs root, podman, runc and
+//! the consumed capacity, read-only, with only that GPU's node; two
+//! containers of the claim share one slice directory (one ledger), bounded
+//! in size; after Unprepare the device no longer resolves and the
+//! directory is gone. Needs root, podman, runc and
 //! busybox-static (scripts/test.sh installs them).
 
 use fakegpu::FakeHost;
@@ -121,10 +123,36 @@ async fn podman_runs_a_prepared_claim_with_exactly_its_caps() {
     let host_shares = gpuslice_ledger::board::shares_dir(&host.root().join("run/gpuslice/gpus"));
     assert!(!host_shares.join("forged").exists());
 
+    // Two containers of the claim (two of a pod, or two pods sharing it)
+    // find one slice directory, so one usage ledger and the cap in sum: a
+    // file the first leaves is the second's to read. Bounded: 2 MiB do not
+    // fit.
+    let first = image.run(
+        id,
+        "echo from-the-first > /run/gpuslice/slice/usage-probe && echo wrote;          (dd if=/dev/zero of=/run/gpuslice/slice/fill bs=1M count=2 2>/dev/null && echo unbounded)          || echo bounded; rm -f /run/gpuslice/slice/fill",
+    );
+    let t1 = String::from_utf8_lossy(&first.stdout).into_owned();
+    assert!(t1.contains("wrote") && t1.contains("bounded"), "{first:?}");
+    assert!(!t1.contains("unbounded"), "{t1}");
+    let second = image.run(id, "cat /run/gpuslice/slice/usage-probe");
+    assert_eq!(
+        String::from_utf8_lossy(&second.stdout),
+        "from-the-first\n",
+        "{second:?}"
+    );
+
     let done = driver.unprepare(&[claim]).await;
     assert_eq!(done[&uid], Ok(()));
     assert!(!spec_path(cdi_dir, &uid).exists());
     assert!(!limits_record_path(cdi_dir, &format!("{uid}-0")).exists());
+    assert!(
+        !host
+            .root()
+            .join(gpuslice_dra::claimfs::CLAIMS_DIR)
+            .join(format!("{uid}-0"))
+            .exists(),
+        "the claim's slice directory outlived it"
+    );
     let gone = image.run(id, "true");
     assert!(!gone.status.success());
     let err = String::from_utf8_lossy(&gone.stderr);

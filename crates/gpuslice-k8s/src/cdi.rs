@@ -141,6 +141,11 @@ pub struct Options {
     /// turns on the GPU with the other slices (docs/compute-share.md).
     /// None: not bound.
     pub boards: Option<PathBuf>,
+    /// Capped slices' ledger directories: `<dir>/<slice>` on the host,
+    /// bound at the slice's directory, one ledger for every container of
+    /// the slice (a DRA claim's: gpuslice-dra's `claimfs`). None: a tmpfs
+    /// in each container, a ledger of its own.
+    pub slice_dirs: Option<PathBuf>,
 }
 
 impl Default for Options {
@@ -156,6 +161,7 @@ impl Default for Options {
             strip_host_root: false,
             use_nvml: true,
             boards: None,
+            slice_dirs: None,
         }
     }
 }
@@ -931,12 +937,7 @@ impl Builder<'_> {
                 "containerPath": "/etc/ld.so.preload",
                 "options": ["ro", "nosuid", "nodev", "bind"],
             },
-            {
-                "hostPath": "tmpfs",
-                "containerPath": SLICE_DIR,
-                "type": "tmpfs",
-                "options": ["nosuid", "nodev", "noexec", "mode=1777", "size=16m"],
-            },
+            self.slice_dir_mount(name),
             {
                 "hostPath": self.host(&record),
                 "containerPath": format!("{SLICE_DIR}/{LIMITS_FILE}"),
@@ -958,6 +959,25 @@ impl Builder<'_> {
                 "containerPath": board::shares_dir(inside).display().to_string(),
                 "options": ["ro", "nosuid", "nodev", "noexec", "bind"],
             }));
+        }
+    }
+
+    /// The slice's directory in the container, where its usage ledger is
+    /// made: the host's `<slice_dirs>/<name>` (shared by every container
+    /// of the slice), else a tmpfs of the container's own.
+    fn slice_dir_mount(&self, name: &str) -> Value {
+        match &self.opts.slice_dirs {
+            Some(dirs) => json!({
+                "hostPath": self.host(&dirs.join(name)),
+                "containerPath": SLICE_DIR,
+                "options": ["rw", "nosuid", "nodev", "noexec", "bind"],
+            }),
+            None => json!({
+                "hostPath": "tmpfs",
+                "containerPath": SLICE_DIR,
+                "type": "tmpfs",
+                "options": ["nosuid", "nodev", "noexec", "mode=1777", "size=16m"],
+            }),
         }
     }
 

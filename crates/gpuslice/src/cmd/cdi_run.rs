@@ -281,8 +281,12 @@ fn mount(out: &mut CdiEdits, m: &Value) -> Result<()> {
         .filter_map(Value::as_str)
         .collect();
     let kind = m["type"].as_str().unwrap_or("bind");
-    if target == SLICE_DIR && kind == "tmpfs" {
-        return Ok(()); // the slice's fixed place, which the launcher makes
+    if target == SLICE_DIR {
+        // The slice's fixed place, which the launcher makes: a tmpfs of
+        // the container's own, or a DRA claim's slice directory on the
+        // host (run makes a slice of its own: its ledger is not shared
+        // with the claim's containers).
+        return Ok(());
     }
     if kind != "bind" && kind != "none" {
         bail!("mount at {target}: type {kind:?}; gpuslice run applies bind mounts only");

@@ -50,6 +50,7 @@ pub fn write_dra_checkpoint(dir: &std::path::Path) {
             }],
             cdi_spec: dir.join("spec.json"),
             records: vec![],
+            slice_dirs: vec![],
         },
     );
     c.save().unwrap();
