@@ -28,6 +28,8 @@ pub enum ServeError {
     Listen(PathBuf, std::io::Error),
     #[error("cannot create {0}: {1}")]
     Dir(PathBuf, std::io::Error),
+    #[error("{0}: another plugin serves this socket (a second gpuslice dra, or another driver of this name); stop it first")]
+    Taken(PathBuf),
 }
 
 /// Where the sockets go.
@@ -265,6 +267,13 @@ pub fn serve(
     let name = driver.driver_name().to_string();
     let dra_socket = sockets.dra(&name);
     let registration_socket = sockets.registration(&name);
+    // One a live plugin answers on is not ours to take (before either is
+    // touched).
+    for s in [&dra_socket, &registration_socket] {
+        if std::os::unix::net::UnixStream::connect(s).is_ok() {
+            return Err(ServeError::Taken(s.clone()));
+        }
+    }
     let dra = listen(&dra_socket)?;
     let (stop_dra, stopped_dra) = oneshot::channel::<()>();
     let router = tonic::transport::Server::builder()

@@ -232,6 +232,37 @@ fn kubelet_authorities(sock: &Path) -> Vec<String> {
     ]
 }
 
+/// A second plugin on the same sockets (an empty config once took over a
+/// live kubelet's socket names) is refused, and the first keeps serving.
+#[tokio::test]
+async fn a_live_plugin_s_sockets_are_not_taken_over() {
+    let e = Env::new().await;
+    let served = e.start(true);
+    let driver = e.driver(true);
+    let again = serve(
+        driver.clone(),
+        &e.sockets(),
+        NodeFeed::fixed(NODE, SharedPolicy::default(), driver.inventory()),
+    );
+    let err = again.err().expect("a second plugin was served").to_string();
+    assert!(err.contains("another plugin serves this socket"), "{err}");
+    let reg = served.registration_socket.clone();
+    let info = tokio::task::spawn_blocking(move || {
+        get_info(&reg, "localhost", std::time::Duration::from_secs(10))
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(info.name, DRIVER_NAME, "the first plugin still answers");
+    // A socket nobody answers on (a killed plugin's) is replaced.
+    drop(served);
+    let stale = e.sockets().registration(DRIVER_NAME);
+    std::fs::create_dir_all(stale.parent().unwrap()).unwrap();
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    assert!(stale.exists());
+    let _served = e.start(true);
+}
+
 #[tokio::test]
 async fn both_sockets_answer_every_authority_a_kubelet_sends() {
     let e = Env::new().await;

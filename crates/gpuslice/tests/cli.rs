@@ -153,7 +153,13 @@ fn dra_refuses_bad_flags_in_one_line_and_leaves_nothing() {
             vec!["--token-file", "/nonexistent/token"],
             "--token-file /nonexistent/token: No such file",
         ),
-        (vec!["--memory-step", "0"], "memory step 0 B"),
+        (
+            vec!["--memory-step", "0"],
+            "invalid value '0' for '--memory-step",
+        ),
+        // Checked before anything is made: a relative directory was taken
+        // below the working directory, a missing CDI directory holds specs
+        // no runtime reads, a bad node name looped on warnings for ever.
     ] {
         let out = Command::new(GPUSLICE)
             .args(base)
@@ -164,6 +170,63 @@ fn dra_refuses_bad_flags_in_one_line_and_leaves_nothing() {
         assert!(!out.status.success(), "{extra:?} accepted");
         assert!(err.contains(why), "{extra:?}: {err}");
         assert_eq!(err.trim().lines().count(), 1, "{extra:?}: one line: {err}");
+    }
+    // The node name and the directories are checked too.
+    for (flag, value, why) in [
+        (
+            "--plugins-dir",
+            "plugins",
+            "--plugins-dir plugins: an absolute path is required",
+        ),
+        (
+            "--node-name",
+            "Node_A",
+            "--node-name \"Node_A\": a node's name",
+        ),
+        ("--node-name", "", "--node-name \"\""),
+    ] {
+        let mut args: Vec<&str> = base.to_vec();
+        let at = args.iter().position(|a| *a == flag).unwrap();
+        args[at + 1] = value;
+        let out = Command::new(GPUSLICE).args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flag} {value:?} accepted");
+        assert!(err.contains(why), "{flag} {value:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+    }
+    // The CDI directory must be there; then the shim must be root's alone.
+    let out = Command::new(GPUSLICE).args(base).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains(&format!("--cdi-dir {cdi}: no such directory")),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    let cdi_dir = tempfile::tempdir().unwrap();
+    let writable = cdi_dir.path().join("libgpuslice.so");
+    std::fs::write(&writable, b"").unwrap();
+    std::fs::set_permissions(
+        &writable,
+        std::os::unix::fs::PermissionsExt::from_mode(0o666),
+    )
+    .unwrap();
+    let mut args: Vec<String> = base.iter().map(|s| s.to_string()).collect();
+    let at = args.iter().position(|a| a == "--cdi-dir").unwrap();
+    args[at + 1] = cdi_dir.path().display().to_string();
+    for (shim, why) in [
+        ("/nonexistent/libgpuslice.so", "the shim: "),
+        (writable.to_str().unwrap(), "is not root's alone"),
+    ] {
+        let out = Command::new(GPUSLICE)
+            .args(&args)
+            .env("GPUSLICE_SHIM", shim)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{shim} accepted");
+        assert!(err.contains(why), "{shim}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
     }
     assert_eq!(
         std::fs::read_dir(dir.path()).unwrap().count(),

@@ -83,6 +83,41 @@ pub fn state_dir(global: &Global) -> PathBuf {
         })
 }
 
+/// The node name and the directories, checked before anything is made:
+/// a relative directory would be taken below the working directory, a
+/// missing CDI directory would hold specs no runtime reads.
+fn check_paths(args: &DraArgs) -> Result<()> {
+    let name = &args.node_name;
+    let dns = !name.is_empty()
+        && name.len() <= 253
+        && name
+            .split('.')
+            .all(|l| !l.is_empty() && !l.starts_with('-') && !l.ends_with('-'))
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.');
+    if !dns {
+        anyhow::bail!("--node-name {name:?}: a node's name (a DNS subdomain: lowercase letters, digits, '-' and '.'), as `kubectl get nodes` lists it");
+    }
+    for (flag, dir) in [
+        ("--plugins-dir", &args.plugins_dir),
+        ("--registry-dir", &args.registry_dir),
+        ("--cdi-dir", &args.cdi_dir),
+        ("--state-dir", &args.state_dir),
+    ] {
+        if !dir.is_absolute() {
+            anyhow::bail!("{flag} {}: an absolute path is required", dir.display());
+        }
+    }
+    if !args.cdi_dir.is_dir() {
+        anyhow::bail!(
+            "--cdi-dir {}: no such directory; it must be one the container runtime reads CDI specs from (containerd, CRI-O: /etc/cdi, /var/run/cdi)",
+            args.cdi_dir.display()
+        );
+    }
+    Ok(())
+}
+
 pub fn run(global: &Global, args: &DraArgs) -> Result<i32> {
     // Bad flags fail before the (slower) discovery.
     let api = ApiTarget::new(args.api_server.as_deref(), args.token_file.as_deref())?;
@@ -90,6 +125,15 @@ pub fn run(global: &Global, args: &DraArgs) -> Result<i32> {
         memory_step: args.memory_step.0,
     };
     policy.validate()?;
+    check_paths(args)?;
+    let shim = crate::shim::find().map_err(|e| {
+        anyhow::anyhow!("the shim: {e}; without it no share of a GPU can be capped (set GPUSLICE_SHIM to libgpuslice.so)")
+    })?;
+    if let Some(why) = daemon::enforcement_problem(Some(&shim)) {
+        anyhow::bail!(
+            "{why}; set GPUSLICE_SHIM to a root-owned libgpuslice.so others cannot write"
+        );
+    }
     let host_root = HostRoot::new(&global.host_root);
     let inventory =
         discover(&host_root, &DiscoverOptions::default()).context("discovering the GPUs")?;
@@ -100,7 +144,7 @@ pub fn run(global: &Global, args: &DraArgs) -> Result<i32> {
         inventory,
         cdi_dir: args.cdi_dir.clone(),
         state_dir: args.state_dir.clone(),
-        shim: crate::shim::find().ok(),
+        shim: Some(shim),
         hook: std::env::current_exe()
             .ok()
             .and_then(|p| p.canonicalize().ok()),
