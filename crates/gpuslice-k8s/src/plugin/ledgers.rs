@@ -80,11 +80,19 @@ pub struct Swept {
     pub errors: Vec<String>,
 }
 
-/// Makes `dir` ready for a new allocation: a leftover that nothing uses is
-/// removed first; the directory's time is set to now (the sweep's grace).
+/// Makes `dir` ready for a new allocation: a leftover that no live
+/// process uses is removed first; the directory's time is set to now (the
+/// sweep's grace).
+///
+/// The kubelet allocates a replica only when no running pod holds it, so
+/// nothing may be creating a ledger there now: a ledger that does not open
+/// (a pod filled it with garbage and exited), or whose slots are all
+/// garbage or transient, is the previous pod's and is replaced, however
+/// young (it once made the next pod's CUDA fail closed: a denial of
+/// service across tenants). Only a live process's slot keeps it.
 pub fn prepare(dir: &Path) -> Result<(), Error> {
     let _held = lock();
-    if dir.symlink_metadata().is_ok() && !in_use(dir) {
+    if dir.symlink_metadata().is_ok() && !in_use_by_live_process(dir) {
         fs::remove_dir_all(dir).map_err(io_err(dir))?;
     }
     fs::create_dir_all(dir).map_err(io_err(dir))?;
@@ -144,6 +152,18 @@ pub fn sweep(
 /// or in a pid namespace we cannot see into), or a ledger is being created.
 /// Conservative: what cannot be read counts as in use.
 pub fn in_use(dir: &Path) -> bool {
+    uses(dir, true)
+}
+
+/// Whether a live process has a slot in a ledger of `dir` (what Allocate
+/// asks: see [`prepare`]).
+fn in_use_by_live_process(dir: &Path) -> bool {
+    uses(dir, false)
+}
+
+/// [`in_use`] when `in_doubt` (a young ledger that does not open, a
+/// transient slot, count as used), else only live processes count.
+fn uses(dir: &Path, in_doubt: bool) -> bool {
     let entries = match fs::read_dir(dir) {
         Ok(e) => e,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return false,
@@ -167,13 +187,13 @@ pub fn in_use(dir: &Path) -> bool {
         // and a truncation under the mapping reads as zeros (no SIGBUS).
         let ledger = match Ledger::open(&path) {
             Ok(l) => l,
-            Err(_) if younger_than(e.metadata(), CREATING) => return true,
+            Err(_) if in_doubt && younger_than(e.metadata(), CREATING) => return true,
             Err(_) => continue,
         };
         for p in ledger.snapshot().processes {
             let live = match p.state {
                 ProcessState::Live => procfs::liveness(p.pid, p.start_time) == Liveness::Alive,
-                ProcessState::Transient => true,
+                ProcessState::Transient => in_doubt,
                 ProcessState::OtherNamespace => host
                     .get_or_insert_with(HostProcesses::scan)
                     .may_be_alive(p.pid, p.start_time),
@@ -383,5 +403,33 @@ mod tests {
         let _slot = l.attach().unwrap();
         prepare(&dir).unwrap();
         assert!(dir.join("k8s-x.ledger").exists(), "in use: kept");
+    }
+
+    /// A pod that fills its replica's ledger with garbage and exits does
+    /// not poison the next pod on that replica: Allocate replaces it,
+    /// however young (the sweep still waits for it).
+    #[test]
+    fn a_poisoned_ledger_is_not_inherited() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("k8s-x");
+        let size = {
+            let l = ledger_in(&dir);
+            drop(l);
+            fs::metadata(dir.join("k8s-x.ledger")).unwrap().len()
+        };
+        // Garbage of a ledger's size, written just now.
+        let garbage: Vec<u8> = (0..size).map(|i| (i * 7919 % 251) as u8 | 1).collect();
+        fs::write(dir.join("usage"), &garbage).unwrap();
+        fs::write(dir.join("k8s-x.ledger"), &garbage).unwrap();
+        assert!(
+            in_use(&dir),
+            "the sweep gives a young unreadable ledger time"
+        );
+        prepare(&dir).unwrap();
+        assert!(
+            !dir.join("usage").exists(),
+            "the poisoned ledger was inherited"
+        );
+        assert!(!dir.join("k8s-x.ledger").exists());
     }
 }
