@@ -192,6 +192,26 @@ pub fn launch(
     slice_id: &str,
     cmd: &ChildCommand,
 ) -> Result<i32, LaunchError> {
+    launch_watched(signals, plan, slice_id, cmd, None)
+}
+
+/// Something the launcher calls every `every` while it waits for the
+/// child (root's enforcer: `gpuslice_ledger::enforcer`). It runs on the
+/// launcher's only thread, between signals relayed and host-pid requests
+/// answered, and must not block.
+pub struct Watch<'a> {
+    pub every: std::time::Duration,
+    pub tick: &'a mut dyn FnMut(),
+}
+
+/// [`launch`], calling `watch` while the child runs.
+pub fn launch_watched(
+    signals: &SignalGuard,
+    plan: &SandboxPlan,
+    slice_id: &str,
+    cmd: &ChildCommand,
+    watch: Option<Watch<'_>>,
+) -> Result<i32, LaunchError> {
     let cgroup = match &plan.cgroup {
         Some(driver) => {
             cgroup::reap_stale(driver);
@@ -297,7 +317,7 @@ pub fn launch(
     mark("filter-on");
 
     let setup_error = read_to_end(err_rx);
-    let code = wait_relaying(child, &signals.signals, resolver.as_ref());
+    let code = wait_relaying(child, &signals.signals, resolver.as_ref(), watch);
     mark("child-exited");
     drop(resolver);
     if let Some(c) = cgroup {
@@ -745,7 +765,9 @@ fn wait_relaying(
     child: Pid,
     signals: &SigSet,
     resolver: Option<&hostpid::Resolver>,
+    mut watch: Option<Watch<'_>>,
 ) -> Result<i32, LaunchError> {
+    let mut next_tick = watch.as_ref().map(|w| std::time::Instant::now() + w.every);
     let sfd = SignalFd::with_flags(signals, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
         .map_err(sys("signalfd"))?;
     let pidfd = pidfd_open(child).map_err(|source| LaunchError::Sys {
@@ -765,9 +787,24 @@ fn wait_relaying(
         if let Some(r) = resolver {
             fds.push(PollFd::new(r.as_fd(), PollFlags::POLLIN));
         }
-        match poll(&mut fds, PollTimeout::NONE) {
+        let timeout = match next_tick {
+            Some(t) => {
+                let ms = t
+                    .saturating_duration_since(std::time::Instant::now())
+                    .as_millis();
+                PollTimeout::try_from(ms.min(60_000) as i32).unwrap_or(PollTimeout::ZERO)
+            }
+            None => PollTimeout::NONE,
+        };
+        match poll(&mut fds, timeout) {
             Ok(_) | Err(nix::Error::EINTR) => {}
             Err(e) => return Err(sys("poll")(e)),
+        }
+        if let (Some(t), Some(w)) = (next_tick, watch.as_mut()) {
+            if std::time::Instant::now() >= t {
+                (w.tick)();
+                next_tick = Some(std::time::Instant::now() + w.every);
+            }
         }
         let requests = fds
             .get(2)

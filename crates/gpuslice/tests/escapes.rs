@@ -6,16 +6,28 @@
 //!
 //! - the lookups the shim closes (`dlvsym` of glibc's `dlsym`, `dlmopen`
 //!   of libcuda into a new namespace) are refused at the cap;
+//! - what cannot be closed in the process (the driver's functions found in
+//!   libcuda's ELF symbol table and called at their address) is caught by
+//!   root's enforcer in the launcher, from the driver's own per-process
+//!   accounting (the fake driver's NVML, as a driver without memory
+//!   partitions, R580, reports it): the slice is brought back within its
+//!   cap in about a second, and `gpuslice slices` shows the driver's
+//!   number;
 //!
 //! Needs root (CI runs it as root), gcc and the workspace built.
 
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
 
 use fakegpu::FakeHost;
 use serde_json::Value;
 
 mod common;
-use common::slice::gpuslice;
+use common::slice::{gpuslice, slices_json, slices_text};
+use common::Kill;
 
 const CHUNK: u64 = 256 << 20;
 const CAP: u64 = 1 << 30;
@@ -114,5 +126,258 @@ fn dlmopen_of_libcuda_into_a_new_namespace_is_refused() {
     assert!(
         stderr.contains("into a new link-map namespace refused"),
         "{stderr}"
+    );
+}
+
+/// Reads `child`'s stdout lines until one equal to `want` (panics at EOF).
+fn wait_line(lines: &mut impl Iterator<Item = std::io::Result<String>>, want: &str) -> Vec<String> {
+    let mut seen = Vec::new();
+    for l in lines {
+        let l = l.unwrap();
+        let done = l.trim() == want || l.starts_with(want);
+        seen.push(l);
+        if done {
+            return seen;
+        }
+    }
+    panic!("no {want:?} line: {seen:?}");
+}
+
+/// A program that joined through the shim and then allocates behind it
+/// (cuMemAlloc_v2 found in libcuda's ELF symbol table): 10 GiB under a
+/// 1 GiB cap. Root's enforcer reads the driver's accounting and kills it
+/// within about a second; the kill is logged, and `gpuslice slices` shows
+/// it while the slice lives on. Without the enforcer the process holds
+/// its 10 GiB until the test gives up.
+#[test]
+fn the_enforcer_kills_a_process_that_takes_its_slice_over_the_cap() {
+    let h = host();
+    let ledgers = tempfile::tempdir().unwrap();
+    let bin = tempfile::tempdir().unwrap();
+    let c = driver_client(bin.path());
+    let c = c.to_str().unwrap();
+    let script = format!("{c} elf 40 hold; echo \"rc $?\"; exec {c} plain 1 hold");
+    let mut launcher = Kill(
+        gpuslice(
+            &h,
+            ledgers.path(),
+            &[
+                "run", "--gpus", "0", "--memory", "1GiB", "--", "sh", "-c", &script,
+            ],
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap(),
+    );
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stdout = launcher.0.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for l in BufReader::new(stdout).lines() {
+            let _ = tx.send((Instant::now(), l));
+        }
+    });
+    let mut lines = std::iter::from_fn(|| {
+        rx.recv_timeout(Duration::from_secs(10))
+            .ok()
+            .map(|(t, l)| l.map(|l| format!("{} {l}", t.elapsed().as_micros())))
+    });
+    // Lines come as "<µs since read> <text>"; the first is the allocation.
+    let first = wait_line(&mut lines.by_ref().map(|l| l.map(strip)), "{");
+    let v: Value = serde_json::from_str(first.last().unwrap()).unwrap();
+    assert_eq!(v["allocated"], 40, "the allocations got past the shim: {v}");
+    let held = Instant::now();
+    let after = wait_line(&mut lines.by_ref().map(|l| l.map(strip)), "rc ");
+    let took = held.elapsed();
+    assert_eq!(after.last().unwrap().trim(), "rc 137", "killed: {after:?}");
+    assert!(took < Duration::from_secs(2), "killed only after {took:?}");
+    wait_line(&mut lines.by_ref().map(|l| l.map(strip)), "held");
+
+    // The slice lives on (the shell's next holder): `slices` shows the kill
+    // and the driver's number.
+    let v = slices_json(&h, ledgers.path());
+    let s = &v["slices"][0];
+    let k = &s["enforcement_kills"][0];
+    assert_eq!(k["reason"], "over_cap", "{v}");
+    assert_eq!(k["name"], "driver_client", "{v}");
+    assert!(k["driver_bytes"].as_u64().unwrap() >= 40 * CHUNK, "{v}");
+    assert_eq!(s["devices"][0]["driver_used_bytes"], CHUNK, "{v}");
+    let text = slices_text(&h, ledgers.path());
+    assert!(
+        text.contains("KILLED by root's enforcer (the slice was over its cap): it held 10240MiB"),
+        "{text}"
+    );
+
+    // The exporter counts the kill and reports the driver's number.
+    let id = s["slice"].as_str().unwrap().to_string();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let _exporter = Kill(
+        std::process::Command::new(common::GPUSLICE)
+            .arg("--host-root")
+            .arg(h.root())
+            .envs(h.env())
+            .args(["exporter", "--listen", &addr, "--interval", "200ms"])
+            .arg("--ledger-dir")
+            .arg(ledgers.path())
+            .spawn()
+            .unwrap(),
+    );
+    let kills =
+        format!("gpuslice_slice_enforcement_kills_total{{slice=\"{id}\",reason=\"over_cap\"}} 1");
+    let driver = format!("gpuslice_slice_memory_driver_used_bytes{{slice=\"{id}\",");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = http_get(&addr, "/metrics").unwrap_or_default();
+        let driver_line = text.lines().find(|l| l.starts_with(&driver));
+        if let (true, Some(line)) = (text.contains(&kills), driver_line) {
+            let value = line.rsplit(' ').next().unwrap_or("");
+            assert_eq!(value.parse::<f64>().ok(), Some(CHUNK as f64), "{text}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "no enforcement series:\n{text}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(launcher);
+}
+
+fn http_get(addr: &str, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).ok()?;
+    Some(body)
+}
+
+fn strip(l: String) -> String {
+    l.split_once(' ').map_or(l.clone(), |(_, t)| t.to_string())
+}
+
+/// A process that joined through the shim holds memory it allocated
+/// behind it, under the cap: `gpuslice slices` shows the driver's number
+/// next to the ledger's, and does not call it enforced.
+#[test]
+fn slices_shows_the_driver_s_number_and_never_calls_a_process_holding_more_enforced() {
+    let h = host();
+    let ledgers = tempfile::tempdir().unwrap();
+    let bin = tempfile::tempdir().unwrap();
+    let c = driver_client(bin.path());
+    let mut child = Kill(
+        gpuslice(
+            &h,
+            ledgers.path(),
+            &[
+                "run",
+                "--gpus",
+                "0",
+                "--memory",
+                "1GiB",
+                "--",
+                c.to_str().unwrap(),
+                "elf",
+                "2",
+                "hold",
+            ],
+        )
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap(),
+    );
+    let mut lines = BufReader::new(child.0.stdout.take().unwrap()).lines();
+    wait_line(&mut lines, "held");
+    let v = slices_json(&h, ledgers.path());
+    let s = &v["slices"][0];
+    assert_eq!(s["devices"][0]["driver_used_bytes"], 2 * CHUNK, "{v}");
+    assert!(
+        s["devices"][0]["used_bytes"].as_u64().unwrap() < CHUNK,
+        "{v}"
+    );
+    assert_eq!(s["processes"][0]["driver_bytes"][0], 2 * CHUNK, "{v}");
+    assert_eq!(s["processes"][0]["enforced"], false, "{v}");
+    assert_eq!(s["driver"]["processes"][0]["accounted"], false, "{v}");
+    let text = slices_text(&h, ledgers.path());
+    assert!(text.contains("driver 512MiB"), "{text}");
+    assert!(
+        text.contains("NOT ENFORCED: the driver says it holds 512MiB")
+            && !text.contains("enforced\n"),
+        "{text}"
+    );
+}
+
+/// A GPU process of a capped slice that the shim does not hold at all
+/// (every driver function found in libcuda's ELF symbol table): killed by
+/// default; under a policy saying `unshimmed_gpu_process = "flag"`, left
+/// running and flagged.
+#[test]
+fn an_unshimmed_gpu_process_is_killed_by_default_and_flagged_by_policy() {
+    let h = host();
+    let ledgers = tempfile::tempdir().unwrap();
+    let bin = tempfile::tempdir().unwrap();
+    let c = driver_client(bin.path());
+    let c = c.to_str().unwrap();
+    let run = |policy: Option<&Path>| {
+        let mut cmd = gpuslice(
+            &h,
+            ledgers.path(),
+            &[
+                "run", "--gpus", "0", "--memory", "1GiB", "--", c, "elf-all", "1", "hold",
+            ],
+        );
+        match policy {
+            Some(p) => cmd.env("GPUSLICE_POLICY", p),
+            None => cmd.env("GPUSLICE_POLICY", "/nonexistent/policy.toml"),
+        };
+        let mut child = Kill(
+            cmd.stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+        let mut lines = BufReader::new(child.0.stdout.take().unwrap()).lines();
+        wait_line(&mut lines, "held");
+        child
+    };
+    // Default: killed within about a second.
+    let mut killed = run(None);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let status = loop {
+        if let Some(s) = killed.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "an unshimmed GPU process ran on");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(137));
+    let mut err = String::new();
+    std::io::Read::read_to_string(killed.0.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(
+        err.contains("a GPU process of the slice the shim does not hold"),
+        "{err}"
+    );
+
+    // The admin's choice: flag.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let policy = dir.path().join("policy.toml");
+    std::fs::write(&policy, "unshimmed_gpu_process = \"flag\"\n").unwrap();
+    std::fs::set_permissions(&policy, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let mut flagged = run(Some(&policy));
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        flagged.0.try_wait().unwrap().is_none(),
+        "flagged, not killed"
+    );
+    let v = slices_json(&h, ledgers.path());
+    let s = &v["slices"][0];
+    assert_eq!(s["unenforced"][0]["name"], "driver_client", "{v}");
+    assert_eq!(
+        s["driver"]["processes"][0]["shim_bytes"],
+        Value::Null,
+        "{v}"
     );
 }

@@ -10,8 +10,12 @@
  *                  "dlsym");
  *      "dlmopen" - libcuda loaded into a new link-map namespace, where no
  *                  shim is preloaded;
- *      "elf"     - libcuda dlopen'ed, its functions' addresses read from
- *                  its ELF file's symbol table (no lookup the shim sees);
+ *      "elf"     - libcuda dlopen'ed, set up through dlsym (the shim
+ *                  sees the process join), then cuMemAlloc_v2's address
+ *                  read from libcuda's ELF file's symbol table and called
+ *                  (no lookup the shim sees);
+ *      "elf-all" - the same for every driver function (the shim never
+ *                  sees the process use the GPU);
  *      "plain"   - dlopen + dlsym, the way the shim sees.
  * Allocates COUNT x 256 MiB with cuMemAlloc_v2, stopping at the first
  * failure, and prints one JSON line: {"how":..,"allocated":N,"rc":RC}
@@ -77,7 +81,7 @@ static void *elf_sym(void *h, const char *name) { return elf_lookup(h, name); }
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: driver_client dlvsym|libc|dlmopen|elf|plain COUNT [hold]\n");
+        fprintf(stderr, "usage: driver_client dlvsym|libc|dlmopen|elf|elf-all|plain COUNT [hold]\n");
         return 2;
     }
     const char *how = argv[1];
@@ -101,7 +105,7 @@ int main(int argc, char **argv) {
         void *libc = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
         sym = libc ? (dlsym_fn)dlsym(libc, "dlsym") : NULL;
         h = dlopen("libcuda.so.1", RTLD_NOW);
-    } else if (strcmp(how, "elf") == 0) {
+    } else if (strcmp(how, "elf-all") == 0) {
         h = dlopen("libcuda.so.1", RTLD_NOW);
         sym = elf_sym;
     } else {
@@ -115,7 +119,7 @@ int main(int argc, char **argv) {
     device_get_fn device_get = (device_get_fn)sym(h, "cuDeviceGet");
     retain_fn retain = (retain_fn)sym(h, "cuDevicePrimaryCtxRetain");
     set_current_fn set_current = (set_current_fn)sym(h, "cuCtxSetCurrent");
-    alloc_fn alloc = (alloc_fn)sym(h, "cuMemAlloc_v2");
+    alloc_fn alloc = (alloc_fn)(strcmp(how, "elf") == 0 ? elf_sym : sym)(h, "cuMemAlloc_v2");
     if (!cu_init || !device_get || !retain || !set_current || !alloc) {
         fprintf(stderr, "driver_client: missing driver functions\n");
         return 2;
@@ -127,6 +131,11 @@ int main(int argc, char **argv) {
         printf("{\"how\":\"%s\",\"allocated\":0,\"rc\":%d,\"setup\":true}\n", how, rc);
         return 1;
     }
+    /* "elf": allocate after the shim has measured what the driver holds
+     * for the new context (it measures once right after), as a program
+     * would later in its life. */
+    if (strcmp(how, "elf") == 0)
+        usleep(500 * 1000);
     for (; n < count; n++) {
         unsigned long long p = 0;
         rc = alloc(&p, (size_t)256 << 20);
