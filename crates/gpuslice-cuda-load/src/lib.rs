@@ -12,6 +12,8 @@ use std::ffi::OsStr;
 use std::path::Path;
 
 use gpuslice_cuda_abi::nvml::LIBNVIDIA_ML;
+
+pub mod partitions;
 use libloading::Library;
 pub use libloading::Symbol;
 use nvml_wrapper::error::NvmlError;

@@ -14,6 +14,12 @@
 //!   cap in about a second, and `gpuslice slices` shows the driver's
 //!   number;
 //!
+//! - on a driver with memory partitions (a fake posing as R615+), `run
+//!   --memory` sets the hard limit on the slice's cgroup and the driver
+//!   refuses what the shim does not see at the cap; the limit is zeroed and
+//!   cleared when the slice ends, and a SIGKILLed launcher's by the next
+//!   `run`; `doctor` says whether partitions are available.
+//!
 //! Needs root (CI runs it as root), gcc and the workspace built.
 
 use std::io::{BufRead, BufReader};
@@ -379,5 +385,197 @@ fn an_unshimmed_gpu_process_is_killed_by_default_and_flagged_by_policy() {
         s["driver"]["processes"][0]["shim_bytes"],
         Value::Null,
         "{v}"
+    );
+}
+
+/// The fake driver's record of its memory partitions on GPU 0 (see
+/// fakegpu-driver's partitions.rs): `soft hard cgroup-path` lines.
+fn partitions(h: &FakeHost) -> String {
+    std::fs::read_to_string(h.path(".fakegpu/memlimits/0")).unwrap_or_default()
+}
+
+fn r615() -> FakeHost {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "these tests need root (CI)");
+    FakeHost::builder()
+        .gpus(1)
+        .driver_version("615.20.01")
+        .build()
+        .unwrap()
+}
+
+/// On a driver with memory partitions, the allocations a program makes
+/// behind the shim are refused by the driver at the cap: `run --memory`
+/// set the hard limit on the slice's cgroup before the command started,
+/// and cleared it when the slice ended. Without the partition the program
+/// gets 40 x 256 MiB (and only root's enforcer stops it, afterwards).
+#[test]
+fn with_driver_partitions_the_driver_refuses_what_the_shim_does_not_see() {
+    let h = r615();
+    let ledgers = tempfile::tempdir().unwrap();
+    let bin = tempfile::tempdir().unwrap();
+    let c = driver_client(bin.path());
+    let record = h.path(".fakegpu/memlimits/0");
+    let script = format!("cat {}; exec {} elf 40", record.display(), c.display());
+    let out = gpuslice(
+        &h,
+        ledgers.path(),
+        &[
+            "run", "--gpus", "0", "--memory", "1GiB", "--", "sh", "-c", &script,
+        ],
+    )
+    .output()
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    let limit = stdout
+        .lines()
+        .find(|l| l.starts_with("0 1073741824 /") && l.contains("/gpuslice/"))
+        .unwrap_or_else(|| panic!("no hard limit on the slice's cgroup: {stdout}\n{stderr}"));
+    let v: Value = stdout
+        .lines()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .unwrap();
+    let allocated = v["allocated"].as_u64().unwrap();
+    assert!(
+        allocated * CHUNK <= CAP,
+        "past the cap behind the shim: {v}"
+    );
+    assert_eq!(
+        v["rc"], 2,
+        "refused by the driver with CUDA_ERROR_OUT_OF_MEMORY: {v}"
+    );
+    let cgroup = limit.splitn(3, ' ').nth(2).unwrap();
+    assert!(
+        !partitions(&h).contains(cgroup),
+        "the slice's limit was left: {}",
+        partitions(&h)
+    );
+}
+
+/// A SIGKILLed launcher cannot clear its slice's partition: the next `run`
+/// does, as it reaps the dead slice's cgroup (zeroing the soft limit
+/// first, so no reservation is left on the ancestors).
+#[test]
+fn a_dead_launcher_s_driver_partition_is_cleared_by_the_next_run() {
+    let h = r615();
+    let ledgers = tempfile::tempdir().unwrap();
+    let bin = tempfile::tempdir().unwrap();
+    let c = driver_client(bin.path());
+    let mut launcher = Kill(
+        gpuslice(
+            &h,
+            ledgers.path(),
+            &[
+                "run",
+                "--gpus",
+                "0",
+                "--memory",
+                "1GiB",
+                "--",
+                c.to_str().unwrap(),
+                "plain",
+                "1",
+                "hold",
+            ],
+        )
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap(),
+    );
+    let mut lines = BufReader::new(launcher.0.stdout.take().unwrap()).lines();
+    wait_line(&mut lines, "held");
+    let left = partitions(&h);
+    let cgroup = left
+        .lines()
+        .find_map(|l| l.splitn(3, ' ').nth(2).filter(|p| p.contains("/gpuslice/")))
+        .unwrap_or_else(|| panic!("no partition while the slice runs: {left:?}"))
+        .to_string();
+    // `slices` says which layers hold the slice's memory.
+    let v = slices_json(&h, ledgers.path());
+    let s = &v["slices"][0];
+    assert_eq!(
+        s["memory_layers"],
+        serde_json::json!(["shim", "driver"]),
+        "{v}"
+    );
+    assert_eq!(s["driver_limits"][0]["hard_bytes"], CAP, "{v}");
+    assert!(
+        slices_text(&h, ledgers.path()).contains("(memory held by: shim, driver)"),
+        "{}",
+        slices_text(&h, ledgers.path())
+    );
+    launcher.0.kill().unwrap();
+    launcher.0.wait().unwrap();
+    // Its command dies with it (the parent-death signal); the cgroup empties.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::read_to_string(format!("{cgroup}/cgroup.procs"))
+        .is_ok_and(|p| !p.trim().is_empty())
+    {
+        assert!(Instant::now() < deadline, "the slice's processes live on");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        partitions(&h).contains(&cgroup),
+        "a SIGKILLed launcher clears nothing"
+    );
+    let out = gpuslice(
+        &h,
+        ledgers.path(),
+        &["run", "--gpus", "0", "--memory", "1GiB", "--", "true"],
+    )
+    .output()
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !Path::new(&cgroup).exists(),
+        "the dead slice's cgroup reaped"
+    );
+    assert!(
+        !partitions(&h).contains(&cgroup),
+        "the dead slice's partition left: {}",
+        partitions(&h)
+    );
+}
+
+/// `doctor` says whether the driver's partitions are available, and why not.
+#[test]
+fn doctor_says_whether_the_driver_has_memory_partitions() {
+    let check = |h: &FakeHost| {
+        let out = std::process::Command::new(common::GPUSLICE)
+            .arg("--host-root")
+            .arg(h.root())
+            .envs(h.env())
+            .args(["doctor", "--json"])
+            .output()
+            .unwrap();
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == "driver.memory-partitions")
+            .cloned()
+            .unwrap_or_else(|| panic!("no partitions check: {v}"))
+    };
+    let c = check(&r615());
+    assert_eq!(c["status"], "pass", "{c}");
+    assert!(
+        c["detail"]
+            .as_str()
+            .unwrap()
+            .contains("available: driver 615.20.01"),
+        "{c}"
+    );
+    let c = check(&host());
+    assert_eq!(c["status"], "skip", "{c}");
+    assert!(
+        c["detail"].as_str().unwrap().contains("older than R615"),
+        "{c}"
     );
 }

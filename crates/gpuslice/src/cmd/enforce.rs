@@ -5,6 +5,13 @@
 //! host) and brings the slice back within its cap by killing; kills are
 //! logged, recorded beside the slice's limits record (`gpuslice slices`
 //! and the exporter show them) and counted.
+//!
+//! Where the driver has memory partitions (NVIDIA R615+,
+//! `gpuslice_cuda_load::partitions`), the hard limit of each capped GPU
+//! (not MIG) is set on the slice's cgroup v2 directory before any process
+//! of the slice runs, and zeroed and cleared once they are all gone, before
+//! the cgroup is removed; a dead launcher's are cleared by the next `run`
+//! as it reaps the cgroup ([`RunHooks`]).
 
 use gpuslice_cuda_load::Nvml;
 use gpuslice_ledger::enforcer::{DriverProcess, Reason, SliceWatch};
@@ -107,6 +114,116 @@ impl RunWatch {
                     "pid {} ({}) uses the GPU without the shim ({mib} MiB on {}): flagged (policy: unshimmed_gpu_process = \"flag\")",
                     a.pid, a.comm, a.uuid
                 ),
+            }
+        }
+    }
+}
+
+/// The driver's memory partitions of one slice.
+struct DriverLimits {
+    partitions: gpuslice_cuda_load::partitions::Partitions,
+    /// (uuid, hard limit) of each capped whole GPU.
+    caps: Vec<(String, u64)>,
+    /// Every GPU of the host (a reaped cgroup's GPUs are not known).
+    gpus: Vec<String>,
+    set_on: Option<std::path::PathBuf>,
+}
+
+/// What `run` (as root) does at the launcher's hooks: the enforcer's ticks
+/// and the driver's memory partitions.
+pub struct RunHooks {
+    watch: Option<RunWatch>,
+    limits: Option<DriverLimits>,
+}
+
+impl RunHooks {
+    pub fn new(limits: &SliceLimits, records: &RecordPaths, gpus: Vec<String>) -> RunHooks {
+        let caps: Vec<(String, u64)> = limits
+            .devices
+            .iter()
+            .filter(|d| !d.uuid.starts_with("MIG-"))
+            .filter_map(|d| d.memory.map(|m| (d.uuid.clone(), m.0)))
+            .collect();
+        let driver = match gpuslice_cuda_load::partitions::Partitions::open() {
+            Ok(p) => Some(DriverLimits {
+                partitions: p,
+                caps,
+                gpus,
+                set_on: None,
+            }),
+            Err(e) => {
+                tracing::debug!("no driver memory partitions: {e}");
+                None
+            }
+        };
+        RunHooks {
+            watch: watch(limits, records),
+            limits: driver,
+        }
+    }
+}
+
+impl gpuslice_isolate::launcher::Hooks for RunHooks {
+    fn tick_every(&self) -> Option<std::time::Duration> {
+        self.watch.as_ref().map(|_| gpuslice_ledger::enforcer::TICK)
+    }
+
+    fn tick(&mut self) {
+        if let Some(w) = self.watch.as_mut() {
+            w.tick();
+        }
+    }
+
+    fn cgroup_made(&mut self, dir: &std::path::Path) {
+        let Some(l) = self.limits.as_mut() else {
+            return;
+        };
+        if l.caps.is_empty() {
+            return;
+        }
+        if !dir.join("cgroup.controllers").exists() {
+            tracing::warn!(
+                cgroup = %dir.display(),
+                "the driver's memory partitions need cgroup v2: only the shim and root's enforcer hold this slice's memory"
+            );
+            return;
+        }
+        for (uuid, cap) in &l.caps {
+            match l.partitions.set(uuid, dir, 0, *cap) {
+                Ok(()) => {
+                    tracing::info!(cgroup = %dir.display(), uuid, hard_limit = cap, "driver memory partition set");
+                    l.set_on = Some(dir.to_path_buf());
+                }
+                Err(e) if e.contains("no memory partitions") => {
+                    tracing::debug!("{e}");
+                    return;
+                }
+                Err(e) => tracing::warn!(uuid, "the driver's memory partition: {e}"),
+            }
+        }
+    }
+
+    fn cgroup_ending(&mut self, dir: &std::path::Path) {
+        let Some(l) = self.limits.as_mut() else {
+            return;
+        };
+        if l.set_on.as_deref() != Some(dir) {
+            return;
+        }
+        for (uuid, _) in &l.caps {
+            if let Err(e) = l.partitions.clear(uuid, dir) {
+                tracing::warn!(uuid, "clearing the driver's memory partition: {e}");
+            }
+        }
+    }
+
+    fn reaping(&mut self, dir: &std::path::Path) {
+        let Some(l) = self.limits.as_ref() else {
+            return;
+        };
+        for uuid in &l.gpus {
+            if let Err(e) = l.partitions.clear(uuid, dir) {
+                tracing::debug!(uuid, "clearing a dead launcher's memory partition: {e}");
             }
         }
     }

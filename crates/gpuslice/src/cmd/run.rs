@@ -9,9 +9,7 @@ use gpuslice_core::{DevicePolicy, HostRoot, Inventory, Selection};
 use gpuslice_isolate::cgroup::{new_slice_id, CgroupDriver, Version};
 use gpuslice_isolate::devfs::NodeMode;
 use gpuslice_isolate::driver_proc::params_without_modify;
-use gpuslice_isolate::launcher::{
-    launch, launch_watched, ChildCommand, SandboxPlan, SignalGuard, Watch,
-};
+use gpuslice_isolate::launcher::{launch, launch_watched, ChildCommand, SandboxPlan, SignalGuard};
 use gpuslice_isolate::marks::mark;
 use gpuslice_isolate::privileges::Privileges;
 use gpuslice_isolate::Isolation;
@@ -274,24 +272,15 @@ pub fn run_with(global: &Global, args: &RunArgs, cdi: Option<CdiEdits>) -> Resul
         f.limits = record;
     }
     plan.slice_files = files;
-    // Root's enforcer (issue 25), on the launcher's thread while the
-    // child runs; NVML is opened before the fork (the launcher starts no
-    // thread once the PID namespace is pending).
-    let watched = if rootless {
-        None
+    // Root's enforcer and the driver's memory partitions (issue 25), on
+    // the launcher's thread; NVML is opened before the fork (the launcher
+    // starts no thread once the PID namespace is pending).
+    let result = if rootless {
+        launch(&signals, &plan, &slice_id, &cmd)
     } else {
-        super::enforce::watch(&limits, records.records())
-    };
-    let result = match watched {
-        Some(mut w) => {
-            let mut tick = || w.tick();
-            let watch = Watch {
-                every: gpuslice_ledger::enforcer::TICK,
-                tick: &mut tick,
-            };
-            launch_watched(&signals, &plan, &slice_id, &cmd, Some(watch))
-        }
-        None => launch(&signals, &plan, &slice_id, &cmd),
+        let gpus: Vec<String> = inv.gpus.iter().map(|g| g.uuid.clone()).collect();
+        let mut hooks = super::enforce::RunHooks::new(&limits, records.records(), gpus);
+        launch_watched(&signals, &plan, &slice_id, &cmd, Some(&mut hooks))
     };
     drop(records);
     Ok(result?)

@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Result;
+use gpuslice_cuda_load::partitions::Partitions;
 use gpuslice_ledger::enforcement::{ProcessCheck, ProcessTable};
 use gpuslice_ledger::enforcer::{facts, read_kills, DriverProcess, SliceFacts};
 use gpuslice_ledger::limits::{verify_and_read, RecordPaths, LIMITS_FILE, USAGE_FILE};
@@ -100,6 +101,8 @@ fn describe(
     path: &Path,
     table: &ProcessTable,
     nvml: &Result<gpuslice_cuda_load::Nvml, String>,
+    partitions: Option<&Partitions>,
+    cgroups: Option<&Path>,
 ) -> Value {
     let mut ledger = match Ledger::open(path) {
         Ok(l) => l,
@@ -142,6 +145,27 @@ fn describe(
         .filter(|_| path.file_name().is_some_and(|n| n == USAGE_FILE))
         .map(read_kills)
         .unwrap_or_default();
+    // Which layers hold the slice's memory: the shim (a cap in its
+    // ledger), root's enforcer (`run`'s slices: an `enforcement` record
+    // directory of root's), the driver (a hard limit on its cgroup).
+    let driver_limits: Vec<Value> = s
+        .devices
+        .iter()
+        .filter_map(|d| {
+            let l = partitions?.get(&d.uuid, &cgroups?.join(&s.slice_id)).ok()??;
+            Some(json!({ "uuid": d.uuid, "hard_bytes": l.hard, "soft_bytes": l.soft, "current_used_bytes": l.current_used }))
+        })
+        .collect();
+    let mut layers = Vec::new();
+    if s.devices.iter().any(|d| d.cap.is_some()) {
+        layers.push("shim");
+    }
+    if driver_limits
+        .iter()
+        .any(|l| l["hard_bytes"].as_u64().is_some_and(|h| h > 0))
+    {
+        layers.push("driver");
+    }
     json!({
         "slice": s.slice_id,
         "ledger": path.display().to_string(),
@@ -190,6 +214,8 @@ fn describe(
             }),
             Err(e) => json!({ "error": e }),
         },
+        "memory_layers": layers,
+        "driver_limits": driver_limits,
         "enforcement_kills": kills.iter().map(|k| json!({
             "unix_ms": k.unix_ms,
             "reason": k.reason.as_str(),
@@ -343,7 +369,19 @@ pub fn run(global: &Global) -> Result<i32> {
     } else {
         gpuslice_cuda_load::open_nvml(None).map_err(|e| format!("NVML: {e}"))
     };
-    let mut slices: Vec<Value> = listed.iter().map(|p| describe(p, &table, &nvml)).collect();
+    // The driver's memory partitions (R615+), where it has them.
+    let partitions = if listed.is_empty() {
+        None
+    } else {
+        Partitions::open().ok()
+    };
+    let cgroups = gpuslice_isolate::cgroup::CgroupDriver::detect(None)
+        .ok()
+        .map(|d| d.slices_dir());
+    let mut slices: Vec<Value> = listed
+        .iter()
+        .map(|p| describe(p, &table, &nvml, partitions.as_ref(), cgroups.as_deref()))
+        .collect();
     let dra_dir = super::dra::state_dir(global);
     let dra = gpuslice_dra::checkpoint::prepared_slices(&dra_dir);
     if global.json {
@@ -387,7 +425,21 @@ pub fn run(global: &Global) -> Result<i32> {
             );
             continue;
         }
-        println!("slice {}", s["slice"].as_str().unwrap_or("?"));
+        let layers: Vec<&str> = s["memory_layers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        println!(
+            "slice {}{}",
+            s["slice"].as_str().unwrap_or("?"),
+            if layers.is_empty() {
+                String::new()
+            } else {
+                format!("  (memory held by: {})", layers.join(", "))
+            }
+        );
         for d in s["devices"].as_array().into_iter().flatten() {
             let driver = match d["driver_used_bytes"].as_u64() {
                 Some(_) => format!("  driver {}", mib(&d["driver_used_bytes"])),
