@@ -45,8 +45,11 @@ pub const TICK: Duration = Duration::from_millis(250);
 /// reading taken between the two sides of an allocation can be stale.
 pub const GRACE_TICKS: u32 = 2;
 /// Bytes a process may hold beyond its ledger slot and still count as
-/// accounted by the shim (the ledger and NVML are read at different times).
-pub const SLACK: u64 = 4 << 20;
+/// accounted by the shim: the ledger and NVML are read at different
+/// times, and what the driver holds for a process beyond its allocations
+/// (context, modules, local memory) is charged from the shim's own
+/// measurements, taken now and then.
+pub const SLACK: u64 = 16 << 20;
 /// The kills of a slice, one line each, in its root-only records
 /// directory (beside the limits record).
 pub const ENFORCEMENT_FILE: &str = "enforcement";
@@ -154,8 +157,51 @@ pub fn facts(
     snap: Option<&Snapshot>,
     driver: &[DriverProcess],
 ) -> SliceFacts {
+    facts_cached(slice_id, caps, snap, driver, &mut Known::default())
+}
+
+/// What does not change over a process's life (whether it maps the shim,
+/// its name), by pid and start time: a watcher reads a process's `maps`
+/// once, not every tick.
+#[derive(Debug, Default)]
+pub struct Known(BTreeMap<u32, (u64, bool, String)>);
+
+impl Known {
+    fn get(&mut self, pid: u32) -> (bool, String) {
+        let start = crate::procfs::stat(pid).map_or(0, |s| s.start_time);
+        if let Some((t, shim, comm)) = self.0.get(&pid) {
+            if *t == start && start != 0 {
+                return (*shim, comm.clone());
+            }
+        }
+        let maps = fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+        let comm = fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        let v = (
+            crate::enforcement::maps_library(&maps, "libgpuslice"),
+            comm.trim().to_string(),
+        );
+        self.0.insert(pid, (start, v.0, v.1.clone()));
+        v
+    }
+
+    /// Forgets the processes not in `pids` (gone, or no longer on a GPU).
+    fn keep(&mut self, pids: &[u32]) {
+        self.0.retain(|p, _| pids.contains(p));
+    }
+}
+
+/// [`facts`], with what is known of the processes kept in `known`.
+pub fn facts_cached(
+    slice_id: &str,
+    caps: &[(String, u64)],
+    snap: Option<&Snapshot>,
+    driver: &[DriverProcess],
+    known: &mut Known,
+) -> SliceFacts {
     let mut holders = Vec::new();
     let mut seen: BTreeMap<u32, Option<(bool, String)>> = BTreeMap::new();
+    let pids: Vec<u32> = driver.iter().map(|p| p.pid).collect();
+    known.keep(&pids);
     for p in driver.iter().filter(|p| p.bytes > 0) {
         let slot = snap.and_then(|s| {
             s.processes
@@ -167,12 +213,7 @@ pub fn facts(
             if !crate::enforcement::in_cgroup_named(&cgroup, slice_id) && slot.is_none() {
                 return None;
             }
-            let maps = fs::read_to_string(format!("/proc/{}/maps", p.pid)).unwrap_or_default();
-            let comm = fs::read_to_string(format!("/proc/{}/comm", p.pid)).unwrap_or_default();
-            Some((
-                crate::enforcement::maps_library(&maps, "libgpuslice"),
-                comm.trim().to_string(),
-            ))
+            Some(known.get(p.pid))
         });
         let Some((shim, comm)) = member.clone() else {
             continue;
@@ -330,6 +371,7 @@ pub struct SliceWatch {
     pub records: std::path::PathBuf,
     pub enforcer: Enforcer,
     flagged: Vec<u32>,
+    known: Known,
 }
 
 impl SliceWatch {
@@ -347,6 +389,7 @@ impl SliceWatch {
             records: records.to_path_buf(),
             enforcer: Enforcer::new(policy),
             flagged: Vec::new(),
+            known: Known::default(),
         }
     }
 
@@ -369,7 +412,13 @@ impl SliceWatch {
     pub fn tick(&mut self, driver: &[DriverProcess]) -> Vec<Action> {
         let pids: Vec<u32> = driver.iter().map(|p| p.pid).collect();
         let snap = self.ledger.as_ref().map(|l| l.snapshot_among(&pids));
-        let f = facts(&self.slice, &self.caps, snap.as_ref(), driver);
+        let f = facts_cached(
+            &self.slice,
+            &self.caps,
+            snap.as_ref(),
+            driver,
+            &mut self.known,
+        );
         let mut out = Vec::new();
         for a in self.enforcer.enforce(&f, snap.as_ref()) {
             if a.kill {
