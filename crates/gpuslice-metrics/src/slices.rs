@@ -4,6 +4,7 @@
 
 use crate::sample::{self as m, Labels, Sample};
 use gpuslice_core::Inventory;
+use gpuslice_cuda_load::partitions::Partitions;
 use gpuslice_ledger::enforcement::ProcessTable;
 use gpuslice_ledger::enforcer::{facts, read_kills, DriverProcess, Reason, SliceFacts};
 use gpuslice_ledger::{limits, Ledger, ProcessState, Snapshot};
@@ -30,6 +31,7 @@ pub fn collect(
     let mut n = 0;
     let mut named = std::collections::HashSet::new();
     let table = ProcessTable::scan();
+    let partitions = std::cell::OnceCell::new();
     for path in gpuslice_ledger::list_dir(dir) {
         let mut ledger = match Ledger::open(&path) {
             Ok(l) => l,
@@ -101,6 +103,19 @@ pub fn collect(
                 f64::from(u8::from(h.accounted())),
             );
         }
+        // The layers holding its memory: the shim (a cap), the driver (a
+        // hard limit on the slice's cgroup, R615+).
+        if snap.devices.iter().any(|d| d.cap.is_some()) {
+            let l: Labels = vec![("slice", snap.slice_id.clone()), ("layer", "shim".into())];
+            out.push(m::SLICE_MEMORY_LAYER, &l, 1.0);
+        }
+        if driver_partitioned(
+            partitions.get_or_init(|| Partitions::open().ok()).as_ref(),
+            &snap,
+        ) {
+            let l: Labels = vec![("slice", snap.slice_id.clone()), ("layer", "driver".into())];
+            out.push(m::SLICE_MEMORY_LAYER, &l, 1.0);
+        }
         // Root's enforcer's kills, recorded beside the slice's limits record.
         if path.file_name().is_some_and(|f| f == limits::USAGE_FILE) {
             let kills = path.parent().map(read_kills).unwrap_or_default();
@@ -148,6 +163,25 @@ pub fn collect(
         n += 1;
     }
     n
+}
+
+/// Whether the driver holds a hard limit on the slice's cgroup (`run`'s:
+/// `gpuslice/<id>` below the cgroup v2 root).
+fn driver_partitioned(p: Option<&Partitions>, snap: &Snapshot) -> bool {
+    let Some(p) = p else { return false };
+    let Some(dir) = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
+        .iter()
+        .map(|r| Path::new(r).join("gpuslice").join(&snap.slice_id))
+        .find(|d| d.is_dir())
+    else {
+        return false;
+    };
+    snap.devices.iter().any(|d| {
+        p.get(&d.uuid, &dir)
+            .ok()
+            .flatten()
+            .is_some_and(|l| l.hard > 0)
+    })
 }
 
 /// The slice's processes by the driver's accounting; None when NVML does

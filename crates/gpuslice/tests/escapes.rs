@@ -506,6 +506,42 @@ fn a_dead_launcher_s_driver_partition_is_cleared_by_the_next_run() {
         "{}",
         slices_text(&h, ledgers.path())
     );
+    // And the exporter.
+    let id = s["slice"].as_str().unwrap().to_string();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let exporter = Kill(
+        std::process::Command::new(common::GPUSLICE)
+            .arg("--host-root")
+            .arg(h.root())
+            .envs(h.env())
+            .args(["exporter", "--listen", &addr, "--interval", "200ms"])
+            .arg("--ledger-dir")
+            .arg(ledgers.path())
+            .spawn()
+            .unwrap(),
+    );
+    let want = format!("gpuslice_slice_memory_layer{{slice=\"{id}\",layer=\"driver\"}} 1");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = http_get(&addr, "/metrics").unwrap_or_default();
+        if text.contains(&want) {
+            assert!(
+                text.contains(&format!(
+                    "gpuslice_slice_memory_layer{{slice=\"{id}\",layer=\"shim\"}} 1"
+                )),
+                "{text}"
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "no driver layer:\n{text}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(exporter);
     launcher.0.kill().unwrap();
     launcher.0.wait().unwrap();
     // Its command dies with it (the parent-death signal); the cgroup empties.
