@@ -5,7 +5,8 @@
 //! write it.
 //!
 //! - the lookups the shim closes (`dlvsym` of glibc's `dlsym`, `dlmopen`
-//!   of libcuda into a new namespace) are refused at the cap;
+//!   of libcuda into a new namespace, `RTLD_NEXT` from a library linked to
+//!   libcuda) are refused at the cap;
 //! - what cannot be closed in the process (the driver's functions found in
 //!   libcuda's ELF symbol table and called at their address) is caught by
 //!   root's enforcer in the launcher, from the driver's own per-process
@@ -109,6 +110,59 @@ fn dlvsym_of_dlsym_is_refused_at_the_cap() {
         assert!(allocated * CHUNK <= CAP, "past the cap through {how}: {v}");
         assert_eq!(v["rc"], 2, "refused with CUDA_ERROR_OUT_OF_MEMORY: {v}");
     }
+}
+
+/// `dlsym(RTLD_NEXT, "cuMemAlloc_v2")` in a library that has libcuda
+/// among its dependencies gave the driver's own function (the next object
+/// in that library's scope), 40 x 256 MiB under a 1 GiB cap: the shim
+/// answers `RTLD_NEXT` for the names it interposes with its wrapper.
+#[test]
+fn rtld_next_from_a_library_linked_to_libcuda_is_refused_at_the_cap() {
+    let h = host();
+    let ledgers = tempfile::tempdir().unwrap();
+    let bin = tempfile::tempdir().unwrap();
+    let client = driver_client(bin.path());
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/escapes/next.c");
+    let lib = bin.path().join("libnext.so");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let status = std::process::Command::new(&cc)
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .arg(format!("-L{}", h.driver_lib_dir().display()))
+        .args(["-Wl,--no-as-needed", "-lcuda"])
+        .status()
+        .unwrap();
+    assert!(status.success(), "compiling {}", src.display());
+    let out = gpuslice(
+        &h,
+        ledgers.path(),
+        &[
+            "run",
+            "--gpus",
+            "0",
+            "--memory",
+            "1GiB",
+            "--",
+            client.to_str().unwrap(),
+            "next",
+            "40",
+        ],
+    )
+    .env("DRIVER_CLIENT_NEXT_LIB", &lib)
+    .output()
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let v: Value = stdout
+        .lines()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| panic!("{stdout}\n{}", String::from_utf8_lossy(&out.stderr)));
+    let allocated = v["allocated"].as_u64().unwrap();
+    assert!(
+        allocated * CHUNK <= CAP,
+        "past the cap through RTLD_NEXT: {v}"
+    );
+    assert_eq!(v["rc"], 2, "refused with CUDA_ERROR_OUT_OF_MEMORY: {v}");
 }
 
 /// libcuda `dlmopen`ed into a new namespace (no shim there) allocated

@@ -16,6 +16,11 @@
  *                  (no lookup the shim sees);
  *      "elf-all" - the same for every driver function (the shim never
  *                  sees the process use the GPU);
+ *      "next"    - the driver's functions from dlsym(RTLD_NEXT, ...) in a
+ *                  library that has libcuda among its dependencies (its
+ *                  path in $DRIVER_CLIENT_NEXT_LIB, exporting
+ *                  `void *next_sym(const char *)`): the object after it
+ *                  in its own scope is libcuda;
  *      "plain"   - dlopen + dlsym, the way the shim sees.
  * Allocates COUNT x 256 MiB with cuMemAlloc_v2, stopping at the first
  * failure, and prints one JSON line: {"how":..,"allocated":N,"rc":RC}
@@ -79,9 +84,15 @@ static void *elf_lookup(void *h, const char *name) {
 
 static void *elf_sym(void *h, const char *name) { return elf_lookup(h, name); }
 
+static void *(*next_lookup)(const char *);
+static void *next_sym_of(void *h, const char *name) {
+    (void)h;
+    return next_lookup(name);
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: driver_client dlvsym|libc|dlmopen|elf|elf-all|plain COUNT [hold]\n");
+        fprintf(stderr, "usage: driver_client dlvsym|libc|dlmopen|next|elf|elf-all|plain COUNT [hold]\n");
         return 2;
     }
     const char *how = argv[1];
@@ -105,6 +116,17 @@ int main(int argc, char **argv) {
         void *libc = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
         sym = libc ? (dlsym_fn)dlsym(libc, "dlsym") : NULL;
         h = dlopen("libcuda.so.1", RTLD_NOW);
+    } else if (strcmp(how, "next") == 0) {
+        const char *lib = getenv("DRIVER_CLIENT_NEXT_LIB");
+        void *l = lib ? dlopen(lib, RTLD_NOW | RTLD_LOCAL) : NULL;
+        void *(*next)(const char *) = l ? (void *(*)(const char *))dlsym(l, "next_sym") : NULL;
+        if (!next) {
+            fprintf(stderr, "driver_client: no next_sym (%s)\n", dlerror());
+            return 2;
+        }
+        h = dlopen("libcuda.so.1", RTLD_NOW);
+        next_lookup = next;
+        sym = next_sym_of;
     } else if (strcmp(how, "elf-all") == 0) {
         h = dlopen("libcuda.so.1", RTLD_NOW);
         sym = elf_sym;
