@@ -7,8 +7,11 @@ cargo build --release -p gpuslice -p gpuslice-shim
 rm -rf .device-carry && mkdir -p .device-carry
 scripts/install.sh .device-carry
 cp target/release/gpuslice-cuda-probe .device-carry/
+# The C client of scripts/device_enforcer.py (the GPU machine may have no
+# C compiler).
+cc -O1 -o .device-carry/driver_client crates/gpuslice/tests/escapes/driver_client.c
 # The GPU machine has no package registry: bring Debian's bubblewrap for
 # the launch benchmark (it links only glibc, libcap and libselinux).
 if command -v bwrap >/dev/null; then cp "$(command -v bwrap)" .device-carry/; fi
-strip .device-carry/gpuslice .device-carry/gpuslice-full .device-carry/gpuslice-cuda-probe 2>/dev/null || true
+strip .device-carry/gpuslice .device-carry/gpuslice-full .device-carry/gpuslice-cuda-probe .device-carry/driver_client 2>/dev/null || true
 du -sh .device-carry

@@ -26,3 +26,4 @@ mod ffi;
 mod host;
 mod memory;
 mod nvml;
+mod partitions;

@@ -85,6 +85,15 @@ pub fn alloc(key: MemKey, capacity: u64, size: u64) -> Result<u64, AllocError> {
         Some(total) if total <= capacity => total,
         _ => return Err(AllocError::OutOfMemory),
     };
+    // R615+: the hard limit of a cgroup this process is in (not on MIG).
+    if key.gi.is_none() {
+        if let Some(limit) = cgroup_limit(&l, key.gpu_minor) {
+            let held = cgroup_used(&l, key.gpu_minor, &limit.path);
+            if held.saturating_add(size) > limit.hard {
+                return Err(AllocError::OutOfMemory);
+            }
+        }
+    }
     let ptr = l.next;
     let span = size.div_ceil(ALIGN).max(1) * ALIGN;
     l.next = l.next.saturating_add(span);
@@ -168,16 +177,102 @@ fn own_file<'a>(l: &'a mut Ledger, dir: &Path) -> Option<&'a File> {
     l.published.as_ref().map(|(f, _)| f)
 }
 
+/// The hard limit that binds this process on GPU `minor` (R615+ fakes).
+fn cgroup_limit(_l: &Ledger, minor: u32) -> Option<crate::partitions::Limit> {
+    if !crate::partitions::supported() {
+        return None;
+    }
+    let mine = crate::partitions::own_cgroups(std::iter::once(minor));
+    crate::partitions::binding(minor, &mine)
+}
+
+/// What the processes of cgroup `path` hold on GPU `minor` (whole-GPU
+/// keys): this process's own, and every live process whose usage file
+/// says it is in that cgroup.
+fn cgroup_used(l: &Ledger, minor: u32, path: &str) -> u64 {
+    let mine: u64 = l
+        .used
+        .iter()
+        .filter(|(k, _)| k.gpu_minor == minor && k.gi.is_none())
+        .map(|(_, v)| v)
+        .sum();
+    let me = host_pid();
+    let others: u64 = usage_dir()
+        .and_then(|d| std::fs::read_dir(d).ok())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_str() != Some(&me.to_string()) && alive(&e.path()))
+        .map(|e| {
+            let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+            if !text
+                .lines()
+                .any(|line| line.strip_prefix("cg ") == Some(path))
+            {
+                return 0;
+            }
+            text.lines()
+                .filter_map(|line| {
+                    let mut f = line.split_whitespace();
+                    let m: u32 = f.next()?.parse().ok()?;
+                    let g: i64 = f.next()?.parse().ok()?;
+                    let v: u64 = f.next()?.parse().ok()?;
+                    (m == minor && g < 0).then_some(v)
+                })
+                .sum()
+        })
+        .sum();
+    mine + others
+}
+
+/// Bytes of cgroup `path` on GPU `minor`, for NVML's `currentUsed`.
+pub fn cgroup_usage(minor: u32, path: &str) -> u64 {
+    let l = ledger();
+    let me_in = crate::partitions::own_cgroups(std::iter::once(minor))
+        .iter()
+        .any(|p| p == path);
+    let total = cgroup_used(&l, minor, path);
+    if me_in {
+        total
+    } else {
+        let mine: u64 = l
+            .used
+            .iter()
+            .filter(|(k, _)| k.gpu_minor == minor && k.gi.is_none())
+            .map(|(_, v)| v)
+            .sum();
+        total - mine
+    }
+}
+
+/// (total, free) for `key` as `cuMemGetInfo` reports them inside a
+/// limited cgroup (R615+): the hard limit is the total; None outside one.
+pub fn limited_info(key: MemKey) -> Option<(u64, u64)> {
+    if key.gi.is_some() {
+        return None;
+    }
+    let l = ledger();
+    let limit = cgroup_limit(&l, key.gpu_minor)?;
+    let held = cgroup_used(&l, key.gpu_minor, &limit.path);
+    Some((limit.hard, limit.hard.saturating_sub(held)))
+}
+
 /// Rewrites this process's usage file (called with the ledger locked, so
 /// writes never interleave).
 fn publish(l: &mut Ledger) {
     let Some(dir) = usage_dir() else { return };
-    let text: String = l
+    let mut text: String = l
         .used
         .iter()
         .filter(|(_, &v)| v > 0)
         .map(|(k, v)| format!("{} {} {v}\n", k.gpu_minor, k.gi.map_or(-1, i64::from)))
         .collect();
+    // The limited cgroups it is in (R615+ fakes): what the real kernel
+    // module knows of each process.
+    let minors: Vec<u32> = l.used.keys().map(|k| k.gpu_minor).collect();
+    for cg in crate::partitions::own_cgroups(minors.into_iter()) {
+        text.push_str(&format!("cg {cg}\n"));
+    }
     if let Some(f) = own_file(l, dir) {
         let _ = f.set_len(0);
         let _ = f.write_all_at(text.as_bytes(), 0);

@@ -18,6 +18,7 @@ use crate::host::{self, Host, Kernel, KernelGpu, KernelMig, Node, NVIDIA_MAJOR};
 use crate::memory;
 
 mod events;
+mod limits;
 mod processes;
 mod telemetry;
 

@@ -52,6 +52,7 @@ pub struct FakeHostBuilder {
     root: Option<PathBuf>,
     persistence_mode: bool,
     driver_libs: Option<String>,
+    driver_version: Option<String>,
 }
 
 impl Default for FakeHostBuilder {
@@ -68,6 +69,7 @@ impl Default for FakeHostBuilder {
             root: None,
             persistence_mode: true,
             driver_libs: None,
+            driver_version: None,
         }
     }
 }
@@ -113,6 +115,15 @@ impl FakeHostBuilder {
     /// [`FakeHost::driver_lib_dir`].
     pub fn driver_libs(mut self, version: impl Into<String>) -> Self {
         self.driver_libs = Some(version.into());
+        self
+    }
+
+    /// The kernel driver's version the host poses as (default
+    /// [`kernel::DRIVER_VERSION`], an R580): `615.…` or later gives the fake
+    /// driver the per-cgroup memory partitions of NVIDIA R615+
+    /// (`nvmlDeviceSetMemoryLimits_v1`).
+    pub fn driver_version(mut self, version: impl Into<String>) -> Self {
+        self.driver_version = Some(version.into());
         self
     }
 
@@ -252,7 +263,10 @@ impl FakeHostBuilder {
             })
             .collect();
         Kernel {
-            driver_version: kernel::DRIVER_VERSION.to_string(),
+            driver_version: self
+                .driver_version
+                .clone()
+                .unwrap_or_else(|| kernel::DRIVER_VERSION.to_string()),
             cuda_version: kernel::CUDA_VERSION,
             gpus,
             init_ms_per_gpu: self.init_ms_per_gpu,

@@ -23,6 +23,7 @@ pub const NVML_ERROR_NOT_FOUND: NvmlReturn = 6;
 pub const NVML_ERROR_INSUFFICIENT_SIZE: NvmlReturn = 7;
 pub const NVML_ERROR_DRIVER_NOT_LOADED: NvmlReturn = 9;
 pub const NVML_ERROR_TIMEOUT: NvmlReturn = 10;
+pub const NVML_ERROR_FUNCTION_NOT_FOUND: NvmlReturn = 13;
 pub const NVML_ERROR_ARGUMENT_VERSION_MISMATCH: NvmlReturn = 25;
 pub const NVML_ERROR_UNKNOWN: NvmlReturn = 999;
 
@@ -57,6 +58,26 @@ pub struct NvmlPciInfo {
     pub pci_device_id: c_uint,
     pub pci_sub_system_id: c_uint,
     pub bus_id: [c_char; 32],
+}
+
+/// `nvmlSetMemoryLimits_v1_t` (R615+, "MPS v3 memory partitioning"): the
+/// limits of the cgroup whose directory is `name_space` (its full path),
+/// in bytes. Setting needs root.
+#[repr(C)]
+pub struct NvmlSetMemoryLimitsV1 {
+    pub name_space: *const c_char,
+    pub soft_limit: u64,
+    pub hard_limit: u64,
+}
+
+/// `nvmlGetMemoryLimits_v1_t`: `name_space` in, the rest out
+/// (`current_used`: what the cgroup's processes hold on the device).
+#[repr(C)]
+pub struct NvmlGetMemoryLimitsV1 {
+    pub name_space: *const c_char,
+    pub soft_limit: u64,
+    pub hard_limit: u64,
+    pub current_used: u64,
 }
 
 /// `nvmlMemory_t`.
@@ -140,6 +161,14 @@ pub mod pfn {
         count: *mut c_uint,
         infos: *mut NvmlProcessInfo,
     ) -> NvmlReturn;
+    /// `nvmlDeviceSetMemoryLimits_v1` (R615+).
+    pub type DeviceSetMemoryLimitsV1 = unsafe extern "C" fn(
+        device: NvmlDevice,
+        limits: *const NvmlSetMemoryLimitsV1,
+    ) -> NvmlReturn;
+    /// `nvmlDeviceGetMemoryLimits_v1` (R615+).
+    pub type DeviceGetMemoryLimitsV1 =
+        unsafe extern "C" fn(device: NvmlDevice, limits: *mut NvmlGetMemoryLimitsV1) -> NvmlReturn;
     /// The unsuffixed, first ABI (`nvmlProcessInfo_v1_t` records).
     pub type DeviceGetComputeRunningProcessesV1 = unsafe extern "C" fn(
         device: NvmlDevice,
@@ -158,6 +187,9 @@ mod tests {
         assert_eq!(size_of::<NvmlPciInfo>(), 68);
         assert_eq!(offset_of!(NvmlPciInfo, bus_id), 36);
         assert_eq!(size_of::<NvmlMemory>(), 24);
+        assert_eq!(size_of::<NvmlSetMemoryLimitsV1>(), 24);
+        assert_eq!(size_of::<NvmlGetMemoryLimitsV1>(), 32);
+        assert_eq!(offset_of!(NvmlGetMemoryLimitsV1, current_used), 24);
         assert_eq!(size_of::<NvmlMemoryV2>(), 40);
         assert_eq!(NVML_MEMORY_V2, 0x0200_0028);
         assert_eq!(size_of::<NvmlEventData>(), 32);

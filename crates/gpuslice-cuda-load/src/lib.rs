@@ -12,10 +12,12 @@ use std::ffi::OsStr;
 use std::path::Path;
 
 use gpuslice_cuda_abi::nvml::LIBNVIDIA_ML;
+
+pub mod partitions;
 use libloading::Library;
 pub use libloading::Symbol;
 use nvml_wrapper::error::NvmlError;
-use nvml_wrapper::Nvml;
+pub use nvml_wrapper::Nvml;
 
 /// A loaded driver library.
 pub struct Lib {
@@ -56,6 +58,32 @@ impl Lib {
 pub fn open_nvml(lib: Option<&Path>) -> Result<Nvml, NvmlError> {
     let lib = lib.map_or(OsStr::new(LIBNVIDIA_ML), Path::as_os_str);
     Nvml::builder().lib_path(lib).init()
+}
+
+/// Every process holding memory on each device of `uuids` (`GPU-…` or
+/// `MIG-…`), as the driver's own per-process accounting reports it (NVML's
+/// running compute processes: contexts included; pids as the reader's PID
+/// namespace numbers them): `(uuid, pid, bytes)`. A process NVML reports
+/// no figure for counts 0 bytes.
+pub fn running_processes(nvml: &Nvml, uuids: &[String]) -> Result<Vec<(String, u32, u64)>, String> {
+    use nvml_wrapper::enums::device::UsedGpuMemory;
+    let mut out = Vec::new();
+    for uuid in uuids {
+        let dev = nvml
+            .device_by_uuid(uuid.as_str())
+            .map_err(|e| format!("NVML: device {uuid}: {e}"))?;
+        let procs = dev
+            .running_compute_processes()
+            .map_err(|e| format!("NVML: running processes of {uuid}: {e}"))?;
+        for p in procs {
+            let bytes = match p.used_gpu_memory {
+                UsedGpuMemory::Used(b) => b,
+                UsedGpuMemory::Unavailable => 0,
+            };
+            out.push((uuid.clone(), p.pid, bytes));
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

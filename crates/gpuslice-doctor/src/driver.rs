@@ -20,7 +20,79 @@ pub fn checks(ctx: &Context) -> Vec<Check> {
     for lib in [LIBCUDA, LIBNVML] {
         out.push(library(ctx, lib));
     }
+    out.push(partitions(ctx));
     out
+}
+
+/// The driver's per-cgroup memory partitions (NVIDIA R615+,
+/// `nvmlDeviceSetMemoryLimits_v1`): the layer `run --memory` sets on the
+/// slice's cgroup where it exists (docs/security.md, "Root's enforcer").
+/// Available needs an R615+ driver whose NVML answers, cgroup v2, and a
+/// GPU not in MIG mode; the backend is the kernel's `dmem` controller
+/// (Linux 6.14+) where the cgroup root offers it, else the driver's own
+/// accounting (`misc`). Not available is no fault (a skip): the shim and
+/// root's enforcer hold the caps then.
+fn partitions(ctx: &Context) -> Check {
+    const NAME: &str = "driver.memory-partitions";
+    let fix = "caps are held by the shim and root's enforcer; the driver's own partitions need NVIDIA R615 or later, cgroup v2, and GPUs not in MIG mode";
+    let Some(version) = ctx.driver_version() else {
+        return Check::skip(NAME, "no NVIDIA driver", fix);
+    };
+    let major: u32 = version
+        .split('.')
+        .next()
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(0);
+    if major < 615 {
+        return Check::skip(
+            NAME,
+            format!("not available: driver {version} is older than R615, which added per-cgroup memory partitions"),
+            fix,
+        );
+    }
+    let cgroup2 = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
+        .iter()
+        .map(Path::new)
+        .find(|p| p.join("cgroup.controllers").exists());
+    let Some(cgroup2) = cgroup2 else {
+        return Check::skip(
+            NAME,
+            format!("not available: driver {version} has them, but this host has no cgroup v2"),
+            fix,
+        );
+    };
+    let gpus: Vec<&gpuslice_core::Gpu> = ctx
+        .gpus()
+        .iter()
+        .filter(|g| g.mig_enabled != Some(true))
+        .collect();
+    let Some(gpu) = gpus.first() else {
+        return Check::skip(
+            NAME,
+            "not available: every GPU is in MIG mode (partitions do not apply to MIG)",
+            fix,
+        );
+    };
+    let answered = gpuslice_cuda_load::partitions::Partitions::open()
+        .and_then(|p| p.available(&gpu.uuid, cgroup2));
+    if let Err(e) = answered {
+        return Check::skip(NAME, format!("not available: {e}"), fix);
+    }
+    let backend = match fs::read_to_string(cgroup2.join("cgroup.controllers")) {
+        Ok(c) if c.split_whitespace().any(|x| x == "dmem") => {
+            "dmem (the kernel's cgroup controller)"
+        }
+        _ => "misc (the driver's own per-cgroup accounting)",
+    };
+    let mig = ctx.gpus().len() - gpus.len();
+    Check::pass(
+        NAME,
+        format!(
+            "available: driver {version}, cgroup v2 at {}, backend {backend}{}; `run --memory` sets the hard limit on each slice's cgroup",
+            cgroup2.display(),
+            if mig > 0 { format!("; not on the {mig} GPU(s) in MIG mode") } else { String::new() }
+        ),
+    )
 }
 
 pub const LIBCUDA: &str = "libcuda.so";

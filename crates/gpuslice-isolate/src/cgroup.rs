@@ -573,6 +573,15 @@ pub fn enter_self(procs: &File) -> io::Result<()> {
 /// forward by more than that while a launcher waits can make its still
 /// empty cgroup look stale; the kernel never lets a non-empty one go).
 pub fn reap_stale(driver: &CgroupDriver) -> Vec<PathBuf> {
+    reap_stale_with(driver, &mut |_| {})
+}
+
+/// [`reap_stale`], calling `before_remove` with each cgroup it is about
+/// to remove (the driver's memory partition on it is cleared there).
+pub fn reap_stale_with(
+    driver: &CgroupDriver,
+    before_remove: &mut dyn FnMut(&Path),
+) -> Vec<PathBuf> {
     let mut reaped = Vec::new();
     let Ok(entries) = fs::read_dir(driver.slices_dir()) else {
         return reaped;
@@ -604,6 +613,7 @@ pub fn reap_stale(driver: &CgroupDriver) -> Vec<PathBuf> {
         if launcher_alive(pid, created) {
             continue;
         }
+        before_remove(&path);
         match fs::remove_dir(&path) {
             Ok(()) => {
                 tracing::info!(path = %path.display(), "removed stale slice cgroup");

@@ -192,10 +192,48 @@ pub fn launch(
     slice_id: &str,
     cmd: &ChildCommand,
 ) -> Result<i32, LaunchError> {
+    launch_watched(signals, plan, slice_id, cmd, None)
+}
+
+/// What a caller does at points of a launch (root's enforcer and the
+/// driver's memory partitions: `gpuslice run`). Every method runs on the
+/// launcher's only thread and must not block for long.
+pub trait Hooks {
+    /// How often [`Hooks::tick`] runs while the child runs (None: never).
+    fn tick_every(&self) -> Option<std::time::Duration> {
+        None
+    }
+    /// Called every [`Hooks::tick_every`] while the launcher waits for the
+    /// child, between signals relayed and host-pid requests answered.
+    fn tick(&mut self) {}
+    /// The slice's cgroup `dir` exists and is empty: before the fork, so
+    /// before any process of the slice runs.
+    fn cgroup_made(&mut self, _dir: &Path) {}
+    /// Every process of the slice is gone; the cgroup `dir` is removed next.
+    fn cgroup_ending(&mut self, _dir: &Path) {}
+    /// A dead launcher's empty slice cgroup `dir` is removed next.
+    fn reaping(&mut self, _dir: &Path) {}
+}
+
+/// [`launch`], with `hooks` called at their points.
+pub fn launch_watched<'h>(
+    signals: &SignalGuard,
+    plan: &SandboxPlan,
+    slice_id: &str,
+    cmd: &ChildCommand,
+    mut hooks: Option<&mut (dyn Hooks + 'h)>,
+) -> Result<i32, LaunchError> {
     let cgroup = match &plan.cgroup {
         Some(driver) => {
-            cgroup::reap_stale(driver);
-            Some(SliceCgroup::create_empty(driver, slice_id)?)
+            match hooks.as_deref_mut() {
+                Some(h) => cgroup::reap_stale_with(driver, &mut |dir| h.reaping(dir)),
+                None => cgroup::reap_stale(driver),
+            };
+            let c = SliceCgroup::create_empty(driver, slice_id)?;
+            if let Some(h) = hooks.as_deref_mut() {
+                h.cgroup_made(c.path());
+            }
+            Some(c)
         }
         None => None,
     };
@@ -297,7 +335,12 @@ pub fn launch(
     mark("filter-on");
 
     let setup_error = read_to_end(err_rx);
-    let code = wait_relaying(child, &signals.signals, resolver.as_ref());
+    let code = wait_relaying(
+        child,
+        &signals.signals,
+        resolver.as_ref(),
+        hooks.as_deref_mut(),
+    );
     mark("child-exited");
     drop(resolver);
     if let Some(c) = cgroup {
@@ -310,6 +353,9 @@ pub fn launch(
                 "killed {n} process(es) left in the slice after its command exited"
             ),
             Err(e) => tracing::warn!(slice = slice_id, "{e}"),
+        }
+        if let Some(h) = hooks {
+            h.cgroup_ending(c.path());
         }
         if let Err(e) = c.remove() {
             tracing::warn!("{e}");
@@ -741,11 +787,14 @@ fn read_only_sys(plan: &SandboxPlan) -> io::Result<()> {
 /// answering the slice's host-pid requests. The child's exit is watched
 /// through a pidfd, so it cannot be missed even if a SIGCHLD went
 /// elsewhere.
-fn wait_relaying(
+fn wait_relaying<'h>(
     child: Pid,
     signals: &SigSet,
     resolver: Option<&hostpid::Resolver>,
+    mut hooks: Option<&mut (dyn Hooks + 'h)>,
 ) -> Result<i32, LaunchError> {
+    let every = hooks.as_ref().and_then(|h| h.tick_every());
+    let mut next_tick = every.map(|e| std::time::Instant::now() + e);
     let sfd = SignalFd::with_flags(signals, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
         .map_err(sys("signalfd"))?;
     let pidfd = pidfd_open(child).map_err(|source| LaunchError::Sys {
@@ -765,9 +814,24 @@ fn wait_relaying(
         if let Some(r) = resolver {
             fds.push(PollFd::new(r.as_fd(), PollFlags::POLLIN));
         }
-        match poll(&mut fds, PollTimeout::NONE) {
+        let timeout = match next_tick {
+            Some(t) => {
+                let ms = t
+                    .saturating_duration_since(std::time::Instant::now())
+                    .as_millis();
+                PollTimeout::try_from(ms.min(60_000) as i32).unwrap_or(PollTimeout::ZERO)
+            }
+            None => PollTimeout::NONE,
+        };
+        match poll(&mut fds, timeout) {
             Ok(_) | Err(nix::Error::EINTR) => {}
             Err(e) => return Err(sys("poll")(e)),
+        }
+        if let (Some(t), Some(e), Some(h)) = (next_tick, every, hooks.as_deref_mut()) {
+            if std::time::Instant::now() >= t {
+                h.tick();
+                next_tick = Some(std::time::Instant::now() + e);
+            }
         }
         let requests = fds
             .get(2)

@@ -95,7 +95,7 @@ impl ProcessTable {
 
 /// Whether a `/proc/<pid>/cgroup` text puts the process in a cgroup one
 /// of whose path components is `name`.
-fn in_cgroup_named(cgroup: &str, name: &str) -> bool {
+pub(crate) fn in_cgroup_named(cgroup: &str, name: &str) -> bool {
     cgroup.lines().any(|l| {
         l.rsplit(':')
             .next()
@@ -104,7 +104,7 @@ fn in_cgroup_named(cgroup: &str, name: &str) -> bool {
 }
 
 /// Whether `maps` maps a file whose name starts with `lib`.
-fn maps_library(maps: &str, lib: &str) -> bool {
+pub(crate) fn maps_library(maps: &str, lib: &str) -> bool {
     maps.lines().any(|l| {
         l.rsplit('/')
             .next()

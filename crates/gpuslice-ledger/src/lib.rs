@@ -40,6 +40,7 @@
 
 pub mod board;
 pub mod enforcement;
+pub mod enforcer;
 pub mod hostpid;
 pub mod limits;
 mod map;
@@ -980,7 +981,7 @@ impl Ledger {
 
     fn reap_inner(&self, stale_image: Option<(u32, u64)>, mut out: Option<&mut Reaped>) {
         let pidns = procfs::own_pid_namespace();
-        let foreign = self.foreign_pids(pidns);
+        let foreign = self.foreign_pids(pidns, None);
         for i in 0..MAX_SLOTS {
             let w = self.slot_word(i, S_STATE).load(Ordering::SeqCst);
             let pid = (w >> 32) as u32;
@@ -1088,7 +1089,7 @@ impl Ledger {
     /// The slots' processes of other PID namespaces, seen from ours: an
     /// empty scan (no `/proc` walk) when every live slot is of ours, as in
     /// the shim inside a slice.
-    fn foreign_pids(&self, pidns: u64) -> procfs::ForeignPids {
+    fn foreign_pids(&self, pidns: u64, among: Option<&[u32]>) -> procfs::ForeignPids {
         let others: std::collections::HashSet<u64> = (0..MAX_SLOTS)
             .filter(|&i| self.slot_word(i, S_STATE).load(Ordering::Acquire) & TAG_MASK == LIVE)
             .map(|i| self.slot_word(i, S_PIDNS).load(Ordering::Relaxed))
@@ -1097,15 +1098,30 @@ impl Ledger {
         if others.is_empty() {
             return procfs::ForeignPids::default();
         }
-        procfs::ForeignPids::scan(&others)
+        match among {
+            Some(pids) => procfs::ForeignPids::scan_among(&others, pids),
+            None => procfs::ForeignPids::scan(&others),
+        }
     }
 
     /// Reads everything without taking a lock. Processes of other PID
     /// namespaces that can be seen from ours are shown live, with our pid
     /// for them.
     pub fn snapshot(&self) -> Snapshot {
+        self.snapshot_with(None)
+    }
+
+    /// [`Ledger::snapshot`] resolving other namespaces' processes among
+    /// `pids` only (root's enforcer: the processes the driver lists), with
+    /// no walk of `/proc`; any other process of another namespace is shown
+    /// [`ProcessState::OtherNamespace`].
+    pub fn snapshot_among(&self, pids: &[u32]) -> Snapshot {
+        self.snapshot_with(Some(pids))
+    }
+
+    fn snapshot_with(&self, among: Option<&[u32]>) -> Snapshot {
         let pidns = procfs::own_pid_namespace();
-        let foreign = self.foreign_pids(pidns);
+        let foreign = self.foreign_pids(pidns, among);
         let devices = (0..self.device_count)
             .map(|d| {
                 let cap = self.cap(d);

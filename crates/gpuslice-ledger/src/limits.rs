@@ -391,6 +391,7 @@ impl RecordPaths {
         let _ = fs::remove_file(&self.limits);
         let _ = fs::remove_file(&self.usage);
         let _ = fs::remove_file(&self.hostpid);
+        let _ = fs::remove_file(self.dir.join(crate::enforcer::ENFORCEMENT_FILE));
         let _ = fs::remove_dir(&self.dir);
     }
 }

@@ -13,6 +13,33 @@ pub struct ProcStat {
     pub comm: String,
 }
 
+/// Sends SIGKILL to `pid` if `still_ours(pid)` holds once a pidfd pins
+/// the process: a pid reused between the caller's reading and the kill is
+/// either a process the pidfd does not name (the check then sees the new
+/// one, not in the slice) or gone. Returns whether the signal was sent.
+pub fn kill_if(pid: u32, still_ours: impl Fn(u32) -> bool) -> bool {
+    // SAFETY: pidfd_open takes a pid and flags; returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return false;
+    }
+    let fd = fd as libc::c_int;
+    let sent = still_ours(pid)
+        // SAFETY: a pidfd we own; no siginfo; no flags.
+        && unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                fd,
+                libc::SIGKILL,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        } == 0;
+    // SAFETY: closes the fd opened above, owned by nobody else.
+    unsafe { libc::close(fd) };
+    sent
+}
+
 /// Parses the text of `/proc/<pid>/stat`. The name may hold spaces and
 /// parentheses, so fields are counted from the last `)`.
 pub fn parse_stat(text: &str) -> Option<ProcStat> {
@@ -71,10 +98,29 @@ impl ForeignPids {
             out.complete = false;
             return out;
         };
-        for pid in dir
-            .flatten()
-            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        {
+        out.add(
+            namespaces,
+            dir.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok()),
+        );
+        out
+    }
+
+    /// [`ForeignPids::scan`] of the processes `pids` only (no `/proc` walk):
+    /// a process of the namespaces that is not among them is not found.
+    pub fn scan_among(namespaces: &std::collections::HashSet<u64>, pids: &[u32]) -> Self {
+        let mut out = ForeignPids::default();
+        out.add(namespaces, pids.iter().copied());
+        out
+    }
+
+    fn add(
+        &mut self,
+        namespaces: &std::collections::HashSet<u64>,
+        pids: impl Iterator<Item = u32>,
+    ) {
+        let out = self;
+        for pid in pids {
             let Ok(ns) = std::fs::metadata(format!("/proc/{pid}/ns/pid")) else {
                 continue;
             };
@@ -91,7 +137,6 @@ impl ForeignPids {
                 }
             }
         }
-        out
     }
 
     /// Our pid for the process recorded as `pid` in namespace `ns`, started

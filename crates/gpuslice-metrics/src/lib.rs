@@ -274,7 +274,12 @@ impl Collector {
             .map(xid::Watcher::counts)
             .unwrap_or_default()
             .push(self.inventory.as_ref(), &mut s);
-        slices::collect(&self.cfg.ledger_dir, self.inventory.as_ref(), &mut s);
+        slices::collect(
+            &self.cfg.ledger_dir,
+            self.inventory.as_ref(),
+            self.nvml.as_ref(),
+            &mut s,
+        );
         if let Some(claims) = &self.cfg.dra_claims {
             match (claims.0)() {
                 Ok(c) => dra::collect(&c, self.inventory.as_ref(), &mut s),

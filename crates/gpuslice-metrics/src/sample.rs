@@ -65,6 +65,9 @@ metrics! {
     SLICE_USED: Gauge "slice_memory_used_bytes" "GPU memory a slice's processes hold on a device (from its ledger)";
     SLICE_PEAK: Gauge "slice_memory_peak_bytes" "Highest memory use of a slice on a device";
     SLICE_REFUSED: Counter "slice_memory_refusals" "Allocations refused because they would pass the cap";
+    SLICE_DRIVER_USED: Gauge "slice_memory_driver_used_bytes" "GPU memory a slice's processes hold on a device by the driver's own per-process accounting (NVML's running processes, read on the host; contexts included)";
+    SLICE_ENFORCEMENT_KILLS: Counter "slice_enforcement_kills" "Processes of a slice root's enforcer killed, by reason: over_cap (the slice held more than its cap by the driver's accounting) or unshimmed (a GPU process the shim does not hold)";
+    SLICE_MEMORY_LAYER: Gauge "slice_memory_layer" "1 for each layer holding a slice's GPU memory: shim (libgpuslice in its processes), driver (the driver's per-cgroup memory partition, R615+)";
     SLICE_PROCS: Gauge "slice_processes" "Processes attached to a slice's ledger";
     SLICE_PROC_ENFORCED: Gauge "slice_process_enforced" "Per process of a slice that uses the GPU or joined its ledger: 1 when the shim is loaded and holds it to the slice's limits, 0 when not (flagged)";
     SLICE_COMPUTE_SHARE: Gauge "slice_compute_share_ratio" "A slice's compute share of a device (0-1; absent when unlimited)";

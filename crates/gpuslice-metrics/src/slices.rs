@@ -4,8 +4,10 @@
 
 use crate::sample::{self as m, Labels, Sample};
 use gpuslice_core::Inventory;
+use gpuslice_cuda_load::partitions::Partitions;
 use gpuslice_ledger::enforcement::ProcessTable;
-use gpuslice_ledger::{limits, Ledger, ProcessState};
+use gpuslice_ledger::enforcer::{facts, read_kills, DriverProcess, Reason, SliceFacts};
+use gpuslice_ledger::{limits, Ledger, ProcessState, Snapshot};
 use std::path::Path;
 
 /// The `gpu` index a device UUID (GPU or MIG) belongs to, if known.
@@ -17,10 +19,19 @@ pub fn gpu_of(inv: &Inventory, uuid: &str) -> Option<u32> {
 }
 
 /// Adds the series of every readable ledger in `dir`; returns how many.
-pub fn collect(dir: &Path, inv: Option<&Inventory>, out: &mut Sample) -> usize {
+/// With `nvml`, each slice's memory by the driver's accounting too
+/// (`gpuslice_ledger::enforcer`), and a process holding more than its
+/// ledger slot says is exported as not enforced.
+pub fn collect(
+    dir: &Path,
+    inv: Option<&Inventory>,
+    nvml: Option<&gpuslice_cuda_load::Nvml>,
+    out: &mut Sample,
+) -> usize {
     let mut n = 0;
     let mut named = std::collections::HashSet::new();
     let table = ProcessTable::scan();
+    let partitions = std::cell::OnceCell::new();
     for path in gpuslice_ledger::list_dir(dir) {
         let mut ledger = match Ledger::open(&path) {
             Ok(l) => l,
@@ -49,10 +60,19 @@ pub fn collect(dir: &Path, inv: Option<&Inventory>, out: &mut Sample) -> usize {
             continue;
         }
         let slice: Labels = vec![("slice", snap.slice_id.clone())];
+        let facts = nvml.and_then(|n| driver_facts(n, &snap));
         // Processes of the slice the GPU sees, and whether the shim holds
-        // them: 0 flags a GPU process that escaped it.
+        // them (and accounts for what the driver says they hold): 0 flags
+        // a GPU process that escaped it.
+        let mut exported = Vec::new();
         for c in table.check(&snap.slice_id, &snap) {
             if c.gpu || c.attached {
+                let accounted = facts.as_ref().is_none_or(|f| {
+                    f.holders
+                        .iter()
+                        .filter(|h| h.pid == c.pid)
+                        .all(|h| h.accounted())
+                });
                 let l: Labels = vec![
                     ("slice", snap.slice_id.clone()),
                     ("pid", c.pid.to_string()),
@@ -61,8 +81,51 @@ pub fn collect(dir: &Path, inv: Option<&Inventory>, out: &mut Sample) -> usize {
                 out.push(
                     m::SLICE_PROC_ENFORCED,
                     &l,
-                    f64::from(u8::from(c.enforced())),
+                    f64::from(u8::from(c.enforced() && accounted)),
                 );
+                exported.push(c.pid);
+            }
+        }
+        // Processes the driver lists that the checks above did not see.
+        for h in facts.iter().flat_map(|f| &f.holders) {
+            if exported.contains(&h.pid) {
+                continue;
+            }
+            exported.push(h.pid);
+            let l: Labels = vec![
+                ("slice", snap.slice_id.clone()),
+                ("pid", h.pid.to_string()),
+                ("comm", h.comm.clone()),
+            ];
+            out.push(
+                m::SLICE_PROC_ENFORCED,
+                &l,
+                f64::from(u8::from(h.accounted())),
+            );
+        }
+        // The layers holding its memory: the shim (a cap), the driver (a
+        // hard limit on the slice's cgroup, R615+).
+        if snap.devices.iter().any(|d| d.cap.is_some()) {
+            let l: Labels = vec![("slice", snap.slice_id.clone()), ("layer", "shim".into())];
+            out.push(m::SLICE_MEMORY_LAYER, &l, 1.0);
+        }
+        if driver_partitioned(
+            partitions.get_or_init(|| Partitions::open().ok()).as_ref(),
+            &snap,
+        ) {
+            let l: Labels = vec![("slice", snap.slice_id.clone()), ("layer", "driver".into())];
+            out.push(m::SLICE_MEMORY_LAYER, &l, 1.0);
+        }
+        // Root's enforcer's kills, recorded beside the slice's limits record.
+        if path.file_name().is_some_and(|f| f == limits::USAGE_FILE) {
+            let kills = path.parent().map(read_kills).unwrap_or_default();
+            for reason in [Reason::OverCap, Reason::Unshimmed] {
+                let l: Labels = vec![
+                    ("slice", snap.slice_id.clone()),
+                    ("reason", reason.as_str().to_string()),
+                ];
+                let n = kills.iter().filter(|k| k.reason == reason).count();
+                out.push(m::SLICE_ENFORCEMENT_KILLS, &l, n as f64);
             }
         }
         let procs = snap
@@ -84,6 +147,9 @@ pub fn collect(dir: &Path, inv: Option<&Inventory>, out: &mut Sample) -> usize {
                 out.push(m::SLICE_CAP, &l, cap as f64);
             }
             out.push(m::SLICE_USED, &l, d.used as f64);
+            if let Some(f) = &facts {
+                out.push(m::SLICE_DRIVER_USED, &l, f.driver_used(&d.uuid) as f64);
+            }
             out.push(m::SLICE_PEAK, &l, d.peak as f64);
             out.push(m::SLICE_REFUSED, &l, d.refusals as f64);
             if let Some(c) = snap.compute.get(d.index) {
@@ -97,6 +163,43 @@ pub fn collect(dir: &Path, inv: Option<&Inventory>, out: &mut Sample) -> usize {
         n += 1;
     }
     n
+}
+
+/// Whether the driver holds a hard limit on the slice's cgroup (`run`'s:
+/// `gpuslice/<id>` below the cgroup v2 root).
+fn driver_partitioned(p: Option<&Partitions>, snap: &Snapshot) -> bool {
+    let Some(p) = p else { return false };
+    let Some(dir) = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
+        .iter()
+        .map(|r| Path::new(r).join("gpuslice").join(&snap.slice_id))
+        .find(|d| d.is_dir())
+    else {
+        return false;
+    };
+    snap.devices.iter().any(|d| {
+        p.get(&d.uuid, &dir)
+            .ok()
+            .flatten()
+            .is_some_and(|l| l.hard > 0)
+    })
+}
+
+/// The slice's processes by the driver's accounting; None when NVML does
+/// not answer.
+fn driver_facts(nvml: &gpuslice_cuda_load::Nvml, snap: &Snapshot) -> Option<SliceFacts> {
+    let uuids: Vec<String> = snap.devices.iter().map(|d| d.uuid.clone()).collect();
+    let driver: Vec<DriverProcess> = gpuslice_cuda_load::running_processes(nvml, &uuids)
+        .map_err(|e| tracing::debug!("slice {}: {e}", snap.slice_id))
+        .ok()?
+        .into_iter()
+        .map(|(uuid, pid, bytes)| DriverProcess { uuid, pid, bytes })
+        .collect();
+    let caps: Vec<(String, u64)> = snap
+        .devices
+        .iter()
+        .filter_map(|d| Some((d.uuid.clone(), d.cap?)))
+        .collect();
+    Some(facts(&snap.slice_id, &caps, Some(snap), &driver))
 }
 
 #[cfg(test)]
@@ -119,7 +222,7 @@ mod tests {
             Ledger::create(&dir.path().join(file), "victim", &dev).unwrap();
         }
         let mut out = Sample::default();
-        assert_eq!(collect(dir.path(), None, &mut out), 1);
+        assert_eq!(collect(dir.path(), None, None, &mut out), 1);
         let caps = out
             .series
             .iter()

@@ -15,6 +15,10 @@
 //! allow_privileged = false    # --privileged, --pid host, or an --isolation weaker than full
 //! ```
 //!
+//! and, at the top, `unshimmed_gpu_process = "kill"` (default) or `"flag"`:
+//! what root's enforcer does with a GPU process of a capped slice that the
+//! shim does not hold (read for root's own runs too, where the file exists).
+//!
 //! The file decides what root does for other users, so it is trusted only
 //! when nobody but root can have written it: a regular file owned by root,
 //! not group- or world-writable, in directories with the same property
@@ -42,6 +46,29 @@ pub struct Policy {
     pub host_roots: Vec<PathBuf>,
     #[serde(default, rename = "rule")]
     pub rules: Vec<Rule>,
+    /// What root's enforcer does with a GPU process of a capped slice that
+    /// the shim does not hold (`gpuslice_ledger::enforcer`): `"kill"`
+    /// (the default) or `"flag"`.
+    #[serde(default)]
+    pub unshimmed_gpu_process: UnshimmedAction,
+}
+
+/// [`Policy::unshimmed_gpu_process`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UnshimmedAction {
+    #[default]
+    Kill,
+    Flag,
+}
+
+impl UnshimmedAction {
+    pub fn enforcer(self) -> gpuslice_ledger::enforcer::Unshimmed {
+        match self {
+            UnshimmedAction::Kill => gpuslice_ledger::enforcer::Unshimmed::Kill,
+            UnshimmedAction::Flag => gpuslice_ledger::enforcer::Unshimmed::Flag,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -140,6 +167,18 @@ impl Policy {
     pub fn load(path: &Path) -> Result<Self, PolicyError> {
         let text = read_trusted(path)?;
         Self::parse(&text, path)
+    }
+
+    /// What root's enforcer does with a GPU process of a capped slice
+    /// that the shim does not hold: the policy file's choice (the file
+    /// [`Policy::load_for`] reads for `caller`), the default where there is
+    /// no file, and the default with the reason where it cannot be used.
+    pub fn unshimmed_for(caller: &Caller) -> (UnshimmedAction, Option<String>) {
+        match Self::load_for(caller) {
+            Ok((p, _)) => (p.unshimmed_gpu_process, None),
+            Err(PolicyError::Missing { .. }) => (UnshimmedAction::default(), None),
+            Err(e) => (UnshimmedAction::default(), Some(e.to_string())),
+        }
     }
 
     /// The rule's name for messages.

@@ -1,6 +1,6 @@
 //! The interposed entry points: exported symbols and anonymous instances
 //! per family (see [`crate::real`]), the name tables, and the lookups that
-//! use them: our `dlsym` ([`dlsym`]) and `cuGetProcAddress(_v2)`, which
+//! use them: our `dlsym` ([`crate::loader`]) and `cuGetProcAddress(_v2)`, which
 //! hand out our wrappers for the functions we interpose. The top layer:
 //! the tables name every hook, and the lookup hooks read the tables.
 #![allow(non_snake_case)]
@@ -9,7 +9,7 @@ use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use crate::cuda::*;
 use crate::real::{guard, mark_ptsz, Real, N_INST};
-use crate::state::{shim, shim_if_ready};
+use crate::state::shim;
 use crate::sys;
 
 macro_rules! call_hook {
@@ -442,35 +442,6 @@ pub unsafe fn get_proc_address_v2(
     rc
 }
 
-/// Body of our `dlsym` for every handle but RTLD_NEXT (see [`dlsym`]).
-pub extern "C" fn dlsym_impl(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
-    let f = sys::resolve_real_dlsym();
-    // SAFETY: glibc's dlsym, called with the caller's arguments.
-    let p = unsafe { std::mem::transmute::<*mut c_void, sys::DlsymFn>(f)(handle, symbol) };
-    if p.is_null() || symbol.is_null() {
-        return p;
-    }
-    // Never wait for the configuration here: glibc or std may call dlsym
-    // while it is being read.
-    let s = match shim_if_ready() {
-        Some(s) if s.active() => s,
-        _ => return p,
-    };
-    guard(p, || {
-        // SAFETY: non-null, NUL-terminated by dlsym's contract.
-        let name = unsafe { std::ffi::CStr::from_ptr(symbol) };
-        match export_family(name.to_bytes()).filter(|f| f.wanted(s)) {
-            Some(fam) => {
-                if name.to_bytes().ends_with(b"_ptsz") {
-                    mark_ptsz(p);
-                }
-                intercept(fam, p)
-            }
-            None => p,
-        }
-    })
-}
-
 /// Hands out an instance of `fam` that calls `real`: the one already
 /// recording `real`, else a free one. Returns `real` itself when `real` is
 /// one of ours (never record ourselves: that would loop) or when every
@@ -495,41 +466,6 @@ pub fn intercept(fam: Family, real: *mut c_void) -> *mut c_void {
         "more than {N_INST} variants of {fam:?}; one is left uncapped"
     ));
     real
-}
-
-/// Our `dlsym`. `dlsym(RTLD_NEXT, …)` depends on who calls it, so that case
-/// tail-jumps to glibc with the caller's return address untouched; every
-/// other handle goes to [`dlsym_impl`], which asks glibc
-/// and swaps in our wrapper for a symbol we interpose.
-///
-/// # Safety
-/// The C contract of `dlsym`.
-#[cfg(target_arch = "x86_64")]
-#[unsafe(naked)]
-#[no_mangle]
-pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
-    core::arch::naked_asm!(
-        "cmp rdi, -1",
-        "je 2f",
-        "jmp {imp}",
-        "2:",
-        "mov rax, qword ptr [rip + {real}]",
-        "test rax, rax",
-        "jz 3f",
-        "jmp rax",
-        "3:",
-        "push rdi",
-        "push rsi",
-        "sub rsp, 8",
-        "call {resolve}",
-        "add rsp, 8",
-        "pop rsi",
-        "pop rdi",
-        "jmp rax",
-        imp = sym dlsym_impl,
-        real = sym crate::sys::REAL_DLSYM,
-        resolve = sym crate::sys::resolve_real_dlsym,
-    )
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 //!
 //! - Interposes the CUDA driver API's allocation, free and memory-info
 //!   entry points, for programs that link libcuda, that `dlopen` it and
-//!   `dlsym` symbols ([`families::dlsym`]), and runtimes that take entry points
+//!   `dlsym` or `dlvsym` symbols ([`loader`]), and runtimes that take entry points
 //!   from `cuGetProcAddress(_v2)` ([`families`]); plus NVML's memory
 //!   queries ([`nvml`]).
 //! - Charges every allocation to the slice's ledger
@@ -28,7 +28,9 @@
 //! (configuration, ledger slot, `Target`) → [`compute`], [`pools`],
 //! [`nvml`], [`init`] → [`resident`] (driver-held memory and the charging
 //! paths that settle on a refusal) → [`hooks`] → [`families`] (name
-//! tables, exported symbols, `dlsym` and `cuGetProcAddress`).
+//! tables, exported symbols, `cuGetProcAddress`) → [`loader`] (our
+//! `dlsym`, `dlvsym`, `dlopen`, `dlmopen`). [`dl`] (the C library's own
+//! loader functions, read from its symbol table) is beside [`sys`].
 
 // A cdylib with no Rust API: its documentation is for maintainers and
 // points into the private modules on purpose.
@@ -38,10 +40,12 @@ mod borrow;
 mod compute;
 mod config;
 mod cuda;
+mod dl;
 mod driver;
 mod families;
 mod hooks;
 mod init;
+mod loader;
 mod measure;
 mod nvml;
 mod pools;
@@ -55,7 +59,7 @@ mod turns;
 
 extern "C" fn constructor() {
     real::guard((), || {
-        sys::resolve_real_dlsym();
+        sys::resolve_real_loader();
         resident::forget_charges_in_forked_children();
         if state::init().log {
             stats::enable();

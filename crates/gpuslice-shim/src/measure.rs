@@ -61,14 +61,12 @@ fn host_pid() -> Option<HostPid> {
 }
 
 fn open(matches: &[NvmlMatch]) -> Option<Nvml> {
-    // SAFETY: dlopen of the NVML library by soname; RTLD_LOCAL keeps its
-    // symbols out of the global scope.
-    let lib = unsafe {
-        libc::dlopen(
-            c"libnvidia-ml.so.1".as_ptr(),
-            libc::RTLD_NOW | libc::RTLD_LOCAL,
-        )
-    };
+    // The NVML library by soname; RTLD_LOCAL keeps its symbols out of the
+    // global scope.
+    let lib = sys::real_dlopen(
+        c"libnvidia-ml.so.1".as_ptr(),
+        libc::RTLD_NOW | libc::RTLD_LOCAL,
+    );
     if lib.is_null() {
         return None;
     }

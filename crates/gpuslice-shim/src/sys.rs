@@ -1,41 +1,102 @@
-//! The dynamic linker side: the real `dlsym`, our exported `dlsym`, lazy
+//! The dynamic linker side: the real `dlsym`, `dlvsym`, `dlopen`, `dlmopen`, lazy
 //! resolution of real driver functions, and anonymous memory for the
 //! pointer tables. Most of the crate's `unsafe` lives here.
 
-use std::ffi::{c_char, c_void, CStr};
+use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::atomic::{AtomicPtr, Ordering};
 
 pub type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
+pub type DlvsymFn = unsafe extern "C" fn(*mut c_void, *const c_char, *const c_char) -> *mut c_void;
+pub type DlopenFn = unsafe extern "C" fn(*const c_char, c_int) -> *mut c_void;
 
-/// glibc's `dlsym`, found with `dlvsym` (which we do not interpose).
+/// The C library's `dlsym`, `dlvsym`, `dlopen` and `dlmopen`. The shim
+/// exports its own of each (`families`), so its own references to them
+/// (and any lookup by name) reach those: the real ones are read from the C
+/// library's symbol table ([`crate::dl`]), never looked up through the loader.
 pub static REAL_DLSYM: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+pub static REAL_DLVSYM: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+pub static REAL_DLOPEN: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+pub static REAL_DLMOPEN: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
 
-/// Finds glibc's `dlsym` (2.34+ exports it from libc as `GLIBC_2.34`; older
-/// ones from libdl as `GLIBC_2.2.5`) and caches it. Never null: falls back to
-/// a function returning null.
-pub extern "C" fn resolve_real_dlsym() -> *mut c_void {
-    let cached = REAL_DLSYM.load(Ordering::Acquire);
+/// The cached real function `name`, else found and cached; `fallback`
+/// (a function failing as the real one would) when the C library has none.
+fn resolve(slot: &AtomicPtr<c_void>, name: &CStr, fallback: *mut c_void) -> *mut c_void {
+    let cached = slot.load(Ordering::Acquire);
     if !cached.is_null() {
         return cached;
     }
-    let mut found = std::ptr::null_mut();
-    for version in [c"GLIBC_2.34", c"GLIBC_2.2.5", c"GLIBC_2.17"] {
-        // SAFETY: dlvsym with RTLD_NEXT and NUL-terminated strings; it looks
-        // up the next object after ours that defines `dlsym`.
-        found = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), version.as_ptr()) };
-        if !found.is_null() {
-            break;
-        }
+    let mut found = crate::dl::libc_function(name);
+    if found.is_null() || is_ours(found) {
+        found = fallback;
     }
-    if found.is_null() {
-        found = null_dlsym as *mut c_void;
-    }
-    REAL_DLSYM.store(found, Ordering::Release);
+    slot.store(found, Ordering::Release);
     found
+}
+
+/// glibc's `dlsym`. Never null: falls back to a function returning null.
+pub extern "C" fn resolve_real_dlsym() -> *mut c_void {
+    resolve(&REAL_DLSYM, c"dlsym", null_dlsym as *mut c_void)
+}
+
+/// glibc's `dlvsym` (never null, as [`resolve_real_dlsym`]).
+pub extern "C" fn resolve_real_dlvsym() -> *mut c_void {
+    resolve(&REAL_DLVSYM, c"dlvsym", null_dlvsym as *mut c_void)
+}
+
+/// glibc's `dlopen` (never null, as [`resolve_real_dlsym`]).
+pub extern "C" fn resolve_real_dlopen() -> *mut c_void {
+    resolve(&REAL_DLOPEN, c"dlopen", null_dlopen as *mut c_void)
+}
+
+/// glibc's `dlmopen` (never null, as [`resolve_real_dlsym`]).
+pub extern "C" fn resolve_real_dlmopen() -> *mut c_void {
+    resolve(&REAL_DLMOPEN, c"dlmopen", null_dlmopen as *mut c_void)
+}
+
+/// Finds all four once (the library constructor), before any program code
+/// can call them.
+pub fn resolve_real_loader() {
+    resolve_real_dlsym();
+    resolve_real_dlvsym();
+    resolve_real_dlopen();
+    resolve_real_dlmopen();
 }
 
 extern "C" fn null_dlsym(_h: *mut c_void, _s: *const c_char) -> *mut c_void {
     std::ptr::null_mut()
+}
+
+extern "C" fn null_dlvsym(_h: *mut c_void, _s: *const c_char, _v: *const c_char) -> *mut c_void {
+    std::ptr::null_mut()
+}
+
+extern "C" fn null_dlopen(_f: *const c_char, _m: c_int) -> *mut c_void {
+    std::ptr::null_mut()
+}
+
+extern "C" fn null_dlmopen(_l: libc::Lmid_t, _f: *const c_char, _m: c_int) -> *mut c_void {
+    std::ptr::null_mut()
+}
+
+/// Calls glibc's `dlvsym` (from this library: RTLD_NEXT means "after us").
+pub fn real_dlvsym(
+    handle: *mut c_void,
+    name: *const c_char,
+    version: *const c_char,
+) -> *mut c_void {
+    let f = resolve_real_dlvsym();
+    // SAFETY: `f` is glibc's dlvsym (or `null_dlvsym`), which has this
+    // signature; the strings are the caller's (NUL-terminated or null,
+    // as glibc's dlvsym takes them).
+    unsafe { std::mem::transmute::<*mut c_void, DlvsymFn>(f)(handle, name, version) }
+}
+
+/// Calls glibc's `dlopen` (the caller is this library: for `$ORIGIN` and
+/// the namespace, that is the base namespace's).
+pub fn real_dlopen(file: *const c_char, mode: c_int) -> *mut c_void {
+    let f = resolve_real_dlopen();
+    // SAFETY: `f` is glibc's dlopen (or `null_dlopen`), with this signature.
+    unsafe { std::mem::transmute::<*mut c_void, DlopenFn>(f)(file, mode) }
 }
 
 /// Calls glibc's `dlsym` (from this library: RTLD_NEXT means "after us").
@@ -49,10 +110,35 @@ pub fn real_dlsym(handle: *mut c_void, name: &CStr) -> *mut c_void {
     }
 }
 
+/// Calls glibc's `dlsym` with a C string (null or NUL-terminated).
+pub fn real_dlsym_raw(handle: *mut c_void, name: *const c_char) -> *mut c_void {
+    let f = resolve_real_dlsym();
+    // SAFETY: `f` is glibc's dlsym (or `null_dlsym`), with this signature.
+    unsafe { std::mem::transmute::<*mut c_void, DlsymFn>(f)(handle, name) }
+}
+
+/// The driver's own definition of `name`: from the loaded libcuda or
+/// libnvidia-ml (by soname), else [`lookup_real`]. Null if none.
+pub fn lookup_driver(name: &CStr) -> *mut c_void {
+    let lib = if name.to_bytes().starts_with(b"nvml") {
+        c"libnvidia-ml.so.1"
+    } else {
+        c"libcuda.so.1"
+    };
+    let h = loaded(lib);
+    if !h.is_null() {
+        let p = real_dlsym(h, name);
+        if !p.is_null() && !is_ours(p) {
+            return p;
+        }
+    }
+    lookup_real(name)
+}
+
 /// Handle of an already loaded library (`RTLD_NOLOAD`), or null.
 pub fn loaded(soname: &CStr) -> *mut c_void {
-    // SAFETY: NUL-terminated name; RTLD_NOLOAD never loads anything.
-    unsafe { libc::dlopen(soname.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY) }
+    // RTLD_NOLOAD never loads anything.
+    real_dlopen(soname.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY)
 }
 
 /// The real definition of a driver or NVML function: the next object after
@@ -94,8 +180,8 @@ pub fn lookup_beside(sibling: *mut c_void, name: &CStr) -> *mut c_void {
     if info.dli_fname.is_null() {
         return std::ptr::null_mut();
     }
-    // SAFETY: dli_fname is a NUL-terminated path owned by the loader.
-    let h = unsafe { libc::dlopen(info.dli_fname, libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
+    // dli_fname is a NUL-terminated path owned by the loader.
+    let h = real_dlopen(info.dli_fname, libc::RTLD_NOLOAD | libc::RTLD_LAZY);
     if h.is_null() {
         return std::ptr::null_mut();
     }

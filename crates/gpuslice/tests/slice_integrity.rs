@@ -64,11 +64,17 @@ fn fill_totals(stdout: &[u8]) -> Vec<u64> {
 
 /// A holder of 50 MB in a slice capped at [`CAP`]; returns it once it holds.
 fn holder(h: &FakeHost, ledgers: &Path, extra: &[&str]) -> Kill {
+    holder_with(h, ledgers, extra, &[])
+}
+
+/// [`holder`], with `env` for the launcher.
+fn holder_with(h: &FakeHost, ledgers: &Path, extra: &[&str], env: &[(&str, &Path)]) -> Kill {
     let c = client();
     let mut args = vec!["run", "--gpus", "0", "--memory", CAP];
     args.extend_from_slice(extra);
     args.extend(["--", c.to_str().unwrap(), "hold", "50000000"]);
     let mut child = gpuslice(h, ledgers, &args)
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -308,7 +314,15 @@ fn a_gpu_process_of_the_slice_without_the_shim_is_flagged() {
     let h = host();
     let ledgers = tempfile::tempdir().unwrap();
     let l = ledgers.path();
-    let _slice = holder(&h, l, &[]);
+    // Root's enforcer would kill the process moved in below (the default
+    // for a GPU process the shim does not hold: tests/escapes.rs); this
+    // test is about the report, so the admin's policy says flag.
+    let policy_dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(policy_dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let policy = policy_dir.path().join("policy.toml");
+    std::fs::write(&policy, "unshimmed_gpu_process = \"flag\"\n").unwrap();
+    std::fs::set_permissions(&policy, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let _slice = holder_with(&h, l, &[], &[("GPUSLICE_POLICY", &policy)]);
     let v = slices_json(&h, l);
     let s = &v["slices"][0];
     assert_eq!(s["processes"][0]["enforced"], true, "{v}");

@@ -461,10 +461,14 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
         rc(current_device().and_then(|dev| {
             let d = device(dev as CUdevice)?;
             let used = memory::used(d.mem_key);
+            // Inside a cgroup with a memory partition (R615+): its limit.
+            let (t, f) = memory::limited_info(d.mem_key)
+                .map(|(t, f)| (t.min(d.memory_bytes), f))
+                .unwrap_or((d.memory_bytes, d.memory_bytes.saturating_sub(used)));
             // SAFETY: caller contract.
             unsafe {
-                out(free, d.memory_bytes.saturating_sub(used) as usize)?;
-                out(total, d.memory_bytes as usize)
+                out(free, f as usize)?;
+                out(total, t as usize)
             }
         }))
     })

@@ -5,6 +5,7 @@ pub mod cdi_run;
 pub mod device_plugin;
 pub mod doctor;
 pub mod dra;
+pub mod enforce;
 pub mod exporter;
 pub mod fakehost;
 pub mod labels;

@@ -9,7 +9,7 @@ use gpuslice_core::{DevicePolicy, HostRoot, Inventory, Selection};
 use gpuslice_isolate::cgroup::{new_slice_id, CgroupDriver, Version};
 use gpuslice_isolate::devfs::NodeMode;
 use gpuslice_isolate::driver_proc::params_without_modify;
-use gpuslice_isolate::launcher::{launch, ChildCommand, SandboxPlan, SignalGuard};
+use gpuslice_isolate::launcher::{launch, launch_watched, ChildCommand, SandboxPlan, SignalGuard};
 use gpuslice_isolate::marks::mark;
 use gpuslice_isolate::privileges::Privileges;
 use gpuslice_isolate::Isolation;
@@ -146,10 +146,14 @@ pub fn linked_statically() -> bool {
 /// Whether this binary can carry the launch `args` asks for: any launch
 /// when it is linked dynamically; when static, root running the command
 /// as root (no `--user`, no sudo or setuid caller to look up, no policy
-/// to match against group names) on GPUs that NVML need not name.
+/// to match against group names) on GPUs that NVML need not name, without
+/// limits (a capped slice's enforcer reads NVML).
 pub fn carried_here(args: &RunArgs) -> bool {
     !linked_statically()
         || (args.user.is_none()
+            // Root's enforcer reads the driver's accounting through NVML.
+            && args.memory.is_none()
+            && args.compute.is_none()
             && matches!(
                 gpuslice_policy::Caller::detect(),
                 Ok(gpuslice_policy::Caller::Root)
@@ -268,7 +272,16 @@ pub fn run_with(global: &Global, args: &RunArgs, cdi: Option<CdiEdits>) -> Resul
         f.limits = record;
     }
     plan.slice_files = files;
-    let result = launch(&signals, &plan, &slice_id, &cmd);
+    // Root's enforcer and the driver's memory partitions (issue 25), on
+    // the launcher's thread; NVML is opened before the fork (the launcher
+    // starts no thread once the PID namespace is pending).
+    let result = if rootless {
+        launch(&signals, &plan, &slice_id, &cmd)
+    } else {
+        let gpus: Vec<String> = inv.gpus.iter().map(|g| g.uuid.clone()).collect();
+        let mut hooks = super::enforce::RunHooks::new(&limits, records.records(), gpus);
+        launch_watched(&signals, &plan, &slice_id, &cmd, Some(&mut hooks))
+    };
     drop(records);
     Ok(result?)
 }

@@ -34,6 +34,13 @@ pub struct SliceSetup {
     share_records: Vec<PathBuf>,
 }
 
+impl SliceSetup {
+    /// Where the slice's records are (on the host).
+    pub fn records(&self) -> &RecordPaths {
+        &self.records
+    }
+}
+
 impl Drop for SliceSetup {
     fn drop(&mut self) {
         self.records.remove();

@@ -5,7 +5,9 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Result;
+use gpuslice_cuda_load::partitions::Partitions;
 use gpuslice_ledger::enforcement::{ProcessCheck, ProcessTable};
+use gpuslice_ledger::enforcer::{facts, read_kills, DriverProcess, SliceFacts};
 use gpuslice_ledger::limits::{verify_and_read, RecordPaths, LIMITS_FILE, USAGE_FILE};
 use gpuslice_ledger::{board, Ledger, ProcessState};
 use serde_json::{json, Value};
@@ -75,7 +77,33 @@ pub fn reap_stale_ledgers(dir: &Path) -> Vec<PathBuf> {
     removed
 }
 
-fn describe(path: &Path, table: &ProcessTable) -> Value {
+/// The driver's accounting of the slice (`gpuslice_ledger::enforcer`):
+/// its processes' memory by NVML, from the host, or why there is none.
+fn driver_facts(
+    nvml: &Result<gpuslice_cuda_load::Nvml, String>,
+    s: &gpuslice_ledger::Snapshot,
+) -> Result<SliceFacts, String> {
+    let nvml = nvml.as_ref().map_err(Clone::clone)?;
+    let uuids: Vec<String> = s.devices.iter().map(|d| d.uuid.clone()).collect();
+    let driver: Vec<DriverProcess> = gpuslice_cuda_load::running_processes(nvml, &uuids)?
+        .into_iter()
+        .map(|(uuid, pid, bytes)| DriverProcess { uuid, pid, bytes })
+        .collect();
+    let caps: Vec<(String, u64)> = s
+        .devices
+        .iter()
+        .filter_map(|d| Some((d.uuid.clone(), d.cap?)))
+        .collect();
+    Ok(facts(&s.slice_id, &caps, Some(s), &driver))
+}
+
+fn describe(
+    path: &Path,
+    table: &ProcessTable,
+    nvml: &Result<gpuslice_cuda_load::Nvml, String>,
+    partitions: Option<&Partitions>,
+    cgroups: Option<&Path>,
+) -> Value {
     let mut ledger = match Ledger::open(path) {
         Ok(l) => l,
         Err(e) => return json!({ "ledger": path.display().to_string(), "error": e.to_string() }),
@@ -97,6 +125,47 @@ fn describe(path: &Path, table: &ProcessTable) -> Value {
     let s = ledger.snapshot();
     let checks = table.check(&s.slice_id, &s);
     let check_of = |pid: u32| checks.iter().find(|c| c.pid == pid);
+    let driver = driver_facts(nvml, &s);
+    let facts = driver.as_ref().ok();
+    // Enforced: the shim holds it and accounts for all the driver says it
+    // holds (never a process holding more than its ledger slot says).
+    let enforced = |pid: u32| {
+        let held = check_of(pid).map(ProcessCheck::enforced)?;
+        Some(
+            held && facts.is_none_or(|f| {
+                f.holders
+                    .iter()
+                    .filter(|h| h.pid == pid)
+                    .all(|h| h.accounted())
+            }),
+        )
+    };
+    let kills = path
+        .parent()
+        .filter(|_| path.file_name().is_some_and(|n| n == USAGE_FILE))
+        .map(read_kills)
+        .unwrap_or_default();
+    // Which layers hold the slice's memory: the shim (a cap in its
+    // ledger), root's enforcer (`run`'s slices: an `enforcement` record
+    // directory of root's), the driver (a hard limit on its cgroup).
+    let driver_limits: Vec<Value> = s
+        .devices
+        .iter()
+        .filter_map(|d| {
+            let l = partitions?.get(&d.uuid, &cgroups?.join(&s.slice_id)).ok()??;
+            Some(json!({ "uuid": d.uuid, "hard_bytes": l.hard, "soft_bytes": l.soft, "current_used_bytes": l.current_used }))
+        })
+        .collect();
+    let mut layers = Vec::new();
+    if s.devices.iter().any(|d| d.cap.is_some()) {
+        layers.push("shim");
+    }
+    if driver_limits
+        .iter()
+        .any(|l| l["hard_bytes"].as_u64().is_some_and(|h| h > 0))
+    {
+        layers.push("driver");
+    }
     json!({
         "slice": s.slice_id,
         "ledger": path.display().to_string(),
@@ -106,6 +175,7 @@ fn describe(path: &Path, table: &ProcessTable) -> Value {
             "uuid": d.uuid,
             "cap_bytes": d.cap,
             "used_bytes": d.used,
+            "driver_used_bytes": facts.map(|f| f.driver_used(&d.uuid)),
             "peak_bytes": d.peak,
             "refusals": d.refusals,
         })).collect::<Vec<_>>(),
@@ -123,15 +193,41 @@ fn describe(path: &Path, table: &ProcessTable) -> Value {
                 ProcessState::OtherNamespace => "other-pid-namespace",
             },
             "bytes": p.bytes,
-            "enforced": check_of(p.pid).map(ProcessCheck::enforced),
+            "driver_bytes": facts.map(|f| s.devices.iter()
+                .map(|d| f.driver_bytes(p.pid, &d.uuid).unwrap_or(0))
+                .collect::<Vec<_>>()),
+            "enforced": enforced(p.pid),
         })).collect::<Vec<_>>(),
-        // GPU processes of the slice (its cgroup) the shim does not hold.
-        "unenforced": checks.iter().filter(|c| c.flagged()).map(|c| json!({
-            "pid": c.pid,
-            "name": c.comm,
-            "shim_loaded": c.shim,
-            "attached": c.attached,
+        // What the driver says each process of the slice holds (NVML's
+        // running processes, from the host), with what its ledger slot says.
+        "driver": match &driver {
+            Ok(f) => json!({
+                "source": "nvml",
+                "processes": f.holders.iter().map(|h| json!({
+                    "pid": h.pid,
+                    "name": h.comm,
+                    "uuid": h.uuid,
+                    "driver_bytes": h.driver_bytes,
+                    "shim_bytes": h.shim_bytes,
+                    "accounted": h.accounted(),
+                })).collect::<Vec<_>>(),
+            }),
+            Err(e) => json!({ "error": e }),
+        },
+        "memory_layers": layers,
+        "driver_limits": driver_limits,
+        "enforcement_kills": kills.iter().map(|k| json!({
+            "unix_ms": k.unix_ms,
+            "reason": k.reason.as_str(),
+            "pid": k.pid,
+            "name": k.comm,
+            "uuid": k.uuid,
+            "driver_bytes": k.bytes,
         })).collect::<Vec<_>>(),
+        // GPU processes of the slice (its cgroup) the shim does not hold:
+        // those that map the driver or hold its nodes, and those the
+        // driver lists with memory.
+        "unenforced": unenforced(&checks, facts),
         "attach_failures": s.attach_failures,
         "compute": s.compute.iter().map(|c| {
             let age_ns = now_ms().saturating_sub(s.created_unix_ms) as f64 * 1e6;
@@ -150,6 +246,34 @@ fn describe(path: &Path, table: &ProcessTable) -> Value {
         "reclaimed_now": reaped.map(|r| json!({ "processes": r.slots, "bytes": r.bytes })),
         "reclaimed_total": { "processes": s.reclaimed_slots, "bytes": s.reclaimed_bytes },
     })
+}
+
+fn unenforced(checks: &[ProcessCheck], facts: Option<&SliceFacts>) -> Vec<Value> {
+    let mut out: Vec<Value> = checks
+        .iter()
+        .filter(|c| c.flagged())
+        .map(|c| {
+            json!({
+                "pid": c.pid,
+                "name": c.comm,
+                "shim_loaded": c.shim,
+                "attached": c.attached,
+            })
+        })
+        .collect();
+    for h in facts.iter().flat_map(|f| &f.holders) {
+        if h.shim_bytes.is_some() || out.iter().any(|v| v["pid"] == h.pid) {
+            continue;
+        }
+        let c = checks.iter().find(|c| c.pid == h.pid);
+        out.push(json!({
+            "pid": h.pid,
+            "name": h.comm,
+            "shim_loaded": c.is_some_and(|c| c.shim),
+            "attached": c.is_some_and(|c| c.attached),
+        }));
+    }
+    out
 }
 
 /// `cap` or `guaranteed`, as the slice's processes registered on the GPU's
@@ -239,9 +363,24 @@ pub fn run(global: &Global) -> Result<i32> {
     let dir = gpuslice_ledger::ledger_dir();
     reap_stale_ledgers(&dir);
     let table = ProcessTable::scan();
-    let mut slices: Vec<Value> = gpuslice_ledger::list_dir(&dir)
+    let listed = gpuslice_ledger::list_dir(&dir);
+    let nvml = if listed.is_empty() {
+        Err("no slices".to_string())
+    } else {
+        gpuslice_cuda_load::open_nvml(None).map_err(|e| format!("NVML: {e}"))
+    };
+    // The driver's memory partitions (R615+), where it has them.
+    let partitions = if listed.is_empty() {
+        None
+    } else {
+        Partitions::open().ok()
+    };
+    let cgroups = gpuslice_isolate::cgroup::CgroupDriver::detect(None)
+        .ok()
+        .map(|d| d.slices_dir());
+    let mut slices: Vec<Value> = listed
         .iter()
-        .map(|p| describe(p, &table))
+        .map(|p| describe(p, &table, &nvml, partitions.as_ref(), cgroups.as_deref()))
         .collect();
     let dra_dir = super::dra::state_dir(global);
     let dra = gpuslice_dra::checkpoint::prepared_slices(&dra_dir);
@@ -286,10 +425,32 @@ pub fn run(global: &Global) -> Result<i32> {
             );
             continue;
         }
-        println!("slice {}", s["slice"].as_str().unwrap_or("?"));
+        let layers: Vec<&str> = s["memory_layers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        println!(
+            "slice {}{}",
+            s["slice"].as_str().unwrap_or("?"),
+            if layers.is_empty() {
+                String::new()
+            } else {
+                format!("  (memory held by: {})", layers.join(", "))
+            }
+        );
         for d in s["devices"].as_array().into_iter().flatten() {
+            let driver = match d["driver_used_bytes"].as_u64() {
+                Some(_) => format!("  driver {}", mib(&d["driver_used_bytes"])),
+                None => String::new(),
+            };
+            let over = match (d["driver_used_bytes"].as_u64(), d["cap_bytes"].as_u64()) {
+                (Some(u), Some(c)) if u > c => "  OVER THE CAP by the driver's accounting",
+                _ => "",
+            };
             println!(
-                "  gpu {} {}  used {} / cap {}  (peak {}, refused {})",
+                "  gpu {} {}  used {} / cap {}{driver}  (peak {}, refused {}){over}",
                 d["index"],
                 d["uuid"].as_str().unwrap_or(""),
                 mib(&d["used_bytes"]),
@@ -297,6 +458,9 @@ pub fn run(global: &Global) -> Result<i32> {
                 mib(&d["peak_bytes"]),
                 d["refusals"]
             );
+        }
+        if let Some(e) = s["driver"]["error"].as_str() {
+            println!("  driver's accounting: {e}");
         }
         for c in s["compute"].as_array().into_iter().flatten() {
             let Some(share) = c["share_percent"].as_f64() else {
@@ -323,8 +487,19 @@ pub fn run(global: &Global) -> Result<i32> {
                 .flatten()
                 .map(mib)
                 .collect();
+            let driver: Vec<String> = p["driver_bytes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(mib)
+                .collect();
+            let driver = if driver.is_empty() {
+                String::new()
+            } else {
+                format!("  driver {}", driver.join(" "))
+            };
             println!(
-                "  pid {:>7} {:<16} {:<10} {}{}",
+                "  pid {:>7} {:<16} {:<10} {}{driver}{}",
                 p["pid"],
                 p["name"].as_str().unwrap_or(""),
                 p["state"].as_str().unwrap_or(""),
@@ -334,6 +509,33 @@ pub fn run(global: &Global) -> Result<i32> {
                 } else {
                     ""
                 }
+            );
+        }
+        // Processes holding memory the shim does not account for.
+        for h in s["driver"]["processes"].as_array().into_iter().flatten() {
+            if h["accounted"] == true || h["shim_bytes"].is_null() {
+                continue; // accounted, or flagged below as without the shim
+            }
+            println!(
+                "  pid {:>7} {:<16} NOT ENFORCED: the driver says it holds {} on {}, the shim accounted {}",
+                h["pid"],
+                h["name"].as_str().unwrap_or(""),
+                mib(&h["driver_bytes"]),
+                h["uuid"].as_str().unwrap_or(""),
+                mib(&h["shim_bytes"]),
+            );
+        }
+        for k in s["enforcement_kills"].as_array().into_iter().flatten() {
+            println!(
+                "  pid {:>7} {:<16} KILLED by root's enforcer ({}): it held {} on {}",
+                k["pid"],
+                k["name"].as_str().unwrap_or(""),
+                match k["reason"].as_str() {
+                    Some("over_cap") => "the slice was over its cap",
+                    _ => "a GPU process without the shim",
+                },
+                mib(&k["driver_bytes"]),
+                k["uuid"].as_str().unwrap_or(""),
             );
         }
         for p in s["unenforced"].as_array().into_iter().flatten() {

@@ -1,0 +1,230 @@
+//! Root's enforcer in `gpuslice run` (`gpuslice_ledger::enforcer`, issue
+//! 25): while a slice with limits runs, the launcher reads every
+//! [`TICK`](gpuslice_ledger::enforcer::TICK) what the driver holds for each
+//! process on the slice's GPUs (NVML's running compute processes, from the
+//! host) and brings the slice back within its cap by killing; kills are
+//! logged, recorded beside the slice's limits record (`gpuslice slices`
+//! and the exporter show them) and counted.
+//!
+//! Where the driver has memory partitions (NVIDIA R615+,
+//! `gpuslice_cuda_load::partitions`), the hard limit of each capped GPU
+//! (not MIG) is set on the slice's cgroup v2 directory before any process
+//! of the slice runs, and zeroed and cleared once they are all gone, before
+//! the cgroup is removed; a dead launcher's are cleared by the next `run`
+//! as it reaps the cgroup ([`RunHooks`]).
+
+use gpuslice_cuda_load::Nvml;
+use gpuslice_ledger::enforcer::{DriverProcess, Reason, SliceWatch};
+use gpuslice_ledger::limits::{RecordPaths, SliceLimits};
+use gpuslice_ledger::Ledger;
+
+/// The launcher's side of the enforcer.
+pub struct RunWatch {
+    nvml: Nvml,
+    uuids: Vec<String>,
+    watch: SliceWatch,
+    failing: bool,
+}
+
+/// The enforcer for a slice `run` made (root only), or None with a
+/// warning when the driver's accounting cannot be read (no NVML).
+pub fn watch(limits: &SliceLimits, records: &RecordPaths) -> Option<RunWatch> {
+    let caller = gpuslice_policy::Caller::detect().ok()?;
+    let (action, why) = gpuslice_policy::Policy::unshimmed_for(&caller);
+    if let Some(why) = why {
+        tracing::warn!("{why}; root's enforcer kills unshimmed GPU processes (the default)");
+    }
+    let nvml = match gpuslice_cuda_load::open_nvml(None) {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::warn!(
+                slice = limits.slice_id,
+                "root's enforcer is off for this slice: NVML: {e}; only the shim holds its limits"
+            );
+            return None;
+        }
+    };
+    let mut ledger = Ledger::open(&records.usage).ok();
+    if let Some(l) = ledger.as_mut() {
+        let _ = l.pin(limits);
+    }
+    let caps = limits
+        .devices
+        .iter()
+        .filter_map(|d| d.memory.map(|m| (d.uuid.clone(), m.0)))
+        .collect();
+    let watch = SliceWatch::new(
+        &limits.slice_id,
+        caps,
+        ledger,
+        &records.dir,
+        action.enforcer(),
+    );
+    Some(RunWatch {
+        nvml,
+        uuids: limits.devices.iter().map(|d| d.uuid.clone()).collect(),
+        watch,
+        failing: false,
+    })
+}
+
+impl RunWatch {
+    /// One tick: never blocks on anything but NVML's query.
+    pub fn tick(&mut self) {
+        let driver = match gpuslice_cuda_load::running_processes(&self.nvml, &self.uuids) {
+            Ok(d) => {
+                self.failing = false;
+                d
+            }
+            Err(e) => {
+                if !self.failing {
+                    tracing::warn!(slice = self.watch.slice, "root's enforcer: {e}");
+                }
+                self.failing = true;
+                return;
+            }
+        };
+        let driver: Vec<DriverProcess> = driver
+            .into_iter()
+            .map(|(uuid, pid, bytes)| DriverProcess { uuid, pid, bytes })
+            .collect();
+        for a in self.watch.tick(&driver) {
+            let mib = a.driver_bytes >> 20;
+            match (a.kill, a.reason) {
+                (true, Reason::OverCap) => tracing::warn!(
+                    slice = a.slice,
+                    pid = a.pid,
+                    comm = a.comm,
+                    uuid = a.uuid,
+                    "root's enforcer killed pid {} ({}): the slice held more than its cap on {} by the driver's accounting; it held {mib} MiB",
+                    a.pid, a.comm, a.uuid
+                ),
+                (true, Reason::Unshimmed) => tracing::warn!(
+                    slice = a.slice,
+                    pid = a.pid,
+                    comm = a.comm,
+                    uuid = a.uuid,
+                    "root's enforcer killed pid {} ({}): a GPU process of the slice the shim does not hold ({mib} MiB on {})",
+                    a.pid, a.comm, a.uuid
+                ),
+                (false, _) => tracing::warn!(
+                    slice = a.slice,
+                    pid = a.pid,
+                    comm = a.comm,
+                    "pid {} ({}) uses the GPU without the shim ({mib} MiB on {}): flagged (policy: unshimmed_gpu_process = \"flag\")",
+                    a.pid, a.comm, a.uuid
+                ),
+            }
+        }
+    }
+}
+
+/// The driver's memory partitions of one slice.
+struct DriverLimits {
+    partitions: gpuslice_cuda_load::partitions::Partitions,
+    /// (uuid, hard limit) of each capped whole GPU.
+    caps: Vec<(String, u64)>,
+    /// Every GPU of the host (a reaped cgroup's GPUs are not known).
+    gpus: Vec<String>,
+    set_on: Option<std::path::PathBuf>,
+}
+
+/// What `run` (as root) does at the launcher's hooks: the enforcer's ticks
+/// and the driver's memory partitions.
+pub struct RunHooks {
+    watch: Option<RunWatch>,
+    limits: Option<DriverLimits>,
+}
+
+impl RunHooks {
+    pub fn new(limits: &SliceLimits, records: &RecordPaths, gpus: Vec<String>) -> RunHooks {
+        let caps: Vec<(String, u64)> = limits
+            .devices
+            .iter()
+            .filter(|d| !d.uuid.starts_with("MIG-"))
+            .filter_map(|d| d.memory.map(|m| (d.uuid.clone(), m.0)))
+            .collect();
+        let driver = match gpuslice_cuda_load::partitions::Partitions::open() {
+            Ok(p) => Some(DriverLimits {
+                partitions: p,
+                caps,
+                gpus,
+                set_on: None,
+            }),
+            Err(e) => {
+                tracing::debug!("no driver memory partitions: {e}");
+                None
+            }
+        };
+        RunHooks {
+            watch: watch(limits, records),
+            limits: driver,
+        }
+    }
+}
+
+impl gpuslice_isolate::launcher::Hooks for RunHooks {
+    fn tick_every(&self) -> Option<std::time::Duration> {
+        self.watch.as_ref().map(|_| gpuslice_ledger::enforcer::TICK)
+    }
+
+    fn tick(&mut self) {
+        if let Some(w) = self.watch.as_mut() {
+            w.tick();
+        }
+    }
+
+    fn cgroup_made(&mut self, dir: &std::path::Path) {
+        let Some(l) = self.limits.as_mut() else {
+            return;
+        };
+        if l.caps.is_empty() {
+            return;
+        }
+        if !dir.join("cgroup.controllers").exists() {
+            tracing::warn!(
+                cgroup = %dir.display(),
+                "the driver's memory partitions need cgroup v2: only the shim and root's enforcer hold this slice's memory"
+            );
+            return;
+        }
+        for (uuid, cap) in &l.caps {
+            match l.partitions.set(uuid, dir, 0, *cap) {
+                Ok(()) => {
+                    tracing::info!(cgroup = %dir.display(), uuid, hard_limit = cap, "driver memory partition set");
+                    l.set_on = Some(dir.to_path_buf());
+                }
+                Err(e) if e.contains("no memory partitions") => {
+                    tracing::debug!("{e}");
+                    return;
+                }
+                Err(e) => tracing::warn!(uuid, "the driver's memory partition: {e}"),
+            }
+        }
+    }
+
+    fn cgroup_ending(&mut self, dir: &std::path::Path) {
+        let Some(l) = self.limits.as_mut() else {
+            return;
+        };
+        if l.set_on.as_deref() != Some(dir) {
+            return;
+        }
+        for (uuid, _) in &l.caps {
+            if let Err(e) = l.partitions.clear(uuid, dir) {
+                tracing::warn!(uuid, "clearing the driver's memory partition: {e}");
+            }
+        }
+    }
+
+    fn reaping(&mut self, dir: &std::path::Path) {
+        let Some(l) = self.limits.as_ref() else {
+            return;
+        };
+        for uuid in &l.gpus {
+            if let Err(e) = l.partitions.clear(uuid, dir) {
+                tracing::debug!(uuid, "clearing a dead launcher's memory partition: {e}");
+            }
+        }
+    }
+}
