@@ -130,6 +130,7 @@ impl Plugin {
             hook: Some(setup.gpuslice.clone()),
             strip_host_root: false,
             policy: gpuslice_dra::publish::SharedPolicy::default(),
+            refuse_unenforceable: false,
         };
         let api = Arc::new(KubeApi::new(api_url, None)?);
         let driver = Arc::new(Driver::new(opts, api)?);

@@ -905,6 +905,7 @@ mod tests {
                     cdi_spec: dir.join(format!("{uid}.json")),
                     records: vec![],
                     slice_dirs: vec![],
+                    unenforceable: vec![],
                 },
             );
         }

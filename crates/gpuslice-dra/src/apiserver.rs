@@ -16,7 +16,7 @@
 //!   is re-read as it rotates).
 
 use futures_util::TryStreamExt;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{AllocatedDeviceStatus, ResourceClaim, ResourceSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchParams};
@@ -57,6 +57,9 @@ pub enum ApiError {
 pub trait ClaimSource: Send + Sync {
     /// `GET /apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}`.
     async fn get_claim(&self, namespace: &str, name: &str) -> Result<ResourceClaim, ApiError>;
+    /// `GET /api/v1/namespaces/{ns}/pods/{name}`: a pod the claim is
+    /// reserved for, to see what it may do on the node.
+    async fn get_pod(&self, namespace: &str, name: &str) -> Result<Pod, ApiError>;
     /// Makes `devices` this driver's entries of the claim's
     /// `status.devices`: a server-side apply of the status subresource
     /// (`PATCH …/resourceclaims/{name}/status`, field manager `driver`),
@@ -320,6 +323,12 @@ impl ClaimSource for KubeApi {
             }
             r => r,
         }
+    }
+
+    async fn get_pod(&self, namespace: &str, name: &str) -> Result<Pod, ApiError> {
+        let path = format!("/api/v1/namespaces/{namespace}/pods/{name}");
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        self.call(&path, api.get(name)).await
     }
 
     async fn set_device_status(

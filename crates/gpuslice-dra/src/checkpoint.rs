@@ -49,6 +49,10 @@ pub struct PreparedClaim {
     /// ledger for all the claim's containers), unmounted and removed with it.
     #[serde(default)]
     pub slice_dirs: Vec<PathBuf>,
+    /// What its pods may do that its caps cannot hold against
+    /// (`crate::podcheck`); empty when nothing was seen.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unenforceable: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -123,6 +127,8 @@ pub struct PreparedSlice {
     pub device: String,
     pub gpu: u32,
     pub caps: Option<gpuslice_k8s::cdi::SliceCaps>,
+    /// Why its caps do not hold against its pods (empty: nothing seen).
+    pub unenforceable: Vec<String>,
 }
 
 impl PreparedClaim {
@@ -142,6 +148,7 @@ impl PreparedClaim {
                 device: d.allocated.device.clone(),
                 gpu: d.allocated.kind.gpu(),
                 caps: d.allocated.caps,
+                unenforceable: self.unenforceable.clone(),
             })
             .collect()
     }
@@ -190,6 +197,7 @@ mod tests {
                 cdi_spec: "/x.json".into(),
                 records: vec!["/gpuslice-limits-u1-0".into()],
                 slice_dirs: vec![],
+                unenforceable: vec![],
             },
         );
         c.save().unwrap();

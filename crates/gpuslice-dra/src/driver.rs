@@ -43,6 +43,8 @@ pub enum PrepareError {
     },
     #[error("claim {0}: GPU {1} is not on this node")]
     NoGpu(String, u32),
+    #[error("claim {0}: its pods can escape its caps ({1}); this node refuses such claims (--refuse-unenforceable): run the pod unprivileged, without host namespaces")]
+    Unenforceable(String, String),
     #[error("claim {0}: {1} shares of GPUs ({2}); a container is one slice, so its caps would be one share's (the last mounted): ask for one share, the sum, in one request, or use a claim per share")]
     SharesInOneClaim(String, usize, String),
     #[error("claim {0}: CDI spec: {1}")]
@@ -89,6 +91,9 @@ pub struct Options {
     /// The request policy the GPUs are published with: a result that
     /// consumed all of a GPU's capacity is the whole GPU, uncapped.
     pub policy: crate::publish::SharedPolicy,
+    /// Refuse claims reserved for pods their caps cannot hold against
+    /// (`crate::podcheck`); else they are prepared and marked.
+    pub refuse_unenforceable: bool,
 }
 
 pub struct Driver {
@@ -234,6 +239,14 @@ impl Driver {
             ));
         }
         self.check_capacity(state, &label, &results)?;
+        let unenforceable = self.unenforceable(&obj).await;
+        if !unenforceable.is_empty() {
+            let why = unenforceable.join("; ");
+            if self.opts.refuse_unenforceable {
+                return Err(PrepareError::Unenforceable(label, why));
+            }
+            tracing::warn!("claim {label}: its caps do not hold against its pods: {why}");
+        }
         let devices: Vec<PreparedDevice> = results
             .into_iter()
             .enumerate()
@@ -259,6 +272,7 @@ impl Driver {
                 cdi_spec: spec,
                 records,
                 slice_dirs,
+                unenforceable,
             },
         );
         if let Err(e) = state.save() {
@@ -269,6 +283,31 @@ impl Driver {
             return Err(e.into());
         }
         Ok(granted(&state.claims[&c.uid]))
+    }
+
+    /// What the pods the claim is reserved for may do that its caps cannot
+    /// hold against (`crate::podcheck`); a pod that cannot be read is
+    /// logged and passed over (the claim is still prepared).
+    async fn unenforceable(
+        &self,
+        claim: &k8s_openapi::api::resource::v1::ResourceClaim,
+    ) -> Vec<String> {
+        let ns = claim.metadata.namespace.as_deref().unwrap_or_default();
+        let pods = claim
+            .status
+            .as_ref()
+            .and_then(|s| s.reserved_for.as_ref())
+            .into_iter()
+            .flatten()
+            .filter(|r| r.resource == "pods" && r.api_group.as_deref().unwrap_or("").is_empty());
+        let mut why = Vec::new();
+        for r in pods {
+            match self.api.get_pod(ns, &r.name).await {
+                Ok(pod) => why.extend(crate::podcheck::unenforceable(&pod)),
+                Err(e) => tracing::warn!("pod {ns}/{}: not read ({e}); not checked", r.name),
+            }
+        }
+        why
     }
 
     /// A share of a GPU that consumed all its capacity (the request named
@@ -528,6 +567,31 @@ pub fn device_status(driver: &str, p: &PreparedClaim) -> Vec<AllocatedDeviceStat
         )
         .unwrap_or_default(),
     );
+    let enforced = Condition {
+        type_: "Enforced".into(),
+        status: if p.unenforceable.is_empty() {
+            "True"
+        } else {
+            "False"
+        }
+        .into(),
+        reason: if p.unenforceable.is_empty() {
+            "NothingEscapes"
+        } else {
+            "PodCanEscape"
+        }
+        .into(),
+        message: if p.unenforceable.is_empty() {
+            "no pod of the claim is privileged or in a host namespace".into()
+        } else {
+            format!(
+                "the caps do not hold against: {}",
+                p.unenforceable.join("; ")
+            )
+        },
+        last_transition_time: now.clone(),
+        observed_generation: None,
+    };
     p.devices
         .iter()
         .map(|d| {
@@ -562,14 +626,17 @@ pub fn device_status(driver: &str, p: &PreparedClaim) -> Vec<AllocatedDeviceStat
                 pool: a.pool.clone(),
                 device: a.device.clone(),
                 share_id: a.share_id.clone(),
-                conditions: Some(vec![Condition {
-                    type_: "Ready".into(),
-                    status: "True".into(),
-                    reason: "Prepared".into(),
-                    message,
-                    last_transition_time: now.clone(),
-                    observed_generation: None,
-                }]),
+                conditions: Some(vec![
+                    Condition {
+                        type_: "Ready".into(),
+                        status: "True".into(),
+                        reason: "Prepared".into(),
+                        message,
+                        last_transition_time: now.clone(),
+                        observed_generation: None,
+                    },
+                    enforced.clone(),
+                ]),
                 data: Some(RawExtension(data)),
                 network_data: None,
             }

@@ -26,6 +26,7 @@ pub mod driver;
 pub mod feed;
 pub mod health;
 pub mod hotplug;
+pub mod podcheck;
 pub mod publish;
 pub mod quantity;
 pub mod server;

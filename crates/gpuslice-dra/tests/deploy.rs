@@ -161,6 +161,8 @@ fn check_rbac(o: &Objects) {
     assert!(allows("resource.k8s.io", "resourceclaims/status", "patch"));
     assert!(!allows("resource.k8s.io", "resourceclaims", "patch"));
     assert!(allows("", "nodes", "get"));
+    assert!(allows("", "pods", "get"));
+    assert!(!allows("", "pods", "list"));
 
     let ds = &o.daemonsets[0];
     let pod = ds.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
@@ -417,6 +419,7 @@ fn helm_chart_renders_the_dra_driver_as_deploy_dra_does() {
                     "cdiDir": "/etc/cdi",
                     "stateDir": "/srv/gpuslice/dra",
                     "shared": {"memoryStep": "256MiB"},
+                    "refuseUnenforceable": true,
                     "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
                         "nodeSelectorTerms": [{"matchExpressions": [
                             {"key": "gpuslice.dev/mode", "operator": "In", "values": ["dra"]}]}]}},
@@ -484,6 +487,11 @@ fn helm_chart_renders_the_dra_driver_as_deploy_dra_does() {
         assert_eq!(
             flag("--memory-step").as_deref(),
             shared["memoryStep"].as_str()
+        );
+        assert_eq!(
+            cmd.contains(&"--refuse-unenforceable".to_string()),
+            chart_values(&chart(), &values)["dra"]["refuseUnenforceable"] == true,
+            "{cmd:?}"
         );
         assert!(
             !cmd.iter().any(|a| a.ends_with("-default")),

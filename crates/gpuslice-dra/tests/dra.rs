@@ -94,6 +94,7 @@ impl Env {
             hook: None,
             strip_host_root: false,
             policy: gpuslice_dra::publish::SharedPolicy::default(),
+            refuse_unenforceable: false,
         };
         let api = Arc::new(KubeApi::new(&self.api.url, None).unwrap());
         Arc::new(Driver::new(opts, api).unwrap())
@@ -738,6 +739,107 @@ async fn a_restart_between_prepare_and_unprepare_loses_nothing() {
     // Now it fits.
     let r = prepare(&mut k, &[("ns", "b", "uid-b")]).await;
     assert_eq!(r.claims["uid-b"].error, "");
+}
+
+/// A claim reserved for a privileged pod (or one in the host's pid
+/// namespace) is prepared and marked, in its status (Enforced=False) and
+/// the checkpoint that `slices` and the exporter read; a node that refuses
+/// such claims refuses it, and prepares the same claim for a plain pod.
+#[tokio::test]
+async fn claims_of_pods_that_can_escape_their_caps_are_marked_or_refused() {
+    let e = Env::new().await;
+    let _s = e.start(true);
+    let mut k = e.kubelet().await;
+    let reserved = |claim: &mut Value, pod: &str| {
+        claim["status"]["reservedFor"] =
+            serde_json::json!([{"resource": "pods", "name": pod, "uid": format!("pod-uid-{pod}")}]);
+    };
+    e.api.put_pod(
+        "ns",
+        "root-pod",
+        serde_json::json!({"hostPID": true, "containers": [
+            {"name": "app", "securityContext": {"privileged": true}}]}),
+    );
+    e.api.put_pod(
+        "ns",
+        "plain-pod",
+        serde_json::json!({"containers": [{"name": "app"}]}),
+    );
+    let mut c = shared_claim("ns", "esc", "uid-esc", NODE, 0, "1Gi", "10");
+    reserved(&mut c, "root-pod");
+    e.api.put_claim(c);
+    let r = prepare(&mut k, &[("ns", "esc", "uid-esc")]).await;
+    assert_eq!(r.claims["uid-esc"].error, "");
+    let st = &e.api.claim("ns", "esc").unwrap()["status"]["devices"][0]["conditions"];
+    let enforced = st
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Enforced")
+        .unwrap();
+    assert_eq!(enforced["status"], "False", "{st}");
+    let msg = enforced["message"].as_str().unwrap();
+    assert!(
+        msg.contains("hostPID") && msg.contains("container app: privileged"),
+        "{msg}"
+    );
+    let marked = gpuslice_dra::checkpoint::prepared_slices(&e.dir.path().join("state")).unwrap();
+    assert_eq!(marked[0].unenforceable.len(), 2, "{marked:?}");
+
+    // A node that refuses them.
+    let refusing = {
+        let h = host();
+        let root = HostRoot::new(h.root());
+        let inventory = discover(
+            &root,
+            &DiscoverOptions {
+                nvml_lib: Some(h.nvml_lib()),
+                ..DiscoverOptions::default()
+            },
+        )
+        .unwrap();
+        let opts = Options {
+            driver_name: DRIVER_NAME.into(),
+            pool: NODE.into(),
+            host_root: root,
+            inventory,
+            cdi_dir: e.cdi_dir(),
+            state_dir: e.dir.path().join("state-strict"),
+            shim: Some(e.dir.path().join("libgpuslice.so")),
+            hook: None,
+            strip_host_root: false,
+            policy: SharedPolicy::default(),
+            refuse_unenforceable: true,
+        };
+        Driver::new(opts, Arc::new(KubeApi::new(&e.api.url, None).unwrap())).unwrap()
+    };
+    let mut c = shared_claim("ns", "esc2", "uid-esc2", NODE, 1, "1Gi", "10");
+    reserved(&mut c, "root-pod");
+    e.api.put_claim(c);
+    let mut ok = shared_claim("ns", "fine", "uid-fine", NODE, 1, "1Gi", "10");
+    reserved(&mut ok, "plain-pod");
+    e.api.put_claim(ok);
+    let r = refusing
+        .prepare(&[
+            gpuslice_dra::driver::ClaimRef {
+                namespace: "ns".into(),
+                name: "esc2".into(),
+                uid: "uid-esc2".into(),
+            },
+            gpuslice_dra::driver::ClaimRef {
+                namespace: "ns".into(),
+                name: "fine".into(),
+                uid: "uid-fine".into(),
+            },
+        ])
+        .await;
+    let err = r["uid-esc2"].as_ref().unwrap_err();
+    assert!(
+        err.contains("--refuse-unenforceable") && err.contains("privileged"),
+        "{err}"
+    );
+    assert!(!spec_path(&e.cdi_dir(), "uid-esc2").exists());
+    assert!(r["uid-fine"].is_ok(), "{r:?}");
 }
 
 /// Two requests of one claim on one GPU (or two shares of two GPUs) would

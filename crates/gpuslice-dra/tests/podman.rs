@@ -61,6 +61,7 @@ async fn podman_runs_a_prepared_claim_with_exactly_its_caps() {
             hook: None,
             strip_host_root: false,
             policy: gpuslice_dra::publish::SharedPolicy::default(),
+            refuse_unenforceable: false,
         },
         Arc::new(KubeApi::new(&api.url, None).unwrap()),
     )

@@ -1,10 +1,9 @@
 //! DRA claims prepared on this node (`gpuslice dra`): their slices' caps
 //! and shares, and which claim each slice is, as labels.
 //!
-//! A claim's usage ledger lives in its container's own tmpfs, out of the
-//! host's sight, so what is known here is what was granted: read from the
-//! DRA plugin's checkpoint by the caller ([`DraClaims`]; the format is
-//! gpuslice-dra's).
+//! What is known here is what was granted, and whether the claim's pods
+//! can escape it: read from the DRA plugin's checkpoint by the caller
+//! ([`DraClaims`]; the format is gpuslice-dra's).
 
 use crate::sample::{self as m, Labels, Sample};
 use gpuslice_core::Inventory;
@@ -25,6 +24,8 @@ pub struct ClaimSlice {
     /// The consumed capacity (shared devices); None for a whole GPU or MIG.
     pub memory_bytes: Option<u64>,
     pub compute_percent: Option<u32>,
+    /// Why its caps do not hold against its pods (empty: nothing seen).
+    pub unenforceable: Vec<String>,
 }
 
 /// Reads the prepared claims at each collection.
@@ -63,6 +64,10 @@ pub fn collect(claims: &[ClaimSlice], inv: Option<&Inventory>, out: &mut Sample)
         if let Some(p) = c.compute_percent {
             out.push(m::SLICE_COMPUTE_SHARE, &l, f64::from(p) / 100.0);
         }
+        for why in &c.unenforceable {
+            let u: Labels = vec![("slice", c.slice.clone()), ("reason", why.clone())];
+            out.push(m::SLICE_UNENFORCEABLE, &u, 1.0);
+        }
     }
 }
 
@@ -83,11 +88,18 @@ mod tests {
                 gpu: 0,
                 memory_bytes: Some(20 << 30),
                 compute_percent: Some(30),
+                unenforceable: vec!["container a: privileged".into()],
             }],
             None,
             &mut s,
         );
         let text = s.render();
+        assert!(
+            text.contains(
+                r#"gpuslice_slice_unenforceable{slice="u-1-0",reason="container a: privileged"} 1"#
+            ),
+            "{text}"
+        );
         assert!(
             text.contains(r#"gpuslice_dra_claim_info{slice="u-1-0",claim_namespace="team-a",claim_name="train",claim_uid="u-1",device="gpu-0-shared",gpu="0"} 1"#),
             "{text}"

@@ -86,6 +86,8 @@ struct Store {
     claims: Mutex<BTreeMap<(String, String), Value>>,
     /// Node objects by name (`GET /api/v1/nodes/{name}`).
     nodes: Mutex<BTreeMap<String, Value>>,
+    /// Pods by namespace and name (`GET /api/v1/namespaces/{ns}/pods/{name}`).
+    pods: Mutex<BTreeMap<(String, String), Value>>,
     /// Per claim and field manager, the `status.devices` keys (driver,
     /// pool, device, shareID) its last server-side apply owned.
     status_owners: Mutex<BTreeMap<(String, String, String), Vec<Value>>>,
@@ -178,6 +180,18 @@ impl FakeApiServer {
             }),
         );
         uid
+    }
+
+    /// Creates or replaces a pod (only what the driver reads: its spec).
+    pub fn put_pod(&self, namespace: &str, name: &str, spec: Value) {
+        self.store.pods.lock().unwrap().insert(
+            (namespace.into(), name.into()),
+            json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"namespace": namespace, "name": name, "uid": format!("pod-uid-{name}")},
+                "spec": spec,
+            }),
+        );
     }
 
     /// A claim as it is now (its `status.devices` as drivers applied them).
@@ -359,6 +373,17 @@ async fn handle(s: Arc<Store>, req: Request<hyper::body::Incoming>) -> Response<
             Method::PATCH,
             ["apis", "resource.k8s.io", "v1", "namespaces", ns, "resourceclaims", name, "status"],
         ) => apply_claim_status(&s, ns, name, &query, &content_type, &body),
+        (Method::GET, ["api", "v1", "namespaces", ns, "pods", name]) => {
+            match s
+                .pods
+                .lock()
+                .unwrap()
+                .get(&(ns.to_string(), name.to_string()))
+            {
+                Some(p) => ok(200, p),
+                None => status(404, "NotFound", &format!("pods \"{name}\" not found")),
+            }
+        }
         (Method::GET, ["api", "v1", "nodes", name]) => match s.nodes.lock().unwrap().get(*name) {
             Some(n) => ok(200, n),
             None => status(404, "NotFound", &format!("nodes \"{name}\" not found")),

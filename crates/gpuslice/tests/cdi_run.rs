@@ -87,6 +87,7 @@ impl Prepared {
                     hook: None,
                     strip_host_root: false,
                     policy: gpuslice_dra::publish::SharedPolicy::default(),
+                    refuse_unenforceable: false,
                 },
                 Arc::new(KubeApi::new(&api.url, None).unwrap()),
             )

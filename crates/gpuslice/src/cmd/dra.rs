@@ -64,6 +64,11 @@ pub struct DraArgs {
     /// no memory or compute takes all of the GPU's (the whole GPU).
     #[arg(long, value_name = "SIZE", default_value = "1MiB")]
     pub memory_step: MemorySize,
+
+    /// Refuse to prepare a claim reserved for a pod its caps cannot hold against (privileged,
+    /// CAP_SYS_ADMIN, hostPID, hostIPC); without it such a claim is prepared and marked.
+    #[arg(long)]
+    pub refuse_unenforceable: bool,
 }
 
 /// The variable naming the DRA plugin's state directory, for `dra`,
@@ -150,6 +155,7 @@ pub fn run(global: &Global, args: &DraArgs) -> Result<i32> {
             .and_then(|p| p.canonicalize().ok()),
         strip_host_root: args.strip_host_root,
         policy,
+        refuse_unenforceable: args.refuse_unenforceable,
     };
     let again = host_root.clone();
     daemon::run(DaemonOptions {

@@ -52,6 +52,7 @@ fn dra_claims(dir: PathBuf) -> DraClaims {
                 gpu: s.gpu,
                 memory_bytes: s.caps.map(|c| c.memory_bytes),
                 compute_percent: s.caps.map(|c| c.compute_percent),
+                unenforceable: s.unenforceable,
             })
             .collect())
     }))

@@ -305,6 +305,7 @@ fn dra_json(s: &gpuslice_dra::checkpoint::PreparedSlice) -> Value {
         "gpu": s.gpu,
         "cap_bytes": s.caps.map(|c| c.memory_bytes),
         "compute_percent": s.caps.map(|c| c.compute_percent),
+        "unenforceable": s.unenforceable,
     })
 }
 
@@ -325,6 +326,12 @@ fn print_dra(s: &gpuslice_dra::checkpoint::PreparedSlice) {
         s.gpu,
         printable(&s.device)
     );
+    if !s.unenforceable.is_empty() {
+        println!(
+            "  NOT ENFORCED: its pods can escape the caps: {}",
+            printable(&s.unenforceable.join("; "))
+        );
+    }
 }
 
 /// `text` with its control characters written as `\u{..}` escapes, for a

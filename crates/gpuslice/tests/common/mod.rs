@@ -51,6 +51,7 @@ pub fn write_dra_checkpoint(dir: &std::path::Path) {
             cdi_spec: dir.join("spec.json"),
             records: vec![],
             slice_dirs: vec![],
+            unenforceable: vec![],
         },
     );
     c.save().unwrap();
