@@ -438,6 +438,32 @@ fn preserve_fds_must_name_open_descriptors() {
     assert!(err.contains("--preserve-fds 40: descriptor"), "{err}");
 }
 
+#[test]
+fn preserve_fds_past_the_descriptor_limit_is_refused() {
+    let h = host();
+    // 4294967295: 3 + N wrapped to 2, and the command lost its own stdio
+    // (exit 0). 62 under `ulimit -n 64`: descriptors 3..65 cannot exist.
+    for (n, limit) in [("4294967295", ""), ("62", "ulimit -n 64; ")] {
+        let script = format!(
+            "{limit}exec {GPUSLICE} --host-root {} run --gpus 1 --preserve-fds {n} -- echo ran",
+            root_of(&h)
+        );
+        let out = Command::new("sh")
+            .args(["-c", &script])
+            .envs(h.env())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(125), "{n}: {err}");
+        assert!(out.stdout.is_empty(), "{n}: ran");
+        assert_eq!(err.trim_end().lines().count(), 1, "{n}: {err}");
+        assert!(
+            err.contains(&format!("--preserve-fds {n}: out of range; allowed 0..=")),
+            "{n}: {err}"
+        );
+    }
+}
+
 /// Host pids of processes whose command line is exactly `argv`.
 fn processes_running(argv: &[&str]) -> Vec<u32> {
     let want: Vec<u8> = argv

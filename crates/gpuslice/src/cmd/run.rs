@@ -71,7 +71,7 @@ pub struct RunArgs {
     #[arg(long, value_enum, value_name = "MODE", default_value = "private")]
     pub pid: PidMode,
 
-    /// Pass descriptors 3 .. 3+N on to the command (as runc); all others are closed.
+    /// Pass descriptors 3 .. 3+N on to the command (as runc); all others are closed. 3+N must stay within the descriptor limit (RLIMIT_NOFILE).
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub preserve_fds: u32,
 
