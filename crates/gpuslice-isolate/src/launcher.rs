@@ -15,8 +15,10 @@
 //!    slice cgroup it is now in), a user namespace for a non-root caller;
 //!    the PID namespace was unshared by the launcher, so the child is its
 //!    PID 1 ([`pidns`]);
-//! 3. mounts: a fresh `/proc`, the private `/dev`, the params overlay and
-//!    the masked GPU dirs on that `/proc`, `/sys` read-only ([`readonly`]);
+//! 3. mounts (propagation private): a fresh `/proc`, runc's read-only and
+//!    masked paths on whichever `/proc` the slice has, the private `/dev`,
+//!    the params overlay and the masked GPU dirs on that `/proc`, `/sys`
+//!    read-only, every other pseudo-filesystem sealed ([`readonly`]);
 //! 4. wait for the launcher's device filter;
 //! 5. descriptors beyond 0–2 (and `--preserve-fds`) close-on-exec ([`fds`]);
 //! 6. the bounding set down to the kept capabilities (that takes
@@ -667,18 +669,23 @@ fn unshare_namespaces(plan: &SandboxPlan) -> Result<(), String> {
 
 /// Step 3: the mounts, in the namespace [`unshare_namespaces`] made.
 fn build_mounts(plan: &SandboxPlan, survey: Option<OwnedFd>) -> Result<(), String> {
-    // Our mounts must not propagate back to the host. Made here, not with
-    // the namespace, so the command's process (which has no mounts to
-    // make) is forked a step earlier: it shares the namespace and execs
-    // only once the init is done.
+    // Private, both ways: our mounts must not propagate back to the host,
+    // and no mount the host makes after the launch (a procfs, a cgroup2,
+    // a bpffs…) may enter the slice past the seal below, which sees only
+    // the mounts there are now (a slave would receive them). The price:
+    // a host mount made later (autofs, a new NFS share) is not seen in a
+    // running slice, and one the host unmounts stays mounted in it until
+    // the slice ends. Made here, not with the namespace, so the command's
+    // process (which has no mounts to make) is forked a step earlier: it
+    // shares the namespace and execs only once the init is done.
     nix::mount::mount(
         None::<&str>,
         "/",
         None::<&str>,
-        nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_SLAVE,
+        nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE,
         None::<&str>,
     )
-    .map_err(|e| format!("making / a slave mount: {e}"))?;
+    .map_err(|e| format!("making / a private mount: {e}"))?;
     // The mirror must get the host's exact modes; the child gets our umask back.
     let umask = nix::sys::stat::umask(nix::sys::stat::Mode::empty());
 
@@ -686,6 +693,10 @@ fn build_mounts(plan: &SandboxPlan, survey: Option<OwnedFd>) -> Result<(), Strin
     if plan.pid_namespace {
         pidns::mount_proc().map_err(|e| e.to_string())?;
         mark("c-proc");
+    }
+    if plan.privileges.confined() {
+        // The slice's /proc, whichever it is (the host's with --pid host).
+        readonly::kernel_paths().map_err(|e| e.to_string())?;
     }
     let dev = plan.root.dev();
     if let Some(nodes) = plan.private_dev {
@@ -721,6 +732,8 @@ fn build_mounts(plan: &SandboxPlan, survey: Option<OwnedFd>) -> Result<(), Strin
     }
     if plan.privileges.confined() {
         read_only_sys(plan).map_err(|e| e.to_string())?;
+        // Last: every other pseudo-filesystem mount there is by now.
+        readonly::seal_pseudo_filesystems(Path::new("/proc")).map_err(|e| e.to_string())?;
     }
     nix::sys::stat::umask(umask);
     Ok(())

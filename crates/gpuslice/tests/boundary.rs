@@ -403,6 +403,155 @@ fn a_slice_cannot_write_the_hosts_sysctls() {
     );
 }
 
+/// A shell line that opens `path` for writing and closes it without
+/// writing a byte (never write a host sysctl, not even one expected to
+/// be refused): prints `opened`, else the error.
+fn open_for_writing(path: &str) -> String {
+    let python = ["/usr/bin/python3", "/usr/local/bin/python3"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .unwrap_or("python3");
+    format!(
+        "{python} -c \"import os\ntry:\n os.close(os.open('{path}', os.O_WRONLY)); print('opened')\n\
+         except OSError as e: print(e.strerror)\""
+    )
+}
+
+/// Default, `--strict`, and each of them with `--pid host`.
+const MODES: [&[&str]; 4] = [
+    &[],
+    &["--strict"],
+    &["--pid", "host"],
+    &["--strict", "--pid", "host"],
+];
+
+#[test]
+fn proc_sys_is_read_only_in_every_pid_mode() {
+    // Issue 26: --pid host gave the host's /proc/sys back, writable, and
+    // uid 0 without a capability set kernel.core_pattern (a pipe to a
+    // root shell outside every namespace). Opened for writing only.
+    let h = host();
+    let script = format!(
+        "{}; head -c1 /proc/interrupts 2>/dev/null | wc -c",
+        open_for_writing("/proc/sys/kernel/core_pattern")
+    );
+    for mode in MODES {
+        let out = in_slice(&h, &[&["--gpus", "1"][..], mode].concat(), &script);
+        // /proc/interrupts is masked (by /dev/null: reads empty).
+        assert_eq!(out, "Read-only file system\n0\n", "{mode:?}");
+    }
+    let out = in_slice(&h, &["--gpus", "1", "--privileged"], &script);
+    assert_eq!(out, "opened\n1\n", "--privileged");
+}
+
+/// A directory under /tmp with `fstype` mounted on it, unmounted on drop.
+struct Mounted(tempfile::TempDir);
+
+impl Mounted {
+    fn new(fstype: &str) -> Mounted {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", fstype, fstype])
+            .arg(dir.path())
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "mount -t {fstype}");
+        Mounted(dir)
+    }
+    fn path(&self) -> String {
+        self.0.path().display().to_string()
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(self.0.path()).status();
+    }
+}
+
+#[test]
+fn the_hosts_other_pseudo_filesystems_are_read_only_or_masked() {
+    // Issue 26: a second procfs (a chroot's /proc), a second cgroup2 and a
+    // bpffs mounted elsewhere on the host stayed writable in a slice.
+    let h = host();
+    let (p, c, b) = (
+        Mounted::new("proc"),
+        Mounted::new("cgroup2"),
+        Mounted::new("bpf"),
+    );
+    let script = format!(
+        "{}; ls {p}/ | grep -c '^[0-9]'; echo $$ > {c}/cgroup.procs && echo moved; \
+         mkdir {b}/x-$$ 2>/dev/null && echo made && rmdir {b}/x-$$",
+        open_for_writing(&format!("{}/sys/kernel/core_pattern", p.path())),
+        p = p.path(),
+        c = c.path(),
+        b = b.path()
+    );
+    for mode in MODES {
+        let out = in_slice(&h, &[&["--gpus", "1"][..], mode].concat(), &script);
+        // The procfs is masked: no host pid, no core_pattern.
+        assert!(
+            out.starts_with("No such file or directory\n0\n")
+                && out.contains("Read-only file system")
+                && !out.contains("moved")
+                && !out.contains("made"),
+            "{mode:?}: {out}"
+        );
+    }
+    let out = in_slice(&h, &["--gpus", "1", "--privileged"], &script);
+    assert!(
+        out.starts_with("opened\n") && out.contains("moved\n") && out.contains("made\n"),
+        "--privileged: {out}"
+    );
+}
+
+#[test]
+fn a_pseudo_filesystem_the_host_mounts_later_does_not_enter_a_slice() {
+    // The slice's mount namespace is private: a slave of the host's would
+    // receive a procfs mounted after the seal, unsealed.
+    let h = host();
+    let shared = Mounted::new("tmpfs");
+    let d = shared.path();
+    let ok = Command::new("mount")
+        .args(["--make-shared", &d])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "mount --make-shared");
+    std::fs::create_dir(format!("{d}/p")).unwrap();
+    let script = format!(
+        "touch {d}/started; while [ ! -e {d}/go ]; do sleep 0.02; done; \
+         ls {d}/p/ | grep -c '^[0-9]'"
+    );
+    for mode in [&[][..], &["--pid", "host"]] {
+        let _ = std::fs::remove_file(format!("{d}/go"));
+        let _ = std::fs::remove_file(format!("{d}/started"));
+        let mut c = command(&h, &[&["--gpus", "1"][..], mode].concat(), &script);
+        let child = c
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !Path::new(&format!("{d}/started")).exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let ok = Command::new("mount")
+            .args(["-t", "proc", "proc", &format!("{d}/p")])
+            .status()
+            .unwrap()
+            .success();
+        std::fs::write(format!("{d}/go"), b"").unwrap();
+        let out = child.wait_with_output().unwrap();
+        let _ = Command::new("umount").arg(format!("{d}/p")).status();
+        assert!(ok, "mount -t proc");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert_eq!(text, "0\n", "{mode:?}");
+    }
+}
+
 #[test]
 fn descriptors_beyond_stdio_are_not_inherited() {
     let h = host();
