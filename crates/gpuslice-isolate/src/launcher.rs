@@ -102,6 +102,9 @@ pub struct SandboxPlan {
     /// Bind mounts a CDI spec asks for, made before the slice's files
     /// (which they cannot cover: those are mounted over them).
     pub binds: Vec<slicefs::Bind>,
+    /// Files and directories every slice loads, bound read-only over
+    /// themselves ([`crate::loaded::protected_paths`]); canonical paths.
+    pub protected: Vec<std::path::PathBuf>,
 }
 
 impl SandboxPlan {
@@ -727,6 +730,14 @@ fn build_mounts(plan: &SandboxPlan, survey: Option<OwnedFd>) -> Result<(), Strin
     for b in &plan.binds {
         b.mount().map_err(|e| e.to_string())?;
     }
+    for p in &plan.protected {
+        match readonly::read_only_bind(p) {
+            // Gone since the launcher listed it: nothing left to change.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            other => other.map_err(|e| e.to_string())?,
+        }
+    }
+    mark("c-protected");
     if let Some(files) = &plan.slice_files {
         slicefs::mount_slice_files(files).map_err(|e| e.to_string())?;
     }

@@ -553,6 +553,50 @@ fn a_pseudo_filesystem_the_host_mounts_later_does_not_enter_a_slice() {
 }
 
 #[test]
+fn a_slice_cannot_change_what_other_slices_load() {
+    // Issue 26: a --strict root command opened the installed shim for
+    // writing; the driver libraries and the loader's configuration alike.
+    // Each opened for writing only (never written), and a file made in
+    // the fake driver's library directory (a name the loader would find).
+    let h = host();
+    let lib_dir = h.driver_lib_dir().display().to_string();
+    let exe = Path::new(GPUSLICE).parent().unwrap();
+    let shim = ["libgpuslice.so", "libgpuslice_shim.so"]
+        .iter()
+        .map(|f| exe.join(f))
+        .find(|p| p.is_file())
+        .expect("the shim is built beside gpuslice");
+    let files = [
+        shim.display().to_string(),
+        exe.join("gpuslice-full").display().to_string(),
+        format!("{lib_dir}/libcuda.so.1"),
+        "/etc/ld.so.cache".into(),
+        "/etc/ld.so.preload".into(),
+        "/etc/ld.so.conf".into(),
+    ];
+    let mut script: Vec<String> = files
+        .iter()
+        .filter(|f| Path::new(f).exists())
+        .map(|f| open_for_writing(f))
+        .collect();
+    let n = script.len();
+    script.push(format!(
+        "ln -s /bin/true {lib_dir}/libnvidia-evil.so.1 2>/dev/null && echo made && rm {lib_dir}/libnvidia-evil.so.1"
+    ));
+    let script = script.join("; ");
+    for mode in MODES {
+        let out = in_slice(&h, &[&["--gpus", "1"][..], mode].concat(), &script);
+        assert_eq!(out, "Read-only file system\n".repeat(n), "{mode:?}");
+    }
+    let out = in_slice(&h, &["--gpus", "1", "--privileged"], &script);
+    assert_eq!(
+        out,
+        format!("{}made\n", "opened\n".repeat(n)),
+        "--privileged"
+    );
+}
+
+#[test]
 fn descriptors_beyond_stdio_are_not_inherited() {
     let h = host();
     let r = root_of(&h);

@@ -480,6 +480,19 @@ fn plan(
         (false, false) => Privileges::Default,
     };
     let pid_namespace = privileges.confined() && args.pid == PidMode::Private;
+    // What every slice loads, read-only in this one (root's launches: a
+    // non-root caller's command owns none of it).
+    let protected = if privileges.confined() && !rootless {
+        gpuslice_isolate::loaded::prepare_host().map_err(|e| {
+            anyhow!(
+                "cannot create {}: {e}",
+                gpuslice_isolate::slicefs::LD_SO_PRELOAD
+            )
+        })?;
+        gpuslice_isolate::loaded::protected_paths(root.path(), &own_files())
+    } else {
+        vec![]
+    };
     let user_namespace =
         rootless && (isolation.private_dev() || params_overlay.is_some() || privileges.confined());
     Ok(SandboxPlan {
@@ -502,7 +515,28 @@ fn plan(
         identity: None,
         slice_files: None,
         binds: Vec::new(),
+        protected,
     })
+}
+
+/// gpuslice's own files every slice loads or runs: the binaries beside
+/// this one, the shim there and `GPUSLICE_SHIM`'s.
+fn own_files() -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = std::env::current_exe()
+        .map(|exe| {
+            [
+                "gpuslice",
+                "gpuslice-full",
+                crate::shim::FILE,
+                crate::shim::BUILD_FILE,
+            ]
+            .iter()
+            .map(|f| exe.with_file_name(f))
+            .collect()
+        })
+        .unwrap_or_default();
+    out.extend(crate::shim::find().ok());
+    out
 }
 
 /// Root must get the device cgroup it asked for; a non-root caller gets it
