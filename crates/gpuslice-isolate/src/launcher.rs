@@ -105,6 +105,10 @@ pub struct SandboxPlan {
     /// Files and directories every slice loads, bound read-only over
     /// themselves ([`crate::loaded::protected_paths`]); canonical paths.
     pub protected: Vec<std::path::PathBuf>,
+    /// `--read-only-root`: every mount of the host read-only in the
+    /// slice but these directories (canonical) and the slice's own
+    /// mounts ([`readonly::read_only_root`]).
+    pub read_only_root: Option<Vec<std::path::PathBuf>>,
 }
 
 impl SandboxPlan {
@@ -435,6 +439,7 @@ fn child_main(
     let filters = receive_filters(plan, filters).map_err(failed)?;
     confine(plan, &filters).map_err(failed)?;
     mark("c-confined");
+    refresh_cwd(plan);
     exec_command(cmd, &signals.old_mask)
 }
 
@@ -548,7 +553,19 @@ fn command_main(
         // SAFETY: _exit in a forked child.
         unsafe { libc::_exit(EXIT_LAUNCH_FAILED) }
     }
+    refresh_cwd(plan);
     exec_command(cmd, old_mask)
+}
+
+/// Under a read-only root the working directory may now be a mount of
+/// its own (bound writable over itself) that the process's old working
+/// directory, on the mount below, does not reach: enter it again by name.
+fn refresh_cwd(plan: &SandboxPlan) {
+    if plan.read_only_root.is_some() {
+        if let Ok(dir) = std::env::current_dir() {
+            let _ = std::env::set_current_dir(dir);
+        }
+    }
 }
 
 /// Steps 5–9: descriptors, capabilities around the user switch,
@@ -743,6 +760,25 @@ fn build_mounts(plan: &SandboxPlan, survey: Option<OwnedFd>) -> Result<(), Strin
     }
     if plan.privileges.confined() {
         read_only_sys(plan).map_err(|e| e.to_string())?;
+        if let Some(writable) = &plan.read_only_root {
+            let mut writable = writable.clone();
+            let mut keep: Vec<&Path> = vec![Path::new("/proc"), Path::new("/dev")];
+            let dev = plan.root.dev();
+            keep.push(&dev);
+            if let Some(f) = &plan.slice_files {
+                keep.push(&f.dir);
+                // The boards, which the slice's shim writes (their root-written
+                // shares below stay read-only mounts of their own).
+                writable.extend(f.visible.iter().filter(|v| v.is_dir()).cloned());
+            }
+            keep.extend(
+                plan.binds
+                    .iter()
+                    .filter(|b| !b.read_only)
+                    .map(|b| b.target.as_path()),
+            );
+            readonly::read_only_root(&writable, &keep).map_err(|e| e.to_string())?;
+        }
         // Last: every other pseudo-filesystem mount there is by now.
         readonly::seal_pseudo_filesystems(Path::new("/proc")).map_err(|e| e.to_string())?;
     }

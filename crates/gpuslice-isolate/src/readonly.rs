@@ -127,6 +127,43 @@ fn mask_dir(p: &Path) -> io::Result<()> {
     .map_err(|e| ctx(e.into(), "mask", p))
 }
 
+/// `--read-only-root`: every mount of the calling process's mount
+/// namespace read-only (each one `mount_setattr(2)`, its other flags
+/// kept), but the directories of `writable`, each first bound onto itself
+/// so that it is a mount of its own, and the mounts at or below `keep`
+/// (the slice's `/proc`, `/dev`, records and read-write binds) or below a
+/// writable one.
+pub fn read_only_root(writable: &[PathBuf], keep: &[&Path]) -> io::Result<()> {
+    for w in writable {
+        mount(
+            Some(w.as_path()),
+            w.as_path(),
+            None::<&str>,
+            MsFlags::MS_BIND | MsFlags::MS_REC,
+            None::<&str>,
+        )
+        .map_err(|e| ctx(e.into(), "bind-mount onto", w))?;
+    }
+    let text = std::fs::read_to_string(crate::mountinfo::MOUNTINFO)
+        .map_err(|e| ctx(e, "read", Path::new(crate::mountinfo::MOUNTINFO)))?;
+    let mounts: Vec<_> = crate::mountinfo::mounts(&text).collect();
+    for (i, m) in mounts.iter().enumerate() {
+        let at = &m.mount_point;
+        if m.mount_opts.split(',').any(|o| o == "ro")
+            || keep.iter().any(|k| at.starts_with(k))
+            || writable.iter().any(|w| at.starts_with(w))
+            || mounts[i + 1..].iter().any(|o| o.mount_point == *at)
+        {
+            continue;
+        }
+        match set_read_only(at, 0) {
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::EINVAL)) => {}
+            other => other?,
+        }
+    }
+    Ok(())
+}
+
 /// Makes every kernel pseudo-filesystem ([`PSEUDO_FILESYSTEMS`]) of the
 /// calling process's mount namespace read-only, but for `own_proc` (the
 /// slice's `/proc`, done by [`kernel_paths`]) and what is below it; masks

@@ -597,6 +597,39 @@ fn a_slice_cannot_change_what_other_slices_load() {
 }
 
 #[test]
+fn read_only_root_leaves_tmp_shm_and_the_working_directory_writable() {
+    // --read-only-root: the host's root read-only in the slice (a root
+    // tenant changes nothing a later one runs), a job's scratch writable.
+    let h = host();
+    let cwd = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let script = "for p in /usr/local/.gpuslice-ro-$$ /tmp/.ro-$$ /var/tmp/.ro-$$ /dev/shm/.ro-$$ ./.ro-$$; do \
+                  (: > $p) 2>/dev/null && echo \"$p\" && rm -f $p; done | sed 's/-[0-9]*$//'";
+    let writable = "/tmp/.ro\n/var/tmp/.ro\n/dev/shm/.ro\n./.ro\n";
+    for mode in [
+        &["--read-only-root"][..],
+        &["--read-only-root", "--strict", "--pid", "host"],
+        &["--read-only-root", "--memory", "1GiB"],
+    ] {
+        let out = command(&h, &[&["--gpus", "1"][..], mode].concat(), script)
+            .current_dir(cwd.path())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert_eq!(text, writable, "{mode:?}");
+    }
+    // Without it, root in the slice writes the host's root.
+    let out = command(&h, &["--gpus", "1"], script)
+        .current_dir(cwd.path())
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("/usr/local/.gpuslice-ro\n{writable}")
+    );
+}
+
+#[test]
 fn descriptors_beyond_stdio_are_not_inherited() {
     let h = host();
     let r = root_of(&h);

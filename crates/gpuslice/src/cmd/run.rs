@@ -71,6 +71,10 @@ pub struct RunArgs {
     #[arg(long, value_enum, value_name = "MODE", default_value = "private")]
     pub pid: PidMode,
 
+    /// Make the host's root filesystem read-only in the slice, but for /tmp, /var/tmp, /dev/shm and the working directory (or what the admin policy's `writable` lists); the admin policy's `read_only_root` sets it for every policy-bound caller.
+    #[arg(long, conflicts_with = "privileged")]
+    pub read_only_root: bool,
+
     /// Pass descriptors 3 .. 3+N on to the command (as runc); all others are closed. 3+N must stay within the descriptor limit (RLIMIT_NOFILE).
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub preserve_fds: u32,
@@ -213,6 +217,10 @@ pub fn run_with(global: &Global, args: &RunArgs, cdi: Option<CdiEdits>) -> Resul
     let rootless = !nix::unistd::geteuid().is_root();
     let mut plan = plan(&root, &inv, &sel, isolation, args, rootless)?;
     plan.identity = tenant.identity.clone();
+    // A non-root caller's command cannot write root's files anyway.
+    if plan.privileges.confined() && !rootless {
+        plan.read_only_root = tenant.read_only_root(args);
+    }
     let slice_id = new_slice_id();
     tracing::info!(
         slice = slice_id,
@@ -516,6 +524,7 @@ fn plan(
         slice_files: None,
         binds: Vec::new(),
         protected,
+        read_only_root: None,
     })
 }
 
