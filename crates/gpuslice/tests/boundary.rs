@@ -630,6 +630,58 @@ fn read_only_root_leaves_tmp_shm_and_the_working_directory_writable() {
 }
 
 #[test]
+fn junk_in_the_ledger_directory_is_summarized_in_one_line() {
+    // Issue 26: 50,000 empty `*.ledger` files planted by nobody in the
+    // ledger directory (1777) made `gpuslice slices` print 50,000 lines.
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    for i in 0..50_000 {
+        let p = d.join(format!("junk-{i:05}.ledger"));
+        std::fs::write(&p, b"").unwrap();
+        std::os::unix::fs::chown(&p, Some(65534), Some(65534)).unwrap();
+    }
+    std::os::unix::fs::symlink("/dev/null", d.join("link.ledger")).unwrap();
+    std::fs::write(d.join("other.txt"), b"x").unwrap();
+    let slices = |json: bool| {
+        let mut c = Command::new(GPUSLICE);
+        if json {
+            c.arg("--json");
+        }
+        let out = c
+            .arg("slices")
+            .env("GPUSLICE_LEDGER_DIR", d)
+            .env("LC_ALL", "C")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let text = slices(false);
+    let junk: Vec<&str> = text.lines().filter(|l| l.contains("junk")).collect();
+    assert_eq!(junk.len(), 1, "{text:.2000}");
+    assert!(
+        junk[0].contains("50002 entries that are not ledgers")
+            && junk[0].contains("uid 65534: 50000")
+            && junk[0].contains("uid 0: 2"),
+        "{}",
+        junk[0]
+    );
+    assert!(text.lines().count() < 10, "{text:.2000}");
+    let v: serde_json::Value = serde_json::from_str(&slices(true)).unwrap();
+    assert_eq!(v["slices"], serde_json::json!([]));
+    assert_eq!(v["junk"]["count"], 50_002);
+    assert_eq!(v["junk"]["entries"].as_array().unwrap().len(), 50_002);
+    assert_eq!(
+        v["junk"]["owners"][0],
+        serde_json::json!({"uid": 65534, "entries": 50000})
+    );
+}
+
+#[test]
 fn descriptors_beyond_stdio_are_not_inherited() {
     let h = host();
     let r = root_of(&h);
