@@ -682,6 +682,57 @@ fn junk_in_the_ledger_directory_is_summarized_in_one_line() {
 }
 
 #[test]
+fn a_gpus_board_cannot_be_squatted() {
+    // Issue 26: a junk file planted by nobody as a GPU's board in the
+    // sticky boards directory switched off taking turns on that GPU until
+    // root removed it. Root now makes the board when a slice with a share
+    // starts, replacing what it did not make, and in a slice the directory
+    // is read-only (root there could remove the board and plant another).
+    use std::os::unix::fs::MetadataExt;
+    let h = host();
+    let dir = tempfile::tempdir().unwrap();
+    let (ledgers, boards) = (dir.path().join("slices"), dir.path().join("gpus"));
+    gpuslice_ledger::ensure_dir(&boards).unwrap();
+    let uuid = &h.gpus()[1].uuid;
+    let board = gpuslice_ledger::board::board_path(&boards, uuid);
+    std::fs::write(&board, b"squatted").unwrap();
+    std::os::unix::fs::chown(&board, Some(65534), Some(65534)).unwrap();
+    let b = board.display().to_string();
+    let planted = boards.join("GPU-planted.board").display().to_string();
+    let script = format!(
+        "umount -l {} 2>/dev/null; {}; rm -f {b} 2>/dev/null && echo removed; \
+         (: > {planted}) 2>/dev/null && echo planted",
+        boards.display(),
+        open_for_writing(&b)
+    );
+    let run = |flags: &[&str]| {
+        let mut c = command(
+            &h,
+            &[&["--gpus", "1", "--compute", "30"][..], flags].concat(),
+            &script,
+        );
+        c.env("GPUSLICE_LEDGER_DIR", &ledgers)
+            .env("GPUSLICE_BOARD_DIR", &boards);
+        let out = c.output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    for mode in [&["--strict"][..], &[]] {
+        let out = run(mode);
+        // Its own board is writable, and nothing can be removed or planted.
+        assert_eq!(out, "opened\n", "{mode:?}");
+        let m = std::fs::symlink_metadata(&board).unwrap();
+        assert_eq!(
+            (m.uid(), m.len(), m.mode() & 0o777),
+            (0, gpuslice_ledger::board::BOARD_SIZE as u64, 0o666),
+            "{mode:?}: the squatted board was not replaced by root's"
+        );
+        assert!(gpuslice_ledger::board::Board::open_existing(&boards, uuid).is_some());
+    }
+    let out = run(PRIVILEGED);
+    assert_eq!(out, "opened\nremoved\nplanted\n", "--privileged");
+}
+
+#[test]
 fn descriptors_beyond_stdio_are_not_inherited() {
     let h = host();
     let r = root_of(&h);
