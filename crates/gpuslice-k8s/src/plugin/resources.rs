@@ -361,6 +361,11 @@ impl Plan {
             let key = board::ledger_key(&records.usage)
                 .map_err(|e| BadRequest(format!("{}: {e}", records.usage.display())))?;
             for d in &limits.devices {
+                // Root makes the board, replacing one it did not make (a
+                // local user's squatted file; docs/security.md).
+                if let Err(e) = board::prepare_board(boards, &d.uuid) {
+                    tracing::warn!(gpu = %d.uuid, error = %e, "the replica will not take turns on this GPU");
+                }
                 board::publish_share(boards, &d.uuid, key, d.share_bp()).map_err(|e| {
                     BadRequest(format!(
                         "cannot record the share on {}: {e}",
