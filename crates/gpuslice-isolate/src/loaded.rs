@@ -65,16 +65,10 @@ pub fn protected_paths(root: &Path, own: &[PathBuf]) -> Vec<PathBuf> {
     };
     LOADER_FILES.iter().map(Path::new).for_each(&mut add);
     own.iter().for_each(|p| add(p));
+    let driver = |p: &str| is_driver_library(p.rsplit('/').next().unwrap_or(p));
     let mut libs: Vec<PathBuf> = fs::read("/etc/ld.so.cache")
-        .map(|c| cache_paths(&c))
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(is_driver_library)
-        })
-        .collect();
+        .map(|c| cache_paths(&c, driver))
+        .unwrap_or_default();
     if root != Path::new("/") {
         for d in ROOT_LIB_DIRS.map(|d| root.join(d)) {
             for e in fs::read_dir(&d).into_iter().flatten().flatten() {
@@ -101,16 +95,30 @@ pub fn protected_paths(root: &Path, own: &[PathBuf]) -> Vec<PathBuf> {
 
 /// The library paths of a loader cache (`/etc/ld.so.cache`, glibc's
 /// format `glibc-ld.so.cache1.1`, alone or after the old `ld.so-1.7.0`
-/// part): each entry's value, a path such as
+/// part) that `keep` takes: each entry's value, a path such as
 /// `/lib/x86_64-linux-gnu/libcuda.so.1`. Malformed input gives what could
 /// be read.
-pub fn cache_paths(cache: &[u8]) -> Vec<PathBuf> {
+pub fn cache_paths(cache: &[u8], keep: impl Fn(&str) -> bool) -> Vec<PathBuf> {
     const MAGIC: &[u8] = b"glibc-ld.so.cache1.1";
     const HEADER: usize = 48; // magic, nlibs, len_strings, flags, pad, extension, 3 unused
     const ENTRY: usize = 24; // flags, key, value, osversion, hwcap (u64)
-    let Some(start) = cache.windows(MAGIC.len()).position(|w| w == MAGIC) else {
+    const OLD_MAGIC: &[u8] = b"ld.so-1.7.0";
+    // The new part first, or after the old one: its 16-byte header and
+    // 12-byte entries, aligned to 8.
+    let start = if cache.starts_with(MAGIC) {
+        0
+    } else if cache.starts_with(OLD_MAGIC) {
+        let Some(n) = cache.get(12..16) else {
+            return vec![];
+        };
+        let nlibs = u32::from_le_bytes([n[0], n[1], n[2], n[3]]) as usize;
+        (16 + nlibs * 12).next_multiple_of(8)
+    } else {
         return vec![];
     };
+    if !cache.get(start..).is_some_and(|c| c.starts_with(MAGIC)) {
+        return vec![];
+    }
     let new = &cache[start..];
     let u32_at = |at: usize| -> Option<usize> {
         Some(u32::from_le_bytes(new.get(at..at + 4)?.try_into().ok()?) as usize)
@@ -127,7 +135,7 @@ pub fn cache_paths(cache: &[u8]) -> Vec<PathBuf> {
         let Some(s) = new.get(value..) else { continue };
         let end = s.iter().position(|&b| b == 0).unwrap_or(s.len());
         if let Ok(p) = std::str::from_utf8(&s[..end]) {
-            if p.starts_with('/') {
+            if p.starts_with('/') && keep(p) {
                 out.push(PathBuf::from(p));
             }
         }
@@ -192,7 +200,7 @@ mod tests {
         }
         c.extend(strings);
         assert_eq!(
-            cache_paths(&c),
+            cache_paths(&c, |_| true),
             [
                 PathBuf::from("/lib/x86_64-linux-gnu/libc.so.6"),
                 PathBuf::from("/usr/lib/libcuda.so.1")
@@ -200,11 +208,11 @@ mod tests {
         );
         // Truncated anywhere: no panic.
         for n in 0..c.len() {
-            let _ = cache_paths(&c[..n]);
+            let _ = cache_paths(&c[..n], |_| true);
         }
         // This host's own cache, when it has one, names its libc.
         if let Ok(real) = fs::read("/etc/ld.so.cache") {
-            let paths = cache_paths(&real);
+            let paths = cache_paths(&real, |_| true);
             assert!(paths.iter().any(|p| p.ends_with("libc.so.6")), "{paths:?}");
         }
     }
