@@ -346,18 +346,6 @@ impl Driver {
                 .flatten(),
             ..cdi::Options::default()
         };
-        if let Some(dir) = &opts.boards {
-            // Root makes the capped slices' boards, replacing any it did
-            // not make (a local user's squatted file; docs/security.md).
-            let inventory = self.inventory();
-            for s in slices.iter().filter(|s| s.caps.is_some()) {
-                if let Some(g) = inventory.gpus.get(s.gpu as usize) {
-                    if let Err(e) = gpuslice_ledger::board::prepare_board(dir, &g.uuid) {
-                        tracing::warn!(gpu = %g.uuid, error = %e, "the claim will not take turns on this GPU");
-                    }
-                }
-            }
-        }
         let g = cdi::generate_slices(&self.opts.host_root, &self.inventory(), &opts, &slices)
             .map_err(cdi_err)?;
         let path = spec_path(&self.opts.cdi_dir, uid);

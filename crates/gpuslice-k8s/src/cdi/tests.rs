@@ -242,15 +242,33 @@ fn capped_slices_bind_the_boards_with_root_s_shares_read_only() {
             .position(|m| m["containerPath"] == t)
             .unwrap_or_else(|| panic!("no mount at {t}: {mounts:?}"))
     };
-    let (b, sh) = (at("/run/gpuslice/gpus"), at("/run/gpuslice/gpus/shares"));
+    // The directory read-only, the GPU's own board (made by root here)
+    // writable over it: the container can add or remove nothing there.
+    let uuid = &host.gpus()[0].uuid;
+    let board = gpuslice_ledger::board::board_path(&boards, uuid);
+    let inside = gpuslice_ledger::board::board_path(Path::new("/run/gpuslice/gpus"), uuid);
+    let (b, f, sh) = (
+        at("/run/gpuslice/gpus"),
+        at(&inside.display().to_string()),
+        at("/run/gpuslice/gpus/shares"),
+    );
     assert_eq!(mounts[b]["hostPath"], boards.display().to_string());
+    assert_eq!(mounts[f]["hostPath"], board.display().to_string());
     assert_eq!(mounts[sh]["hostPath"], shares.display().to_string());
-    assert!(b < sh, "the shares are bound over the boards, after them");
+    assert!(
+        b < f && b < sh,
+        "the board and shares are bound over the directory, after it"
+    );
     let ro = |m: &Value| m["options"].as_array().unwrap().contains(&"ro".into());
-    assert!(ro(&mounts[sh]) && !ro(&mounts[b]));
+    assert!(ro(&mounts[sh]) && ro(&mounts[b]) && !ro(&mounts[f]));
+    let m = fs::symlink_metadata(&board).unwrap();
+    assert_eq!(
+        (m.uid(), m.len()),
+        (0, gpuslice_ledger::board::BOARD_SIZE as u64)
+    );
     for (i, m) in mounts.iter().enumerate() {
         assert!(
-            m["type"] == "tmpfs" || ro(m) || i == b,
+            m["type"] == "tmpfs" || ro(m) || i == f,
             "writable host mount {m}"
         );
     }
