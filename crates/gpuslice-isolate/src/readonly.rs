@@ -91,23 +91,18 @@ pub fn kernel_paths() -> io::Result<()> {
     for p in MASKED_PATHS.map(Path::new) {
         match std::fs::symlink_metadata(p) {
             Ok(m) if m.is_dir() => mask_dir(p)?,
-            Ok(_) => mount(
-                Some("/dev/null"),
-                p,
-                None::<&str>,
-                MsFlags::MS_BIND,
-                None::<&str>,
-            )
-            .and_then(|()| {
+            Ok(_) => {
                 mount(
-                    None::<&str>,
+                    Some("/dev/null"),
                     p,
                     None::<&str>,
-                    MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
+                    MsFlags::MS_BIND,
                     None::<&str>,
                 )
-            })
-            .map_err(|e| ctx(e.into(), "mask", p))?,
+                .map_err(|e| ctx(e.into(), "mask", p))?;
+                // Read-only, its other (possibly locked) flags kept.
+                set_read_only(p, 0)?;
+            }
             Err(_) => {}
         }
     }
