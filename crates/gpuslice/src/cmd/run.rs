@@ -217,10 +217,6 @@ pub fn run_with(global: &Global, args: &RunArgs, cdi: Option<CdiEdits>) -> Resul
     let rootless = !nix::unistd::geteuid().is_root();
     let mut plan = plan(&root, &inv, &sel, isolation, args, rootless)?;
     plan.identity = tenant.identity.clone();
-    // A non-root caller's command cannot write root's files anyway.
-    if plan.privileges.confined() && !rootless {
-        plan.read_only_root = tenant.read_only_root(args);
-    }
     let slice_id = new_slice_id();
     tracing::info!(
         slice = slice_id,
@@ -237,6 +233,11 @@ pub fn run_with(global: &Global, args: &RunArgs, cdi: Option<CdiEdits>) -> Resul
     );
     mark("planned");
     let mut env = child_env(&inv, &sel, &slice_id, args, &tenant)?;
+    // After child_env, which makes --cuda-cache's directory. A non-root
+    // caller's command cannot write root's files anyway.
+    if plan.privileges.confined() && !rootless {
+        plan.read_only_root = tenant.read_only_root(args);
+    }
     if let Some(c) = &cdi {
         plan.binds = c.binds.clone();
         apply_env(&mut env, &c.env)?;

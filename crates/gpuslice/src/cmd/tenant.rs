@@ -61,8 +61,8 @@ impl Tenant {
 
     /// Under `--read-only-root`, or a policy's `read_only_root` for a bound
     /// caller: what stays writable (the policy's `writable`, else `/tmp`,
-    /// `/var/tmp`, `/dev/shm` and the working directory), canonical, the
-    /// missing ones left out. None: the root stays as it is.
+    /// `/var/tmp`, `/dev/shm`, the working directory and `--cuda-cache`),
+    /// canonical, the missing ones left out. None: the root stays as it is.
     pub fn read_only_root(&self, args: &RunArgs) -> Option<Vec<PathBuf>> {
         let policy = self.policy.as_ref().map(|(p, _)| p);
         if !args.read_only_root && !policy.is_some_and(|p| p.read_only_root) {
@@ -74,6 +74,7 @@ impl Tenant {
                 .map(PathBuf::from)
                 .into_iter()
                 .chain(std::env::current_dir().ok())
+                .chain(args.cuda_cache.clone())
                 .collect(),
         };
         let mut out: Vec<PathBuf> = listed
