@@ -109,6 +109,22 @@ pub fn kernel_paths() -> io::Result<()> {
     Ok(())
 }
 
+/// For each mount, whether a later one is at the same place (it is then
+/// not reachable by its path). One map of each place's last mount: a
+/// Kubernetes node has hundreds.
+fn covered(mounts: &[crate::mountinfo::Mount<'_>]) -> Vec<bool> {
+    let last: std::collections::HashMap<&Path, usize> = mounts
+        .iter()
+        .enumerate()
+        .map(|(j, m)| (m.mount_point.as_path(), j))
+        .collect();
+    mounts
+        .iter()
+        .enumerate()
+        .map(|(i, m)| last.get(m.mount_point.as_path()) != Some(&i))
+        .collect()
+}
+
 /// Covers the directory `p` with an empty read-only tmpfs.
 fn mask_dir(p: &Path) -> io::Result<()> {
     let flags = MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
@@ -142,12 +158,13 @@ pub fn read_only_root(writable: &[PathBuf], keep: &[&Path]) -> io::Result<()> {
     let text = std::fs::read_to_string(crate::mountinfo::MOUNTINFO)
         .map_err(|e| ctx(e, "read", Path::new(crate::mountinfo::MOUNTINFO)))?;
     let mounts: Vec<_> = crate::mountinfo::mounts(&text).collect();
+    let covered = covered(&mounts);
     for (i, m) in mounts.iter().enumerate() {
         let at = &m.mount_point;
         if m.mount_opts.split(',').any(|o| o == "ro")
             || keep.iter().any(|k| at.starts_with(k))
             || writable.iter().any(|w| at.starts_with(w))
-            || mounts[i + 1..].iter().any(|o| o.mount_point == *at)
+            || covered[i]
         {
             continue;
         }
@@ -173,13 +190,14 @@ pub fn seal_pseudo_filesystems(own_proc: &Path) -> io::Result<()> {
     let text = std::fs::read_to_string(crate::mountinfo::MOUNTINFO)
         .map_err(|e| ctx(e, "read", Path::new(crate::mountinfo::MOUNTINFO)))?;
     let mounts: Vec<_> = crate::mountinfo::mounts(&text).collect();
+    let covered = covered(&mounts);
     let mut masked: Vec<PathBuf> = Vec::new();
     for (i, m) in mounts.iter().enumerate() {
         let at = &m.mount_point;
         if !PSEUDO_FILESYSTEMS.contains(&m.fstype)
             || at.starts_with(own_proc)
             || masked.iter().any(|p| at.starts_with(p))
-            || mounts[i + 1..].iter().any(|o| o.mount_point == *at)
+            || covered[i]
         {
             continue;
         }
