@@ -212,23 +212,39 @@ pub fn publish_share(dir: &Path, uuid: &str, key: u64, share_bp: u64) -> io::Res
     Ok(record)
 }
 
-/// Makes `d` a directory, root-owned 0755, unless it is one; one that
-/// exists owned by someone else (or writable by others) is refused.
+/// Makes `d` a directory, root-owned 0755, unless it is one. Called as
+/// root: whatever else is there (`shares` planted by a local user in the
+/// world-writable board directory before root made it, which made every
+/// `run --compute` fail) is removed first and the directory made anew;
+/// not as root, it is refused.
 fn root_owned_dir(d: &Path) -> io::Result<()> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt};
-    match std::fs::DirBuilder::new().mode(0o755).create(d) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(e),
+    let ours = |m: &std::fs::Metadata| m.is_dir() && m.uid() == 0 && m.mode() & 0o022 == 0;
+    for _ in 0..4 {
+        match std::fs::DirBuilder::new().mode(0o755).create(d) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        let m = std::fs::symlink_metadata(d)?;
+        if ours(&m) {
+            return Ok(());
+        }
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            break;
+        }
+        // Root did not make it: it goes (no link is followed).
+        if m.is_dir() {
+            std::fs::remove_dir_all(d)?;
+        } else {
+            std::fs::remove_file(d)?;
+        }
     }
-    let m = std::fs::symlink_metadata(d)?;
-    if !m.is_dir() || m.uid() != 0 || m.mode() & 0o022 != 0 {
-        return Err(io::Error::other(format!(
-            "{} is not a root-owned directory writable by root alone; remove it",
-            d.display()
-        )));
-    }
-    Ok(())
+    Err(io::Error::other(format!(
+        "{} is not a root-owned directory writable by root alone; remove it",
+        d.display()
+    )))
 }
 
 /// Makes the board directory `dir` (world-writable and sticky: every
@@ -784,6 +800,7 @@ mod tests {
 
     #[test]
     fn share_records_count_only_when_root_wrote_them() {
+        use std::os::unix::fs::MetadataExt;
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         assert_eq!(root_share(d, "GPU-1", 42), None, "no record");
@@ -802,12 +819,30 @@ mod tests {
         std::fs::set_permissions(&rec, std::os::unix::fs::PermissionsExt::from_mode(0o666))
             .unwrap();
         assert_eq!(root_share(d, "GPU-1", 42), None);
-        // A shares directory a tenant made first is refused, not used.
+        // A shares directory a tenant made first (squatting it made every
+        // `run --compute` fail, issue 26), or a file or link there, is
+        // replaced by root's, never used as it was.
         let other = tempfile::tempdir().unwrap();
-        std::fs::create_dir(shares_dir(other.path())).unwrap();
-        std::os::unix::fs::chown(shares_dir(other.path()), Some(65534), None).unwrap();
-        let e = publish_share(other.path(), "GPU-1", 1, 100).unwrap_err();
-        assert!(e.to_string().contains("remove it"), "{e}");
+        let planted = shares_dir(other.path());
+        let plants: [&dyn Fn(); 3] = [
+            &|| {
+                std::fs::create_dir_all(planted.join("GPU-1")).unwrap();
+                std::os::unix::fs::chown(&planted, Some(65534), None).unwrap();
+            },
+            &|| std::fs::write(&planted, b"junk").unwrap(),
+            &|| std::os::unix::fs::symlink(d, &planted).unwrap(),
+        ];
+        for plant in plants {
+            plant();
+            publish_share(other.path(), "GPU-1", 1, 100).unwrap();
+            let m = std::fs::symlink_metadata(&planted).unwrap();
+            assert!(m.is_dir() && m.uid() == 0, "{m:?}");
+            assert_eq!(root_share(other.path(), "GPU-1", 1), Some(100));
+            std::fs::remove_dir_all(&planted).unwrap();
+        }
+        // The link's target was not touched.
+        assert_eq!(root_share(d, "GPU-1", 42), None);
+        assert!(rec.exists());
     }
 
     #[test]

@@ -695,6 +695,11 @@ fn a_gpus_board_cannot_be_squatted() {
     let board = gpuslice_ledger::board::board_path(&boards, uuid);
     std::fs::write(&board, b"squatted").unwrap();
     std::os::unix::fs::chown(&board, Some(65534), Some(65534)).unwrap();
+    // And the root-only `shares` directory, made first by nobody: every
+    // `run --compute` was refused ("not a root-owned directory").
+    let shares = gpuslice_ledger::board::shares_dir(&boards);
+    std::fs::create_dir(&shares).unwrap();
+    std::os::unix::fs::chown(&shares, Some(65534), Some(65534)).unwrap();
     let b = board.display().to_string();
     let planted = boards.join("GPU-planted.board").display().to_string();
     let script = format!(
@@ -725,6 +730,7 @@ fn a_gpus_board_cannot_be_squatted() {
             "{mode:?}: the squatted board was not replaced by root's"
         );
         assert!(gpuslice_ledger::board::Board::open_existing(&boards, uuid).is_some());
+        assert_eq!(std::fs::symlink_metadata(&shares).unwrap().uid(), 0);
     }
     let out = run(PRIVILEGED);
     assert_eq!(out, "opened\nremoved\nplanted\n", "--privileged");

@@ -275,17 +275,17 @@ fn capped_slices_bind_the_boards_with_root_s_shares_read_only() {
     // A whole GPU has no shim, so no board either.
     let whole = device(&v, "0")["containerEdits"].to_string();
     assert!(!whole.contains("/run/gpuslice/gpus"), "{whole}");
-    // A shares directory someone else made is refused, not bound.
+    // A shares directory someone else made first (the board directory is
+    // world-writable) is replaced by root's, never used (issue 26: it made
+    // every `run --compute` fail).
     let foreign = dir.path().join("other");
-    fs::create_dir_all(gpuslice_ledger::board::shares_dir(&foreign)).unwrap();
-    std::os::unix::fs::chown(
-        gpuslice_ledger::board::shares_dir(&foreign),
-        Some(65534),
-        None,
-    )
-    .unwrap();
-    let err = gpuslice_ledger::board::prepare_dir(&foreign).unwrap_err();
-    assert!(err.to_string().contains("root-owned"), "{err}");
+    let planted = gpuslice_ledger::board::shares_dir(&foreign);
+    fs::create_dir_all(planted.join("GPU-x")).unwrap();
+    std::os::unix::fs::chown(&planted, Some(65534), None).unwrap();
+    gpuslice_ledger::board::prepare_dir(&foreign).unwrap();
+    let m = fs::symlink_metadata(&planted).unwrap();
+    assert_eq!((m.is_dir(), m.uid(), m.mode() & 0o777), (true, 0, 0o755));
+    assert!(!planted.join("GPU-x").exists());
 }
 
 #[test]
