@@ -8,7 +8,7 @@ by scripts/device_all.sh).
 Every attack runs with `--gpus none` (on a 1-GPU host every layer is then
 active: private /dev without nvidia0, params overlay, BPF device filter,
 PID and cgroup namespaces, read-only /sys, capabilities, seccomp) under the
-default flags, `--strict`, and `--privileged` (where it should get
+default flags, `--strict`, `--strict --pid host` (issue 26), and `--privileged` (where it should get
 through, so a "held" is not an accident of the test). An attack got
 through when its script printed ATTACK-OK. Then PyTorch, JAX and CuPy: no
 GPU under `--gpus none` (default flags, root), a computation on the GPU
@@ -16,8 +16,8 @@ under `--gpus 0 --user nobody`. Then `gpuslice bench launch --gpus none
 --runs 300`: bare /bin/true, the default launch (every layer), --privileged,
 env, and bwrap --unshare-pid --unshare-cgroup --dev /dev, interleaved.
 
-"pass" is true when: every attack held under the default flags and under
---strict; the control attacks (PRIVILEGED_CONTROLS) got through under
+"pass" is true when: every attack held under the default flags, under
+--strict and under --strict --pid host; the control attacks (PRIVILEGED_CONTROLS) got through under
 --privileged; each framework saw 0 GPUs under --gpus none and >= 1 GPU with
 a correct result under --gpus 0 as nobody; the default launch's median is
 <= bwrap's and within +2.5 ms of bare /bin/true's. "criteria" says which
@@ -29,9 +29,12 @@ CARRY = os.path.abspath(".device-carry")
 GS = os.path.join(CARRY, "gpuslice")
 ATTACK = os.path.abspath("crates/gpuslice/tests/boundary/attack.py")
 OUT = sys.argv[1] if len(sys.argv) > 1 else "/tmp"
-MODES = {"default": [], "strict": ["--strict"], "privileged": ["--privileged"]}
+MODES = {"default": [], "strict": ["--strict"], "strict-pid-host": ["--strict", "--pid", "host"],
+         "privileged": ["--privileged"]}
 PY = "/usr/bin/python3"
 CUPY_CACHE = "/tmp/gpuslice-cupy-cache"
+# Opens a file for writing and closes it without writing: ATTACK-OK if it opened.
+OPEN_W = PY + " -c \"import os,sys; os.close(os.open(sys.argv[1], os.O_WRONLY)); print('ATTACK-OK')\" {} 2>/dev/null"
 # What the issue's own repro needs first: out of the slice cgroup (a
 # no-op where that is refused).
 ESCAPE = "echo $$ > /sys/fs/cgroup/cgroup.procs 2>/dev/null; "
@@ -84,7 +87,13 @@ def attacks(victim_pid, nobody_pid, host_pid):
         "inherited-fd": f"{PY} -c 'import os,stat,sys; s=os.fstat(5); "
         "sys.exit(not (stat.S_ISCHR(s.st_mode) and os.major(s.st_rdev) == 195))' 2>/dev/null && echo ATTACK-OK",
         "write-sysfs": "echo 1 > /sys/bus/pci/rescan && echo ATTACK-OK",
-        "write-proc-sys": "cat /proc/sys/kernel/core_pattern > /proc/sys/kernel/core_pattern && echo ATTACK-OK",
+        # Opened for writing only, never written (issue 26: the host's
+        # core_pattern is not to be touched even by a test expecting EROFS).
+        "write-proc-sys": OPEN_W.format("/proc/sys/kernel/core_pattern"),
+        # Issue 26: what every other slice loads.
+        "write-shim": OPEN_W.format(os.path.join(CARRY, "libgpuslice.so")),
+        "write-ld-so-cache": OPEN_W.format("/etc/ld.so.cache"),
+        "write-libcuda": OPEN_W.format("$(readlink -f $(ldconfig -p | awk '/libcuda.so.1 /{print $NF; exit}'))"),
     }
 
 
@@ -195,6 +204,7 @@ def main():
     crit = {
         "every_attack_held_default": bool(res["attacks"]) and not res["summary"]["default"],
         "every_attack_held_strict": bool(res["attacks"]) and not res["summary"]["strict"],
+        "every_attack_held_strict_pid_host": bool(res["attacks"]) and not res["summary"]["strict-pid-host"],
         "privileged_controls_got_through": all(c in res["summary"]["privileged"] for c in PRIVILEGED_CONTROLS),
         "frameworks": all(res["frameworks"].get(fw, {}).get(run, {}).get("ok") for fw in FRAMEWORKS
                           for run in FRAMEWORK_RUNS),

@@ -15,8 +15,10 @@
 //!    slice cgroup it is now in), a user namespace for a non-root caller;
 //!    the PID namespace was unshared by the launcher, so the child is its
 //!    PID 1 ([`pidns`]);
-//! 3. mounts: a fresh `/proc`, the private `/dev`, the params overlay and
-//!    the masked GPU dirs on that `/proc`, `/sys` read-only ([`readonly`]);
+//! 3. mounts (propagation private): a fresh `/proc`, runc's read-only and
+//!    masked paths on whichever `/proc` the slice has, the private `/dev`,
+//!    the params overlay and the masked GPU dirs on that `/proc`, `/sys`
+//!    read-only, every other pseudo-filesystem sealed ([`readonly`]);
 //! 4. wait for the launcher's device filter;
 //! 5. descriptors beyond 0–2 (and `--preserve-fds`) close-on-exec ([`fds`]);
 //! 6. the bounding set down to the kept capabilities (that takes
@@ -100,6 +102,13 @@ pub struct SandboxPlan {
     /// Bind mounts a CDI spec asks for, made before the slice's files
     /// (which they cannot cover: those are mounted over them).
     pub binds: Vec<slicefs::Bind>,
+    /// Files and directories every slice loads, bound read-only over
+    /// themselves ([`crate::loaded::protected_paths`]); canonical paths.
+    pub protected: Vec<std::path::PathBuf>,
+    /// `--read-only-root`: every mount of the host read-only in the
+    /// slice but these directories (canonical) and the slice's own
+    /// mounts ([`readonly::read_only_root`]).
+    pub read_only_root: Option<Vec<std::path::PathBuf>>,
 }
 
 impl SandboxPlan {
@@ -476,6 +485,7 @@ fn child_main(
     let filters = receive_filters(plan, filters).map_err(failed)?;
     confine(plan, &filters).map_err(failed)?;
     mark("c-confined");
+    refresh_cwd(plan);
     exec_command(cmd, &signals.old_mask)
 }
 
@@ -589,7 +599,19 @@ fn command_main(
         // SAFETY: _exit in a forked child.
         unsafe { libc::_exit(EXIT_LAUNCH_FAILED) }
     }
+    refresh_cwd(plan);
     exec_command(cmd, old_mask)
+}
+
+/// Under a read-only root the working directory may now be a mount of
+/// its own (bound writable over itself) that the process's old working
+/// directory, on the mount below, does not reach: enter it again by name.
+fn refresh_cwd(plan: &SandboxPlan) {
+    if plan.read_only_root.is_some() {
+        if let Ok(dir) = std::env::current_dir() {
+            let _ = std::env::set_current_dir(dir);
+        }
+    }
 }
 
 /// Steps 5–9: descriptors, capabilities around the user switch,
@@ -713,18 +735,23 @@ fn unshare_namespaces(plan: &SandboxPlan) -> Result<(), String> {
 
 /// Step 3: the mounts, in the namespace [`unshare_namespaces`] made.
 fn build_mounts(plan: &SandboxPlan, survey: Option<OwnedFd>) -> Result<(), String> {
-    // Our mounts must not propagate back to the host. Made here, not with
-    // the namespace, so the command's process (which has no mounts to
-    // make) is forked a step earlier: it shares the namespace and execs
-    // only once the init is done.
+    // Private, both ways: our mounts must not propagate back to the host,
+    // and no mount the host makes after the launch (a procfs, a cgroup2,
+    // a bpffs…) may enter the slice past the seal below, which sees only
+    // the mounts there are now (a slave would receive them). The price:
+    // a host mount made later (autofs, a new NFS share) is not seen in a
+    // running slice, and one the host unmounts stays mounted in it until
+    // the slice ends. Made here, not with the namespace, so the command's
+    // process (which has no mounts to make) is forked a step earlier: it
+    // shares the namespace and execs only once the init is done.
     nix::mount::mount(
         None::<&str>,
         "/",
         None::<&str>,
-        nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_SLAVE,
+        nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE,
         None::<&str>,
     )
-    .map_err(|e| format!("making / a slave mount: {e}"))?;
+    .map_err(|e| format!("making / a private mount: {e}"))?;
     // The mirror must get the host's exact modes; the child gets our umask back.
     let umask = nix::sys::stat::umask(nix::sys::stat::Mode::empty());
 
@@ -732,6 +759,10 @@ fn build_mounts(plan: &SandboxPlan, survey: Option<OwnedFd>) -> Result<(), Strin
     if plan.pid_namespace {
         pidns::mount_proc().map_err(|e| e.to_string())?;
         mark("c-proc");
+    }
+    if plan.privileges.confined() {
+        // The slice's /proc, whichever it is (the host's with --pid host).
+        readonly::kernel_paths().map_err(|e| e.to_string())?;
     }
     let dev = plan.root.dev();
     if let Some(nodes) = plan.private_dev {
@@ -762,11 +793,40 @@ fn build_mounts(plan: &SandboxPlan, survey: Option<OwnedFd>) -> Result<(), Strin
     for b in &plan.binds {
         b.mount().map_err(|e| e.to_string())?;
     }
+    for p in &plan.protected {
+        match readonly::read_only_bind(p) {
+            // Gone since the launcher listed it: nothing left to change.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            other => other.map_err(|e| e.to_string())?,
+        }
+    }
+    mark("c-protected");
     if let Some(files) = &plan.slice_files {
         slicefs::mount_slice_files(files).map_err(|e| e.to_string())?;
     }
     if plan.privileges.confined() {
         read_only_sys(plan).map_err(|e| e.to_string())?;
+        if let Some(writable) = &plan.read_only_root {
+            let mut writable = writable.clone();
+            let mut keep: Vec<&Path> = vec![Path::new("/proc"), Path::new("/dev")];
+            let dev = plan.root.dev();
+            keep.push(&dev);
+            if let Some(f) = &plan.slice_files {
+                keep.push(&f.dir);
+                // The boards, which the slice's shim writes (their root-written
+                // shares below stay read-only mounts of their own).
+                writable.extend(f.visible.iter().filter(|v| v.is_dir()).cloned());
+            }
+            keep.extend(
+                plan.binds
+                    .iter()
+                    .filter(|b| !b.read_only)
+                    .map(|b| b.target.as_path()),
+            );
+            readonly::read_only_root(&writable, &keep).map_err(|e| e.to_string())?;
+        }
+        // Last: every other pseudo-filesystem mount there is by now.
+        readonly::seal_pseudo_filesystems(Path::new("/proc")).map_err(|e| e.to_string())?;
     }
     nix::sys::stat::umask(umask);
     Ok(())

@@ -9,7 +9,8 @@
 //! [`launcher`] puts a command inside them, and by default confines it so
 //! that it cannot undo them or reach another slice: [`pidns`] (its own PID
 //! namespace and `/proc`), a cgroup namespace and [`readonly`] `/sys`,
-//! [`privileges`] (capabilities, no_new_privs), [`seccomp`], [`fds`].
+//! [`privileges`] (capabilities, no_new_privs), [`seccomp`], [`fds`]; and
+//! no slice can change what the others load ([`loaded`]).
 
 pub mod bpf;
 pub mod cgroup;
@@ -19,6 +20,7 @@ pub mod fds;
 pub mod hostpid;
 pub mod identity;
 pub mod launcher;
+pub mod loaded;
 pub mod marks;
 mod mountinfo;
 pub mod pidns;

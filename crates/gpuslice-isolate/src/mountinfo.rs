@@ -6,10 +6,11 @@ use std::path::PathBuf;
 
 pub(crate) const MOUNTINFO: &str = "/proc/self/mountinfo";
 
-/// One line of mountinfo: where it is mounted, the filesystem type and its
-/// superblock options.
+/// One line of mountinfo: where it is mounted, its own (per-mount) options,
+/// the filesystem type and its superblock options.
 pub(crate) struct Mount<'a> {
     pub mount_point: PathBuf,
+    pub mount_opts: &'a str,
     pub fstype: &'a str,
     pub super_opts: &'a str,
 }
@@ -19,11 +20,13 @@ pub(crate) struct Mount<'a> {
 pub(crate) fn mounts(text: &str) -> impl Iterator<Item = Mount<'_>> {
     text.lines().filter_map(|line| {
         let (left, right) = line.split_once(" - ")?;
-        let mount_point = left.split(' ').nth(4)?;
+        let mut left = left.split(' ').skip(4);
+        let (mount_point, mount_opts) = (left.next()?, left.next()?);
         let mut right = right.split(' ');
         let (fstype, _source, super_opts) = (right.next()?, right.next()?, right.next()?);
         Some(Mount {
             mount_point: PathBuf::from(unescape(mount_point)),
+            mount_opts,
             fstype,
             super_opts,
         })

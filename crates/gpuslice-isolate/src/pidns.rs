@@ -28,22 +28,16 @@ use nix::unistd::Pid;
 use std::io;
 use std::path::Path;
 
-/// Mounts a procfs of the calling process's PID namespace on `/proc`,
-/// with `/proc/sys` and `/proc/sysrq-trigger` read-only. The caller is
-/// PID 1 of that namespace, in a mount namespace of its own.
+/// Mounts a procfs of the calling process's PID namespace on `/proc`. The
+/// caller is PID 1 of that namespace, in a mount namespace of its own;
+/// `/proc/sys`, `/proc/sysrq-trigger` and the rest of runc's list are
+/// made read-only or masked after ([`crate::readonly::kernel_paths`], for
+/// every `--pid` mode).
 pub fn mount_proc() -> io::Result<()> {
     let proc = Path::new("/proc");
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
     mount(Some("proc"), proc, Some("proc"), flags, None::<&str>)
-        .map_err(|e| ctx(e.into(), "mount procfs on", proc))?;
-    // Either may be missing (a kernel without CONFIG_SYSCTL or MAGIC_SYSRQ).
-    for name in ["sys", "sysrq-trigger"] {
-        let path = proc.join(name);
-        if path.exists() {
-            crate::readonly::read_only_bind(&path)?;
-        }
-    }
-    Ok(())
+        .map_err(|e| ctx(e.into(), "mount procfs on", proc))
 }
 
 /// The init's loop: relays `signals` (blocked in this thread, SIGCHLD

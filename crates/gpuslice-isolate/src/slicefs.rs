@@ -13,8 +13,9 @@
 //!   first (then the host's own entries): the dynamic loader reads it for
 //!   every program, whatever its environment (`env -i`, `env -u
 //!   LD_PRELOAD`, `su`, `sudo`) and for setuid programs too;
-//! - each of `read_only` (the boards' root-written share records) bound
-//!   read-only over itself;
+//! - each of `read_only` (the boards' directory and its root-written share
+//!   records) bound read-only over itself, and each of `writable` (the
+//!   slice's own boards) read-write over itself in it;
 //! - each of `masked` (the directory of every slice's records) covered by
 //!   a read-only tmpfs, empty but for the directories of `visible` below it
 //!   (the boards, when they are kept there), bound back in.
@@ -53,6 +54,9 @@ pub struct SliceFiles {
     pub read_only: Vec<PathBuf>,
     /// Host directories that stay as they are even below a masked one.
     pub visible: Vec<PathBuf>,
+    /// Host files bound read-write over themselves last (the slice's own
+    /// GPU boards, in their read-only directory).
+    pub writable: Vec<PathBuf>,
 }
 
 /// A bind mount a CDI spec asks for (`gpuslice run --cdi-device`), made
@@ -144,6 +148,11 @@ pub fn mount_slice_files(files: &SliceFiles) -> io::Result<()> {
     for m in &files.masked {
         if !dir.starts_with(m) && m.is_dir() {
             mask(m, &files.visible, dir)?;
+        }
+    }
+    for w in &files.writable {
+        if w.is_file() {
+            bind(w, w, HIDDEN)?;
         }
     }
     // Nothing in the fixed place can be added, replaced or removed now.

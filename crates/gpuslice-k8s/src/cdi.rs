@@ -944,18 +944,37 @@ impl Builder<'_> {
                 "options": ["ro", "nosuid", "nodev", "noexec", "bind"],
             },
         ]);
-        if let (Some(boards), Some(mounts)) = (&self.opts.boards, edits["mounts"].as_array_mut()) {
-            // Written by every tenant of the GPU (what a liar can do there
-            // is bounded: docs/security.md); root's share records in it
-            // read-only.
+        // The GPU's board, made here as root (replacing one root did not
+        // make: a local user's squatted file), bound writable over the
+        // boards' directory bound read-only: the container writes its
+        // GPU's board (what a liar can do there is bounded:
+        // docs/security.md) and can neither add nor remove an entry of the
+        // host's directory. Root's share records in it read-only.
+        let board = self.opts.boards.as_ref().and_then(|boards| {
+            board::prepare_board(boards, &uuid)
+                .map_err(|e| {
+                    self.warnings.push(format!(
+                        "{}: {e}: this slice will not take turns on the GPU",
+                        board::board_path(boards, &uuid).display()
+                    ))
+                })
+                .ok()
+                .map(|b| (boards.clone(), b))
+        });
+        if let (Some((boards, file)), Some(mounts)) = (board, edits["mounts"].as_array_mut()) {
             let inside = Path::new(DEFAULT_BOARD_DIR);
             mounts.push(json!({
-                "hostPath": self.host(boards),
+                "hostPath": self.host(&boards),
                 "containerPath": DEFAULT_BOARD_DIR,
+                "options": ["ro", "nosuid", "nodev", "noexec", "bind"],
+            }));
+            mounts.push(json!({
+                "hostPath": self.host(&file),
+                "containerPath": board::board_path(inside, &uuid).display().to_string(),
                 "options": ["rw", "nosuid", "nodev", "noexec", "bind"],
             }));
             mounts.push(json!({
-                "hostPath": self.host(&board::shares_dir(boards)),
+                "hostPath": self.host(&board::shares_dir(&boards)),
                 "containerPath": board::shares_dir(inside).display().to_string(),
                 "options": ["ro", "nosuid", "nodev", "noexec", "bind"],
             }));

@@ -470,12 +470,27 @@ async fn guaranteed_mode_lets_replicas_borrow() {
     assert_eq!(r.envs["GPUSLICE_COMPUTE_MODE"], "guaranteed");
     assert_eq!(r.envs["GPUSLICE_COMPUTE_LIMIT"], "25");
     let boards = t.path().join("boards");
+    // The directory read-only, the GPU's board (made by root) writable
+    // over it: a replica can add or remove nothing there (issue 26).
     assert!(r
         .mounts
         .iter()
         .any(|m| m.container_path == "/run/gpuslice/gpus"
             && m.host_path == boards.display().to_string()
+            && m.read_only));
+    let board = gpuslice_ledger::board::board_path(&boards, &uuid(2));
+    let inside =
+        gpuslice_ledger::board::board_path(std::path::Path::new("/run/gpuslice/gpus"), &uuid(2));
+    assert!(r
+        .mounts
+        .iter()
+        .any(|m| m.container_path == inside.display().to_string()
+            && m.host_path == board.display().to_string()
             && !m.read_only));
+    assert_eq!(
+        std::fs::metadata(&board).unwrap().len(),
+        gpuslice_ledger::board::BOARD_SIZE as u64
+    );
     // Root's share records ride read-only on top: a replica cannot vouch
     // for a share of its own making.
     assert!(r

@@ -212,23 +212,39 @@ pub fn publish_share(dir: &Path, uuid: &str, key: u64, share_bp: u64) -> io::Res
     Ok(record)
 }
 
-/// Makes `d` a directory, root-owned 0755, unless it is one; one that
-/// exists owned by someone else (or writable by others) is refused.
+/// Makes `d` a directory, root-owned 0755, unless it is one. Called as
+/// root: whatever else is there (`shares` planted by a local user in the
+/// world-writable board directory before root made it, which made every
+/// `run --compute` fail) is removed first and the directory made anew;
+/// not as root, it is refused.
 fn root_owned_dir(d: &Path) -> io::Result<()> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt};
-    match std::fs::DirBuilder::new().mode(0o755).create(d) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(e),
+    let ours = |m: &std::fs::Metadata| m.is_dir() && m.uid() == 0 && m.mode() & 0o022 == 0;
+    for _ in 0..4 {
+        match std::fs::DirBuilder::new().mode(0o755).create(d) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        let m = std::fs::symlink_metadata(d)?;
+        if ours(&m) {
+            return Ok(());
+        }
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            break;
+        }
+        // Root did not make it: it goes (no link is followed).
+        if m.is_dir() {
+            std::fs::remove_dir_all(d)?;
+        } else {
+            std::fs::remove_file(d)?;
+        }
     }
-    let m = std::fs::symlink_metadata(d)?;
-    if !m.is_dir() || m.uid() != 0 || m.mode() & 0o022 != 0 {
-        return Err(io::Error::other(format!(
-            "{} is not a root-owned directory writable by root alone; remove it",
-            d.display()
-        )));
-    }
-    Ok(())
+    Err(io::Error::other(format!(
+        "{} is not a root-owned directory writable by root alone; remove it",
+        d.display()
+    )))
 }
 
 /// Makes the board directory `dir` (world-writable and sticky: every
@@ -238,6 +254,57 @@ fn root_owned_dir(d: &Path) -> io::Result<()> {
 pub fn prepare_dir(dir: &Path) -> io::Result<()> {
     crate::ensure_dir(dir).map_err(io::Error::other)?;
     root_owned_dir(&shares_dir(dir))
+}
+
+/// Makes, as root, the board of GPU `uuid` in `dir` one root made: a
+/// regular file owned by uid 0, of a board's size and header, is kept;
+/// anything else there (a file a local user planted first in the sticky
+/// directory to squat the GPU's board, which switched off taking turns
+/// on it, a link, a FIFO, a directory) is removed and a board made in its
+/// place, root-owned 0666 (every tenant of the GPU writes it). Called
+/// when a slice with a compute share starts (`gpuslice run`). Once root
+/// owns it, the sticky bit keeps other users from removing or renaming
+/// it, and in a slice the directory is read-only. Returns its path.
+pub fn prepare_board(dir: &Path, uuid: &str) -> io::Result<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let path = board_path(dir, uuid);
+    for _ in 0..4 {
+        match std::fs::symlink_metadata(&path) {
+            Ok(m) if m.is_file() && m.uid() == 0 && m.len() == BOARD_SIZE as u64 => {
+                if Board::open_or_create(dir, uuid).is_ok() {
+                    return Ok(path);
+                }
+                std::fs::remove_file(&path)?;
+            }
+            Ok(m) if m.is_dir() => std::fs::remove_dir_all(&path)?,
+            Ok(_) => std::fs::remove_file(&path)?,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o666)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+        {
+            Ok(file) => {
+                map::fchmod(&file, 0o666)?;
+                file.set_len(BOARD_SIZE as u64)?;
+                drop(file);
+                Board::open_or_create(dir, uuid).map_err(io::Error::other)?;
+                return Ok(path);
+            }
+            // Planted again between the removal and the creation: again.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(io::Error::other(format!(
+        "{}: something keeps taking its place",
+        path.display()
+    )))
 }
 
 /// Removes slice `key`'s share record on GPU `uuid` (the slice is gone),
@@ -733,6 +800,7 @@ mod tests {
 
     #[test]
     fn share_records_count_only_when_root_wrote_them() {
+        use std::os::unix::fs::MetadataExt;
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         assert_eq!(root_share(d, "GPU-1", 42), None, "no record");
@@ -751,17 +819,65 @@ mod tests {
         std::fs::set_permissions(&rec, std::os::unix::fs::PermissionsExt::from_mode(0o666))
             .unwrap();
         assert_eq!(root_share(d, "GPU-1", 42), None);
-        // A shares directory a tenant made first is refused, not used.
+        // A shares directory a tenant made first (squatting it made every
+        // `run --compute` fail, issue 26), or a file or link there, is
+        // replaced by root's, never used as it was.
         let other = tempfile::tempdir().unwrap();
-        std::fs::create_dir(shares_dir(other.path())).unwrap();
-        std::os::unix::fs::chown(shares_dir(other.path()), Some(65534), None).unwrap();
-        let e = publish_share(other.path(), "GPU-1", 1, 100).unwrap_err();
-        assert!(e.to_string().contains("remove it"), "{e}");
+        let planted = shares_dir(other.path());
+        let plants: [&dyn Fn(); 3] = [
+            &|| {
+                std::fs::create_dir_all(planted.join("GPU-1")).unwrap();
+                std::os::unix::fs::chown(&planted, Some(65534), None).unwrap();
+            },
+            &|| std::fs::write(&planted, b"junk").unwrap(),
+            &|| std::os::unix::fs::symlink(d, &planted).unwrap(),
+        ];
+        for plant in plants {
+            plant();
+            publish_share(other.path(), "GPU-1", 1, 100).unwrap();
+            let m = std::fs::symlink_metadata(&planted).unwrap();
+            assert!(m.is_dir() && m.uid() == 0, "{m:?}");
+            assert_eq!(root_share(other.path(), "GPU-1", 1), Some(100));
+            std::fs::remove_dir_all(&planted).unwrap();
+        }
+        // The link's target was not touched.
+        assert_eq!(root_share(d, "GPU-1", 42), None);
+        assert!(rec.exists());
     }
 
     #[test]
     fn uuids_make_plain_file_names() {
         let p = board_path(Path::new("/run/x"), "MIG-GPU-ab/../c");
         assert_eq!(p, Path::new("/run/x/MIG-GPU-ab____c.board"));
+    }
+
+    /// Root replaces whatever it did not make where a GPU's board goes (a
+    /// junk file, a link, a directory), and keeps a board it made.
+    #[test]
+    fn root_replaces_a_squatted_board_and_keeps_its_own() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let elsewhere = dir.path().join("elsewhere");
+        std::fs::write(&elsewhere, b"keep me").unwrap();
+        let p = board_path(dir.path(), "GPU-1");
+        let plants: [&dyn Fn(); 3] = [
+            &|| std::fs::write(&p, b"junk").unwrap(),
+            &|| std::os::unix::fs::symlink(&elsewhere, &p).unwrap(),
+            &|| std::fs::create_dir_all(p.join("sub")).unwrap(),
+        ];
+        for plant in plants {
+            plant();
+            assert_eq!(prepare_board(dir.path(), "GPU-1").unwrap(), p);
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            assert!(m.is_file() && m.len() == BOARD_SIZE as u64 && m.mode() & 0o777 == 0o666);
+            assert!(Board::open_existing(dir.path(), "GPU-1").is_some());
+            std::fs::remove_file(&p).unwrap();
+        }
+        assert_eq!(std::fs::read(&elsewhere).unwrap(), b"keep me");
+        // Its own board, in use, is kept (same inode).
+        prepare_board(dir.path(), "GPU-1").unwrap();
+        let ino = std::fs::metadata(&p).unwrap().ino();
+        prepare_board(dir.path(), "GPU-1").unwrap();
+        assert_eq!(std::fs::metadata(&p).unwrap().ino(), ino);
     }
 }

@@ -3,6 +3,10 @@
 //! ```toml
 //! # Host roots a policy-bound caller may name with --host-root ("/" if absent).
 //! host_roots = ["/"]
+//! # A read-only host root for every bound caller (run --read-only-root), and
+//! # what stays writable ("/tmp", "/var/tmp", "/dev/shm" and the cwd if absent).
+//! read_only_root = true
+//! writable = ["/tmp", "/dev/shm", "/scratch"]
 //!
 //! [[rule]]
 //! name = "ml-team"            # for messages; "rule[N]" if absent
@@ -44,6 +48,14 @@ pub const PATH_ENV: &str = "GPUSLICE_POLICY";
 pub struct Policy {
     #[serde(default = "system_root_only")]
     pub host_roots: Vec<PathBuf>,
+    /// Every bound caller's command gets a read-only host root (as with
+    /// `run --read-only-root`).
+    #[serde(default)]
+    pub read_only_root: bool,
+    /// What stays writable under a read-only root; absent: `/tmp`,
+    /// `/var/tmp`, `/dev/shm` and the command's working directory.
+    #[serde(default)]
+    pub writable: Option<Vec<PathBuf>>,
     #[serde(default, rename = "rule")]
     pub rules: Vec<Rule>,
     /// What root's enforcer does with a GPU process of a capped slice that

@@ -29,9 +29,12 @@
 //! most [`MAX_WAIT_NS`] in all for one launch, and takes a turn not passed
 //! on [`GRACE_NS`] after its end once a second; past either, the turns of
 //! that GPU are ignored for [`BACKOFF_NS`] (the GPU's own time-slicing, as
-//! without turns). So a liar costs a slice at most `MAX_WAIT_NS` plus two
-//! turns and their grace (32 ms) per `BACKOFF_NS` beyond what its share
-//! already allows (its bucket refills meanwhile); one that keeps to the
+//! without turns). So a liar's waits cost a slice at most `MAX_WAIT_NS`
+//! plus two turns and their grace (32 ms) per `BACKOFF_NS` beyond what its
+//! share already allows (its bucket refills meanwhile); but a liar that
+//! forges again every millisecond keeps the GPU's slices without turns,
+//! and so mis-charged as without them (measured in docs/security.md: a
+//! 70 % slice beside a 30 % one fell from ~61 % to ~52 %); one that keeps to the
 //! protocol gets a turn in two, as a neighbour that launches without
 //! pause gets half the GPU from the time-slicing itself.
 //!

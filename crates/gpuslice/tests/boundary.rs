@@ -388,19 +388,352 @@ fn a_slice_cannot_unshare_or_setns() {
 #[test]
 fn a_slice_cannot_write_the_hosts_sysctls() {
     let h = host();
-    // Writing the host's hostname back unchanged: harmless, and what
-    // kernel.core_pattern (a host root shell) would take alike.
-    let script = "cat /proc/sys/kernel/hostname > /tmp/hn.$$; \
-                  cat /tmp/hn.$$ > /proc/sys/kernel/hostname && echo wrote; rm -f /tmp/hn.$$";
-    let out = in_slice(&h, &["--gpus", "1"], script);
-    assert!(
-        out.contains("Read-only file system") && !out.contains("wrote"),
-        "{out}"
+    // Opened for writing only: no host sysctl is ever written, not even
+    // with its own value (issue 26).
+    let script = open_for_writing("/proc/sys/kernel/hostname");
+    assert_eq!(
+        in_slice(&h, &["--gpus", "1"], &script),
+        "Read-only file system\n"
     );
     assert_eq!(
-        in_slice(&h, &["--gpus", "1", "--privileged"], script),
-        "wrote\n"
+        in_slice(&h, &["--gpus", "1", "--privileged"], &script),
+        "opened\n"
     );
+}
+
+/// A shell line that opens `path` for writing and closes it without
+/// writing a byte (never write a host sysctl, not even one expected to
+/// be refused): prints `opened`, else the error.
+fn open_for_writing(path: &str) -> String {
+    let python = ["/usr/bin/python3", "/usr/local/bin/python3"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .unwrap_or("python3");
+    format!(
+        "{python} -c \"import os\ntry:\n os.close(os.open('{path}', os.O_WRONLY)); print('opened')\n\
+         except OSError as e: print(e.strerror)\""
+    )
+}
+
+/// Default, `--strict`, and each of them with `--pid host`.
+const MODES: [&[&str]; 4] = [
+    &[],
+    &["--strict"],
+    &["--pid", "host"],
+    &["--strict", "--pid", "host"],
+];
+
+#[test]
+fn proc_sys_is_read_only_in_every_pid_mode() {
+    // Issue 26: --pid host gave the host's /proc/sys back, writable, and
+    // uid 0 without a capability set kernel.core_pattern (a pipe to a
+    // root shell outside every namespace). Opened for writing only.
+    let h = host();
+    let script = format!(
+        "{}; head -c1 /proc/interrupts 2>/dev/null | wc -c",
+        open_for_writing("/proc/sys/kernel/core_pattern")
+    );
+    for mode in MODES {
+        let out = in_slice(&h, &[&["--gpus", "1"][..], mode].concat(), &script);
+        // /proc/interrupts is masked (by /dev/null: reads empty).
+        assert_eq!(out, "Read-only file system\n0\n", "{mode:?}");
+    }
+    let out = in_slice(&h, &["--gpus", "1", "--privileged"], &script);
+    assert_eq!(out, "opened\n1\n", "--privileged");
+}
+
+/// A directory under /tmp with `fstype` mounted on it, unmounted on drop.
+struct Mounted(tempfile::TempDir);
+
+impl Mounted {
+    fn new(fstype: &str) -> Mounted {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", fstype, fstype])
+            .arg(dir.path())
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "mount -t {fstype}");
+        Mounted(dir)
+    }
+    fn path(&self) -> String {
+        self.0.path().display().to_string()
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(self.0.path()).status();
+    }
+}
+
+#[test]
+fn the_hosts_other_pseudo_filesystems_are_read_only_or_masked() {
+    // Issue 26: a second procfs (a chroot's /proc), a second cgroup2 and a
+    // bpffs mounted elsewhere on the host stayed writable in a slice.
+    let h = host();
+    let (p, c, b) = (
+        Mounted::new("proc"),
+        Mounted::new("cgroup2"),
+        Mounted::new("bpf"),
+    );
+    let script = format!(
+        "{}; ls {p}/ | grep -c '^[0-9]'; echo $$ > {c}/cgroup.procs && echo moved; \
+         mkdir {b}/x-$$ 2>/dev/null && echo made && rmdir {b}/x-$$",
+        open_for_writing(&format!("{}/sys/kernel/core_pattern", p.path())),
+        p = p.path(),
+        c = c.path(),
+        b = b.path()
+    );
+    for mode in MODES {
+        let out = in_slice(&h, &[&["--gpus", "1"][..], mode].concat(), &script);
+        // The procfs is masked: no host pid, no core_pattern.
+        assert!(
+            out.starts_with("No such file or directory\n0\n")
+                && out.contains("Read-only file system")
+                && !out.contains("moved")
+                && !out.contains("made"),
+            "{mode:?}: {out}"
+        );
+    }
+    let out = in_slice(&h, &["--gpus", "1", "--privileged"], &script);
+    assert!(
+        out.starts_with("opened\n") && out.contains("moved\n") && out.contains("made\n"),
+        "--privileged: {out}"
+    );
+}
+
+#[test]
+fn a_pseudo_filesystem_the_host_mounts_later_does_not_enter_a_slice() {
+    // The slice's mount namespace is private: a slave of the host's would
+    // receive a procfs mounted after the seal, unsealed.
+    let h = host();
+    let shared = Mounted::new("tmpfs");
+    let d = shared.path();
+    let ok = Command::new("mount")
+        .args(["--make-shared", &d])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "mount --make-shared");
+    std::fs::create_dir(format!("{d}/p")).unwrap();
+    let script = format!(
+        "touch {d}/started; while [ ! -e {d}/go ]; do sleep 0.02; done; \
+         ls {d}/p/ | grep -c '^[0-9]'"
+    );
+    for mode in [&[][..], &["--pid", "host"]] {
+        let _ = std::fs::remove_file(format!("{d}/go"));
+        let _ = std::fs::remove_file(format!("{d}/started"));
+        let mut c = command(&h, &[&["--gpus", "1"][..], mode].concat(), &script);
+        let child = c
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !Path::new(&format!("{d}/started")).exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let ok = Command::new("mount")
+            .args(["-t", "proc", "proc", &format!("{d}/p")])
+            .status()
+            .unwrap()
+            .success();
+        std::fs::write(format!("{d}/go"), b"").unwrap();
+        let out = child.wait_with_output().unwrap();
+        let _ = Command::new("umount").arg(format!("{d}/p")).status();
+        assert!(ok, "mount -t proc");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert_eq!(text, "0\n", "{mode:?}");
+    }
+}
+
+#[test]
+fn a_slice_cannot_change_what_other_slices_load() {
+    // Issue 26: a --strict root command opened the installed shim for
+    // writing; the driver libraries and the loader's configuration alike.
+    // Each opened for writing only (never written), and a file made in
+    // the fake driver's library directory (a name the loader would find).
+    let h = host();
+    let lib_dir = h.driver_lib_dir().display().to_string();
+    let exe = Path::new(GPUSLICE).parent().unwrap();
+    let shim = ["libgpuslice.so", "libgpuslice_shim.so"]
+        .iter()
+        .map(|f| exe.join(f))
+        .find(|p| p.is_file())
+        .expect("the shim is built beside gpuslice");
+    let files = [
+        shim.display().to_string(),
+        exe.join("gpuslice-full").display().to_string(),
+        format!("{lib_dir}/libcuda.so.1"),
+        "/etc/ld.so.cache".into(),
+        "/etc/ld.so.preload".into(),
+        "/etc/ld.so.conf".into(),
+    ];
+    let mut script: Vec<String> = files
+        .iter()
+        .filter(|f| Path::new(f).exists())
+        .map(|f| open_for_writing(f))
+        .collect();
+    let n = script.len();
+    script.push(format!(
+        "ln -s /bin/true {lib_dir}/libnvidia-evil.so.1 2>/dev/null && echo made && rm {lib_dir}/libnvidia-evil.so.1"
+    ));
+    let script = script.join("; ");
+    for mode in MODES {
+        let out = in_slice(&h, &[&["--gpus", "1"][..], mode].concat(), &script);
+        assert_eq!(out, "Read-only file system\n".repeat(n), "{mode:?}");
+    }
+    let out = in_slice(&h, &["--gpus", "1", "--privileged"], &script);
+    assert_eq!(
+        out,
+        format!("{}made\n", "opened\n".repeat(n)),
+        "--privileged"
+    );
+}
+
+#[test]
+fn read_only_root_leaves_tmp_shm_and_the_working_directory_writable() {
+    // --read-only-root: the host's root read-only in the slice (a root
+    // tenant changes nothing a later one runs), a job's scratch writable.
+    let h = host();
+    let cwd = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let script = "for p in /usr/local/.gpuslice-ro-$$ /tmp/.ro-$$ /var/tmp/.ro-$$ /dev/shm/.ro-$$ ./.ro-$$; do \
+                  (: > $p) 2>/dev/null && echo \"$p\" && rm -f $p; done | sed 's/-[0-9]*$//'";
+    let writable = "/tmp/.ro\n/var/tmp/.ro\n/dev/shm/.ro\n./.ro\n";
+    for mode in [
+        &["--read-only-root"][..],
+        &["--read-only-root", "--strict", "--pid", "host"],
+        &["--read-only-root", "--memory", "1GiB"],
+    ] {
+        let out = command(&h, &[&["--gpus", "1"][..], mode].concat(), script)
+            .current_dir(cwd.path())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert_eq!(text, writable, "{mode:?}");
+    }
+    // Without it, root in the slice writes the host's root.
+    let out = command(&h, &["--gpus", "1"], script)
+        .current_dir(cwd.path())
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("/usr/local/.gpuslice-ro\n{writable}")
+    );
+}
+
+#[test]
+fn junk_in_the_ledger_directory_is_summarized_in_one_line() {
+    // Issue 26: 50,000 empty `*.ledger` files planted by nobody in the
+    // ledger directory (1777) made `gpuslice slices` print 50,000 lines.
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    for i in 0..50_000 {
+        let p = d.join(format!("junk-{i:05}.ledger"));
+        std::fs::write(&p, b"").unwrap();
+        std::os::unix::fs::chown(&p, Some(65534), Some(65534)).unwrap();
+    }
+    std::os::unix::fs::symlink("/dev/null", d.join("link.ledger")).unwrap();
+    std::fs::write(d.join("other.txt"), b"x").unwrap();
+    let slices = |json: bool| {
+        let mut c = Command::new(GPUSLICE);
+        if json {
+            c.arg("--json");
+        }
+        let out = c
+            .arg("slices")
+            .env("GPUSLICE_LEDGER_DIR", d)
+            .env("LC_ALL", "C")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let text = slices(false);
+    let junk: Vec<&str> = text.lines().filter(|l| l.contains("junk")).collect();
+    assert_eq!(junk.len(), 1, "{text:.2000}");
+    assert!(
+        junk[0].contains("50002 entries that are not ledgers")
+            && junk[0].contains("uid 65534: 50000")
+            && junk[0].contains("uid 0: 2"),
+        "{}",
+        junk[0]
+    );
+    assert!(text.lines().count() < 10, "{text:.2000}");
+    let v: serde_json::Value = serde_json::from_str(&slices(true)).unwrap();
+    assert_eq!(v["slices"], serde_json::json!([]));
+    assert_eq!(v["junk"]["count"], 50_002);
+    assert_eq!(v["junk"]["entries"].as_array().unwrap().len(), 50_002);
+    assert_eq!(
+        v["junk"]["owners"][0],
+        serde_json::json!({"uid": 65534, "entries": 50000})
+    );
+}
+
+#[test]
+fn a_gpus_board_cannot_be_squatted() {
+    // Issue 26: a junk file planted by nobody as a GPU's board in the
+    // sticky boards directory switched off taking turns on that GPU until
+    // root removed it. Root now makes the board when a slice with a share
+    // starts, replacing what it did not make, and in a slice the directory
+    // is read-only (root there could remove the board and plant another).
+    use std::os::unix::fs::MetadataExt;
+    let h = host();
+    let dir = tempfile::tempdir().unwrap();
+    let (ledgers, boards) = (dir.path().join("slices"), dir.path().join("gpus"));
+    gpuslice_ledger::ensure_dir(&boards).unwrap();
+    let uuid = &h.gpus()[1].uuid;
+    let board = gpuslice_ledger::board::board_path(&boards, uuid);
+    std::fs::write(&board, b"squatted").unwrap();
+    std::os::unix::fs::chown(&board, Some(65534), Some(65534)).unwrap();
+    // And the root-only `shares` directory, made first by nobody: every
+    // `run --compute` was refused ("not a root-owned directory").
+    let shares = gpuslice_ledger::board::shares_dir(&boards);
+    std::fs::create_dir(&shares).unwrap();
+    std::os::unix::fs::chown(&shares, Some(65534), Some(65534)).unwrap();
+    let b = board.display().to_string();
+    let planted = boards.join("GPU-planted.board").display().to_string();
+    let script = format!(
+        "umount -l {} 2>/dev/null; {}; rm -f {b} 2>/dev/null && echo removed; \
+         (: > {planted}) 2>/dev/null && echo planted",
+        boards.display(),
+        open_for_writing(&b)
+    );
+    let run = |flags: &[&str]| {
+        let mut c = command(
+            &h,
+            &[&["--gpus", "1", "--compute", "30"][..], flags].concat(),
+            &script,
+        );
+        c.env("GPUSLICE_LEDGER_DIR", &ledgers)
+            .env("GPUSLICE_BOARD_DIR", &boards);
+        let out = c.output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    for mode in [&["--strict"][..], &[]] {
+        let out = run(mode);
+        // Its own board is writable, and nothing can be removed or planted.
+        assert_eq!(out, "opened\n", "{mode:?}");
+        let m = std::fs::symlink_metadata(&board).unwrap();
+        assert_eq!(
+            (m.uid(), m.len(), m.mode() & 0o777),
+            (0, gpuslice_ledger::board::BOARD_SIZE as u64, 0o666),
+            "{mode:?}: the squatted board was not replaced by root's"
+        );
+        assert!(gpuslice_ledger::board::Board::open_existing(&boards, uuid).is_some());
+        assert_eq!(std::fs::symlink_metadata(&shares).unwrap().uid(), 0);
+    }
+    let out = run(PRIVILEGED);
+    assert_eq!(out, "opened\nremoved\nplanted\n", "--privileged");
 }
 
 #[test]
@@ -436,6 +769,32 @@ fn preserve_fds_must_name_open_descriptors() {
     assert_eq!(out.status.code(), Some(125), "{err}");
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     assert!(err.contains("--preserve-fds 40: descriptor"), "{err}");
+}
+
+#[test]
+fn preserve_fds_past_the_descriptor_limit_is_refused() {
+    let h = host();
+    // 4294967295: 3 + N wrapped to 2, and the command lost its own stdio
+    // (exit 0). 62 under `ulimit -n 64`: descriptors 3..65 cannot exist.
+    for (n, limit) in [("4294967295", ""), ("62", "ulimit -n 64; ")] {
+        let script = format!(
+            "{limit}exec {GPUSLICE} --host-root {} run --gpus 1 --preserve-fds {n} -- echo ran",
+            root_of(&h)
+        );
+        let out = Command::new("sh")
+            .args(["-c", &script])
+            .envs(h.env())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(125), "{n}: {err}");
+        assert!(out.stdout.is_empty(), "{n}: ran");
+        assert_eq!(err.trim_end().lines().count(), 1, "{n}: {err}");
+        assert!(
+            err.contains(&format!("--preserve-fds {n}: out of range; allowed 0..=")),
+            "{n}: {err}"
+        );
+    }
 }
 
 /// Host pids of processes whose command line is exactly `argv`.

@@ -93,9 +93,14 @@ fn podman_runs_containers_with_the_generated_spec() {
         assert!(nodes.contains(&format!("nvidia{i}")), "{all:?}");
     }
 
+    // Issue 26: its GPU's board writable, nothing else of the host's
+    // boards directory (no entry made there).
+    let board =
+        gpuslice_ledger::board::board_path(Path::new("/run/gpuslice/gpus"), &host.gpus()[3].uuid);
     let shared = image.run(
         "gpuslice.dev/gpu=3-shared-4",
-        "ls /dev; echo ---; cat /etc/ld.so.preload; test -f /usr/local/gpuslice/libgpuslice.so && echo shim-present; test -f /run/gpuslice/slice/limits && echo ledger-dir; (echo x >> /run/gpuslice/slice/limits) 2>/dev/null || echo limits-read-only; env",
+        &format!("ls /dev; echo ---; cat /etc/ld.so.preload; test -f /usr/local/gpuslice/libgpuslice.so && echo shim-present; test -f /run/gpuslice/slice/limits && echo ledger-dir; (echo x >> /run/gpuslice/slice/limits) 2>/dev/null || echo limits-read-only; \
+         (exec 3<>{b}) && echo own-board-writable; (: > /run/gpuslice/gpus/planted-$$) 2>/dev/null && echo boards-dir-writable; env", b = board.display()),
     );
     assert!(shared.status.success(), "{shared:?}");
     let t = text(&shared);
@@ -117,7 +122,9 @@ fn podman_runs_containers_with_the_generated_spec() {
     assert!(
         rest.contains("shim-present")
             && rest.contains("ledger-dir")
-            && rest.contains("limits-read-only"),
+            && rest.contains("limits-read-only")
+            && rest.contains("own-board-writable")
+            && !rest.contains("boards-dir-writable"),
         "{rest}"
     );
     let quarter = fakegpu::kernel::GPU_MEMORY_BYTES / 4;

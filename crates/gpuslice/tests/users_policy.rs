@@ -717,3 +717,35 @@ fn the_policy_holds_for_cdi_devices() {
     assert!(out.status.success(), "{}", text(&out));
     refused(&run("2GiB"), "max_memory");
 }
+
+#[test]
+fn the_policy_can_give_every_bound_caller_a_read_only_root() {
+    // `read_only_root` in the policy: a sudo caller's root command cannot
+    // change the host's root (what later tenants run), only what
+    // `writable` lists.
+    let h = host(2);
+    let u = TestUser::new();
+    let root_h = h.root().display().to_string();
+    let with = |extra: &str| {
+        policy(&format!(
+            "host_roots = [{root_h:?}]\n{extra}[[rule]]\nusers = [{:?}]\ngpus = [\"all\"]\nallow_root = true\n",
+            u.name
+        ))
+    };
+    let script = "for p in /usr/local/.gpuslice-pol-$$ /tmp/.pol-$$ /var/tmp/.pol-$$; do \
+                  (: > $p) 2>/dev/null && echo \"$p\" && rm -f $p; done | sed 's/-[0-9]*$//'";
+    let args = [
+        "run", "--gpus", "1", "--user", "root", "--", "sh", "-c", script,
+    ];
+    let p = with("read_only_root = true\nwritable = [\"/tmp\"]\n");
+    let out = sudo(&h, &u, &p, &args);
+    assert_eq!(stdout(&out), "/tmp/.pol\n", "{}", text(&out));
+    let p = with("");
+    let out = sudo(&h, &u, &p, &args);
+    assert_eq!(
+        stdout(&out),
+        "/usr/local/.gpuslice-pol\n/tmp/.pol\n/var/tmp/.pol\n",
+        "{}",
+        text(&out)
+    );
+}

@@ -242,32 +242,50 @@ fn capped_slices_bind_the_boards_with_root_s_shares_read_only() {
             .position(|m| m["containerPath"] == t)
             .unwrap_or_else(|| panic!("no mount at {t}: {mounts:?}"))
     };
-    let (b, sh) = (at("/run/gpuslice/gpus"), at("/run/gpuslice/gpus/shares"));
+    // The directory read-only, the GPU's own board (made by root here)
+    // writable over it: the container can add or remove nothing there.
+    let uuid = &host.gpus()[0].uuid;
+    let board = gpuslice_ledger::board::board_path(&boards, uuid);
+    let inside = gpuslice_ledger::board::board_path(Path::new("/run/gpuslice/gpus"), uuid);
+    let (b, f, sh) = (
+        at("/run/gpuslice/gpus"),
+        at(&inside.display().to_string()),
+        at("/run/gpuslice/gpus/shares"),
+    );
     assert_eq!(mounts[b]["hostPath"], boards.display().to_string());
+    assert_eq!(mounts[f]["hostPath"], board.display().to_string());
     assert_eq!(mounts[sh]["hostPath"], shares.display().to_string());
-    assert!(b < sh, "the shares are bound over the boards, after them");
+    assert!(
+        b < f && b < sh,
+        "the board and shares are bound over the directory, after it"
+    );
     let ro = |m: &Value| m["options"].as_array().unwrap().contains(&"ro".into());
-    assert!(ro(&mounts[sh]) && !ro(&mounts[b]));
+    assert!(ro(&mounts[sh]) && ro(&mounts[b]) && !ro(&mounts[f]));
+    let m = fs::symlink_metadata(&board).unwrap();
+    assert_eq!(
+        (m.uid(), m.len()),
+        (0, gpuslice_ledger::board::BOARD_SIZE as u64)
+    );
     for (i, m) in mounts.iter().enumerate() {
         assert!(
-            m["type"] == "tmpfs" || ro(m) || i == b,
+            m["type"] == "tmpfs" || ro(m) || i == f,
             "writable host mount {m}"
         );
     }
     // A whole GPU has no shim, so no board either.
     let whole = device(&v, "0")["containerEdits"].to_string();
     assert!(!whole.contains("/run/gpuslice/gpus"), "{whole}");
-    // A shares directory someone else made is refused, not bound.
+    // A shares directory someone else made first (the board directory is
+    // world-writable) is replaced by root's, never used (issue 26: it made
+    // every `run --compute` fail).
     let foreign = dir.path().join("other");
-    fs::create_dir_all(gpuslice_ledger::board::shares_dir(&foreign)).unwrap();
-    std::os::unix::fs::chown(
-        gpuslice_ledger::board::shares_dir(&foreign),
-        Some(65534),
-        None,
-    )
-    .unwrap();
-    let err = gpuslice_ledger::board::prepare_dir(&foreign).unwrap_err();
-    assert!(err.to_string().contains("root-owned"), "{err}");
+    let planted = gpuslice_ledger::board::shares_dir(&foreign);
+    fs::create_dir_all(planted.join("GPU-x")).unwrap();
+    std::os::unix::fs::chown(&planted, Some(65534), None).unwrap();
+    gpuslice_ledger::board::prepare_dir(&foreign).unwrap();
+    let m = fs::symlink_metadata(&planted).unwrap();
+    assert_eq!((m.is_dir(), m.uid(), m.mode() & 0o777), (true, 0, 0o755));
+    assert!(!planted.join("GPU-x").exists());
 }
 
 #[test]

@@ -360,7 +360,23 @@ impl Plan {
                 .map_err(|e| BadRequest(format!("cannot create the board directory: {e}")))?;
             let key = board::ledger_key(&records.usage)
                 .map_err(|e| BadRequest(format!("{}: {e}", records.usage.display())))?;
+            // The directory read-only, each GPU's board (made by root,
+            // replacing one it did not make: a local user's squatted file)
+            // writable over it: the container adds or removes nothing there.
+            mounts.push(mount(DEFAULT_BOARD_DIR.into(), boards, true));
             for d in &limits.devices {
+                match board::prepare_board(boards, &d.uuid) {
+                    Ok(file) => mounts.push(mount(
+                        board::board_path(Path::new(DEFAULT_BOARD_DIR), &d.uuid)
+                            .display()
+                            .to_string(),
+                        &file,
+                        false,
+                    )),
+                    Err(e) => {
+                        tracing::warn!(gpu = %d.uuid, error = %e, "the replica will not take turns on this GPU")
+                    }
+                }
                 board::publish_share(boards, &d.uuid, key, d.share_bp()).map_err(|e| {
                     BadRequest(format!(
                         "cannot record the share on {}: {e}",
@@ -368,7 +384,6 @@ impl Plan {
                     ))
                 })?;
             }
-            mounts.push(mount(DEFAULT_BOARD_DIR.into(), boards, false));
             mounts.push(mount(
                 board::shares_dir(Path::new(DEFAULT_BOARD_DIR))
                     .display()

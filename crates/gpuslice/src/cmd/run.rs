@@ -71,7 +71,11 @@ pub struct RunArgs {
     #[arg(long, value_enum, value_name = "MODE", default_value = "private")]
     pub pid: PidMode,
 
-    /// Pass descriptors 3 .. 3+N on to the command (as runc); all others are closed.
+    /// Make the host's root filesystem read-only in the slice, but for /tmp, /var/tmp, /dev/shm and the working directory (or what the admin policy's `writable` lists); the admin policy's `read_only_root` sets it for every policy-bound caller.
+    #[arg(long, conflicts_with = "privileged")]
+    pub read_only_root: bool,
+
+    /// Pass descriptors 3 .. 3+N on to the command (as runc); all others are closed. 3+N must stay within the descriptor limit (RLIMIT_NOFILE).
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub preserve_fds: u32,
 
@@ -233,6 +237,11 @@ pub fn run_with(global: &Global, args: &RunArgs, cdi: Option<CdiEdits>) -> Resul
     );
     mark("planned");
     let mut env = child_env(&inv, &sel, &slice_id, args, &tenant)?;
+    // After child_env, which makes --cuda-cache's directory. A non-root
+    // caller's command cannot write root's files anyway.
+    if plan.privileges.confined() && !rootless {
+        plan.read_only_root = tenant.read_only_root(args);
+    }
     if let Some(c) = &cdi {
         plan.binds = c.binds.clone();
         apply_env(&mut env, &c.env)?;
@@ -493,6 +502,19 @@ fn plan(
         (false, false) => Privileges::Default,
     };
     let pid_namespace = privileges.confined() && args.pid == PidMode::Private;
+    // What every slice loads, read-only in this one (root's launches: a
+    // non-root caller's command owns none of it).
+    let protected = if privileges.confined() && !rootless {
+        gpuslice_isolate::loaded::prepare_host().map_err(|e| {
+            anyhow!(
+                "cannot create {}: {e}",
+                gpuslice_isolate::slicefs::LD_SO_PRELOAD
+            )
+        })?;
+        gpuslice_isolate::loaded::protected_paths(root.path(), &own_files())
+    } else {
+        vec![]
+    };
     let user_namespace =
         rootless && (isolation.private_dev() || params_overlay.is_some() || privileges.confined());
     Ok(SandboxPlan {
@@ -515,7 +537,29 @@ fn plan(
         identity: None,
         slice_files: None,
         binds: Vec::new(),
+        protected,
+        read_only_root: None,
     })
+}
+
+/// gpuslice's own files every slice loads or runs: the binaries beside
+/// this one, the shim there and `GPUSLICE_SHIM`'s.
+fn own_files() -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = std::env::current_exe()
+        .map(|exe| {
+            [
+                "gpuslice",
+                "gpuslice-full",
+                crate::shim::FILE,
+                crate::shim::BUILD_FILE,
+            ]
+            .iter()
+            .map(|f| exe.with_file_name(f))
+            .collect()
+        })
+        .unwrap_or_default();
+    out.extend(crate::shim::find().ok());
+    out
 }
 
 /// Root must get the device cgroup it asked for; a non-root caller gets it

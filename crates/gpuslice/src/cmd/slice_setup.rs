@@ -102,8 +102,21 @@ pub fn set_up(
         share_records: Vec::new(),
     };
     let boards = board::board_dir();
+    let mut board_files = Vec::new();
     if limits.devices.iter().any(|d| d.compute.is_some()) {
         setup.share_records = publish_shares(limits, &setup.records.usage, &boards, rootless)?;
+        if !rootless {
+            // Root makes the slice's boards, replacing any it did not make
+            // (a local user's squatted file switched off taking turns).
+            for d in limits.devices.iter().filter(|d| d.compute.is_some()) {
+                match board::prepare_board(&boards, &d.uuid) {
+                    Ok(p) => board_files.push(p),
+                    Err(e) => {
+                        tracing::warn!(gpu = %d.uuid, "board: {e}; the slice will not take turns on it")
+                    }
+                }
+            }
+        }
     }
     let ours = [
         "LD_PRELOAD=",
@@ -143,8 +156,12 @@ pub fn set_up(
             shim: shim.clone(),
             names: [LIMITS_FILE, USAGE_FILE, HOSTPID_FILE, SHIM_FILE],
             masked: vec![dir],
-            read_only: vec![board::shares_dir(&boards)],
+            // The boards' directory read-only (root in the slice could
+            // otherwise remove a board and squat it), its shares too, and
+            // the slice's own boards writable over it.
+            read_only: vec![boards.clone(), board::shares_dir(&boards)],
             visible: vec![boards],
+            writable: board_files,
         };
         slicefs::prepare_host(&files)?;
         Some(files)

@@ -359,6 +359,17 @@ fn printable_json(v: &mut Value) {
     }
 }
 
+/// The owners of `junk` and how many entries each has, most first.
+fn junk_owners(junk: &[gpuslice_ledger::Junk]) -> Vec<(u32, usize)> {
+    let mut counts = std::collections::BTreeMap::<u32, usize>::new();
+    for j in junk {
+        *counts.entry(j.uid).or_default() += 1;
+    }
+    let mut v: Vec<(u32, usize)> = counts.into_iter().collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    v
+}
+
 fn mib(v: &Value) -> String {
     v.as_u64().map_or_else(
         || "-".to_string(),
@@ -370,7 +381,8 @@ pub fn run(global: &Global) -> Result<i32> {
     let dir = gpuslice_ledger::ledger_dir();
     reap_stale_ledgers(&dir);
     let table = ProcessTable::scan();
-    let listed = gpuslice_ledger::list_dir(&dir);
+    let scan = gpuslice_ledger::scan_dir(&dir);
+    let listed = &scan.ledgers;
     let nvml = if listed.is_empty() {
         Err("no slices".to_string())
     } else {
@@ -389,10 +401,20 @@ pub fn run(global: &Global) -> Result<i32> {
         .iter()
         .map(|p| describe(p, &table, &nvml, partitions.as_ref(), cgroups.as_deref()))
         .collect();
+    let owners = junk_owners(&scan.junk);
     let dra_dir = super::dra::state_dir(global);
     let dra = gpuslice_dra::checkpoint::prepared_slices(&dra_dir);
     if global.json {
         let mut out = json!({ "dir": dir.display().to_string(), "slices": slices });
+        // Apart from the slices: what else any local user put there.
+        out["junk"] = json!({
+            "count": scan.junk.len(),
+            "owners": owners.iter().map(|(uid, n)| json!({ "uid": uid, "entries": n })).collect::<Vec<_>>(),
+            "entries": scan.junk.iter().map(|j| json!({
+                "path": printable(&j.path.display().to_string()),
+                "uid": j.uid,
+            })).collect::<Vec<_>>(),
+        });
         match &dra {
             Ok(d) => out["dra_claims"] = d.iter().map(dra_json).collect(),
             Err(e) => out["dra_error"] = json!(e.to_string()),
@@ -407,6 +429,20 @@ pub fn run(global: &Global) -> Result<i32> {
             }
         }
         Err(e) => println!("DRA claims: {e}"),
+    }
+    if !scan.junk.is_empty() {
+        // One line, however many: 50,000 planted files must not bury the
+        // report (`--json` lists them).
+        let by: Vec<String> = owners
+            .iter()
+            .map(|(uid, n)| format!("uid {uid}: {n}"))
+            .collect();
+        println!(
+            "junk in {}: {} entries that are not ledgers (owners {}); see --json, remove as root",
+            printable(&dir.display().to_string()),
+            scan.junk.len(),
+            by.join(", ")
+        );
     }
     if slices.is_empty() {
         if dra.is_ok_and(|d| !d.is_empty()) {

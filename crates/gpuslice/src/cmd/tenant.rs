@@ -59,6 +59,35 @@ impl Tenant {
         self.identity.as_ref().is_some_and(|i| i.uid != 0)
     }
 
+    /// Under `--read-only-root`, or a policy's `read_only_root` for a bound
+    /// caller: what stays writable (the policy's `writable`, else `/tmp`,
+    /// `/var/tmp`, `/dev/shm`, the working directory and `--cuda-cache`),
+    /// canonical, the missing ones left out. None: the root stays as it is.
+    pub fn read_only_root(&self, args: &RunArgs) -> Option<Vec<PathBuf>> {
+        let policy = self.policy.as_ref().map(|(p, _)| p);
+        if !args.read_only_root && !policy.is_some_and(|p| p.read_only_root) {
+            return None;
+        }
+        let listed = match policy.and_then(|p| p.writable.clone()) {
+            Some(w) => w,
+            None => ["/tmp", "/var/tmp", "/dev/shm"]
+                .map(PathBuf::from)
+                .into_iter()
+                .chain(std::env::current_dir().ok())
+                .chain(args.cuda_cache.clone())
+                .collect(),
+        };
+        let mut out: Vec<PathBuf> = listed
+            .iter()
+            .filter_map(|p| std::fs::canonicalize(p).ok())
+            // A writable `/` (a command started there) is no read-only root.
+            .filter(|p| p.is_dir() && p.as_path() != std::path::Path::new("/"))
+            .collect();
+        out.sort();
+        out.dedup();
+        Some(out)
+    }
+
     /// A bound caller's request against the policy; Ok for everyone else.
     /// `cdi`: the caps of a `--cdi-device`'s limits record, which stand for
     /// `--memory`/`--compute` (the largest over its devices).
