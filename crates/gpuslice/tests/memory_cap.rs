@@ -101,11 +101,32 @@ fn slices_shows_the_dra_claims_prepared_here() {
     assert_eq!(c["device"], "gpu-0-shared", "{v}");
     assert_eq!(c["cap_bytes"], 20u64 << 30, "{v}");
     assert_eq!(c["compute_percent"], 30, "{v}");
+    assert!(c["used_bytes"].is_null(), "no process of it started: {v}");
     let text = slices_text(&h, ledgers.path());
     assert!(
         text.contains("slice uid-1-0 (DRA claim team-a/train): gpu 0 gpu-0-shared  cap 20480MiB, compute share 30%"),
         "{text}"
     );
+    // What its containers hold, from the claim's one ledger on the host
+    // (a process of another pid namespace: it stays counted).
+    let usage = h.path("run/gpuslice/claims/uid-1-0/usage");
+    std::fs::create_dir_all(usage.parent().unwrap()).unwrap();
+    let ledger = gpuslice_ledger::Ledger::create(
+        &usage,
+        "uid-1-0",
+        &[gpuslice_ledger::DeviceSpec {
+            uuid: "GPU-x".into(),
+            cap: 20 << 30,
+        }],
+    )
+    .unwrap();
+    let slot = ledger.attach().unwrap();
+    ledger.reserve(slot, 0, 3 << 30).unwrap();
+    let v = slices_json(&h, ledgers.path());
+    assert_eq!(v["dra_claims"][0]["used_bytes"], 3u64 << 30, "{v}");
+    let text = slices_text(&h, ledgers.path());
+    assert!(text.contains("used 3072MiB / cap 20480MiB"), "{text}");
+    drop(ledger);
     // A checkpoint it cannot read is said, not taken for none.
     std::fs::write(h.path("var/lib/gpuslice/dra/checkpoint.json"), "{not json").unwrap();
     let v = slices_json(&h, ledgers.path());

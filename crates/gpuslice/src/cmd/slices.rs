@@ -295,8 +295,23 @@ fn now_ms() -> u64 {
 
 /// A DRA claim's slice: what it was granted (its usage ledger is in its
 /// container's own tmpfs, not visible here).
-fn dra_json(s: &gpuslice_dra::checkpoint::PreparedSlice) -> Value {
+/// What a claim's slice holds by its usage ledger, the one all its
+/// containers share on the host (`<root>/run/gpuslice/claims/<slice>/usage`);
+/// None before any process of it started (or for an uncapped slice).
+fn dra_used(root: &std::path::Path, slice: &str) -> Option<u64> {
+    let usage = root
+        .join(gpuslice_dra::claimfs::CLAIMS_DIR)
+        .join(slice)
+        .join(gpuslice_ledger::limits::USAGE_FILE);
+    // A reader's open: no link followed, a regular file only, guarded.
+    let l = gpuslice_ledger::Ledger::open(&usage).ok()?;
+    let _ = l.reap();
+    Some(l.used(0))
+}
+
+fn dra_json(s: &gpuslice_dra::checkpoint::PreparedSlice, root: &std::path::Path) -> Value {
     json!({
+        "used_bytes": dra_used(root, &s.slice),
         "slice": s.slice,
         "claim_namespace": s.namespace,
         "claim_name": s.name,
@@ -309,10 +324,12 @@ fn dra_json(s: &gpuslice_dra::checkpoint::PreparedSlice) -> Value {
     })
 }
 
-fn print_dra(s: &gpuslice_dra::checkpoint::PreparedSlice) {
+fn print_dra(s: &gpuslice_dra::checkpoint::PreparedSlice, root: &std::path::Path) {
     let grant = match s.caps {
         Some(c) => format!(
-            "cap {}, compute share {}%",
+            "{}cap {}, compute share {}%",
+            dra_used(root, &s.slice)
+                .map_or(String::new(), |u| format!("used {} / ", mib(&json!(u)))),
             mib(&json!(c.memory_bytes)),
             c.compute_percent
         ),
@@ -416,7 +433,7 @@ pub fn run(global: &Global) -> Result<i32> {
             })).collect::<Vec<_>>(),
         });
         match &dra {
-            Ok(d) => out["dra_claims"] = d.iter().map(dra_json).collect(),
+            Ok(d) => out["dra_claims"] = d.iter().map(|s| dra_json(s, &global.host_root)).collect(),
             Err(e) => out["dra_error"] = json!(e.to_string()),
         }
         println!("{}", serde_json::to_string_pretty(&out)?);
@@ -425,7 +442,7 @@ pub fn run(global: &Global) -> Result<i32> {
     match &dra {
         Ok(d) => {
             for s in d {
-                print_dra(s);
+                print_dra(s, &global.host_root);
             }
         }
         Err(e) => println!("DRA claims: {e}"),
