@@ -47,6 +47,9 @@
 #              shared 4 ways (only gpu.shared served; two 1-replica requests packed onto it, both
 #              slices run the probe at once; ledger dirs removed once PodResources drops the pods),
 #              kubelet restarts, 60 s health (~90 s)
+#   enforcer   issue 25: the lookups the shim closed (dlvsym, libc's dlsym, dlmopen), root's enforcer
+#              killing a client that allocates past the shim, slices --json against nvidia-smi, the
+#              enforcer's CPU, doctor on memory partitions (device_enforcer.py, ~120 s, at most 240)
 #   dra        issue 19: the DRA driver publishes the GPU to its API test double and prepares
 #              20Gi/30 and 40Gi/60 claims (bench dra-selftest); both slices started from their CDI
 #              device IDs by `gpuslice run --cdi-device` with PyTorch: mem_get_info total == cap,
@@ -150,6 +153,12 @@ part_dra() {
     # DRA claims applied by `gpuslice run --cdi-device`; dra.json "pass", bench-dra.json.
     DRA_BUDGET_S=${DRA_BUDGET_S:-120} bounded 140 python3 scripts/device_dra.py "$work"
 }
+part_enforcer() {
+    # Issue 25: the closed lookups, root's enforcer killing a process that
+    # reaches the driver past the shim, slices against nvidia-smi, the
+    # enforcer's CPU, doctor on partitions (device_enforcer.py, ~120 s).
+    bounded 240 python3 scripts/device_enforcer.py "$work"
+}
 part_users() {
     # Makes /dev/gpualias (a copy of /dev/nvidia0) and removes it again.
     bounded 240 python3 scripts/device_users.py "$work"
@@ -178,7 +187,7 @@ part_doctor() {
 # parts that finished.
 collect() {
     tar czf "$out/results.tgz" -C "$work" .
-    for f in launch-phases.json memphys.json hostpid.json gpt2.json gpt2-perf.json gemm-cap.json procutil.json isolation.json launch-none.json layout.json doctor.json cdi.json exporter.json plugin.json compute.json compute-diag.json compute-trace.json users.json integrity.json boundary.json launch-boundary.json dra.json bench-dra.json; do
+    for f in launch-phases.json memphys.json hostpid.json gpt2.json gpt2-perf.json gemm-cap.json procutil.json isolation.json launch-none.json layout.json doctor.json cdi.json exporter.json plugin.json compute.json compute-diag.json compute-trace.json users.json integrity.json boundary.json launch-boundary.json dra.json bench-dra.json enforcer.json; do
         [ -f "$work/$f" ] && cp "$work/$f" "$out/"
     done
 }
