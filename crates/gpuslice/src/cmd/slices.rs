@@ -235,7 +235,28 @@ fn mib(v: &Value) -> String {
     )
 }
 
+/// The line `slices` and `top` end with on a fake host (`gpuslice
+/// fakehost`), as `list` does: None on a real one.
+pub fn simulation_note(global: &Global) -> Option<String> {
+    fakegpu::is_fake_host(&global.host_root).then(|| {
+        format!(
+            "SIMULATION: {} is a fake GPU host (gpuslice fakehost): these GPUs and their use are simulated",
+            global.host_root.display()
+        )
+    })
+}
+
 pub fn run(global: &Global) -> Result<i32> {
+    let code = report(global)?;
+    if !global.json {
+        if let Some(note) = simulation_note(global) {
+            println!("{note}");
+        }
+    }
+    Ok(code)
+}
+
+fn report(global: &Global) -> Result<i32> {
     let dir = gpuslice_ledger::ledger_dir();
     reap_stale_ledgers(&dir);
     let table = ProcessTable::scan();
@@ -246,7 +267,11 @@ pub fn run(global: &Global) -> Result<i32> {
     let dra_dir = super::dra::state_dir(global);
     let dra = gpuslice_dra::checkpoint::prepared_slices(&dra_dir);
     if global.json {
-        let mut out = json!({ "dir": dir.display().to_string(), "slices": slices });
+        let mut out = json!({
+            "dir": dir.display().to_string(),
+            "simulation": fakegpu::is_fake_host(&global.host_root),
+            "slices": slices,
+        });
         match &dra {
             Ok(d) => out["dra_claims"] = d.iter().map(dra_json).collect(),
             Err(e) => out["dra_error"] = json!(e.to_string()),
