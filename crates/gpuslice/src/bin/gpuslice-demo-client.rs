@@ -4,8 +4,10 @@
 //! meets in a slice is what any CUDA program meets: the shim
 //! (`--memory`, `--compute`) in front of the driver.
 //!
-//! - `memory SIZE` (`3GiB`): asks for SIZE in 256 MiB `cuMemAlloc`s and
-//!   says where it was refused, with the CUDA error; frees all.
+//! - `memory SIZE [SECONDS]` (`3GiB`): asks for SIZE in 256 MiB
+//!   `cuMemAlloc`s and says where it was refused, with the CUDA error;
+//!   holds what it got for SECONDS (default 0: `gpuslice top` shows it
+//!   meanwhile), then frees all.
 //! - `compute SECONDS`: launches 200 µs kernels back to back for 0.5 s +
 //!   SECONDS and says which share of the GPU's time it got over the last
 //!   SECONDS. The GPU time is the fake driver's (`fakegpuBusyNs`): this
@@ -23,7 +25,7 @@ use gpuslice_cuda_load::{Lib, Symbol};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::time::{Duration, Instant};
 
-const USAGE: &str = "usage: gpuslice-demo-client memory SIZE | compute SECONDS";
+const USAGE: &str = "usage: gpuslice-demo-client memory SIZE [SECONDS] | compute SECONDS";
 const GIB: f64 = (1u64 << 30) as f64;
 /// The block `memory` allocates at a time.
 const BLOCK: u64 = 256 << 20;
@@ -36,10 +38,16 @@ const WARMUP: Duration = Duration::from_millis(500);
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let code = match (args.first().map(String::as_str), args.get(1)) {
-        (Some("memory"), Some(size)) => match gpuslice_ledger::parse_size(size) {
-            Some(bytes) => report(memory(bytes)),
-            None => usage(&format!("not a size: {size}")),
-        },
+        (Some("memory"), Some(size)) => {
+            let hold = args.get(2).map_or(Some(0.0), |s| s.parse::<f64>().ok());
+            match (gpuslice_ledger::parse_size(size), hold) {
+                (Some(bytes), Some(h)) if h >= 0.0 && h.is_finite() => {
+                    report(memory(bytes, Duration::from_secs_f64(h)))
+                }
+                (None, _) => usage(&format!("not a size: {size}")),
+                _ => usage("not a number of seconds to hold"),
+            }
+        }
         (Some("compute"), Some(secs)) => match secs.parse::<f64>() {
             Ok(s) if s > 0.0 && s.is_finite() => report(compute(Duration::from_secs_f64(s))),
             _ => usage(&format!("not a number of seconds: {secs}")),
@@ -155,7 +163,7 @@ fn slice_name() -> String {
     std::env::var("GPUSLICE_SLICE").unwrap_or_else(|_| "(none: not in a gpuslice slice)".into())
 }
 
-fn memory(want: u64) -> Result<(), String> {
+fn memory(want: u64, hold: Duration) -> Result<(), String> {
     let cu = Cuda::open()?;
     let mark = cu.mark;
     let info: Symbol<pfn::MemGetInfo> = cu.sym("cuMemGetInfo_v2")?;
@@ -216,6 +224,7 @@ fn memory(want: u64) -> Result<(), String> {
             cu.error_name(rc)
         ),
     }
+    std::thread::sleep(hold);
     for p in held {
         // SAFETY: each pointer came from cuMemAlloc above, freed once.
         unsafe { free(p) };

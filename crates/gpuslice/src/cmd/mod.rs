@@ -13,3 +13,4 @@ pub mod run;
 pub mod slice_setup;
 pub mod slices;
 pub mod tenant;
+pub mod top;

@@ -184,22 +184,19 @@ fn dra_json(s: &gpuslice_dra::checkpoint::PreparedSlice) -> Value {
     })
 }
 
-fn print_dra(s: &gpuslice_dra::checkpoint::PreparedSlice) {
-    let grant = match s.caps {
-        Some(c) => format!(
-            "cap {}, compute share {}%",
-            mib(&json!(c.memory_bytes)),
-            c.compute_percent
-        ),
-        None => "the whole device".into(),
+fn print_dra(s: &Value) {
+    let grant = match (s["cap_bytes"].as_u64(), s["compute_percent"].as_u64()) {
+        (Some(bytes), Some(pct)) => format!("cap {}, compute share {pct}%", mib(&json!(bytes))),
+        _ => "the whole device".into(),
     };
+    let text = |k: &str| printable(s[k].as_str().unwrap_or("?"));
     println!(
         "slice {} (DRA claim {}/{}): gpu {} {}  {grant}",
-        printable(&s.slice),
-        printable(&s.namespace),
-        printable(&s.name),
-        s.gpu,
-        printable(&s.device)
+        text("slice"),
+        text("claim_namespace"),
+        text("claim_name"),
+        s["gpu"],
+        text("device")
     );
 }
 
@@ -240,7 +237,7 @@ fn mib(v: &Value) -> String {
 pub fn simulation_note(global: &Global) -> Option<String> {
     fakegpu::is_fake_host(&global.host_root).then(|| {
         format!(
-            "SIMULATION: {} is a fake GPU host (gpuslice fakehost): these GPUs and their use are simulated",
+            "SIMULATION: {} is a fake GPU host (gpuslice fakehost): simulated GPUs and use",
             global.host_root.display()
         )
     })
@@ -256,29 +253,43 @@ pub fn run(global: &Global) -> Result<i32> {
     Ok(code)
 }
 
-fn report(global: &Global) -> Result<i32> {
+/// What `slices --json` prints, and what `gpuslice top` shows each
+/// second: every slice of the ledger directory (the stale ones reaped
+/// first, as any reader reaps them) with its devices, share, use,
+/// processes and their enforcement, and the DRA claims prepared here.
+pub fn snapshot(global: &Global) -> Value {
     let dir = gpuslice_ledger::ledger_dir();
     reap_stale_ledgers(&dir);
     let table = ProcessTable::scan();
-    let mut slices: Vec<Value> = gpuslice_ledger::list_dir(&dir)
+    let slices: Vec<Value> = gpuslice_ledger::list_dir(&dir)
         .iter()
         .map(|p| describe(p, &table))
         .collect();
     let dra_dir = super::dra::state_dir(global);
-    let dra = gpuslice_dra::checkpoint::prepared_slices(&dra_dir);
+    let mut out = json!({
+        "dir": dir.display().to_string(),
+        "simulation": fakegpu::is_fake_host(&global.host_root),
+        "slices": slices,
+    });
+    match gpuslice_dra::checkpoint::prepared_slices(&dra_dir) {
+        Ok(d) => out["dra_claims"] = d.iter().map(dra_json).collect(),
+        Err(e) => out["dra_error"] = json!(e.to_string()),
+    }
+    out
+}
+
+fn report(global: &Global) -> Result<i32> {
+    let snap = snapshot(global);
     if global.json {
-        let mut out = json!({
-            "dir": dir.display().to_string(),
-            "simulation": fakegpu::is_fake_host(&global.host_root),
-            "slices": slices,
-        });
-        match &dra {
-            Ok(d) => out["dra_claims"] = d.iter().map(dra_json).collect(),
-            Err(e) => out["dra_error"] = json!(e.to_string()),
-        }
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        println!("{}", serde_json::to_string_pretty(&snap)?);
         return Ok(0);
     }
+    let dir = snap["dir"].as_str().unwrap_or("?");
+    let mut slices: Vec<Value> = snap["slices"].as_array().cloned().unwrap_or_default();
+    let dra: Result<Vec<Value>, &str> = match snap.get("dra_error") {
+        Some(e) => Err(e.as_str().unwrap_or("?")),
+        None => Ok(snap["dra_claims"].as_array().cloned().unwrap_or_default()),
+    };
     match &dra {
         Ok(d) => {
             for s in d {
@@ -291,10 +302,7 @@ fn report(global: &Global) -> Result<i32> {
         if dra.is_ok_and(|d| !d.is_empty()) {
             return Ok(0);
         }
-        println!(
-            "no slices with a memory cap or compute share in {}",
-            dir.display()
-        );
+        println!("no slices with a memory cap or compute share in {dir}");
         return Ok(0);
     }
     for s in slices.iter_mut() {
