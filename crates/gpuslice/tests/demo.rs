@@ -188,6 +188,11 @@ fn the_readme_demo_shows_the_cap_refuse_and_two_slices_share_a_gpu() {
     // 1. The host, with its driver.
     assert!(said[0].starts_with("SIMULATION:"), "{}", said[0]);
     assert!(host.join(".fakegpu/lib/libcuda.so.1").exists());
+    assert!(
+        said[0].contains("The fake CUDA driver is installed in"),
+        "{}",
+        said[0]
+    );
     // 2. The cap: 8 blocks of 256 MiB fit in 2 GiB, the 9th is refused by
     // the CUDA error a real driver gives.
     let mem = &said[1];

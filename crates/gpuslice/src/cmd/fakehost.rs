@@ -105,20 +105,35 @@ fn walkthrough(root: &Path, gpus: u32, driver: bool) -> String {
          \x20     # with --privileged, which keeps it, the slice's device cgroup still refuses the node);\n\
          \x20     # its own GPU's node opens as far as a fake node can: No such device or address\n\
          {}\nRemove it with: rm -rf {r}\n",
-        if driver { driver_walkthrough(root) } else { String::new() }
+        if driver {
+            driver_walkthrough(root, pick)
+        } else {
+            String::new()
+        }
     )
 }
 
 /// What the fake driver adds: CUDA programs run in the slices.
-fn driver_walkthrough(root: &Path) -> String {
+fn driver_walkthrough(root: &Path, pick: u32) -> String {
     let r = root.display();
     let lib = root.join(fakegpu::DRIVER_DIR);
+    // Built beside gpuslice (cargo puts every binary of the workspace in
+    // one directory); not installed by scripts/install.sh.
+    let client = std::env::current_exe()
+        .ok()
+        .and_then(|e| Some(e.parent()?.join("gpuslice-demo-client")))
+        .filter(|c| c.is_file())
+        .map_or_else(
+            || "gpuslice-demo-client".to_string(),
+            |c| c.display().to_string(),
+        );
     format!(
         "\nThe fake CUDA driver is installed in {l} (libcuda.so.1, libnvidia-ml.so.1: SIMULATION,\n\
          one shared engine per GPU). `gpuslice --host-root {r} run` points the slice's programs at it\n\
          (FAKEGPU_ROOT, LD_LIBRARY_PATH, FAKEGPU_ENGINE), so --memory and --compute are enforced on them:\n\
-         \n  gpuslice --host-root {r} run --gpus 3 --memory 2GiB -- gpuslice-demo-client memory 3GiB\n\
-         \x20 gpuslice --host-root {r} top\n",
+         \n  gpuslice --host-root {r} run --gpus {pick} --memory 2GiB -- {client} memory 3GiB\n\
+         \x20 gpuslice --host-root {r} run --gpus 0 --compute 30 -- {client} compute 10\n\
+         \x20 gpuslice --host-root {r} top      # meanwhile, in another shell: q quits\n",
         l = lib.display()
     )
 }
