@@ -184,8 +184,12 @@ fn memory(want: u64, hold: Duration) -> Result<(), String> {
         std::thread::sleep(Duration::from_millis(20));
         (free_b, total) = get_info()?;
     }
+    let count: Symbol<pfn::DeviceGetCount> = cu.sym("cuDeviceGetCount")?;
+    let mut n: c_int = 0;
+    // SAFETY: a valid out-pointer.
+    cu.check("cuDeviceGetCount", unsafe { count(&mut n) })?;
     println!(
-        "{mark}slice {}: GPU 0 is an {}; cuMemGetInfo: {} total, {} free",
+        "{mark}slice {}: CUDA sees {n} GPU(s), the first an {}; cuMemGetInfo: {} total, {} free",
         slice_name(),
         cu.device_name(),
         gib(total),
