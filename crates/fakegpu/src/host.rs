@@ -517,3 +517,36 @@ pub fn inject_xid_below(root: &Path, uuid: &str, xid: u64) -> io::Result<()> {
         .open(root.join(STATE_DIR).join("xid"))?;
     writeln!(f, "{uuid} {xid}")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A test's host passes its own environment: `run` adds none to it.
+    /// Once its driver and engine are installed (`fakehost --driver`),
+    /// the slice's programs are pointed at them, the driver first.
+    #[test]
+    fn only_a_host_with_its_driver_installed_points_programs_at_it() {
+        let h = FakeHost::builder().gpus(1).build().unwrap();
+        let old = OsStr::new("/opt/lib");
+        assert!(simulated_driver_env(h.root(), Some(old)).is_none());
+        let so = h.path("built-driver.so");
+        fs::write(&so, "a driver").unwrap();
+        h.install_driver(&so).unwrap();
+        let env = simulated_driver_env(h.root(), Some(old)).unwrap();
+        let get = |k: &str| env.iter().find(|(n, _)| *n == k).unwrap().1.clone();
+        assert_eq!(get("FAKEGPU_ROOT"), h.root().as_os_str());
+        assert_eq!(
+            get("LD_LIBRARY_PATH"),
+            OsStr::new(&format!("{}:/opt/lib", h.path(DRIVER_DIR).display()))
+        );
+        assert_eq!(get("FAKEGPU_ENGINE"), h.path(ENGINE_FILE).as_os_str());
+        assert_eq!(
+            fs::read_to_string(h.path(DRIVER_DIR).join("libcuda.so.1")).unwrap(),
+            "a driver"
+        );
+        // Not a fake host (no kernel truth): nothing, whatever else is there.
+        fs::remove_file(h.path(KERNEL_FILE)).unwrap();
+        assert!(simulated_driver_env(h.root(), None).is_none());
+    }
+}
