@@ -28,6 +28,40 @@ pub fn is_fake_host(root: &Path) -> bool {
     root.join(KERNEL_FILE).is_file()
 }
 
+/// Where [`FakeHost::install_driver`] puts the fake driver, under the root.
+pub const DRIVER_DIR: &str = ".fakegpu/lib";
+/// The shared engine of a host with an installed driver, under the root
+/// (`FAKEGPU_ENGINE`: one simulated GPU timeline for every process).
+pub const ENGINE_FILE: &str = ".fakegpu/engine";
+
+/// The environment that points a CUDA program at the fake driver
+/// installed in the fake host at `root` (`gpuslice fakehost --driver`):
+/// `FAKEGPU_ROOT`, `LD_LIBRARY_PATH` (the driver's directory first, before
+/// `old_ld_path`) and `FAKEGPU_ENGINE`. None unless `root` is a fake host
+/// with its driver *and* engine installed: two `stat`s, so that `gpuslice
+/// run` can afford them (a test's [`FakeHost`] has no engine file and
+/// keeps passing its own environment).
+pub fn simulated_driver_env(
+    root: &Path,
+    old_ld_path: Option<&OsStr>,
+) -> Option<Vec<(&'static str, std::ffi::OsString)>> {
+    let lib = root.join(DRIVER_DIR);
+    let engine = root.join(ENGINE_FILE);
+    if !(is_fake_host(root) && lib.join("libcuda.so.1").exists() && engine.is_file()) {
+        return None;
+    }
+    let mut ld = lib.into_os_string();
+    if let Some(old) = old_ld_path.filter(|o| !o.is_empty()) {
+        ld.push(":");
+        ld.push(old);
+    }
+    Some(vec![
+        ("FAKEGPU_ROOT", root.as_os_str().to_owned()),
+        ("LD_LIBRARY_PATH", ld),
+        ("FAKEGPU_ENGINE", engine.into_os_string()),
+    ])
+}
+
 /// A fake GPU host under a root directory: device nodes, procfs, sysfs and
 /// the kernel truth the fake driver reads. A temporary root is removed when
 /// the host is dropped (see [`FakeHost::keep`]).
@@ -403,6 +437,31 @@ impl FakeHost {
         dir
     }
 
+    /// Installs the fake driver in the host, for a person's CUDA programs
+    /// (`gpuslice fakehost --driver`): a copy of the built driver `so` in
+    /// [`DRIVER_DIR`] under the names of the real libraries, and the
+    /// shared engine file, so that [`simulated_driver_env`] finds both.
+    /// Returns the driver's directory.
+    pub fn install_driver(&self, so: &Path) -> io::Result<PathBuf> {
+        let dir = self.path(DRIVER_DIR);
+        fs::create_dir_all(&dir)?;
+        let copy = dir.join(crate::DRIVER_SO);
+        fs::copy(so, &copy)?;
+        for name in [
+            "libcuda.so.1",
+            "libcuda.so",
+            "libnvidia-ml.so.1",
+            "libnvidia-ml.so",
+        ] {
+            tree::relink(Path::new(crate::DRIVER_SO), &dir.join(name))?;
+        }
+        // Every slice's processes, of any user, queue their work on it.
+        let engine = self.path(ENGINE_FILE);
+        fs::File::create(&engine)?;
+        fs::set_permissions(&engine, fs::Permissions::from_mode(0o666))?;
+        Ok(dir)
+    }
+
     /// `<root>/.fakegpu/lib/libnvidia-ml.so.1` (for `gpuslice_cuda_load::open_nvml`).
     pub fn nvml_lib(&self) -> PathBuf {
         self.driver_lib_dir().join("libnvidia-ml.so.1")
@@ -471,4 +530,37 @@ pub fn inject_xid_below(root: &Path, uuid: &str, xid: u64) -> io::Result<()> {
         .append(true)
         .open(root.join(STATE_DIR).join("xid"))?;
     writeln!(f, "{uuid} {xid}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A test's host passes its own environment: `run` adds none to it.
+    /// Once its driver and engine are installed (`fakehost --driver`),
+    /// the slice's programs are pointed at them, the driver first.
+    #[test]
+    fn only_a_host_with_its_driver_installed_points_programs_at_it() {
+        let h = FakeHost::builder().gpus(1).build().unwrap();
+        let old = OsStr::new("/opt/lib");
+        assert!(simulated_driver_env(h.root(), Some(old)).is_none());
+        let so = h.path("built-driver.so");
+        fs::write(&so, "a driver").unwrap();
+        h.install_driver(&so).unwrap();
+        let env = simulated_driver_env(h.root(), Some(old)).unwrap();
+        let get = |k: &str| env.iter().find(|(n, _)| *n == k).unwrap().1.clone();
+        assert_eq!(get("FAKEGPU_ROOT"), h.root().as_os_str());
+        assert_eq!(
+            get("LD_LIBRARY_PATH"),
+            OsStr::new(&format!("{}:/opt/lib", h.path(DRIVER_DIR).display()))
+        );
+        assert_eq!(get("FAKEGPU_ENGINE"), h.path(ENGINE_FILE).as_os_str());
+        assert_eq!(
+            fs::read_to_string(h.path(DRIVER_DIR).join("libcuda.so.1")).unwrap(),
+            "a driver"
+        );
+        // Not a fake host (no kernel truth): nothing, whatever else is there.
+        fs::remove_file(h.path(KERNEL_FILE)).unwrap();
+        assert!(simulated_driver_env(h.root(), None).is_none());
+    }
 }

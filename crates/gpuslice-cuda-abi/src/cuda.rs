@@ -268,6 +268,9 @@ pub mod pfn {
     pub type CtxGetDevice = unsafe extern "C" fn(dev: *mut CUdevice) -> CUresult;
     pub type CtxGetCurrent = unsafe extern "C" fn(ctx: *mut CUcontext) -> CUresult;
     pub type CtxSynchronize = unsafe extern "C" fn() -> CUresult;
+    /// `cuGetErrorName` (also `cuGetErrorString`): a static string.
+    pub type GetErrorName =
+        unsafe extern "C" fn(error: CUresult, pstr: *mut *const c_char) -> CUresult;
     pub type ThreadExchangeStreamCaptureMode = unsafe extern "C" fn(mode: *mut c_int) -> CUresult;
     pub type StreamGetDevice =
         unsafe extern "C" fn(stream: CUstream, dev: *mut CUdevice) -> CUresult;

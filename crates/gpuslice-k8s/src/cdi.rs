@@ -869,12 +869,12 @@ impl Builder<'_> {
         };
         let Some(memory) = gpu.memory_bytes else {
             self.warnings.push(format!(
-                "no shared variants of GPU {}: its memory size is unknown (NVML not used: {})",
+                "no shared variants of GPU {}: its memory size is unknown ({})",
                 gpu.index,
                 self.inv
                     .nvml_error
                     .as_deref()
-                    .unwrap_or("no memory reported")
+                    .unwrap_or("NVML reported no memory size")
             ));
             return;
         };

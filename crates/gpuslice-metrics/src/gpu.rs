@@ -19,20 +19,52 @@ pub fn labels(g: &Gpu) -> Labels {
     ]
 }
 
+/// A GPU's utilisation (%) and memory (bytes) as NVML reports them: what
+/// the exporter's `gpuslice_gpu_utilization_ratio` and
+/// `gpuslice_gpu_memory_*_bytes` say, and what `gpuslice top` shows. A
+/// field NVML cannot give is None.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Telemetry {
+    pub util_percent: Option<u32>,
+    pub memory_util_percent: Option<u32>,
+    pub memory_used: Option<u64>,
+    pub memory_free: Option<u64>,
+    pub memory_total: Option<u64>,
+}
+
+fn telemetry_of(dev: &Device) -> Telemetry {
+    let util = dev.utilization_rates().ok();
+    let mem = dev.memory_info().ok();
+    Telemetry {
+        util_percent: util.as_ref().map(|u| u.gpu),
+        memory_util_percent: util.as_ref().map(|u| u.memory),
+        memory_used: mem.as_ref().map(|m| m.used),
+        memory_free: mem.as_ref().map(|m| m.free),
+        memory_total: mem.as_ref().map(|m| m.total),
+    }
+}
+
+/// [`Telemetry`] of `g`; None when NVML does not know it.
+pub fn telemetry(nvml: &Nvml, g: &Gpu) -> Option<Telemetry> {
+    let dev = nvml.device_by_uuid(g.uuid.as_str()).ok()?;
+    Some(telemetry_of(&dev))
+}
+
 /// Adds every NVML series of `g` to `out`; false when NVML does not know it.
 pub fn collect(nvml: &Nvml, g: &Gpu, out: &mut Sample) -> bool {
     let Ok(dev) = nvml.device_by_uuid(g.uuid.as_str()) else {
         return false;
     };
     let l = labels(g);
-    if let Ok(u) = dev.utilization_rates() {
-        out.push(m::GPU_UTIL, &l, f64::from(u.gpu) / 100.0);
-        out.push(m::GPU_MEM_UTIL, &l, f64::from(u.memory) / 100.0);
+    let t = telemetry_of(&dev);
+    if let (Some(gpu), Some(mem)) = (t.util_percent, t.memory_util_percent) {
+        out.push(m::GPU_UTIL, &l, f64::from(gpu) / 100.0);
+        out.push(m::GPU_MEM_UTIL, &l, f64::from(mem) / 100.0);
     }
-    if let Ok(mem) = dev.memory_info() {
-        out.push(m::GPU_MEM_USED, &l, mem.used as f64);
-        out.push(m::GPU_MEM_FREE, &l, mem.free as f64);
-        out.push(m::GPU_MEM_TOTAL, &l, mem.total as f64);
+    if let (Some(used), Some(free), Some(total)) = (t.memory_used, t.memory_free, t.memory_total) {
+        out.push(m::GPU_MEM_USED, &l, used as f64);
+        out.push(m::GPU_MEM_FREE, &l, free as f64);
+        out.push(m::GPU_MEM_TOTAL, &l, total as f64);
     }
     if let Ok(t) = dev.temperature(TemperatureSensor::Gpu) {
         out.push(m::GPU_TEMP, &l, f64::from(t));

@@ -29,6 +29,8 @@ pub enum Command {
     Run(cmd::run::RunArgs),
     /// Live slices with a memory cap or compute share: their processes, cap, share and use per GPU (from their ledgers).
     Slices,
+    /// A live view of the GPUs and their slices (nvtop-style): memory and utilisation per GPU; per slice its cap and use, GPU-time share against its target, throttling, enforcement and processes. Refreshes each second; q quits.
+    Top(cmd::top::TopArgs),
     /// The kubelet device plugin: each GPU in one role: nvidia.com/gpu (whole), gpu.shared (replicas capped by the shim) or mig-<profile>.
     DevicePlugin(cmd::device_plugin::DevicePluginArgs),
     /// Drive the device plugin with a test kubelet and report JSON (the GPU machine's check, benchmarks).

@@ -115,6 +115,7 @@ pub fn run_full(cli: &Cli) -> anyhow::Result<i32> {
         Command::Bench(c) => gpuslice_bench::run(&bench_setup(g)?, c),
         Command::Doctor(args) => cmd::doctor::run(g, args),
         Command::Fakehost(args) => cmd::fakehost::run(g, args),
+        Command::Top(args) => cmd::top::run(g, args),
         Command::Completions { shell } => {
             clap_complete::generate(
                 *shell,

@@ -68,6 +68,25 @@ fn run_with_compute_holds_the_share_and_slices_shows_it() {
     );
     let text = slices_text(&h, ledgers.path());
     assert!(text.contains("compute share 40%"), "{text}");
+    // A fake host is labelled a simulation, as `list` labels it; a real
+    // host root (here: one without the fake host's kernel truth) is not.
+    assert!(text.contains("SIMULATION:"), "{text}");
+    assert_eq!(v["simulation"], true, "{v}");
+    let real = tempfile::tempdir().unwrap();
+    let out = Command::new(common::GPUSLICE)
+        .arg("--host-root")
+        .arg(real.path())
+        .arg("slices")
+        .env("GPUSLICE_LEDGER_DIR", ledgers.path())
+        .env("GPUSLICE_BOARD_DIR", ledgers.path().join("boards"))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && said.contains("compute share 40%"),
+        "{said}"
+    );
+    assert!(!said.contains("SIMULATION"), "{said}");
 
     let got = achieved(&child.wait_with_output().unwrap());
     assert!((got - 40.0).abs() <= 3.0, "achieved {got:.1}%");

@@ -130,3 +130,90 @@ fn fakehost_refuses_bad_input_and_leaves_nothing_behind() {
         .collect();
     assert_eq!(left, ["keep"]);
 }
+
+/// The share a demo client's line reports: `(compute share 30%): got
+/// 26.9% of the GPU's time`.
+fn reported_share(out: &str, pct: u32) -> f64 {
+    let line = out
+        .lines()
+        .find(|l| l.contains(&format!("(compute share {pct}%)")))
+        .unwrap_or_else(|| panic!("no line of the {pct} % slice: {out}"));
+    assert!(line.starts_with("SIMULATION: "), "{line}");
+    line.split("got ")
+        .nth(1)
+        .and_then(|r| r.split('%').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no share in {line}"))
+}
+
+/// README.md's demo, its commands run as written (only the binaries'
+/// directory and the fake host's path moved): a fake host with the fake
+/// driver, a 2 GiB cap refusing a client's 3 GiB, and two slices at 30 and
+/// 70 % of one simulated GPU at once, each held near its share.
+#[test]
+fn the_readme_demo_shows_the_cap_refuse_and_two_slices_share_a_gpu() {
+    if !gpuslice_testkit::precondition(
+        "the_readme_demo_shows_the_cap_refuse_and_two_slices_share_a_gpu",
+        gpuslice_testkit::needs_root(),
+    ) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let host = tmp.path().join("fakehost");
+    let ledgers = tmp.path().join("ledgers");
+    let lines = common::readme_demo();
+    assert_eq!(
+        lines.len(),
+        3,
+        "at most three commands after the build: {lines:?}"
+    );
+    let mut said = Vec::new();
+    for line in &lines {
+        let cmd = common::readme_command(line, &host);
+        // What the README's reader has: no fake-driver variables of a test
+        // run, the default slice directories moved out of other tests' way.
+        let out = Command::new("sh")
+            .args(["-c", &cmd])
+            .env_remove("FAKEGPU_ROOT")
+            .env_remove("FAKEGPU_ENGINE")
+            .env_remove("FAKEGPU_TRACE")
+            .env("GPUSLICE_LEDGER_DIR", &ledgers)
+            .env("GPUSLICE_BOARD_DIR", ledgers.join("boards"))
+            .output()
+            .unwrap();
+        let stdout = text(&out.stdout);
+        assert!(out.status.success(), "{cmd}: {stdout}{}", text(&out.stderr));
+        said.push(stdout);
+    }
+    // 1. The host, with its driver.
+    assert!(said[0].starts_with("SIMULATION:"), "{}", said[0]);
+    assert!(host.join(".fakegpu/lib/libcuda.so.1").exists());
+    assert!(
+        said[0].contains("The fake CUDA driver is installed in"),
+        "{}",
+        said[0]
+    );
+    // 2. The cap: 8 blocks of 256 MiB fit in 2 GiB, the 9th is refused by
+    // the CUDA error a real driver gives.
+    let mem = &said[1];
+    assert!(
+        mem.contains("cuMemGetInfo: 2.00 GiB total"),
+        "the shim reports the cap: {mem}"
+    );
+    assert!(
+        mem.contains(
+            "SIMULATION: REFUSED at 2.00 GiB held: cuMemAlloc(256 MiB) returned \
+             CUDA_ERROR_OUT_OF_MEMORY (2)"
+        ),
+        "{mem}"
+    );
+    // 3. The shares: 30 and 70 % scaled to 90 % (27/63) on one engine; a
+    // loose band for a loaded 2-core machine, and the ratio, which an
+    // unshared or unenforced GPU would not give (each alone near 100 %,
+    // or both near 50 % on one engine).
+    let compute = &said[2];
+    let (a, b) = (reported_share(compute, 30), reported_share(compute, 70));
+    assert!((20.0..=33.0).contains(&a), "30 % slice got {a}: {compute}");
+    assert!((50.0..=73.0).contains(&b), "70 % slice got {b}: {compute}");
+    assert!(b / a >= 1.8 && b / a <= 3.0, "not 3:7: {a} / {b}");
+}

@@ -65,13 +65,20 @@ fn now() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// Devices the shared engine file has a word for.
-const ENGINE_DEVICES: usize = 64;
+/// Devices the shared engine file has a word for: one per PCI bus number
+/// (a fake host's buses are `0x18 + 0x10·i`, up to 0xf8: modulo 64 GPUs 0
+/// and 4 shared a word).
+const ENGINE_DEVICES: usize = 256;
+
+/// Words of the shared engine file: per device, the tail, then the GPU
+/// time queued so far.
+const ENGINE_WORDS: usize = 2 * ENGINE_DEVICES;
 
 /// The shared engine (`$FAKEGPU_ENGINE`): per device, when the work queued
-/// by every process ends (CLOCK_MONOTONIC ns). None: each process has its
-/// own GPU.
-fn engine() -> Option<&'static [AtomicU64; ENGINE_DEVICES]> {
+/// by every process ends (CLOCK_MONOTONIC ns; words 0..256), and how much
+/// work every process has queued on it (ns; words 256..512, which the fake
+/// NVML turns into utilisation). None: each process has its own GPU.
+fn engine() -> Option<&'static [AtomicU64; ENGINE_WORDS]> {
     static ENGINE: OnceLock<Option<usize>> = OnceLock::new();
     let addr = (*ENGINE.get_or_init(|| {
         let path = std::env::var_os("FAKEGPU_ENGINE").filter(|p| !p.is_empty())?;
@@ -82,7 +89,7 @@ fn engine() -> Option<&'static [AtomicU64; ENGINE_DEVICES]> {
             .truncate(false)
             .open(path)
             .ok()?;
-        let len = ENGINE_DEVICES * 8;
+        let len = ENGINE_WORDS * 8;
         file.set_len(len as u64).ok()?;
         // SAFETY: a fresh shared mapping of a file of `len` bytes, chosen
         // by the kernel; checked below and never unmapped.
@@ -98,9 +105,9 @@ fn engine() -> Option<&'static [AtomicU64; ENGINE_DEVICES]> {
         };
         (p != libc::MAP_FAILED).then_some(p as usize)
     }))?;
-    // SAFETY: a live, page-aligned mapping of ENGINE_DEVICES words, only
+    // SAFETY: a live, page-aligned mapping of ENGINE_WORDS words, only
     // ever accessed atomically (by every process that maps it).
-    Some(unsafe { &*(addr as *const [AtomicU64; ENGINE_DEVICES]) })
+    Some(unsafe { &*(addr as *const [AtomicU64; ENGINE_WORDS]) })
 }
 
 /// When `ns` of work that could start at `ready` starts on `dev`'s shared
@@ -109,9 +116,11 @@ fn engine_start(dev: usize, ready: u64, ns: u64) -> u64 {
     // One word per physical GPU, by its PCI bus (ordinals differ between
     // processes that see different GPUs).
     let word = device(dev as CUdevice).map(|d| d.pci.bus as usize % ENGINE_DEVICES);
-    let Some(tail) = engine().zip(word.ok()).map(|(e, w)| &e[w]) else {
+    let Some((e, w)) = engine().zip(word.ok()) else {
         return ready;
     };
+    e[ENGINE_DEVICES + w].fetch_add(ns, Ordering::AcqRel);
+    let tail = &e[w];
     let mut seen = tail.load(Ordering::Acquire);
     loop {
         let start = ready.max(seen);
@@ -120,6 +129,18 @@ fn engine_start(dev: usize, ready: u64, ns: u64) -> u64 {
             Err(now_seen) => seen = now_seen,
         }
     }
+}
+
+/// GPU time the shared engine of the GPU on PCI bus `bus` has completed
+/// (every process's work), and the clock it was read at; None without a
+/// shared engine.
+pub(crate) fn engine_busy(bus: u32) -> Option<(u64, u64)> {
+    let e = engine()?;
+    let w = bus as usize % ENGINE_DEVICES;
+    let t = now();
+    let tail = e[w].load(Ordering::Acquire);
+    let queued = e[ENGINE_DEVICES + w].load(Ordering::Acquire);
+    Some((queued - tail.saturating_sub(t).min(queued), t))
 }
 
 fn env_ns(name: &str, default: u64) -> u64 {

@@ -23,6 +23,7 @@ use crate::memory;
 
 pub use init::PciAddress;
 use init::{Device, InitOutcome};
+pub(crate) use launch::engine_busy;
 
 pub use gpuslice_cuda_abi::cuda::*;
 

@@ -28,6 +28,7 @@ prototypes! {
     DevicePrimaryCtxRelease: cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2;
     CtxSetCurrent: cuCtxSetCurrent;
     CtxGetCurrent: cuCtxGetCurrent;
+    GetErrorName: cuGetErrorName, cuGetErrorString;
     CtxGetDevice: cuCtxGetDevice;
     CtxSynchronize: cuCtxSynchronize;
     CtxCreate: cuCtxCreate_v2;

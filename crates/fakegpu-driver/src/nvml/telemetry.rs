@@ -4,7 +4,7 @@
 //!
 //! | call | value |
 //! |---|---|
-//! | utilization | gpu `(10·m) % 100` %, memory `(5·m) % 100` % |
+//! | utilization | gpu `(10·m) % 100` %, memory `(5·m) % 100` %; with a shared engine (`$FAKEGPU_ENGINE`) gpu is measured: the share of time the engine ran anyone's work since this process's previous call (0 at the first) |
 //! | temperature (GPU sensor) | `30 + m` °C |
 //! | power | `100 000 + 1 000·m` mW |
 //! | total energy | `1 000 000·(m+1)` mJ at init, growing at the power above |
@@ -35,6 +35,30 @@ fn epoch() -> Instant {
     *EPOCH.get_or_init(Instant::now)
 }
 
+/// The engine's busy share since this process last asked about the GPU,
+/// as NVML averages utilisation over its last sample period; None without
+/// a shared engine.
+fn measured_util(t: &Target) -> Result<Option<c_uint>, NvmlReturn> {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    static LAST: Mutex<Option<HashMap<u32, (u64, u64)>>> = Mutex::new(None);
+    let gpu = t.whole_gpu()?;
+    let bus = crate::cuda::PciAddress::parse(&gpu.info.pci_bus_id)
+        .unwrap_or_default()
+        .bus;
+    let Some((busy, at)) = crate::cuda::engine_busy(bus) else {
+        return Ok(None);
+    };
+    let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());
+    let prev = last
+        .get_or_insert_with(HashMap::new)
+        .insert(bus, (busy, at));
+    Ok(Some(match prev {
+        Some((b0, t0)) if at > t0 => (100 * busy.saturating_sub(b0) / (at - t0)).min(100) as c_uint,
+        _ => 0,
+    }))
+}
+
 /// # Safety
 /// `util` must be null or valid for a write.
 #[no_mangle]
@@ -44,8 +68,12 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
 ) -> NvmlReturn {
     with_device(device, |t| {
         let m = minor(t)?;
+        let gpu = match measured_util(t)? {
+            Some(pct) => pct,
+            None => ((10 * m) % 100) as c_uint,
+        };
         let value = NvmlUtilization {
-            gpu: ((10 * m) % 100) as c_uint,
+            gpu,
             memory: ((5 * m) % 100) as c_uint,
         };
         // SAFETY: caller contract.

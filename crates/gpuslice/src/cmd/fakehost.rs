@@ -24,6 +24,10 @@ pub struct FakehostArgs {
     /// Number of simulated GPUs (NVIDIA H200, 141 GiB, driver 580).
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=fakegpu::MAX_GPUS as i64))]
     pub gpus: u32,
+
+    /// Also install the fake CUDA driver (a simulated libcuda and NVML, with one shared engine per GPU) so that CUDA programs run in its slices: `run --host-root DIR` points them at it. Needs the fake driver built beside gpuslice (`cargo build --release` builds it).
+    #[arg(long)]
+    pub driver: bool,
 }
 
 pub fn run(global: &Global, args: &FakehostArgs) -> Result<i32> {
@@ -38,7 +42,21 @@ pub fn run(global: &Global, args: &FakehostArgs) -> Result<i32> {
     if !nix::unistd::geteuid().is_root() {
         bail!("fakehost needs root: it makes device nodes with mknod (run it in a root shell, or with sudo)");
     }
-    let host = FakeHost::builder().gpus(args.gpus).root(dir).build();
+    // Before anything is made: where the built fake driver is.
+    let so = match args.driver {
+        true => Some(fakegpu::try_driver_so_path().map_err(anyhow::Error::msg)?),
+        false => None,
+    };
+    let host = FakeHost::builder()
+        .gpus(args.gpus)
+        .root(dir)
+        .build()
+        .and_then(|h| {
+            if let Some(so) = &so {
+                h.install_driver(so)?;
+            }
+            Ok(h)
+        });
     let host = match host {
         Ok(h) => h,
         Err(e) => {
@@ -56,16 +74,21 @@ pub fn run(global: &Global, args: &FakehostArgs) -> Result<i32> {
     if global.json {
         println!(
             "{}",
-            serde_json::json!({ "simulation": true, "host_root": root, "gpus": args.gpus })
+            serde_json::json!({
+                "simulation": true,
+                "host_root": root,
+                "gpus": args.gpus,
+                "driver": args.driver.then(|| root.join(fakegpu::DRIVER_DIR)),
+            })
         );
     } else {
-        print!("{}", walkthrough(&root, args.gpus));
+        print!("{}", walkthrough(&root, args.gpus, args.driver));
     }
     Ok(0)
 }
 
 /// What was built and the commands to try next.
-fn walkthrough(root: &Path, gpus: u32) -> String {
+fn walkthrough(root: &Path, gpus: u32, driver: bool) -> String {
     let r = root.display();
     let pick = gpus.min(4) - 1;
     // Another GPU of the host, or (one GPU) a minor no GPU has.
@@ -81,7 +104,37 @@ fn walkthrough(root: &Path, gpus: u32) -> String {
          \x20     # re-creating another GPU's node: Operation not permitted (no CAP_MKNOD in the slice;\n\
          \x20     # with --privileged, which keeps it, the slice's device cgroup still refuses the node);\n\
          \x20     # its own GPU's node opens as far as a fake node can: No such device or address\n\
-         \nRemove it with: rm -rf {r}\n"
+         {}\nRemove it with: rm -rf {r}\n",
+        if driver {
+            driver_walkthrough(root, pick)
+        } else {
+            String::new()
+        }
+    )
+}
+
+/// What the fake driver adds: CUDA programs run in the slices.
+fn driver_walkthrough(root: &Path, pick: u32) -> String {
+    let r = root.display();
+    let lib = root.join(fakegpu::DRIVER_DIR);
+    // Built beside gpuslice (cargo puts every binary of the workspace in
+    // one directory); not installed by scripts/install.sh.
+    let client = std::env::current_exe()
+        .ok()
+        .and_then(|e| Some(e.parent()?.join("gpuslice-demo-client")))
+        .filter(|c| c.is_file())
+        .map_or_else(
+            || "gpuslice-demo-client".to_string(),
+            |c| c.display().to_string(),
+        );
+    format!(
+        "\nThe fake CUDA driver is installed in {l} (libcuda.so.1, libnvidia-ml.so.1: SIMULATION,\n\
+         one shared engine per GPU). `gpuslice --host-root {r} run` points the slice's programs at it\n\
+         (FAKEGPU_ROOT, LD_LIBRARY_PATH, FAKEGPU_ENGINE), so --memory and --compute are enforced on them:\n\
+         \n  gpuslice --host-root {r} run --gpus {pick} --memory 2GiB -- {client} memory 3GiB\n\
+         \x20 gpuslice --host-root {r} run --gpus 0 --compute 30 -- {client} compute 10\n\
+         \x20 gpuslice --host-root {r} top      # meanwhile, in another shell: q quits\n",
+        l = lib.display()
     )
 }
 

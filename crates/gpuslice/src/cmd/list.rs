@@ -86,7 +86,9 @@ pub fn table(inv: &Inventory) -> String {
         inv.sources.join("+"),
         inv.nvml_error
             .as_ref()
-            .map(|e| format!(" (NVML not used: {e})"))
+            // The reason says itself what happened ("NVML not used: …",
+            // "NVML unavailable …"): no prefix of ours.
+            .map(|e| format!(" ({e})"))
             .unwrap_or_default()
     );
     s

@@ -14,3 +14,4 @@ pub mod run;
 pub mod slice_setup;
 pub mod slices;
 pub mod tenant;
+pub mod top;

@@ -16,7 +16,7 @@ use gpuslice_isolate::Isolation;
 use gpuslice_ledger::limits::SliceLimits;
 use std::ffi::{CString, OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -236,7 +236,7 @@ pub fn run_with(global: &Global, args: &RunArgs, cdi: Option<CdiEdits>) -> Resul
         "isolation layers"
     );
     mark("planned");
-    let mut env = child_env(&inv, &sel, &slice_id, args, &tenant)?;
+    let mut env = child_env(&inv, &sel, &slice_id, args, &tenant, &global.host_root)?;
     // After child_env, which makes --cuda-cache's directory. A non-root
     // caller's command cannot write root's files anyway.
     if plan.privileges.confined() && !rootless {
@@ -601,6 +601,7 @@ fn child_env(
     slice_id: &str,
     args: &RunArgs,
     tenant: &Tenant,
+    host_root: &Path,
 ) -> Result<Vec<CString>> {
     let visible = sel.visible_devices(inv);
     let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
@@ -615,6 +616,22 @@ fn child_env(
     env.push(("CUDA_DEVICE_ORDER".into(), "PCI_BUS_ID".into()));
     env.push(("NVIDIA_VISIBLE_DEVICES".into(), nvidia_visible.into()));
     env.push(("GPUSLICE_SLICE".into(), slice_id.into()));
+    // A simulated host with its fake driver installed (`gpuslice fakehost
+    // --driver`): the command's CUDA programs load that driver, as they
+    // load the real one from the system's library path on a real host.
+    // Not when the caller already names a fake host (the tests do).
+    if !env.iter().any(|(k, _)| k == "FAKEGPU_ROOT") {
+        let old_ld = env
+            .iter()
+            .find(|(k, _)| k == "LD_LIBRARY_PATH")
+            .map(|(_, v)| v.clone());
+        if let Some(sim) = fakegpu::simulated_driver_env(host_root, old_ld.as_deref()) {
+            for (k, v) in sim {
+                env.retain(|(name, _)| name != k);
+                env.push((k.into(), v));
+            }
+        }
+    }
     if let Some(id) = &tenant.identity {
         for (k, v) in id.env() {
             env.retain(|(name, _)| name != k);

@@ -324,29 +324,36 @@ fn dra_json(s: &gpuslice_dra::checkpoint::PreparedSlice, root: &std::path::Path)
     })
 }
 
-fn print_dra(s: &gpuslice_dra::checkpoint::PreparedSlice, root: &std::path::Path) {
-    let grant = match s.caps {
-        Some(c) => format!(
-            "{}cap {}, compute share {}%",
-            dra_used(root, &s.slice)
+fn print_dra(s: &Value) {
+    let grant = match (s["cap_bytes"].as_u64(), s["compute_percent"].as_u64()) {
+        (Some(bytes), Some(pct)) => format!(
+            "{}cap {}, compute share {pct}%",
+            s["used_bytes"]
+                .as_u64()
                 .map_or(String::new(), |u| format!("used {} / ", mib(&json!(u)))),
-            mib(&json!(c.memory_bytes)),
-            c.compute_percent
+            mib(&json!(bytes))
         ),
-        None => "the whole device".into(),
+        _ => "the whole device".into(),
     };
+    let text = |k: &str| printable(s[k].as_str().unwrap_or("?"));
     println!(
         "slice {} (DRA claim {}/{}): gpu {} {}  {grant}",
-        printable(&s.slice),
-        printable(&s.namespace),
-        printable(&s.name),
-        s.gpu,
-        printable(&s.device)
+        text("slice"),
+        text("claim_namespace"),
+        text("claim_name"),
+        s["gpu"],
+        text("device")
     );
-    if !s.unenforceable.is_empty() {
+    let escapes: Vec<String> = s["unenforceable"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|w| w.as_str().map(printable))
+        .collect();
+    if !escapes.is_empty() {
         println!(
             "  NOT ENFORCED: its pods can escape the caps: {}",
-            printable(&s.unenforceable.join("; "))
+            escapes.join("; ")
         );
     }
 }
@@ -394,7 +401,32 @@ fn mib(v: &Value) -> String {
     )
 }
 
+/// The line `slices` and `top` end with on a fake host (`gpuslice
+/// fakehost`), as `list` does: None on a real one.
+pub fn simulation_note(global: &Global) -> Option<String> {
+    fakegpu::is_fake_host(&global.host_root).then(|| {
+        format!(
+            "SIMULATION: {} is a fake GPU host (gpuslice fakehost): simulated GPUs and use",
+            global.host_root.display()
+        )
+    })
+}
+
 pub fn run(global: &Global) -> Result<i32> {
+    let code = report(global)?;
+    if !global.json {
+        if let Some(note) = simulation_note(global) {
+            println!("{note}");
+        }
+    }
+    Ok(code)
+}
+
+/// What `slices --json` prints, and what `gpuslice top` shows each
+/// second: every slice of the ledger directory (the stale ones reaped
+/// first, as any reader reaps them) with its devices, share, use,
+/// processes and their enforcement, and the DRA claims prepared here.
+pub fn snapshot(global: &Global) -> Value {
     let dir = gpuslice_ledger::ledger_dir();
     reap_stale_ledgers(&dir);
     let table = ProcessTable::scan();
@@ -414,50 +446,68 @@ pub fn run(global: &Global) -> Result<i32> {
     let cgroups = gpuslice_isolate::cgroup::CgroupDriver::detect(None)
         .ok()
         .map(|d| d.slices_dir());
-    let mut slices: Vec<Value> = listed
+    let slices: Vec<Value> = listed
         .iter()
         .map(|p| describe(p, &table, &nvml, partitions.as_ref(), cgroups.as_deref()))
         .collect();
     let owners = junk_owners(&scan.junk);
     let dra_dir = super::dra::state_dir(global);
-    let dra = gpuslice_dra::checkpoint::prepared_slices(&dra_dir);
-    if global.json {
-        let mut out = json!({ "dir": dir.display().to_string(), "slices": slices });
-        // Apart from the slices: what else any local user put there.
-        out["junk"] = json!({
-            "count": scan.junk.len(),
-            "owners": owners.iter().map(|(uid, n)| json!({ "uid": uid, "entries": n })).collect::<Vec<_>>(),
-            "entries": scan.junk.iter().map(|j| json!({
-                "path": printable(&j.path.display().to_string()),
-                "uid": j.uid,
-            })).collect::<Vec<_>>(),
-        });
-        match &dra {
-            Ok(d) => out["dra_claims"] = d.iter().map(|s| dra_json(s, &global.host_root)).collect(),
-            Err(e) => out["dra_error"] = json!(e.to_string()),
+    let mut out = json!({
+        "dir": dir.display().to_string(),
+        "simulation": fakegpu::is_fake_host(&global.host_root),
+        "slices": slices,
+    });
+    // Apart from the slices: what else any local user put there.
+    out["junk"] = json!({
+        "count": scan.junk.len(),
+        "owners": owners.iter().map(|(uid, n)| json!({ "uid": uid, "entries": n })).collect::<Vec<_>>(),
+        "entries": scan.junk.iter().map(|j| json!({
+            "path": printable(&j.path.display().to_string()),
+            "uid": j.uid,
+        })).collect::<Vec<_>>(),
+    });
+    match gpuslice_dra::checkpoint::prepared_slices(&dra_dir) {
+        Ok(d) => {
+            out["dra_claims"] = d.iter().map(|s| dra_json(s, &global.host_root)).collect()
         }
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        Err(e) => out["dra_error"] = json!(e.to_string()),
+    }
+    out
+}
+
+fn report(global: &Global) -> Result<i32> {
+    let snap = snapshot(global);
+    if global.json {
+        println!("{}", serde_json::to_string_pretty(&snap)?);
         return Ok(0);
     }
+    let dir = snap["dir"].as_str().unwrap_or("?");
+    let mut slices: Vec<Value> = snap["slices"].as_array().cloned().unwrap_or_default();
+    let dra: Result<Vec<Value>, &str> = match snap.get("dra_error") {
+        Some(e) => Err(e.as_str().unwrap_or("?")),
+        None => Ok(snap["dra_claims"].as_array().cloned().unwrap_or_default()),
+    };
     match &dra {
         Ok(d) => {
             for s in d {
-                print_dra(s, &global.host_root);
+                print_dra(s);
             }
         }
         Err(e) => println!("DRA claims: {e}"),
     }
-    if !scan.junk.is_empty() {
+    let junk = snap["junk"]["count"].as_u64().unwrap_or(0);
+    if junk > 0 {
         // One line, however many: 50,000 planted files must not bury the
         // report (`--json` lists them).
-        let by: Vec<String> = owners
-            .iter()
-            .map(|(uid, n)| format!("uid {uid}: {n}"))
+        let by: Vec<String> = snap["junk"]["owners"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|o| format!("uid {}: {}", o["uid"], o["entries"]))
             .collect();
         println!(
-            "junk in {}: {} entries that are not ledgers (owners {}); see --json, remove as root",
-            printable(&dir.display().to_string()),
-            scan.junk.len(),
+            "junk in {}: {junk} entries that are not ledgers (owners {}); see --json, remove as root",
+            printable(dir),
             by.join(", ")
         );
     }
@@ -465,10 +515,7 @@ pub fn run(global: &Global) -> Result<i32> {
         if dra.is_ok_and(|d| !d.is_empty()) {
             return Ok(0);
         }
-        println!(
-            "no slices with a memory cap or compute share in {}",
-            dir.display()
-        );
+        println!("no slices with a memory cap or compute share in {dir}");
         return Ok(0);
     }
     for s in slices.iter_mut() {

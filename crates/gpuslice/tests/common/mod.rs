@@ -56,3 +56,33 @@ pub fn write_dra_checkpoint(dir: &std::path::Path) {
     );
     c.save().unwrap();
 }
+
+/// The commands of README.md's no-GPU demo, as written: the first `sh`
+/// block of its "Try it without a GPU" section, less its first line (the
+/// build: the tests run the binaries cargo built for them).
+#[allow(dead_code)] // Only the demo and top tests use it.
+pub fn readme_demo() -> Vec<String> {
+    let readme = include_str!("../../../../README.md");
+    let section = readme
+        .split("\n## ")
+        .find(|s| s.starts_with("Try it without a GPU"))
+        .expect("README.md has a \"Try it without a GPU\" section");
+    let block = section
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|b| b.split("\n```").next())
+        .expect("the section opens with an sh block");
+    let mut lines = block.lines().map(str::to_string);
+    let build = lines.next().unwrap_or_default();
+    assert!(build.contains("cargo build --release"), "{build}");
+    lines.filter(|l| !l.trim().is_empty()).collect()
+}
+
+/// A README command with its paths moved for a test: `./target/release/`
+/// to the directory of the binaries under test, `/tmp/fakehost` to `host`.
+#[allow(dead_code)] // Only the demo and top tests use it.
+pub fn readme_command(line: &str, host: &std::path::Path) -> String {
+    let bins = std::path::Path::new(GPUSLICE).parent().unwrap();
+    line.replace("./target/release/", &format!("{}/", bins.display()))
+        .replace("/tmp/fakehost", &host.display().to_string())
+}
