@@ -467,9 +467,7 @@ pub fn snapshot(global: &Global) -> Value {
         })).collect::<Vec<_>>(),
     });
     match gpuslice_dra::checkpoint::prepared_slices(&dra_dir) {
-        Ok(d) => {
-            out["dra_claims"] = d.iter().map(|s| dra_json(s, &global.host_root)).collect()
-        }
+        Ok(d) => out["dra_claims"] = d.iter().map(|s| dra_json(s, &global.host_root)).collect(),
         Err(e) => out["dra_error"] = json!(e.to_string()),
     }
     out
