@@ -18,6 +18,22 @@ use gpuslice_ledger::enforcer::{DriverProcess, Reason, SliceWatch};
 use gpuslice_ledger::limits::{RecordPaths, SliceLimits};
 use gpuslice_ledger::Ledger;
 
+/// On a simulated host with its driver installed (`gpuslice fakehost
+/// --driver`), the enforcer reads the simulated driver's accounting, as
+/// the slice's programs use the simulated driver: its NVML, pointed at the
+/// host. None elsewhere (the host's own NVML).
+pub fn simulated_nvml(host_root: &std::path::Path) -> Option<std::path::PathBuf> {
+    let env = fakegpu::simulated_driver_env(host_root, None)?;
+    for (k, v) in env.iter().filter(|(k, _)| *k != "LD_LIBRARY_PATH") {
+        std::env::set_var(k, v);
+    }
+    Some(
+        host_root
+            .join(fakegpu::DRIVER_DIR)
+            .join("libnvidia-ml.so.1"),
+    )
+}
+
 /// The launcher's side of the enforcer.
 pub struct RunWatch {
     nvml: Nvml,
@@ -28,13 +44,17 @@ pub struct RunWatch {
 
 /// The enforcer for a slice `run` made (root only), or None with a
 /// warning when the driver's accounting cannot be read (no NVML).
-pub fn watch(limits: &SliceLimits, records: &RecordPaths) -> Option<RunWatch> {
+pub fn watch(
+    limits: &SliceLimits,
+    records: &RecordPaths,
+    nvml_lib: Option<std::path::PathBuf>,
+) -> Option<RunWatch> {
     let caller = gpuslice_policy::Caller::detect().ok()?;
     let (action, why) = gpuslice_policy::Policy::unshimmed_for(&caller);
     if let Some(why) = why {
         tracing::warn!("{why}; root's enforcer kills unshimmed GPU processes (the default)");
     }
-    let nvml = match gpuslice_cuda_load::open_nvml(None) {
+    let nvml = match gpuslice_cuda_load::open_nvml(nvml_lib.as_deref()) {
         Ok(n) => n,
         Err(e) => {
             tracing::warn!(
@@ -137,7 +157,12 @@ pub struct RunHooks {
 }
 
 impl RunHooks {
-    pub fn new(limits: &SliceLimits, records: &RecordPaths, gpus: Vec<String>) -> RunHooks {
+    pub fn new(
+        limits: &SliceLimits,
+        records: &RecordPaths,
+        gpus: Vec<String>,
+        nvml_lib: Option<std::path::PathBuf>,
+    ) -> RunHooks {
         let caps: Vec<(String, u64)> = limits
             .devices
             .iter()
@@ -157,7 +182,7 @@ impl RunHooks {
             }
         };
         RunHooks {
-            watch: watch(limits, records),
+            watch: watch(limits, records, nvml_lib),
             limits: driver,
         }
     }

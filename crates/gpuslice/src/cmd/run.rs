@@ -288,7 +288,8 @@ pub fn run_with(global: &Global, args: &RunArgs, cdi: Option<CdiEdits>) -> Resul
         launch(&signals, &plan, &slice_id, &cmd)
     } else {
         let gpus: Vec<String> = inv.gpus.iter().map(|g| g.uuid.clone()).collect();
-        let mut hooks = super::enforce::RunHooks::new(&limits, records.records(), gpus);
+        let nvml = super::enforce::simulated_nvml(&global.host_root);
+        let mut hooks = super::enforce::RunHooks::new(&limits, records.records(), gpus, nvml);
         launch_watched(&signals, &plan, &slice_id, &cmd, Some(&mut hooks))
     };
     drop(records);
