@@ -7,7 +7,7 @@
 //!   (KEP-5075): `allowMultipleAllocations: true`, capacities `memory`
 //!   (bytes, in steps of [`SharedPolicy::memory_step`]) and `compute`
 //!   (percent of the GPU's time, 1 to 100), each defaulting to all of it,
-//!   so a request naming no capacity takes the whole GPU ([`gpu_device`]);
+//!   so a request naming no capacity takes the whole GPU (`gpu_device`);
 //! - `gpu-<i>-mig-<m>`: a pre-created MIG device (the GPU itself, in MIG
 //!   mode, is offered as nothing else).
 //!

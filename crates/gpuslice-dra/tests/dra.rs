@@ -73,6 +73,16 @@ impl Env {
 
     /// A Driver on this state and the fake host's GPUs, not served.
     fn driver(&self, shim: bool) -> Arc<Driver> {
+        Arc::new(self.driver_with(self.options(shim)))
+    }
+
+    fn driver_with(&self, opts: Options) -> Driver {
+        let api = Arc::new(KubeApi::new(&self.api.url, None).unwrap());
+        Driver::new(opts, api).unwrap()
+    }
+
+    /// The driver's options on this state and the fake host's GPUs.
+    fn options(&self, shim: bool) -> Options {
         let h = host();
         let root = HostRoot::new(h.root());
         let inventory = discover(
@@ -83,7 +93,7 @@ impl Env {
             },
         )
         .unwrap();
-        let opts = Options {
+        Options {
             driver_name: DRIVER_NAME.into(),
             pool: NODE.into(),
             host_root: root,
@@ -95,9 +105,7 @@ impl Env {
             strip_host_root: false,
             policy: gpuslice_dra::publish::SharedPolicy::default(),
             refuse_unenforceable: false,
-        };
-        let api = Arc::new(KubeApi::new(&self.api.url, None).unwrap());
-        Arc::new(Driver::new(opts, api).unwrap())
+        }
     }
 
     async fn kubelet(&self) -> Registered {
@@ -787,32 +795,11 @@ async fn claims_of_pods_that_can_escape_their_caps_are_marked_or_refused() {
     assert_eq!(marked[0].unenforceable.len(), 2, "{marked:?}");
 
     // A node that refuses them.
-    let refusing = {
-        let h = host();
-        let root = HostRoot::new(h.root());
-        let inventory = discover(
-            &root,
-            &DiscoverOptions {
-                nvml_lib: Some(h.nvml_lib()),
-                ..DiscoverOptions::default()
-            },
-        )
-        .unwrap();
-        let opts = Options {
-            driver_name: DRIVER_NAME.into(),
-            pool: NODE.into(),
-            host_root: root,
-            inventory,
-            cdi_dir: e.cdi_dir(),
-            state_dir: e.dir.path().join("state-strict"),
-            shim: Some(e.dir.path().join("libgpuslice.so")),
-            hook: None,
-            strip_host_root: false,
-            policy: SharedPolicy::default(),
-            refuse_unenforceable: true,
-        };
-        Driver::new(opts, Arc::new(KubeApi::new(&e.api.url, None).unwrap())).unwrap()
-    };
+    let refusing = e.driver_with(Options {
+        state_dir: e.dir.path().join("state-strict"),
+        refuse_unenforceable: true,
+        ..e.options(true)
+    });
     let mut c = shared_claim("ns", "esc2", "uid-esc2", NODE, 1, "1Gi", "10");
     reserved(&mut c, "root-pod");
     e.api.put_claim(c);
