@@ -76,13 +76,23 @@ async fn podman_runs_a_prepared_claim_with_exactly_its_caps() {
     let id = &granted[0].cdi_device_id;
     assert_eq!(id, &format!("gpuslice.dev/claim={uid}-0"));
 
+    // Its GPU's board writable, nothing else of the host's boards
+    // directory (no entry made there: the squatting attack of issue 26).
+    let board = gpuslice_ledger::board::board_path(
+        Path::new("/run/gpuslice/gpus"),
+        &fakegpu::kernel::gpu_uuid(2),
+    );
     let out = image.run(
         id,
-        "ls /dev; echo ---; cat /run/gpuslice/slice/limits; echo ---; \
-         (echo x >> /run/gpuslice/slice/limits) 2>/dev/null || echo limits-read-only; \
-         cat /etc/ld.so.preload; test -f /usr/local/gpuslice/libgpuslice.so && echo shim-present; \
-         (echo 10000 > /run/gpuslice/gpus/shares/forged) 2>/dev/null || echo shares-read-only; \
-         touch /run/gpuslice/gpus/.probe && rm /run/gpuslice/gpus/.probe && echo boards-writable; env",
+        &format!(
+            "ls /dev; echo ---; cat /run/gpuslice/slice/limits; echo ---; \
+             (echo x >> /run/gpuslice/slice/limits) 2>/dev/null || echo limits-read-only; \
+             cat /etc/ld.so.preload; test -f /usr/local/gpuslice/libgpuslice.so && echo shim-present; \
+             (echo 10000 > /run/gpuslice/gpus/shares/forged) 2>/dev/null || echo shares-read-only; \
+             (exec 3<>{b}) && echo own-board-writable; \
+             (: > /run/gpuslice/gpus/planted-$$) 2>/dev/null && echo boards-dir-writable; env",
+            b = board.display()
+        ),
     );
     assert!(out.status.success(), "{out:?}");
     let t = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -119,7 +129,8 @@ async fn podman_runs_a_prepared_claim_with_exactly_its_caps() {
     assert!(rest.contains("shim-present"), "{rest}");
     // The GPUs' boards are there to take turns on; root's share records
     // in them cannot be forged from the container (root in it or not).
-    assert!(rest.contains("boards-writable"), "{rest}");
+    assert!(rest.contains("own-board-writable"), "{rest}");
+    assert!(!rest.contains("boards-dir-writable"), "{rest}");
     assert!(rest.contains("shares-read-only"), "{rest}");
     let host_shares = gpuslice_ledger::board::shares_dir(&host.root().join("run/gpuslice/gpus"));
     assert!(!host_shares.join("forged").exists());
