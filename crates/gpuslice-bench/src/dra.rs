@@ -473,13 +473,7 @@ async fn bench_health(
     let publisher = follow(
         &api,
         DRIVER_NAME,
-        gpuslice_dra::feed::NodeFeed {
-            pool: NODE.to_string(),
-            policy,
-            inventory: inv_rx,
-            xids: rx,
-            enforcement: tokio::sync::watch::channel(None).1,
-        },
+        gpuslice_dra::feed::NodeFeed::enforced(NODE, policy, inv_rx, rx),
         Duration::from_secs(3600),
     );
     let (mut to_taint, mut to_untaint, mut seen) = tokio::select! {
@@ -596,13 +590,7 @@ async fn selftest_prepare(
             _ = follow(
     &api,
     DRIVER_NAME,
-    gpuslice_dra::feed::NodeFeed {
-    pool: NODE.to_string(),
-    policy,
-    inventory: inv_rx,
-    xids: rx,
-    enforcement: tokio::sync::watch::channel(None).1,
-    },
+    gpuslice_dra::feed::NodeFeed::enforced(NODE, policy, inv_rx, rx),
     Duration::from_secs(3600),
     ) => bail!("the publisher stopped"),
         }

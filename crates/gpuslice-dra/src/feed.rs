@@ -26,16 +26,32 @@ pub struct NodeFeed {
 }
 
 impl NodeFeed {
+    /// A feed of `inventory` and `xids` on a node that always enforces its
+    /// slices (no shim to watch: tests and benchmarks).
+    pub fn enforced(
+        pool: &str,
+        policy: SharedPolicy,
+        inventory: watch::Receiver<Inventory>,
+        xids: watch::Receiver<Snapshot>,
+    ) -> Self {
+        NodeFeed {
+            pool: pool.into(),
+            policy,
+            inventory,
+            xids,
+            enforcement: watch::channel(None).1,
+        }
+    }
+
     /// A feed that never changes: `inv`'s GPUs, no XID watching, enforced.
     /// (The senders are dropped: followers see the state once and on their
     /// own timers.)
     pub fn fixed(pool: &str, policy: SharedPolicy, inv: Inventory) -> Self {
-        NodeFeed {
-            pool: pool.into(),
+        Self::enforced(
+            pool,
             policy,
-            inventory: watch::channel(inv).1,
-            xids: watch::channel(Snapshot::default()).1,
-            enforcement: watch::channel(None).1,
-        }
+            watch::channel(inv).1,
+            watch::channel(Snapshot::default()).1,
+        )
     }
 }

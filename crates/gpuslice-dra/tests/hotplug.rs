@@ -63,13 +63,12 @@ async fn a_gpu_leaving_and_joining_the_host_is_republished_within_2s() {
         follow(
             &api,
             DRIVER_NAME,
-            gpuslice_dra::feed::NodeFeed {
-                pool: NODE.to_string(),
-                policy: SharedPolicy::default(),
-                inventory: inv_rx,
-                xids: health_rx,
-                enforcement: tokio::sync::watch::channel(None).1,
-            },
+            gpuslice_dra::feed::NodeFeed::enforced(
+                NODE,
+                SharedPolicy::default(),
+                inv_rx,
+                health_rx,
+            ),
             Duration::from_secs(3600),
         )
         .await

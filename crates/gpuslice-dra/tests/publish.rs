@@ -470,13 +470,7 @@ async fn where_the_server_drops_taints_an_unhealthy_gpu_leaves_the_pool() {
         follow(
             &api,
             DRIVER_NAME,
-            gpuslice_dra::feed::NodeFeed {
-                pool: NODE.to_string(),
-                policy: SharedPolicy::default(),
-                inventory: inv_rx,
-                xids: rx,
-                enforcement: tokio::sync::watch::channel(None).1,
-            },
+            gpuslice_dra::feed::NodeFeed::enforced(NODE, SharedPolicy::default(), inv_rx, rx),
             std::time::Duration::from_secs(3600),
         )
         .await

@@ -75,13 +75,7 @@ async fn an_xid_taints_the_gpus_devices_until_it_recovers() {
             follow(
                 &api,
                 DRIVER_NAME,
-                gpuslice_dra::feed::NodeFeed {
-                    pool: NODE.to_string(),
-                    policy,
-                    inventory: inv_rx,
-                    xids: rx,
-                    enforcement: tokio::sync::watch::channel(None).1,
-                },
+                gpuslice_dra::feed::NodeFeed::enforced(NODE, policy, inv_rx, rx),
                 Duration::from_secs(3600),
             )
             .await

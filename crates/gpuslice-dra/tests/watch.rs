@@ -45,13 +45,12 @@ async fn start(fake: &FakeApiServer) -> tokio::task::JoinHandle<()> {
         follow(
             &api,
             DRIVER_NAME,
-            gpuslice_dra::feed::NodeFeed {
-                pool: NODE.to_string(),
-                policy: SharedPolicy::default(),
-                inventory: inv_rx,
-                xids: health_rx,
-                enforcement: tokio::sync::watch::channel(None).1,
-            },
+            gpuslice_dra::feed::NodeFeed::enforced(
+                NODE,
+                SharedPolicy::default(),
+                inv_rx,
+                health_rx,
+            ),
             Duration::from_secs(3600),
         )
         .await
