@@ -131,6 +131,7 @@ impl Plugin {
             strip_host_root: false,
             policy: gpuslice_dra::publish::SharedPolicy::default(),
             refuse_unenforceable: false,
+            claims_dir: None,
         };
         let api = Arc::new(KubeApi::new(api_url, None)?);
         let driver = Arc::new(Driver::new(opts, api)?);

@@ -94,6 +94,10 @@ pub struct Options {
     /// Refuse claims reserved for pods their caps cannot hold against
     /// (`crate::podcheck`); else they are prepared and marked.
     pub refuse_unenforceable: bool,
+    /// Where capped slices' directories are made (`crate::claimfs`);
+    /// None: `<host root>/run/gpuslice/claims`, where `gpuslice slices`
+    /// looks.
+    pub claims_dir: Option<PathBuf>,
 }
 
 pub struct Driver {
@@ -443,7 +447,11 @@ impl Driver {
                 }
             })
             .collect();
-        let claims_dir = self.opts.host_root.join(crate::claimfs::CLAIMS_DIR);
+        let claims_dir = self
+            .opts
+            .claims_dir
+            .clone()
+            .unwrap_or_else(|| self.opts.host_root.join(crate::claimfs::CLAIMS_DIR));
         let mut slice_dirs: Vec<PathBuf> = Vec::new();
         for s in slices.iter().filter(|s| s.caps.is_some()) {
             let dir = crate::claimfs::slice_dir(&claims_dir, &s.name);

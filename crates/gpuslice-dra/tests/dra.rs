@@ -105,6 +105,7 @@ impl Env {
             strip_host_root: false,
             policy: gpuslice_dra::publish::SharedPolicy::default(),
             refuse_unenforceable: false,
+            claims_dir: Some(self.dir.path().join("claims")),
         }
     }
 
@@ -583,12 +584,7 @@ async fn shared_claim_in_v1_gets_exactly_its_caps_on_its_gpu_only() {
     // tmpfs in each container (which multiplied the cap).
     let slice_dir = board(SLICE_DIR);
     let host_dir = std::path::PathBuf::from(slice_dir["hostPath"].as_str().unwrap());
-    assert_eq!(
-        host_dir,
-        HostRoot::new(host().root())
-            .join(gpuslice_dra::claimfs::CLAIMS_DIR)
-            .join("uid-a-0")
-    );
+    assert_eq!(host_dir, e.dir.path().join("claims").join("uid-a-0"));
     assert!(
         slice_dir["type"].is_null() || slice_dir["type"] == "bind",
         "{slice_dir}"
@@ -875,9 +871,7 @@ async fn the_plugin_gives_back_what_a_dead_container_held_in_its_claim() {
     d.prepare(std::slice::from_ref(&claim)).await["uid-r"]
         .as_ref()
         .unwrap();
-    let dir = HostRoot::new(host().root())
-        .join(gpuslice_dra::claimfs::CLAIMS_DIR)
-        .join("uid-r-0");
+    let dir = e.dir.path().join("claims").join("uid-r-0");
     let usage = dir.join("usage");
     let ledger = gpuslice_ledger::Ledger::create(
         &usage,

@@ -40,6 +40,7 @@ async fn after_a_gpu_leaves_xids_are_reported_at_the_new_indexes() {
                 strip_host_root: false,
                 policy: gpuslice_dra::publish::SharedPolicy::default(),
                 refuse_unenforceable: false,
+                claims_dir: None,
             },
             // Never called here.
             Arc::new(KubeApi::new("http://127.0.0.1:9", None).unwrap()),

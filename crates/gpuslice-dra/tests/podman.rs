@@ -62,6 +62,7 @@ async fn podman_runs_a_prepared_claim_with_exactly_its_caps() {
             strip_host_root: false,
             policy: gpuslice_dra::publish::SharedPolicy::default(),
             refuse_unenforceable: false,
+            claims_dir: None,
         },
         Arc::new(KubeApi::new(&api.url, None).unwrap()),
     )

@@ -88,6 +88,7 @@ impl Prepared {
                     strip_host_root: false,
                     policy: gpuslice_dra::publish::SharedPolicy::default(),
                     refuse_unenforceable: false,
+                    claims_dir: None,
                 },
                 Arc::new(KubeApi::new(&api.url, None).unwrap()),
             )

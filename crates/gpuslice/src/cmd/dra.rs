@@ -156,6 +156,7 @@ pub fn run(global: &Global, args: &DraArgs) -> Result<i32> {
         strip_host_root: args.strip_host_root,
         policy,
         refuse_unenforceable: args.refuse_unenforceable,
+        claims_dir: None,
     };
     let again = host_root.clone();
     daemon::run(DaemonOptions {
