@@ -36,7 +36,14 @@ pub fn collect(
         let mut ledger = match Ledger::open(&path) {
             Ok(l) => l,
             Err(e) => {
-                tracing::debug!("skipping ledger {}: {e}", path.display());
+                // A corrupt ledger is said, never dropped silently: its
+                // slice's use and enforcement are unknown.
+                tracing::warn!(
+                    "ledger {} does not read: {e}; its slice is not exported",
+                    path.display()
+                );
+                let ledger = path.display().to_string().escape_default().to_string();
+                out.push(m::LEDGER_UNREADABLE, &vec![("ledger", ledger)], 1.0);
                 continue;
             }
         };
@@ -229,5 +236,34 @@ mod tests {
             .filter(|s| s.metric.name == m::SLICE_CAP.name)
             .count();
         assert_eq!(caps, 1);
+    }
+
+    /// A ledger of a ledger's size that does not read (a slice filled it
+    /// with garbage) is reported, not dropped from the scrape silently.
+    #[test]
+    fn a_corrupt_ledger_is_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let good = dir.path().join("good.ledger");
+        Ledger::create(
+            &good,
+            "good",
+            &[DeviceSpec {
+                uuid: "GPU-1".into(),
+                cap: 1 << 30,
+            }],
+        )
+        .unwrap();
+        let size = std::fs::metadata(&good).unwrap().len() as usize;
+        std::fs::write(dir.path().join("bad.ledger"), vec![0x5a; size]).unwrap();
+        let mut out = Sample::default();
+        assert_eq!(collect(dir.path(), None, None, &mut out), 1);
+        let text = out.render();
+        assert!(
+            text.contains(&format!(
+                "gpuslice_ledger_unreadable{{ledger=\"{}\"}} 1",
+                dir.path().join("bad.ledger").display()
+            )),
+            "{text}"
+        );
     }
 }
