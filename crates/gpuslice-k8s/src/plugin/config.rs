@@ -184,6 +184,27 @@ pub struct LedgerCleanup {
     pub pod_resources_socket: PathBuf,
 }
 
+/// The system directory `p` is or lies in (where gpuslice has no business
+/// making, replacing or mounting files), if any.
+fn system_dir(p: &std::path::Path) -> Option<String> {
+    const SYSTEM: [&str; 16] = [
+        "/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/boot", "/dev", "/proc",
+        "/sys", "/root", "/home", "/opt", "/srv", "/snap",
+    ];
+    let p: std::path::PathBuf = p
+        .components()
+        .filter(|c| !matches!(c, std::path::Component::CurDir))
+        .collect();
+    const BARE: [&str; 5] = ["/", "/run", "/var", "/tmp", "/var/lib"];
+    if BARE.iter().any(|b| p == std::path::Path::new(b)) {
+        return Some(format!("{} itself", p.display()));
+    }
+    SYSTEM
+        .iter()
+        .find(|s| p.starts_with(s))
+        .map(|s| format!("in {s}"))
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -341,6 +362,21 @@ impl Config {
         ] {
             if !p.is_absolute() {
                 bail!("{name}: {} is not an absolute path", p.display());
+            }
+        }
+        // Directories root makes files in, removes and replaces what it did
+        // not make in (boards), and bind-mounts into tenants' containers:
+        // never one of the system's own.
+        for (name, p) in [
+            ("ledgerDir", &self.ledger_dir),
+            ("stateDir", &self.state_dir),
+            ("boardDir", &self.board_dir),
+        ] {
+            if let Some(sys) = system_dir(p) {
+                bail!(
+                    "{name}: {} is {sys}, a directory of the system's; gpuslice's own is required (e.g. /run/gpuslice/...)",
+                    p.display()
+                );
             }
         }
         if self.ledger_cleanup.interval_seconds == 0 {
@@ -745,6 +781,13 @@ mod tests {
             ("sharing: 3", "sharing: expected a mapping"),
             ("sharing: {computeMode: fair}", "computeMode"),
             ("boardDir: gpus", "boardDir"),
+            (
+                "boardDir: /etc",
+                "boardDir: /etc is in /etc, a directory of the system's",
+            ),
+            ("ledgerDir: /run", "ledgerDir: /run is /run itself"),
+            ("stateDir: /usr/lib/x", "stateDir: /usr/lib/x is in /usr"),
+            ("boardDir: /etc/../etc", "boardDir"),
         ] {
             let e = format!("{:#}", Config::parse(text).unwrap_err());
             assert!(e.contains(want), "{text}: {e}");
