@@ -190,6 +190,27 @@ fn dlmopen_of_libcuda_into_a_new_namespace_is_refused() {
 }
 
 /// Reads `child`'s stdout lines until one equal to `want` (panics at EOF).
+/// `gpuslice run --gpus 0 --memory 1GiB -- CLIENT ARGS…` with its stdout
+/// piped, killed on drop, and the lines it prints.
+fn capped_client(
+    h: &FakeHost,
+    ledgers: &Path,
+    client: &Path,
+    args: &[&str],
+) -> (Kill, std::io::Lines<BufReader<std::process::ChildStdout>>) {
+    let mut argv = vec!["run", "--gpus", "0", "--memory", "1GiB", "--"];
+    argv.push(client.to_str().unwrap());
+    argv.extend_from_slice(args);
+    let mut child = Kill(
+        gpuslice(h, ledgers, &argv)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let lines = BufReader::new(child.0.stdout.take().unwrap()).lines();
+    (child, lines)
+}
+
 fn wait_line(lines: &mut impl Iterator<Item = std::io::Result<String>>, want: &str) -> Vec<String> {
     let mut seen = Vec::new();
     for l in lines {
@@ -327,28 +348,7 @@ fn slices_shows_the_driver_s_number_and_never_calls_a_process_holding_more_enfor
     let ledgers = tempfile::tempdir().unwrap();
     let bin = tempfile::tempdir().unwrap();
     let c = driver_client(bin.path());
-    let mut child = Kill(
-        gpuslice(
-            &h,
-            ledgers.path(),
-            &[
-                "run",
-                "--gpus",
-                "0",
-                "--memory",
-                "1GiB",
-                "--",
-                c.to_str().unwrap(),
-                "elf",
-                "2",
-                "hold",
-            ],
-        )
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap(),
-    );
-    let mut lines = BufReader::new(child.0.stdout.take().unwrap()).lines();
+    let (_child, mut lines) = capped_client(&h, ledgers.path(), &c, &["elf", "2", "hold"]);
     wait_line(&mut lines, "held");
     let v = slices_json(&h, ledgers.path());
     let s = &v["slices"][0];
@@ -517,28 +517,7 @@ fn a_dead_launcher_s_driver_partition_is_cleared_by_the_next_run() {
     let ledgers = tempfile::tempdir().unwrap();
     let bin = tempfile::tempdir().unwrap();
     let c = driver_client(bin.path());
-    let mut launcher = Kill(
-        gpuslice(
-            &h,
-            ledgers.path(),
-            &[
-                "run",
-                "--gpus",
-                "0",
-                "--memory",
-                "1GiB",
-                "--",
-                c.to_str().unwrap(),
-                "plain",
-                "1",
-                "hold",
-            ],
-        )
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap(),
-    );
-    let mut lines = BufReader::new(launcher.0.stdout.take().unwrap()).lines();
+    let (mut launcher, mut lines) = capped_client(&h, ledgers.path(), &c, &["plain", "1", "hold"]);
     wait_line(&mut lines, "held");
     let left = partitions(&h);
     let cgroup = left
