@@ -50,6 +50,7 @@
 #   enforcer   issue 25: the lookups the shim closed (dlvsym, libc's dlsym, dlmopen), root's enforcer
 #              killing a client that allocates past the shim, slices --json against nvidia-smi, the
 #              enforcer's CPU, doctor on memory partitions (device_enforcer.py, ~120 s, at most 240)
+#   top        issue 30: gpuslice top --once beside a capped slice on the real GPU (~30 s)
 #   dra        issue 19: the DRA driver publishes the GPU to its API test double and prepares
 #              20Gi/30 and 40Gi/60 claims (bench dra-selftest); both slices started from their CDI
 #              device IDs by `gpuslice run --cdi-device` with PyTorch: mem_get_info total == cap,
@@ -159,6 +160,18 @@ part_enforcer() {
     # enforcer's CPU, doctor on partitions (device_enforcer.py, ~120 s).
     bounded 240 python3 scripts/device_enforcer.py "$work"
 }
+part_top() {
+    # Issue 30: `gpuslice top --once` on the real GPU beside a capped slice
+    # (2 GiB, 50 %) holding 512 MiB: the GPU's memory and utilisation from
+    # NVML, the slice's cap, use and share (top-once.txt).
+    local c="$PWD/.device-carry"
+    ( timeout -s KILL 25 "$c/gpuslice" run --gpus 0 --memory 2GiB --compute 50 -- \
+        "$c/driver_client" plain 2 hold >"$work/top-client.txt" 2>&1 & )
+    sleep 6
+    bounded 20 "$c/gpuslice-full" top --once >"$work/top-once.txt" 2>&1
+    nvidia-smi --query-compute-apps=pid,used_memory --format=csv >>"$work/top-once.txt" 2>&1
+    sleep 20
+}
 part_users() {
     # Makes /dev/gpualias (a copy of /dev/nvidia0) and removes it again.
     bounded 240 python3 scripts/device_users.py "$work"
@@ -187,7 +200,7 @@ part_doctor() {
 # parts that finished.
 collect() {
     tar czf "$out/results.tgz" -C "$work" .
-    for f in launch-phases.json memphys.json hostpid.json gpt2.json gpt2-perf.json gemm-cap.json procutil.json isolation.json launch-none.json layout.json doctor.json cdi.json exporter.json plugin.json compute.json compute-diag.json compute-trace.json users.json integrity.json boundary.json launch-boundary.json dra.json bench-dra.json enforcer.json; do
+    for f in launch-phases.json memphys.json hostpid.json gpt2.json gpt2-perf.json gemm-cap.json procutil.json isolation.json launch-none.json layout.json doctor.json cdi.json exporter.json plugin.json compute.json compute-diag.json compute-trace.json users.json integrity.json boundary.json launch-boundary.json dra.json bench-dra.json enforcer.json top-once.txt; do
         [ -f "$work/$f" ] && cp "$work/$f" "$out/"
     done
 }
