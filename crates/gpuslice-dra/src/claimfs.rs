@@ -72,3 +72,26 @@ pub fn remove(dir: &Path) -> std::io::Result<()> {
         _ => Ok(()),
     }
 }
+
+/// Unmounts and removes every slice directory below `claims` that no
+/// prepared claim holds (`kept`): those of a plugin killed between making
+/// one and saving its checkpoint, or of a claim unprepared while the plugin
+/// was down. Each is reported with why it could not be removed; the ones
+/// removed are not.
+pub fn sweep(
+    claims: &Path,
+    kept: &std::collections::HashSet<&Path>,
+) -> Vec<(PathBuf, std::io::Error)> {
+    let Ok(entries) = std::fs::read_dir(claims) else {
+        return Vec::new(); // none made yet
+    };
+    entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|dir| !kept.contains(dir.as_path()))
+        .filter_map(|dir| {
+            tracing::info!(dir = %dir.display(), "removing an orphaned claim slice directory");
+            remove(&dir).err().map(|e| (dir, e))
+        })
+        .collect()
+}

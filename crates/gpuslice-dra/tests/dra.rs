@@ -43,6 +43,18 @@ struct Env {
     api: FakeApiServer,
 }
 
+/// A test that ends with claims still prepared (as a node may) leaves
+/// their slice directories mounted: unmounted here, or every test run
+/// would add tmpfs mounts to the host that outlive their temp dirs.
+impl Drop for Env {
+    fn drop(&mut self) {
+        let kept = std::collections::HashSet::new();
+        for (dir, e) in gpuslice_dra::claimfs::sweep(&self.dir.path().join("claims"), &kept) {
+            eprintln!("left mounted: {}: {e}", dir.display());
+        }
+    }
+}
+
 impl Env {
     async fn new() -> Self {
         let dir = tempfile::tempdir().unwrap();
@@ -743,6 +755,45 @@ async fn a_restart_between_prepare_and_unprepare_loses_nothing() {
     // Now it fits.
     let r = prepare(&mut k, &[("ns", "b", "uid-b")]).await;
     assert_eq!(r.claims["uid-b"].error, "");
+}
+
+/// A plugin killed between making a claim's slice directory and saving
+/// its checkpoint leaves a mounted tmpfs no claim holds: the next start
+/// unmounts and removes it, and keeps the directories of claims it holds.
+#[tokio::test]
+async fn a_restart_sweeps_slice_directories_no_claim_holds() {
+    let e = Env::new().await;
+    let s = e.start(true);
+    let mut k = e.kubelet().await;
+    e.api
+        .put_claim(shared_claim("ns", "a", "uid-a", NODE, 0, "10Gi", "10"));
+    assert_eq!(
+        prepare(&mut k, &[("ns", "a", "uid-a")]).await.claims["uid-a"].error,
+        ""
+    );
+    drop((s, k));
+    let claims = e.dir.path().join("claims");
+    let held: Vec<PathBuf> = std::fs::read_dir(&claims)
+        .unwrap()
+        .map(|d| d.unwrap().path())
+        .collect();
+    assert_eq!(held.len(), 1, "{held:?}");
+    let orphan = claims.join("uid-gone-0");
+    gpuslice_dra::claimfs::make(&orphan).unwrap();
+    std::fs::write(orphan.join("usage"), b"left by a pod").unwrap();
+    assert!(mounted(&orphan));
+    let _s = e.start(true);
+    assert!(!orphan.exists(), "the orphan is removed");
+    assert!(!mounted(&orphan), "and unmounted");
+    assert!(mounted(&held[0]), "the prepared claim's directory stays");
+}
+
+fn mounted(dir: &Path) -> bool {
+    let at = dir.to_str().unwrap();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(at))
 }
 
 /// A claim reserved for a privileged pod (or one in the host's pid
