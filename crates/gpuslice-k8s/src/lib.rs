@@ -2,3 +2,4 @@ pub mod cdi;
 pub mod grpc_wire;
 pub mod labels;
 pub mod plugin;
+pub mod slicedir;
