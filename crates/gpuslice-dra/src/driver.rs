@@ -254,7 +254,23 @@ impl Driver {
         let unenforceable = self.unenforceable(&obj).await;
         if !unenforceable.is_empty() {
             let why = unenforceable.join("; ");
-            if self.opts.refuse_unenforceable {
+            let refused = self.opts.refuse_unenforceable;
+            let (reason, note) = if refused {
+                (
+                    "UnenforceableRefused",
+                    format!("this node refuses claims whose pods can escape their caps: {why}"),
+                )
+            } else {
+                (
+                    "Unenforceable",
+                    format!(
+                        "the claim's memory and compute caps do not hold against its pods: {why}"
+                    ),
+                )
+            };
+            self.warn(c, obj.metadata.uid.as_deref(), reason, note)
+                .await;
+            if refused {
                 return Err(PrepareError::Unenforceable(label, why));
             }
             tracing::warn!("claim {label}: its caps do not hold against its pods: {why}");
@@ -295,6 +311,27 @@ impl Driver {
             return Err(e.into());
         }
         Ok(granted(&state.claims[&c.uid]))
+    }
+
+    /// A Warning Event about claim `c` (best effort: a failure is logged).
+    async fn warn(&self, c: &ClaimRef, uid: Option<&str>, reason: &'static str, note: String) {
+        let w = crate::apiserver::ClaimWarning {
+            namespace: c.namespace.clone(),
+            claim: c.name.clone(),
+            uid: uid.unwrap_or(&c.uid).into(),
+            reporter: self.opts.driver_name.clone(),
+            node: self.opts.pool.clone(),
+            action: "PrepareResources",
+            reason,
+            note,
+        };
+        if let Err(e) = self.api.warn(&w).await {
+            tracing::warn!(
+                "claim {}/{}: event {reason} not posted: {e}",
+                c.namespace,
+                c.name
+            );
+        }
     }
 
     /// What the pods the claim is reserved for may do that its caps cannot
