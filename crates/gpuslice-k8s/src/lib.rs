@@ -1,3 +1,5 @@
+#![forbid(unsafe_code)]
+
 pub mod cdi;
 pub mod grpc_wire;
 pub mod labels;
