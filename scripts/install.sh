@@ -20,7 +20,7 @@ else
 fi
 for f in gpuslice gpuslice-full libgpuslice_shim.so; do
   [ -f "target/release/$f" ] || {
-    echo "scripts/install.sh: target/release/$f is missing: run cargo build --release first" >&2
+    echo "scripts/install.sh: target/release/$f is missing: run cargo build --release -p gpuslice -p gpuslice-shim first" >&2
     exit 1
   }
 done
