@@ -1,4 +1,5 @@
 pub mod cdi;
+pub mod enforcer;
 pub mod grpc_wire;
 pub mod labels;
 pub mod plugin;

@@ -6,7 +6,7 @@ use crate::sample::{self as m, Labels, Sample};
 use gpuslice_core::Inventory;
 use gpuslice_cuda_load::partitions::Partitions;
 use gpuslice_ledger::enforcement::ProcessTable;
-use gpuslice_ledger::enforcer::{facts, read_kills, DriverProcess, Reason, SliceFacts};
+use gpuslice_ledger::enforcer::{facts, read_kills, DriverProcess, Member, Reason, SliceFacts};
 use gpuslice_ledger::{limits, Ledger, ProcessState, Snapshot};
 use std::path::Path;
 
@@ -48,11 +48,12 @@ pub fn collect(
             }
         };
         // Caps and shares from the slice's root-written record, if any.
-        if path.file_name().is_some_and(|f| f == limits::USAGE_FILE) {
-            let record = path.with_file_name(limits::LIMITS_FILE);
-            if let Ok(l) = limits::verify_and_read(&record, false) {
-                let _ = ledger.pin(&l);
-            }
+        let record = path
+            .file_name()
+            .is_some_and(|f| f == limits::USAGE_FILE)
+            .then(|| path.with_file_name(limits::LIMITS_FILE));
+        if let Some(Ok(l)) = record.as_deref().map(|r| limits::verify_and_read(r, false)) {
+            let _ = ledger.pin(&l);
         }
         let snap = ledger.snapshot();
         // One slice, one set of series: a second ledger under the same
@@ -67,7 +68,8 @@ pub fn collect(
             continue;
         }
         let slice: Labels = vec![("slice", snap.slice_id.clone())];
-        let facts = nvml.and_then(|n| driver_facts(n, &snap));
+        let member = Member::new(&snap.slice_id, record.as_deref());
+        let facts = nvml.and_then(|n| driver_facts(n, &snap, &member));
         // Processes of the slice the GPU sees, and whether the shim holds
         // them (and accounts for what the driver says they hold): 0 flags
         // a GPU process that escaped it.
@@ -193,20 +195,24 @@ fn driver_partitioned(p: Option<&Partitions>, snap: &Snapshot) -> bool {
 
 /// The slice's processes by the driver's accounting; None when NVML does
 /// not answer.
-fn driver_facts(nvml: &gpuslice_cuda_load::Nvml, snap: &Snapshot) -> Option<SliceFacts> {
+fn driver_facts(
+    nvml: &gpuslice_cuda_load::Nvml,
+    snap: &Snapshot,
+    member: &Member,
+) -> Option<SliceFacts> {
     let uuids: Vec<String> = snap.devices.iter().map(|d| d.uuid.clone()).collect();
     let driver: Vec<DriverProcess> = gpuslice_cuda_load::running_processes(nvml, &uuids)
         .map_err(|e| tracing::debug!("slice {}: {e}", snap.slice_id))
         .ok()?
         .into_iter()
-        .map(|(uuid, pid, bytes)| DriverProcess { uuid, pid, bytes })
+        .map(DriverProcess::from)
         .collect();
     let caps: Vec<(String, u64)> = snap
         .devices
         .iter()
         .filter_map(|d| Some((d.uuid.clone(), d.cap?)))
         .collect();
-    Some(facts(&snap.slice_id, &caps, Some(snap), &driver))
+    Some(facts(member, &caps, Some(snap), &driver))
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 use gpuslice_cuda_load::partitions::Partitions;
 use gpuslice_ledger::enforcement::{ProcessCheck, ProcessTable};
-use gpuslice_ledger::enforcer::{facts, read_kills, DriverProcess, SliceFacts};
+use gpuslice_ledger::enforcer::{facts, read_kills, Member, SliceFacts};
 use gpuslice_ledger::limits::{verify_and_read, RecordPaths, LIMITS_FILE, USAGE_FILE};
 use gpuslice_ledger::{board, Ledger, ProcessState};
 use serde_json::{json, Value};
@@ -82,19 +82,17 @@ pub fn reap_stale_ledgers(dir: &Path) -> Vec<PathBuf> {
 fn driver_facts(
     nvml: &Result<gpuslice_cuda_load::Nvml, String>,
     s: &gpuslice_ledger::Snapshot,
+    member: &Member,
 ) -> Result<SliceFacts, String> {
     let nvml = nvml.as_ref().map_err(Clone::clone)?;
     let uuids: Vec<String> = s.devices.iter().map(|d| d.uuid.clone()).collect();
-    let driver: Vec<DriverProcess> = gpuslice_cuda_load::running_processes(nvml, &uuids)?
-        .into_iter()
-        .map(|(uuid, pid, bytes)| DriverProcess { uuid, pid, bytes })
-        .collect();
+    let driver = gpuslice_k8s::enforcer::driver_processes(nvml, &uuids)?;
     let caps: Vec<(String, u64)> = s
         .devices
         .iter()
         .filter_map(|d| Some((d.uuid.clone(), d.cap?)))
         .collect();
-    Ok(facts(&s.slice_id, &caps, Some(s), &driver))
+    Ok(facts(member, &caps, Some(s), &driver))
 }
 
 fn describe(
@@ -125,7 +123,10 @@ fn describe(
     let s = ledger.snapshot();
     let checks = table.check(&s.slice_id, &s);
     let check_of = |pid: u32| checks.iter().find(|c| c.pid == pid);
-    let driver = driver_facts(nvml, &s);
+    // Its processes: by cgroup, ledger slot, or root's limits record seen
+    // in their root (a container's: the device plugin's replicas).
+    let member = Member::new(&s.slice_id, record.as_deref());
+    let driver = driver_facts(nvml, &s, &member);
     let facts = driver.as_ref().ok();
     // Enforced: the shim holds it and accounts for all the driver says it
     // holds (never a process holding more than its ledger slot says).
