@@ -20,7 +20,7 @@ use k8s_openapi::api::resource::v1::AllocatedDeviceStatus;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use thiserror::Error;
 use tokio::sync::Mutex;
@@ -282,7 +282,7 @@ impl Driver {
         if let Err(e) = state.save() {
             // Not remembered: leave nothing behind either.
             if let Some(p) = state.claims.remove(&c.uid) {
-                let _ = remove_files(&p);
+                let _ = remove_files(&p, state.dir());
             }
             return Err(e.into());
         }
@@ -447,11 +447,7 @@ impl Driver {
                 }
             })
             .collect();
-        let claims_dir = self
-            .opts
-            .claims_dir
-            .clone()
-            .unwrap_or_else(|| self.opts.host_root.join(crate::claimfs::CLAIMS_DIR));
+        let claims_dir = self.claims_dir();
         let mut slice_dirs: Vec<PathBuf> = Vec::new();
         for s in slices.iter().filter(|s| s.caps.is_some()) {
             let dir = crate::claimfs::slice_dir(&claims_dir, &s.name);
@@ -501,6 +497,41 @@ impl Driver {
             return Err(cdi_err(e));
         }
         Ok((path, records, slice_dirs))
+    }
+
+    /// The capped slices of the prepared claims, as root's enforcer
+    /// watches them (`gpuslice_k8s::enforcer`): root's limits record
+    /// beside the claim's spec, the one usage ledger of the slice's
+    /// directory, kills recorded in the state directory
+    /// ([`crate::checkpoint::enforcement_dir`]). Blocks on the claims'
+    /// lock: for the enforcer's thread, never a runtime's.
+    pub fn watched_slices(&self) -> Vec<gpuslice_ledger::enforcer::WatchedSlice> {
+        let state = self.state.blocking_lock();
+        let dir = state.dir().to_path_buf();
+        state
+            .claims
+            .values()
+            .flat_map(|p| &p.records)
+            .filter_map(|record| {
+                let limits = gpuslice_ledger::limits::verify_and_read(record, false).ok()?;
+                let records = crate::checkpoint::enforcement_dir(&dir, &limits.slice_id);
+                std::fs::create_dir_all(&records).ok()?;
+                Some(gpuslice_ledger::enforcer::WatchedSlice {
+                    usage: crate::claimfs::slice_dir(&self.claims_dir(), &limits.slice_id)
+                        .join(gpuslice_ledger::limits::USAGE_FILE),
+                    record: Some(record.clone()),
+                    records,
+                    limits,
+                })
+            })
+            .collect()
+    }
+
+    fn claims_dir(&self) -> PathBuf {
+        self.opts
+            .claims_dir
+            .clone()
+            .unwrap_or_else(|| self.opts.host_root.join(crate::claimfs::CLAIMS_DIR))
     }
 
     /// Reclaims, in every prepared claim's usage ledger, the slots of its
@@ -656,7 +687,7 @@ fn unprepare_one(state: &mut Checkpoint, uid: &str) -> Result<(), String> {
     let Some(p) = state.claims.remove(uid) else {
         return Ok(()); // never prepared, or already unprepared
     };
-    if let Err(e) = remove_files(&p) {
+    if let Err(e) = remove_files(&p, state.dir()) {
         state.claims.insert(uid.into(), p);
         return Err(e);
     }
@@ -667,8 +698,12 @@ fn unprepare_one(state: &mut Checkpoint, uid: &str) -> Result<(), String> {
 }
 
 /// Removes a claim's spec first (no new container gets its devices), then
-/// its limits records; files already gone are fine.
-fn remove_files(p: &PreparedClaim) -> Result<(), String> {
+/// its limits records, slice directories and root's enforcement records
+/// (in `state_dir`); files already gone are fine.
+fn remove_files(p: &PreparedClaim, state_dir: &Path) -> Result<(), String> {
+    for d in &p.devices {
+        let _ = std::fs::remove_dir_all(crate::checkpoint::enforcement_dir(state_dir, d.slice()));
+    }
     for f in std::iter::once(&p.cdi_spec).chain(&p.records) {
         match std::fs::remove_file(f) {
             Ok(()) => {}
