@@ -2,4 +2,5 @@ pub mod cdi;
 pub mod enforcer;
 pub mod grpc_wire;
 pub mod labels;
+pub mod memory_hook;
 pub mod plugin;
