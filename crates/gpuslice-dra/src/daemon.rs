@@ -98,10 +98,7 @@ pub fn run(opts: DaemonOptions) -> Result<()> {
                 let slices = move || watched.watched_slices();
                 Some(gpuslice_k8s::enforcer::spawn(policy, None, slices)?)
             }
-            None => {
-                tracing::warn!("root's enforcer is off (policy: root_enforcer = \"off\"): only the shim holds the claims' limits");
-                None
-            }
+            None => None,
         };
         // Health: the device plugin's XID watcher (NVML events); without
         // NVML no GPU's health is known (the kubelet hears Unknown).

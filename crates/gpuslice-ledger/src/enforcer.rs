@@ -460,22 +460,20 @@ impl Enforcer {
 }
 
 impl Action {
-    /// The line a watcher logs for it.
+    /// The line a watcher logs for it (the slice is a field of the log
+    /// record beside it).
     pub fn describe(&self) -> String {
         let mib = self.driver_bytes >> 20;
         let (pid, comm, uuid) = (self.pid, &self.comm, &self.uuid);
         match (self.kill, self.reason) {
             (true, Reason::OverCap) => format!(
-                "root's enforcer killed pid {pid} ({comm}) of slice {}: the slice held more than its cap on {uuid} by the driver's accounting; it held {mib} MiB",
-                self.slice
+                "root's enforcer killed pid {pid} ({comm}): the slice held more than its cap on {uuid} by the driver's accounting; it held {mib} MiB"
             ),
             (true, Reason::Unshimmed) => format!(
-                "root's enforcer killed pid {pid} ({comm}): a GPU process of slice {} the shim does not hold ({mib} MiB on {uuid})",
-                self.slice
+                "root's enforcer killed pid {pid} ({comm}): a GPU process of the slice the shim does not hold ({mib} MiB on {uuid})"
             ),
             (false, _) => format!(
-                "pid {pid} ({comm}) of slice {} uses the GPU without the shim ({mib} MiB on {uuid}): flagged (policy: unshimmed_gpu_process = \"flag\")",
-                self.slice
+                "pid {pid} ({comm}) uses the GPU without the shim ({mib} MiB on {uuid}): flagged (policy: unshimmed_gpu_process = \"flag\")"
             ),
         }
     }

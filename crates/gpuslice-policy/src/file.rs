@@ -355,6 +355,22 @@ mod tests {
     }
 
     #[test]
+    fn root_s_enforcer_is_on_unless_the_file_turns_it_off() {
+        assert_eq!(parse("").unwrap().root_enforcer, RootEnforcer::On);
+        assert_eq!(
+            parse("root_enforcer = \"off\"").unwrap().root_enforcer,
+            RootEnforcer::Off
+        );
+        assert_eq!(
+            parse("root_enforcer = \"on\"\nunshimmed_gpu_process = \"flag\"")
+                .unwrap()
+                .unshimmed_gpu_process,
+            UnshimmedAction::Flag
+        );
+        assert!(parse("root_enforcer = \"maybe\"").is_err());
+    }
+
+    #[test]
     fn errors_name_the_field() {
         for (text, field, want) in [
             (

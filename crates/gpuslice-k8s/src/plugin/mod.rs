@@ -283,11 +283,7 @@ impl Generation {
                     watch,
                 )?)
             }
-            Some(_) => None,
-            None => {
-                tracing::warn!("root's enforcer is off (policy: root_enforcer = \"off\"): only the shim holds the replicas' limits");
-                None
-            }
+            _ => None,
         };
         std::fs::create_dir_all(&plan.cfg.plugin_dir).with_context(|| {
             format!(

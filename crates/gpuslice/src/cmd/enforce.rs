@@ -78,6 +78,11 @@ pub fn enforcer_policy(caller: &gpuslice_policy::Caller) -> Option<Unshimmed> {
     if let Some(why) = why {
         tracing::warn!("{why}; root's enforcer kills unshimmed GPU processes (the default)");
     }
+    if enforcer.is_none() {
+        tracing::warn!(
+            "root's enforcer is off (policy: root_enforcer = \"off\"): only the shim and the driver's partitions hold the slices' memory"
+        );
+    }
     enforcer
 }
 
