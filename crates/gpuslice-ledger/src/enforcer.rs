@@ -206,15 +206,21 @@ pub fn facts(
 
 /// What does not change over a process's life (whether it maps the shim,
 /// its name, its cgroup, the limits record its root shows), by pid and
-/// start time: a watcher reads them once, not every tick. And, for one
-/// tick, which limits record the processes of a cgroup show.
+/// start time: a watcher reads them once, not every tick. And which limits
+/// record the processes of each cgroup show, from one walk of `/proc`
+/// made when first needed and at most once every [`CGROUPS_EVERY`].
 #[derive(Debug, Default)]
 pub struct Known {
     procs: BTreeMap<u32, ProcFacts>,
     /// cgroup (the text of `/proc/<pid>/cgroup`) → the limits record a
-    /// process of it shows; built for a tick when first needed.
-    cgroups: Option<BTreeMap<String, FileId>>,
+    /// process of it shows, and when that was read.
+    cgroups: Option<(std::time::Instant, BTreeMap<String, FileId>)>,
 }
+
+/// How long a walk of `/proc` for the cgroups' limits records stands: a
+/// process that hid its slice's record (or one of no slice) costs one
+/// walk in that time, not one a tick.
+pub const CGROUPS_EVERY: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone)]
 struct ProcFacts {
@@ -247,17 +253,21 @@ impl Known {
         Some(f)
     }
 
-    /// Forgets the processes not in `pids` (gone, or no longer on a GPU),
-    /// and what the cgroups showed last tick.
+    /// Forgets the processes not in `pids` (gone, or no longer on a GPU).
     pub fn new_tick(&mut self, pids: &[u32]) {
         self.procs.retain(|p, _| pids.contains(p));
-        self.cgroups = None;
     }
 
-    /// The limits record some process of `cgroup` shows in its root: one
-    /// walk of `/proc` a tick, the first time it is asked.
+    /// The limits record some process of `cgroup` shows in its root.
     fn shown_in_cgroup(&mut self, cgroup: &str) -> Option<FileId> {
-        let table = self.cgroups.get_or_insert_with(|| {
+        if self
+            .cgroups
+            .as_ref()
+            .is_some_and(|(t, _)| t.elapsed() >= CGROUPS_EVERY)
+        {
+            self.cgroups = None;
+        }
+        let (_, table) = self.cgroups.get_or_insert_with(|| {
             let mut t = BTreeMap::new();
             for e in fs::read_dir("/proc").into_iter().flatten().flatten() {
                 let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
@@ -273,7 +283,7 @@ impl Known {
                     t.insert(cg, id);
                 }
             }
-            t
+            (std::time::Instant::now(), t)
         });
         table.get(cgroup).copied()
     }

@@ -61,9 +61,11 @@ pub fn watch(
         }
     };
     let mut watch = NodeWatch::new(policy);
+    // Known by its cgroup (named after it, which no process of it can
+    // leave) and its ledger: no limits record to look for.
     watch.set(vec![WatchedSlice {
         limits: limits.clone(),
-        record: Some(records.limits.clone()),
+        record: None,
         usage: records.usage.clone(),
         records: records.dir.clone(),
     }]);
