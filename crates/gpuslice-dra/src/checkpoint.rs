@@ -145,6 +145,8 @@ pub struct PreparedSlice {
     pub caps: Option<gpuslice_k8s::cdi::SliceCaps>,
     /// Why its caps do not hold against its pods (empty: nothing seen).
     pub unenforceable: Vec<String>,
+    /// Root's limits record of a capped slice, beside the claim's spec.
+    pub record: Option<PathBuf>,
 }
 
 impl PreparedDevice {
@@ -170,6 +172,15 @@ impl PreparedClaim {
                 gpu: d.allocated.kind.gpu(),
                 caps: d.allocated.caps,
                 unenforceable: self.unenforceable.clone(),
+                record: self
+                    .records
+                    .iter()
+                    .find(|r| {
+                        r.file_name()
+                            == gpuslice_k8s::cdi::limits_record_path(Path::new(""), d.slice())
+                                .file_name()
+                    })
+                    .cloned(),
             })
             .collect()
     }

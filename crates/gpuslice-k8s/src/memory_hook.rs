@@ -88,12 +88,7 @@ pub fn set(state_json: &str, record: &Path, host: &Path, nvml: Option<&Path>) ->
     let pid = pid.ok_or_else(|| anyhow!("no pid in the container state"))?;
     let state_dir = host.join(STATE_DIR);
     let limits = gpuslice_ledger::limits::verify_and_read(record, false)?;
-    let caps: Vec<(String, u64)> = limits
-        .devices
-        .iter()
-        .filter(|d| !d.uuid.starts_with("MIG-"))
-        .filter_map(|d| d.memory.map(|m| (d.uuid.clone(), m.0)))
-        .collect();
+    let caps = limits.partition_caps();
     if caps.is_empty() {
         return Ok(Done::Skipped(
             "no capped whole GPU (MIG devices have no partitions)".into(),

@@ -515,12 +515,7 @@ impl SliceWatch {
     fn new(spec: WatchedSlice, policy: Unshimmed) -> SliceWatch {
         let slice = &spec.limits.slice_id;
         let member = Member::new(slice, spec.record.as_deref());
-        let caps = spec
-            .limits
-            .devices
-            .iter()
-            .filter_map(|d| d.memory.map(|m| (d.uuid.clone(), m.0)))
-            .collect();
+        let caps = spec.limits.memory_caps();
         SliceWatch {
             member,
             caps,
@@ -620,7 +615,7 @@ impl NodeWatch {
         let mut u: Vec<String> = self
             .slices
             .values()
-            .flat_map(|w| w.spec.limits.devices.iter().map(|d| d.uuid.clone()))
+            .flat_map(|w| w.spec.limits.uuids())
             .collect();
         u.sort();
         u.dedup();

@@ -98,6 +98,29 @@ impl PodProcess {
     pub fn next_line(&self, wait: Duration) -> Option<String> {
         self.lines.recv_timeout(wait).ok()
     }
+
+    /// A container started with [`PodProcess::start`] whose GPU process
+    /// got its memory from the driver and is then killed (SIGKILL) within
+    /// `within`; panics, naming `what`, otherwise.
+    pub fn start_and_expect_kill(
+        host: &fakegpu::FakeHost,
+        record: &Path,
+        uuid: &str,
+        bytes: u64,
+        hide: Hide,
+        within: Duration,
+    ) {
+        let (pod, held) = PodProcess::start(host, record, uuid, bytes, hide);
+        assert_eq!(held, "held 0", "{hide:?}: the driver gave it all");
+        let started = std::time::Instant::now();
+        let end = pod.next_line(within + Duration::from_secs(2));
+        assert_eq!(end.as_deref(), Some("rc 137"), "{hide:?}: killed");
+        assert!(
+            started.elapsed() < within,
+            "{hide:?}: killed only after {:?}",
+            started.elapsed()
+        );
+    }
 }
 
 impl Drop for PodProcess {

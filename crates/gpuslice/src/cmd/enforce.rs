@@ -121,12 +121,7 @@ impl RunHooks {
         gpus: Vec<String>,
         nvml_lib: Option<std::path::PathBuf>,
     ) -> RunHooks {
-        let caps: Vec<(String, u64)> = limits
-            .devices
-            .iter()
-            .filter(|d| !d.uuid.starts_with("MIG-"))
-            .filter_map(|d| d.memory.map(|m| (d.uuid.clone(), m.0)))
-            .collect();
+        let caps = limits.partition_caps();
         let driver = match gpuslice_cuda_load::partitions::Partitions::open() {
             Ok(p) => Some(DriverLimits {
                 partitions: p,
