@@ -246,6 +246,32 @@ fn procfs_readable_for(pid: u32) -> bool {
 mod tests {
     use super::*;
 
+    /// A file in a process's root is found as that process resolves it;
+    /// a symbolic link anywhere on the way is not followed (a tenant's link
+    /// would otherwise name a file in the reader's root).
+    #[test]
+    fn a_file_in_a_process_s_root_without_following_links() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("limits");
+        std::fs::write(&file, "x").unwrap();
+        std::os::unix::fs::symlink(&file, dir.path().join("link")).unwrap();
+        std::os::unix::fs::symlink(dir.path(), dir.path().join("dirlink")).unwrap();
+        let me = std::process::id();
+        let rel = |name: &str| {
+            dir.path()
+                .join(name)
+                .strip_prefix("/")
+                .unwrap()
+                .display()
+                .to_string()
+        };
+        assert_eq!(file_in_root(me, &rel("limits")), file_id(&file));
+        assert!(file_id(&file).is_some());
+        assert_eq!(file_in_root(me, &rel("link")), None);
+        assert_eq!(file_in_root(me, &rel("dirlink/limits")), None);
+        assert_eq!(file_in_root(me, &rel("missing")), None);
+    }
+
     #[test]
     fn parses_names_with_spaces_and_parens() {
         let text = "4242 (my (odd) name) S 1 4242 4242 0 -1 4194560 300 0 0 0 \
