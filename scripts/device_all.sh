@@ -50,6 +50,10 @@
 #   enforcer   issue 25: the lookups the shim closed (dlvsym, libc's dlsym, dlmopen), root's enforcer
 #              killing a client that allocates past the shim, slices --json against nvidia-smi, the
 #              enforcer's CPU, doctor on memory partitions (device_enforcer.py, ~120 s, at most 240)
+#   enforcercost issue 25: root's enforcer's cost on the torch.compile'd GPT-2: both workers under
+#              `run --memory 20GiB`, the enforcer on vs off (policy root_enforcer), 8 interleaved
+#              rounds, steps/s ratio on/off (pass >= 0.995) and each launcher's CPU seconds
+#              (device_gpt2.py --pair enforcer, ~170 s, at most 240) -> enforcer-cost.json
 #   top        issue 30: gpuslice top --once beside a capped slice on the real GPU (~30 s)
 #   dra        issue 19: the DRA driver publishes the GPU to its API test double and prepares
 #              20Gi/30 and 40Gi/60 claims (bench dra-selftest); both slices started from their CDI
@@ -161,6 +165,9 @@ part_enforcer() {
     # enforcer's CPU, doctor on partitions (device_enforcer.py, ~120 s).
     bounded 240 python3 scripts/device_enforcer.py "$work"
 }
+part_enforcercost() {
+    bounded 240 python3 scripts/device_gpt2.py "$work/enforcer-cost.json" --pair enforcer --rounds 8 --steps 30
+}
 part_top() {
     # Issue 30: `gpuslice top --once` on the real GPU beside a capped slice
     # (2 GiB, 50 %) holding 512 MiB: the GPU's memory and utilisation from
@@ -201,7 +208,7 @@ part_doctor() {
 # parts that finished.
 collect() {
     tar czf "$out/results.tgz" -C "$work" .
-    for f in launch-phases.json memphys.json hostpid.json gpt2.json gpt2-perf.json gemm-cap.json procutil.json isolation.json launch-none.json layout.json doctor.json cdi.json exporter.json plugin.json compute.json compute-diag.json compute-trace.json users.json integrity.json boundary.json launch-boundary.json dra.json bench-dra.json enforcer.json top-once.txt; do
+    for f in launch-phases.json memphys.json hostpid.json gpt2.json gpt2-perf.json gemm-cap.json procutil.json isolation.json launch-none.json layout.json doctor.json cdi.json exporter.json plugin.json compute.json compute-diag.json compute-trace.json users.json integrity.json boundary.json launch-boundary.json dra.json bench-dra.json enforcer.json enforcer-cost.json top-once.txt; do
         [ -f "$work/$f" ] && cp "$work/$f" "$out/"
     done
 }

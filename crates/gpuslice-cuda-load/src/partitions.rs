@@ -46,8 +46,15 @@ impl Partitions {
     /// NVML with its partition calls, initialised; an error says why there
     /// are none (no NVML, a driver older than R615).
     pub fn open() -> Result<Partitions, String> {
+        Self::open_lib(None)
+    }
+
+    /// [`Partitions::open`] from the NVML library `lib` (None:
+    /// `libnvidia-ml.so.1`, as the loader finds it).
+    pub fn open_lib(lib: Option<&Path>) -> Result<Partitions, String> {
+        let name = lib.map_or(LIBNVIDIA_ML.to_string(), |p| p.display().to_string());
         // SAFETY: NVML is a driver library (the contract of Lib::open).
-        let lib = unsafe { Lib::open(LIBNVIDIA_ML) }?;
+        let lib = unsafe { Lib::open(&name) }?;
         // SAFETY: the prototypes of these names (cuda-abi, nvml.h).
         let (init, by_uuid, set, get) = unsafe {
             (

@@ -17,6 +17,17 @@ pub const FILE: &str = "checkpoint.json";
 /// Where `gpuslice dra` keeps it unless told otherwise (`--state-dir`).
 pub const DEFAULT_DIR: &str = "/var/lib/gpuslice/dra";
 
+/// Below the state directory: root's records of each claim slice's
+/// enforcement (`<dir>/<slice>/enforcement`: the kills of root's enforcer,
+/// `gpuslice_ledger::enforcer::record_kill`), root's alone (a claim's own
+/// slice directory is the pods'), removed with the claim.
+pub const ENFORCEMENT_DIR: &str = "enforcement";
+
+/// The records directory of claim slice `slice` in state directory `dir`.
+pub fn enforcement_dir(dir: &Path, slice: &str) -> PathBuf {
+    dir.join(ENFORCEMENT_DIR).join(slice)
+}
+
 #[derive(Debug, Error)]
 pub enum CheckpointError {
     #[error("{0}: {1}")]
@@ -102,6 +113,11 @@ impl Checkpoint {
         &self.path
     }
 
+    /// The directory it lives in (the plugin's state directory).
+    pub fn dir(&self) -> &Path {
+        self.path.parent().unwrap_or(Path::new("/"))
+    }
+
     /// Writes the claims (atomically, 0600).
     pub fn save(&self) -> Result<(), CheckpointError> {
         let d = OnDisk {
@@ -129,6 +145,17 @@ pub struct PreparedSlice {
     pub caps: Option<gpuslice_k8s::cdi::SliceCaps>,
     /// Why its caps do not hold against its pods (empty: nothing seen).
     pub unenforceable: Vec<String>,
+    /// Root's limits record of a capped slice, beside the claim's spec.
+    pub record: Option<PathBuf>,
+}
+
+impl PreparedDevice {
+    /// Its slice's name: the CDI device name (`<uid>-<n>`).
+    pub fn slice(&self) -> &str {
+        self.cdi_device_id
+            .rsplit_once('=')
+            .map_or(self.cdi_device_id.as_str(), |(_, n)| n)
+    }
 }
 
 impl PreparedClaim {
@@ -137,11 +164,7 @@ impl PreparedClaim {
         self.devices
             .iter()
             .map(|d| PreparedSlice {
-                slice: d
-                    .cdi_device_id
-                    .rsplit_once('=')
-                    .map_or(d.cdi_device_id.as_str(), |(_, n)| n)
-                    .to_string(),
+                slice: d.slice().to_string(),
                 namespace: self.namespace.clone(),
                 name: self.name.clone(),
                 uid: self.uid.clone(),
@@ -149,6 +172,15 @@ impl PreparedClaim {
                 gpu: d.allocated.kind.gpu(),
                 caps: d.allocated.caps,
                 unenforceable: self.unenforceable.clone(),
+                record: self
+                    .records
+                    .iter()
+                    .find(|r| {
+                        r.file_name()
+                            == gpuslice_k8s::cdi::limits_record_path(Path::new(""), d.slice())
+                                .file_name()
+                    })
+                    .cloned(),
             })
             .collect()
     }

@@ -66,6 +66,10 @@ pub struct DaemonOptions {
     pub sockets: Sockets,
     /// Where the API server is; the client connects on the daemon's runtime.
     pub api: ApiTarget,
+    /// Root's enforcer over the claims' capped slices
+    /// (`gpuslice_k8s::enforcer`): what it does with a GPU process the
+    /// shim does not hold; None: off (policy `root_enforcer = "off"`).
+    pub enforcer: Option<gpuslice_ledger::enforcer::Unshimmed>,
 }
 
 pub fn run(opts: DaemonOptions) -> Result<()> {
@@ -88,6 +92,14 @@ pub fn run(opts: DaemonOptions) -> Result<()> {
         api.own_slices_by(&node).await?;
         let driver = Arc::new(Driver::new(opts.driver, api.clone())?);
         let prepared = driver.prepared().await.len();
+        let _enforcer = match opts.enforcer {
+            Some(policy) => {
+                let watched = driver.clone();
+                let slices = move || watched.watched_slices();
+                Some(gpuslice_k8s::enforcer::spawn(policy, None, slices)?)
+            }
+            None => None,
+        };
         // Health: the device plugin's XID watcher (NVML events); without
         // NVML no GPU's health is known (the kubelet hears Unknown).
         let (tx, rx) = tokio::sync::watch::channel(Default::default());

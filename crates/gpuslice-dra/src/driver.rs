@@ -306,7 +306,7 @@ impl Driver {
         if let Err(e) = state.save() {
             // Not remembered: leave nothing behind either.
             if let Some(p) = state.claims.remove(&c.uid) {
-                let _ = remove_files(&p);
+                let _ = remove_files(&p, state.dir());
             }
             return Err(e.into());
         }
@@ -544,6 +544,34 @@ impl Driver {
         Ok((path, records, slice_dirs))
     }
 
+    /// The capped slices of the prepared claims, as root's enforcer
+    /// watches them (`gpuslice_k8s::enforcer`): root's limits record
+    /// beside the claim's spec, the one usage ledger of the slice's
+    /// directory, kills recorded in the state directory
+    /// ([`crate::checkpoint::enforcement_dir`]). Blocks on the claims'
+    /// lock: for the enforcer's thread, never a runtime's.
+    pub fn watched_slices(&self) -> Vec<gpuslice_ledger::enforcer::WatchedSlice> {
+        let state = self.state.blocking_lock();
+        let dir = state.dir().to_path_buf();
+        state
+            .claims
+            .values()
+            .flat_map(|p| &p.records)
+            .filter_map(|record| {
+                let limits = gpuslice_ledger::limits::verify_and_read(record, false).ok()?;
+                let records = crate::checkpoint::enforcement_dir(&dir, &limits.slice_id);
+                std::fs::create_dir_all(&records).ok()?;
+                Some(gpuslice_ledger::enforcer::WatchedSlice {
+                    usage: crate::claimfs::slice_dir(&claims_dir(&self.opts), &limits.slice_id)
+                        .join(gpuslice_ledger::limits::USAGE_FILE),
+                    record: Some(record.clone()),
+                    records,
+                    limits,
+                })
+            })
+            .collect()
+    }
+
     /// Reclaims, in every prepared claim's usage ledger, the slots of its
     /// containers' processes that died: each container is a pid namespace
     /// of its own, and reclaims only its own, so a container that ended
@@ -704,7 +732,7 @@ fn unprepare_one(state: &mut Checkpoint, uid: &str) -> Result<(), String> {
     let Some(p) = state.claims.remove(uid) else {
         return Ok(()); // never prepared, or already unprepared
     };
-    if let Err(e) = remove_files(&p) {
+    if let Err(e) = remove_files(&p, state.dir()) {
         state.claims.insert(uid.into(), p);
         return Err(e);
     }
@@ -715,8 +743,12 @@ fn unprepare_one(state: &mut Checkpoint, uid: &str) -> Result<(), String> {
 }
 
 /// Removes a claim's spec first (no new container gets its devices), then
-/// its limits records; files already gone are fine.
-fn remove_files(p: &PreparedClaim) -> Result<(), String> {
+/// its limits records, slice directories and root's enforcement records
+/// (in `state_dir`); files already gone are fine.
+fn remove_files(p: &PreparedClaim, state_dir: &Path) -> Result<(), String> {
+    for d in &p.devices {
+        let _ = std::fs::remove_dir_all(crate::checkpoint::enforcement_dir(state_dir, d.slice()));
+    }
     for f in std::iter::once(&p.cdi_spec).chain(&p.records) {
         match std::fs::remove_file(f) {
             Ok(()) => {}

@@ -1336,3 +1336,56 @@ async fn several_claims_on_one_gpu_each_get_their_own_slice() {
     );
     assert!(!limits_record_path(&e.cdi_dir(), "uid-c-0").exists());
 }
+
+/// Issue 31: a claim's pod whose process runs without the shim (its pod
+/// covers the preload file; or it unshares a user and mount namespace and
+/// covers the claim's records too) and takes more than the claim's memory.
+/// Root's enforcer over the plugin's prepared slices (what `gpuslice dra`
+/// runs) finds it by the claim's limits record in its root or its
+/// container's, and kills it within about a second; the kill is recorded in
+/// the plugin's state directory and goes with the claim. Without the
+/// enforcer it holds its memory until the test gives up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_enforcer_kills_a_claim_s_process_that_runs_past_the_shim() {
+    use gpuslice_testkit::pod::{Hide, PodProcess};
+    use std::time::Duration;
+    if !gpuslice_testkit::precondition(
+        "the_enforcer_kills_a_claim_s_process_that_runs_past_the_shim",
+        gpuslice_testkit::needs_root(),
+    ) {
+        return;
+    }
+    let e = Env::new().await;
+    let d = e.driver(true);
+    e.api
+        .put_claim(shared_claim("ns", "x", "uid-x", NODE, 1, "4Gi", "10"));
+    let claim = gpuslice_dra::driver::ClaimRef {
+        namespace: "ns".into(),
+        name: "x".into(),
+        uid: "uid-x".into(),
+    };
+    d.prepare(std::slice::from_ref(&claim)).await["uid-x"]
+        .as_ref()
+        .unwrap();
+    let watched = d.clone();
+    let _enforcer = gpuslice_k8s::enforcer::spawn(
+        gpuslice_ledger::enforcer::Unshimmed::Kill,
+        Some(host().nvml_lib()),
+        move || watched.watched_slices(),
+    )
+    .unwrap();
+    let record = limits_record_path(&e.cdi_dir(), "uid-x-0");
+    let kills = gpuslice_dra::checkpoint::enforcement_dir(&e.dir.path().join("state"), "uid-x-0");
+    let gpu = host().gpus()[1].uuid.clone();
+    for hide in [Hide::Nothing, Hide::Records] {
+        tokio::task::block_in_place(|| {
+            let within = Duration::from_secs(3);
+            PodProcess::start_and_expect_kill(host(), &record, &gpu, 5 * GIB, hide, within)
+        });
+    }
+    let recorded = gpuslice_ledger::enforcer::read_kills(&kills);
+    assert_eq!(recorded.len(), 2, "{recorded:?}");
+    assert!(recorded.iter().all(|k| k.bytes == 5 * GIB && k.uuid == gpu));
+    d.unprepare(&[claim]).await;
+    assert!(!kills.exists(), "the claim's records go with it");
+}

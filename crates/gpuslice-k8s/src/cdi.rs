@@ -944,6 +944,9 @@ impl Builder<'_> {
                 "options": ["ro", "nosuid", "nodev", "noexec", "bind"],
             },
         ]);
+        if let Some(hooks) = self.memory_limit_hooks(&record) {
+            edits["hooks"] = hooks;
+        }
         // The GPU's board, made here as root (replacing one root did not
         // make: a local user's squatted file), bound writable over the
         // boards' directory bound read-only: the container writes its
@@ -979,6 +982,36 @@ impl Builder<'_> {
                 "options": ["ro", "nosuid", "nodev", "noexec", "bind"],
             }));
         }
+    }
+
+    /// The driver's memory partitions for a capped slice's containers
+    /// ([`crate::memory_hook`]): set by a `createRuntime` hook from root's
+    /// limits record `record`, cleared by a `poststop` hook. None without
+    /// the `gpuslice` binary to run. The hooks run on the host: a host root
+    /// other than `/` that is not stripped (a simulated host) is named.
+    fn memory_limit_hooks(&self, record: &Path) -> Option<Value> {
+        let gpuslice = self.host(self.opts.hook.as_ref()?);
+        let root = self.root.path();
+        let host_root: Vec<String> = if self.opts.strip_host_root || root == Path::new("/") {
+            Vec::new()
+        } else {
+            vec!["--host-root".into(), root.display().to_string()]
+        };
+        let hook = |name: &str, action: &[String]| {
+            let mut args: Vec<String> = ["gpuslice", "cdi", "hook", "memory-limits"]
+                .map(String::from)
+                .to_vec();
+            args.extend_from_slice(action);
+            args.extend(host_root.iter().cloned());
+            json!({ "hookName": name, "path": gpuslice, "args": args, "timeout": 10 })
+        };
+        Some(json!([
+            hook(
+                "createRuntime",
+                &["set".into(), "--limits".into(), self.host(record)]
+            ),
+            hook("poststop", &["clear".into()]),
+        ]))
     }
 
     /// The slice's directory in the container, where its usage ledger is

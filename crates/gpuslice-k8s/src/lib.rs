@@ -1,7 +1,9 @@
 #![forbid(unsafe_code)]
 
 pub mod cdi;
+pub mod enforcer;
 pub mod grpc_wire;
 pub mod labels;
+pub mod memory_hook;
 pub mod plugin;
 pub mod slicedir;

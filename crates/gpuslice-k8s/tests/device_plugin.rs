@@ -901,3 +901,44 @@ async fn ledger_dirs_go_once_their_pod_is_gone_and_no_process_uses_them() {
     assert!(dir.is_dir());
     assert_eq!(p.state.borrow().ledgers.removed.len(), n);
 }
+
+/// Issue 31: a replica's pod whose process runs without the shim — its
+/// pod spec covers `/etc/ld.so.preload` with a `hostPath` of `/dev/null`,
+/// or it unshares a user and mount namespace (no capability needed) and
+/// covers the preload file and the slice's records there — and takes more
+/// than the replica's cap. Root's enforcer in the plugin finds it by the
+/// replica's limits record in its root, or in its container's (its
+/// cgroup's) when it hid its own, and kills it within about a second,
+/// recording the kill beside the replica's records. Without the enforcer it
+/// holds its memory until the test gives up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_enforcer_kills_a_replica_s_process_that_runs_past_the_shim() {
+    use gpuslice_testkit::pod::{Hide, PodProcess};
+    if !gpuslice_testkit::precondition(
+        "the_enforcer_kills_a_replica_s_process_that_runs_past_the_shim",
+        gpuslice_testkit::needs_root(),
+    ) {
+        return;
+    }
+    let (t, _p, mut k) = setup(SHARED).await;
+    k.registrations_of(&SHARED_AND_MIG, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let mut c = k.dial("gpuslice-gpu.shared.sock").await.unwrap();
+    let cap = host().gpus()[1].memory_bytes / 4;
+    for (r, hide) in [(0, Hide::Nothing), (1, Hide::Records)] {
+        let resp = allocate_one(&mut c, &[format!("{}::{r}", uuid(1))])
+            .await
+            .unwrap();
+        let records = t.path().join("ledgers").join(&resp.envs["GPUSLICE_SLICE"]);
+        tokio::task::block_in_place(|| {
+            let record = records.join("limits");
+            let within = Duration::from_secs(3);
+            PodProcess::start_and_expect_kill(host(), &record, &uuid(1), cap + GIB, hide, within)
+        });
+        let kills = gpuslice_ledger::enforcer::read_kills(&records);
+        assert_eq!(kills.len(), 1, "{hide:?}: {kills:?}");
+        assert_eq!(kills[0].bytes, cap + GIB, "{hide:?}: {kills:?}");
+        assert_eq!(kills[0].uuid, uuid(1));
+    }
+}

@@ -8,9 +8,11 @@
 //! each process's memory from the driver's own per-process accounting
 //! (NVML's running compute processes, read on the host by the caller and
 //! handed in as [`DriverProcess`]es: contexts included, as the cap counts
-//! them), maps processes to slices by their cgroup (a path component named
-//! like the slice, as `run` and [`crate::enforcement`] name it) or a live
-//! slot in the slice's ledger, and per capped device of a slice:
+//! them), maps processes to slices ([`Member`]: a cgroup path component
+//! named like the slice, as `run` names it; a live slot in the slice's
+//! ledger; the slice's limits record, root's file, seen at the slice's
+//! fixed place in the process's root or in the root of a process of the
+//! same cgroup: a container's), and per capped device of a slice:
 //!
 //! - when what the slice's processes hold exceeds the cap on
 //!   [`GRACE_TICKS`] ticks in a row, it kills (SIGKILL) the largest holder
@@ -22,13 +24,16 @@
 //!   [`Unshimmed`]: flagged, or killed ([`Reason::Unshimmed`]) — default
 //!   kill (docs/security.md says why).
 //!
-//! One implementation for every root component that watches slices: the
-//! `run` launcher ticks it every [`TICK`] while a capped slice runs; the
-//! exporter reports the driver's figures ([`SliceFacts`]) and the kills
-//! recorded in the slice's `enforcement` file ([`record_kill`],
-//! [`read_kills`]). The facts cost one read of `/proc/<pid>/cgroup` per
-//! GPU process the driver lists (and `maps` for those in the slice): no
-//! walk of `/proc`.
+//! One implementation for every root component that watches slices
+//! ([`NodeWatch`]): the `run` launcher ticks it every [`TICK`] while a
+//! capped slice runs, the device plugin and the DRA plugin for the slices
+//! they made; `gpuslice slices` and the exporter report the driver's
+//! figures ([`SliceFacts`]) and the kills recorded in the slice's
+//! `enforcement` file ([`record_kill`], [`read_kills`]). The facts cost,
+//! once per process's life, a read of its `cgroup`, `maps` and its root's
+//! limits record; a walk of `/proc` only for a GPU process whose root
+//! shows no limits record (one that hid it: then the processes of its
+//! cgroup say which slice it is of), at most once a tick.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -36,6 +41,7 @@ use std::io::Write;
 use std::path::Path;
 use std::time::Duration;
 
+use crate::procfs::FileId;
 use crate::{ProcessState, Snapshot};
 
 /// How often the launcher ticks the enforcer.
@@ -74,6 +80,14 @@ pub struct DriverProcess {
     /// In the host's PID namespace (the reader's).
     pub pid: u32,
     pub bytes: u64,
+}
+
+impl From<(String, u32, u64)> for DriverProcess {
+    /// From (uuid, pid, bytes), as `gpuslice_cuda_load::running_processes`
+    /// lists them.
+    fn from((uuid, pid, bytes): (String, u32, u64)) -> DriverProcess {
+        DriverProcess { uuid, pid, bytes }
+    }
 }
 
 /// Why the enforcer killed.
@@ -149,76 +163,164 @@ impl SliceFacts {
     }
 }
 
-/// The facts of slice `slice_id` (caps from root's record), from the
+/// Where a slice's processes find root's limits record of their slice
+/// (`gpuslice_ledger::limits::SLICE_DIR`/`LIMITS_FILE`), relative to
+/// their root.
+const LIMITS_IN_ROOT: &str = "run/gpuslice/slice/limits";
+
+/// How root knows a process is of a slice: its name (a cgroup path
+/// component named so: `run`'s slices) and the identity of its limits
+/// record on the host, which `run`, the device plugin and the CDI specs
+/// bind read-only at the slice's fixed place in every container of it. A
+/// tenant can hide that file from its own root (cover it in a mount
+/// namespace of its own), never show another slice's in its place; a
+/// process that hid it is still of the slice when a process of its
+/// cgroup (its container) shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Member {
+    pub slice: String,
+    pub limits: Option<FileId>,
+}
+
+impl Member {
+    /// Slice `slice`, whose limits record on the host is `record` (None,
+    /// or one that does not stat: known by its name and ledger alone).
+    pub fn new(slice: &str, record: Option<&Path>) -> Member {
+        Member {
+            slice: slice.to_string(),
+            limits: record.and_then(crate::procfs::file_id),
+        }
+    }
+}
+
+/// The facts of `member`'s slice (caps from root's record), from the
 /// driver's processes and the slice's ledger `snap` (the caller reads both).
 pub fn facts(
-    slice_id: &str,
+    member: &Member,
     caps: &[(String, u64)],
     snap: Option<&Snapshot>,
     driver: &[DriverProcess],
 ) -> SliceFacts {
-    facts_cached(slice_id, caps, snap, driver, &mut Known::default())
+    facts_cached(member, caps, snap, driver, &mut Known::default())
 }
 
 /// What does not change over a process's life (whether it maps the shim,
-/// its name), by pid and start time: a watcher reads a process's `maps`
-/// once, not every tick.
+/// its name, its cgroup, the limits record its root shows), by pid and
+/// start time: a watcher reads them once, not every tick. And which limits
+/// record the processes of each cgroup show, from one walk of `/proc`
+/// made when first needed and at most once every [`CGROUPS_EVERY`].
 #[derive(Debug, Default)]
-pub struct Known(BTreeMap<u32, (u64, bool, String)>);
+pub struct Known {
+    procs: BTreeMap<u32, ProcFacts>,
+    /// cgroup (the text of `/proc/<pid>/cgroup`) → the limits record a
+    /// process of it shows, and when that was read.
+    cgroups: Option<(std::time::Instant, BTreeMap<String, FileId>)>,
+}
+
+/// How long a walk of `/proc` for the cgroups' limits records stands: a
+/// process that hid its slice's record (or one of no slice) costs one
+/// walk in that time, not one a tick.
+pub const CGROUPS_EVERY: Duration = Duration::from_secs(1);
+
+#[derive(Debug, Clone)]
+struct ProcFacts {
+    start: u64,
+    shim: bool,
+    comm: String,
+    cgroup: String,
+    shows: Option<FileId>,
+}
 
 impl Known {
-    fn get(&mut self, pid: u32) -> (bool, String) {
+    fn get(&mut self, pid: u32) -> Option<ProcFacts> {
         let start = crate::procfs::stat(pid).map_or(0, |s| s.start_time);
-        if let Some((t, shim, comm)) = self.0.get(&pid) {
-            if *t == start && start != 0 {
-                return (*shim, comm.clone());
+        if let Some(f) = self.procs.get(&pid) {
+            if f.start == start && start != 0 {
+                return Some(f.clone());
             }
         }
+        let cgroup = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
         let maps = fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
         let comm = fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-        let v = (
-            crate::enforcement::maps_library(&maps, "libgpuslice"),
-            comm.trim().to_string(),
-        );
-        self.0.insert(pid, (start, v.0, v.1.clone()));
-        v
+        let f = ProcFacts {
+            start,
+            shim: crate::enforcement::maps_library(&maps, "libgpuslice"),
+            comm: comm.trim().to_string(),
+            cgroup,
+            shows: crate::procfs::file_in_root(pid, LIMITS_IN_ROOT),
+        };
+        self.procs.insert(pid, f.clone());
+        Some(f)
     }
 
     /// Forgets the processes not in `pids` (gone, or no longer on a GPU).
-    fn keep(&mut self, pids: &[u32]) {
-        self.0.retain(|p, _| pids.contains(p));
+    pub fn new_tick(&mut self, pids: &[u32]) {
+        self.procs.retain(|p, _| pids.contains(p));
+    }
+
+    /// The limits record some process of `cgroup` shows in its root.
+    fn shown_in_cgroup(&mut self, cgroup: &str) -> Option<FileId> {
+        if self
+            .cgroups
+            .as_ref()
+            .is_some_and(|(t, _)| t.elapsed() >= CGROUPS_EVERY)
+        {
+            self.cgroups = None;
+        }
+        let (_, table) = self.cgroups.get_or_insert_with(|| {
+            let mut t = BTreeMap::new();
+            for e in fs::read_dir("/proc").into_iter().flatten().flatten() {
+                let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                    continue;
+                };
+                let Ok(cg) = fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
+                    continue;
+                };
+                if t.contains_key(&cg) {
+                    continue;
+                }
+                if let Some(id) = crate::procfs::file_in_root(pid, LIMITS_IN_ROOT) {
+                    t.insert(cg, id);
+                }
+            }
+            (std::time::Instant::now(), t)
+        });
+        table.get(cgroup).copied()
+    }
+
+    /// Whether `pid` is of `member`'s slice (`slot`: it holds a live slot
+    /// in the slice's ledger); its facts when it is.
+    fn member(&mut self, m: &Member, pid: u32, slot: bool) -> Option<ProcFacts> {
+        let f = self.get(pid)?;
+        let of = slot
+            || crate::enforcement::in_cgroup_named(&f.cgroup, &m.slice)
+            || m.limits.is_some_and(|id| {
+                f.shows == Some(id)
+                    || (f.shows.is_none() && self.shown_in_cgroup(&f.cgroup) == Some(id))
+            });
+        of.then_some(f)
     }
 }
 
 /// [`facts`], with what is known of the processes kept in `known`.
 pub fn facts_cached(
-    slice_id: &str,
+    member: &Member,
     caps: &[(String, u64)],
     snap: Option<&Snapshot>,
     driver: &[DriverProcess],
     known: &mut Known,
 ) -> SliceFacts {
     let mut holders = Vec::new();
-    let mut seen: BTreeMap<u32, Option<(bool, String)>> = BTreeMap::new();
-    let pids: Vec<u32> = driver.iter().map(|p| p.pid).collect();
-    known.keep(&pids);
+    let mut seen: BTreeMap<u32, Option<ProcFacts>> = BTreeMap::new();
     for p in driver.iter().filter(|p| p.bytes > 0) {
-        let slot = snap.and_then(|s| {
-            s.processes
-                .iter()
-                .find(|q| q.pid == p.pid && q.state == ProcessState::Live)
-        });
-        let member = seen.entry(p.pid).or_insert_with(|| {
-            let cgroup = fs::read_to_string(format!("/proc/{}/cgroup", p.pid)).ok()?;
-            if !crate::enforcement::in_cgroup_named(&cgroup, slice_id) && slot.is_none() {
-                return None;
-            }
-            Some(known.get(p.pid))
-        });
-        let Some((shim, comm)) = member.clone() else {
+        let slot = snap.and_then(|s| live_slot(s, p.pid));
+        let facts = seen
+            .entry(p.pid)
+            .or_insert_with(|| known.member(member, p.pid, slot.is_some()));
+        let Some(f) = facts.clone() else {
             continue;
         };
-        let shim_bytes = match (shim, slot, snap) {
+        let shim_bytes = match (f.shim, slot, snap) {
             (true, Some(slot), Some(s)) => Some(
                 s.devices
                     .iter()
@@ -230,17 +332,23 @@ pub fn facts_cached(
         };
         holders.push(Holder {
             pid: p.pid,
-            comm,
+            comm: f.comm,
             uuid: p.uuid.clone(),
             driver_bytes: p.bytes,
             shim_bytes,
         });
     }
     SliceFacts {
-        slice: slice_id.to_string(),
+        slice: member.slice.clone(),
         caps: caps.to_vec(),
         holders,
     }
+}
+
+fn live_slot(s: &Snapshot, pid: u32) -> Option<&crate::ProcessUsage> {
+    s.processes
+        .iter()
+        .find(|q| q.pid == pid && q.state == ProcessState::Live)
 }
 
 /// What the enforcer decided about one process.
@@ -338,19 +446,19 @@ impl Enforcer {
     }
 
     /// [`Enforcer::judge`], then the kills: each process is killed only if
-    /// it is still in the slice (its cgroup or ledger, checked through a
-    /// pidfd, so a reused pid is never killed). Returns what was done.
-    pub fn enforce(&mut self, f: &SliceFacts, snap: Option<&Snapshot>) -> Vec<Action> {
+    /// it is still of the slice ([`Member`], checked through a pidfd, so a
+    /// reused pid is never killed). Returns what was done.
+    pub fn enforce(
+        &mut self,
+        f: &SliceFacts,
+        member: &Member,
+        snap: Option<&Snapshot>,
+    ) -> Vec<Action> {
         let mut actions = self.judge(f);
         for a in actions.iter_mut().filter(|a| a.kill) {
             let in_slice = |pid: u32| {
-                let cgroup = fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
-                crate::enforcement::in_cgroup_named(&cgroup, &f.slice)
-                    || snap.is_some_and(|s| {
-                        s.processes
-                            .iter()
-                            .any(|p| p.pid == pid && p.state == ProcessState::Live)
-                    })
+                let slot = snap.is_some_and(|s| live_slot(s, pid).is_some());
+                Known::default().member(member, pid, slot).is_some()
             };
             a.kill = crate::procfs::kill_if(a.pid, in_slice);
             if a.kill {
@@ -361,73 +469,186 @@ impl Enforcer {
     }
 }
 
-/// One slice watched by a root component (the `run` launcher): its caps
-/// from root's record, its ledger, its records directory (where kills are
-/// recorded) and the enforcer's state. The caller reads the driver.
-pub struct SliceWatch {
-    pub slice: String,
-    pub caps: Vec<(String, u64)>,
-    pub ledger: Option<crate::Ledger>,
+impl Action {
+    /// The line a watcher logs for it (the slice is a field of the log
+    /// record beside it).
+    pub fn describe(&self) -> String {
+        let mib = self.driver_bytes >> 20;
+        let (pid, comm, uuid) = (self.pid, &self.comm, &self.uuid);
+        match (self.kill, self.reason) {
+            (true, Reason::OverCap) => format!(
+                "root's enforcer killed pid {pid} ({comm}): the slice held more than its cap on {uuid} by the driver's accounting; it held {mib} MiB"
+            ),
+            (true, Reason::Unshimmed) => format!(
+                "root's enforcer killed pid {pid} ({comm}): a GPU process of the slice the shim does not hold ({mib} MiB on {uuid})"
+            ),
+            (false, _) => format!(
+                "pid {pid} ({comm}) uses the GPU without the shim ({mib} MiB on {uuid}): flagged (policy: unshimmed_gpu_process = \"flag\")"
+            ),
+        }
+    }
+}
+
+/// A slice a root component made and watches: root's limits (its caps),
+/// root's limits record on the host (how its processes are known:
+/// [`Member`]), its usage ledger and its records directory (root's own,
+/// where kills are recorded).
+#[derive(Debug, Clone)]
+pub struct WatchedSlice {
+    pub limits: crate::limits::SliceLimits,
+    pub record: Option<std::path::PathBuf>,
+    pub usage: std::path::PathBuf,
     pub records: std::path::PathBuf,
-    pub enforcer: Enforcer,
+}
+
+/// One slice under watch: the enforcer's state, its ledger once there.
+struct SliceWatch {
+    spec: WatchedSlice,
+    member: Member,
+    caps: Vec<(String, u64)>,
+    ledger: Option<crate::Ledger>,
+    enforcer: Enforcer,
     flagged: Vec<u32>,
-    known: Known,
 }
 
 impl SliceWatch {
-    pub fn new(
-        slice: &str,
-        caps: Vec<(String, u64)>,
-        ledger: Option<crate::Ledger>,
-        records: &Path,
-        policy: Unshimmed,
-    ) -> SliceWatch {
+    fn new(spec: WatchedSlice, policy: Unshimmed) -> SliceWatch {
+        let slice = &spec.limits.slice_id;
+        let member = Member::new(slice, spec.record.as_deref());
+        let caps = spec.limits.memory_caps();
         SliceWatch {
-            slice: slice.to_string(),
+            member,
             caps,
-            ledger,
-            records: records.to_path_buf(),
+            ledger: None,
             enforcer: Enforcer::new(policy),
             flagged: Vec::new(),
-            known: Known::default(),
+            spec,
         }
     }
 
-    /// The UUIDs whose processes the caller must read from the driver.
-    pub fn uuids(&self) -> Vec<String> {
-        match &self.ledger {
-            Some(l) => l
-                .snapshot()
-                .devices
-                .iter()
-                .map(|d| d.uuid.clone())
-                .collect(),
-            None => self.caps.iter().map(|(u, _)| u.clone()).collect(),
+    /// The slice's ledger, opened (and pinned to root's limits) once its
+    /// first process made it; a reader's open (no link followed, a
+    /// regular file only, guarded against truncation).
+    fn ledger(&mut self) -> Option<&crate::Ledger> {
+        if self.ledger.is_none() {
+            let mut l = crate::Ledger::open(&self.spec.usage).ok()?;
+            let _ = l.pin(&self.spec.limits);
+            self.ledger = Some(l);
         }
+        self.ledger.as_ref()
     }
 
     /// One tick: facts from `driver`, kills done and recorded. Returns the
     /// kills and, under [`Unshimmed::Flag`], the processes flagged for the
     /// first time (to log).
-    pub fn tick(&mut self, driver: &[DriverProcess]) -> Vec<Action> {
+    fn tick(&mut self, driver: &[DriverProcess], known: &mut Known) -> Vec<Action> {
         let pids: Vec<u32> = driver.iter().map(|p| p.pid).collect();
-        let snap = self.ledger.as_ref().map(|l| l.snapshot_among(&pids));
-        let f = facts_cached(
-            &self.slice,
-            &self.caps,
-            snap.as_ref(),
-            driver,
-            &mut self.known,
-        );
+        let snap = self.ledger().map(|l| l.snapshot_among(&pids));
+        let f = facts_cached(&self.member, &self.caps, snap.as_ref(), driver, known);
         let mut out = Vec::new();
-        for a in self.enforcer.enforce(&f, snap.as_ref()) {
+        for a in self.enforcer.enforce(&f, &self.member, snap.as_ref()) {
             if a.kill {
-                let _ = record_kill(&self.records, &a);
+                let _ = record_kill(&self.spec.records, &a);
                 out.push(a);
             } else if self.enforcer.policy == Unshimmed::Flag && !self.flagged.contains(&a.pid) {
                 self.flagged.push(a.pid);
                 out.push(a);
             }
+        }
+        out
+    }
+}
+
+/// The slices one root component watches (a `run` launcher its one, a
+/// plugin those it made), ticked together: one read of the driver a tick
+/// for all of them, what is known of the processes shared.
+pub struct NodeWatch {
+    policy: Unshimmed,
+    slices: BTreeMap<String, SliceWatch>,
+    known: Known,
+    failing: bool,
+}
+
+/// What one tick of a [`NodeWatch`] did.
+#[derive(Debug, Default)]
+pub struct Tick {
+    /// Kills, and processes flagged for the first time.
+    pub actions: Vec<Action>,
+    /// Why the driver's accounting could not be read, the first tick it
+    /// could not (None after, until it could again).
+    pub error: Option<String>,
+}
+
+impl NodeWatch {
+    pub fn new(policy: Unshimmed) -> NodeWatch {
+        NodeWatch {
+            policy,
+            slices: BTreeMap::new(),
+            known: Known::default(),
+            failing: false,
+        }
+    }
+
+    /// Watches exactly `slices`: new ones start, gone ones are dropped,
+    /// the others keep their state (a slice whose limits changed starts
+    /// again).
+    pub fn set(&mut self, slices: Vec<WatchedSlice>) {
+        let mut keep = BTreeMap::new();
+        for s in slices {
+            let id = s.limits.slice_id.clone();
+            let w = match self.slices.remove(&id) {
+                Some(w) if w.spec.limits == s.limits && w.spec.record == s.record => w,
+                _ => SliceWatch::new(s, self.policy),
+            };
+            keep.insert(id, w);
+        }
+        self.slices = keep;
+    }
+
+    /// The slices watched.
+    pub fn slices(&self) -> Vec<String> {
+        self.slices.keys().cloned().collect()
+    }
+
+    /// The UUIDs whose processes the driver must be asked for.
+    pub fn uuids(&self) -> Vec<String> {
+        let mut u: Vec<String> = self
+            .slices
+            .values()
+            .flat_map(|w| w.spec.limits.uuids())
+            .collect();
+        u.sort();
+        u.dedup();
+        u
+    }
+
+    /// One tick: `read` gives the driver's processes on [`Self::uuids`];
+    /// every slice is judged and its kills done.
+    pub fn tick(
+        &mut self,
+        read: impl FnOnce(&[String]) -> Result<Vec<DriverProcess>, String>,
+    ) -> Tick {
+        let mut out = Tick::default();
+        if self.slices.is_empty() {
+            return out;
+        }
+        let driver = match read(&self.uuids()) {
+            Ok(d) => {
+                self.failing = false;
+                d
+            }
+            Err(e) => {
+                if !self.failing {
+                    out.error = Some(e);
+                }
+                self.failing = true;
+                return out;
+            }
+        };
+        let pids: Vec<u32> = driver.iter().map(|p| p.pid).collect();
+        self.known.new_tick(&pids);
+        for w in self.slices.values_mut() {
+            out.actions.extend(w.tick(&driver, &mut self.known));
         }
         out
     }

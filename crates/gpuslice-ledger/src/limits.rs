@@ -212,6 +212,27 @@ pub struct SliceLimits {
 }
 
 impl SliceLimits {
+    /// (uuid, cap bytes) of each device with a memory cap.
+    pub fn memory_caps(&self) -> Vec<(String, u64)> {
+        self.devices
+            .iter()
+            .filter_map(|d| Some((d.uuid.clone(), d.memory?.0)))
+            .collect()
+    }
+
+    /// [`SliceLimits::memory_caps`] of the whole GPUs: what the driver's
+    /// memory partitions can hold (they do not apply to MIG devices).
+    pub fn partition_caps(&self) -> Vec<(String, u64)> {
+        let mut caps = self.memory_caps();
+        caps.retain(|(uuid, _)| !uuid.starts_with("MIG-"));
+        caps
+    }
+
+    /// The devices' UUIDs.
+    pub fn uuids(&self) -> Vec<String> {
+        self.devices.iter().map(|d| d.uuid.clone()).collect()
+    }
+
     /// Whether any device has a cap or a share (the shim has work to do).
     pub fn limited(&self) -> bool {
         self.devices

@@ -40,6 +40,50 @@ pub fn kill_if(pid: u32, still_ours: impl Fn(u32) -> bool) -> bool {
     sent
 }
 
+/// A file's identity: (device, inode).
+pub type FileId = (u64, u64);
+
+/// The identity of the file at `rel` (relative) in the root directory of
+/// process `pid`, as that process would resolve it: through
+/// `/proc/<pid>/root` with every component resolved inside that root
+/// (`RESOLVE_IN_ROOT`) and no symbolic link followed at all
+/// (`RESOLVE_NO_SYMLINKS`; a link a tenant planted there could otherwise
+/// resolve in the reader's root, naming a file of the host). None when it
+/// is not there or not reachable.
+pub fn file_in_root(pid: u32, rel: &str) -> Option<FileId> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let root = std::fs::File::open(format!("/proc/{pid}/root")).ok()?;
+    let rel = std::ffi::CString::new(rel).ok()?;
+    // SAFETY: open_how is plain data; all-zero is a valid value.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = (libc::O_PATH | libc::O_CLOEXEC) as u64;
+    how.resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_SYMLINKS;
+    // SAFETY: openat2 with a directory fd we own, a NUL-terminated path
+    // and a valid open_how of the size passed; returns a new fd or -1.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            root.as_raw_fd(),
+            rel.as_ptr(),
+            &how as *const libc::open_how,
+            std::mem::size_of::<libc::open_how>(),
+        )
+    };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: a new descriptor that nothing else owns.
+    let file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) });
+    let md = file.metadata().ok()?;
+    md.is_file().then_some((md.dev(), md.ino()))
+}
+
+/// The identity of the file at `path`, not following a link at the end.
+pub fn file_id(path: &std::path::Path) -> Option<FileId> {
+    let md = std::fs::symlink_metadata(path).ok()?;
+    md.is_file().then_some((md.dev(), md.ino()))
+}
+
 /// Parses the text of `/proc/<pid>/stat`. The name may hold spaces and
 /// parentheses, so fields are counted from the last `)`.
 pub fn parse_stat(text: &str) -> Option<ProcStat> {
@@ -201,6 +245,32 @@ fn procfs_readable_for(pid: u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A file in a process's root is found as that process resolves it;
+    /// a symbolic link anywhere on the way is not followed (a tenant's link
+    /// would otherwise name a file in the reader's root).
+    #[test]
+    fn a_file_in_a_process_s_root_without_following_links() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("limits");
+        std::fs::write(&file, "x").unwrap();
+        std::os::unix::fs::symlink(&file, dir.path().join("link")).unwrap();
+        std::os::unix::fs::symlink(dir.path(), dir.path().join("dirlink")).unwrap();
+        let me = std::process::id();
+        let rel = |name: &str| {
+            dir.path()
+                .join(name)
+                .strip_prefix("/")
+                .unwrap()
+                .display()
+                .to_string()
+        };
+        assert_eq!(file_in_root(me, &rel("limits")), file_id(&file));
+        assert!(file_id(&file).is_some());
+        assert_eq!(file_in_root(me, &rel("link")), None);
+        assert_eq!(file_in_root(me, &rel("dirlink/limits")), None);
+        assert_eq!(file_in_root(me, &rel("missing")), None);
+    }
 
     #[test]
     fn parses_names_with_spaces_and_parens() {

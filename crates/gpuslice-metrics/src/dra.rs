@@ -26,6 +26,11 @@ pub struct ClaimSlice {
     pub compute_percent: Option<u32>,
     /// Why its caps do not hold against its pods (empty: nothing seen).
     pub unenforceable: Vec<String>,
+    /// Root's limits record of a capped slice (how its processes are
+    /// known: `gpuslice_ledger::enforcer::Member`).
+    pub record: Option<std::path::PathBuf>,
+    /// Root's records of the DRA plugin's enforcer for the slice (its kills).
+    pub enforcement: Option<std::path::PathBuf>,
 }
 
 /// Reads the prepared claims at each collection.
@@ -40,9 +45,23 @@ impl std::fmt::Debug for DraClaims {
 
 /// Adds `gpuslice_dra_claim_info` (the claim's namespace, name and uid as
 /// labels of its slice) and the slice's cap and share, labelled as the
-/// ledgers' slices are.
-pub fn collect(claims: &[ClaimSlice], inv: Option<&Inventory>, out: &mut Sample) {
+/// ledgers' slices are; with `nvml`, what its processes hold by the
+/// driver's accounting (known by the slice's limits record, as the DRA
+/// plugin's enforcer knows them), whether the shim holds each, and root's
+/// enforcer's kills.
+pub fn collect(
+    claims: &[ClaimSlice],
+    inv: Option<&Inventory>,
+    nvml: Option<&gpuslice_cuda_load::Nvml>,
+    out: &mut Sample,
+) {
     for c in claims {
+        if let Some(dir) = &c.enforcement {
+            crate::slices::push_kills(out, &c.slice, dir);
+        }
+        if let (Some(nvml), Some(record)) = (nvml, &c.record) {
+            driver_series(c, record, nvml, out);
+        }
         let gpu = inv.and_then(|inv| inv.gpus.iter().find(|g| g.index == c.gpu));
         let info: Labels = vec![
             ("slice", c.slice.clone()),
@@ -71,6 +90,33 @@ pub fn collect(claims: &[ClaimSlice], inv: Option<&Inventory>, out: &mut Sample)
     }
 }
 
+/// A claim slice's driver series: its memory by the driver, per GPU, and
+/// whether the shim holds each of its processes.
+fn driver_series(
+    c: &ClaimSlice,
+    record: &std::path::Path,
+    nvml: &gpuslice_cuda_load::Nvml,
+    out: &mut Sample,
+) {
+    let Ok(limits) = gpuslice_ledger::limits::verify_and_read(record, false) else {
+        return;
+    };
+    let (uuids, caps) = (limits.uuids(), limits.memory_caps());
+    let member = gpuslice_ledger::enforcer::Member::new(&c.slice, Some(record));
+    let Some(f) = crate::slices::driver_facts(nvml, &member, &uuids, &caps, None) else {
+        return;
+    };
+    for uuid in &uuids {
+        let l: Labels = vec![
+            ("slice", c.slice.clone()),
+            ("gpu", c.gpu.to_string()),
+            ("uuid", uuid.clone()),
+        ];
+        out.push(m::SLICE_DRIVER_USED, &l, f.driver_used(uuid) as f64);
+    }
+    crate::slices::push_holders(out, &f, &mut Vec::new());
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,7 +135,10 @@ mod tests {
                 memory_bytes: Some(20 << 30),
                 compute_percent: Some(30),
                 unenforceable: vec!["container a: privileged".into()],
+                record: None,
+                enforcement: None,
             }],
+            None,
             None,
             &mut s,
         );

@@ -282,7 +282,7 @@ impl Collector {
         );
         if let Some(claims) = &self.cfg.dra_claims {
             match (claims.0)() {
-                Ok(c) => dra::collect(&c, self.inventory.as_ref(), &mut s),
+                Ok(c) => dra::collect(&c, self.inventory.as_ref(), self.nvml.as_ref(), &mut s),
                 Err(e) => tracing::debug!("no DRA claims: {e}"),
             }
         }

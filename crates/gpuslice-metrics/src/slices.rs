@@ -6,7 +6,7 @@ use crate::sample::{self as m, Labels, Sample};
 use gpuslice_core::Inventory;
 use gpuslice_cuda_load::partitions::Partitions;
 use gpuslice_ledger::enforcement::ProcessTable;
-use gpuslice_ledger::enforcer::{facts, read_kills, DriverProcess, Reason, SliceFacts};
+use gpuslice_ledger::enforcer::{facts, read_kills, DriverProcess, Member, Reason, SliceFacts};
 use gpuslice_ledger::{limits, Ledger, ProcessState, Snapshot};
 use std::path::Path;
 
@@ -48,11 +48,12 @@ pub fn collect(
             }
         };
         // Caps and shares from the slice's root-written record, if any.
-        if path.file_name().is_some_and(|f| f == limits::USAGE_FILE) {
-            let record = path.with_file_name(limits::LIMITS_FILE);
-            if let Ok(l) = limits::verify_and_read(&record, false) {
-                let _ = ledger.pin(&l);
-            }
+        let record = path
+            .file_name()
+            .is_some_and(|f| f == limits::USAGE_FILE)
+            .then(|| path.with_file_name(limits::LIMITS_FILE));
+        if let Some(Ok(l)) = record.as_deref().map(|r| limits::verify_and_read(r, false)) {
+            let _ = ledger.pin(&l);
         }
         let snap = ledger.snapshot();
         // One slice, one set of series: a second ledger under the same
@@ -67,7 +68,14 @@ pub fn collect(
             continue;
         }
         let slice: Labels = vec![("slice", snap.slice_id.clone())];
-        let facts = nvml.and_then(|n| driver_facts(n, &snap));
+        let member = Member::new(&snap.slice_id, record.as_deref());
+        let uuids: Vec<String> = snap.devices.iter().map(|d| d.uuid.clone()).collect();
+        let caps: Vec<(String, u64)> = snap
+            .devices
+            .iter()
+            .filter_map(|d| Some((d.uuid.clone(), d.cap?)))
+            .collect();
+        let facts = nvml.and_then(|n| driver_facts(n, &member, &uuids, &caps, Some(&snap)));
         // Processes of the slice the GPU sees, and whether the shim holds
         // them (and accounts for what the driver says they hold): 0 flags
         // a GPU process that escaped it.
@@ -94,21 +102,8 @@ pub fn collect(
             }
         }
         // Processes the driver lists that the checks above did not see.
-        for h in facts.iter().flat_map(|f| &f.holders) {
-            if exported.contains(&h.pid) {
-                continue;
-            }
-            exported.push(h.pid);
-            let l: Labels = vec![
-                ("slice", snap.slice_id.clone()),
-                ("pid", h.pid.to_string()),
-                ("comm", h.comm.clone()),
-            ];
-            out.push(
-                m::SLICE_PROC_ENFORCED,
-                &l,
-                f64::from(u8::from(h.accounted())),
-            );
+        if let Some(f) = &facts {
+            push_holders(out, f, &mut exported);
         }
         // The layers holding its memory: the shim (a cap), the driver (a
         // hard limit on the slice's cgroup, R615+).
@@ -124,16 +119,8 @@ pub fn collect(
             out.push(m::SLICE_MEMORY_LAYER, &l, 1.0);
         }
         // Root's enforcer's kills, recorded beside the slice's limits record.
-        if path.file_name().is_some_and(|f| f == limits::USAGE_FILE) {
-            let kills = path.parent().map(read_kills).unwrap_or_default();
-            for reason in [Reason::OverCap, Reason::Unshimmed] {
-                let l: Labels = vec![
-                    ("slice", snap.slice_id.clone()),
-                    ("reason", reason.as_str().to_string()),
-                ];
-                let n = kills.iter().filter(|k| k.reason == reason).count();
-                out.push(m::SLICE_ENFORCEMENT_KILLS, &l, n as f64);
-            }
+        if let Some(dir) = record.as_deref().and_then(Path::parent) {
+            push_kills(out, &snap.slice_id, dir);
         }
         let procs = snap
             .processes
@@ -191,22 +178,59 @@ fn driver_partitioned(p: Option<&Partitions>, snap: &Snapshot) -> bool {
     })
 }
 
-/// The slice's processes by the driver's accounting; None when NVML does
-/// not answer.
-fn driver_facts(nvml: &gpuslice_cuda_load::Nvml, snap: &Snapshot) -> Option<SliceFacts> {
-    let uuids: Vec<String> = snap.devices.iter().map(|d| d.uuid.clone()).collect();
-    let driver: Vec<DriverProcess> = gpuslice_cuda_load::running_processes(nvml, &uuids)
-        .map_err(|e| tracing::debug!("slice {}: {e}", snap.slice_id))
+/// The processes of `member`'s slice on `uuids` by the driver's
+/// accounting (with its `caps` and ledger `snap`); None when NVML does not
+/// answer.
+pub(crate) fn driver_facts(
+    nvml: &gpuslice_cuda_load::Nvml,
+    member: &Member,
+    uuids: &[String],
+    caps: &[(String, u64)],
+    snap: Option<&Snapshot>,
+) -> Option<SliceFacts> {
+    let driver: Vec<DriverProcess> = gpuslice_cuda_load::running_processes(nvml, uuids)
+        .map_err(|e| tracing::debug!("slice {}: {e}", member.slice))
         .ok()?
         .into_iter()
-        .map(|(uuid, pid, bytes)| DriverProcess { uuid, pid, bytes })
+        .map(DriverProcess::from)
         .collect();
-    let caps: Vec<(String, u64)> = snap
-        .devices
-        .iter()
-        .filter_map(|d| Some((d.uuid.clone(), d.cap?)))
-        .collect();
-    Some(facts(&snap.slice_id, &caps, Some(snap), &driver))
+    Some(facts(member, caps, snap, &driver))
+}
+
+/// `gpuslice_slice_process_enforced` of each process the driver lists for
+/// the slice that is not in `exported` yet (0: the shim does not account
+/// for what it holds).
+pub(crate) fn push_holders(out: &mut Sample, f: &SliceFacts, exported: &mut Vec<u32>) {
+    for h in &f.holders {
+        if exported.contains(&h.pid) {
+            continue;
+        }
+        exported.push(h.pid);
+        let l: Labels = vec![
+            ("slice", f.slice.clone()),
+            ("pid", h.pid.to_string()),
+            ("comm", h.comm.clone()),
+        ];
+        out.push(
+            m::SLICE_PROC_ENFORCED,
+            &l,
+            f64::from(u8::from(h.accounted())),
+        );
+    }
+}
+
+/// `gpuslice_slice_enforcement_kills_total` of `slice`, from the kills
+/// recorded in its records directory `dir`.
+pub(crate) fn push_kills(out: &mut Sample, slice: &str, dir: &Path) {
+    let kills = read_kills(dir);
+    for reason in [Reason::OverCap, Reason::Unshimmed] {
+        let l: Labels = vec![
+            ("slice", slice.to_string()),
+            ("reason", reason.as_str().to_string()),
+        ];
+        let n = kills.iter().filter(|k| k.reason == reason).count();
+        out.push(m::SLICE_ENFORCEMENT_KILLS, &l, n as f64);
+    }
 }
 
 #[cfg(test)]

@@ -21,7 +21,11 @@
 //!
 //! and, at the top, `unshimmed_gpu_process = "kill"` (default) or `"flag"`:
 //! what root's enforcer does with a GPU process of a capped slice that the
-//! shim does not hold (read for root's own runs too, where the file exists).
+//! shim does not hold; and `root_enforcer = "on"` (default) or `"off"`:
+//! whether root's enforcer watches capped slices at all (`off` leaves their
+//! memory to the shim and the driver's partitions alone: for measuring the
+//! enforcer's cost, never for production). Both are read for root's own
+//! runs and by the device and DRA plugins too, where the file exists.
 //!
 //! The file decides what root does for other users, so it is trusted only
 //! when nobody but root can have written it: a regular file owned by root,
@@ -63,6 +67,18 @@ pub struct Policy {
     /// (the default) or `"flag"`.
     #[serde(default)]
     pub unshimmed_gpu_process: UnshimmedAction,
+    /// Whether root's enforcer runs: `"on"` (the default) or `"off"`.
+    #[serde(default)]
+    pub root_enforcer: RootEnforcer,
+}
+
+/// [`Policy::root_enforcer`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RootEnforcer {
+    #[default]
+    On,
+    Off,
 }
 
 /// [`Policy::unshimmed_gpu_process`].
@@ -181,15 +197,20 @@ impl Policy {
         Self::parse(&text, path)
     }
 
-    /// What root's enforcer does with a GPU process of a capped slice
-    /// that the shim does not hold: the policy file's choice (the file
-    /// [`Policy::load_for`] reads for `caller`), the default where there is
-    /// no file, and the default with the reason where it cannot be used.
-    pub fn unshimmed_for(caller: &Caller) -> (UnshimmedAction, Option<String>) {
+    /// What root's enforcer does (None: the policy turns it off), with a
+    /// GPU process of a capped slice that the shim does not hold among it:
+    /// the policy file's choice (the file [`Policy::load_for`] reads for
+    /// `caller`), the default where there is no file, and the default with
+    /// the reason where it cannot be used.
+    pub fn enforcer_for(
+        caller: &Caller,
+    ) -> (Option<gpuslice_ledger::enforcer::Unshimmed>, Option<String>) {
+        let default = Some(UnshimmedAction::default().enforcer());
         match Self::load_for(caller) {
-            Ok((p, _)) => (p.unshimmed_gpu_process, None),
-            Err(PolicyError::Missing { .. }) => (UnshimmedAction::default(), None),
-            Err(e) => (UnshimmedAction::default(), Some(e.to_string())),
+            Ok((p, _)) if p.root_enforcer == RootEnforcer::Off => (None, None),
+            Ok((p, _)) => (Some(p.unshimmed_gpu_process.enforcer()), None),
+            Err(PolicyError::Missing { .. }) => (default, None),
+            Err(e) => (default, Some(e.to_string())),
         }
     }
 
@@ -331,6 +352,22 @@ mod tests {
         // An empty file: no rules, so nobody is allowed anything.
         let empty = parse("").unwrap();
         assert!(empty.rules.is_empty() && empty.host_roots == [PathBuf::from("/")]);
+    }
+
+    #[test]
+    fn root_s_enforcer_is_on_unless_the_file_turns_it_off() {
+        assert_eq!(parse("").unwrap().root_enforcer, RootEnforcer::On);
+        assert_eq!(
+            parse("root_enforcer = \"off\"").unwrap().root_enforcer,
+            RootEnforcer::Off
+        );
+        assert_eq!(
+            parse("root_enforcer = \"on\"\nunshimmed_gpu_process = \"flag\"")
+                .unwrap()
+                .unshimmed_gpu_process,
+            UnshimmedAction::Flag
+        );
+        assert!(parse("root_enforcer = \"maybe\"").is_err());
     }
 
     #[test]

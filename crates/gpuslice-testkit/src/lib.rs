@@ -13,6 +13,8 @@
 //!   endpoints the DRA driver uses.
 //! - [`manifests`]: deploy/ manifests checked against k8s-openapi's types.
 //! - [`podman`]: a real container runtime for the CDI tests.
+//! - [`pod`]: a pod's process without the shim, staged without a runtime
+//!   (the plugins' enforcer tests).
 //! - Helper binaries the tests spawn ([`built`]): `gpuslice-ledger-exercise`
 //!   (the ledger's multi-process tests) and `gpuslice-shim-client` (a CUDA
 //!   driver client for the shim's tests and the memory-cap and compute tests;
@@ -22,6 +24,7 @@ pub mod dra_kubelet;
 pub mod fakeapi;
 pub mod kubelet;
 pub mod manifests;
+pub mod pod;
 pub mod podman;
 
 use std::path::PathBuf;

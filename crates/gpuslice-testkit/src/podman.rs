@@ -61,27 +61,31 @@ impl Image {
 
     /// `podman run` as this kind of machine allows: runc (crun refuses the
     /// hybrid cgroup layout), no network, ulimits below the hard limits.
+    pub fn command(&self, device: &str, script: &str) -> Command {
+        let mut c = Command::new("timeout");
+        c.args([
+            "120",
+            "podman",
+            "--runtime",
+            "runc",
+            "run",
+            "--rm",
+            "--network",
+            "none",
+        ])
+        .args([
+            "--ulimit",
+            "nofile=1024:1024",
+            "--ulimit",
+            "nproc=1024:1024",
+        ])
+        .args(["--device", device, &self.name, "sh", "-c", script]);
+        c
+    }
+
+    /// [`Image::command`], run to its end.
     pub fn run(&self, device: &str, script: &str) -> Output {
-        Command::new("timeout")
-            .args([
-                "120",
-                "podman",
-                "--runtime",
-                "runc",
-                "run",
-                "--rm",
-                "--network",
-                "none",
-            ])
-            .args([
-                "--ulimit",
-                "nofile=1024:1024",
-                "--ulimit",
-                "nproc=1024:1024",
-            ])
-            .args(["--device", device, &self.name, "sh", "-c", script])
-            .output()
-            .unwrap()
+        self.command(device, script).output().unwrap()
     }
 }
 

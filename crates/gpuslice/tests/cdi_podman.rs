@@ -12,8 +12,17 @@ fn text(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
+/// The podman tests one at a time: their specs share the runtime's spec
+/// directory and the names of its side files.
+static PODMAN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn podman_alone() -> std::sync::MutexGuard<'static, ()> {
+    PODMAN.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 #[test]
 fn podman_runs_containers_with_the_generated_spec() {
+    let _alone = podman_alone();
     let host = FakeHost::builder().gpus(4).build().unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let shim = tmp.path().join("libgpuslice.so");
@@ -182,5 +191,99 @@ fn check_reports_a_driver_upgrade() {
             "stale: driver {} in spec, 590.1.2 loaded; run gpuslice cdi generate\n",
             fakegpu::kernel::DRIVER_VERSION
         )
+    );
+}
+
+/// Issue 25: a capped CDI slice's container gets the driver's hard limit
+/// on its own cgroup v2 directory from the spec's `createRuntime` hook, on
+/// a driver with memory partitions (the fake posing as R615); the
+/// `poststop` hook clears it when the container ends. Without the hook the
+/// driver holds no limit for the container.
+#[test]
+fn a_capped_slice_s_container_gets_the_driver_s_limit_from_its_hook() {
+    let _alone = podman_alone();
+    let host = FakeHost::builder()
+        .gpus(1)
+        .driver_version("615.20.01")
+        .build()
+        .unwrap();
+    host.install_driver(&fakegpu::driver_so_path()).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let shim = tmp.path().join("libgpuslice.so");
+    std::fs::write(&shim, b"not a real shim: busybox is static").unwrap();
+    let cdi_dir = Path::new("/var/run/cdi");
+    let spec = cdi_dir.join(format!("gpuslice-test-part-{}.yaml", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuslice"))
+        .envs(host.env())
+        .env("GPUSLICE_SHIM", &shim)
+        .arg("--host-root")
+        .arg(host.root())
+        .args([
+            "cdi", "generate", "--class", "parttest", "--shared", "2", "--output",
+        ])
+        .arg(&spec)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "generate: {out:?}");
+    let mut image = Image::busybox(tmp.path(), "gpuslice-cdi-part-test");
+    image.files = vec![
+        spec.clone(),
+        cdi_dir.join("gpuslice-params"),
+        cdi_dir.join("gpuslice-ld.so.preload"),
+        gpuslice_k8s::cdi::limits_record_path(cdi_dir, "0-shared-2"),
+    ];
+    let limits = host.path(".fakegpu/memlimits/0");
+    let half = fakegpu::kernel::GPU_MEMORY_BYTES / 2;
+    let mut child = image
+        .command(
+            "gpuslice.dev/parttest=0-shared-2",
+            "cat /proc/self/cgroup; echo up; sleep 3",
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().unwrap()));
+    let mut cgroup = None;
+    for l in lines.by_ref() {
+        let l = l.unwrap();
+        if let Some(p) = l.strip_prefix("0::") {
+            cgroup = Some(p.to_string());
+        }
+        if l == "up" {
+            break;
+        }
+    }
+    let Some(cgroup) = cgroup else {
+        let out = child.wait_with_output().unwrap();
+        panic!("the container did not start: {out:?}");
+    };
+    let set = std::fs::read_to_string(&limits).unwrap_or_default();
+    let done = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    assert!(done.status.success(), "{stderr}");
+    // Set while it ran: soft 0, hard the slice's cap, on its own cgroup.
+    let line = set
+        .lines()
+        .find(|l| l.ends_with(&cgroup))
+        .unwrap_or_else(|| panic!("no limit on {cgroup}: {set:?}; {stderr}"));
+    let f: Vec<&str> = line.splitn(3, ' ').collect();
+    assert_eq!((f[0], f[1]), ("0", half.to_string().as_str()), "{set}");
+    assert!(
+        Path::new(f[2]).join("cgroup.controllers").is_file() || !Path::new(f[2]).exists(),
+        "a cgroup v2 directory: {set}"
+    );
+    // Cleared when it ended, and root's record of it gone.
+    let after = std::fs::read_to_string(&limits).unwrap_or_default();
+    assert!(
+        !after.contains(&cgroup),
+        "still limited after the end: {after:?}"
+    );
+    let state = host.path(gpuslice_k8s::memory_hook::STATE_DIR);
+    assert_eq!(
+        std::fs::read_dir(&state).map_or(0, |d| d.count()),
+        0,
+        "records left in {}",
+        state.display()
     );
 }

@@ -639,3 +639,67 @@ fn doctor_says_whether_the_driver_has_memory_partitions() {
         "{c}"
     );
 }
+
+/// Issue 31: a DRA claim's pod whose process runs without the shim (its
+/// preload file covered) and holds memory on the claim's GPU. `gpuslice
+/// slices` knows the process as the claim's by the claim's limits record
+/// in its root, as the plugin's enforcer does, and shows it with the
+/// driver's number, never as a claim holding nothing.
+#[test]
+fn slices_shows_a_claim_s_process_past_the_shim_with_the_driver_s_number() {
+    use gpuslice_testkit::pod::{Hide, PodProcess};
+    let h = host();
+    let ledgers = tempfile::tempdir().unwrap();
+    let dra = h.path("var/lib/gpuslice/dra");
+    std::fs::create_dir_all(&dra).unwrap();
+    let record = gpuslice_k8s::cdi::limits_record_path(&dra, "uid-1-0");
+    let uuid = h.gpus()[0].uuid.clone();
+    let limits = gpuslice_ledger::limits::SliceLimits {
+        slice_id: "uid-1-0".into(),
+        mode: gpuslice_ledger::board::Mode::Cap,
+        devices: vec![gpuslice_ledger::limits::DeviceLimits {
+            uuid: uuid.clone(),
+            memory: Some(gpuslice_ledger::limits::MemorySize(CAP)),
+            compute: None,
+        }],
+    };
+    std::fs::write(&record, limits.render()).unwrap();
+    std::fs::set_permissions(&record, std::fs::Permissions::from_mode(0o644)).unwrap();
+    common::write_dra_checkpoint_with(&dra, vec![record.clone()]);
+    let (_pod, held) = PodProcess::start(&h, &record, &uuid, 2 * CAP, Hide::Nothing);
+    assert_eq!(held, "held 0");
+    let v = slices_json(&h, ledgers.path());
+    let c = &v["dra_claims"][0];
+    assert_eq!(c["driver_used_bytes"], 2 * CAP, "{v}");
+    let p = &c["driver"]["processes"][0];
+    assert_eq!(p["driver_bytes"], 2 * CAP, "{v}");
+    assert_eq!(p["shim_bytes"], Value::Null, "{v}");
+    assert_eq!(p["accounted"], false, "{v}");
+    let text = slices_text(&h, ledgers.path());
+    assert!(
+        text.contains("driver 2048MiB held by its processes")
+            && text.contains("NOT ENFORCED: the driver says it holds 2048MiB"),
+        "{text}"
+    );
+    // The exporter: the claim's memory by the driver, its process not
+    // enforced.
+    let (_exporter, addr) = exporter(&h, ledgers.path());
+    let driver = "gpuslice_slice_memory_driver_used_bytes{slice=\"uid-1-0\",";
+    let unenforced = "gpuslice_slice_process_enforced{slice=\"uid-1-0\",";
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = http_get(&addr, "/metrics").unwrap_or_default();
+        let line = |p: &str| text.lines().find(|l| l.starts_with(p)).map(str::to_string);
+        if let (Some(d), Some(u)) = (line(driver), line(unenforced)) {
+            let value = |l: &str| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok());
+            assert_eq!(value(&d), Some((2 * CAP) as f64), "{d}");
+            assert_eq!(value(&u), Some(0.0), "{u}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no driver series for the claim:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -121,6 +121,26 @@ pub fn listed(ledger_dir: &Path) -> Vec<String> {
         .collect()
 }
 
+/// The replicas root's enforcer watches ([`crate::enforcer`]): every
+/// slice directory in `ledger_dir` with root's limits record (a record
+/// that does not verify is left out: the directory is not a replica of
+/// this plugin's, or is being made).
+pub fn watched(ledger_dir: &Path) -> Vec<gpuslice_ledger::enforcer::WatchedSlice> {
+    listed(ledger_dir)
+        .into_iter()
+        .filter_map(|name| {
+            let records = gpuslice_ledger::limits::RecordPaths::under(&ledger_dir.join(name));
+            let limits = gpuslice_ledger::limits::verify_and_read(&records.limits, false).ok()?;
+            Some(gpuslice_ledger::enforcer::WatchedSlice {
+                limits,
+                record: Some(records.limits),
+                usage: records.usage,
+                records: records.dir,
+            })
+        })
+        .collect()
+}
+
 /// Removes the directories of `listed` (see [`listed`]) in `ledger_dir`
 /// that no pod holds (`held`: the slice ids of the devices the kubelet
 /// lists), older than `grace`, that no process uses.

@@ -56,6 +56,10 @@ pub struct Options {
     pub nvml_lib: Option<PathBuf>,
     /// How often the plugin directory is checked for a kubelet restart.
     pub poll: Duration,
+    /// Root's enforcer over the shared replicas ([`crate::enforcer`]):
+    /// what it does with a GPU process the shim does not hold; None: off
+    /// (the policy file's `root_enforcer = "off"`).
+    pub enforcer: Option<gpuslice_ledger::enforcer::Unshimmed>,
 }
 
 impl Options {
@@ -66,6 +70,7 @@ impl Options {
             host_root,
             nvml_lib: None,
             poll: Duration::from_millis(100),
+            enforcer: Some(gpuslice_ledger::enforcer::Unshimmed::default()),
         }
     }
 }
@@ -213,6 +218,7 @@ struct Generation {
     registered: bool,
     kubelet_id: Option<(u64, u64)>,
     _sweeper: Option<AbortOnDrop>,
+    _enforcer: Option<crate::enforcer::Running>,
 }
 
 /// A task that ends with its owner.
@@ -267,6 +273,18 @@ impl Generation {
             .ledger_cleanup
             .enabled
             .then(|| AbortOnDrop(tokio::spawn(sweep_ledgers(plan.clone(), state.clone()))));
+        let enforcer = match opts.enforcer {
+            Some(policy) if plan.shares() => {
+                let dir = plan.cfg.ledger_dir.clone();
+                let watch = move || ledgers::watched(&dir);
+                Some(crate::enforcer::spawn(
+                    policy,
+                    opts.nvml_lib.clone(),
+                    watch,
+                )?)
+            }
+            _ => None,
+        };
         std::fs::create_dir_all(&plan.cfg.plugin_dir).with_context(|| {
             format!(
                 "cannot create the plugin dir {}",
@@ -281,6 +299,7 @@ impl Generation {
             registered: false,
             kubelet_id: None,
             _sweeper: sweeper,
+            _enforcer: enforcer,
         })
     }
 

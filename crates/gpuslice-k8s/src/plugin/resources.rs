@@ -257,14 +257,17 @@ impl Plan {
         self.cfg.state_dir.join(HOSTPID_FILE)
     }
 
+    /// Whether it offers shared replicas (capped slices).
+    pub fn shares(&self) -> bool {
+        self.resources
+            .iter()
+            .any(|r| matches!(r.kind, Kind::Shared { .. }))
+    }
+
     /// Writes the preload file (naming the shim's container path) and
     /// serves the host-pid resolver ([`super::hostpid`]).
     pub fn prepare(&self) -> std::io::Result<()> {
-        if self
-            .resources
-            .iter()
-            .any(|r| matches!(r.kind, Kind::Shared { .. }))
-        {
+        if self.shares() {
             std::fs::create_dir_all(&self.cfg.state_dir)?;
             std::fs::write(self.preload_file(), format!("{CONTAINER_SHIM}\n"))?;
             super::hostpid::ensure(&self.hostpid_socket())?;

@@ -65,6 +65,20 @@ pub enum HookCommand {
         #[arg(long, value_name = "FILE")]
         file: PathBuf,
     },
+    /// The driver's memory partitions (R615+) of a capped slice's container.
+    #[command(subcommand)]
+    MemoryLimits(MemoryLimitsHook),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum MemoryLimitsHook {
+    /// Set the caps of the limits record FILE as hard limits on the container's cgroup v2 directory (createRuntime hook).
+    Set {
+        #[arg(long, value_name = "FILE")]
+        limits: PathBuf,
+    },
+    /// Clear what `set` set for the container (poststop hook).
+    Clear,
 }
 
 pub fn run(global: &Global, cmd: &CdiCommand) -> Result<i32> {
@@ -78,7 +92,36 @@ pub fn run(global: &Global, cmd: &CdiCommand) -> Result<i32> {
             cdi::params_hook(&state, file).context("gpuslice cdi hook params")?;
             Ok(0)
         }
+        CdiCommand::Hook(HookCommand::MemoryLimits(h)) => memory_limits(global, h),
     }
+}
+
+/// `gpuslice cdi hook memory-limits`: one line on stderr (the runtime's
+/// log) says what was set or cleared, or why nothing was.
+fn memory_limits(global: &Global, h: &MemoryLimitsHook) -> Result<i32> {
+    use gpuslice_k8s::memory_hook::{self, Done};
+    let mut state = String::new();
+    std::io::stdin().read_to_string(&mut state)?;
+    let nvml = super::enforce::simulated_nvml(&global.host_root);
+    let host = &global.host_root;
+    let (what, done) = match h {
+        MemoryLimitsHook::Set { limits } => (
+            "set",
+            memory_hook::set(&state, limits, host, nvml.as_deref()),
+        ),
+        MemoryLimitsHook::Clear => ("cleared", memory_hook::clear(&state, host, nvml.as_deref())),
+    };
+    match done.with_context(|| format!("gpuslice cdi hook memory-limits {what}"))? {
+        Done::Applied { cgroup, uuids } => eprintln!(
+            "gpuslice: the driver's memory limit {what} on {} for {}",
+            cgroup.display(),
+            uuids.join(", ")
+        ),
+        Done::Skipped(why) => eprintln!(
+            "gpuslice: no driver memory limit {what}: {why}; the shim and root's enforcer hold the slice"
+        ),
+    }
+    Ok(0)
 }
 
 fn base_options(root: &HostRoot, spec_dir: &Path) -> Options {

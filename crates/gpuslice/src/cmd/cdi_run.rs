@@ -342,8 +342,10 @@ fn mount(out: &mut CdiEdits, m: &Value) -> Result<()> {
     Ok(())
 }
 
-/// gpuslice's own params hook (`gpuslice cdi hook params`): the launcher
-/// lays the same overlay itself. Anything else is refused.
+/// gpuslice's own hooks: the params hook (`gpuslice cdi hook params`),
+/// whose overlay the launcher lays itself, and the memory-limits hooks
+/// (`gpuslice cdi hook memory-limits`), whose partitions the launcher sets
+/// on the slice's cgroup itself. Anything else is refused.
 fn hook(h: &Value) -> Result<()> {
     let args: Vec<&str> = h["args"]
         .as_array()
@@ -351,8 +353,10 @@ fn hook(h: &Value) -> Result<()> {
         .flatten()
         .filter_map(Value::as_str)
         .collect();
-    let ours = h["hookName"] == "createContainer"
-        && args.get(1..4) == Some(&["cdi", "hook", "params"][..]);
+    let ours = (h["hookName"] == "createContainer"
+        && args.get(1..4) == Some(&["cdi", "hook", "params"][..]))
+        || (matches!(h["hookName"].as_str(), Some("createRuntime" | "poststop"))
+            && args.get(1..4) == Some(&["cdi", "hook", "memory-limits"][..]));
     if ours {
         return Ok(());
     }

@@ -35,6 +35,7 @@ pub fn run(global: &Global, args: &DevicePluginArgs) -> Result<i32> {
         cfg.plugin_dir = d.clone();
     }
     let mut opts = Options::new(cfg, HostRoot::new(&global.host_root));
+    opts.enforcer = super::enforce::enforcer_policy(&gpuslice_policy::Caller::detect()?);
     // A --plugin-dir override must survive reloads: reload from the file
     // only when nothing overrides it.
     if args.plugin_dir.is_none() {

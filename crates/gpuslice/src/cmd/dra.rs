@@ -169,6 +169,7 @@ pub fn run(global: &Global, args: &DraArgs) -> Result<i32> {
             registry_dir: args.registry_dir.clone(),
         },
         api,
+        enforcer: super::enforce::enforcer_policy(&gpuslice_policy::Caller::detect()?),
     })?;
     Ok(0)
 }

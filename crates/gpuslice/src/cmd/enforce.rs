@@ -14,9 +14,8 @@
 //! as it reaps the cgroup ([`RunHooks`]).
 
 use gpuslice_cuda_load::Nvml;
-use gpuslice_ledger::enforcer::{DriverProcess, Reason, SliceWatch};
+use gpuslice_ledger::enforcer::{NodeWatch, Unshimmed, WatchedSlice};
 use gpuslice_ledger::limits::{RecordPaths, SliceLimits};
-use gpuslice_ledger::Ledger;
 
 /// On a simulated host with its driver installed (`gpuslice fakehost
 /// --driver`), the enforcer reads the simulated driver's accounting, as
@@ -34,26 +33,23 @@ pub fn simulated_nvml(host_root: &std::path::Path) -> Option<std::path::PathBuf>
     )
 }
 
-/// The launcher's side of the enforcer.
+/// The launcher's side of the enforcer: its one slice, and the NVML it
+/// reads the driver's accounting through.
 pub struct RunWatch {
     nvml: Nvml,
-    uuids: Vec<String>,
-    watch: SliceWatch,
-    failing: bool,
+    watch: NodeWatch,
 }
 
 /// The enforcer for a slice `run` made (root only), or None with a
-/// warning when the driver's accounting cannot be read (no NVML).
+/// warning when the driver's accounting cannot be read (no NVML) or the
+/// policy turns it off.
 pub fn watch(
     limits: &SliceLimits,
     records: &RecordPaths,
     nvml_lib: Option<std::path::PathBuf>,
 ) -> Option<RunWatch> {
     let caller = gpuslice_policy::Caller::detect().ok()?;
-    let (action, why) = gpuslice_policy::Policy::unshimmed_for(&caller);
-    if let Some(why) = why {
-        tracing::warn!("{why}; root's enforcer kills unshimmed GPU processes (the default)");
-    }
+    let policy = enforcer_policy(&caller)?;
     let nvml = match gpuslice_cuda_load::open_nvml(nvml_lib.as_deref()) {
         Ok(n) => n,
         Err(e) => {
@@ -64,78 +60,40 @@ pub fn watch(
             return None;
         }
     };
-    let mut ledger = Ledger::open(&records.usage).ok();
-    if let Some(l) = ledger.as_mut() {
-        let _ = l.pin(limits);
+    let mut watch = NodeWatch::new(policy);
+    // Known by its cgroup (named after it, which no process of it can
+    // leave) and its ledger: no limits record to look for.
+    watch.set(vec![WatchedSlice {
+        limits: limits.clone(),
+        record: None,
+        usage: records.usage.clone(),
+        records: records.dir.clone(),
+    }]);
+    Some(RunWatch { nvml, watch })
+}
+
+/// What the admin's policy file says root's enforcer does for `caller`'s
+/// slices (a file that does not load: the defaults, with a warning); None
+/// when it turns the enforcer off.
+pub fn enforcer_policy(caller: &gpuslice_policy::Caller) -> Option<Unshimmed> {
+    let (enforcer, why) = gpuslice_policy::Policy::enforcer_for(caller);
+    if let Some(why) = why {
+        tracing::warn!("{why}; root's enforcer kills unshimmed GPU processes (the default)");
     }
-    let caps = limits
-        .devices
-        .iter()
-        .filter_map(|d| d.memory.map(|m| (d.uuid.clone(), m.0)))
-        .collect();
-    let watch = SliceWatch::new(
-        &limits.slice_id,
-        caps,
-        ledger,
-        &records.dir,
-        action.enforcer(),
-    );
-    Some(RunWatch {
-        nvml,
-        uuids: limits.devices.iter().map(|d| d.uuid.clone()).collect(),
-        watch,
-        failing: false,
-    })
+    if enforcer.is_none() {
+        tracing::warn!(
+            "root's enforcer is off (policy: root_enforcer = \"off\"): only the shim and the driver's partitions hold the slices' memory"
+        );
+    }
+    enforcer
 }
 
 impl RunWatch {
     /// One tick: never blocks on anything but NVML's query.
     pub fn tick(&mut self) {
-        let driver = match gpuslice_cuda_load::running_processes(&self.nvml, &self.uuids) {
-            Ok(d) => {
-                self.failing = false;
-                d
-            }
-            Err(e) => {
-                if !self.failing {
-                    tracing::warn!(slice = self.watch.slice, "root's enforcer: {e}");
-                }
-                self.failing = true;
-                return;
-            }
-        };
-        let driver: Vec<DriverProcess> = driver
-            .into_iter()
-            .map(|(uuid, pid, bytes)| DriverProcess { uuid, pid, bytes })
-            .collect();
-        for a in self.watch.tick(&driver) {
-            let mib = a.driver_bytes >> 20;
-            match (a.kill, a.reason) {
-                (true, Reason::OverCap) => tracing::warn!(
-                    slice = a.slice,
-                    pid = a.pid,
-                    comm = a.comm,
-                    uuid = a.uuid,
-                    "root's enforcer killed pid {} ({}): the slice held more than its cap on {} by the driver's accounting; it held {mib} MiB",
-                    a.pid, a.comm, a.uuid
-                ),
-                (true, Reason::Unshimmed) => tracing::warn!(
-                    slice = a.slice,
-                    pid = a.pid,
-                    comm = a.comm,
-                    uuid = a.uuid,
-                    "root's enforcer killed pid {} ({}): a GPU process of the slice the shim does not hold ({mib} MiB on {})",
-                    a.pid, a.comm, a.uuid
-                ),
-                (false, _) => tracing::warn!(
-                    slice = a.slice,
-                    pid = a.pid,
-                    comm = a.comm,
-                    "pid {} ({}) uses the GPU without the shim ({mib} MiB on {}): flagged (policy: unshimmed_gpu_process = \"flag\")",
-                    a.pid, a.comm, a.uuid
-                ),
-            }
-        }
+        let nvml = &self.nvml;
+        use gpuslice_k8s::enforcer::{driver_processes, report};
+        report(self.watch.tick(|uuids| driver_processes(nvml, uuids)));
     }
 }
 
@@ -163,12 +121,7 @@ impl RunHooks {
         gpus: Vec<String>,
         nvml_lib: Option<std::path::PathBuf>,
     ) -> RunHooks {
-        let caps: Vec<(String, u64)> = limits
-            .devices
-            .iter()
-            .filter(|d| !d.uuid.starts_with("MIG-"))
-            .filter_map(|d| d.memory.map(|m| (d.uuid.clone(), m.0)))
-            .collect();
+        let caps = limits.partition_caps();
         let driver = match gpuslice_cuda_load::partitions::Partitions::open() {
             Ok(p) => Some(DriverLimits {
                 partitions: p,

@@ -44,6 +44,7 @@ fn dra_claims(dir: PathBuf) -> DraClaims {
         Ok(slices
             .into_iter()
             .map(|s| ClaimSlice {
+                enforcement: Some(gpuslice_dra::checkpoint::enforcement_dir(&dir, &s.slice)),
                 slice: s.slice,
                 namespace: s.namespace,
                 name: s.name,
@@ -53,6 +54,7 @@ fn dra_claims(dir: PathBuf) -> DraClaims {
                 memory_bytes: s.caps.map(|c| c.memory_bytes),
                 compute_percent: s.caps.map(|c| c.compute_percent),
                 unenforceable: s.unenforceable,
+                record: s.record,
             })
             .collect())
     }))

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 use gpuslice_cuda_load::partitions::Partitions;
 use gpuslice_ledger::enforcement::{ProcessCheck, ProcessTable};
-use gpuslice_ledger::enforcer::{facts, read_kills, DriverProcess, SliceFacts};
+use gpuslice_ledger::enforcer::{facts, read_kills, Member, SliceFacts};
 use gpuslice_ledger::limits::{verify_and_read, RecordPaths, LIMITS_FILE, USAGE_FILE};
 use gpuslice_ledger::{board, Ledger, ProcessState};
 use serde_json::{json, Value};
@@ -82,19 +82,17 @@ pub fn reap_stale_ledgers(dir: &Path) -> Vec<PathBuf> {
 fn driver_facts(
     nvml: &Result<gpuslice_cuda_load::Nvml, String>,
     s: &gpuslice_ledger::Snapshot,
+    member: &Member,
 ) -> Result<SliceFacts, String> {
     let nvml = nvml.as_ref().map_err(Clone::clone)?;
     let uuids: Vec<String> = s.devices.iter().map(|d| d.uuid.clone()).collect();
-    let driver: Vec<DriverProcess> = gpuslice_cuda_load::running_processes(nvml, &uuids)?
-        .into_iter()
-        .map(|(uuid, pid, bytes)| DriverProcess { uuid, pid, bytes })
-        .collect();
+    let driver = gpuslice_k8s::enforcer::driver_processes(nvml, &uuids)?;
     let caps: Vec<(String, u64)> = s
         .devices
         .iter()
         .filter_map(|d| Some((d.uuid.clone(), d.cap?)))
         .collect();
-    Ok(facts(&s.slice_id, &caps, Some(s), &driver))
+    Ok(facts(member, &caps, Some(s), &driver))
 }
 
 fn describe(
@@ -125,7 +123,10 @@ fn describe(
     let s = ledger.snapshot();
     let checks = table.check(&s.slice_id, &s);
     let check_of = |pid: u32| checks.iter().find(|c| c.pid == pid);
-    let driver = driver_facts(nvml, &s);
+    // Its processes: by cgroup, ledger slot, or root's limits record seen
+    // in their root (a container's: the device plugin's replicas).
+    let member = Member::new(&s.slice_id, record.as_deref());
+    let driver = driver_facts(nvml, &s, &member);
     let facts = driver.as_ref().ok();
     // Enforced: the shim holds it and accounts for all the driver says it
     // holds (never a process holding more than its ledger slot says).
@@ -200,30 +201,10 @@ fn describe(
         })).collect::<Vec<_>>(),
         // What the driver says each process of the slice holds (NVML's
         // running processes, from the host), with what its ledger slot says.
-        "driver": match &driver {
-            Ok(f) => json!({
-                "source": "nvml",
-                "processes": f.holders.iter().map(|h| json!({
-                    "pid": h.pid,
-                    "name": h.comm,
-                    "uuid": h.uuid,
-                    "driver_bytes": h.driver_bytes,
-                    "shim_bytes": h.shim_bytes,
-                    "accounted": h.accounted(),
-                })).collect::<Vec<_>>(),
-            }),
-            Err(e) => json!({ "error": e }),
-        },
+        "driver": driver_json(&driver),
         "memory_layers": layers,
         "driver_limits": driver_limits,
-        "enforcement_kills": kills.iter().map(|k| json!({
-            "unix_ms": k.unix_ms,
-            "reason": k.reason.as_str(),
-            "pid": k.pid,
-            "name": k.comm,
-            "uuid": k.uuid,
-            "driver_bytes": k.bytes,
-        })).collect::<Vec<_>>(),
+        "enforcement_kills": kills_json(&kills),
         // GPU processes of the slice (its cgroup) the shim does not hold:
         // those that map the driver or hold its nodes, and those the
         // driver lists with memory.
@@ -246,6 +227,41 @@ fn describe(
         "reclaimed_now": reaped.map(|r| json!({ "processes": r.slots, "bytes": r.bytes })),
         "reclaimed_total": { "processes": s.reclaimed_slots, "bytes": s.reclaimed_bytes },
     })
+}
+
+/// The `driver` object: the slice's processes by the driver's accounting.
+fn driver_json(driver: &Result<SliceFacts, String>) -> Value {
+    match driver {
+        Ok(f) => json!({
+            "source": "nvml",
+            "processes": f.holders.iter().map(|h| json!({
+                "pid": h.pid,
+                "name": h.comm,
+                "uuid": h.uuid,
+                "driver_bytes": h.driver_bytes,
+                "shim_bytes": h.shim_bytes,
+                "accounted": h.accounted(),
+            })).collect::<Vec<_>>(),
+        }),
+        Err(e) => json!({ "error": e }),
+    }
+}
+
+/// The `enforcement_kills` list: root's enforcer's recorded kills.
+fn kills_json(kills: &[gpuslice_ledger::enforcer::KillRecord]) -> Vec<Value> {
+    kills
+        .iter()
+        .map(|k| {
+            json!({
+                "unix_ms": k.unix_ms,
+                "reason": k.reason.as_str(),
+                "pid": k.pid,
+                "name": k.comm,
+                "uuid": k.uuid,
+                "driver_bytes": k.bytes,
+            })
+        })
+        .collect()
 }
 
 fn unenforced(checks: &[ProcessCheck], facts: Option<&SliceFacts>) -> Vec<Value> {
@@ -309,8 +325,52 @@ fn dra_used(root: &std::path::Path, slice: &str) -> Option<u64> {
     Some(l.used(0))
 }
 
-fn dra_json(s: &gpuslice_dra::checkpoint::PreparedSlice, root: &std::path::Path) -> Value {
+/// A claim slice's processes by the driver's accounting (known by its
+/// limits record, as root's enforcer in the DRA plugin knows them), and
+/// the kills recorded in the plugin's state directory `dra_dir`.
+fn dra_driver(
+    s: &gpuslice_dra::checkpoint::PreparedSlice,
+    root: &Path,
+    dra_dir: &Path,
+    nvml: &Result<gpuslice_cuda_load::Nvml, String>,
+) -> Value {
+    let Some(record) = &s.record else {
+        return json!({});
+    };
+    let driver = (|| {
+        let limits = verify_and_read(record, false).map_err(|e| e.to_string())?;
+        let nvml = nvml.as_ref().map_err(Clone::clone)?;
+        let (uuids, caps) = (limits.uuids(), limits.memory_caps());
+        let usage = root
+            .join(gpuslice_dra::claimfs::CLAIMS_DIR)
+            .join(&s.slice)
+            .join(USAGE_FILE);
+        let driver = gpuslice_k8s::enforcer::driver_processes(nvml, &uuids)?;
+        let pids: Vec<u32> = driver.iter().map(|p| p.pid).collect();
+        let snap = Ledger::open(&usage).ok().map(|l| l.snapshot_among(&pids));
+        let member = Member::new(&s.slice, Some(record));
+        Ok(facts(&member, &caps, snap.as_ref(), &driver))
+    })();
+    let kills = read_kills(&gpuslice_dra::checkpoint::enforcement_dir(
+        dra_dir, &s.slice,
+    ));
     json!({
+        "driver_used_bytes": driver
+            .as_ref()
+            .ok()
+            .map(|f| f.holders.iter().map(|h| h.driver_bytes).sum::<u64>()),
+        "driver": driver_json(&driver),
+        "enforcement_kills": kills_json(&kills),
+    })
+}
+
+fn dra_json(
+    s: &gpuslice_dra::checkpoint::PreparedSlice,
+    root: &Path,
+    dra_dir: &Path,
+    nvml: &Result<gpuslice_cuda_load::Nvml, String>,
+) -> Value {
+    let mut v = json!({
         "used_bytes": dra_used(root, &s.slice),
         "slice": s.slice,
         "claim_namespace": s.namespace,
@@ -321,10 +381,19 @@ fn dra_json(s: &gpuslice_dra::checkpoint::PreparedSlice, root: &std::path::Path)
         "cap_bytes": s.caps.map(|c| c.memory_bytes),
         "compute_percent": s.caps.map(|c| c.compute_percent),
         "unenforceable": s.unenforceable,
-    })
+    });
+    if let (Some(o), Value::Object(d)) = (v.as_object_mut(), dra_driver(s, root, dra_dir, nvml)) {
+        o.extend(d);
+    }
+    v
 }
 
 fn print_dra(s: &Value) {
+    // Names and paths can come from what a claim's pods did (a process's
+    // name): control characters escaped, as for the ledgers' slices.
+    let mut s = s.clone();
+    printable_json(&mut s);
+    let s = &s;
     let grant = match (s["cap_bytes"].as_u64(), s["compute_percent"].as_u64()) {
         (Some(bytes), Some(pct)) => format!(
             "{}cap {}, compute share {pct}%",
@@ -354,6 +423,45 @@ fn print_dra(s: &Value) {
         println!(
             "  NOT ENFORCED: its pods can escape the caps: {}",
             escapes.join("; ")
+        );
+    }
+    if let Some(u) = s["driver_used_bytes"].as_u64() {
+        println!("  driver {} held by its processes", mib(&json!(u)));
+    }
+    for h in s["driver"]["processes"].as_array().into_iter().flatten() {
+        if h["accounted"] != true {
+            print_unaccounted(h);
+        }
+    }
+    print_kills(s);
+}
+
+/// A process holding more than the shim accounted for (an element of the
+/// `driver` object's `processes`).
+fn print_unaccounted(h: &Value) {
+    println!(
+        "  pid {:>7} {:<16} NOT ENFORCED: the driver says it holds {} on {}, the shim accounted {}",
+        h["pid"],
+        h["name"].as_str().unwrap_or(""),
+        mib(&h["driver_bytes"]),
+        h["uuid"].as_str().unwrap_or(""),
+        mib(&h["shim_bytes"]),
+    );
+}
+
+/// The kills of root's enforcer recorded for slice `s`, one line each.
+fn print_kills(s: &Value) {
+    for k in s["enforcement_kills"].as_array().into_iter().flatten() {
+        println!(
+            "  pid {:>7} {:<16} KILLED by root's enforcer ({}): it held {} on {}",
+            k["pid"],
+            k["name"].as_str().unwrap_or(""),
+            match k["reason"].as_str() {
+                Some("over_cap") => "the slice was over its cap",
+                _ => "a GPU process without the shim",
+            },
+            mib(&k["driver_bytes"]),
+            k["uuid"].as_str().unwrap_or(""),
         );
     }
 }
@@ -432,7 +540,9 @@ pub fn snapshot(global: &Global) -> Value {
     let table = ProcessTable::scan();
     let scan = gpuslice_ledger::scan_dir(&dir);
     let listed = &scan.ledgers;
-    let nvml = if listed.is_empty() {
+    let dra_dir = super::dra::state_dir(global);
+    let dra = gpuslice_dra::checkpoint::prepared_slices(&dra_dir);
+    let nvml = if listed.is_empty() && dra.as_ref().map_or(true, |d| d.is_empty()) {
         Err("no slices".to_string())
     } else {
         gpuslice_cuda_load::open_nvml(None).map_err(|e| format!("NVML: {e}"))
@@ -451,7 +561,6 @@ pub fn snapshot(global: &Global) -> Value {
         .map(|p| describe(p, &table, &nvml, partitions.as_ref(), cgroups.as_deref()))
         .collect();
     let owners = junk_owners(&scan.junk);
-    let dra_dir = super::dra::state_dir(global);
     let mut out = json!({
         "dir": dir.display().to_string(),
         "simulation": fakegpu::is_fake_host(&global.host_root),
@@ -466,8 +575,13 @@ pub fn snapshot(global: &Global) -> Value {
             "uid": j.uid,
         })).collect::<Vec<_>>(),
     });
-    match gpuslice_dra::checkpoint::prepared_slices(&dra_dir) {
-        Ok(d) => out["dra_claims"] = d.iter().map(|s| dra_json(s, &global.host_root)).collect(),
+    match dra {
+        Ok(d) => {
+            out["dra_claims"] = d
+                .iter()
+                .map(|s| dra_json(s, &global.host_root, &dra_dir, &nvml))
+                .collect()
+        }
         Err(e) => out["dra_error"] = json!(e.to_string()),
     }
     out
@@ -621,28 +735,9 @@ fn report(global: &Global) -> Result<i32> {
             if h["accounted"] == true || h["shim_bytes"].is_null() {
                 continue; // accounted, or flagged below as without the shim
             }
-            println!(
-                "  pid {:>7} {:<16} NOT ENFORCED: the driver says it holds {} on {}, the shim accounted {}",
-                h["pid"],
-                h["name"].as_str().unwrap_or(""),
-                mib(&h["driver_bytes"]),
-                h["uuid"].as_str().unwrap_or(""),
-                mib(&h["shim_bytes"]),
-            );
+            print_unaccounted(h);
         }
-        for k in s["enforcement_kills"].as_array().into_iter().flatten() {
-            println!(
-                "  pid {:>7} {:<16} KILLED by root's enforcer ({}): it held {} on {}",
-                k["pid"],
-                k["name"].as_str().unwrap_or(""),
-                match k["reason"].as_str() {
-                    Some("over_cap") => "the slice was over its cap",
-                    _ => "a GPU process without the shim",
-                },
-                mib(&k["driver_bytes"]),
-                k["uuid"].as_str().unwrap_or(""),
-            );
-        }
+        print_kills(s);
         for p in s["unenforced"].as_array().into_iter().flatten() {
             println!(
                 "  pid {:>7} {:<16} NOT ENFORCED: a GPU process of the slice {}",

@@ -23,6 +23,11 @@ impl Drop for Kill {
 /// slice `uid-1-0`.
 #[allow(dead_code)] // Only the slices and exporter tests use it.
 pub fn write_dra_checkpoint(dir: &std::path::Path) {
+    write_dra_checkpoint_with(dir, vec![]);
+}
+
+/// [`write_dra_checkpoint`], the claim's limits records being `records`.
+pub fn write_dra_checkpoint_with(dir: &std::path::Path, records: Vec<std::path::PathBuf>) {
     use gpuslice_dra::checkpoint::{Checkpoint, PreparedClaim, PreparedDevice};
     use gpuslice_dra::claim::{Allocated, DeviceKind};
     std::fs::create_dir_all(dir).unwrap();
@@ -49,7 +54,7 @@ pub fn write_dra_checkpoint(dir: &std::path::Path) {
                 cdi_device_id: "gpuslice.dev/claim=uid-1-0".into(),
             }],
             cdi_spec: dir.join("spec.json"),
-            records: vec![],
+            records,
             slice_dirs: vec![],
             unenforceable: vec![],
         },
