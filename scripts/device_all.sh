@@ -60,7 +60,8 @@
 #              device IDs by `gpuslice run --cdi-device` with PyTorch: mem_get_info total == cap,
 #              hold 20 / 40 GiB and refused beyond, 8192^2 bf16 GEMMs over one common window within
 #              2 % of 1:2; bench dra --claims 1000 (prepare p99, publication after a health
-#              change); unprepare from the checkpoint (device_dra.py, ~100 s, at most 120)
+#              change); the same GEMM client bare right after (each claim's fraction of the GPU);
+#              unprepare from the checkpoint (device_dra.py, ~130 s, at most 170)
 # Run from the repo root as root after scripts/device-build.sh. Each part is
 # bounded; everything lands in OUTDIR/results.tgz (the device tool brings
 # back few files), plus the small JSON summaries beside it.
@@ -159,7 +160,7 @@ part_plugin() {
 }
 part_dra() {
     # DRA claims applied by `gpuslice run --cdi-device`; dra.json "pass", bench-dra.json.
-    DRA_BUDGET_S=${DRA_BUDGET_S:-120} bounded 140 python3 scripts/device_dra.py "$work"
+    DRA_BUDGET_S=${DRA_BUDGET_S:-150} bounded 170 python3 scripts/device_dra.py "$work"
 }
 part_enforcer() {
     # Issue 25: the closed lookups, root's enforcer killing a process that

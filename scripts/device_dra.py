@@ -21,9 +21,11 @@ Writes OUTDIR/dra.json after every step (command, date, driver, pass):
   bench      `gpuslice bench dra --claims 1000` (health: synthetic on a real GPU):
              NodePrepareResources p50/p90/p99/max (want p99 <= 20 ms), ResourceSlice
              re-published after a health change (want <= 1 s); its JSON as bench-dra.json
+  bare       the same GEMM client with no gpuslice, alone, right after: each claim's
+             fraction of the whole GPU (want within 3 points of 30 % and 60 %)
   unprepare  `gpuslice bench dra-selftest unprepare` (a restarted plugin, from its
              checkpoint): every spec and limits record removed
-pass: every step's want holds. Bounded to ~120 s (DRA_BUDGET_S); never changes GPU settings.
+pass: every step's want holds. Bounded to ~150 s (DRA_BUDGET_S); never changes GPU settings.
 """
 import json, os, shutil, subprocess, sys, tempfile, time
 
@@ -33,7 +35,7 @@ PY = os.environ.get("TORCH_PY", "/opt/torch/.venv/bin/python3")
 CARRY = os.path.abspath(os.environ.get("GPUSLICE_CARRY", ".device-carry"))
 GPUSLICE = os.path.join(CARRY, "gpuslice")
 T0 = time.time()
-BUDGET = float(os.environ.get("DRA_BUDGET_S", "120"))
+BUDGET = float(os.environ.get("DRA_BUDGET_S", "150"))
 GIB = 1 << 30
 R = {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
      "steps": {}, "errors": [], "pass": False}
@@ -108,6 +110,24 @@ def selftest(work, phase, timeout):
     return rep
 
 
+def bare_window(gemm):
+    """The same GEMM client run with no gpuslice, alone on the GPU, right
+    after the claims: each claim's throughput as a fraction of it, so a
+    share is read against the whole GPU and not only against its neighbour
+    (issue 31: claims at 30/60/100 got 9-11 % each on the fake host)."""
+    now = time.time()
+    cmd = [PY, "-c", WORKER, "4", str(now), str(now + 8), "12"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    bare = next((r for r in results(p.stdout) if r["phase"] == "gemm"), None)
+    shares = [30, 60]
+    step = {"argv": cmd, "rc": p.returncode, "stderr_tail": p.stderr[-800:], "bare": bare,
+            "want": "each claim's gemm_per_s / bare within 3 points of its share (30 %, 60 %)"}
+    if bare:
+        step["fraction_of_bare"] = [round(g.get("gemm_per_s", 0) / bare["gemm_per_s"], 4) for g in gemm]
+        step["pass"] = all(abs(f * 100 - s) <= 3 for f, s in zip(step["fraction_of_bare"], shares))
+    return step
+
+
 def main():
     try:
         R["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,name", "--format=csv,noheader"],
@@ -159,6 +179,9 @@ def main():
             "want": "off_1_2_percent <= 2 (compute 30 % vs 60 %, the same wall-clock window)"}
         oks["gemm"] = ratio is not None and abs(ratio / 0.5 - 1) <= 0.02
         save()
+        if left() > 70:
+            R["steps"]["bare"] = bare_window([g or {} for g in gemm])
+            save()
         if left() > 45:
             bench_out = os.path.join(OUT, "bench-dra.json")
             cmd = [GPUSLICE, "bench", "dra", "--claims", "1000", "--out", bench_out]

@@ -10,6 +10,8 @@
 //! nothing else: the driver is a cdylib and must not link the test-only host
 //! builder, and the host builder must not link the driver's CUDA symbols.
 
+#![forbid(unsafe_code)]
+
 use serde::{Deserialize, Serialize};
 
 /// The kernel truth of a fake host.

@@ -7,6 +7,7 @@
 //! The CLI (`gpuslice-full`) hands it a [`Setup`]: the benchmarks time
 //! the `gpuslice` binary users call, which this crate does not link.
 
+#![forbid(unsafe_code)]
 // The argument structs' doc comments are clap's help text, written for a
 // terminal (`bench-init-<time>.json`), not for rustdoc's HTML.
 #![allow(rustdoc::invalid_html_tags)]

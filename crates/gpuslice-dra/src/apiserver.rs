@@ -72,7 +72,78 @@ pub trait ClaimSource: Send + Sync {
         driver: &str,
         devices: Vec<AllocatedDeviceStatus>,
     ) -> Result<(), ApiError>;
+    /// Posts a Warning Event about a claim
+    /// (`POST /apis/events.k8s.io/v1/namespaces/{ns}/events`), what
+    /// `kubectl describe resourceclaim` and `kubectl get events` show.
+    async fn warn(&self, event: &ClaimWarning) -> Result<(), ApiError>;
 }
+
+/// A Warning Event about a claim: from `reporter` (the driver's name) on
+/// `node`, `reason` (CamelCase, at most 128 bytes) for `action` and a
+/// `note` (cut to the API's 1 KiB).
+#[derive(Debug, Clone)]
+pub struct ClaimWarning {
+    pub namespace: String,
+    pub claim: String,
+    pub uid: String,
+    pub reporter: String,
+    pub node: String,
+    pub action: &'static str,
+    pub reason: &'static str,
+    pub note: String,
+}
+
+impl ClaimWarning {
+    /// The events.k8s.io/v1 Event, as the API server validates it at
+    /// create: a name of its own (`<claim>.<hex nanoseconds>`, as
+    /// client-go names them), eventTime set, the reporting controller a
+    /// qualified name, none of the legacy fields.
+    pub fn event(&self) -> k8s_openapi::api::events::v1::Event {
+        use k8s_openapi::api::core::v1::ObjectReference;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let mut note = self.note.clone();
+        if note.len() > EVENT_NOTE_MAX {
+            let mut cut = EVENT_NOTE_MAX - 3;
+            while !note.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            note.truncate(cut);
+            note.push_str("...");
+        }
+        k8s_openapi::api::events::v1::Event {
+            metadata: ObjectMeta {
+                name: Some(format!("{}.{:x}", self.claim, now.as_nanosecond())),
+                namespace: Some(self.namespace.clone()),
+                ..ObjectMeta::default()
+            },
+            event_time: Some(MicroTime(now)),
+            type_: Some("Warning".into()),
+            reason: Some(self.reason.into()),
+            action: Some(self.action.into()),
+            note: Some(note),
+            reporting_controller: Some(format!("{}/kubelet-plugin", self.reporter)),
+            reporting_instance: Some(
+                format!("{}/kubelet-plugin-{}", self.reporter, self.node)
+                    .chars()
+                    .take(128)
+                    .collect(),
+            ),
+            regarding: Some(ObjectReference {
+                api_version: Some("resource.k8s.io/v1".into()),
+                kind: Some("ResourceClaim".into()),
+                name: Some(self.claim.clone()),
+                namespace: Some(self.namespace.clone()),
+                uid: Some(self.uid.clone()),
+                ..ObjectReference::default()
+            }),
+            ..Default::default()
+        }
+    }
+}
+
+/// The API server's limit on an Event's note (`NoteLengthLimit`).
+const EVENT_NOTE_MAX: usize = 1024;
 
 /// Where the API server is and which credentials the driver shows it
 /// (see the module docs), checked before anything connects.
@@ -356,6 +427,18 @@ impl ClaimSource for KubeApi {
             }
             r => r.map(|_| ()),
         }
+    }
+
+    async fn warn(&self, event: &ClaimWarning) -> Result<(), ApiError> {
+        let path = format!(
+            "/apis/events.k8s.io/v1/namespaces/{}/events",
+            event.namespace
+        );
+        let api: Api<k8s_openapi::api::events::v1::Event> =
+            Api::namespaced(self.client.clone(), &event.namespace);
+        self.call(&path, api.create(&PostParams::default(), &event.event()))
+            .await
+            .map(|_| ())
     }
 }
 

@@ -5,7 +5,7 @@
 //!
 //! Each capped slice `<uid>-<n>` of a claim gets
 //! `<host>/run/gpuslice/claims/<uid>-<n>`, a tmpfs of its own of
-//! [`SIZE_BYTES`] (what a pod writes there is bounded and goes with the
+//! `gpuslice_k8s::slicedir::SIZE_BYTES` (what a pod writes there is bounded and goes with the
 //! claim: the host's `/run` is RAM), mode 1777 like the container tmpfs it
 //! replaces (the shim creates the ledger as whatever user the container
 //! runs), `nosuid,nodev,noexec`. The claim's CDI spec binds it at the
@@ -13,62 +13,21 @@
 //! the plugin makes the mount in a volume with `Bidirectional` mount
 //! propagation, so the host (and so the runtime) sees it.
 
-use rustix::mount::{mount, unmount, MountFlags, UnmountFlags};
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 /// Below the host root: the directory of the claims' slice directories.
 pub const CLAIMS_DIR: &str = "run/gpuslice/claims";
-/// A slice directory's size: the ledger (332 KiB) and room to spare.
-pub const SIZE_BYTES: u64 = 1 << 20;
 
 /// The slice directory of `slice` below `claims`.
 pub fn slice_dir(claims: &Path, slice: &str) -> PathBuf {
     claims.join(slice)
 }
 
-fn is_mount_point(dir: &Path) -> std::io::Result<bool> {
-    let parent = dir.parent().unwrap_or(Path::new("/"));
-    Ok(std::fs::metadata(dir)?.dev() != std::fs::metadata(parent)?.dev())
-}
-
-/// Makes `dir` a fresh tmpfs of [`SIZE_BYTES`]. One there already (a
-/// plugin restarted between Prepare and its checkpoint) is replaced: what a
-/// pod left in it is not inherited.
+/// Makes `dir` a fresh bounded tmpfs (`gpuslice_k8s::slicedir`), mode
+/// 1777 like the container tmpfs it replaces: the shim creates the ledger
+/// as whatever user the container runs.
 pub fn make(dir: &Path) -> std::io::Result<()> {
-    if dir.exists() {
-        remove(dir)?;
-    }
-    if let Some(parent) = dir.parent() {
-        std::fs::create_dir_all(parent)?;
-    }
-    std::fs::create_dir(dir)?;
-    let data = std::ffi::CString::new(format!("size={SIZE_BYTES},mode=1777"))
-        .expect("no NUL in the options");
-    let r = mount(
-        "gpuslice-claim",
-        dir,
-        "tmpfs",
-        MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
-        Some(data.as_c_str()),
-    );
-    if let Err(e) = r {
-        let _ = std::fs::remove_dir(dir);
-        return Err(e.into());
-    }
-    Ok(())
+    gpuslice_k8s::slicedir::make(dir, 0o1777)
 }
 
-/// Unmounts and removes `dir`; gone already is fine.
-pub fn remove(dir: &Path) -> std::io::Result<()> {
-    match is_mount_point(dir) {
-        Ok(true) => unmount(dir, UnmountFlags::DETACH)?,
-        Ok(false) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e),
-    }
-    match std::fs::remove_dir_all(dir) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-        _ => Ok(()),
-    }
-}
+pub use gpuslice_k8s::slicedir::{remove, sweep};

@@ -20,7 +20,7 @@ use k8s_openapi::api::resource::v1::AllocatedDeviceStatus;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use thiserror::Error;
 use tokio::sync::Mutex;
@@ -114,6 +114,14 @@ impl Driver {
         std::fs::create_dir_all(&opts.state_dir)
             .map_err(|e| CheckpointError::Io(opts.state_dir.clone(), e))?;
         let state = Checkpoint::load(&opts.state_dir)?;
+        let kept: std::collections::HashSet<&Path> = state
+            .claims
+            .values()
+            .flat_map(|p| p.slice_dirs.iter().map(PathBuf::as_path))
+            .collect();
+        for (dir, e) in crate::claimfs::sweep(&claims_dir(&opts), &kept) {
+            tracing::warn!(dir = %dir.display(), "an orphaned claim slice directory: {e}");
+        }
         Ok(Driver {
             inventory: std::sync::RwLock::new(opts.inventory.clone()),
             opts,
@@ -246,7 +254,23 @@ impl Driver {
         let unenforceable = self.unenforceable(&obj).await;
         if !unenforceable.is_empty() {
             let why = unenforceable.join("; ");
-            if self.opts.refuse_unenforceable {
+            let refused = self.opts.refuse_unenforceable;
+            let (reason, note) = if refused {
+                (
+                    "UnenforceableRefused",
+                    format!("this node refuses claims whose pods can escape their caps: {why}"),
+                )
+            } else {
+                (
+                    "Unenforceable",
+                    format!(
+                        "the claim's memory and compute caps do not hold against its pods: {why}"
+                    ),
+                )
+            };
+            self.warn(c, obj.metadata.uid.as_deref(), reason, note)
+                .await;
+            if refused {
                 return Err(PrepareError::Unenforceable(label, why));
             }
             tracing::warn!("claim {label}: its caps do not hold against its pods: {why}");
@@ -287,6 +311,27 @@ impl Driver {
             return Err(e.into());
         }
         Ok(granted(&state.claims[&c.uid]))
+    }
+
+    /// A Warning Event about claim `c` (best effort: a failure is logged).
+    async fn warn(&self, c: &ClaimRef, uid: Option<&str>, reason: &'static str, note: String) {
+        let w = crate::apiserver::ClaimWarning {
+            namespace: c.namespace.clone(),
+            claim: c.name.clone(),
+            uid: uid.unwrap_or(&c.uid).into(),
+            reporter: self.opts.driver_name.clone(),
+            node: self.opts.pool.clone(),
+            action: "PrepareResources",
+            reason,
+            note,
+        };
+        if let Err(e) = self.api.warn(&w).await {
+            tracing::warn!(
+                "claim {}/{}: event {reason} not posted: {e}",
+                c.namespace,
+                c.name
+            );
+        }
     }
 
     /// What the pods the claim is reserved for may do that its caps cannot
@@ -447,11 +492,7 @@ impl Driver {
                 }
             })
             .collect();
-        let claims_dir = self
-            .opts
-            .claims_dir
-            .clone()
-            .unwrap_or_else(|| self.opts.host_root.join(crate::claimfs::CLAIMS_DIR));
+        let claims_dir = claims_dir(&self.opts);
         let mut slice_dirs: Vec<PathBuf> = Vec::new();
         for s in slices.iter().filter(|s| s.caps.is_some()) {
             let dir = crate::claimfs::slice_dir(&claims_dir, &s.name);
@@ -650,6 +691,13 @@ pub fn device_status(driver: &str, p: &PreparedClaim) -> Vec<AllocatedDeviceStat
             }
         })
         .collect()
+}
+
+/// Where capped slices' directories are made.
+fn claims_dir(opts: &Options) -> PathBuf {
+    opts.claims_dir
+        .clone()
+        .unwrap_or_else(|| opts.host_root.join(crate::claimfs::CLAIMS_DIR))
 }
 
 fn unprepare_one(state: &mut Checkpoint, uid: &str) -> Result<(), String> {

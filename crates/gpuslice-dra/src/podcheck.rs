@@ -5,7 +5,10 @@
 //! - `CAP_SYS_ADMIN` (or `ALL`) added: the same through mounts;
 //! - `hostPID`: the host's processes, so other slices' ledgers through
 //!   `/proc/<pid>/root`;
-//! - `hostIPC`: the host's shared memory and semaphores.
+//! - `hostIPC`: the host's shared memory and semaphores;
+//! - `hostNetwork`: the node's loopback services (the host-pid resolver's
+//!   and the plugins' sockets are files, but an exporter or a kubelet
+//!   port on localhost is reachable), so it is flagged with the rest.
 //!
 //! Kubernetes allows all of these; a cluster that wants the caps to hold
 //! forbids them for GPU pods (docs/security.md). The plugin says so: a
@@ -27,6 +30,9 @@ pub fn unenforceable(pod: &Pod) -> Vec<String> {
     }
     if spec.host_ipc == Some(true) {
         why.push(format!("pod {name}: hostIPC"));
+    }
+    if spec.host_network == Some(true) {
+        why.push(format!("pod {name}: hostNetwork"));
     }
     let containers: Vec<&Container> = spec
         .containers
@@ -62,6 +68,7 @@ mod tests {
             "metadata": {"name": "p"},
             "spec": {
                 "hostPID": true,
+                "hostNetwork": true,
                 "containers": [
                     {"name": "a", "securityContext": {"privileged": true}},
                     {"name": "b", "securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}},
@@ -74,6 +81,7 @@ mod tests {
             unenforceable(&pod),
             [
                 "pod p: hostPID",
+                "pod p: hostNetwork",
                 "container a: privileged",
                 "container b: CAP_SYS_ADMIN added"
             ]

@@ -163,6 +163,7 @@ fn check_rbac(o: &Objects) {
     assert!(allows("", "nodes", "get"));
     assert!(allows("", "pods", "get"));
     assert!(!allows("", "pods", "list"));
+    assert!(allows("events.k8s.io", "events", "create"));
 
     let ds = &o.daemonsets[0];
     let pod = ds.spec.as_ref().unwrap().template.spec.as_ref().unwrap();

@@ -43,6 +43,18 @@ struct Env {
     api: FakeApiServer,
 }
 
+/// A test that ends with claims still prepared (as a node may) leaves
+/// their slice directories mounted: unmounted here, or every test run
+/// would add tmpfs mounts to the host that outlive their temp dirs.
+impl Drop for Env {
+    fn drop(&mut self) {
+        let kept = std::collections::HashSet::new();
+        for (dir, e) in gpuslice_dra::claimfs::sweep(&self.dir.path().join("claims"), &kept) {
+            eprintln!("left mounted: {}: {e}", dir.display());
+        }
+    }
+}
+
 impl Env {
     async fn new() -> Self {
         let dir = tempfile::tempdir().unwrap();
@@ -745,6 +757,45 @@ async fn a_restart_between_prepare_and_unprepare_loses_nothing() {
     assert_eq!(r.claims["uid-b"].error, "");
 }
 
+/// A plugin killed between making a claim's slice directory and saving
+/// its checkpoint leaves a mounted tmpfs no claim holds: the next start
+/// unmounts and removes it, and keeps the directories of claims it holds.
+#[tokio::test]
+async fn a_restart_sweeps_slice_directories_no_claim_holds() {
+    let e = Env::new().await;
+    let s = e.start(true);
+    let mut k = e.kubelet().await;
+    e.api
+        .put_claim(shared_claim("ns", "a", "uid-a", NODE, 0, "10Gi", "10"));
+    assert_eq!(
+        prepare(&mut k, &[("ns", "a", "uid-a")]).await.claims["uid-a"].error,
+        ""
+    );
+    drop((s, k));
+    let claims = e.dir.path().join("claims");
+    let held: Vec<PathBuf> = std::fs::read_dir(&claims)
+        .unwrap()
+        .map(|d| d.unwrap().path())
+        .collect();
+    assert_eq!(held.len(), 1, "{held:?}");
+    let orphan = claims.join("uid-gone-0");
+    gpuslice_dra::claimfs::make(&orphan).unwrap();
+    std::fs::write(orphan.join("usage"), b"left by a pod").unwrap();
+    assert!(mounted(&orphan));
+    let _s = e.start(true);
+    assert!(!orphan.exists(), "the orphan is removed");
+    assert!(!mounted(&orphan), "and unmounted");
+    assert!(mounted(&held[0]), "the prepared claim's directory stays");
+}
+
+fn mounted(dir: &Path) -> bool {
+    let at = dir.to_str().unwrap();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(at))
+}
+
 /// A claim reserved for a privileged pod (or one in the host's pid
 /// namespace) is prepared and marked, in its status (Enforced=False) and
 /// the checkpoint that `slices` and the exporter read; a node that refuses
@@ -789,6 +840,21 @@ async fn claims_of_pods_that_can_escape_their_caps_are_marked_or_refused() {
     );
     let marked = gpuslice_dra::checkpoint::prepared_slices(&e.dir.path().join("state")).unwrap();
     assert_eq!(marked[0].unenforceable.len(), 2, "{marked:?}");
+    // A Warning Event on the claim, which the double accepted only as
+    // valid for events.k8s.io/v1.
+    let events = e.api.events();
+    assert_eq!(events.len(), 1, "{events:?}");
+    let ev = &events[0];
+    assert_eq!(ev["type"], "Warning");
+    assert_eq!(ev["reason"], "Unenforceable");
+    assert_eq!(ev["regarding"]["kind"], "ResourceClaim");
+    assert_eq!(ev["regarding"]["name"], "esc");
+    assert_eq!(ev["metadata"]["namespace"], "ns");
+    let note = ev["note"].as_str().unwrap();
+    assert!(
+        note.contains("hostPID") && note.contains("privileged"),
+        "{note}"
+    );
 
     // A node that refuses them.
     let refusing = e.driver_with(Options {
@@ -823,6 +889,79 @@ async fn claims_of_pods_that_can_escape_their_caps_are_marked_or_refused() {
     );
     assert!(!spec_path(&e.cdi_dir(), "uid-esc2").exists());
     assert!(r["uid-fine"].is_ok(), "{r:?}");
+    let reasons: Vec<Value> = e
+        .api
+        .events()
+        .iter()
+        .map(|ev| ev["reason"].clone())
+        .collect();
+    assert_eq!(
+        reasons,
+        ["Unenforceable", "UnenforceableRefused"],
+        "the plain pod's claim gets none"
+    );
+}
+
+/// The double refuses an Event the real API server would (422): what the
+/// driver posts is checked against the server's rules, not against itself.
+#[tokio::test]
+async fn the_api_double_validates_events_as_the_api_server_does() {
+    let e = Env::new().await;
+    let good = gpuslice_dra::apiserver::ClaimWarning {
+        namespace: "ns".into(),
+        claim: "c".into(),
+        uid: "u".into(),
+        reporter: DRIVER_NAME.into(),
+        node: NODE.into(),
+        action: "PrepareResources",
+        reason: "Unenforceable",
+        note: "x".repeat(5000),
+    };
+    let ev = serde_json::to_value(good.event()).unwrap();
+    assert_eq!(
+        ev["note"].as_str().unwrap().len(),
+        1024,
+        "cut to the API's limit"
+    );
+    let url = e.api.url.clone();
+    let post = |body: Value| {
+        let url = url.clone();
+        tokio::task::spawn_blocking(move || {
+            post_status(&url, "/apis/events.k8s.io/v1/namespaces/ns/events", &body)
+        })
+    };
+    assert_eq!(post(ev.clone()).await.unwrap(), 201);
+    assert_eq!(post(ev.clone()).await.unwrap(), 409, "a name is taken once");
+    let mut legacy = ev.clone();
+    legacy["metadata"]["name"] = "c.2".into();
+    legacy["eventTime"] = Value::Null;
+    assert_eq!(post(legacy).await.unwrap(), 422);
+    let mut bad = ev.clone();
+    bad["metadata"]["name"] = "c.3".into();
+    bad["reportingController"] = "not a qualified name".into();
+    assert_eq!(post(bad).await.unwrap(), 422);
+    assert_eq!(e.api.events().len(), 1);
+}
+
+/// The HTTP status of a JSON POST to the double (`http://127.0.0.1:PORT`).
+fn post_status(base: &str, path: &str, body: &Value) -> u16 {
+    use std::io::{Read, Write};
+    let host = base.trim_start_matches("http://").trim_end_matches('/');
+    let mut c = std::net::TcpStream::connect(host).unwrap();
+    let body = body.to_string();
+    write!(
+        c,
+        "POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    c.read_to_string(&mut answer).unwrap();
+    answer
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
 }
 
 /// Two requests of one claim on one GPU (or two shares of two GPUs) would

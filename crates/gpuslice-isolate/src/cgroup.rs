@@ -484,7 +484,7 @@ impl SliceCgroup {
     }
 
     fn kill_member(&self, pid: u32) {
-        let Ok(pidfd) = crate::launcher::pidfd_open(nix::unistd::Pid::from_raw(pid as i32)) else {
+        let Ok(pidfd) = crate::pidfd::pidfd_open(nix::unistd::Pid::from_raw(pid as i32)) else {
             return; // gone already
         };
         // The pidfd names one process for good; the pid, if listed now,

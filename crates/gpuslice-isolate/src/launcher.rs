@@ -60,12 +60,12 @@ use nix::unistd::{fork, ForkResult, Pid};
 use std::ffi::CString;
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use thiserror::Error;
 
-/// Exit code when gpuslice fails before the child runs (as `docker run`).
-pub const EXIT_LAUNCH_FAILED: i32 = 125;
+pub use crate::exit::EXIT_LAUNCH_FAILED;
+pub use crate::pidfd::pidfd_open;
 
 /// What the child's sandbox consists of; built by the caller from the
 /// chosen isolation layers.
@@ -902,15 +902,4 @@ fn wait_relaying<'h>(
             r.serve();
         }
     }
-}
-
-/// A pidfd for `pid`: readable once the process exits.
-pub fn pidfd_open(pid: Pid) -> io::Result<OwnedFd> {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid.as_raw(), 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the kernel just returned this fd to us; nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }

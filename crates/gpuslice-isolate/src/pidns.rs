@@ -56,7 +56,7 @@ pub fn supervise(command: Pid, signals: &SigSet) -> i32 {
                 Ok(WaitStatus::StillAlive) => break,
                 Ok(_) => continue, // an orphan reaped
                 Err(nix::Error::EINTR) => continue,
-                Err(_) => return crate::launcher::EXIT_LAUNCH_FAILED, // no child: cannot happen
+                Err(_) => return crate::exit::EXIT_LAUNCH_FAILED, // no child: cannot happen
             }
         }
         match &sfd {

@@ -1248,30 +1248,10 @@ pub fn params_hook(state_json: &str, file: &Path) -> Result<Option<PathBuf>> {
 }
 
 fn bind_ro(src: &Path, dst: &Path) -> Result<()> {
-    use std::ffi::CString;
-    use std::os::unix::ffi::OsStrExt;
-    let s = CString::new(src.as_os_str().as_bytes())?;
-    let d = CString::new(dst.as_os_str().as_bytes())?;
-    let mount = |flags: libc::c_ulong| -> std::io::Result<()> {
-        // SAFETY: valid NUL-terminated strings; null fstype and data.
-        let r = unsafe {
-            libc::mount(
-                s.as_ptr(),
-                d.as_ptr(),
-                std::ptr::null(),
-                flags,
-                std::ptr::null(),
-            )
-        };
-        if r == 0 {
-            Ok(())
-        } else {
-            Err(std::io::Error::last_os_error())
-        }
-    };
-    mount(libc::MS_BIND)
+    use rustix::mount::{mount_bind, mount_remount, MountFlags};
+    mount_bind(src, dst)
         .with_context(|| format!("bind {} over {}", src.display(), dst.display()))?;
-    mount(libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY)
+    mount_remount(dst, MountFlags::BIND | MountFlags::RDONLY, "")
         .with_context(|| format!("remount {} read-only", dst.display()))?;
     Ok(())
 }

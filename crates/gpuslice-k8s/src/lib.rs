@@ -1,4 +1,7 @@
+#![forbid(unsafe_code)]
+
 pub mod cdi;
 pub mod grpc_wire;
 pub mod labels;
 pub mod plugin;
+pub mod slicedir;

@@ -30,6 +30,30 @@ fn host() -> &'static FakeHost {
     })
 }
 
+/// A test's plugin state. The replicas' directories the plugin leaves
+/// allocated are tmpfs mounts (`gpuslice_k8s::slicedir`): unmounted here,
+/// or they would outlive the temp dir on the host.
+struct StateDir(tempfile::TempDir);
+
+impl StateDir {
+    fn new() -> Self {
+        StateDir(tempfile::tempdir().unwrap())
+    }
+
+    fn path(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+impl Drop for StateDir {
+    fn drop(&mut self) {
+        let kept = std::collections::HashSet::new();
+        for (dir, e) in gpuslice_k8s::slicedir::sweep(&self.path().join("ledgers"), &kept) {
+            eprintln!("left mounted: {}: {e}", dir.display());
+        }
+    }
+}
+
 fn config(dir: &Path, extra: &str) -> Config {
     let mut c = Config::parse(extra).unwrap();
     c.plugin_dir = dir.join("plugins");
@@ -52,8 +76,8 @@ fn uuid(i: usize) -> String {
     host().gpus()[i].uuid.clone()
 }
 
-async fn setup(extra: &str) -> (tempfile::TempDir, Handle, TestKubelet) {
-    let t = tempfile::tempdir().unwrap();
+async fn setup(extra: &str) -> (StateDir, Handle, TestKubelet) {
+    let t = StateDir::new();
     let cfg = config(t.path(), extra);
     let kubelet = TestKubelet::start(&cfg.plugin_dir).await.unwrap();
     let plugin = start(cfg);
@@ -557,7 +581,7 @@ async fn reregisters_after_a_kubelet_restart() {
 
 #[tokio::test]
 async fn reload_rereads_the_config_and_keeps_running_on_a_bad_one() {
-    let t = tempfile::tempdir().unwrap();
+    let t = StateDir::new();
     let file = t.path().join("config.yaml");
     let plugins = t.path().join("plugins");
     let write = |replicas: &str| {
@@ -703,7 +727,7 @@ async fn a_bad_role_config_is_refused_at_start_naming_the_field() {
             "roles[0].gpus[0]: no GPU matches \"GPU-ffff\"",
         ),
     ] {
-        let t = tempfile::tempdir().unwrap();
+        let t = StateDir::new();
         let p = start(config(t.path(), &text));
         let e = format!("{:#}", p.stop().unwrap_err());
         assert!(e.contains(want), "{text}: {e}");
@@ -792,7 +816,7 @@ impl Drop for Attached {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ledger_dirs_go_once_their_pod_is_gone_and_no_process_uses_them() {
     use gpuslice_testkit::kubelet::{PodDevices, PodResources};
-    let t = tempfile::tempdir().unwrap();
+    let t = StateDir::new();
     let socket = t.path().join("pod-resources/kubelet.sock");
     let podres = PodResources::start(&socket).await.unwrap();
     let text = format!(

@@ -340,6 +340,16 @@ impl SliceLimits {
             .mode(0o700)
             .create(host_dir)
             .map_err(io(host_dir))?;
+        self.write_records_in(host_dir)
+    }
+
+    /// [`Self::write_records`] into `host_dir`, a directory the caller made
+    /// root's and private (the device plugin's bounded tmpfs).
+    pub fn write_records_in(&self, host_dir: &Path) -> Result<RecordPaths, crate::Error> {
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| crate::Error::Io { path, source }
+        };
         let paths = RecordPaths::under(host_dir);
         let result = (|| {
             write_file_atomically(&paths.limits, self.render().as_bytes(), 0o644)

@@ -11,6 +11,8 @@
 //! - [`check`] decides one request against it, failing closed: no policy
 //!   file, no rule for the caller, or a rule not met, and the run is refused.
 
+#![forbid(unsafe_code)]
+
 pub mod caller;
 pub mod check;
 pub mod file;

@@ -2,6 +2,7 @@
 //! DRA driver uses, over real HTTP on 127.0.0.1. It is not an API server.
 //!
 //! What it does as the real one does:
+//! - events: `POST /apis/events.k8s.io/v1/namespaces/{ns}/events`, validated as the API server does;
 //! - claims: `GET /apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}`,
 //!   fed to it as kube-scheduler writes them
 //!   (`status.allocation.devices.results` with `consumedCapacity` and
@@ -88,6 +89,8 @@ struct Store {
     nodes: Mutex<BTreeMap<String, Value>>,
     /// Pods by namespace and name (`GET /api/v1/namespaces/{ns}/pods/{name}`).
     pods: Mutex<BTreeMap<(String, String), Value>>,
+    /// events.k8s.io/v1 Events created (`POST …/namespaces/{ns}/events`).
+    events: Mutex<Vec<Value>>,
     /// Per claim and field manager, the `status.devices` keys (driver,
     /// pool, device, shareID) its last server-side apply owned.
     status_owners: Mutex<BTreeMap<(String, String, String), Vec<Value>>>,
@@ -223,6 +226,11 @@ impl FakeApiServer {
             .lock()
             .unwrap()
             .remove(&(namespace.to_string(), name.to_string()));
+    }
+
+    /// The events.k8s.io/v1 Events created so far, in order.
+    pub fn events(&self) -> Vec<Value> {
+        self.store.events.lock().unwrap().clone()
     }
 
     /// GET requests answered so far.
@@ -384,6 +392,9 @@ async fn handle(s: Arc<Store>, req: Request<hyper::body::Incoming>) -> Response<
                 None => status(404, "NotFound", &format!("pods \"{name}\" not found")),
             }
         }
+        (Method::POST, ["apis", "events.k8s.io", "v1", "namespaces", ns, "events"]) => {
+            create_event(&s, ns, &body)
+        }
         (Method::GET, ["api", "v1", "nodes", name]) => match s.nodes.lock().unwrap().get(*name) {
             Some(n) => ok(200, n),
             None => status(404, "NotFound", &format!("nodes \"{name}\" not found")),
@@ -528,6 +539,130 @@ fn apply_claim_status(
     }
     claim["metadata"]["resourceVersion"] = json!(s.next_rv());
     ok(200, claim)
+}
+
+/// `POST /apis/events.k8s.io/v1/namespaces/{ns}/events`, validated as
+/// the API server validates a create through events.k8s.io/v1
+/// (`pkg/apis/core/validation/events.go`, `ValidateEventCreate`): the
+/// namespace of the URL; a name; eventTime; type Normal or Warning; a
+/// reportingController that is a qualified name; reportingInstance,
+/// action and reason set and at most 128 bytes; a note of at most 1024;
+/// none of the legacy fields. 422 Invalid lists what failed, 409 a name
+/// taken.
+fn create_event(s: &Store, ns: &str, body: &[u8]) -> Response<Body> {
+    let mut ev: Value = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(e) => return status(400, "BadRequest", &e.to_string()),
+    };
+    let name = ev["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    if ev["metadata"]["namespace"]
+        .as_str()
+        .is_some_and(|n| n != ns)
+    {
+        return status(
+            400,
+            "BadRequest",
+            "the namespace of the provided object does not match the namespace sent on the request",
+        );
+    }
+    let text = |k: &str| ev[k].as_str().unwrap_or_default().to_string();
+    let mut errs: Vec<String> = Vec::new();
+    if name.is_empty() {
+        errs.push("metadata.name: Required value: name or generateName is required".into());
+    }
+    if ev["eventTime"].as_str().unwrap_or_default().is_empty() {
+        errs.push("eventTime: Required value".into());
+    }
+    let ty = text("type");
+    if ty != "Normal" && ty != "Warning" {
+        errs.push(format!(
+            "type: Invalid value: \"\": has invalid value: {ty}"
+        ));
+    }
+    let controller = text("reportingController");
+    if controller.is_empty() {
+        errs.push("reportingController: Required value".into());
+    } else if !qualified_name(&controller) {
+        errs.push(format!("reportingController: Invalid value: {controller:?}: a qualified name must consist of alphanumeric characters, '-', '_' or '.', with an optional DNS subdomain prefix and '/'"));
+    }
+    for (k, limit) in [("reportingInstance", 128), ("action", 128), ("reason", 128)] {
+        let v = text(k);
+        if v.is_empty() {
+            errs.push(format!("{k}: Required value"));
+        } else if v.len() > limit {
+            errs.push(format!(
+                "{k}: Invalid value: \"\": can have at most {limit} characters"
+            ));
+        }
+    }
+    if text("note").len() > 1024 {
+        errs.push("message: Invalid value: \"\": can have at most 1024 characters".into());
+    }
+    for legacy in [
+        "deprecatedFirstTimestamp",
+        "deprecatedLastTimestamp",
+        "deprecatedCount",
+    ] {
+        if !ev[legacy].is_null() {
+            errs.push(format!("{legacy}: Invalid value: \"\": needs to be unset"));
+        }
+    }
+    if !errs.is_empty() {
+        return status(
+            422,
+            "Invalid",
+            &format!(
+                "Event.events.k8s.io {name:?} is invalid: [{}]",
+                errs.join(", ")
+            ),
+        );
+    }
+    let mut events = s.events.lock().unwrap();
+    if events
+        .iter()
+        .any(|e| e["metadata"]["name"] == name.as_str() && e["metadata"]["namespace"] == ns)
+    {
+        return status(
+            409,
+            "AlreadyExists",
+            &format!("events.events.k8s.io {name:?} already exists"),
+        );
+    }
+    ev["metadata"]["namespace"] = json!(ns);
+    ev["metadata"]["resourceVersion"] = json!(s.next_rv());
+    ev["metadata"]["uid"] = json!(format!("event-uid-{}", events.len()));
+    events.push(ev.clone());
+    ok(201, &ev)
+}
+
+/// `IsQualifiedName`: `[prefix/]name`, name 1-63 of `[A-Za-z0-9_.-]`
+/// starting and ending alphanumeric, prefix a DNS subdomain.
+fn qualified_name(v: &str) -> bool {
+    let (prefix, name) = match v.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, v),
+    };
+    let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    let name_ok = (1..=63).contains(&name.len())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        && alnum(name.chars().next())
+        && alnum(name.chars().last());
+    let prefix_ok = prefix.is_none_or(|p| {
+        (1..=253).contains(&p.len())
+            && p.split('.').all(|l| {
+                !l.is_empty()
+                    && l.chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                    && !l.starts_with('-')
+                    && !l.ends_with('-')
+            })
+    });
+    name_ok && prefix_ok
 }
 
 fn ok(code: u16, v: &Value) -> Response<Body> {

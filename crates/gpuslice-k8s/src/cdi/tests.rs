@@ -544,3 +544,20 @@ fn the_built_in_schema_is_enforced_without_remote_resolving() {
     let err = validate_builtin(bad.as_bytes()).unwrap_err();
     assert!(format!("{err:#}").contains("path"), "{err:#}");
 }
+
+/// The hook's overlay: the file bound over the target, read-only (a write
+/// through it is refused), the target's own file untouched.
+#[test]
+fn bind_ro_lays_a_read_only_copy_over_the_target() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, dst) = (dir.path().join("src"), dir.path().join("dst"));
+    fs::write(&src, "ModifyDeviceFiles: 0\n").unwrap();
+    fs::write(&dst, "ModifyDeviceFiles: 1\n").unwrap();
+    super::bind_ro(&src, &dst).unwrap();
+    let seen = fs::read_to_string(&dst);
+    let write = fs::OpenOptions::new().write(true).open(&dst).map(|_| ());
+    rustix::mount::unmount(&dst, rustix::mount::UnmountFlags::DETACH).unwrap();
+    assert_eq!(seen.unwrap(), "ModifyDeviceFiles: 0\n");
+    assert_eq!(write.unwrap_err().raw_os_error(), Some(libc::EROFS));
+    assert_eq!(fs::read_to_string(&dst).unwrap(), "ModifyDeviceFiles: 1\n");
+}

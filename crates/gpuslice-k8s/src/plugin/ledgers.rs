@@ -25,7 +25,8 @@
 //! The tenant writes in its directory: every path in it is opened without
 //! following symbolic links, only regular files are read as ledgers (a
 //! device node is never opened), a ledger is read from a private copy, and
-//! `remove_dir_all` does not follow links.
+//! `remove_dir_all` does not follow links. What it can write there is
+//! bounded: each directory is a tmpfs of its own (`crate::slicedir`).
 
 use gpuslice_ledger::procfs::{self, Liveness};
 use gpuslice_ledger::{Ledger, ProcessState};
@@ -90,15 +91,18 @@ pub struct Swept {
 /// garbage or transient, is the previous pod's and is replaced, however
 /// young (it once made the next pod's CUDA fail closed: a denial of
 /// service across tenants). Only a live process's slot keeps it.
+///
+/// A fresh directory is a bounded tmpfs of its own, root's and private
+/// (`crate::slicedir`): the pod is given files of it, and its usage ledger
+/// cannot grow past the tmpfs.
 pub fn prepare(dir: &Path) -> Result<(), Error> {
     let _held = lock();
-    if dir.symlink_metadata().is_ok() && !in_use_by_live_process(dir) {
-        fs::remove_dir_all(dir).map_err(io_err(dir))?;
+    if dir.symlink_metadata().is_ok() && in_use_by_live_process(dir) {
+        return fs::File::open(dir)
+            .and_then(|f| f.set_modified(SystemTime::now()))
+            .map_err(io_err(dir));
     }
-    fs::create_dir_all(dir).map_err(io_err(dir))?;
-    fs::File::open(dir)
-        .and_then(|f| f.set_modified(SystemTime::now()))
-        .map_err(io_err(dir))
+    crate::slicedir::make(dir, 0o700).map_err(io_err(dir))
 }
 
 /// The slice directories in `ledger_dir`, listed before the kubelet is
@@ -139,7 +143,7 @@ pub fn sweep(
             out.in_use.push(name);
             continue;
         }
-        match fs::remove_dir_all(&dir) {
+        match crate::slicedir::remove(&dir) {
             Ok(()) => out.removed.push(name),
             Err(e) => out.errors.push(format!("{}: {e}", dir.display())),
         }
@@ -382,10 +386,48 @@ mod tests {
             .unwrap();
     }
 
+    /// Unmounts what [`prepare`] mounted, pass or fail.
+    struct Unmounting<'a>(&'a Path);
+
+    impl Drop for Unmounting<'_> {
+        fn drop(&mut self) {
+            let _ = crate::slicedir::remove(self.0);
+        }
+    }
+
+    /// A pod writes into its replica's usage ledger through a bind mount:
+    /// it cannot grow it past the directory's tmpfs (the host's /run is
+    /// RAM), and what it wrote is not the next pod's.
+    #[test]
+    fn a_replica_cannot_grow_its_ledger_past_the_bound() {
+        use std::io::Write;
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("k8s-x");
+        let _u = Unmounting(&dir);
+        prepare(&dir).unwrap();
+        let mut f = fs::File::create(dir.join("usage")).unwrap();
+        let chunk = vec![0x5au8; 64 << 10];
+        let mut written = 0u64;
+        let err = loop {
+            match f.write_all(&chunk) {
+                Ok(()) => written += chunk.len() as u64,
+                Err(e) => break e,
+            }
+            assert!(written <= 1 << 30, "1 GiB written into a slice directory");
+        };
+        assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+        assert!(written <= crate::slicedir::SIZE_BYTES, "{written}");
+        drop(f);
+        // The next Allocate of the replica gets a fresh, empty one.
+        prepare(&dir).unwrap();
+        assert!(!dir.join("usage").exists());
+    }
+
     #[test]
     fn prepare_empties_a_leftover_nothing_uses_and_keeps_one_in_use() {
         let t = tempfile::tempdir().unwrap();
         let dir = t.path().join("k8s-x");
+        let _u = Unmounting(&dir);
         drop(ledger_in(&dir));
         fs::write(dir.join("old"), "x").unwrap();
         age(&dir, 120);
@@ -412,6 +454,7 @@ mod tests {
     fn a_poisoned_ledger_is_not_inherited() {
         let t = tempfile::tempdir().unwrap();
         let dir = t.path().join("k8s-x");
+        let _u = Unmounting(&dir);
         let size = {
             let l = ledger_in(&dir);
             drop(l);

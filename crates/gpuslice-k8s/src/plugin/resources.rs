@@ -330,8 +330,7 @@ impl Plan {
             existing
         } else {
             // Made afresh, root-only (prepare's directory is empty).
-            let _ = std::fs::remove_dir(&dir);
-            limits.write_records(&dir).map_err(|e| {
+            limits.write_records_in(&dir).map_err(|e| {
                 BadRequest(format!(
                     "cannot write the slice's records in {}: {e}",
                     dir.display()

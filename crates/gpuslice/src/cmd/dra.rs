@@ -66,7 +66,7 @@ pub struct DraArgs {
     pub memory_step: MemorySize,
 
     /// Refuse to prepare a claim reserved for a pod its caps cannot hold against (privileged,
-    /// CAP_SYS_ADMIN, hostPID, hostIPC); without it such a claim is prepared and marked.
+    /// CAP_SYS_ADMIN, hostPID, hostIPC, hostNetwork); without it such a claim is prepared and marked.
     #[arg(long)]
     pub refuse_unenforceable: bool,
 }
