@@ -249,6 +249,33 @@ pub fn publish_share(dir: &Path, uuid: &str, key: u64, share_bp: u64) -> io::Res
     Ok(record)
 }
 
+/// Records, as root, the share of every device of `limits` that has one
+/// for the slice whose usage ledger is `usage` ([`publish_share`]): what
+/// lets the other slices of those GPUs count it and take turns with it.
+/// Returns the records, to be removed when the slice ends; on an error
+/// none is left.
+pub fn publish_shares(
+    dir: &Path,
+    usage: &Path,
+    limits: &crate::limits::SliceLimits,
+) -> io::Result<Vec<PathBuf>> {
+    let key = ledger_key(usage)?;
+    let mut records = Vec::new();
+    for d in &limits.devices {
+        let Some(c) = d.compute else { continue };
+        match publish_share(dir, &d.uuid, key, c.basis_points()) {
+            Ok(r) => records.push(r),
+            Err(e) => {
+                for r in &records {
+                    let _ = std::fs::remove_file(r);
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(records)
+}
+
 /// Makes `d` a directory, root-owned 0755, unless it is one. Called as
 /// root: whatever else is there (`shares` planted by a local user in the
 /// world-writable board directory before root made it, which made every
