@@ -466,9 +466,10 @@ impl Driver {
 
     /// Writes the claim's CDI spec (one device per result), the limits
     /// records of its capped slices and their slice directories (one
-    /// ledger each for all the claim's containers: `crate::claimfs`);
-    /// returns the spec's path, the records' and the directories' (what
-    /// Unprepare removes: the shared `ld.so.preload` stays).
+    /// ledger each for all the claim's containers, made and vouched for on
+    /// the boards by root: `crate::claimfs`); returns the spec's path, the
+    /// records' (limits and shares) and the directories' (what Unprepare
+    /// removes: the shared `ld.so.preload` stays).
     fn write_spec(
         &self,
         claim: &str,
@@ -530,18 +531,32 @@ impl Driver {
             .filter(|s| s.caps.is_some())
             .map(|s| cdi::limits_record_path(&self.opts.cdi_dir, &s.name))
             .collect();
-        let written = cdi::generate_slices(&self.opts.host_root, &self.inventory(), &opts, &slices)
-            .and_then(|g| cdi::write_atomically(&g, &path, Format::Json));
-        if let Err(e) = written {
-            for r in &records {
-                let _ = std::fs::remove_file(r);
+        let inventory = self.inventory();
+        let written = cdi::generate_slices(&self.opts.host_root, &inventory, &opts, &slices)
+            .and_then(|g| cdi::write_atomically(&g, &path, Format::Json))
+            .and_then(|()| match &opts.boards {
+                Some(boards) => crate::claimfs::vouch(&slices, &slice_dirs, &inventory, boards),
+                None => Ok(Vec::new()),
+            });
+        let shares = match written {
+            Ok(shares) => shares,
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                for r in &records {
+                    let _ = std::fs::remove_file(r);
+                }
+                for d in &slice_dirs {
+                    let _ = crate::claimfs::remove(d);
+                }
+                return Err(cdi_err(e));
             }
-            for d in &slice_dirs {
-                let _ = crate::claimfs::remove(d);
-            }
-            return Err(cdi_err(e));
-        }
-        Ok((path, records, slice_dirs))
+        };
+        // Root's share records go with the limits records at Unprepare.
+        Ok((
+            path,
+            records.into_iter().chain(shares).collect(),
+            slice_dirs,
+        ))
     }
 
     /// Reclaims, in every prepared claim's usage ledger, the slots of its

@@ -597,6 +597,19 @@ async fn shared_claim_in_v1_gets_exactly_its_caps_on_its_gpu_only() {
     let slice_dir = board(SLICE_DIR);
     let host_dir = std::path::PathBuf::from(slice_dir["hostPath"].as_str().unwrap());
     assert_eq!(host_dir, e.dir.path().join("claims").join("uid-a-0"));
+    // Its usage ledger is root's making, and root vouches for its share on
+    // the GPU's board (keyed by that ledger): the GPU's other slices count
+    // it and pass it the turn, as they do `run`'s and the device plugin's.
+    let usage = host_dir.join("usage");
+    let opened = gpuslice_ledger::Ledger::open(&usage).unwrap();
+    assert_eq!(opened.compute_share(0), 3000);
+    let host_boards = std::path::PathBuf::from(boards["hostPath"].as_str().unwrap());
+    let key = gpuslice_ledger::board::ledger_key(&usage).unwrap();
+    assert_eq!(
+        gpuslice_ledger::board::root_share(&host_boards, &uuid, key),
+        Some(3000),
+        "root's record of the claim's share"
+    );
     assert!(
         slice_dir["type"].is_null() || slice_dir["type"] == "bind",
         "{slice_dir}"
@@ -632,6 +645,11 @@ async fn shared_claim_in_v1_gets_exactly_its_caps_on_its_gpu_only() {
     assert_eq!(u.claims["uid-a"].error, "");
     assert!(!spec_path(&e.cdi_dir(), "uid-a").exists());
     assert!(!record_file.exists(), "unprepare left the limits record");
+    assert_eq!(
+        gpuslice_ledger::board::root_share(&host_boards, &uuid, key),
+        None,
+        "unprepare left root's record of the share"
+    );
 }
 
 #[tokio::test]

@@ -348,6 +348,17 @@ impl<'a> Builder<'a> {
     }
 }
 
+/// The limits of the capped CDI slice `name` (a shared variant, a DRA
+/// claim's share) on one device: what its record says and its usage
+/// ledger must match.
+pub fn capped_slice(name: &str, device: DeviceLimits) -> SliceLimits {
+    SliceLimits {
+        slice_id: name.to_string(),
+        mode: Mode::Cap,
+        devices: vec![device],
+    }
+}
+
 /// The environment of a spec of slices (a DRA claim's): what `run` gives
 /// its command, `CUDA_VISIBLE_DEVICES` and `NVIDIA_VISIBLE_DEVICES` naming
 /// every device of the spec (CDI merges one device's `env` over another's,
@@ -912,11 +923,7 @@ impl Builder<'_> {
                 .push((preload.clone(), format!("{CONTAINER_SHIM}\n")));
         }
         let uuid = device.uuid.clone();
-        let limits = SliceLimits {
-            slice_id: name.to_string(),
-            mode: Mode::Cap,
-            devices: vec![device],
-        };
+        let limits = capped_slice(name, device);
         let record = limits_record_path(&self.opts.spec_dir, name);
         self.side_files.push((record.clone(), limits.render()));
         let mut env: Vec<String> = limits
