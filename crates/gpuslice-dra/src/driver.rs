@@ -359,8 +359,9 @@ impl Driver {
         why
     }
 
-    /// A share of a GPU that consumed all its capacity (the request named
-    /// none: the class of whole GPUs) is the whole GPU: no caps, no shim.
+    /// A share of a GPU that consumed all its memory and either all its
+    /// compute or none named (the request named no capacity: the class of
+    /// whole GPUs) is the whole GPU: no caps, no shim.
     fn whole_gpus_uncapped(&self, results: &mut [Allocated]) {
         let inventory = self.inventory();
         for a in results {
@@ -373,7 +374,8 @@ impl Driver {
                 .find(|g| g.index == gpu)
                 .and_then(|g| g.memory_bytes)
                 .map(|m| self.opts.policy.usable_memory(m));
-            if caps.compute_percent == 100 && usable.is_some_and(|u| caps.memory_bytes >= u) {
+            let all_compute = matches!(caps.compute_percent, 0 | 100);
+            if all_compute && usable.is_some_and(|u| caps.memory_bytes >= u) {
                 a.caps = None;
             }
         }
@@ -669,12 +671,7 @@ pub fn device_status(driver: &str, p: &PreparedClaim) -> Vec<AllocatedDeviceStat
                         "enforcedBy": ["deviceNodes", "shim"],
                         "cdiDevice": d.cdi_device_id,
                     }),
-                    format!(
-                        "capped at {} MiB and {} % of GPU {}",
-                        caps.memory_bytes >> 20,
-                        caps.compute_percent,
-                        a.kind.gpu()
-                    ),
+                    format!("capped at {} of GPU {}", caps.describe(), a.kind.gpu()),
                 ),
                 (DeviceKind::Mig { gpu, mig }, None) => (
                     serde_json::json!({"kind": "mig", "enforcedBy": ["deviceNodes"], "cdiDevice": d.cdi_device_id}),
