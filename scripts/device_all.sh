@@ -10,6 +10,10 @@
 #   exporter   issue 7: exporter during a capped GEMM, idle CPU (~100 s)
 #   compute    issue 5: compute share: one slice at 50/25/10/75 % (GEMM + small kernels, vs bare,
 #              interleaved), two slices 30/70, a CUDA graph at 50 %, no-limit overhead (~110 s)
+#   compute29  issue 29: torch GEMM slices at scale, each against a bare worker of the same run:
+#              10/90, 30/70, 8 x 12.5, 16 x 6.25, a 4-process 50 % slice beside a 1-process 50 %
+#              one; hand-overs and fallbacks from the board (device_compute29.py, ~150 s, at most
+#              240). compute29.json "pass": every slice within 1 point, the GPU >= 97 %, 0 fallbacks
 #   computediag  issue 5: what the GPU does under partial duty, without gpuslice (~45 s)
 #   computetrace issue 5: one capped worker's bucket traced across workload and share changes (~25 s)
 #   memphys    issue 16: physical memory cap (1/2/5/8 processes in one 20 GiB slice, host NVML sum),
@@ -130,6 +134,9 @@ part_compute() {
     # the script stops itself at ~130 s and writes compute.json as it goes.
     COMPUTE_BUDGET_S=${COMPUTE_BUDGET_S:-130} bounded 145 python3 scripts/device_compute.py "$work"
 }
+part_compute29() {
+    COMPUTE29_BUDGET_S=${COMPUTE29_BUDGET_S:-220} bounded 240 python3 scripts/device_compute29.py "$work"
+}
 part_computetrace() {
     # The slice's bucket traced while one worker changes workload and share.
     bounded 120 python3 scripts/device_compute_trace.py "$work"
@@ -208,7 +215,7 @@ part_doctor() {
 # parts that finished.
 collect() {
     tar czf "$out/results.tgz" -C "$work" .
-    for f in launch-phases.json memphys.json hostpid.json gpt2.json gpt2-perf.json gemm-cap.json procutil.json isolation.json launch-none.json layout.json doctor.json cdi.json exporter.json plugin.json compute.json compute-diag.json compute-trace.json users.json integrity.json boundary.json launch-boundary.json dra.json bench-dra.json enforcer.json enforcer-cost.json top-once.txt; do
+    for f in launch-phases.json memphys.json hostpid.json gpt2.json gpt2-perf.json gemm-cap.json procutil.json isolation.json launch-none.json layout.json doctor.json cdi.json exporter.json plugin.json compute.json compute29.json compute-diag.json compute-trace.json users.json integrity.json boundary.json launch-boundary.json dra.json bench-dra.json enforcer.json enforcer-cost.json top-once.txt; do
         [ -f "$work/$f" ] && cp "$work/$f" "$out/"
     done
 }

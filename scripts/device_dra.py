@@ -7,7 +7,7 @@ by `gpuslice run --cdi-device` (no container runtime there).
 Writes OUTDIR/dra.json after every step (command, date, driver, pass):
   prepare    `gpuslice bench dra-selftest prepare`: the driver publishes GPU 0 to the API
              TEST DOUBLE (gpu-0, one device per GPU, with allowMultipleAllocations and
-             memory/compute capacities defaulting to all of it), the test kubelet registers it
+             memory defaulting to all of it, compute to 1 %), the test kubelet registers it
              as the kubelet's grpc-go does (the socket path percent-encoded as :authority) and
              prepares two claims written the way kube-scheduler writes them (consumedCapacity,
              shareID): 20Gi/30 and 40Gi/60; the health the plugin reports with the XID watcher

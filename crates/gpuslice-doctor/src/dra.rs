@@ -119,7 +119,7 @@ fn claims(dir: &Path, gpus: &[Gpu]) -> Check {
         .map(|s| {
             let caps = s
                 .caps
-                .map(|c| format!(" {} MiB, {} %", c.memory_bytes >> 20, c.compute_percent))
+                .map(|c| format!(" {}", c.describe()))
                 .unwrap_or_default();
             format!("{}/{} on {}{caps}", s.namespace, s.name, s.device)
         })

@@ -52,8 +52,8 @@ pub struct PreparedClaim {
     pub devices: Vec<PreparedDevice>,
     /// The claim's CDI spec file.
     pub cdi_spec: PathBuf,
-    /// The limits records of its capped slices (beside the spec), removed
-    /// with it.
+    /// The limits records of its capped slices (beside the spec) and
+    /// root's records of their shares on the boards, removed with it.
     #[serde(default)]
     pub records: Vec<PathBuf>,
     /// The slice directories of its capped slices (`crate::claimfs`: one

@@ -123,13 +123,52 @@ pub fn allocated(
     if ours.is_empty() {
         return Err(ClaimError::NoResults(name, driver.into()));
     }
-    ours.into_iter().map(|r| one(&name, r, pool)).collect()
+    ours.into_iter()
+        .map(|r| one(&name, r, pool, names_compute(claim, &r.request)))
+        .collect()
+}
+
+/// Whether the claim's request `request` (`<request>/<subrequest>` for
+/// one of a `firstAvailable` list) names a compute capacity. One that
+/// does not got the policy's default ([`crate::publish::BEST_EFFORT_COMPUTE`],
+/// or 100 from a plugin before it), which is no share: the slice is best
+/// effort. A request not found in the spec is taken to name it (its
+/// consumed compute counts, as before).
+fn names_compute(claim: &ResourceClaim, request: &str) -> bool {
+    let (name, sub) = match request.split_once('/') {
+        Some((n, s)) => (n, Some(s)),
+        None => (request, None),
+    };
+    let Some(req) = claim
+        .spec
+        .devices
+        .as_ref()
+        .and_then(|d| d.requests.as_ref())
+        .and_then(|rs| rs.iter().find(|r| r.name == name))
+    else {
+        return true;
+    };
+    let capacity = match sub {
+        None => req.exactly.as_ref().map(|e| e.capacity.as_ref()),
+        Some(sub) => req
+            .first_available
+            .as_ref()
+            .and_then(|subs| subs.iter().find(|s| s.name == sub))
+            .map(|s| s.capacity.as_ref()),
+    };
+    match capacity {
+        None => true,
+        Some(c) => c
+            .and_then(|c| c.requests.as_ref())
+            .is_some_and(|r| r.contains_key(CAPACITY_COMPUTE)),
+    }
 }
 
 fn one(
     claim: &str,
     r: &DeviceRequestAllocationResult,
     pool: &str,
+    names_compute: bool,
 ) -> Result<Allocated, ClaimError> {
     let bad = |why: String| ClaimError::Device {
         claim: claim.into(),
@@ -147,9 +186,9 @@ fn one(
         // whole GPU: `driver`); without, consumable capacity is off and the
         // scheduler allocated it whole, to this claim alone.
         DeviceKind::Whole { .. } if r.consumed_capacity.is_some() => {
-            Some(consumed(r).map_err(bad)?)
+            Some(consumed(r, names_compute).map_err(bad)?)
         }
-        DeviceKind::Shared { .. } => Some(consumed(r).map_err(bad)?),
+        DeviceKind::Shared { .. } => Some(consumed(r, names_compute).map_err(bad)?),
         _ => None,
     };
     Ok(Allocated {
@@ -162,8 +201,9 @@ fn one(
     })
 }
 
-/// The memory and compute the scheduler recorded as consumed.
-fn consumed(r: &DeviceRequestAllocationResult) -> Result<SliceCaps, String> {
+/// The memory and compute the scheduler recorded as consumed; compute 0
+/// (no share: best effort) when the request named none.
+fn consumed(r: &DeviceRequestAllocationResult, names_compute: bool) -> Result<SliceCaps, String> {
     let cc = r.consumed_capacity.as_ref().ok_or(
         "a shared device without consumedCapacity (is the DRAConsumableCapacity feature gate on?)",
     )?;
@@ -174,10 +214,16 @@ fn consumed(r: &DeviceRequestAllocationResult) -> Result<SliceCaps, String> {
         parse_integer(&q.0).map_err(|e: QuantityError| format!("consumedCapacity.{key}: {e}"))
     };
     let memory_bytes = get(CAPACITY_MEMORY)?;
-    let compute = get(CAPACITY_COMPUTE)?;
     if memory_bytes == 0 {
         return Err("consumedCapacity.memory is 0".into());
     }
+    if !names_compute {
+        return Ok(SliceCaps {
+            memory_bytes,
+            compute_percent: 0,
+        });
+    }
+    let compute = get(CAPACITY_COMPUTE)?;
     if !(1..=100).contains(&compute) {
         return Err(format!(
             "consumedCapacity.compute is {compute}, not 1 to 100 (percent)"
@@ -192,6 +238,34 @@ fn consumed(r: &DeviceRequestAllocationResult) -> Result<SliceCaps, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_request_names_compute_in_exactly_or_in_its_subrequest() {
+        let claim: ResourceClaim = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "c"},
+            "spec": {"devices": {"requests": [
+                {"name": "both", "exactly": {"deviceClassName": "x",
+                    "capacity": {"requests": {"memory": "1Gi", "compute": "10"}}}},
+                {"name": "mem", "exactly": {"deviceClassName": "x",
+                    "capacity": {"requests": {"memory": "1Gi"}}}},
+                {"name": "none", "exactly": {"deviceClassName": "x"}},
+                {"name": "alt", "firstAvailable": [
+                    {"name": "big", "deviceClassName": "x",
+                        "capacity": {"requests": {"compute": "50"}}},
+                    {"name": "small", "deviceClassName": "x"},
+                ]},
+            ]}},
+        }))
+        .unwrap();
+        assert!(names_compute(&claim, "both"));
+        assert!(!names_compute(&claim, "mem"));
+        assert!(!names_compute(&claim, "none"));
+        assert!(names_compute(&claim, "alt/big"));
+        assert!(!names_compute(&claim, "alt/small"));
+        // Not in the spec: counted as named (its consumed compute counts).
+        assert!(names_compute(&claim, "gone"));
+        assert!(names_compute(&claim, "alt/gone"));
+    }
 
     #[test]
     fn device_names() {

@@ -13,6 +13,9 @@
 //! the plugin makes the mount in a volume with `Bidirectional` mount
 //! propagation, so the host (and so the runtime) sees it.
 
+use anyhow::{anyhow, Context};
+use gpuslice_k8s::cdi::{capped_slice, SliceDevice};
+use gpuslice_ledger::limits::USAGE_FILE;
 use std::path::{Path, PathBuf};
 
 /// Below the host root: the directory of the claims' slice directories.
@@ -31,3 +34,56 @@ pub fn make(dir: &Path) -> std::io::Result<()> {
 }
 
 pub use gpuslice_k8s::slicedir::{remove, sweep};
+
+/// Makes the usage ledger of each capped slice of `slices` in its
+/// directory (`dirs`, in the same order) as root, mode 0666 (the shim
+/// joins it as whatever user the container runs; the sticky directory
+/// keeps a container user from replacing it), and records the slice's
+/// share on its GPU's board in `boards`: the slice's key there is its
+/// ledger's, now known to root, and only a slice root vouched for is
+/// counted and passed the turn by the GPU's other slices
+/// (docs/compute-share.md). Returns the share records, for Unprepare to
+/// remove; on an error none is left.
+pub fn vouch(
+    slices: &[SliceDevice],
+    dirs: &[PathBuf],
+    inv: &gpuslice_core::Inventory,
+    boards: &Path,
+) -> anyhow::Result<Vec<PathBuf>> {
+    let mut records = Vec::new();
+    let capped = slices.iter().filter_map(|s| Some((s, s.caps?)));
+    for ((s, caps), dir) in capped.zip(dirs) {
+        let made = vouch_one(s, caps, dir, inv, boards);
+        match made {
+            Ok(r) => records.extend(r),
+            Err(e) => {
+                for r in &records {
+                    let _ = std::fs::remove_file(r);
+                }
+                return Err(e.context(format!("slice {}", s.name)));
+            }
+        }
+    }
+    Ok(records)
+}
+
+fn vouch_one(
+    s: &SliceDevice,
+    caps: gpuslice_k8s::cdi::SliceCaps,
+    dir: &Path,
+    inv: &gpuslice_core::Inventory,
+    boards: &Path,
+) -> anyhow::Result<Vec<PathBuf>> {
+    let gpu = inv
+        .gpus
+        .iter()
+        .find(|g| g.index == s.gpu)
+        .ok_or_else(|| anyhow!("no GPU {} on this host", s.gpu))?;
+    let limits = capped_slice(&s.name, caps.limits(&gpu.uuid)?);
+    let usage = dir.join(USAGE_FILE);
+    limits
+        .create_usage(&usage)
+        .with_context(|| format!("the usage ledger {}", usage.display()))?;
+    gpuslice_ledger::board::publish_shares(boards, &usage, &limits)
+        .with_context(|| format!("recording the share on {}", boards.display()))
+}

@@ -359,8 +359,9 @@ impl Driver {
         why
     }
 
-    /// A share of a GPU that consumed all its capacity (the request named
-    /// none: the class of whole GPUs) is the whole GPU: no caps, no shim.
+    /// A share of a GPU that consumed all its memory and either all its
+    /// compute or none named (the request named no capacity: the class of
+    /// whole GPUs) is the whole GPU: no caps, no shim.
     fn whole_gpus_uncapped(&self, results: &mut [Allocated]) {
         let inventory = self.inventory();
         for a in results {
@@ -373,7 +374,8 @@ impl Driver {
                 .find(|g| g.index == gpu)
                 .and_then(|g| g.memory_bytes)
                 .map(|m| self.opts.policy.usable_memory(m));
-            if caps.compute_percent == 100 && usable.is_some_and(|u| caps.memory_bytes >= u) {
+            let all_compute = matches!(caps.compute_percent, 0 | 100);
+            if all_compute && usable.is_some_and(|u| caps.memory_bytes >= u) {
                 a.caps = None;
             }
         }
@@ -466,9 +468,10 @@ impl Driver {
 
     /// Writes the claim's CDI spec (one device per result), the limits
     /// records of its capped slices and their slice directories (one
-    /// ledger each for all the claim's containers: `crate::claimfs`);
-    /// returns the spec's path, the records' and the directories' (what
-    /// Unprepare removes: the shared `ld.so.preload` stays).
+    /// ledger each for all the claim's containers, made and vouched for on
+    /// the boards by root: `crate::claimfs`); returns the spec's path, the
+    /// records' (limits and shares) and the directories' (what Unprepare
+    /// removes: the shared `ld.so.preload` stays).
     fn write_spec(
         &self,
         claim: &str,
@@ -530,18 +533,32 @@ impl Driver {
             .filter(|s| s.caps.is_some())
             .map(|s| cdi::limits_record_path(&self.opts.cdi_dir, &s.name))
             .collect();
-        let written = cdi::generate_slices(&self.opts.host_root, &self.inventory(), &opts, &slices)
-            .and_then(|g| cdi::write_atomically(&g, &path, Format::Json));
-        if let Err(e) = written {
-            for r in &records {
-                let _ = std::fs::remove_file(r);
+        let inventory = self.inventory();
+        let written = cdi::generate_slices(&self.opts.host_root, &inventory, &opts, &slices)
+            .and_then(|g| cdi::write_atomically(&g, &path, Format::Json))
+            .and_then(|()| match &opts.boards {
+                Some(boards) => crate::claimfs::vouch(&slices, &slice_dirs, &inventory, boards),
+                None => Ok(Vec::new()),
+            });
+        let shares = match written {
+            Ok(shares) => shares,
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                for r in &records {
+                    let _ = std::fs::remove_file(r);
+                }
+                for d in &slice_dirs {
+                    let _ = crate::claimfs::remove(d);
+                }
+                return Err(cdi_err(e));
             }
-            for d in &slice_dirs {
-                let _ = crate::claimfs::remove(d);
-            }
-            return Err(cdi_err(e));
-        }
-        Ok((path, records, slice_dirs))
+        };
+        // Root's share records go with the limits records at Unprepare.
+        Ok((
+            path,
+            records.into_iter().chain(shares).collect(),
+            slice_dirs,
+        ))
     }
 
     /// The capped slices of the prepared claims, as root's enforcer
@@ -682,12 +699,7 @@ pub fn device_status(driver: &str, p: &PreparedClaim) -> Vec<AllocatedDeviceStat
                         "enforcedBy": ["deviceNodes", "shim"],
                         "cdiDevice": d.cdi_device_id,
                     }),
-                    format!(
-                        "capped at {} MiB and {} % of GPU {}",
-                        caps.memory_bytes >> 20,
-                        caps.compute_percent,
-                        a.kind.gpu()
-                    ),
+                    format!("capped at {} of GPU {}", caps.describe(), a.kind.gpu()),
                 ),
                 (DeviceKind::Mig { gpu, mig }, None) => (
                     serde_json::json!({"kind": "mig", "enforcedBy": ["deviceNodes"], "cdiDevice": d.cdi_device_id}),

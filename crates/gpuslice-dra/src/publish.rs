@@ -5,9 +5,11 @@
 //! Devices, named as [`crate::claim::DeviceKind`] parses them:
 //! - `gpu-<i>`: a GPU, whole or shared through consumable capacity
 //!   (KEP-5075): `allowMultipleAllocations: true`, capacities `memory`
-//!   (bytes, in steps of [`SharedPolicy::memory_step`]) and `compute`
-//!   (percent of the GPU's time, 1 to 100), each defaulting to all of it,
-//!   so a request naming no capacity takes the whole GPU (`gpu_device`);
+//!   (bytes, in steps of [`SharedPolicy::memory_step`], defaulting to all
+//!   of it, so a request naming no capacity takes the whole GPU) and
+//!   `compute` (percent of the GPU's time, 1 to 100, defaulting to
+//!   [`BEST_EFFORT_COMPUTE`]: a request naming no compute is best-effort
+//!   and blocks no share) (`gpu_device`);
 //! - `gpu-<i>-mig-<m>`: a pre-created MIG device (the GPU itself, in MIG
 //!   mode, is offered as nothing else).
 //!
@@ -50,8 +52,15 @@ const CONFLICT_RETRIES: usize = 5;
 
 const MIB: u64 = 1 << 20;
 
+/// What the scheduler counts for a request that names no compute: the
+/// least it can count. Such a claim gets no share on the node (best
+/// effort: `crate::claim`), so counting the whole GPU, as a default of
+/// 100 did, only kept every other claim off it (issue 31).
+pub const BEST_EFFORT_COMPUTE: u64 = 1;
+
 /// The request policy of the GPUs' consumable capacity. The defaults are
-/// fixed: all of the GPU (a request naming no capacity is the whole GPU).
+/// fixed: all of the memory (a request naming no capacity is the whole
+/// GPU) and [`BEST_EFFORT_COMPUTE`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SharedPolicy {
     /// Memory is consumed in multiples of this (bytes; a multiple of 1 MiB).
@@ -184,10 +193,12 @@ fn gpu_attributes(inv: &Inventory, gpu: &Gpu, domain: &str) -> BTreeMap<String, 
 /// share (nor a share beside a whole GPU), which the node would refuse and
 /// leave the pod stranded. With its memory size known it allows multiple
 /// allocations (consumable capacity, KEP-5075) with capacities `memory`
-/// (bytes, in steps of [`SharedPolicy::memory_step`], at most the GPU's)
-/// and `compute` (percent, 1 to 100), each defaulting to all of it: a
-/// request that names no capacity (the whole-GPU class) consumes the whole
-/// GPU, one that names both takes a share. Without its memory size (no
+/// (bytes, in steps of [`SharedPolicy::memory_step`], at most the GPU's,
+/// defaulting to all of it) and `compute` (percent, 1 to 100, defaulting
+/// to [`BEST_EFFORT_COMPUTE`]): a request that names no capacity (the
+/// whole-GPU class) consumes all the memory and so the whole GPU, one that
+/// names both takes a share, one that names memory only a best-effort
+/// share of the time. Without its memory size (no
 /// NVML), or one too small to share, it is offered whole only.
 fn gpu_device(
     gpu: &Gpu,
@@ -228,7 +239,7 @@ fn gpu_device(
             DeviceCapacity {
                 value: quantity(100),
                 request_policy: Some(CapacityRequestPolicy {
-                    default: Some(quantity(100)),
+                    default: Some(quantity(BEST_EFFORT_COMPUTE)),
                     valid_range: Some(CapacityRequestPolicyRange {
                         min: quantity(1),
                         max: Some(quantity(100)),

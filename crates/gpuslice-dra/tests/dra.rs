@@ -21,7 +21,7 @@ use gpuslice_ledger::limits::{
     SLICE_DIR,
 };
 use gpuslice_testkit::dra_kubelet::{register, Registered};
-use gpuslice_testkit::fakeapi::{device_claim, shared_claim, FakeApiServer};
+use gpuslice_testkit::fakeapi::{claim_naming, device_claim, shared_claim, FakeApiServer};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
@@ -597,6 +597,19 @@ async fn shared_claim_in_v1_gets_exactly_its_caps_on_its_gpu_only() {
     let slice_dir = board(SLICE_DIR);
     let host_dir = std::path::PathBuf::from(slice_dir["hostPath"].as_str().unwrap());
     assert_eq!(host_dir, e.dir.path().join("claims").join("uid-a-0"));
+    // Its usage ledger is root's making, and root vouches for its share on
+    // the GPU's board (keyed by that ledger): the GPU's other slices count
+    // it and pass it the turn, as they do `run`'s and the device plugin's.
+    let usage = host_dir.join("usage");
+    let opened = gpuslice_ledger::Ledger::open(&usage).unwrap();
+    assert_eq!(opened.compute_share(0), 3000);
+    let host_boards = std::path::PathBuf::from(boards["hostPath"].as_str().unwrap());
+    let key = gpuslice_ledger::board::ledger_key(&usage).unwrap();
+    assert_eq!(
+        gpuslice_ledger::board::root_share(&host_boards, &uuid, key),
+        Some(3000),
+        "root's record of the claim's share"
+    );
     assert!(
         slice_dir["type"].is_null() || slice_dir["type"] == "bind",
         "{slice_dir}"
@@ -632,6 +645,11 @@ async fn shared_claim_in_v1_gets_exactly_its_caps_on_its_gpu_only() {
     assert_eq!(u.claims["uid-a"].error, "");
     assert!(!spec_path(&e.cdi_dir(), "uid-a").exists());
     assert!(!record_file.exists(), "unprepare left the limits record");
+    assert_eq!(
+        gpuslice_ledger::board::root_share(&host_boards, &uuid, key),
+        None,
+        "unprepare left root's record of the share"
+    );
 }
 
 #[tokio::test]
@@ -1124,6 +1142,78 @@ async fn a_whole_gpu_is_all_of_its_capacity_and_excludes_shares_both_ways() {
     assert!(env_of(&e.spec("uid-s3")["devices"][0])
         .iter()
         .any(|v| v.starts_with("GPUSLICE_MEMORY_LIMIT_0=")));
+}
+
+#[tokio::test]
+async fn a_claim_that_names_no_compute_is_best_effort_and_blocks_no_share() {
+    let e = Env::new().await;
+    let _s = e.start(true);
+    let mut k = e.kubelet().await;
+    let uuid = host().gpus()[2].uuid.clone();
+    // Memory only: the scheduler counted the policy's default, 1 %.
+    e.api.put_claim(claim_naming(
+        "ns",
+        "mem",
+        "uid-mem",
+        NODE,
+        2,
+        &["memory"],
+        "20Gi",
+        "1",
+    ));
+    let r = prepare(&mut k, &[("ns", "mem", "uid-mem")]).await;
+    assert_eq!(r.claims["uid-mem"].error, "");
+    let device = &e.spec("uid-mem")["devices"][0];
+    // Its memory is capped; its compute has no share (not the 1 % the
+    // scheduler counted): not throttled, and no share of it on the board.
+    let record = limits_record(device);
+    assert_eq!(record.devices[0].memory, Some(MemorySize(20 * GIB)));
+    assert_eq!(record.devices[0].compute, None, "{record:?}");
+    assert!(
+        !env_of(device)
+            .iter()
+            .any(|v| v.starts_with("GPUSLICE_COMPUTE_LIMIT")),
+        "{device}"
+    );
+    let usage = e.dir.path().join("claims/uid-mem-0/usage");
+    let key = gpuslice_ledger::board::ledger_key(&usage).unwrap();
+    let boards = host().root().join("run/gpuslice/gpus");
+    assert_eq!(
+        gpuslice_ledger::board::root_share(&boards, &uuid, key),
+        None
+    );
+    // So a share of all the GPU's time still fits beside it (before, the
+    // claim counted 100 % and every share was refused).
+    e.api
+        .put_claim(shared_claim("ns", "all", "uid-all", NODE, 2, "20Gi", "100"));
+    let r = prepare(&mut k, &[("ns", "all", "uid-all")]).await;
+    assert_eq!(r.claims["uid-all"].error, "");
+    // A request that names no capacity at all is still the whole GPU
+    // (all the memory), with no caps.
+    let mem = host().gpus()[1].memory_bytes.to_string();
+    e.api.put_claim(claim_naming(
+        "ns",
+        "whole",
+        "uid-whole",
+        NODE,
+        1,
+        &[],
+        &mem,
+        "1",
+    ));
+    let r = prepare(&mut k, &[("ns", "whole", "uid-whole")]).await;
+    assert_eq!(r.claims["uid-whole"].error, "");
+    let whole = &e.spec("uid-whole")["devices"][0];
+    assert!(whole["containerEdits"]["mounts"].is_null(), "{whole}");
+    unprepare(
+        &mut k,
+        &[
+            ("ns", "mem", "uid-mem"),
+            ("ns", "all", "uid-all"),
+            ("ns", "whole", "uid-whole"),
+        ],
+    )
+    .await;
 }
 
 #[tokio::test]

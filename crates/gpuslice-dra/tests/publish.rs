@@ -139,9 +139,9 @@ async fn one_device_per_gpu_and_mig_devices_with_attributes_capacities_and_polic
     // The fake host's GPUs are all NVLinked: one domain, the lowest bus id.
     let lowest = host().gpus().iter().map(|g| &g.pci_bus_id).min().unwrap();
     assert_eq!(a["nvlinkDomain"], json!({"string": lowest}));
-    // Shared through consumable capacity, each capacity defaulting to all
-    // of it: a request that names none is the whole GPU, so the scheduler
-    // never puts a whole-GPU claim beside a share.
+    // Shared through consumable capacity, memory defaulting to all of it:
+    // a request that names none is the whole GPU, so the scheduler never
+    // puts a whole-GPU claim beside a share.
     let mem = g.memory_bytes.to_string();
     assert_eq!(whole["allowMultipleAllocations"], true);
     assert_eq!(
@@ -157,7 +157,9 @@ async fn one_device_per_gpu_and_mig_devices_with_attributes_capacities_and_polic
             "compute": {
                 "value": "100",
                 "requestPolicy": {
-                    "default": "100",
+                    // Naming no compute is best-effort: the scheduler
+                    // counts the least, and memory keeps whole GPUs apart.
+                    "default": "1",
                     "validRange": {"min": "1", "max": "100", "step": "1"},
                 },
             },
@@ -198,7 +200,7 @@ async fn a_configured_memory_step_is_published_and_rounds_the_memory_down() {
         c["memory"]["requestPolicy"]["validRange"],
         json!({"min": "268435456", "max": usable, "step": "268435456"})
     );
-    assert_eq!(c["compute"]["requestPolicy"]["default"], "100");
+    assert_eq!(c["compute"]["requestPolicy"]["default"], "1");
     // Without its memory size (no NVML) a GPU is offered whole only.
     inv.gpus[1].memory_bytes = None;
     let d = devices(&inv, &policy);

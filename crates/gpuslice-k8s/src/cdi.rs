@@ -196,8 +196,9 @@ pub fn generate_for(root: &HostRoot, inv: &Inventory, opts: &Options) -> Result<
 }
 
 /// The caps of one slice as a DRA claim consumed them: memory in bytes,
-/// compute in whole percent of the GPU (the published capacities' units).
-/// They reach the slice as its [`SliceLimits`] record.
+/// compute in whole percent of the GPU (the published capacities' units;
+/// 0: no share, the claim named no compute and is best effort). They
+/// reach the slice as its [`SliceLimits`] record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SliceCaps {
     pub memory_bytes: u64,
@@ -205,23 +206,31 @@ pub struct SliceCaps {
 }
 
 impl SliceCaps {
+    /// For people: `<n> MiB, <p> %`, or `<n> MiB, best-effort compute`.
+    pub fn describe(self) -> String {
+        match self.compute_percent {
+            0 => format!("{} MiB, best-effort compute", self.memory_bytes >> 20),
+            p => format!("{} MiB, {p} %", self.memory_bytes >> 20),
+        }
+    }
+
     /// The contract's limits of the device `uuid`: an error for a cap of
-    /// 0 bytes or a share outside 1..=100 %.
+    /// 0 bytes or a share above 100 %; compute 0 is no share.
     pub fn limits(self, uuid: &str) -> Result<DeviceLimits> {
         if self.memory_bytes == 0 {
             bail!("a memory cap of 0 bytes");
         }
-        let compute = ComputeShare::from_basis_points(u64::from(self.compute_percent) * 100)
-            .ok_or_else(|| {
-                anyhow!(
-                    "a compute share of {} %, not 1 to 100",
-                    self.compute_percent
-                )
-            })?;
+        let compute = match self.compute_percent {
+            0 => None,
+            p => Some(
+                ComputeShare::from_basis_points(u64::from(p) * 100)
+                    .ok_or_else(|| anyhow!("a compute share of {p} %, not 0 to 100"))?,
+            ),
+        };
         Ok(DeviceLimits {
             uuid: uuid.to_string(),
             memory: Some(MemorySize(self.memory_bytes)),
-            compute: Some(compute),
+            compute,
         })
     }
 }
@@ -345,6 +354,17 @@ impl<'a> Builder<'a> {
             }
         }
         Ok((device(&d.name, e), uuid))
+    }
+}
+
+/// The limits of the capped CDI slice `name` (a shared variant, a DRA
+/// claim's share) on one device: what its record says and its usage
+/// ledger must match.
+pub fn capped_slice(name: &str, device: DeviceLimits) -> SliceLimits {
+    SliceLimits {
+        slice_id: name.to_string(),
+        mode: Mode::Cap,
+        devices: vec![device],
     }
 }
 
@@ -912,11 +932,7 @@ impl Builder<'_> {
                 .push((preload.clone(), format!("{CONTAINER_SHIM}\n")));
         }
         let uuid = device.uuid.clone();
-        let limits = SliceLimits {
-            slice_id: name.to_string(),
-            mode: Mode::Cap,
-            devices: vec![device],
-        };
+        let limits = capped_slice(name, device);
         let record = limits_record_path(&self.opts.spec_dir, name);
         self.side_files.push((record.clone(), limits.render()));
         let mut env: Vec<String> = limits

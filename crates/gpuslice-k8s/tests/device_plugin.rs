@@ -11,6 +11,7 @@ use fakegpu::FakeHost;
 use gpuslice_core::HostRoot;
 use gpuslice_k8s::plugin::config::Config;
 use gpuslice_k8s::plugin::{spawn, Handle, Options};
+use gpuslice_ledger::board::board_path;
 use gpuslice_testkit::kubelet::{allocate_one, first_list, preferred_one, TestKubelet};
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -262,8 +263,30 @@ async fn allocates_shared_replicas_with_the_shim_and_a_cap() {
                 t.path().join("state/hostpid").display().to_string(),
                 true
             ),
+            (
+                "/run/gpuslice/gpus".into(),
+                t.path().join("boards").display().to_string(),
+                true
+            ),
+            (
+                board_path(Path::new("/run/gpuslice/gpus"), &uuid(1))
+                    .display()
+                    .to_string(),
+                board_path(&t.path().join("boards"), &uuid(1))
+                    .display()
+                    .to_string(),
+                false
+            ),
+            (
+                "/run/gpuslice/gpus/shares".into(),
+                t.path().join("boards/shares").display().to_string(),
+                true
+            ),
         ]
     );
+    // A capped replica takes turns on its GPU as a guaranteed one does:
+    // the board is there and its share is vouched for by root.
+    assert_takes_turns(&t, &r, &records, &uuid(1), 2500);
     // The host-pid resolver the plugin serves (in the host's PID
     // namespace) tells the connector its own pid.
     assert_eq!(
@@ -283,10 +306,6 @@ async fn allocates_shared_replicas_with_the_shim_and_a_cap() {
         limits.mode,
         gpuslice_ledger::board::Mode::Cap,
         "a hard cap by default"
-    );
-    assert!(
-        !r.envs.contains_key("GPUSLICE_BOARD_DIR"),
-        "no board in cap mode"
     );
     assert_eq!(
         std::fs::read_to_string(t.path().join("state/ld.so.preload")).unwrap(),
@@ -308,14 +327,15 @@ async fn allocates_shared_replicas_with_the_shim_and_a_cap() {
     assert_eq!(r.envs["GPUSLICE_MEMORY_LIMIT_1"], (mem / 4).to_string());
     assert!(mem > 100 * GIB);
     // Of another slice's records, nothing is mounted writable: every
-    // read-write mount is this replica's own usage ledger.
+    // read-write mount is this replica's own usage ledger or the board of
+    // one of its GPUs.
     let own = t.path().join("ledgers").join(&r.envs["GPUSLICE_SLICE"]);
+    let writable: BTreeSet<String> = std::iter::once(own.join("usage"))
+        .chain([0, 2].map(|i| board_path(&t.path().join("boards"), &uuid(i))))
+        .map(|p| p.display().to_string())
+        .collect();
     for m in r.mounts.iter().filter(|m| !m.read_only) {
-        assert_eq!(
-            m.host_path,
-            own.join("usage").display().to_string(),
-            "{m:?}"
-        );
+        assert!(writable.contains(&m.host_path), "{m:?}");
     }
     // Allocated again (a new container for the same IDs): fresh records.
     let again = allocate_one(&mut c, &ids).await.unwrap();
@@ -481,6 +501,54 @@ async fn spread_option_spreads_replicas() {
     assert_eq!(gpus_of(&got), vec![1, 2, 0, 1]);
 }
 
+/// The replica `r` (records in `records`) takes turns on GPU `gpu`: its
+/// board, made by root, bound writable over the boards' directory bound
+/// read-only (a replica can add or remove nothing there, issue 26), the
+/// shim told where they are, and root's record of its `share_bp` (keyed
+/// by its usage ledger: what lets the other slices count it and pass it
+/// the turn) read-only on top (a replica cannot vouch for a share of its
+/// own making).
+fn assert_takes_turns(
+    t: &StateDir,
+    r: &gpuslice_k8s::plugin::v1beta1::ContainerAllocateResponse,
+    records: &Path,
+    gpu: &str,
+    share_bp: u64,
+) {
+    let boards = t.path().join("boards");
+    let mounted = |inside: &Path, host: &Path, read_only: bool| {
+        r.mounts.iter().any(|m| {
+            m.container_path == inside.display().to_string()
+                && m.host_path == host.display().to_string()
+                && m.read_only == read_only
+        })
+    };
+    let inside = Path::new("/run/gpuslice/gpus");
+    assert!(mounted(inside, &boards, true), "{:?}", r.mounts);
+    let board = board_path(&boards, gpu);
+    assert!(
+        mounted(&board_path(inside, gpu), &board, false),
+        "{:?}",
+        r.mounts
+    );
+    assert_eq!(
+        std::fs::metadata(&board).unwrap().len(),
+        gpuslice_ledger::board::BOARD_SIZE as u64
+    );
+    assert!(
+        mounted(&inside.join("shares"), &boards.join("shares"), true),
+        "{:?}",
+        r.mounts
+    );
+    assert_eq!(r.envs["GPUSLICE_BOARD_DIR"], "/run/gpuslice/gpus");
+    let key = gpuslice_ledger::board::ledger_key(&records.join("usage")).unwrap();
+    assert_eq!(
+        gpuslice_ledger::board::root_share(&boards, gpu, key),
+        Some(share_bp),
+        "root's record of the replica's share"
+    );
+}
+
 #[tokio::test]
 async fn guaranteed_mode_lets_replicas_borrow() {
     let (t, _p, mut k) = setup(&format!("{SHARED}sharing: {{computeMode: guaranteed}}")).await;
@@ -493,40 +561,9 @@ async fn guaranteed_mode_lets_replicas_borrow() {
         .unwrap();
     assert_eq!(r.envs["GPUSLICE_COMPUTE_MODE"], "guaranteed");
     assert_eq!(r.envs["GPUSLICE_COMPUTE_LIMIT"], "25");
+    let slice = t.path().join("ledgers").join(&r.envs["GPUSLICE_SLICE"]);
+    assert_takes_turns(&t, &r, &slice, &uuid(2), 2500);
     let boards = t.path().join("boards");
-    // The directory read-only, the GPU's board (made by root) writable
-    // over it: a replica can add or remove nothing there (issue 26).
-    assert!(r
-        .mounts
-        .iter()
-        .any(|m| m.container_path == "/run/gpuslice/gpus"
-            && m.host_path == boards.display().to_string()
-            && m.read_only));
-    let board = gpuslice_ledger::board::board_path(&boards, &uuid(2));
-    let inside =
-        gpuslice_ledger::board::board_path(std::path::Path::new("/run/gpuslice/gpus"), &uuid(2));
-    assert!(r
-        .mounts
-        .iter()
-        .any(|m| m.container_path == inside.display().to_string()
-            && m.host_path == board.display().to_string()
-            && !m.read_only));
-    assert_eq!(
-        std::fs::metadata(&board).unwrap().len(),
-        gpuslice_ledger::board::BOARD_SIZE as u64
-    );
-    // Root's share records ride read-only on top: a replica cannot vouch
-    // for a share of its own making.
-    assert!(r
-        .mounts
-        .iter()
-        .any(|m| m.container_path == "/run/gpuslice/gpus/shares"
-            && m.host_path == boards.join("shares").display().to_string()
-            && m.read_only));
-    let records = std::fs::read_dir(boards.join("shares").join(uuid(2)))
-        .unwrap()
-        .count();
-    assert_eq!(records, 1);
     // World-writable and sticky, like /tmp: replicas run as any user.
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(

@@ -8,16 +8,20 @@
 //! by its ledger's identity, and adds the GPU time it measures there.
 //! Readers turn two snapshots into rates.
 //!
-//! # Layout (version 1, 4 160 bytes)
+//! # Layout (version 2, 4 160 bytes)
 //! | offset | size | what |
 //! |---|---|---|
-//! | 0 | 64 | header: magic `GPUSLBRD`, version, slot count, the GPU's turn, who waits for it, the turn's futex word |
+//! | 0 | 64 | header: magic `GPUSLBRD`, version, slot count, the GPU's turn, who waits for it, the turn's futex word, fallbacks to time-slicing |
 //! | 64 | 64 × 64 | slots: key (0 = free), share (basis points), mode, GPU ns used, last update (CLOCK_MONOTONIC ns) |
 //!
-//! The turn (header words 3–5, zero on a board made before them, which
-//! reads as "free"): which slot's slice may have work on the GPU now and
-//! until when, so that two slices' kernels are not time-sliced into each
-//! other's measurements ([`Turn`], the shim's `turns` module).
+//! The turn (header words 3–5; zero reads as "free"): which slot's slice,
+//! and which of its processes, may have work on the GPU now and until
+//! when, so that two slices' kernels are not time-sliced into each other's
+//! measurements ([`Turn`], the shim's `turns` module). Word 6 counts the
+//! times a process gave up on the turns and fell back to the GPU's
+//! time-slicing (a turn held or forged against the rules), for reports;
+//! word 7 is when the holder's queued work ends, as it estimates it.
+//! Version 1 (the turn without a process) is refused.
 //!
 //! An all-zero file is an empty board: a new file needs no initialisation
 //! beyond its header, which is written with compare-and-swap, so processes
@@ -46,7 +50,7 @@ use crate::map::{self, Mapping};
 
 /// First eight bytes of a board, as a little-endian word.
 const MAGIC: u64 = u64::from_le_bytes(*b"GPUSLBRD");
-pub const BOARD_VERSION: u64 = 1;
+pub const BOARD_VERSION: u64 = 2;
 /// Slots per board (slices with a compute share on one GPU).
 pub const BOARD_SLOTS: usize = 64;
 const HEADER: usize = 64;
@@ -62,6 +66,8 @@ const H_TURN: usize = 24;
 const H_WAITING: usize = 32;
 /// A 4-byte futex word, bumped whenever the turn is passed on.
 const H_TURN_SEQ: usize = 40;
+const H_FALLBACKS: usize = 48;
+const H_TAIL: usize = 56;
 const S_KEY: usize = 0;
 const S_SHARE: usize = 8;
 const S_MODE: usize = 16;
@@ -87,32 +93,63 @@ pub struct BoardSlot {
     pub beat_ns: u64,
 }
 
-/// The GPU's turn as one word: the holder's slot + 1 in the top 16 bits
-/// (0: free) and the end of its turn in µs of CLOCK_MONOTONIC below.
+/// The GPU's turn as one word: the holder's slot + 1 in the top 7 bits
+/// (0: free), the holding process's tag in the next 17 (0: passed to the
+/// slot, not yet taken up by one of its processes), and the end of the
+/// turn in µs of CLOCK_MONOTONIC, modulo 2^40 (12.7 days; a turn ends
+/// within seconds of now, so it is read back relative to now).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Turn(u64);
 
-const TURN_TIME_BITS: u32 = 48;
+const TURN_TIME_BITS: u32 = 40;
+const TURN_TAG_BITS: u32 = 17;
 const TURN_TIME_MASK: u64 = (1 << TURN_TIME_BITS) - 1;
+/// Process tags are 1..=TURN_TAG_MAX.
+pub const TURN_TAG_MAX: u32 = (1 << TURN_TAG_BITS) - 1;
 
 impl Turn {
     pub const FREE: Turn = Turn(0);
 
-    fn new(slot: usize, until_ns: u64) -> Turn {
-        Turn(((slot as u64 + 1) << TURN_TIME_BITS) | ((until_ns / 1000) & TURN_TIME_MASK))
+    /// The turn of `tag` (0: any process) of `slot`, until `until_ns`.
+    pub fn new(slot: usize, tag: u32, until_ns: u64) -> Turn {
+        Turn(
+            ((slot as u64 + 1) << (TURN_TIME_BITS + TURN_TAG_BITS))
+                | (u64::from(tag & TURN_TAG_MAX) << TURN_TIME_BITS)
+                | ((until_ns / 1000) & TURN_TIME_MASK),
+        )
+    }
+
+    /// The word as stored (for tests that forge it).
+    pub fn raw(self) -> u64 {
+        self.0
     }
 
     /// The slot whose slice has the turn; None when it is free.
     pub fn holder(self) -> Option<usize> {
-        match self.0 >> TURN_TIME_BITS {
+        match self.0 >> (TURN_TIME_BITS + TURN_TAG_BITS) {
             0 => None,
             h => Some(h as usize - 1),
         }
     }
 
-    /// When the holder's turn ends (CLOCK_MONOTONIC ns, µs precision).
-    pub fn until_ns(self) -> u64 {
-        (self.0 & TURN_TIME_MASK) * 1000
+    /// The process of the holding slot that has it (0: none yet).
+    pub fn tag(self) -> u32 {
+        ((self.0 >> TURN_TIME_BITS) as u32) & TURN_TAG_MAX
+    }
+
+    /// When the holder's turn ends (CLOCK_MONOTONIC ns, µs precision): the
+    /// time with the stored low bits nearest to `now_ns`.
+    pub fn until_ns(self, now_ns: u64) -> u64 {
+        let now_us = now_ns / 1000;
+        let half = 1u64 << (TURN_TIME_BITS - 1);
+        let stored = self.0 & TURN_TIME_MASK;
+        let mut us = (now_us & !TURN_TIME_MASK) | stored;
+        if us > now_us + half {
+            us = us.saturating_sub(1 << TURN_TIME_BITS);
+        } else if us + half < now_us {
+            us += 1 << TURN_TIME_BITS;
+        }
+        us * 1000
     }
 }
 
@@ -210,6 +247,33 @@ pub fn publish_share(dir: &Path, uuid: &str, key: u64, share_bp: u64) -> io::Res
     )?;
     std::fs::set_permissions(&record, std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
     Ok(record)
+}
+
+/// Records, as root, the share of every device of `limits` that has one
+/// for the slice whose usage ledger is `usage` ([`publish_share`]): what
+/// lets the other slices of those GPUs count it and take turns with it.
+/// Returns the records, to be removed when the slice ends; on an error
+/// none is left.
+pub fn publish_shares(
+    dir: &Path,
+    usage: &Path,
+    limits: &crate::limits::SliceLimits,
+) -> io::Result<Vec<PathBuf>> {
+    let key = ledger_key(usage)?;
+    let mut records = Vec::new();
+    for d in &limits.devices {
+        let Some(c) = d.compute else { continue };
+        match publish_share(dir, &d.uuid, key, c.basis_points()) {
+            Ok(r) => records.push(r),
+            Err(e) => {
+                for r in &records {
+                    let _ = std::fs::remove_file(r);
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(records)
 }
 
 /// Makes `d` a directory, root-owned 0755, unless it is one. Called as
@@ -527,26 +591,27 @@ impl Board {
         Turn(self.map.u64_at(H_TURN).load(Ordering::Acquire))
     }
 
-    /// Takes the turn for `slot` until `until_ns`, if it is still `seen`
-    /// (free, expired, or ours to extend). Whether it was taken.
-    pub fn take_turn(&self, seen: Turn, slot: usize, until_ns: u64) -> bool {
+    /// Takes the turn for process `tag` of `slot` until `until_ns`, if it
+    /// is still `seen` (free, expired, passed to `slot`, or ours to
+    /// extend). Whether it was taken.
+    pub fn take_turn(&self, seen: Turn, slot: usize, tag: u32, until_ns: u64) -> bool {
         slot < BOARD_SLOTS
             && self
                 .map
                 .u64_at(H_TURN)
                 .compare_exchange(
                     seen.0,
-                    Turn::new(slot, until_ns).0,
+                    Turn::new(slot, tag, until_ns).0,
                     Ordering::AcqRel,
                     Ordering::Relaxed,
                 )
                 .is_ok()
     }
 
-    /// Passes the turn, if it is still `seen`, to `slot` until `until_ns`,
-    /// and wakes the waiters.
+    /// Passes the turn, if it is still `seen`, to `slot` (whichever of its
+    /// processes takes it up) until `until_ns`, and wakes the waiters.
     pub fn pass_turn(&self, seen: Turn, slot: usize, until_ns: u64) -> bool {
-        let passed = self.take_turn(seen, slot, until_ns);
+        let passed = self.take_turn(seen, slot, 0, until_ns);
         if passed {
             self.map.u32_at(H_TURN_SEQ).fetch_add(1, Ordering::AcqRel);
             self.map.futex_wake(H_TURN_SEQ);
@@ -554,20 +619,29 @@ impl Board {
         passed
     }
 
-    /// The first slot after `slot` (in a circle) that waits for the turn.
-    pub fn next_waiting(&self, slot: usize) -> Option<usize> {
+    /// The slot the turn goes to after `slot`'s: the first slot of
+    /// `among` after it (in a circle) that waits for the turn, else
+    /// `slot` itself if it waits (another process of the same slice).
+    pub fn next_waiting(&self, slot: usize, among: u64) -> Option<usize> {
         let slot = slot % BOARD_SLOTS;
-        let others = self.map.u64_at(H_WAITING).load(Ordering::Acquire) & !(1u64 << slot);
-        if others == 0 {
+        let waiting = self.waiting() & (among | 1 << slot);
+        if waiting == 0 {
             return None; // every launch of a slice alone asks: no scan
         }
-        // Bit i of the rotated word is slot `slot + 1 + i` (mod 64).
-        let i = others.rotate_right(slot as u32 + 1).trailing_zeros() as usize;
+        // Bit i of the rotated word is slot `slot + 1 + i` (mod 64); the
+        // slot itself comes last.
+        let i = waiting.rotate_right(slot as u32 + 1).trailing_zeros() as usize;
         Some((slot + 1 + i) % BOARD_SLOTS)
+    }
+
+    /// The slots waiting for the turn, one bit each.
+    pub fn waiting(&self) -> u64 {
+        self.map.u64_at(H_WAITING).load(Ordering::Acquire)
     }
 
     /// The turn's sequence number: read it before the turn, then
     /// [`Board::wait_turn`] with it sleeps until the turn is passed on.
+    /// It also counts hand-overs (modulo 2^32).
     pub fn turn_seq(&self) -> u32 {
         self.map.u32_at(H_TURN_SEQ).load(Ordering::Acquire)
     }
@@ -576,6 +650,27 @@ impl Board {
     /// `timeout_ns`.
     pub fn wait_turn(&self, seq: u32, timeout_ns: u64) {
         self.map.futex_wait(H_TURN_SEQ, seq, timeout_ns);
+    }
+
+    /// Publishes, as the holder, when the work it has queued ends
+    /// (CLOCK_MONOTONIC ns, estimated).
+    pub fn set_tail(&self, ns: u64) {
+        self.map.u64_at(H_TAIL).store(ns, Ordering::Relaxed);
+    }
+
+    /// When the holder said its queued work ends ([`Board::set_tail`]).
+    pub fn tail(&self) -> u64 {
+        self.map.u64_at(H_TAIL).load(Ordering::Relaxed)
+    }
+
+    /// Counts a process's fallback to the GPU's time-slicing.
+    pub fn note_fallback(&self) {
+        self.map.u64_at(H_FALLBACKS).fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Fallbacks to time-slicing counted on this board so far.
+    pub fn fallbacks(&self) -> u64 {
+        self.map.u64_at(H_FALLBACKS).load(Ordering::Relaxed)
     }
 
     /// Marks `slot` as waiting for the turn (or no longer).
@@ -708,16 +803,23 @@ mod tests {
     fn the_turn_passes_by_compare_and_swap_and_wakes_its_waiters() {
         let (dir, b) = board();
         let other = Board::open_or_create(dir.path(), "GPU-1234").unwrap();
+        let all = u64::MAX;
         assert_eq!(b.turn(), Turn::FREE, "a new board's turn is free");
-        assert!(b.take_turn(Turn::FREE, 3, 5_000_000));
+        assert!(b.take_turn(Turn::FREE, 3, 77, 5_000_000));
         let t = other.turn();
-        assert_eq!((t.holder(), t.until_ns()), (Some(3), 5_000_000));
+        assert_eq!(
+            (t.holder(), t.tag(), t.until_ns(4_000_000)),
+            (Some(3), 77, 5_000_000)
+        );
         // Taken from a stale view: refused.
-        assert!(!other.take_turn(Turn::FREE, 7, 9_000_000));
+        assert!(!other.take_turn(Turn::FREE, 7, 1, 9_000_000));
         assert!(!other.pass_turn(Turn::FREE, 7, 0));
-        // Waiting is per slot; a slot does not wait on itself.
+        // Waiting is per slot; a slot comes last after itself (another
+        // process of its slice waits), and only slots `among` count.
         other.set_waiting(7, true);
-        assert!(b.next_waiting(3).is_some() && b.next_waiting(7).is_none());
+        assert_eq!(b.next_waiting(3, all), Some(7));
+        assert_eq!(b.next_waiting(7, all), Some(7));
+        assert_eq!(b.next_waiting(3, 1 << 3), None, "7 is not counted");
         // A waiter sleeps on the sequence word until the turn is passed.
         let seq = other.turn_seq();
         let waiter = std::thread::spawn(move || {
@@ -726,31 +828,62 @@ mod tests {
             (t0.elapsed(), other.turn())
         });
         std::thread::sleep(std::time::Duration::from_millis(50));
-        assert_eq!(b.next_waiting(3), Some(7));
         assert!(b.pass_turn(t, 7, 6_000_000));
         let (slept, seen) = waiter.join().unwrap();
-        assert_eq!((seen.holder(), seen.until_ns()), (Some(7), 6_000_000));
+        assert_eq!(
+            (seen.holder(), seen.tag(), seen.until_ns(6_000_000)),
+            (Some(7), 0, 6_000_000),
+            "passed to the slot, for whichever of its processes takes it up"
+        );
         assert!(
             slept < std::time::Duration::from_secs(4),
             "woken by the pass, not the timeout: {slept:?}"
         );
-        assert_ne!(b.turn_seq(), seq);
+        assert_eq!(b.turn_seq(), seq.wrapping_add(1));
         b.set_waiting(7, false);
-        assert_eq!(b.next_waiting(3), None);
+        assert_eq!(b.next_waiting(3, all), None);
         // Waiters are served in a circle from the holder on.
         for w in [1, 5, 9] {
             b.set_waiting(w, true);
         }
-        assert_eq!(b.next_waiting(5), Some(9));
-        assert_eq!(b.next_waiting(9), Some(1));
-        assert_eq!(b.next_waiting(0), Some(1));
+        assert_eq!(b.next_waiting(5, all), Some(9));
+        assert_eq!(b.next_waiting(9, all), Some(1));
+        assert_eq!(b.next_waiting(0, all), Some(1));
+        assert_eq!(b.next_waiting(0, 1 << 9), Some(9));
         b.set_waiting(63, true);
-        assert_eq!(b.next_waiting(9), Some(63));
-        assert_eq!(b.next_waiting(63), Some(1));
-        // The last slot round-trips; out-of-range slots take nothing.
-        assert!(b.pass_turn(b.turn(), BOARD_SLOTS - 1, 1_000));
-        assert_eq!(b.turn().holder(), Some(BOARD_SLOTS - 1));
-        assert!(!b.take_turn(b.turn(), BOARD_SLOTS, 1_000));
+        assert_eq!(b.next_waiting(9, all), Some(63));
+        assert_eq!(b.next_waiting(63, all), Some(1));
+        // The last slot and the largest tag round-trip; out-of-range slots
+        // take nothing.
+        assert!(b.take_turn(b.turn(), BOARD_SLOTS - 1, TURN_TAG_MAX, 1_000));
+        assert_eq!(
+            (b.turn().holder(), b.turn().tag()),
+            (Some(BOARD_SLOTS - 1), TURN_TAG_MAX)
+        );
+        assert!(!b.take_turn(b.turn(), BOARD_SLOTS, 1, 1_000));
+        // Fallbacks are counted for reports.
+        b.note_fallback();
+        assert_eq!(b.fallbacks(), 1);
+    }
+
+    /// The end of a turn is kept in 40 bits of µs and read back relative
+    /// to now, across the wrap.
+    #[test]
+    fn a_turn_s_end_is_read_back_across_the_wrap() {
+        let wrap = (1u64 << TURN_TIME_BITS) * 1000;
+        for now in [
+            5_000_000,
+            wrap - 1_000_000,
+            wrap + 3_000_000,
+            40 * wrap + 7_000,
+        ] {
+            for d in [0i64, 4_000_000, -4_000_000, 3_600_000_000_000] {
+                let until = (now as i64 + d) as u64 / 1000 * 1000;
+                let t = Turn::new(5, 9, until);
+                assert_eq!(t.until_ns(now), until, "now {now} d {d}");
+                assert_eq!((t.holder(), t.tag()), (Some(5), 9));
+            }
+        }
     }
 
     #[test]

@@ -364,6 +364,21 @@ impl SliceLimits {
         self.write_records_in(host_dir)
     }
 
+    /// Makes the slice's usage ledger at `usage` (mode 0666: the slice's
+    /// processes run as any user), matching this record: its devices,
+    /// caps and shares. Made by root before the slice starts, its file,
+    /// and so the slice's key on the boards, is known to root, which can
+    /// then vouch for the slice's shares there.
+    pub fn create_usage(&self, usage: &Path) -> Result<(), crate::Error> {
+        let ledger = crate::Ledger::create(usage, &self.slice_id, &self.ledger_devices())?;
+        for (d, dev) in self.devices.iter().enumerate() {
+            if let Some(c) = dev.compute {
+                ledger.set_compute(d, c.basis_points(), crate::DEFAULT_BURST_NS)?;
+            }
+        }
+        Ok(())
+    }
+
     /// [`Self::write_records`] into `host_dir`, a directory the caller made
     /// root's and private (the device plugin's bounded tmpfs).
     pub fn write_records_in(&self, host_dir: &Path) -> Result<RecordPaths, crate::Error> {
@@ -375,14 +390,7 @@ impl SliceLimits {
         let result = (|| {
             write_file_atomically(&paths.limits, self.render().as_bytes(), 0o644)
                 .map_err(io(&paths.limits))?;
-            let ledger =
-                crate::Ledger::create(&paths.usage, &self.slice_id, &self.ledger_devices())?;
-            for (d, dev) in self.devices.iter().enumerate() {
-                if let Some(c) = dev.compute {
-                    ledger.set_compute(d, c.basis_points(), crate::DEFAULT_BURST_NS)?;
-                }
-            }
-            Ok(())
+            self.create_usage(&paths.usage)
         })();
         if result.is_err() {
             paths.remove();

@@ -6,11 +6,12 @@
 //! its bucket's [`Refill`]:
 //!
 //! - **Oversubscription.** When the busy slices' shares add up to more
-//!   than [`SHARED_CAPACITY_BP`], each refills at its share scaled by
-//!   `capacity / sum`, so they keep their proportions. Without it, the
-//!   GPU's time-slicing between contexts decides who loses the time the
-//!   context switches cost: on the H200 two GEMM slices capped at 30 and
-//!   70 % got 31 and 63 % (ratio 16 % off 3:7).
+//!   than the whole GPU, each refills at its share scaled by
+//!   `100 % / sum`, so they keep their proportions. Shares that add up to
+//!   100 % or less are not scaled: the slices take turns on the GPU
+//!   ([`crate::turns`]), so no context switch eats into a busy slice's
+//!   work and the GPU can be kept busy all the time. (Before the turns, a
+//!   90 % capacity stood in for the time the GPU's time-slicing lost.)
 //! - **Borrowing** (`GPUSLICE_COMPUTE_MODE=guaranteed`): a slice's share is
 //!   what it is *guaranteed*; while the others leave time idle its bucket
 //!   refills at `100 % − others − margin` instead. When another slice gets
@@ -26,9 +27,10 @@
 //! another slot's demand only when root recorded a share for it
 //! ([`board::root_share`]), and then at most that share; so whatever is
 //! forged on the board (slots, shares, busy or zeroed counters), its scale
-//! never falls below `SHARED_CAPACITY_BP / Σ root-written shares of the
-//! slots present` ([`scale_for`] with every such slot pressing on its whole
-//! share). A guaranteed slice keeps
+//! never falls below `100 % / Σ root-written shares of the slots present`
+//! ([`scale_for`] with every such slot pressing on its whole share). The
+//! same record decides whose turns it waits for and passes the turn to
+//! ([`Boards::counted`]). A guaranteed slice keeps
 //! `share × floor` too, as borrowing only ever adds. Self-imposed slices
 //! (environment only) trust the slots' own shares, as before.
 
@@ -46,10 +48,6 @@ pub const WINDOW_NS: u64 = 20_000_000;
 /// Idle time a borrower leaves unused, so a slice that wakes up gets GPU
 /// time (and shows on the board) before the borrower backs off.
 pub const MARGIN_BP: u64 = 500;
-/// What busy slices of one GPU get of it together: time-slicing between
-/// contexts costs the rest (6–10 % with two GEMM slices on the H200,
-/// bench/results/compute-20261202T1912Z.json).
-pub const SHARED_CAPACITY_BP: u64 = 9000;
 /// A slice using less than this is not counted as busy (noise, a probe).
 const BUSY_FLOOR_BP: u64 = 100;
 /// How long a root-written share read for a slot is trusted before it is
@@ -87,6 +85,8 @@ struct Seat {
     /// scale with the next one's borrow, which is harmless).
     scale_bp: AtomicU64,
     borrow_bp: AtomicU64,
+    /// The slots whose turns count ([`Boards::counted`]), one bit each.
+    counted: AtomicU64,
 }
 
 /// Per-device seats on the GPUs' boards.
@@ -127,6 +127,10 @@ impl Boards {
                     .and_then(|board| Ok((board.claim(key, share, mode, now)?, board)));
                 match seat {
                     Ok((slot, board)) => Some(Seat {
+                        counted: AtomicU64::new(counted_slots(
+                            &board,
+                            ledger.pinned().then_some((dir, uuid.as_str())),
+                        )),
                         board,
                         key,
                         slot: AtomicUsize::new(slot),
@@ -176,6 +180,20 @@ impl Boards {
         Some((&s.board, s.own_slot(now_ns)?))
     }
 
+    /// The slots of `dev`'s board whose turns this slice honours and
+    /// passes the turn to, one bit each: those root recorded a share for
+    /// when this slice's limits are root's (a slot anyone forged on the
+    /// board is neither waited for nor passed the turn), re-read every
+    /// [`WINDOW_NS`]; else every slot (self-imposed slices trust the
+    /// board, as for shares).
+    #[inline]
+    pub fn counted(&self, dev: usize) -> u64 {
+        self.seats
+            .get(dev)
+            .and_then(Option::as_ref)
+            .map_or(0, |s| s.counted.load(Ordering::Relaxed))
+    }
+
     /// How `dev`'s bucket refills now, for a slice whose share is
     /// `share_bp` (None: no seat, the share applies).
     #[inline]
@@ -222,10 +240,19 @@ impl Seat {
         if self.board.holds(own, self.key) {
             self.board.set_share(own, share);
         }
-        let (mut others, mut demand) = (0u64, 0u64);
+        let (mut others, mut demand, mut counted) = (0u64, 0u64, 0u64);
         for s in 0..BOARD_SLOTS {
             let other = self.board.slot(s).filter(|_| s != own);
             let now_seen = other.map_or((0, 0), |o| (o.key, o.busy_ns));
+            let root = match &self.root_shares {
+                Some((dir, uuid)) if now_seen.0 != 0 => {
+                    root_share_of(&mut w.roots[s], dir, uuid, now_seen.0, now)
+                }
+                _ => None,
+            };
+            if self.root_shares.is_none() || root.is_some() {
+                counted |= 1 << s;
+            }
             let then = std::mem::replace(&mut w.seen[s], now_seen);
             // An empty slot, or one taken over by a new slice (its count
             // restarts): skip it this window rather than read a jump.
@@ -247,17 +274,14 @@ impl Seat {
             w.use_bp[s] = smoothed;
             others += smoothed;
             let claimed = other.map_or(0, |o| o.share_bp);
-            demand += match &self.root_shares {
-                None => slice_demand(smoothed, claimed),
-                Some((dir, uuid)) => {
-                    match root_share_of(&mut w.roots[s], dir, uuid, now_seen.0, now) {
-                        // Never more than root gave it, whatever it claims.
-                        Some(root) => slice_demand(smoothed, root).min(root),
-                        None => 0,
-                    }
-                }
+            demand += match (&self.root_shares, root) {
+                (None, _) => slice_demand(smoothed, claimed),
+                // Never more than root gave it, whatever it claims.
+                (Some(_), Some(root)) => slice_demand(smoothed, root).min(root),
+                (Some(_), None) => 0,
             };
         }
+        self.counted.store(counted, Ordering::Relaxed);
         if start == 0 {
             return;
         }
@@ -269,6 +293,19 @@ impl Seat {
         };
         self.borrow_bp.store(borrow, Ordering::Relaxed);
     }
+}
+
+/// The slots of `board` whose turns count: with `root` (the board
+/// directory and the GPU's UUID, for a slice whose limits are root's),
+/// the claimed slots with a root-written share record; else all.
+fn counted_slots(board: &Board, root: Option<(&Path, &str)>) -> u64 {
+    let Some((dir, uuid)) = root else {
+        return u64::MAX;
+    };
+    (0..BOARD_SLOTS)
+        .filter_map(|s| Some((s, board.slot(s)?.key)))
+        .filter(|&(_, key)| board::root_share(dir, uuid, key).is_some())
+        .fold(0, |m, (s, _)| m | 1 << s)
 }
 
 /// The root-written share of the slot keyed `key`, re-read at most every
@@ -301,13 +338,13 @@ fn slice_demand(use_bp: u64, share_bp: u64) -> u64 {
 
 /// The part of our `share` that applies while the other slices ask for
 /// `demand`: all of it unless together they ask for more than the GPU
-/// gives busy slices, then the same proportion for every slice.
+/// has, then the same proportion for every slice.
 fn scale_for(share: u64, demand: u64) -> u64 {
     let total = share + demand;
-    if demand == 0 || total <= SHARED_CAPACITY_BP {
+    if demand == 0 || total <= FULL_SHARE {
         FULL_SHARE
     } else {
-        SHARED_CAPACITY_BP * FULL_SHARE / total
+        FULL_SHARE * FULL_SHARE / total
     }
 }
 
@@ -369,31 +406,31 @@ mod tests {
     fn oversubscribed_busy_slices_keep_their_proportions() {
         let dir = tempfile::tempdir().unwrap();
         let boards = dir.path().join("boards");
-        let (la, lb) = (ledger(dir.path(), "a", 3000), ledger(dir.path(), "b", 7000));
-        let a = Boards::open(&la, &[3000], Mode::Cap, &boards).unwrap();
-        let b = Boards::open(&lb, &[7000], Mode::Cap, &boards).unwrap();
+        let (la, lb) = (ledger(dir.path(), "a", 5000), ledger(dir.path(), "b", 5000));
+        let a = Boards::open(&la, &[5000], Mode::Cap, &boards).unwrap();
+        let b = Boards::open(&lb, &[5000], Mode::Cap, &boards).unwrap();
         let ms = 1_000_000;
         // Window `w` closes at w * 20 ms; a and b each used `a_ms`, `b_ms`
         // of GPU time in it. Returns both rates.
         let window = |w: u64, a_ms: u64, b_ms: u64, b_share: u64| {
             a.record(0, a_ms * ms, w * 20 * ms - ms);
             b.record(0, b_ms * ms, w * 20 * ms - ms);
-            (rate(&a, 3000, w * 20 * ms), rate(&b, b_share, w * 20 * ms))
+            (rate(&a, 5000, w * 20 * ms), rate(&b, b_share, w * 20 * ms))
         };
-        assert_eq!(window(5, 0, 0, 7000), (3000, 7000), "first window");
-        // Both busy (b starved below its 70 % by time-slicing, as on the
-        // H200): 30 + 70 asks more than the 90 % busy slices get, so each
-        // gets 90 % of its share.
-        assert_eq!(window(6, 6, 12, 7000), (2700, 6300));
-        // 30 + 60 fits: both get their shares (b's share changed live; a
-        // sees it once b has published it, a window later).
-        window(7, 6, 12, 6000);
-        assert_eq!(window(8, 6, 12, 6000), (3000, 6000));
-        // b back to 70 % but using under half of it: a, busy at its share,
-        // counts only b's use and keeps its 30 %; b's own rate is scaled
-        // (30 + 70 > 90), which costs it nothing while it uses 20 %.
-        let rates: Vec<_> = (9..15).map(|w| window(w, 6, 4, 7000)).collect();
-        assert_eq!(rates.last(), Some(&(3000, 6300)), "{rates:?}");
+        assert_eq!(window(5, 0, 0, 5000), (5000, 5000), "first window");
+        // Both busy, 50 + 50: the whole GPU, nobody is scaled (the slices
+        // take turns, nothing is lost to time-slicing).
+        assert_eq!(window(6, 10, 10, 5000), (5000, 5000));
+        // b's share changed live to 75 %: 50 + 75 asks for 125 % of the
+        // GPU, so each gets 100/125 of its share (a sees b's new share
+        // once b has published it, a window later).
+        window(7, 10, 12, 7500);
+        assert_eq!(window(8, 10, 12, 7500), (4000, 6000));
+        // b using under half of its share: a, busy at its share, counts
+        // only b's use and keeps its 50 %; b's own rate is scaled (50 + 75
+        // > 100), which costs it nothing while it uses 20 %.
+        let rates: Vec<_> = (9..15).map(|w| window(w, 10, 4, 7500)).collect();
+        assert_eq!(rates.last(), Some(&(5000, 6000)), "{rates:?}");
         // Alone, even a 95 % share is not scaled.
         let dir = tempfile::tempdir().unwrap();
         let lc = ledger(dir.path(), "c", 9500);
@@ -456,13 +493,13 @@ mod tests {
                 "window {w}: forged slots moved a capped slice"
             );
         }
-        // A real slice b with a root-written 70 %, busy: a is scaled to
-        // 90 % / (30 + 70) of its share, never lower, forged slots or not.
-        let lb = pinned(dir.path(), &boards, "b", 7000);
-        let b = Boards::open(&lb, &[7000], Mode::Cap, &boards).unwrap();
+        // A real slice b with a root-written 90 %, busy: a is scaled to
+        // 100 % / (30 + 90) of its share, never lower, forged slots or not.
+        let lb = pinned(dir.path(), &boards, "b", 9000);
+        let b = Boards::open(&lb, &[9000], Mode::Cap, &boards).unwrap();
         // b also lies on the board: it claims all of the GPU as its share.
         let bslot = b.seats[0].as_ref().unwrap().slot.load(Ordering::Relaxed);
-        let floor = SHARED_CAPACITY_BP * 3000 / (3000 + 7000);
+        let floor = 3000 * (FULL_SHARE * FULL_SHARE / (3000 + 9000)) / FULL_SHARE;
         let mut seen = Vec::new();
         for w in 12..20 {
             board.set_share(bslot, FULL_SHARE);

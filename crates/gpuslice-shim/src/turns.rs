@@ -11,6 +11,13 @@
 //! before it gives the turn to a waiting slice its queued work has
 //! finished. Each slice's events then time its own work alone.
 //!
+//! - **One party per slice.** The turn belongs to a slot (a slice) and,
+//!   within it, to one process (a tag in the turn word): the processes of
+//!   a slice are contexts of their own, which the GPU would time-slice
+//!   into each other's measurements too. A slice is passed the turn once
+//!   per round, whatever its number of processes: the process that takes
+//!   it up launches, the others wait (their waits make the slot wait),
+//!   and a holder passes to its own slot when only a sibling waits.
 //! - A turn lasts [`QUANTUM_NS`] while another slice waits; nobody
 //!   waiting, the holder keeps it (a slice alone never drains).
 //! - A slice taking turns queues at most a turn's worth of work per
@@ -25,27 +32,31 @@
 //!
 //! **Trust.** The board is writable by every tenant of the GPU, so a
 //! hostile slice can hold the turn, or forge one, forever, or forge
-//! waiters that are passed the turn and never use it. A waiter waits at
-//! most [`MAX_WAIT_NS`] in all for one launch, and takes a turn not passed
-//! on [`GRACE_NS`] after its end once a second; past either, the turns of
-//! that GPU are ignored for [`BACKOFF_NS`] (the GPU's own time-slicing, as
-//! without turns). So a liar's waits cost a slice at most `MAX_WAIT_NS`
-//! plus two turns and their grace (32 ms) per `BACKOFF_NS` beyond what its
-//! share already allows (its bucket refills meanwhile); but a liar that
+//! waiters that are passed the turn and never use it. A slice whose limits
+//! are root's waits for, and passes the turn to, only slots root recorded
+//! a share for ([`crate::borrow::Boards::counted`]): forged slots are
+//! neither. A waiter waits at most a round in all for one launch (a turn
+//! and its grace for every counted slot that waits, and two more:
+//! [`wait_bound`]), and takes a turn not passed on [`GRACE_NS`] after its
+//! end once a second; past either, the turns of that GPU are ignored for
+//! [`BACKOFF_NS`] (the GPU's own time-slicing, as without turns) and the
+//! fallback is counted on the board. So a liar's waits cost a slice at
+//! most a round plus two turns and their grace per `BACKOFF_NS` beyond
+//! what its share already allows (its bucket refills meanwhile); but a liar that
 //! forges again every millisecond keeps the GPU's slices without turns,
 //! and so mis-charged as without them (measured in docs/security.md: a
 //! 70 % slice beside a 30 % one fell from ~61 % to ~52 %); one that keeps to the
 //! protocol gets a turn in two, as a neighbour that launches without
 //! pause gets half the GPU from the time-slicing itself.
 //!
-//! Not covered: the queued work of *other* threads or processes of the
-//! holding slice is not waited for when one of them hands over (each
-//! drains its own), and a launch from a context whose events cannot be
-//! used is not held (it is charged by estimate anyway).
+//! Not covered: the queued work of *other threads* of the holding process
+//! is not waited for when one of them hands over (each drains its own),
+//! and a launch from a context whose events cannot be used is not held
+//! (it is charged by estimate anyway).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use gpuslice_ledger::board::{Board, Turn};
+use gpuslice_ledger::board::{Board, Turn, TURN_TAG_MAX};
 use gpuslice_ledger::MAX_DEVICES;
 
 use crate::driver::now_ns;
@@ -53,16 +64,24 @@ use crate::state::shim;
 
 /// How long a turn lasts while another slice waits for it.
 pub const QUANTUM_NS: u64 = 4_000_000;
+/// A holder whose queued work ended this long ago (by its own estimate,
+/// [`Board::tail`]) and which launched nothing since has gone idle (or
+/// died): a waiter takes the turn, which is no fault.
+pub const IDLE_NS: u64 = 1_000_000;
 /// A turn not passed on this long after its end is taken (its holder's
 /// last launch may start at the end and run this long).
 pub const GRACE_NS: u64 = QUANTUM_NS;
-/// The longest a launch waits for the turn before the GPU's turns are
-/// ignored for [`BACKOFF_NS`] (a turn held or forged against the rules).
-pub const MAX_WAIT_NS: u64 = 4 * QUANTUM_NS;
 pub const BACKOFF_NS: u64 = 1_000_000_000;
 
 /// Per device: until when this process ignores the GPU's turns.
 static IGNORE_UNTIL: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+/// Turns passed on and left unused that a process takes in stride per
+/// [`BACKOFF_NS`]: a waker slower than the take-up time is rare, forged
+/// waiters leave every turn unused.
+const UNUSED_PER_BACKOFF: u64 = 8;
+/// Per device: turns found left unused since `UNUSED_SINCE`.
+static UNUSED: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+static UNUSED_SINCE: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
 /// Per device: when this process last found a turn not passed on in time.
 static LAST_FAULT: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
 
@@ -78,116 +97,205 @@ pub trait Queue {
     fn trim(&self, ns: u64);
 }
 
-/// The board of `dev` and our slot on it, when this process takes turns
-/// there now.
-fn seat(dev: usize, now: u64) -> Option<(&'static Board, usize)> {
+/// This process's tag in the turn word: the same for its threads (one
+/// context), another after a fork.
+fn tag() -> u32 {
+    static TAG: AtomicU64 = AtomicU64::new(0);
+    let pid = std::process::id();
+    let seen = TAG.load(Ordering::Relaxed);
+    if seen != 0 && (seen >> 32) as u32 == pid {
+        return seen as u32;
+    }
+    // Distinct between the processes of a slice whatever PID namespaces
+    // they run in: from the PID and the time it was first needed.
+    let mixed = gpuslice_ledger::board::slice_key(u64::from(pid), now_ns());
+    let tag = (mixed % u64::from(TURN_TAG_MAX)) as u32 + 1;
+    TAG.store(u64::from(pid) << 32 | u64::from(tag), Ordering::Relaxed);
+    tag
+}
+
+/// The board of `dev`, our slot on it and the slots whose turns count,
+/// when this process takes turns there now.
+fn seat(dev: usize, now: u64) -> Option<(&'static Board, usize, u64)> {
     let s = shim();
     if !s.handover || IGNORE_UNTIL.get(dev)?.load(Ordering::Relaxed) > now {
         return None;
     }
-    s.boards.as_ref()?.seat(dev, now)
+    let boards = s.boards.as_ref()?;
+    let (board, slot) = boards.seat(dev, now)?;
+    Some((board, slot, boards.counted(dev)))
+}
+
+/// The longest a process of `slot` waits for one launch: a round, a turn
+/// and its grace for every counted slot that waits, and two more (the
+/// holder's, and one for a slot that began to wait meanwhile).
+fn wait_bound(board: &Board, slot: usize, among: u64) -> u64 {
+    let ahead = (board.waiting() & among & !(1u64 << slot)).count_ones();
+    (u64::from(ahead) + 2) * (QUANTUM_NS + GRACE_NS)
 }
 
 /// Waits until this slice has `dev`'s turn for a launch estimated at
 /// `est_ns`, handing the turn over first when it is ours, others wait,
 /// and the launch would start after its end.
 pub fn acquire(dev: usize, est_ns: u64, queue: &dyn Queue) {
-    let Some((board, slot)) = seat(dev, now_ns()) else {
+    let Some((board, slot, among)) = seat(dev, now_ns()) else {
         return;
     };
+    let tag = tag();
     // Never more queued than a turn holds, so that handing over (and a
     // waiter's wait) takes a turn's length at most.
     queue.trim(QUANTUM_NS.saturating_sub(est_ns));
-    // When we began waiting for another slice's turn.
+    // When we began waiting for another's turn, and how long we may.
     let mut waiting_since: Option<u64> = None;
-    loop {
+    let mut bound = 0;
+    // We passed the turn to our own slot (a sibling waits): not ours to
+    // take up again, unless it is left unused past its end.
+    let mut to_sibling = false;
+    let holding = loop {
         let now = now_ns();
         let seq = board.turn_seq();
         let turn = board.turn();
-        match turn.holder() {
-            None => {
-                if board.take_turn(turn, slot, now + QUANTUM_NS) {
-                    break;
-                }
+        let ours = turn.holder() == Some(slot);
+        if turn.holder().is_none() || (ours && turn.tag() == 0 && !to_sibling) {
+            // Free, or passed to our slice: ours for a turn.
+            let until = if ours {
+                turn.until_ns(now)
+            } else {
+                now + QUANTUM_NS
+            };
+            if take(board, turn, (slot, tag), now + est_ns, until) {
+                break true;
             }
-            Some(h) if h == slot => {
-                let until = turn.until_ns();
-                // When the work queued before this launch ends.
-                let start = now + queue.queued_ns();
-                let Some(next) = board.next_waiting(slot) else {
-                    // Nobody waits: the turn is extended, always past our
-                    // queued work, so that one who comes waits for that.
-                    if until < start + est_ns + QUANTUM_NS / 2 {
-                        board.take_turn(turn, slot, (start + est_ns).max(now + QUANTUM_NS));
-                    }
-                    break;
-                };
-                // A launch that starts within the turn is ours to make (a
-                // turn is not cut short by a kernel's length).
-                if start <= until {
-                    break;
-                }
-                // Our turn is up and `next` waits: our queued work first,
-                // so that theirs starts on an idle GPU.
-                pass(board, turn, next, queue);
-            }
-            Some(h) => {
-                let since = *waiting_since.get_or_insert(now);
-                if now - since > MAX_WAIT_NS {
-                    ignore_turns(dev, now);
-                    break;
-                }
-                let until = turn.until_ns();
-                if now > until + GRACE_NS {
-                    // Not passed on in time: its holder died, or lies (a
-                    // forged waiter that was passed the turn). Once a
-                    // second that is taken in stride; twice, the GPU's
-                    // turns are ignored.
-                    if repeated_fault(dev, now) {
-                        ignore_turns(dev, now);
-                        break;
-                    }
-                    // Taken, and its holder no longer counts as waiting
-                    // (a live one says so again).
-                    if board.take_turn(turn, slot, now + QUANTUM_NS) {
-                        board.set_waiting(h, false);
-                        break;
-                    }
-                    continue;
-                }
-                if now == since {
-                    queue.close();
-                }
-                board.set_waiting(slot, true);
-                let left = (until + GRACE_NS - now).min(MAX_WAIT_NS - (now - since));
-                board.wait_turn(seq, left.max(10_000));
-            }
+            continue;
         }
-    }
+        if ours && turn.tag() == tag {
+            let until = turn.until_ns(now);
+            // When the work queued before this launch ends.
+            let start = now + queue.queued_ns();
+            let Some(next) = board.next_waiting(slot, among) else {
+                // Nobody waits: the turn is extended, always past our
+                // queued work, so that one who comes waits for that.
+                if until < start + est_ns + QUANTUM_NS / 2 {
+                    let until = (start + est_ns).max(now + QUANTUM_NS);
+                    board.take_turn(turn, slot, tag, until);
+                }
+                break true;
+            };
+            // A launch that starts within the turn is ours to make (a
+            // turn is not cut short by a kernel's length).
+            if start <= until {
+                break true;
+            }
+            // Our turn is up and `next` waits: our queued work first,
+            // so that theirs starts on an idle GPU.
+            to_sibling = next == slot;
+            pass(board, turn, next, queue);
+            continue;
+        }
+        // Another slice's turn, or another process's of ours.
+        let since = *waiting_since.get_or_insert(now);
+        bound = bound.max(wait_bound(board, slot, among));
+        if now - since > bound {
+            ignore_turns(board, dev, now, "waited past a round for the GPU's turn");
+            break false;
+        }
+        let until = turn.until_ns(now);
+        // Read after the turn: a taker publishes its tail before it takes.
+        let idle_from = board.tail().saturating_add(IDLE_NS);
+        let idle = now > idle_from;
+        let late = now > until + GRACE_NS;
+        // Not passed on in time while its holder says it still has work
+        // queued (it lies): once a second that is taken in stride; twice,
+        // the GPU's turns are ignored.
+        if late && !idle && repeated_fault(dev, now) {
+            ignore_turns(board, dev, now, "found a second turn held past its end");
+            break false;
+        }
+        // Passed to another slot that did not take it up: a slow waker
+        // now and then, or forged waiters every turn.
+        let unused = idle && turn.tag() == 0 && turn.holder() != Some(slot);
+        if unused && often_unused(dev, now) {
+            ignore_turns(board, dev, now, "found turns left unused too often");
+            break false;
+        }
+        // Late, or its holder's work is done and it launched nothing since
+        // (it went idle, or died): the GPU idles, the turn is taken; and
+        // its holder no longer counts as waiting (a live one says so again).
+        if late || idle {
+            if take(board, turn, (slot, tag), now + est_ns, now + QUANTUM_NS) {
+                if let Some(h) = turn.holder().filter(|&h| h != slot) {
+                    board.set_waiting(h, false);
+                }
+                break true;
+            }
+            continue;
+        }
+        if now == since {
+            queue.close();
+        }
+        board.set_waiting(slot, true);
+        let left = [until + GRACE_NS, since + bound, idle_from]
+            .into_iter()
+            .min()
+            .unwrap_or(now)
+            - now;
+        board.wait_turn(seq, left.max(10_000));
+    };
     if waiting_since.is_some() {
+        // A sibling that still waits says so again when it wakes.
         board.set_waiting(slot, false);
     }
+    if holding {
+        // When our work ends, for waiters to tell an idle holder; a
+        // launch not estimated yet may take a turn.
+        let est_ns = if est_ns == 0 { QUANTUM_NS } else { est_ns };
+        board.set_tail(now_ns() + queue.queued_ns() + est_ns);
+    }
+}
+
+/// Takes `turn` for process `tag` of `slot` until `until`, publishing
+/// first that its work ends at `tail` (a waiter that sees the new turn
+/// then sees that tail, not the previous holder's idle one).
+fn take(board: &Board, turn: Turn, (slot, tag): (usize, u32), tail: u64, until: u64) -> bool {
+    board.set_tail(tail);
+    board.take_turn(turn, slot, tag, until)
 }
 
 /// Hands our `turn` to the waiting slot `next`, once our queued work is
 /// done: a full turn from now.
 fn pass(board: &Board, turn: Turn, next: usize, queue: &dyn Queue) {
     queue.drain();
-    board.pass_turn(turn, next, now_ns() + QUANTUM_NS);
+    let now = now_ns();
+    // The slot passed the turn has half a turn to take it up before it
+    // counts as idle.
+    board.set_tail(now + QUANTUM_NS / 2);
+    board.pass_turn(turn, next, now + QUANTUM_NS);
 }
 
 /// Before this thread waits for its own bucket: a turn of ours that a
 /// waiter wants is handed over now (our queued work first).
 pub fn yield_idle(dev: usize, queue: &dyn Queue) {
-    let Some((board, slot)) = seat(dev, now_ns()) else {
+    let Some((board, slot, among)) = seat(dev, now_ns()) else {
         return;
     };
     let turn = board.turn();
-    if turn.holder() == Some(slot) {
-        if let Some(next) = board.next_waiting(slot) {
+    if turn.holder() == Some(slot) && turn.tag() == tag() {
+        if let Some(next) = board.next_waiting(slot, among) {
             pass(board, turn, next, queue);
         }
     }
+}
+
+/// Records a turn passed on and left unused; whether more than
+/// [`UNUSED_PER_BACKOFF`] were found in the last [`BACKOFF_NS`].
+fn often_unused(dev: usize, now: u64) -> bool {
+    let since = UNUSED_SINCE[dev].load(Ordering::Relaxed);
+    if now.saturating_sub(since) > BACKOFF_NS {
+        UNUSED_SINCE[dev].store(now, Ordering::Relaxed);
+        UNUSED[dev].store(1, Ordering::Relaxed);
+        return false;
+    }
+    UNUSED[dev].fetch_add(1, Ordering::Relaxed) + 1 > UNUSED_PER_BACKOFF
 }
 
 /// Records a turn found not passed on in time; whether another was found
@@ -197,13 +305,13 @@ fn repeated_fault(dev: usize, now: u64) -> bool {
     last != 0 && now - last < BACKOFF_NS
 }
 
-fn ignore_turns(dev: usize, now: u64) {
+fn ignore_turns(board: &Board, dev: usize, now: u64, why: &str) {
     IGNORE_UNTIL[dev].store(now + BACKOFF_NS, Ordering::Relaxed);
+    board.note_fallback();
     if shim().log {
         crate::sys::log_line(&format!(
-            "device {dev}: waited {} ms for the GPU's turn; turns ignored for {} s \
+            "device {dev}: {why} in a second; turns ignored for {} s \
              (one held or forged against the rules)",
-            MAX_WAIT_NS / 1_000_000,
             BACKOFF_NS / 1_000_000_000
         ));
     }

@@ -994,11 +994,9 @@ fn status(code: u16, reason: &str, message: &str) -> Response<Body> {
 }
 
 /// A claim as kube-scheduler leaves it for a share of a GPU (the GPU's
-/// one device, `gpu-<i>`, allows multiple allocations): the request in
-/// spec, the result with consumedCapacity and shareID in status. With the
-/// GPU's whole memory and `compute` 100 it is a whole-GPU claim as the
-/// scheduler records one on a 1.36 cluster (the request named no capacity
-/// and got the policy's defaults: all of it).
+/// one device, `gpu-<i>`, allows multiple allocations) whose request
+/// named both capacities: the request in spec, the result with
+/// consumedCapacity and shareID in status.
 pub fn shared_claim(
     ns: &str,
     name: &str,
@@ -1008,24 +1006,56 @@ pub fn shared_claim(
     memory: &str,
     compute: &str,
 ) -> Value {
+    claim_naming(
+        ns,
+        name,
+        uid,
+        pool,
+        gpu,
+        &["memory", "compute"],
+        memory,
+        compute,
+    )
+}
+
+/// A claim of GPU `gpu`'s one device whose request named only the
+/// capacities in `named` (of `memory` and `compute`), as kube-scheduler
+/// leaves it: consumedCapacity holds what was named and, for the rest,
+/// the published request policy's default (KEP-5075), which the caller
+/// passes in `memory` and `compute`. Naming none, with the GPU's whole
+/// memory, is the whole-GPU class.
+#[allow(clippy::too_many_arguments)]
+pub fn claim_naming(
+    ns: &str,
+    name: &str,
+    uid: &str,
+    pool: &str,
+    gpu: u32,
+    named: &[&str],
+    memory: &str,
+    compute: &str,
+) -> Value {
+    let consumed = json!({"memory": memory, "compute": compute});
+    let requests: serde_json::Map<String, Value> = named
+        .iter()
+        .map(|n| (n.to_string(), consumed[n].clone()))
+        .collect();
+    let mut exactly = json!({"deviceClassName": "gpu-shared.gpuslice.io"});
+    if !requests.is_empty() {
+        exactly["capacity"] = json!({"requests": requests});
+    }
     json!({
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"namespace": ns, "name": name, "uid": uid},
-        "spec": {"devices": {"requests": [{
-            "name": "gpu",
-            "exactly": {
-                "deviceClassName": "gpu-shared.gpuslice.io",
-                "capacity": {"requests": {"memory": memory, "compute": compute}},
-            },
-        }]}},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
         "status": {"allocation": {"devices": {"results": [{
             "request": "gpu",
             "driver": "gpu.gpuslice.io",
             "pool": pool,
             "device": format!("gpu-{gpu}"),
             "shareID": format!("{uid}-share"),
-            "consumedCapacity": {"memory": memory, "compute": compute},
+            "consumedCapacity": consumed,
         }]}}},
     })
 }

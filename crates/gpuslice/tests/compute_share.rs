@@ -68,6 +68,14 @@ fn run_with_compute_holds_the_share_and_slices_shows_it() {
     );
     let text = slices_text(&h, ledgers.path());
     assert!(text.contains("compute share 40%"), "{text}");
+    // Root vouches for the share on the GPU's board while the slice runs:
+    // what lets the GPU's other slices count it and pass it the turn.
+    let shares = ledgers.path().join("boards/shares").join(&h.gpus()[0].uuid);
+    let records: Vec<String> = std::fs::read_dir(&shares)
+        .unwrap()
+        .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
+        .collect();
+    assert_eq!(records, ["4000\n"], "{shares:?}");
     // A fake host is labelled a simulation, as `list` labels it; a real
     // host root (here: one without the fake host's kernel truth) is not.
     assert!(text.contains("SIMULATION:"), "{text}");
@@ -97,6 +105,7 @@ fn run_with_compute_holds_the_share_and_slices_shows_it() {
         .map(|e| e.unwrap().file_name())
         .collect();
     assert_eq!(left, ["boards"], "{left:?}");
+    assert_eq!(std::fs::read_dir(&shares).unwrap().count(), 0, "{shares:?}");
 
     let out = gpuslice(
         &h,

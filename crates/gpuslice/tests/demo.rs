@@ -207,8 +207,8 @@ fn the_readme_demo_shows_the_cap_refuse_and_two_slices_share_a_gpu() {
         ),
         "{mem}"
     );
-    // 3. The shares: 30 and 70 % scaled to 90 % (27/63) on one engine; a
-    // loose band for a loaded 2-core machine, and the ratio, which an
+    // 3. The shares: 30 and 70 % on one engine, which the slices keep busy
+    // by taking turns; a loose band for a loaded 2-core machine, and the ratio, which an
     // unshared or unenforced GPU would not give (each alone near 100 %,
     // or both near 50 % on one engine).
     let compute = &said[2];

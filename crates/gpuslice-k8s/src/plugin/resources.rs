@@ -317,9 +317,7 @@ impl Plan {
     /// `<ledgerDir>/<slice>/` and returns its mounts: the shim and the
     /// preload list read-only, its own limits read-only and its own usage
     /// ledger read-write at the fixed place, nothing of other slices
-    /// writable. Guaranteed mode adds the GPUs' boards (which every
-    /// borrower must write; what can be forged there is bounded, see
-    /// docs/security.md) with the root-written shares read-only.
+    /// writable; and the GPUs' boards ([`Self::board_mounts`]).
     fn slice_mounts(&self, limits: &SliceLimits) -> Result<Vec<api::Mount>, BadRequest> {
         let dir = self.cfg.ledger_dir.join(&limits.slice_id);
         // The kubelet may allocate the same device IDs again to a new
@@ -341,10 +339,8 @@ impl Plan {
             })?
         };
         let at = |name: &str| format!("{SLICE_DIR}/{name}");
-        let mount = |container_path: String, host: &Path, read_only: bool| api::Mount {
-            container_path,
-            host_path: self.host_path(host),
-            read_only,
+        let mount = |container_path: String, host: &Path, read_only: bool| {
+            self.mount(container_path, host, read_only)
         };
         let mut mounts = vec![
             mount(CONTAINER_SHIM.into(), &self.cfg.shim, true),
@@ -356,45 +352,61 @@ impl Plan {
         if super::hostpid::served(&hostpid) {
             mounts.push(mount(at(HOSTPID_FILE), &hostpid, true));
         }
-        if limits.mode == Mode::Guaranteed {
-            let boards = &self.cfg.board_dir;
-            gpuslice_ledger::ensure_dir(boards)
-                .map_err(|e| BadRequest(format!("cannot create the board directory: {e}")))?;
-            let key = board::ledger_key(&records.usage)
-                .map_err(|e| BadRequest(format!("{}: {e}", records.usage.display())))?;
-            // The directory read-only, each GPU's board (made by root,
-            // replacing one it did not make: a local user's squatted file)
-            // writable over it: the container adds or removes nothing there.
-            mounts.push(mount(DEFAULT_BOARD_DIR.into(), boards, true));
-            for d in &limits.devices {
-                match board::prepare_board(boards, &d.uuid) {
-                    Ok(file) => mounts.push(mount(
-                        board::board_path(Path::new(DEFAULT_BOARD_DIR), &d.uuid)
-                            .display()
-                            .to_string(),
-                        &file,
-                        false,
-                    )),
-                    Err(e) => {
-                        tracing::warn!(gpu = %d.uuid, error = %e, "the replica will not take turns on this GPU")
-                    }
-                }
-                board::publish_share(boards, &d.uuid, key, d.share_bp()).map_err(|e| {
-                    BadRequest(format!(
-                        "cannot record the share on {}: {e}",
-                        boards.display()
-                    ))
-                })?;
-            }
-            mounts.push(mount(
-                board::shares_dir(Path::new(DEFAULT_BOARD_DIR))
-                    .display()
-                    .to_string(),
-                &board::shares_dir(boards),
-                true,
-            ));
-        }
+        mounts.extend(self.board_mounts(limits, &records.usage)?);
         Ok(mounts)
+    }
+
+    /// A replica's mounts of the GPUs' boards, in every compute mode (its
+    /// slice takes turns on each GPU with the others, and a guaranteed one
+    /// borrows there): the directory read-only, each GPU's board (made by
+    /// root, replacing one it did not make: a local user's squatted file)
+    /// writable over it, so the container adds or removes nothing there,
+    /// and root's share records read-only, with this slice's published
+    /// (what lets the others count it and pass it the turn; a replica
+    /// cannot vouch for a share of its own making). What a liar can do
+    /// on a board is bounded: docs/security.md.
+    fn board_mounts(
+        &self,
+        limits: &SliceLimits,
+        usage: &Path,
+    ) -> Result<Vec<api::Mount>, BadRequest> {
+        let boards = &self.cfg.board_dir;
+        gpuslice_ledger::ensure_dir(boards)
+            .map_err(|e| BadRequest(format!("cannot create the board directory: {e}")))?;
+        let inside = Path::new(DEFAULT_BOARD_DIR);
+        let mut mounts = vec![self.mount(DEFAULT_BOARD_DIR.into(), boards, true)];
+        for d in &limits.devices {
+            match board::prepare_board(boards, &d.uuid) {
+                Ok(file) => mounts.push(self.mount(
+                    board::board_path(inside, &d.uuid).display().to_string(),
+                    &file,
+                    false,
+                )),
+                Err(e) => {
+                    tracing::warn!(gpu = %d.uuid, error = %e, "the replica will not take turns on this GPU")
+                }
+            }
+        }
+        board::publish_shares(boards, usage, limits).map_err(|e| {
+            BadRequest(format!(
+                "cannot record the share on {}: {e}",
+                boards.display()
+            ))
+        })?;
+        mounts.push(self.mount(
+            board::shares_dir(inside).display().to_string(),
+            &board::shares_dir(boards),
+            true,
+        ));
+        Ok(mounts)
+    }
+
+    fn mount(&self, container_path: String, host: &Path, read_only: bool) -> api::Mount {
+        api::Mount {
+            container_path,
+            host_path: self.host_path(host),
+            read_only,
+        }
     }
 
     /// The answer for one container asking for `ids` of resource `res`.
@@ -478,9 +490,7 @@ impl Plan {
             let limits = self.replica_limits(&slice, replicas, &per_gpu);
             env.extend(limits.env());
             resp.mounts.extend(self.slice_mounts(&limits)?);
-            if self.cfg.sharing.compute_mode == ComputeMode::Guaranteed {
-                env.insert(BOARD_DIR_ENV.into(), DEFAULT_BOARD_DIR.into());
-            }
+            env.insert(BOARD_DIR_ENV.into(), DEFAULT_BOARD_DIR.into());
         }
         if self.cfg.strategies.cdi {
             let kind = &self.cfg.strategies.cdi_kind;

@@ -193,14 +193,11 @@ fn publish_shares(
     if rootless {
         return Ok(Vec::new());
     }
-    let mut records = Vec::new();
-    let key = board::ledger_key(usage).with_context(|| format!("{}", usage.display()))?;
-    for d in &limits.devices {
-        if let Some(c) = d.compute {
-            let record = board::publish_share(boards, &d.uuid, key, c.basis_points())
-                .with_context(|| format!("recording the share on {}", boards.display()))?;
-            records.push(record);
-        }
-    }
-    Ok(records)
+    board::publish_shares(boards, usage, limits).with_context(|| {
+        format!(
+            "recording the share of {} on {}",
+            usage.display(),
+            boards.display()
+        )
+    })
 }
