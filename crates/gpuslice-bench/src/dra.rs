@@ -131,7 +131,9 @@ impl Plugin {
             strip_host_root: false,
             policy: gpuslice_dra::publish::SharedPolicy::default(),
             refuse_unenforceable: false,
-            claims_dir: None,
+            // The claims' slice directories (tmpfs mounts) in the work
+            // directory, not the host's /run.
+            claims_dir: Some(work.join("claims")),
         };
         let api = Arc::new(KubeApi::new(api_url, None)?);
         let driver = Arc::new(Driver::new(opts, api)?);
@@ -352,6 +354,11 @@ async fn bench_prepare(
             plugin.unprepare("bench", &name(j), &uid(j)).await?;
             unprep.push(t.elapsed().as_secs_f64() * 1e3);
         }
+    }
+    // The last window's claims too: nothing of the benchmark stays
+    // mounted on the host.
+    for j in args.claims.saturating_sub(window)..args.claims {
+        plugin.unprepare("bench", &name(j), &uid(j)).await?;
     }
     let gets = api.gets();
     if gets < args.claims as u64 {

@@ -119,6 +119,21 @@ impl Driver {
             .values()
             .flat_map(|p| p.slice_dirs.iter().map(PathBuf::as_path))
             .collect();
+        let boards = opts
+            .host_root
+            .join(gpuslice_ledger::board::DEFAULT_BOARD_DIR);
+        let orphans = std::fs::read_dir(claims_dir(&opts))
+            .into_iter()
+            .flatten()
+            .flatten();
+        for dir in orphans
+            .map(|e| e.path())
+            .filter(|d| !kept.contains(d.as_path()))
+        {
+            // Its share records, keyed by its usage ledger, go first.
+            let usage = dir.join(gpuslice_ledger::limits::USAGE_FILE);
+            gpuslice_ledger::board::withdraw_shares_of(&boards, &usage);
+        }
         for (dir, e) in crate::claimfs::sweep(&claims_dir(&opts), &kept) {
             tracing::warn!(dir = %dir.display(), "an orphaned claim slice directory: {e}");
         }

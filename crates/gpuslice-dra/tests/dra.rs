@@ -800,7 +800,13 @@ async fn a_restart_sweeps_slice_directories_no_claim_holds() {
     gpuslice_dra::claimfs::make(&orphan).unwrap();
     std::fs::write(orphan.join("usage"), b"left by a pod").unwrap();
     assert!(mounted(&orphan));
+    // Root's share record for it, as Prepare publishes one for a share.
+    let boards = HostRoot::new(host().root()).join(gpuslice_ledger::board::DEFAULT_BOARD_DIR);
+    gpuslice_ledger::board::prepare_dir(&boards).unwrap();
+    let key = gpuslice_ledger::board::ledger_key(&orphan.join("usage")).unwrap();
+    let share = gpuslice_ledger::board::publish_share(&boards, "GPU-orphaned", key, 2500).unwrap();
     let _s = e.start(true);
+    assert!(!share.exists(), "the orphan's share record is withdrawn");
     assert!(!orphan.exists(), "the orphan is removed");
     assert!(!mounted(&orphan), "and unmounted");
     assert!(mounted(&held[0]), "the prepared claim's directory stays");

@@ -377,6 +377,23 @@ pub fn withdraw_share(dir: &Path, uuid: &str, key: u64) {
     let _ = std::fs::remove_file(share_record(dir, uuid, key));
 }
 
+/// Removes, on every GPU, the share records of the slice whose usage
+/// ledger is `usage` (the slice is going: its directory is about to be
+/// swept or replaced), best effort. Left behind, they would pile up in the
+/// host's `/run`, one per replica or claim that ever ran.
+pub fn withdraw_shares_of(dir: &Path, usage: &Path) {
+    let Ok(key) = ledger_key(usage) else {
+        return; // no ledger: no share was recorded for it
+    };
+    for gpu in std::fs::read_dir(shares_dir(dir))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let _ = std::fs::remove_file(gpu.path().join(format!("{key:016x}")));
+    }
+}
+
 /// The root-written share of slice `key` on GPU `uuid`, if there is a
 /// record and it is root's (file and directory owned by uid 0, writable
 /// by root alone); None otherwise: a slot nobody vouched for.

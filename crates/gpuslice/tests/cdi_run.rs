@@ -48,6 +48,15 @@ struct Prepared {
     ledgers: tempfile::TempDir,
 }
 
+/// The claims stay prepared to the end: their slice directories (tmpfs
+/// mounts) are unmounted here, or they would outlive the temp dir.
+impl Drop for Prepared {
+    fn drop(&mut self) {
+        let kept = std::collections::HashSet::new();
+        gpuslice_k8s::slicedir::sweep(&self.tmp.path().join("claims"), &kept);
+    }
+}
+
 impl Prepared {
     /// Prepares `claims`: (uid, gpu, memory, compute); memory "" for the GPU whole.
     fn new(claims: &[(&str, u32, &str, &str)]) -> Prepared {
@@ -88,7 +97,7 @@ impl Prepared {
                     strip_host_root: false,
                     policy: gpuslice_dra::publish::SharedPolicy::default(),
                     refuse_unenforceable: false,
-                    claims_dir: None,
+                    claims_dir: Some(p.tmp.path().join("claims")),
                 },
                 Arc::new(KubeApi::new(&api.url, None).unwrap()),
             )

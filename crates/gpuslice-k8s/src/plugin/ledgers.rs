@@ -95,13 +95,14 @@ pub struct Swept {
 /// A fresh directory is a bounded tmpfs of its own, root's and private
 /// (`crate::slicedir`): the pod is given files of it, and its usage ledger
 /// cannot grow past the tmpfs.
-pub fn prepare(dir: &Path) -> Result<(), Error> {
+pub fn prepare(dir: &Path, boards: &Path) -> Result<(), Error> {
     let _held = lock();
     if dir.symlink_metadata().is_ok() && in_use_by_live_process(dir) {
         return fs::File::open(dir)
             .and_then(|f| f.set_modified(SystemTime::now()))
             .map_err(io_err(dir));
     }
+    withdraw_shares(dir, boards);
     crate::slicedir::make(dir, 0o700).map_err(io_err(dir))
 }
 
@@ -146,6 +147,7 @@ pub fn watched(ledger_dir: &Path) -> Vec<gpuslice_ledger::enforcer::WatchedSlice
 /// lists), older than `grace`, that no process uses.
 pub fn sweep(
     ledger_dir: &Path,
+    boards: &Path,
     listed: Vec<String>,
     held: &HashSet<String>,
     grace: Duration,
@@ -163,12 +165,23 @@ pub fn sweep(
             out.in_use.push(name);
             continue;
         }
+        withdraw_shares(&dir, boards);
         match crate::slicedir::remove(&dir) {
             Ok(()) => out.removed.push(name),
             Err(e) => out.errors.push(format!("{}: {e}", dir.display())),
         }
     }
     out
+}
+
+/// The share records root published on the GPUs' boards (`boards`) for
+/// the replica of directory `dir` (keyed by its usage ledger): withdrawn
+/// before the directory goes.
+fn withdraw_shares(dir: &Path, boards: &Path) {
+    gpuslice_ledger::board::withdraw_shares_of(
+        boards,
+        &dir.join(gpuslice_ledger::limits::USAGE_FILE),
+    );
 }
 
 /// Whether a process may still use the ledger directory `dir`: a ledger in
@@ -309,13 +322,62 @@ mod tests {
         let slot = l.attach().unwrap();
         age(&dir, 120);
         let none = HashSet::new();
-        let s = sweep(t.path(), listed(t.path()), &none, Duration::from_secs(60));
+        let s = sweep(
+            t.path(),
+            t.path(),
+            listed(t.path()),
+            &none,
+            Duration::from_secs(60),
+        );
         assert_eq!(s.in_use, vec!["k8s-x".to_string()]);
         assert!(dir.is_dir());
         l.detach(slot);
-        let s = sweep(t.path(), listed(t.path()), &none, Duration::from_secs(60));
+        let s = sweep(
+            t.path(),
+            t.path(),
+            listed(t.path()),
+            &none,
+            Duration::from_secs(60),
+        );
         assert_eq!(s.removed, vec!["k8s-x".to_string()]);
         assert!(!dir.exists());
+    }
+
+    /// A swept replica's share records go with it: they would otherwise
+    /// pile up in the boards' directory, one per replica that ever ran.
+    #[test]
+    fn the_sweep_withdraws_the_replica_s_share_records() {
+        let t = tempfile::tempdir().unwrap();
+        let boards = t.path().join("boards");
+        gpuslice_ledger::board::prepare_dir(&boards).unwrap();
+        let dir = t.path().join("k8s-x");
+        fs::create_dir_all(&dir).unwrap();
+        let usage = dir.join(gpuslice_ledger::limits::USAGE_FILE);
+        drop(
+            Ledger::create(
+                &usage,
+                "k8s-x",
+                &[DeviceSpec {
+                    uuid: "GPU-x".into(),
+                    cap: 1 << 30,
+                }],
+            )
+            .unwrap(),
+        );
+        let key = gpuslice_ledger::board::ledger_key(&usage).unwrap();
+        let record = gpuslice_ledger::board::publish_share(&boards, "GPU-x", key, 3000).unwrap();
+        let other = gpuslice_ledger::board::publish_share(&boards, "GPU-x", key ^ 1, 7000).unwrap();
+        age(&dir, 120);
+        let s = sweep(
+            t.path(),
+            &boards,
+            listed(t.path()),
+            &HashSet::new(),
+            Duration::from_secs(60),
+        );
+        assert_eq!(s.removed, vec!["k8s-x".to_string()]);
+        assert!(!record.exists(), "the swept replica's share record stayed");
+        assert!(other.exists(), "another slice's record is not touched");
     }
 
     #[test]
@@ -326,9 +388,16 @@ mod tests {
         let dir = t.path().join("k8s-new");
         fs::create_dir_all(&dir).unwrap();
         age(&dir, 120);
-        let s = sweep(t.path(), before, &HashSet::new(), Duration::from_secs(60));
+        let s = sweep(
+            t.path(),
+            t.path(),
+            before,
+            &HashSet::new(),
+            Duration::from_secs(60),
+        );
         assert!(s.removed.is_empty() && dir.is_dir(), "{s:?}");
         let s = sweep(
+            t.path(),
             t.path(),
             listed(t.path()),
             &HashSet::new(),
@@ -348,7 +417,13 @@ mod tests {
         let target = t.path().join("not-ours");
         std::os::unix::fs::symlink(&target, t.path().join("k8s-link")).unwrap();
         let held: HashSet<String> = ["k8s-held".to_string()].into();
-        let s = sweep(t.path(), listed(t.path()), &held, Duration::from_secs(60));
+        let s = sweep(
+            t.path(),
+            t.path(),
+            listed(t.path()),
+            &held,
+            Duration::from_secs(60),
+        );
         assert_eq!(s, Swept::default());
         for n in ["k8s-held", "k8s-young", "not-ours", "k8s-link"] {
             assert!(t.path().join(n).symlink_metadata().is_ok(), "{n}");
@@ -375,6 +450,7 @@ mod tests {
         assert!(!in_use(&dir));
         age(&dir, 120);
         let s = sweep(
+            t.path(),
             t.path(),
             listed(t.path()),
             &HashSet::new(),
@@ -424,7 +500,7 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let dir = t.path().join("k8s-x");
         let _u = Unmounting(&dir);
-        prepare(&dir).unwrap();
+        prepare(&dir, t.path()).unwrap();
         let mut f = fs::File::create(dir.join("usage")).unwrap();
         let chunk = vec![0x5au8; 64 << 10];
         let mut written = 0u64;
@@ -439,7 +515,7 @@ mod tests {
         assert!(written <= crate::slicedir::SIZE_BYTES, "{written}");
         drop(f);
         // The next Allocate of the replica gets a fresh, empty one.
-        prepare(&dir).unwrap();
+        prepare(&dir, t.path()).unwrap();
         assert!(!dir.join("usage").exists());
     }
 
@@ -451,7 +527,7 @@ mod tests {
         drop(ledger_in(&dir));
         fs::write(dir.join("old"), "x").unwrap();
         age(&dir, 120);
-        prepare(&dir).unwrap();
+        prepare(&dir, t.path()).unwrap();
         assert!(dir.is_dir() && !dir.join("old").exists());
         let age_now = dir
             .metadata()
@@ -463,7 +539,7 @@ mod tests {
         assert!(age_now < Duration::from_secs(5));
         let l = ledger_in(&dir);
         let _slot = l.attach().unwrap();
-        prepare(&dir).unwrap();
+        prepare(&dir, t.path()).unwrap();
         assert!(dir.join("k8s-x.ledger").exists(), "in use: kept");
     }
 
@@ -488,7 +564,7 @@ mod tests {
             in_use(&dir),
             "the sweep gives a young unreadable ledger time"
         );
-        prepare(&dir).unwrap();
+        prepare(&dir, t.path()).unwrap();
         assert!(
             !dir.join("usage").exists(),
             "the poisoned ledger was inherited"

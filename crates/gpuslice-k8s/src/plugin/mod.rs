@@ -451,6 +451,7 @@ async fn sweep_ledgers(plan: Arc<Plan>, state: Arc<watch::Sender<State>>) {
     loop {
         tick.tick().await;
         let dir = plan.cfg.ledger_dir.clone();
+        let boards = plan.cfg.board_dir.clone();
         let listed = ledgers::listed(&dir);
         let held =
             match gpuslice_metrics::pods::list(&cfg.pod_resources_socket, Duration::from_secs(5))
@@ -468,16 +469,17 @@ async fn sweep_ledgers(plan: Arc<Plan>, state: Arc<watch::Sender<State>>) {
                 }
             };
         let grace = Duration::from_secs(cfg.grace_seconds);
-        let swept =
-            match tokio::task::spawn_blocking(move || ledgers::sweep(&dir, listed, &held, grace))
-                .await
-            {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::error!("ledger sweep: {e}");
-                    continue;
-                }
-            };
+        let swept = match tokio::task::spawn_blocking(move || {
+            ledgers::sweep(&dir, &boards, listed, &held, grace)
+        })
+        .await
+        {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!("ledger sweep: {e}");
+                continue;
+            }
+        };
         for name in &swept.removed {
             tracing::info!("removed the ledger directory {name}: its pod is gone");
         }

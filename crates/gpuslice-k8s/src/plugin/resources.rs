@@ -324,7 +324,7 @@ impl Plan {
         // container: a leftover nothing uses is removed ([`ledgers`]);
         // one a process of the old pod still uses is kept, records and
         // all (the same IDs have the same limits).
-        ledgers::prepare(&dir)
+        ledgers::prepare(&dir, &self.cfg.board_dir)
             .map_err(|e| BadRequest(format!("cannot prepare the ledger directory: {e}")))?;
         let existing = RecordPaths::under(&dir);
         let records = if existing.limits.is_file() {
