@@ -599,6 +599,13 @@ impl Driver {
                     record: Some(record.clone()),
                     records,
                     limits,
+                    // What the pod spec showed at Prepare, checked again
+                    // as the kernel shows each GPU process.
+                    escapes: Some(if self.opts.refuse_unenforceable {
+                        gpuslice_ledger::enforcer::Escapes::Refuse
+                    } else {
+                        gpuslice_ledger::enforcer::Escapes::Flag
+                    }),
                 })
             })
             .collect()

@@ -977,5 +977,22 @@ async fn the_enforcer_kills_a_replica_s_process_that_runs_past_the_shim() {
         assert_eq!(kills.len(), 1, "{hide:?}: {kills:?}");
         assert_eq!(kills[0].bytes, cap + GIB, "{hide:?}: {kills:?}");
         assert_eq!(kills[0].uuid, uuid(1));
+        // The staged pod runs as root in the host's namespaces (a
+        // privileged, hostPID pod as the kernel shows it): recorded as
+        // able to escape any cap, which `slices` and the exporter show.
+        let escapes = gpuslice_ledger::enforcer::read_escapes(&records);
+        let routes: Vec<&str> = escapes
+            .iter()
+            .filter(|e| e.pid == kills[0].pid)
+            .flat_map(|e| e.routes.iter().map(String::as_str))
+            .collect();
+        assert!(routes.contains(&"hostPID"), "{hide:?}: {escapes:?}");
+        if hide == Hide::Nothing {
+            // Root's CAP_SYS_ADMIN of the host's user namespace; the
+            // `unshare -Ur` one is its own namespace's, and not counted.
+            assert!(routes.contains(&"CAP_SYS_ADMIN"), "{escapes:?}");
+        } else {
+            assert!(!routes.contains(&"CAP_SYS_ADMIN"), "{escapes:?}");
+        }
     }
 }

@@ -72,6 +72,25 @@ pub enum Unshimmed {
     Kill,
 }
 
+/// What a plugin does with a GPU process of a pod's slice that can escape
+/// any cap (`crate::procfs::escape_routes`: `CAP_SYS_ADMIN`, the host's
+/// PID, IPC or network namespace). Kubernetes allows such pods; the caps
+/// cannot hold against them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Escapes {
+    /// Recorded beside the slice's records (`unenforceable`), logged, and
+    /// shown by `gpuslice slices` and the exporter
+    /// (`gpuslice_slice_unenforceable`).
+    Flag,
+    /// Killed too: the admin's "refuse" (a device plugin cannot refuse at
+    /// Allocate, which does not name the pod).
+    Refuse,
+}
+
+/// Where escapes are recorded in a slice's records directory (root's):
+/// one line per process, `unix_ms pid routes comm` (routes joined by `,`).
+pub const UNENFORCEABLE_FILE: &str = "unenforceable";
+
 /// One process with memory on a device, as the driver reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DriverProcess {
@@ -95,6 +114,8 @@ impl From<(String, u32, u64)> for DriverProcess {
 pub enum Reason {
     OverCap,
     Unshimmed,
+    /// It can escape any cap (a plugin's [`Escapes::Refuse`]).
+    CanEscape,
 }
 
 impl Reason {
@@ -102,6 +123,7 @@ impl Reason {
         match self {
             Reason::OverCap => "over_cap",
             Reason::Unshimmed => "unshimmed",
+            Reason::CanEscape => "can_escape",
         }
     }
 
@@ -109,6 +131,7 @@ impl Reason {
         match s {
             "over_cap" => Some(Reason::OverCap),
             "unshimmed" => Some(Reason::Unshimmed),
+            "can_escape" => Some(Reason::CanEscape),
             _ => None,
         }
     }
@@ -125,6 +148,9 @@ pub struct Holder {
     /// What its ledger slot says, when the shim holds it (loaded and
     /// joined); None when not.
     pub shim_bytes: Option<u64>,
+    /// How it can escape any cap (`crate::procfs::escape_routes`); read
+    /// only for slices whose watcher checks it (a plugin's).
+    pub escapes: Vec<&'static str>,
 }
 
 impl Holder {
@@ -229,6 +255,7 @@ struct ProcFacts {
     comm: String,
     cgroup: String,
     shows: Option<FileId>,
+    escapes: Vec<&'static str>,
 }
 
 impl Known {
@@ -248,6 +275,7 @@ impl Known {
             comm: comm.trim().to_string(),
             cgroup,
             shows: crate::procfs::file_in_root(pid, LIMITS_IN_ROOT),
+            escapes: crate::procfs::escape_routes(pid),
         };
         self.procs.insert(pid, f.clone());
         Some(f)
@@ -336,6 +364,7 @@ pub fn facts_cached(
             uuid: p.uuid.clone(),
             driver_bytes: p.bytes,
             shim_bytes,
+            escapes: f.escapes,
         });
     }
     SliceFacts {
@@ -369,6 +398,9 @@ pub struct Action {
 #[derive(Debug, Default)]
 pub struct Enforcer {
     pub policy: Unshimmed,
+    /// None: escapes are not judged (`run`'s slices: its own launcher
+    /// confines them).
+    pub escapes: Option<Escapes>,
     strikes: BTreeMap<(String, String), u32>,
     unshimmed: BTreeMap<(String, u32), u32>,
 }
@@ -442,6 +474,20 @@ impl Enforcer {
                 out.push(action(h, Reason::OverCap, true));
             }
         }
+        // Processes that can escape any cap (a plugin's slices): flagged
+        // besides whatever else is judged of them, or refused (killed).
+        if let Some(e) = self.escapes {
+            for h in f.holders.iter().filter(|h| !h.escapes.is_empty()) {
+                if out.iter().any(|a| a.pid == h.pid && a.kill) {
+                    continue;
+                }
+                let refuse = e == Escapes::Refuse;
+                if refuse {
+                    out.retain(|a| a.pid != h.pid);
+                }
+                out.push(action(h, Reason::CanEscape, refuse));
+            }
+        }
         out
     }
 
@@ -482,6 +528,12 @@ impl Action {
             (true, Reason::Unshimmed) => format!(
                 "root's enforcer killed pid {pid} ({comm}): a GPU process of the slice the shim does not hold ({mib} MiB on {uuid})"
             ),
+            (true, Reason::CanEscape) => format!(
+                "root's enforcer killed pid {pid} ({comm}): it can escape any cap of its slice ({mib} MiB on {uuid}), and this plugin refuses such pods"
+            ),
+            (false, Reason::CanEscape) => format!(
+                "pid {pid} ({comm}) can escape any cap of its slice ({mib} MiB on {uuid}): flagged, its slice is not enforced"
+            ),
             (false, _) => format!(
                 "pid {pid} ({comm}) uses the GPU without the shim ({mib} MiB on {uuid}): flagged (policy: unshimmed_gpu_process = \"flag\")"
             ),
@@ -499,6 +551,9 @@ pub struct WatchedSlice {
     pub record: Option<std::path::PathBuf>,
     pub usage: std::path::PathBuf,
     pub records: std::path::PathBuf,
+    /// Whether and how processes that can escape any cap are judged
+    /// (a plugin's pods; None for `run`'s slices).
+    pub escapes: Option<Escapes>,
 }
 
 /// One slice under watch: the enforcer's state, its ledger once there.
@@ -509,6 +564,8 @@ struct SliceWatch {
     ledger: Option<crate::Ledger>,
     enforcer: Enforcer,
     flagged: Vec<u32>,
+    /// Processes recorded as able to escape any cap (once each).
+    escaped: Vec<u32>,
 }
 
 impl SliceWatch {
@@ -520,8 +577,12 @@ impl SliceWatch {
             member,
             caps,
             ledger: None,
-            enforcer: Enforcer::new(policy),
+            enforcer: Enforcer {
+                escapes: spec.escapes,
+                ..Enforcer::new(policy)
+            },
             flagged: Vec::new(),
+            escaped: Vec::new(),
             spec,
         }
     }
@@ -547,10 +608,26 @@ impl SliceWatch {
         let f = facts_cached(&self.member, &self.caps, snap.as_ref(), driver, known);
         let mut out = Vec::new();
         for a in self.enforcer.enforce(&f, &self.member, snap.as_ref()) {
+            if a.reason == Reason::CanEscape && !self.escaped.contains(&a.pid) {
+                self.escaped.push(a.pid);
+                let routes = f
+                    .holders
+                    .iter()
+                    .find(|h| h.pid == a.pid)
+                    .map(|h| h.escapes.clone());
+                let _ = record_escape(&self.spec.records, &a, &routes.unwrap_or_default());
+                if !a.kill {
+                    out.push(a);
+                    continue;
+                }
+            }
             if a.kill {
                 let _ = record_kill(&self.spec.records, &a);
                 out.push(a);
-            } else if self.enforcer.policy == Unshimmed::Flag && !self.flagged.contains(&a.pid) {
+            } else if a.reason != Reason::CanEscape
+                && self.enforcer.policy == Unshimmed::Flag
+                && !self.flagged.contains(&a.pid)
+            {
                 self.flagged.push(a.pid);
                 out.push(a);
             }
@@ -660,17 +737,7 @@ pub fn record_kill(dir: &Path, a: &Action) -> std::io::Result<()> {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis());
-    let comm: String = a
-        .comm
-        .chars()
-        .map(|c| {
-            if c.is_whitespace() || c.is_control() {
-                '_'
-            } else {
-                c
-            }
-        })
-        .collect();
+    let comm = one_word(&a.comm);
     let mut f = fs::OpenOptions::new()
         .append(true)
         .create(true)
@@ -683,6 +750,63 @@ pub fn record_kill(dir: &Path, a: &Action) -> std::io::Result<()> {
         a.uuid,
         a.driver_bytes
     )
+}
+
+/// Records that process `a.pid` of the slice can escape any cap (`routes`),
+/// in its records directory `dir` ([`UNENFORCEABLE_FILE`]).
+pub fn record_escape(dir: &Path, a: &Action, routes: &[&str]) -> std::io::Result<()> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    let mut f = fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(dir.join(UNENFORCEABLE_FILE))?;
+    writeln!(
+        f,
+        "{now} {} {} {}",
+        a.pid,
+        routes.join(","),
+        one_word(&a.comm)
+    )
+}
+
+/// A process that can escape its slice's caps, as recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EscapeRecord {
+    pub unix_ms: u64,
+    pub pid: u32,
+    pub routes: Vec<String>,
+    pub comm: String,
+}
+
+/// The escapes recorded in the records directory `dir` (none if no file).
+pub fn read_escapes(dir: &Path) -> Vec<EscapeRecord> {
+    let text = fs::read_to_string(dir.join(UNENFORCEABLE_FILE)).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            let mut f = l.splitn(4, ' ');
+            Some(EscapeRecord {
+                unix_ms: f.next()?.parse().ok()?,
+                pid: f.next()?.parse().ok()?,
+                routes: f.next()?.split(',').map(str::to_string).collect(),
+                comm: f.next().unwrap_or("").to_string(),
+            })
+        })
+        .collect()
+}
+
+/// A process name as one word of a record line.
+fn one_word(comm: &str) -> String {
+    comm.chars()
+        .map(|c| {
+            if c.is_whitespace() || c.is_control() {
+                '_'
+            } else {
+                c
+            }
+        })
+        .collect()
 }
 
 /// One recorded kill.
@@ -725,7 +849,101 @@ mod tests {
             uuid: "GPU-0".into(),
             driver_bytes: bytes,
             shim_bytes: shim,
+            escapes: Vec::new(),
         }
+    }
+
+    /// A pod's process that can escape any cap is flagged by a plugin that
+    /// flags, killed by one that refuses, and never judged for `run`'s
+    /// slices (escapes None); an unshimmed or over-cap judgement of it is
+    /// not made twice.
+    #[test]
+    fn processes_that_can_escape_are_flagged_or_refused() {
+        let mut privileged = holder(7, 1 << 20, Some(1 << 20));
+        privileged.escapes = vec!["CAP_SYS_ADMIN", "hostPID"];
+        let f = slice(vec![privileged, holder(8, 1 << 20, Some(1 << 20))]);
+        let judged = |escapes| {
+            Enforcer {
+                escapes,
+                ..Enforcer::new(Unshimmed::Kill)
+            }
+            .judge(&f)
+        };
+        let flagged = judged(Some(Escapes::Flag));
+        assert_eq!(flagged.len(), 1, "{flagged:?}");
+        assert_eq!(
+            (flagged[0].pid, flagged[0].reason, flagged[0].kill),
+            (7, Reason::CanEscape, false)
+        );
+        let refused = judged(Some(Escapes::Refuse));
+        assert_eq!(
+            (refused[0].pid, refused[0].reason, refused[0].kill),
+            (7, Reason::CanEscape, true)
+        );
+        assert!(
+            judged(None).is_empty(),
+            "run's slices are not judged for escapes"
+        );
+        // Flagging does not spare it another judgement: unshimmed, it is
+        // still killed after the grace ticks.
+        let mut unshimmed = holder(9, 1 << 20, None);
+        unshimmed.escapes = vec!["hostPID"];
+        let f = slice(vec![unshimmed]);
+        let mut e = Enforcer {
+            escapes: Some(Escapes::Flag),
+            ..Enforcer::new(Unshimmed::Kill)
+        };
+        let last = (0..GRACE_TICKS).map(|_| e.judge(&f)).last().unwrap();
+        assert!(
+            last.iter().any(|a| a.reason == Reason::Unshimmed && a.kill),
+            "{last:?}"
+        );
+    }
+
+    /// The escape routes are what the kernel shows: this test process (root
+    /// on the host) has CAP_SYS_ADMIN and, seen from the host's PID
+    /// namespace, the host's namespaces; a child in namespaces of its own
+    /// without CAP_SYS_ADMIN has none.
+    #[test]
+    fn escape_routes_are_read_from_the_kernel() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            panic!("needs root (CI runs as root)");
+        }
+        let mine = crate::procfs::escape_routes(std::process::id());
+        assert!(mine.contains(&"CAP_SYS_ADMIN"), "{mine:?}");
+        let host = crate::procfs::own_pid_namespace() == crate::procfs::INITIAL_PID_NAMESPACE;
+        if host {
+            assert!(
+                mine.contains(&"hostPID") && mine.contains(&"hostNetwork"),
+                "{mine:?}"
+            );
+        }
+        let mut child = std::process::Command::new("unshare")
+            .args(["--pid", "--ipc", "--net", "--fork", "--kill-child"])
+            .args([
+                "setpriv",
+                "--inh-caps=-sys_admin",
+                "--bounding-set=-sys_admin",
+            ])
+            .args(["sh", "-c", "echo ready; exec sleep 30"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        // unshare --fork: the sleeper is unshare's child.
+        let kids =
+            std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", child.id())).unwrap();
+        let sleeper: u32 = kids.split_whitespace().next().unwrap().parse().unwrap();
+        let theirs = crate::procfs::escape_routes(sleeper);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(theirs.is_empty(), "{theirs:?}");
     }
 
     fn slice(holders: Vec<Holder>) -> SliceFacts {

@@ -115,6 +115,60 @@ pub fn own_pid_namespace() -> u64 {
 /// it sees every process of the machine in its `/proc`.
 pub(crate) const INITIAL_PID_NAMESPACE: u64 = 0xEFFF_FFFC;
 
+/// `CAP_SYS_ADMIN`'s bit in `/proc/<pid>/status`'s `CapEff`.
+const CAP_SYS_ADMIN: u32 = 21;
+
+/// What lets process `pid` past any cap of its slice, as the kernel shows
+/// it (not as a pod spec claims it): `CAP_SYS_ADMIN` in its effective set
+/// in the host's user namespace (a privileged container, or one given
+/// SYS_ADMIN: it mounts over the host's devices and other slices' files),
+/// and, when the reader is
+/// in the host's PID namespace (a plugin with `hostPID`), the host's PID
+/// namespace (other slices' ledgers through `/proc/<pid>/root`), IPC
+/// namespace or network namespace (the node's loopback services). Empty
+/// for a process that is gone.
+pub fn escape_routes(pid: u32) -> Vec<&'static str> {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    let cap_eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0);
+    let ns = |pid: &str, kind: &str| {
+        std::fs::metadata(format!("/proc/{pid}/ns/{kind}")).map(|m| m.ino())
+    };
+    let pid = pid.to_string();
+    // CAP_SYS_ADMIN of a user namespace of its own (`unshare -Ur`, which
+    // any process may do where seccomp allows it) rules only its own
+    // mounts: what it uncovers there leaves it unshimmed, which the
+    // enforcer judges. Only the host's user namespace's is an escape.
+    let host_user = match (ns(&pid, "user"), ns("2", "user")) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => true, // cannot tell: counted
+    };
+    if cap_eff & (1 << CAP_SYS_ADMIN) != 0 && host_user {
+        out.push("CAP_SYS_ADMIN");
+    }
+    if own_pid_namespace() == INITIAL_PID_NAMESPACE {
+        // The host's namespaces are kthreadd's (pid 2, always in the
+        // initial ones; pid 1's may be unreadable under a sandboxing init).
+        for (kind, route) in [
+            ("pid", "hostPID"),
+            ("ipc", "hostIPC"),
+            ("net", "hostNetwork"),
+        ] {
+            match (ns(&pid, kind), ns("2", kind)) {
+                (Ok(a), Ok(b)) if a == b => out.push(route),
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
 /// The processes of other (descendant) PID namespaces as this one sees
 /// them. A slice's processes record their pid as their own PID namespace
 /// numbers it (`gpuslice run` gives each slice one, with its own `/proc`,

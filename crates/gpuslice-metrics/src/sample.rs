@@ -61,7 +61,7 @@ metrics! {
     GPU_LAST_XID: Gauge "gpu_last_xid" "The last XID code seen on the GPU since the exporter started (absent when none)";
     DRA_CLAIM_INFO: Gauge "dra_claim_info" "A DRA claim's slice prepared on this node (value 1), with the claim's namespace, name and uid";
     LEDGER_UNREADABLE: Gauge "ledger_unreadable" "A ledger in the ledger directory that does not read as one (value 1; the reason is logged): its slice goes unreported, not silently";
-    SLICE_UNENFORCEABLE: Gauge "slice_unenforceable" "A slice whose caps do not hold against its pods (value 1): privileged, CAP_SYS_ADMIN, hostPID or hostIPC, as the reason says";
+    SLICE_UNENFORCEABLE: Gauge "slice_unenforceable" "A slice whose caps do not hold against its pods (value 1): privileged, CAP_SYS_ADMIN, hostPID, hostIPC or hostNetwork, as the reason says (from the pod spec at Prepare, or a process as the kernel shows it)";
     GPU_POD_INFO: Gauge "gpu_pod_info" "A container the kubelet assigned this GPU (or one of its replicas) to (value 1)";
     SLICE_CAP: Gauge "slice_memory_cap_bytes" "A slice's GPU memory cap on a device (absent when unlimited)";
     SLICE_USED: Gauge "slice_memory_used_bytes" "GPU memory a slice's processes hold on a device (from its ledger)";

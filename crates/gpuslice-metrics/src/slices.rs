@@ -223,13 +223,28 @@ pub(crate) fn push_holders(out: &mut Sample, f: &SliceFacts, exported: &mut Vec<
 /// recorded in its records directory `dir`.
 pub(crate) fn push_kills(out: &mut Sample, slice: &str, dir: &Path) {
     let kills = read_kills(dir);
-    for reason in [Reason::OverCap, Reason::Unshimmed] {
+    for reason in [Reason::OverCap, Reason::Unshimmed, Reason::CanEscape] {
         let l: Labels = vec![
             ("slice", slice.to_string()),
             ("reason", reason.as_str().to_string()),
         ];
         let n = kills.iter().filter(|k| k.reason == reason).count();
         out.push(m::SLICE_ENFORCEMENT_KILLS, &l, n as f64);
+    }
+    // A plugin's pods' processes that can escape any cap; one series per
+    // reason (a restarted plugin records a process again: a duplicate
+    // series would fail the whole scrape).
+    let reasons: std::collections::BTreeSet<String> = gpuslice_ledger::enforcer::read_escapes(dir)
+        .iter()
+        .flat_map(|e| {
+            e.routes
+                .iter()
+                .map(move |r| format!("pid {} ({}): {r}", e.pid, e.comm))
+        })
+        .collect();
+    for reason in reasons {
+        let l: Labels = vec![("slice", slice.to_string()), ("reason", reason)];
+        out.push(m::SLICE_UNENFORCEABLE, &l, 1.0);
     }
 }
 

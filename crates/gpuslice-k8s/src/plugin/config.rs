@@ -8,6 +8,8 @@
 //! stateDir: /run/gpuslice/device-plugin  # host dir for the ld.so.preload file mounted into shared replicas
 //! boardDir: /run/gpuslice/gpus     # host dir of the GPUs' boards (compute use), mounted into shared replicas
 //! stripHostRoot: false             # DeviceSpec/Mount host paths relative to --host-root
+//! refuseUnenforceable: false       # kill a replica's GPU process that can escape any cap (privileged,
+//!                                  # CAP_SYS_ADMIN, hostPID/IPC/Network); false: flag it
 //! roles:                           # each GPU gets exactly one role (see [`super::roles`])
 //!   - gpus: [0, 1]                 # indices, ranges (0-1), GPU-<uuid> (unique prefix), PCI bus ids
 //!     role: whole                  # whole | shared | mig
@@ -70,6 +72,10 @@ pub struct Config {
     pub state_dir: PathBuf,
     pub board_dir: PathBuf,
     pub strip_host_root: bool,
+    /// Kill a shared replica's GPU process that can escape any cap
+    /// (`CAP_SYS_ADMIN`, the host's PID, IPC or network namespace: a
+    /// privileged or host-namespace pod); off: flagged only.
+    pub refuse_unenforceable: bool,
     /// Per-GPU roles; empty: see [`Config::roles`].
     pub roles: Vec<RoleRule>,
     pub sharing: Sharing,
@@ -215,6 +221,7 @@ impl Default for Config {
             state_dir: DEFAULT_STATE_DIR.into(),
             board_dir: gpuslice_ledger::board::DEFAULT_BOARD_DIR.into(),
             strip_host_root: false,
+            refuse_unenforceable: false,
             roles: Vec::new(),
             sharing: Sharing::default(),
             strategies: Strategies::default(),
@@ -283,6 +290,7 @@ const SCHEMA: &[(&str, &[&str])] = &[
             "stateDir",
             "boardDir",
             "stripHostRoot",
+            "refuseUnenforceable",
             "roles",
             "sharing",
             "strategies",

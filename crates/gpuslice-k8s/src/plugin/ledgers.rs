@@ -126,7 +126,11 @@ pub fn listed(ledger_dir: &Path) -> Vec<String> {
 /// slice directory in `ledger_dir` with root's limits record (a record
 /// that does not verify is left out: the directory is not a replica of
 /// this plugin's, or is being made).
-pub fn watched(ledger_dir: &Path) -> Vec<gpuslice_ledger::enforcer::WatchedSlice> {
+/// Their pods' processes that can escape any cap are judged per `escapes`.
+pub fn watched(
+    ledger_dir: &Path,
+    escapes: gpuslice_ledger::enforcer::Escapes,
+) -> Vec<gpuslice_ledger::enforcer::WatchedSlice> {
     listed(ledger_dir)
         .into_iter()
         .filter_map(|name| {
@@ -137,6 +141,7 @@ pub fn watched(ledger_dir: &Path) -> Vec<gpuslice_ledger::enforcer::WatchedSlice
                 record: Some(records.limits),
                 usage: records.usage,
                 records: records.dir,
+                escapes: Some(escapes),
             })
         })
         .collect()

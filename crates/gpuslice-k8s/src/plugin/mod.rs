@@ -276,7 +276,12 @@ impl Generation {
         let enforcer = match opts.enforcer {
             Some(policy) if plan.shares() => {
                 let dir = plan.cfg.ledger_dir.clone();
-                let watch = move || ledgers::watched(&dir);
+                let escapes = if plan.cfg.refuse_unenforceable {
+                    gpuslice_ledger::enforcer::Escapes::Refuse
+                } else {
+                    gpuslice_ledger::enforcer::Escapes::Flag
+                };
+                let watch = move || ledgers::watched(&dir, escapes);
                 Some(crate::enforcer::spawn(
                     policy,
                     opts.nvml_lib.clone(),

@@ -68,6 +68,10 @@ pub fn watch(
         record: None,
         usage: records.usage.clone(),
         records: records.dir.clone(),
+        // The launcher confines the slice itself (no CAP_SYS_ADMIN, its
+        // own PID namespace) unless asked not to (`--privileged`, which is
+        // no boundary: docs/security.md).
+        escapes: None,
     }]);
     Some(RunWatch { nvml, watch })
 }

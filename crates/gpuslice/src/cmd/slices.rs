@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 use gpuslice_cuda_load::partitions::Partitions;
 use gpuslice_ledger::enforcement::{ProcessCheck, ProcessTable};
-use gpuslice_ledger::enforcer::{facts, read_kills, Member, SliceFacts};
+use gpuslice_ledger::enforcer::{facts, read_escapes, read_kills, Member, SliceFacts};
 use gpuslice_ledger::limits::{verify_and_read, RecordPaths, LIMITS_FILE, USAGE_FILE};
 use gpuslice_ledger::{board, Ledger, ProcessState};
 use serde_json::{json, Value};
@@ -141,11 +141,11 @@ fn describe(
             }),
         )
     };
-    let kills = path
+    let records = path
         .parent()
-        .filter(|_| path.file_name().is_some_and(|n| n == USAGE_FILE))
-        .map(read_kills)
-        .unwrap_or_default();
+        .filter(|_| path.file_name().is_some_and(|n| n == USAGE_FILE));
+    let kills = records.map(read_kills).unwrap_or_default();
+    let escapes = records.map(escapes_json).unwrap_or_default();
     // Which layers hold the slice's memory: the shim (a cap in its
     // ledger), root's enforcer (`run`'s slices: an `enforcement` record
     // directory of root's), the driver (a hard limit on its cgroup).
@@ -205,6 +205,8 @@ fn describe(
         "memory_layers": layers,
         "driver_limits": driver_limits,
         "enforcement_kills": kills_json(&kills),
+        // A plugin's pods' processes that can escape any cap.
+        "unenforceable_processes": escapes,
         // GPU processes of the slice (its cgroup) the shim does not hold:
         // those that map the driver or hold its nodes, and those the
         // driver lists with memory.
@@ -245,6 +247,16 @@ fn driver_json(driver: &Result<SliceFacts, String>) -> Value {
         }),
         Err(e) => json!({ "error": e }),
     }
+}
+
+/// The `unenforceable_processes` list: the processes of a plugin's slice
+/// that root's enforcer found able to escape any cap, recorded in the
+/// slice's records directory `dir`.
+fn escapes_json(dir: &Path) -> Vec<Value> {
+    read_escapes(dir)
+        .iter()
+        .map(|e| json!({"unix_ms": e.unix_ms, "pid": e.pid, "name": e.comm, "routes": e.routes}))
+        .collect()
 }
 
 /// The `enforcement_kills` list: root's enforcer's recorded kills.
@@ -351,9 +363,8 @@ fn dra_driver(
         let member = Member::new(&s.slice, Some(record));
         Ok(facts(&member, &caps, snap.as_ref(), &driver))
     })();
-    let kills = read_kills(&gpuslice_dra::checkpoint::enforcement_dir(
-        dra_dir, &s.slice,
-    ));
+    let records = gpuslice_dra::checkpoint::enforcement_dir(dra_dir, &s.slice);
+    let kills = read_kills(&records);
     json!({
         "driver_used_bytes": driver
             .as_ref()
@@ -361,6 +372,7 @@ fn dra_driver(
             .map(|f| f.holders.iter().map(|h| h.driver_bytes).sum::<u64>()),
         "driver": driver_json(&driver),
         "enforcement_kills": kills_json(&kills),
+        "unenforceable_processes": escapes_json(&records),
     })
 }
 
@@ -449,8 +461,27 @@ fn print_unaccounted(h: &Value) {
     );
 }
 
-/// The kills of root's enforcer recorded for slice `s`, one line each.
+/// The kills of root's enforcer recorded for slice `s`, one line each,
+/// and the processes it found able to escape any cap.
 fn print_kills(s: &Value) {
+    for e in s["unenforceable_processes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let routes: Vec<String> = e["routes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|r| r.as_str().map(printable))
+            .collect();
+        println!(
+            "  pid {:>7} {:<16} NOT ENFORCED: it can escape any cap ({})",
+            e["pid"],
+            printable(e["name"].as_str().unwrap_or("")),
+            routes.join(", "),
+        );
+    }
     for k in s["enforcement_kills"].as_array().into_iter().flatten() {
         println!(
             "  pid {:>7} {:<16} KILLED by root's enforcer ({}): it held {} on {}",
@@ -458,6 +489,7 @@ fn print_kills(s: &Value) {
             k["name"].as_str().unwrap_or(""),
             match k["reason"].as_str() {
                 Some("over_cap") => "the slice was over its cap",
+                Some("can_escape") => "it could escape any cap, and the plugin refuses such pods",
                 _ => "a GPU process without the shim",
             },
             mib(&k["driver_bytes"]),
