@@ -296,16 +296,8 @@ impl<'a> Builder<'a> {
     /// Builds the spec from its value: the oldest version that has every
     /// field used, validated.
     fn finish(self, value: Value) -> Result<Generated> {
-        let mut spec: CdiSpec = serde_json::from_value(value).context("building the CDI spec")?;
-        // The oldest spec version that has every field used: podman 4.x
-        // (CDI 0.5) reads older versions only.
-        let min = container_device_interface::version::minimum_required_version(&spec)?;
-        let mut v = serde_json::to_value(&spec)?;
-        v["cdiVersion"] = Value::String(min.to_string());
-        spec = serde_json::from_value(v)?;
-        validate(&spec)?;
         Ok(Generated {
-            spec,
+            spec: versioned_spec(value)?,
             side_files: self.side_files,
             warnings: self.warnings,
         })
@@ -389,6 +381,43 @@ fn slice_env(common: &mut Value, visible: &str) {
     env.push(json!(format!("CUDA_VISIBLE_DEVICES={visible}")));
     env.push(json!(format!("NVIDIA_VISIBLE_DEVICES={visible}")));
     common["env"] = Value::Array(env);
+}
+
+/// A spec from its value: the oldest version that has every field used
+/// (podman 4.x, CDI 0.5, reads older versions only), validated.
+pub fn versioned_spec(value: Value) -> Result<CdiSpec> {
+    let spec: CdiSpec = serde_json::from_value(value).context("building the CDI spec")?;
+    let min = container_device_interface::version::minimum_required_version(&spec)?;
+    let mut v = serde_json::to_value(&spec)?;
+    v["cdiVersion"] = Value::String(min.to_string());
+    let spec = serde_json::from_value(v)?;
+    validate(&spec)?;
+    Ok(spec)
+}
+
+/// The hooks that give a capped slice's containers the driver's memory
+/// partitions ([`crate::memory_hook`]): set by a `createRuntime` hook
+/// from root's limits record `record` (a host path), cleared by a
+/// `poststop` hook; `gpuslice` is the host path of the binary the runtime
+/// runs, `host_root` a simulated host's root (None: `/`). The ONE place
+/// that says how a container's partition is set, for `cdi generate`'s
+/// shared variants, DRA claims and the device plugin's shared replicas.
+pub fn memory_limit_hooks(gpuslice: &str, record: &str, host_root: Option<&Path>) -> Value {
+    let hook = |name: &str, action: &[&str]| {
+        let mut args: Vec<String> = ["gpuslice", "cdi", "hook", "memory-limits"]
+            .iter()
+            .chain(action)
+            .map(|a| a.to_string())
+            .collect();
+        if let Some(root) = host_root {
+            args.extend(["--host-root".to_string(), root.display().to_string()]);
+        }
+        json!({ "hookName": name, "path": gpuslice, "args": args, "timeout": 10 })
+    };
+    json!([
+        hook("createRuntime", &["set", "--limits", record]),
+        hook("poststop", &["clear"]),
+    ])
 }
 
 /// Validates with the CDI crate: the schema, names, edits.
@@ -1001,33 +1030,15 @@ impl Builder<'_> {
     }
 
     /// The driver's memory partitions for a capped slice's containers
-    /// ([`crate::memory_hook`]): set by a `createRuntime` hook from root's
-    /// limits record `record`, cleared by a `poststop` hook. None without
-    /// the `gpuslice` binary to run. The hooks run on the host: a host root
-    /// other than `/` that is not stripped (a simulated host) is named.
+    /// ([`memory_limit_hooks`]) from root's limits record `record`. None
+    /// without the `gpuslice` binary to run. The hooks run on the host: a
+    /// host root other than `/` that is not stripped (a simulated host) is
+    /// named.
     fn memory_limit_hooks(&self, record: &Path) -> Option<Value> {
         let gpuslice = self.host(self.opts.hook.as_ref()?);
         let root = self.root.path();
-        let host_root: Vec<String> = if self.opts.strip_host_root || root == Path::new("/") {
-            Vec::new()
-        } else {
-            vec!["--host-root".into(), root.display().to_string()]
-        };
-        let hook = |name: &str, action: &[String]| {
-            let mut args: Vec<String> = ["gpuslice", "cdi", "hook", "memory-limits"]
-                .map(String::from)
-                .to_vec();
-            args.extend_from_slice(action);
-            args.extend(host_root.iter().cloned());
-            json!({ "hookName": name, "path": gpuslice, "args": args, "timeout": 10 })
-        };
-        Some(json!([
-            hook(
-                "createRuntime",
-                &["set".into(), "--limits".into(), self.host(record)]
-            ),
-            hook("poststop", &["clear".into()]),
-        ]))
+        let host_root = (!self.opts.strip_host_root && root != Path::new("/")).then_some(root);
+        Some(memory_limit_hooks(&gpuslice, &self.host(record), host_root))
     }
 
     /// The slice's directory in the container, where its usage ledger is

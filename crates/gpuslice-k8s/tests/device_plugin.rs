@@ -996,3 +996,95 @@ async fn the_enforcer_kills_a_replica_s_process_that_runs_past_the_shim() {
         }
     }
 }
+
+/// `driverPartitions` (the driver's memory partitions of replicas, issue
+/// 25): a shared replica's Allocate names the replica's CDI device beside
+/// its mounts, a whole GPU's does not; the plugin's spec holds, for that
+/// device, only the memory-limit hooks, the set hook reading the
+/// replica's own limits record. A `hook` that is not a file is refused at
+/// start, naming the field (every replica's container would fail).
+#[tokio::test]
+async fn driver_partitions_name_a_replica_s_cdi_device_with_its_hooks() {
+    let t = StateDir::new();
+    let hook = t.path().join("gpuslice");
+    std::fs::write(&hook, b"the hook binary").unwrap();
+    let cdi_dir = t.path().join("cdi");
+    let mut cfg = config(t.path(), MIXED);
+    cfg.driver_partitions.enabled = true;
+    cfg.driver_partitions.hook = hook.clone();
+    cfg.driver_partitions.cdi_dir = cdi_dir.clone();
+    let mut k = TestKubelet::start(&cfg.plugin_dir).await.unwrap();
+    let _p = start(cfg);
+    k.registrations_of(&ALL, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let mut c = k.dial("gpuslice-gpu.shared.sock").await.unwrap();
+    let (devices, _s) = first_list(&mut c).await.unwrap();
+    let r = allocate_one(&mut c, &[devices[1].id.clone()])
+        .await
+        .unwrap();
+    let slice = r.envs["GPUSLICE_SLICE"].clone();
+    let names: Vec<_> = r.cdi_devices.iter().map(|d| d.name.clone()).collect();
+    assert_eq!(names, [format!("gpuslice.dev/replica={slice}")]);
+    assert!(r
+        .mounts
+        .iter()
+        .any(|m| m.container_path == "/etc/ld.so.preload"));
+    let mut whole = k.dial("gpuslice-gpu.sock").await.unwrap();
+    let w = allocate_one(&mut whole, &[uuid(0)]).await.unwrap();
+    assert!(w.cdi_devices.is_empty(), "{w:?}");
+
+    let text =
+        std::fs::read_to_string(cdi_dir.join("gpuslice-device-plugin-gpuslice.dev_replica.json"))
+            .unwrap();
+    let spec: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(spec["kind"], "gpuslice.dev/replica");
+    let device = spec["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == slice.as_str())
+        .unwrap_or_else(|| panic!("no device {slice}: {text}"));
+    let edits = device["containerEdits"].as_object().unwrap();
+    assert_eq!(edits.keys().collect::<Vec<_>>(), ["hooks"], "{text}");
+    let hooks = edits["hooks"].as_array().unwrap();
+    let by = |name: &str| {
+        hooks
+            .iter()
+            .find(|h| h["hookName"] == name)
+            .unwrap_or_else(|| panic!("no {name} hook: {text}"))
+    };
+    let set = by("createRuntime");
+    assert_eq!(set["path"], hook.display().to_string());
+    let record = t.path().join("ledgers").join(&slice).join("limits");
+    let args: Vec<&str> = set["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        args[..7],
+        [
+            "gpuslice",
+            "cdi",
+            "hook",
+            "memory-limits",
+            "set",
+            "--limits",
+            &record.display().to_string()
+        ],
+        "{text}"
+    );
+    assert!(record.is_file(), "Allocate wrote the record the hook reads");
+    assert_eq!(by("poststop")["args"][4], "clear");
+
+    let bad = StateDir::new();
+    let mut cfg = config(bad.path(), MIXED);
+    cfg.driver_partitions.enabled = true;
+    cfg.driver_partitions.hook = bad.path().join("no-gpuslice");
+    cfg.driver_partitions.cdi_dir = bad.path().join("cdi");
+    let e = format!("{:#}", start(cfg).stop().unwrap_err());
+    assert!(e.contains("driverPartitions.hook:"), "{e}");
+    drop(t);
+}

@@ -202,12 +202,7 @@ fn check_reports_a_driver_upgrade() {
 #[test]
 fn a_capped_slice_s_container_gets_the_driver_s_limit_from_its_hook() {
     let _alone = podman_alone();
-    let host = FakeHost::builder()
-        .gpus(1)
-        .driver_version("615.20.01")
-        .build()
-        .unwrap();
-    host.install_driver(&fakegpu::driver_so_path()).unwrap();
+    let host = r615_host();
     let tmp = tempfile::tempdir().unwrap();
     let shim = tmp.path().join("libgpuslice.so");
     std::fs::write(&shim, b"not a real shim: busybox is static").unwrap();
@@ -232,13 +227,34 @@ fn a_capped_slice_s_container_gets_the_driver_s_limit_from_its_hook() {
         cdi_dir.join("gpuslice-ld.so.preload"),
         gpuslice_k8s::cdi::limits_record_path(cdi_dir, "0-shared-2"),
     ];
+    assert_limited_while_it_runs(
+        &image,
+        "gpuslice.dev/parttest=0-shared-2",
+        &host,
+        fakegpu::kernel::GPU_MEMORY_BYTES / 2,
+    );
+}
+
+/// A fake host of one GPU whose driver poses as R615 (memory partitions),
+/// installed for the hooks to load.
+fn r615_host() -> FakeHost {
+    let host = FakeHost::builder()
+        .gpus(1)
+        .driver_version("615.20.01")
+        .build()
+        .unwrap();
+    host.install_driver(&fakegpu::driver_so_path()).unwrap();
+    host
+}
+
+/// Runs `device`'s container for a few seconds on `host` (a fake R615):
+/// while it ran, its own cgroup v2 directory had the driver's limit (soft
+/// 0, hard `hard`); once it ended the limit was cleared and root's record
+/// of it gone.
+fn assert_limited_while_it_runs(image: &Image, device: &str, host: &FakeHost, hard: u64) {
     let limits = host.path(".fakegpu/memlimits/0");
-    let half = fakegpu::kernel::GPU_MEMORY_BYTES / 2;
     let mut child = image
-        .command(
-            "gpuslice.dev/parttest=0-shared-2",
-            "cat /proc/self/cgroup; echo up; sleep 3",
-        )
+        .command(device, "cat /proc/self/cgroup; echo up; sleep 3")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -268,7 +284,7 @@ fn a_capped_slice_s_container_gets_the_driver_s_limit_from_its_hook() {
         .find(|l| l.ends_with(&cgroup))
         .unwrap_or_else(|| panic!("no limit on {cgroup}: {set:?}; {stderr}"));
     let f: Vec<&str> = line.splitn(3, ' ').collect();
-    assert_eq!((f[0], f[1]), ("0", half.to_string().as_str()), "{set}");
+    assert_eq!((f[0], f[1]), ("0", hard.to_string().as_str()), "{set}");
     assert!(
         Path::new(f[2]).join("cgroup.controllers").is_file() || !Path::new(f[2]).exists(),
         "a cgroup v2 directory: {set}"
@@ -286,4 +302,103 @@ fn a_capped_slice_s_container_gets_the_driver_s_limit_from_its_hook() {
         "records left in {}",
         state.display()
     );
+}
+
+/// The replicas' directories a device plugin leaves allocated are tmpfs
+/// mounts (`gpuslice_k8s::slicedir`): unmounted on drop, or they would
+/// outlive the temp dir on the host.
+struct Unmounted(std::path::PathBuf);
+
+impl Drop for Unmounted {
+    fn drop(&mut self) {
+        for (dir, e) in gpuslice_k8s::slicedir::sweep(&self.0, &Default::default()) {
+            eprintln!("left mounted: {}: {e}", dir.display());
+        }
+    }
+}
+
+/// The CDI device a device plugin answers a shared Allocate with, on the
+/// test kubelet's real v1beta1 wire: its response's `cdi_devices`, and the
+/// mounts it had before.
+fn allocate_a_shared_replica(
+    plugin_dir: &Path,
+) -> gpuslice_k8s::plugin::v1beta1::ContainerAllocateResponse {
+    use gpuslice_testkit::kubelet::{allocate_one, first_list, TestKubelet};
+    use std::time::Duration;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut k = TestKubelet::start(plugin_dir).await.unwrap();
+        let regs = k
+            .registrations_of(&["nvidia.com/gpu.shared"], Duration::from_secs(20))
+            .await
+            .unwrap();
+        let mut c = k.dial(&regs[0].req.endpoint).await.unwrap();
+        let (devices, _stream) = first_list(&mut c).await.unwrap();
+        let resp = allocate_one(&mut c, &[devices[0].id.clone()])
+            .await
+            .unwrap();
+        k.stop().await;
+        resp
+    })
+}
+
+/// Issue 25: a device-plugin shared replica's container gets the driver's
+/// hard limit (R615+, the fake posing as 615) on its own cgroup v2
+/// directory. Allocate names the replica's CDI device beside its mounts;
+/// the runtime (podman, as containerd and CRI-O do with the CDI names the
+/// kubelet hands them) runs the device's `createRuntime` hook, which sets
+/// the replica's cap from root's limits record, and its `poststop` hook
+/// clears it. Without the device or its hooks the driver holds no limit
+/// for the container.
+#[test]
+fn a_device_plugin_replica_s_container_gets_the_driver_s_limit() {
+    use gpuslice_k8s::plugin::{config::Config, spawn, Options};
+    let _alone = podman_alone();
+    let host = r615_host();
+    // The plugin discovers through the fake NVML in this process.
+    std::env::set_var("FAKEGPU_ROOT", host.root());
+    let tmp = tempfile::tempdir().unwrap();
+    let kind = format!("gpuslice.dev/dptest{}", std::process::id());
+    let mut cfg = Config::parse("roles: [{gpus: others, role: shared, replicas: 2}]\n").unwrap();
+    cfg.plugin_dir = tmp.path().join("plugins");
+    cfg.ledger_dir = tmp.path().join("ledgers");
+    cfg.state_dir = tmp.path().join("state");
+    cfg.board_dir = tmp.path().join("boards");
+    cfg.shim = tmp.path().join("libgpuslice.so");
+    std::fs::write(&cfg.shim, b"not a real shim: busybox is static").unwrap();
+    cfg.driver_partitions.enabled = true;
+    cfg.driver_partitions.hook = env!("CARGO_BIN_EXE_gpuslice").into();
+    cfg.driver_partitions.cdi_dir = "/var/run/cdi".into();
+    cfg.driver_partitions.cdi_kind = kind.clone();
+    let _unmounted = Unmounted(cfg.ledger_dir.clone());
+    let plugin_dir = cfg.plugin_dir.clone();
+    let mut opts = Options::new(cfg, gpuslice_core::HostRoot::new(host.root()));
+    opts.nvml_lib = Some(host.nvml_lib());
+    opts.enforcer = None;
+    let plugin = spawn(opts).unwrap();
+    let mut image = Image::busybox(tmp.path(), "gpuslice-dp-part-test");
+    image.files = vec![Path::new("/var/run/cdi").join(format!(
+        "gpuslice-device-plugin-{}.json",
+        kind.replace('/', "_")
+    ))];
+
+    let resp = allocate_a_shared_replica(&plugin_dir);
+    let slice = resp.envs["GPUSLICE_SLICE"].clone();
+    let names: Vec<&str> = resp.cdi_devices.iter().map(|d| d.name.as_str()).collect();
+    let device = format!("{kind}={slice}");
+    assert_eq!(names, [device.as_str()], "{resp:?}");
+    assert!(
+        resp.mounts
+            .iter()
+            .any(|m| m.container_path == "/etc/ld.so.preload"),
+        "the mounts are kept for runtimes without CDI: {resp:?}"
+    );
+
+    assert_limited_while_it_runs(
+        &image,
+        &device,
+        &host,
+        fakegpu::kernel::GPU_MEMORY_BYTES / 2,
+    );
+    plugin.stop().unwrap();
 }

@@ -29,6 +29,11 @@
 //!   enabled: true
 //!   recoverAfterSeconds: 60        # healthy again after answering normally this long
 //!   ignoredXids: [13, 31, 43, 45, 68, 109]
+//! driverPartitions:                # the driver's memory partitions (R615+) for shared replicas (see [`super::partitions`])
+//!   enabled: false                 # answer a shared Allocate with the replica's CDI device as well
+//!   hook: /usr/local/lib/gpuslice/gpuslice  # the gpuslice binary the runtime runs as the hooks (host path)
+//!   cdiDir: /var/run/cdi           # the runtime's CDI spec directory, where the replicas' spec is written
+//!   cdiKind: gpuslice.dev/replica
 //! ledgerCleanup:                   # remove a shared replica's ledger dir once its pod is gone
 //!   enabled: true
 //!   intervalSeconds: 30
@@ -54,6 +59,10 @@ pub const DEFAULT_SHIM: &str = "/usr/local/lib/gpuslice/libgpuslice.so";
 pub const DEFAULT_LEDGER_DIR: &str = "/run/gpuslice/slices";
 pub const DEFAULT_STATE_DIR: &str = "/run/gpuslice/device-plugin";
 pub const DEFAULT_POD_RESOURCES_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
+/// Where the DaemonSet installs the `gpuslice` binary the runtime runs as
+/// the replicas' memory-limit hooks (beside the shim).
+pub const DEFAULT_HOOK: &str = "/usr/local/lib/gpuslice/gpuslice";
+pub const DEFAULT_CDI_DIR: &str = "/var/run/cdi";
 /// XIDs caused by the application, not the GPU (NVIDIA's device plugin skips the same).
 pub const APPLICATION_XIDS: [u64; 6] = [13, 31, 43, 45, 68, 109];
 /// Replicas a shared GPU may be cut into.
@@ -82,6 +91,7 @@ pub struct Config {
     pub strategies: Strategies,
     pub health: Health,
     pub ledger_cleanup: LedgerCleanup,
+    pub driver_partitions: DriverPartitions,
 }
 
 /// One entry of `roles`: these GPUs get this role.
@@ -179,6 +189,19 @@ pub struct Health {
     pub ignored_xids: Vec<u64>,
 }
 
+/// The driver's memory partitions for shared replicas, set by the hooks
+/// of a CDI device that Allocate names (see [`super::partitions`]).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct DriverPartitions {
+    pub enabled: bool,
+    /// The `gpuslice` binary the runtime runs as root as the hooks.
+    pub hook: PathBuf,
+    /// The runtime's CDI spec directory.
+    pub cdi_dir: PathBuf,
+    pub cdi_kind: String,
+}
+
 /// The sweep that removes the ledger directories of pods that are gone
 /// (see [`super::ledgers`]).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -227,6 +250,7 @@ impl Default for Config {
             strategies: Strategies::default(),
             health: Health::default(),
             ledger_cleanup: LedgerCleanup::default(),
+            driver_partitions: DriverPartitions::default(),
         }
     }
 }
@@ -266,6 +290,17 @@ impl Default for Health {
     }
 }
 
+impl Default for DriverPartitions {
+    fn default() -> Self {
+        DriverPartitions {
+            enabled: false,
+            hook: DEFAULT_HOOK.into(),
+            cdi_dir: DEFAULT_CDI_DIR.into(),
+            cdi_kind: format!("{}/replica", crate::cdi::DEFAULT_VENDOR),
+        }
+    }
+}
+
 impl Default for LedgerCleanup {
     fn default() -> Self {
         LedgerCleanup {
@@ -296,7 +331,12 @@ const SCHEMA: &[(&str, &[&str])] = &[
             "strategies",
             "health",
             "ledgerCleanup",
+            "driverPartitions",
         ],
+    ),
+    (
+        "driverPartitions",
+        &["enabled", "hook", "cdiDir", "cdiKind"],
     ),
     ("roles[]", &["gpus", "role", "replicas", "resource"]),
     ("sharing", &["replicas", "spread", "computeMode"]),
@@ -351,11 +391,13 @@ impl Config {
                 self.prefix
             );
         }
-        if !self.strategies.cdi_kind.contains('/') {
-            bail!(
-                "strategies.cdiKind: {:?} is not <vendor>/<class>",
-                self.strategies.cdi_kind
-            );
+        for (name, kind) in [
+            ("strategies.cdiKind", &self.strategies.cdi_kind),
+            ("driverPartitions.cdiKind", &self.driver_partitions.cdi_kind),
+        ] {
+            if !kind.contains('/') {
+                bail!("{name}: {kind:?} is not <vendor>/<class>");
+            }
         }
         for (name, p) in [
             ("pluginDir", &self.plugin_dir),
@@ -367,6 +409,8 @@ impl Config {
                 "ledgerCleanup.podResourcesSocket",
                 &self.ledger_cleanup.pod_resources_socket,
             ),
+            ("driverPartitions.hook", &self.driver_partitions.hook),
+            ("driverPartitions.cdiDir", &self.driver_partitions.cdi_dir),
         ] {
             if !p.is_absolute() {
                 bail!("{name}: {} is not an absolute path", p.display());

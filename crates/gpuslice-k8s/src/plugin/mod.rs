@@ -7,7 +7,8 @@
 //! mixed MIG strategy, `<prefix>/mig-<profile>`. See [`resources`] for what
 //! Allocate answers, [`preferred`] for GetPreferredAllocation, [`health`]
 //! for XID health, [`roles`] for which resource each GPU is in, and
-//! [`ledgers`] for removing the ledger directories of pods that are gone.
+//! [`ledgers`] for removing the ledger directories of pods that are gone,
+//! and [`partitions`] for the driver's memory partitions of replicas.
 //!
 //! Lifecycle ([`serve`]): load the config, discover the GPUs, start the
 //! health watcher, bind the sockets, register each resource with
@@ -23,6 +24,7 @@ pub mod config;
 pub mod health;
 pub mod hostpid;
 pub mod ledgers;
+pub mod partitions;
 pub mod preferred;
 pub mod resources;
 pub mod roles;
@@ -252,6 +254,12 @@ fn load(
     let plan = Plan::new(cfg, opts.host_root.clone(), inv)?;
     plan.prepare()
         .with_context(|| format!("cannot write {} (stateDir)", plan.preload_file().display()))?;
+    partitions::write_spec(&plan).with_context(|| {
+        format!(
+            "the shared replicas' CDI spec {} (driverPartitions)",
+            partitions::spec_path(&plan).display()
+        )
+    })?;
     for w in &plan.warnings {
         tracing::warn!("{w}");
     }

@@ -229,8 +229,9 @@ impl Plan {
         })
     }
 
-    /// Host path of `/dev/<rel>` as the runtime should open it.
-    fn host_path(&self, seen: &Path) -> String {
+    /// Host path of `seen` (a path as the plugin sees it) as the runtime
+    /// should open it.
+    pub fn host_path(&self, seen: &Path) -> String {
         if self.cfg.strip_host_root {
             if let Ok(rel) = seen.strip_prefix(self.root.path()) {
                 return Path::new("/").join(rel).display().to_string();
@@ -500,6 +501,12 @@ impl Plan {
                     name: format!("{kind}={u}"),
                 })
                 .collect();
+        }
+        let partitions = &self.cfg.driver_partitions;
+        if partitions.enabled && matches!(res.kind, Kind::Shared { .. }) {
+            resp.cdi_devices.push(api::CdiDevice {
+                name: super::partitions::device_name(&partitions.cdi_kind, &slice),
+            });
         }
         Ok(resp)
     }
