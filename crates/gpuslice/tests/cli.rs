@@ -195,6 +195,18 @@ fn dra_refuses_bad_flags_in_one_line_and_leaves_nothing() {
         assert!(err.contains(why), "{flag} {value:?}: {err}");
         assert_eq!(err.trim().lines().count(), 1, "{err}");
     }
+    // A hook binary that is not a file on the host (the image's own path
+    // would not be): refused, one line, before anything is made.
+    let mut args: Vec<&str> = base.to_vec();
+    args.extend(["--hook", "/nonexistent/gpuslice"]);
+    let out = Command::new(GPUSLICE).args(&args).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a missing --hook accepted");
+    assert!(
+        err.contains("--hook /nonexistent/gpuslice: not an absolute path to a file"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
     // The CDI directory must be there; then the shim must be root's alone.
     let out = Command::new(GPUSLICE).args(base).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);

@@ -65,6 +65,14 @@ pub struct DraArgs {
     #[arg(long, value_name = "SIZE", default_value = "1MiB")]
     pub memory_step: MemorySize,
 
+    /// The gpuslice binary the claims' CDI hooks run (the params overlay, the
+    /// driver's memory limits), as this plugin sees it: the runtime runs it
+    /// on the host, so in a pod a copy on the host (under --host-root, which
+    /// --strip-host-root removes in the specs), with gpuslice-full beside it.
+    /// Default: this binary.
+    #[arg(long, value_name = "PATH")]
+    pub hook: Option<PathBuf>,
+
     /// Refuse to prepare a claim reserved for a pod its caps cannot hold against (privileged,
     /// CAP_SYS_ADMIN, hostPID, hostIPC, hostNetwork); without it such a claim is prepared and marked.
     #[arg(long)]
@@ -114,6 +122,16 @@ fn check_paths(args: &DraArgs) -> Result<()> {
             anyhow::bail!("{flag} {}: an absolute path is required", dir.display());
         }
     }
+    if let Some(hook) = args
+        .hook
+        .as_ref()
+        .filter(|p| !p.is_absolute() || !p.is_file())
+    {
+        anyhow::bail!(
+            "--hook {}: not an absolute path to a file; expected the host's copy of the gpuslice binary as this plugin sees it (e.g. /host/usr/local/lib/gpuslice/gpuslice)",
+            hook.display()
+        );
+    }
     if !args.cdi_dir.is_dir() {
         anyhow::bail!(
             "--cdi-dir {}: no such directory; it must be one the container runtime reads CDI specs from (containerd, CRI-O: /etc/cdi, /var/run/cdi)",
@@ -150,9 +168,12 @@ pub fn run(global: &Global, args: &DraArgs) -> Result<i32> {
         cdi_dir: args.cdi_dir.clone(),
         state_dir: args.state_dir.clone(),
         shim: Some(shim),
-        hook: std::env::current_exe()
-            .ok()
-            .and_then(|p| p.canonicalize().ok()),
+        hook: match &args.hook {
+            Some(p) => Some(p.clone()), // checked by check_paths
+            None => std::env::current_exe()
+                .ok()
+                .and_then(|p| p.canonicalize().ok()),
+        },
         strip_host_root: args.strip_host_root,
         policy,
         refuse_unenforceable: args.refuse_unenforceable,
