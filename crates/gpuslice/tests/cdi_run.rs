@@ -542,3 +542,52 @@ fn a_whole_gpu_claim_runs_uncapped_on_its_gpu_alone() {
     assert!(!stdout.contains("CAPPED"), "{stdout}");
     p.assert_nothing_left();
 }
+
+/// Two DRA claims sharing GPU 0 at 30 % and 60 %, each run by `run
+/// --cdi-device` with kernels queued on one simulated GPU: each is held to
+/// its share of the GPU's time, 2:1 (without the claims' compute caps
+/// both would get about half). The bounds are wide below the shares: on a
+/// loaded 2-core machine each got about 10 points less (the simulated
+/// GPU's idle time between a throttled process's kernels), with or
+/// without taking turns; the fake engine does not show what turns save a
+/// real GPU (context switches), which the H200's `dra` part measures.
+#[test]
+fn two_claims_on_one_gpu_get_their_shares_of_its_time() {
+    let p = Prepared::new(&[("claim-s", 0, "10Gi", "30"), ("claim-t", 0, "10Gi", "60")]);
+    let engine = p.tmp.path().join("engine");
+    std::fs::File::create(&engine).unwrap();
+    std::fs::set_permissions(&engine, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let c = client();
+    let script = format!(
+        "{}exec {} --via procaddr compute kernel 200000 3 0.5",
+        fake_driver(p.host),
+        c.display()
+    );
+    let start = |uid: &str| {
+        p.run(&["--cdi-device", &id(uid), "--", "sh", "-c", &script])
+            .env("FAKEGPU_ENGINE", &engine)
+            // The shim finds the boards where the spec binds them.
+            .env_remove("GPUSLICE_BOARD_DIR")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (start("claim-s"), start("claim-t"));
+    let share = |child: std::process::Child| {
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let v: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", text(&out.stdout)));
+        v["share"].as_f64().unwrap() * 100.0
+    };
+    let (s30, s60) = (share(a), share(b));
+    let said = format!("30 % claim got {s30:.1} %, 60 % got {s60:.1} %");
+    assert!((15.0..=36.0).contains(&s30), "{said}");
+    assert!((40.0..=66.0).contains(&s60), "{said}");
+    let ratio = s60 / s30;
+    assert!(
+        (1.6..=3.0).contains(&ratio),
+        "60:30 is {ratio:.2}:1: {said}"
+    );
+}
