@@ -675,6 +675,17 @@ impl Board {
         self.map.u64_at(H_TAIL).store(ns, Ordering::Relaxed);
     }
 
+    /// Puts back the tail `before` if the tail is still `ours` (a would-be
+    /// taker that lost the turn to another withdraws its tail).
+    pub fn restore_tail(&self, ours: u64, before: u64) {
+        let _ = self.map.u64_at(H_TAIL).compare_exchange(
+            ours,
+            before,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+    }
+
     /// When the holder said its queued work ends ([`Board::set_tail`]).
     pub fn tail(&self) -> u64 {
         self.map.u64_at(H_TAIL).load(Ordering::Relaxed)

@@ -18,6 +18,9 @@
 //!   per round, whatever its number of processes: the process that takes
 //!   it up launches, the others wait (their waits make the slot wait),
 //!   and a holder passes to its own slot when only a sibling waits.
+//! - A launch not estimated yet waits for its thread's queued work, so
+//!   that a new process's first launches are measured alone and do not
+//!   queue work no turn bounds.
 //! - A turn lasts [`QUANTUM_NS`] while another slice waits; nobody
 //!   waiting, the holder keeps it (a slice alone never drains).
 //! - A slice taking turns queues at most a turn's worth of work per
@@ -142,9 +145,19 @@ pub fn acquire(dev: usize, est_ns: u64, queue: &dyn Queue) {
         return;
     };
     let tag = tag();
-    // Never more queued than a turn holds, so that handing over (and a
-    // waiter's wait) takes a turn's length at most.
-    queue.trim(QUANTUM_NS.saturating_sub(est_ns));
+    if est_ns == 0 {
+        // Not estimated yet: this thread's queued work is not counted
+        // (its launches are of unknown length), so it is waited for, and
+        // the launch runs alone and is measured. Otherwise a new process
+        // queues work no turn bounds and its neighbours, queued behind it,
+        // measure that as their own: estimates many times too long, and
+        // published ends of work that make every turn look held late.
+        queue.drain();
+    } else {
+        // Never more queued than a turn holds, so that handing over (and
+        // a waiter's wait) takes a turn's length at most.
+        queue.trim(QUANTUM_NS.saturating_sub(est_ns));
+    }
     // When we began waiting for another's turn, and how long we may.
     let mut waiting_since: Option<u64> = None;
     let mut bound = 0;
@@ -195,10 +208,6 @@ pub fn acquire(dev: usize, est_ns: u64, queue: &dyn Queue) {
         // Another slice's turn, or another process's of ours.
         let since = *waiting_since.get_or_insert(now);
         bound = bound.max(wait_bound(board, slot, among));
-        if now - since > bound {
-            ignore_turns(board, dev, now, "waited past a round for the GPU's turn");
-            break false;
-        }
         let until = turn.until_ns(now);
         // Read after the turn: a taker publishes its tail before it takes.
         let idle_from = board.tail().saturating_add(IDLE_NS);
@@ -230,6 +239,12 @@ pub fn acquire(dev: usize, est_ns: u64, queue: &dyn Queue) {
             }
             continue;
         }
+        // Checked after taking a turn that may be taken: a waiter kept off
+        // the CPU past the bound finds the turn free, which is no fault.
+        if now - since > bound {
+            ignore_turns(board, dev, now, "waited past a round for the GPU's turn");
+            break false;
+        }
         if now == since {
             queue.close();
         }
@@ -257,8 +272,15 @@ pub fn acquire(dev: usize, est_ns: u64, queue: &dyn Queue) {
 /// first that its work ends at `tail` (a waiter that sees the new turn
 /// then sees that tail, not the previous holder's idle one).
 fn take(board: &Board, turn: Turn, (slot, tag): (usize, u32), tail: u64, until: u64) -> bool {
+    let before = board.tail();
     board.set_tail(tail);
-    board.take_turn(turn, slot, tag, until)
+    if board.take_turn(turn, slot, tag, until) {
+        return true;
+    }
+    // Another took it first: its holder's tail stands, not ours (which
+    // would make that holder look idle early).
+    board.restore_tail(tail, before);
+    false
 }
 
 /// Hands our `turn` to the waiting slot `next`, once our queued work is

@@ -793,6 +793,8 @@ struct ScaleRun {
     wall_s: f64,
     handovers: u64,
     fallbacks: u64,
+    /// Why processes fell back, as their log lines say, and how often.
+    fallback_reasons: std::collections::BTreeMap<String, u64>,
 }
 
 /// Runs slices `(share %, processes)` side by side on one fake engine,
@@ -813,14 +815,23 @@ fn on_one_engine(slices: &[(f64, usize)], kernel_ns: &str, seconds: &str) -> Sca
                     "--via", "procaddr", "compute", "kernel", kernel_ns, seconds, WARMUP,
                 ],
             );
-            c.env("FAKEGPU_ENGINE", &engine);
+            c.env("FAKEGPU_ENGINE", &engine).env("GPUSLICE_LOG", "1");
             (i, spawn(c))
         })
         .collect();
     let mut got = vec![0.0; slices.len()];
     let mut launches = 0.0;
+    let mut fallback_reasons = std::collections::BTreeMap::new();
     for (i, c) in children {
-        let v = result(c.wait_with_output().unwrap());
+        let out = c.wait_with_output().unwrap();
+        for line in String::from_utf8_lossy(&out.stderr).lines() {
+            // "device N: <why> in a second; turns ignored for 1 s ..."
+            if let Some((head, _)) = line.split_once(" in a second; turns ignored") {
+                let why = head.rsplit_once(": ").map_or(head, |(_, w)| w);
+                *fallback_reasons.entry(why.to_string()).or_insert(0) += 1;
+            }
+        }
+        let v = result(out);
         launches += v["launches"].as_f64().unwrap_or(0.0);
         got[i] += share(&v);
     }
@@ -833,6 +844,7 @@ fn on_one_engine(slices: &[(f64, usize)], kernel_ns: &str, seconds: &str) -> Sca
         wall_s,
         handovers: u64::from(board.turn_seq()),
         fallbacks: board.fallbacks(),
+        fallback_reasons,
     }
 }
 
@@ -871,8 +883,19 @@ fn compute_scale() {
         ("30/70", vec![(30.0, 1), (70.0, 1)]),
         ("4 processes/1 at 50", vec![(50.0, 4), (50.0, 1)]),
     ];
+    // `GPUSLICE_BENCH_CASES`: a comma-separated list of case names to run.
+    let only = std::env::var("GPUSLICE_BENCH_CASES").ok();
+    // The fake GPU is fed from the CPU: how loaded the machine was.
+    let loadavg = || std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load_before = loadavg();
     let mut out = Vec::new();
     for (name, slices) in &cases {
+        if only
+            .as_deref()
+            .is_some_and(|o| !o.split(',').any(|c| c == *name))
+        {
+            continue;
+        }
         let r = on_one_engine(slices, &kernel_ns, seconds);
         let busy: f64 = r.got.iter().sum();
         let errors: Vec<f64> = r
@@ -895,8 +918,8 @@ fn compute_scale() {
         let launches_per_s = r.launches / seconds.parse::<f64>().unwrap();
         eprintln!(
             "{name}: busy {busy:.1} %, {:.1?} (max error {max:.1}, mean {mean:.1} points), \
-             {per_s:.0} hand-overs/s, {} fallbacks",
-            r.got, r.fallbacks
+             {per_s:.0} hand-overs/s, {} fallbacks {:?}",
+            r.got, r.fallbacks, r.fallback_reasons
         );
         out.push(serde_json::json!({
             "case": name,
@@ -910,6 +933,7 @@ fn compute_scale() {
             "idle_us_per_handover": idle_us_per_handover,
             "idle_us_per_launch": if launches_per_s > 0.0 { idle_ms_per_s * 1000.0 / launches_per_s } else { 0.0 },
             "fallbacks": r.fallbacks,
+            "fallback_reasons": r.fallback_reasons,
         }));
     }
     let report = serde_json::json!({
@@ -921,6 +945,8 @@ fn compute_scale() {
         "gpu": "fakegpu (one shared engine, FAKEGPU_ENGINE)",
         "kernel_ns": kernel_ns,
         "seconds": seconds,
+        "loadavg_before": load_before.trim(),
+        "loadavg_after": loadavg().trim(),
         "cases": out,
     });
     let text = serde_json::to_string_pretty(&report).unwrap();
