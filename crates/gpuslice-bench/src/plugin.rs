@@ -365,7 +365,7 @@ async fn selftest_async(setup: &Setup, args: &SelftestArgs, rep: &mut Value) -> 
     // Both pods gone: the sweep removes their ledger dirs (no process uses them).
     let slices: Vec<String> = [&ra, &rb]
         .iter()
-        .filter_map(|r| r.envs.get("GPUSLICE_SLICE").cloned())
+        .filter_map(|r| r.envs.get(gpuslice_ledger::limits::ENV_SLICE).cloned())
         .collect();
     let kept = slices.iter().all(|s| base.ledger_dir.join(s).is_dir());
     podres.set(vec![]);

@@ -389,8 +389,8 @@ impl Driver {
                 .find(|g| g.index == gpu)
                 .and_then(|g| g.memory_bytes)
                 .map(|m| self.opts.policy.usable_memory(m));
-            let all_compute = matches!(caps.compute_percent, 0 | 100);
-            if all_compute && usable.is_some_and(|u| caps.memory_bytes >= u) {
+            let all_compute = matches!(caps.compute_percent(), 0 | 100);
+            if all_compute && usable.is_some_and(|u| caps.memory_bytes() >= u) {
                 a.caps = None;
             }
         }
@@ -451,12 +451,12 @@ impl Driver {
                 let mem: u64 = others
                     .iter()
                     .filter_map(|o| o.caps)
-                    .map(|c| c.memory_bytes)
+                    .map(|c| c.memory_bytes())
                     .sum();
                 let compute: u32 = others
                     .iter()
                     .filter_map(|o| o.caps)
-                    .map(|c| c.compute_percent)
+                    .map(|c| c.compute_percent())
                     .sum();
                 let total = info.memory_bytes.ok_or_else(|| {
                     over(
@@ -464,16 +464,19 @@ impl Driver {
                             .into(),
                     )
                 })?;
-                if mem.saturating_add(caps.memory_bytes) > total {
+                if mem.saturating_add(caps.memory_bytes()) > total {
                     return Err(over(format!(
                         "memory {} B requested, {} B of {} B already prepared",
-                        caps.memory_bytes, mem, total
+                        caps.memory_bytes(),
+                        mem,
+                        total
                     )));
                 }
-                if compute + caps.compute_percent > 100 {
+                if compute + caps.compute_percent() > 100 {
                     return Err(over(format!(
                         "compute {} % requested, {} % already prepared",
-                        caps.compute_percent, compute
+                        caps.compute_percent(),
+                        compute
                     )));
                 }
             }
@@ -716,8 +719,8 @@ pub fn device_status(driver: &str, p: &PreparedClaim) -> Vec<AllocatedDeviceStat
                 (_, Some(caps)) => (
                     serde_json::json!({
                         "kind": "share",
-                        "memoryBytes": caps.memory_bytes,
-                        "computePercent": caps.compute_percent,
+                        "memoryBytes": caps.memory_bytes(),
+                        "computePercent": caps.compute_percent(),
                         "enforcedBy": ["deviceNodes", "shim"],
                         "cdiDevice": d.cdi_device_id,
                     }),

@@ -3,6 +3,7 @@
 use super::tenant::Tenant;
 use crate::global::Global;
 use anyhow::{anyhow, bail, Context, Result};
+use clap::builder::TypedValueParser;
 use gpuslice_core::discover::cache::discover_cached;
 use gpuslice_core::discover::DiscoverOptions;
 use gpuslice_core::{DevicePolicy, HostRoot, Inventory, Selection};
@@ -13,7 +14,7 @@ use gpuslice_isolate::launcher::{launch, launch_watched, ChildCommand, SandboxPl
 use gpuslice_isolate::marks::mark;
 use gpuslice_isolate::privileges::Privileges;
 use gpuslice_isolate::Isolation;
-use gpuslice_ledger::limits::SliceLimits;
+use gpuslice_ledger::limits::{device_env, Mode, SliceLimits, DEVICE_ENV};
 use std::ffi::{CString, OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -98,12 +99,12 @@ pub struct RunArgs {
     /// How --compute applies: `cap` never lets the slice exceed its share; `guaranteed` lets it also use GPU time the other slices of its GPUs leave idle (work-conserving), falling back to its share when they are busy.
     #[arg(
         long,
-        value_enum,
+        value_parser = compute_mode_parser(),
         value_name = "MODE",
         default_value = "cap",
         requires = "compute"
     )]
-    pub compute_mode: super::slices::ComputeMode,
+    pub compute_mode: Mode,
 
     /// Share a CUDA JIT cache between slices (sets CUDA_CACHE_PATH and CUDA_CACHE_MAXSIZE).
     #[arg(long, value_name = "DIR")]
@@ -119,6 +120,12 @@ impl RunArgs {
     pub fn selector(&self) -> &str {
         self.gpus.as_deref().unwrap_or("")
     }
+}
+
+/// `--compute-mode`: the slice contract's [`Mode`], parsed by its own
+/// `FromStr`, with its values listed in help and errors.
+fn compute_mode_parser() -> impl TypedValueParser<Value = Mode> {
+    clap::builder::PossibleValuesParser::new(["cap", "guaranteed"]).try_map(|s| s.parse::<Mode>())
 }
 
 /// `run --pid`.
@@ -174,14 +181,6 @@ fn names_mig(selector: &str) -> bool {
 #[derive(Debug, thiserror::Error)]
 #[error("MIG devices need NVML, which a statically linked gpuslice cannot load")]
 pub struct NeedsFullBinary;
-
-/// Environment variables a slice sets, removed from the caller's first.
-const SLICE_ENV: &[&str] = &[
-    "CUDA_VISIBLE_DEVICES",
-    "CUDA_DEVICE_ORDER",
-    "NVIDIA_VISIBLE_DEVICES",
-    "GPUSLICE_SLICE",
-];
 
 pub fn run(global: &Global, args: &RunArgs) -> Result<i32> {
     run_with(global, args, None)
@@ -604,19 +603,14 @@ fn child_env(
     tenant: &Tenant,
     host_root: &Path,
 ) -> Result<Vec<CString>> {
-    let visible = sel.visible_devices(inv);
+    // The slice's device variables replace the caller's.
     let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
-        .filter(|(k, _)| !SLICE_ENV.iter().any(|s| OsStr::new(s) == k))
+        .filter(|(k, _)| !DEVICE_ENV.iter().any(|s| OsStr::new(s) == k))
         .collect();
-    let nvidia_visible = if visible.is_empty() {
-        "void".to_string()
-    } else {
-        visible.clone()
-    };
-    env.push(("CUDA_VISIBLE_DEVICES".into(), visible.into()));
-    env.push(("CUDA_DEVICE_ORDER".into(), "PCI_BUS_ID".into()));
-    env.push(("NVIDIA_VISIBLE_DEVICES".into(), nvidia_visible.into()));
-    env.push(("GPUSLICE_SLICE".into(), slice_id.into()));
+    let visible = sel.visible_devices(inv);
+    for (k, v) in device_env(&visible, slice_id) {
+        env.push((k.into(), v.into()));
+    }
     // A simulated host with its fake driver installed (`gpuslice fakehost
     // --driver`): the command's CUDA programs load that driver, as they
     // load the real one from the system's library path on a real host.
