@@ -25,7 +25,7 @@ use gpuslice_ledger::limits::{
     ENV_SLICE, HOSTPID_FILE, LIMITS_FILE, SHIM_FILE, SLICE_DIR, SLICE_DIR_ENV, USAGE_FILE,
 };
 
-use super::run::RunArgs;
+use super::run_args::RunArgs;
 
 /// The records of a running slice; removed when dropped.
 pub struct SliceSetup {
