@@ -26,13 +26,39 @@ pub enum ClaimError {
     NotAllocated(String),
     #[error("claim {0}: no allocation result is for driver {1}")]
     NoResults(String, String),
-    #[error("claim {claim}: device {device:?} of pool {pool:?}: {why}")]
+    #[error("claim {claim}: device {device:?} of pool {pool:?}")]
     Device {
         claim: String,
         pool: String,
         device: String,
-        why: String,
+        #[source]
+        why: DeviceError,
     },
+}
+
+/// Why an allocation result is not a device this node can prepare.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum DeviceError {
+    #[error("not this node's pool {0:?}")]
+    OtherPool(String),
+    #[error("not a device of ours (gpu-<i>, gpu-<i>-mig-<m>)")]
+    NotOurs,
+    #[error(
+        "a shared device without consumedCapacity (is the DRAConsumableCapacity feature gate on?)"
+    )]
+    NoConsumedCapacity,
+    #[error("consumedCapacity has no {0:?}")]
+    NoCapacity(&'static str),
+    #[error("consumedCapacity.{key}")]
+    Capacity {
+        key: &'static str,
+        /// Boxed: a claim's errors stay small however the quantity's grows.
+        source: Box<QuantityError>,
+    },
+    #[error("consumedCapacity.memory is 0")]
+    NoMemory,
+    #[error("consumedCapacity.compute is {0}, not 1 to 100 (percent)")]
+    Compute(u64),
 }
 
 /// A device of our pool, by name.
@@ -171,17 +197,16 @@ fn one(
     pool: &str,
     names_compute: bool,
 ) -> Result<Allocated, ClaimError> {
-    let bad = |why: String| ClaimError::Device {
+    let bad = |why: DeviceError| ClaimError::Device {
         claim: claim.into(),
         pool: r.pool.clone(),
         device: r.device.clone(),
         why,
     };
     if r.pool != pool {
-        return Err(bad(format!("not this node's pool {pool:?}")));
+        return Err(bad(DeviceError::OtherPool(pool.into())));
     }
-    let kind = DeviceKind::parse(&r.device)
-        .ok_or_else(|| bad("not a device of ours (gpu-<i>, gpu-<i>-mig-<m>)".into()))?;
+    let kind = DeviceKind::parse(&r.device).ok_or_else(|| bad(DeviceError::NotOurs))?;
     let caps = match kind {
         // A GPU with consumedCapacity is a share of it (all of it is the
         // whole GPU: `driver`); without, consumable capacity is off and the
@@ -204,18 +229,22 @@ fn one(
 
 /// The memory and compute the scheduler recorded as consumed; compute 0
 /// (no share: best effort) when the request named none.
-fn consumed(r: &DeviceRequestAllocationResult, names_compute: bool) -> Result<DeviceCaps, String> {
-    let cc = r.consumed_capacity.as_ref().ok_or(
-        "a shared device without consumedCapacity (is the DRAConsumableCapacity feature gate on?)",
-    )?;
-    let get = |key: &str| -> Result<u64, String> {
-        let q = cc
-            .get(key)
-            .ok_or_else(|| format!("consumedCapacity has no {key:?}"))?;
-        parse_integer(&q.0).map_err(|e: QuantityError| format!("consumedCapacity.{key}: {e}"))
+fn consumed(
+    r: &DeviceRequestAllocationResult,
+    names_compute: bool,
+) -> Result<DeviceCaps, DeviceError> {
+    let cc = r
+        .consumed_capacity
+        .as_ref()
+        .ok_or(DeviceError::NoConsumedCapacity)?;
+    let get = |key: &'static str| -> Result<u64, DeviceError> {
+        let q = cc.get(key).ok_or(DeviceError::NoCapacity(key))?;
+        parse_integer(&q.0).map_err(|e| DeviceError::Capacity {
+            key,
+            source: Box::new(e),
+        })
     };
-    let memory =
-        MemorySize::from_bytes(get(CAPACITY_MEMORY)?).ok_or("consumedCapacity.memory is 0")?;
+    let memory = MemorySize::from_bytes(get(CAPACITY_MEMORY)?).ok_or(DeviceError::NoMemory)?;
     if !names_compute {
         return Ok(DeviceCaps {
             memory,
@@ -223,8 +252,7 @@ fn consumed(r: &DeviceRequestAllocationResult, names_compute: bool) -> Result<De
         });
     }
     let compute = get(CAPACITY_COMPUTE)?;
-    let share = ComputeShare::from_whole_percent(compute)
-        .ok_or_else(|| format!("consumedCapacity.compute is {compute}, not 1 to 100 (percent)"))?;
+    let share = ComputeShare::from_whole_percent(compute).ok_or(DeviceError::Compute(compute))?;
     Ok(DeviceCaps {
         memory,
         compute: Some(share),
