@@ -249,7 +249,7 @@ fn share_percent() -> Option<f64> {
             .first()
             .and_then(|d| d.compute)
             .map(|c| c.percent()),
-        _ => std::env::var("GPUSLICE_COMPUTE_LIMIT")
+        _ => std::env::var(gpuslice_ledger::limits::ENV_COMPUTE)
             .ok()
             .and_then(|p| p.trim_end_matches('%').parse().ok()),
     }
