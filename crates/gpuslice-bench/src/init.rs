@@ -462,7 +462,7 @@ fn execute(argv: &[OsString], method: Method, timeout: Duration) -> Sample {
         .process_group(0);
     if method == Method::None {
         // Every GPU reachable, whatever the caller's environment says.
-        cmd.env_remove("CUDA_VISIBLE_DEVICES");
+        cmd.env_remove(gpuslice_ledger::limits::ENV_CUDA_VISIBLE);
     }
     let mut sample = Sample {
         round: 0,

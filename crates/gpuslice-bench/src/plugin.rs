@@ -12,6 +12,7 @@ use gpuslice_core::discover::{discover, DiscoverOptions};
 use gpuslice_core::HostRoot;
 use gpuslice_k8s::plugin::config::Config;
 use gpuslice_k8s::plugin::{self, Options};
+use gpuslice_ledger::limits::{ENV_CUDA_VISIBLE, ENV_SLICE};
 use gpuslice_testkit::kubelet::{
     self as testkubelet, allocate_one, first_list, next_list, preferred_one, PodDevices,
     PodResources, TestKubelet,
@@ -89,11 +90,7 @@ fn run_with(
     r: &plugin::v1beta1::ContainerAllocateResponse,
     what: &[&std::ffi::OsStr],
 ) -> std::process::Command {
-    let visible = r
-        .envs
-        .get("CUDA_VISIBLE_DEVICES")
-        .cloned()
-        .unwrap_or_default();
+    let visible = r.envs.get(ENV_CUDA_VISIBLE).cloned().unwrap_or_default();
     let mut cmd = std::process::Command::new(exe);
     cmd.arg("--host-root")
         .arg(&setup.host_root)
@@ -275,7 +272,7 @@ async fn selftest_async(setup: &Setup, args: &SelftestArgs, rep: &mut Value) -> 
     let r = allocate_one(&mut c, std::slice::from_ref(&g0.uuid)).await?;
     let run = sh(&mut run_with(setup, &exe, &r, &[probe.as_os_str()]));
     let (probe_json, probe_ok) = probe_result(&run);
-    let env_ok = r.envs.get("CUDA_VISIBLE_DEVICES") == Some(&g0.uuid)
+    let env_ok = r.envs.get(ENV_CUDA_VISIBLE) == Some(&g0.uuid)
         && !r.envs.contains_key(&memory_env())
         && r.devices
             .iter()
@@ -340,7 +337,7 @@ async fn selftest_async(setup: &Setup, args: &SelftestArgs, rep: &mut Value) -> 
     let mut all_ok = true;
     for (r, run) in [(&ra, runs.remove(0)), (&rb, runs.remove(0))] {
         let (probe_json, probe_ok) = probe_result(&run);
-        let env_ok = r.envs.get("CUDA_VISIBLE_DEVICES") == Some(&g0.uuid)
+        let env_ok = r.envs.get(ENV_CUDA_VISIBLE) == Some(&g0.uuid)
             && r.envs.get(&memory_env()) == want_mem.as_ref();
         all_ok &= env_ok && probe_ok;
         slices.push(json!({"allocation": allocation_json(r), "run": run, "probe": probe_json}));
@@ -365,7 +362,7 @@ async fn selftest_async(setup: &Setup, args: &SelftestArgs, rep: &mut Value) -> 
     // Both pods gone: the sweep removes their ledger dirs (no process uses them).
     let slices: Vec<String> = [&ra, &rb]
         .iter()
-        .filter_map(|r| r.envs.get("GPUSLICE_SLICE").cloned())
+        .filter_map(|r| r.envs.get(ENV_SLICE).cloned())
         .collect();
     let kept = slices.iter().all(|s| base.ledger_dir.join(s).is_dir());
     podres.set(vec![]);

@@ -82,7 +82,7 @@ fn claims(dir: &Path, gpus: &[Gpu]) -> Check {
             ));
         }
         if let Some(c) = s.caps {
-            *capped.entry(s.gpu).or_default() += c.memory_bytes;
+            *capped.entry(s.gpu).or_default() += c.memory_bytes();
         }
     }
     let mut over = Vec::new();
@@ -662,7 +662,7 @@ mod tests {
     use crate::Status;
     use gpuslice_dra::checkpoint::{Checkpoint, PreparedClaim, PreparedDevice};
     use gpuslice_dra::claim::{Allocated, DeviceKind};
-    use gpuslice_k8s::cdi::SliceCaps;
+    use gpuslice_ledger::limits::{ComputeShare, DeviceCaps, MemorySize};
     use std::os::unix::net::UnixListener;
 
     fn write(root: &Path, rel: &str, text: &str) {
@@ -895,9 +895,9 @@ mod tests {
                             device,
                             share_id: None,
                             kind: *kind,
-                            caps: mib.map(|m| SliceCaps {
-                                memory_bytes: m << 20,
-                                compute_percent: 30,
+                            caps: mib.map(|m| DeviceCaps {
+                                memory: MemorySize(m << 20),
+                                compute: ComputeShare::from_whole_percent(30),
                             }),
                         },
                         cdi_device_id: format!("gpuslice.dev/claim={uid}-0"),

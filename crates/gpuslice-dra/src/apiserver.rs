@@ -15,6 +15,7 @@
 //!   `http://…` for a test double) and `--token-file` instead (the token
 //!   is re-read as it rotates).
 
+use crate::one_line;
 use futures_util::TryStreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{AllocatedDeviceStatus, ResourceClaim, ResourceSlice};
@@ -351,20 +352,6 @@ impl KubeApi {
             e => e.into(),
         })
     }
-}
-
-/// An error and its sources on one line.
-fn one_line(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut src = e.source();
-    while let Some(s) = src {
-        let m = s.to_string();
-        if !out.contains(&m) {
-            out = format!("{out}: {m}");
-        }
-        src = s.source();
-    }
-    out.replace('\n', " ")
 }
 
 /// The path of a claim: namespace and name must be DNS names (no `/`).

@@ -142,7 +142,7 @@ pub struct PreparedSlice {
     pub uid: String,
     pub device: String,
     pub gpu: u32,
-    pub caps: Option<gpuslice_k8s::cdi::SliceCaps>,
+    pub caps: Option<gpuslice_ledger::limits::DeviceCaps>,
     /// Why its caps do not hold against its pods (empty: nothing seen).
     pub unenforceable: Vec<String>,
     /// Root's limits record of a capped slice, beside the claim's spec.

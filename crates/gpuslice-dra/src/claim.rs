@@ -10,7 +10,7 @@
 //! share; it is still understood, for claims prepared by them.
 
 use crate::quantity::{parse_integer, QuantityError};
-use gpuslice_k8s::cdi::SliceCaps;
+use gpuslice_ledger::limits::{ComputeShare, DeviceCaps, MemorySize};
 use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -26,13 +26,39 @@ pub enum ClaimError {
     NotAllocated(String),
     #[error("claim {0}: no allocation result is for driver {1}")]
     NoResults(String, String),
-    #[error("claim {claim}: device {device:?} of pool {pool:?}: {why}")]
+    #[error("claim {claim}: device {device:?} of pool {pool:?}")]
     Device {
         claim: String,
         pool: String,
         device: String,
-        why: String,
+        #[source]
+        why: DeviceError,
     },
+}
+
+/// Why an allocation result is not a device this node can prepare.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum DeviceError {
+    #[error("not this node's pool {0:?}")]
+    OtherPool(String),
+    #[error("not a device of ours (gpu-<i>, gpu-<i>-mig-<m>)")]
+    NotOurs,
+    #[error(
+        "a shared device without consumedCapacity (is the DRAConsumableCapacity feature gate on?)"
+    )]
+    NoConsumedCapacity,
+    #[error("consumedCapacity has no {0:?}")]
+    NoCapacity(&'static str),
+    #[error("consumedCapacity.{key}")]
+    Capacity {
+        key: &'static str,
+        /// Boxed: a claim's errors stay small however the quantity's grows.
+        source: Box<QuantityError>,
+    },
+    #[error("consumedCapacity.memory is 0")]
+    NoMemory,
+    #[error("consumedCapacity.compute is {0}, not 1 to 100 (percent)")]
+    Compute(u64),
 }
 
 /// A device of our pool, by name.
@@ -87,7 +113,8 @@ pub struct Allocated {
     pub kind: DeviceKind,
     /// For a share of a GPU: exactly what was consumed (None: the whole
     /// GPU, or a MIG device).
-    pub caps: Option<SliceCaps>,
+    #[serde(default, with = "caps_wire")]
+    pub caps: Option<DeviceCaps>,
 }
 
 /// The results of `claim` for `driver` in `pool`, checked against the uid
@@ -170,17 +197,16 @@ fn one(
     pool: &str,
     names_compute: bool,
 ) -> Result<Allocated, ClaimError> {
-    let bad = |why: String| ClaimError::Device {
+    let bad = |why: DeviceError| ClaimError::Device {
         claim: claim.into(),
         pool: r.pool.clone(),
         device: r.device.clone(),
         why,
     };
     if r.pool != pool {
-        return Err(bad(format!("not this node's pool {pool:?}")));
+        return Err(bad(DeviceError::OtherPool(pool.into())));
     }
-    let kind = DeviceKind::parse(&r.device)
-        .ok_or_else(|| bad("not a device of ours (gpu-<i>, gpu-<i>-mig-<m>)".into()))?;
+    let kind = DeviceKind::parse(&r.device).ok_or_else(|| bad(DeviceError::NotOurs))?;
     let caps = match kind {
         // A GPU with consumedCapacity is a share of it (all of it is the
         // whole GPU: `driver`); without, consumable capacity is off and the
@@ -203,41 +229,116 @@ fn one(
 
 /// The memory and compute the scheduler recorded as consumed; compute 0
 /// (no share: best effort) when the request named none.
-fn consumed(r: &DeviceRequestAllocationResult, names_compute: bool) -> Result<SliceCaps, String> {
-    let cc = r.consumed_capacity.as_ref().ok_or(
-        "a shared device without consumedCapacity (is the DRAConsumableCapacity feature gate on?)",
-    )?;
-    let get = |key: &str| -> Result<u64, String> {
-        let q = cc
-            .get(key)
-            .ok_or_else(|| format!("consumedCapacity has no {key:?}"))?;
-        parse_integer(&q.0).map_err(|e: QuantityError| format!("consumedCapacity.{key}: {e}"))
+fn consumed(
+    r: &DeviceRequestAllocationResult,
+    names_compute: bool,
+) -> Result<DeviceCaps, DeviceError> {
+    let cc = r
+        .consumed_capacity
+        .as_ref()
+        .ok_or(DeviceError::NoConsumedCapacity)?;
+    let get = |key: &'static str| -> Result<u64, DeviceError> {
+        let q = cc.get(key).ok_or(DeviceError::NoCapacity(key))?;
+        parse_integer(&q.0).map_err(|e| DeviceError::Capacity {
+            key,
+            source: Box::new(e),
+        })
     };
-    let memory_bytes = get(CAPACITY_MEMORY)?;
-    if memory_bytes == 0 {
-        return Err("consumedCapacity.memory is 0".into());
-    }
+    let memory = MemorySize::from_bytes(get(CAPACITY_MEMORY)?).ok_or(DeviceError::NoMemory)?;
     if !names_compute {
-        return Ok(SliceCaps {
-            memory_bytes,
-            compute_percent: 0,
+        return Ok(DeviceCaps {
+            memory,
+            compute: None,
         });
     }
     let compute = get(CAPACITY_COMPUTE)?;
-    if !(1..=100).contains(&compute) {
-        return Err(format!(
-            "consumedCapacity.compute is {compute}, not 1 to 100 (percent)"
-        ));
-    }
-    Ok(SliceCaps {
-        memory_bytes,
-        compute_percent: compute as u32,
+    let share = ComputeShare::from_whole_percent(compute).ok_or(DeviceError::Compute(compute))?;
+    Ok(DeviceCaps {
+        memory,
+        compute: Some(share),
     })
+}
+
+/// [`Allocated::caps`] in the checkpoint: memory in bytes, compute in
+/// whole percent (0: none), as the published capacities count them. A
+/// checkpoint holding caps the contract does not allow is refused.
+mod caps_wire {
+    use gpuslice_ledger::limits::{ComputeShare, DeviceCaps, MemorySize};
+    use serde::{de::Error as _, Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Serialize, Deserialize)]
+    struct Wire {
+        memory_bytes: u64,
+        compute_percent: u32,
+    }
+
+    pub fn serialize<S: Serializer>(caps: &Option<DeviceCaps>, s: S) -> Result<S::Ok, S::Error> {
+        caps.map(|c| Wire {
+            memory_bytes: c.memory_bytes(),
+            compute_percent: c.compute_percent(),
+        })
+        .serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<DeviceCaps>, D::Error> {
+        let Some(w) = Option::<Wire>::deserialize(d)? else {
+            return Ok(None);
+        };
+        let memory = MemorySize::from_bytes(w.memory_bytes)
+            .ok_or_else(|| D::Error::custom("caps: a memory cap of 0 bytes"))?;
+        let compute = match w.compute_percent {
+            0 => None,
+            p => Some(ComputeShare::from_whole_percent(p.into()).ok_or_else(|| {
+                D::Error::custom(format!("caps: a compute share of {p} %, not 0 to 100"))
+            })?),
+        };
+        Ok(Some(DeviceCaps { memory, compute }))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The checkpoint keeps the caps' form of before they were the slice
+    /// contract's type (a restarted plugin reads an older checkpoint), and
+    /// reads back only caps the contract allows.
+    #[test]
+    fn caps_keep_their_checkpoint_form() {
+        let a = Allocated {
+            request: "r".into(),
+            pool: "p".into(),
+            device: "gpu-0".into(),
+            share_id: None,
+            kind: DeviceKind::Whole { gpu: 0 },
+            caps: Some(DeviceCaps {
+                memory: MemorySize(20 << 30),
+                compute: ComputeShare::from_whole_percent(30),
+            }),
+        };
+        let mut v = serde_json::to_value(&a).unwrap();
+        assert_eq!(
+            v["caps"],
+            serde_json::json!({"memory_bytes": 20u64 << 30, "compute_percent": 30})
+        );
+        assert_eq!(serde_json::from_value::<Allocated>(v.clone()).unwrap(), a);
+        v["caps"]["compute_percent"] = 0.into();
+        let best_effort: Allocated = serde_json::from_value(v.clone()).unwrap();
+        assert_eq!(best_effort.caps.unwrap().compute, None);
+        for (field, bad) in [("memory_bytes", 0), ("compute_percent", 101)] {
+            let mut w = v.clone();
+            w["caps"][field] = bad.into();
+            let e = serde_json::from_value::<Allocated>(w).unwrap_err();
+            assert!(e.to_string().starts_with("caps: "), "{field}: {e}");
+        }
+        v["caps"] = serde_json::Value::Null;
+        assert_eq!(
+            serde_json::from_value::<Allocated>(v.clone()).unwrap().caps,
+            None
+        );
+        v.as_object_mut().unwrap().remove("caps");
+        assert_eq!(serde_json::from_value::<Allocated>(v).unwrap().caps, None);
+    }
 
     #[test]
     fn a_request_names_compute_in_exactly_or_in_its_subrequest() {

@@ -69,7 +69,7 @@ pub fn vouch(
 
 fn vouch_one(
     s: &SliceDevice,
-    caps: gpuslice_k8s::cdi::SliceCaps,
+    caps: gpuslice_ledger::limits::DeviceCaps,
     dir: &Path,
     inv: &gpuslice_core::Inventory,
     boards: &Path,
@@ -79,7 +79,7 @@ fn vouch_one(
         .iter()
         .find(|g| g.index == s.gpu)
         .ok_or_else(|| anyhow!("no GPU {} on this host", s.gpu))?;
-    let limits = capped_slice(&s.name, caps.limits(&gpu.uuid)?);
+    let limits = capped_slice(&s.name, caps.on(&gpu.uuid));
     let usage = dir.join(USAGE_FILE);
     limits
         .create_usage(&usage)

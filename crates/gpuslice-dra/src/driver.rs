@@ -47,8 +47,24 @@ pub enum PrepareError {
     Unenforceable(String, String),
     #[error("claim {0}: {1} shares of GPUs ({2}); a container is one slice, so its caps would be one share's (the last mounted): ask for one share, the sum, in one request, or use a claim per share")]
     SharesInOneClaim(String, usize, String),
-    #[error("claim {0}: CDI spec: {1}")]
-    Cdi(String, String),
+    #[error("claim {claim}: CDI spec")]
+    Cdi {
+        claim: String,
+        source: anyhow::Error,
+    },
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+}
+
+/// Why a claim's prepared files or its checkpoint entry could not be
+/// removed (the claim stays prepared; the kubelet retries).
+#[derive(Debug, Error)]
+pub enum UnprepareError {
+    #[error("removing {path}")]
+    Remove {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
 }
@@ -190,15 +206,14 @@ impl Driver {
     pub async fn prepare(
         &self,
         claims: &[ClaimRef],
-    ) -> BTreeMap<String, Result<Vec<Granted>, String>> {
+    ) -> BTreeMap<String, Result<Vec<Granted>, PrepareError>> {
         // One at a time: the over-commit check sees every prepared claim.
         let mut state = self.state.lock().await;
         let mut out = BTreeMap::new();
         for c in claims {
             let fresh = !state.claims.contains_key(&c.uid);
-            let r = self.prepare_one(&mut state, c).await.map_err(|e| {
-                tracing::warn!("prepare: {e}");
-                e.to_string()
+            let r = self.prepare_one(&mut state, c).await.inspect_err(|e| {
+                tracing::warn!("prepare: {}", crate::one_line(e));
             });
             if let (true, Ok(_), Some(p)) = (fresh, &r, state.claims.get(&c.uid)) {
                 self.report(c, device_status(&self.opts.driver_name, p))
@@ -389,8 +404,8 @@ impl Driver {
                 .find(|g| g.index == gpu)
                 .and_then(|g| g.memory_bytes)
                 .map(|m| self.opts.policy.usable_memory(m));
-            let all_compute = matches!(caps.compute_percent, 0 | 100);
-            if all_compute && usable.is_some_and(|u| caps.memory_bytes >= u) {
+            let all_compute = matches!(caps.compute_percent(), 0 | 100);
+            if all_compute && usable.is_some_and(|u| caps.memory_bytes() >= u) {
                 a.caps = None;
             }
         }
@@ -451,12 +466,12 @@ impl Driver {
                 let mem: u64 = others
                     .iter()
                     .filter_map(|o| o.caps)
-                    .map(|c| c.memory_bytes)
+                    .map(|c| c.memory_bytes())
                     .sum();
                 let compute: u32 = others
                     .iter()
                     .filter_map(|o| o.caps)
-                    .map(|c| c.compute_percent)
+                    .map(|c| c.compute_percent())
                     .sum();
                 let total = info.memory_bytes.ok_or_else(|| {
                     over(
@@ -464,16 +479,19 @@ impl Driver {
                             .into(),
                     )
                 })?;
-                if mem.saturating_add(caps.memory_bytes) > total {
+                if mem.saturating_add(caps.memory_bytes()) > total {
                     return Err(over(format!(
                         "memory {} B requested, {} B of {} B already prepared",
-                        caps.memory_bytes, mem, total
+                        caps.memory_bytes(),
+                        mem,
+                        total
                     )));
                 }
-                if compute + caps.compute_percent > 100 {
+                if compute + caps.compute_percent() > 100 {
                     return Err(over(format!(
                         "compute {} % requested, {} % already prepared",
-                        caps.compute_percent, compute
+                        caps.compute_percent(),
+                        compute
                     )));
                 }
             }
@@ -493,7 +511,10 @@ impl Driver {
         uid: &str,
         devices: &[PreparedDevice],
     ) -> Result<(PathBuf, Vec<PathBuf>, Vec<PathBuf>), PrepareError> {
-        let cdi_err = |e: anyhow::Error| PrepareError::Cdi(claim.into(), format!("{e:#}"));
+        let cdi_err = |source: anyhow::Error| PrepareError::Cdi {
+            claim: claim.into(),
+            source,
+        };
         let slices: Vec<SliceDevice> = devices
             .iter()
             .enumerate()
@@ -652,14 +673,17 @@ impl Driver {
     }
 
     /// Unprepares each claim; a result per claim uid.
-    pub async fn unprepare(&self, claims: &[ClaimRef]) -> BTreeMap<String, Result<(), String>> {
+    pub async fn unprepare(
+        &self,
+        claims: &[ClaimRef],
+    ) -> BTreeMap<String, Result<(), UnprepareError>> {
         let mut state = self.state.lock().await;
         let mut out = BTreeMap::new();
         for c in claims {
             let held = state.claims.contains_key(&c.uid);
-            let r = unprepare_one(&mut state, &c.uid).map_err(|e| {
+            let r = unprepare_one(&mut state, &c.uid).inspect_err(|e| {
+                let e = crate::one_line(e);
                 tracing::warn!("unprepare {}/{}: {e}", c.namespace, c.name);
-                e
             });
             if held && r.is_ok() && !c.name.is_empty() {
                 self.report(c, Vec::new()).await;
@@ -716,8 +740,8 @@ pub fn device_status(driver: &str, p: &PreparedClaim) -> Vec<AllocatedDeviceStat
                 (_, Some(caps)) => (
                     serde_json::json!({
                         "kind": "share",
-                        "memoryBytes": caps.memory_bytes,
-                        "computePercent": caps.compute_percent,
+                        "memoryBytes": caps.memory_bytes(),
+                        "computePercent": caps.compute_percent(),
                         "enforcedBy": ["deviceNodes", "shim"],
                         "cdiDevice": d.cdi_device_id,
                     }),
@@ -762,7 +786,7 @@ fn claims_dir(opts: &Options) -> PathBuf {
         .unwrap_or_else(|| opts.host_root.join(crate::claimfs::CLAIMS_DIR))
 }
 
-fn unprepare_one(state: &mut Checkpoint, uid: &str) -> Result<(), String> {
+fn unprepare_one(state: &mut Checkpoint, uid: &str) -> Result<(), UnprepareError> {
     let Some(p) = state.claims.remove(uid) else {
         return Ok(()); // never prepared, or already unprepared
     };
@@ -772,14 +796,14 @@ fn unprepare_one(state: &mut Checkpoint, uid: &str) -> Result<(), String> {
     }
     state.save().map_err(|e| {
         state.claims.insert(uid.into(), p);
-        e.to_string()
+        e.into()
     })
 }
 
 /// Removes a claim's spec first (no new container gets its devices), then
 /// its limits records, slice directories and root's enforcement records
 /// (in `state_dir`); files already gone are fine.
-fn remove_files(p: &PreparedClaim, state_dir: &Path) -> Result<(), String> {
+fn remove_files(p: &PreparedClaim, state_dir: &Path) -> Result<(), UnprepareError> {
     for d in &p.devices {
         let _ = std::fs::remove_dir_all(crate::checkpoint::enforcement_dir(state_dir, d.slice()));
     }
@@ -787,11 +811,19 @@ fn remove_files(p: &PreparedClaim, state_dir: &Path) -> Result<(), String> {
         match std::fs::remove_file(f) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(format!("removing {}: {e}", f.display())),
+            Err(source) => {
+                return Err(UnprepareError::Remove {
+                    path: f.clone(),
+                    source,
+                })
+            }
         }
     }
     for d in &p.slice_dirs {
-        crate::claimfs::remove(d).map_err(|e| format!("removing {}: {e}", d.display()))?;
+        crate::claimfs::remove(d).map_err(|source| UnprepareError::Remove {
+            path: d.clone(),
+            source,
+        })?;
     }
     Ok(())
 }
@@ -821,4 +853,65 @@ pub fn spec_path(cdi_dir: &std::path::Path, uid: &str) -> PathBuf {
         crate::CDI_VENDOR,
         crate::CDI_CLASS
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::claim::{ClaimError, DeviceError};
+    use crate::quantity::parse_integer;
+    use std::error::Error as _;
+
+    /// The errors keep their cause as a source (one can tell a bad
+    /// quantity from a missing capacity, an I/O error's kind), and the
+    /// kubelet gets the whole chain on one line.
+    #[test]
+    fn causes_stay_sources_and_reach_the_kubelet_on_one_line() {
+        let cdi = PrepareError::Cdi {
+            claim: "ns/c".into(),
+            source: anyhow::anyhow!("no GPU 3 on this host").context("slice uid-0"),
+        };
+        assert!(cdi.source().is_some());
+        assert_eq!(
+            crate::one_line(&cdi),
+            "claim ns/c: CDI spec: slice uid-0: no GPU 3 on this host"
+        );
+
+        let quantity = parse_integer("0.5").unwrap_err();
+        let claim = PrepareError::from(ClaimError::Device {
+            claim: "ns/c".into(),
+            pool: "node-a".into(),
+            device: "gpu-0".into(),
+            why: DeviceError::Capacity {
+                key: "memory",
+                source: Box::new(parse_integer("0.5").unwrap_err()),
+            },
+        });
+        let why = claim.source().and_then(|s| s.downcast_ref::<DeviceError>());
+        assert!(
+            matches!(why, Some(DeviceError::Capacity { source, .. }) if **source == quantity),
+            "{claim:?}"
+        );
+        assert_eq!(
+            crate::one_line(&claim),
+            format!("claim ns/c: device \"gpu-0\" of pool \"node-a\": consumedCapacity.memory: {quantity}")
+        );
+
+        let gone = UnprepareError::Remove {
+            path: "/x/spec.json".into(),
+            source: std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+        };
+        let io = gone
+            .source()
+            .and_then(|s| s.downcast_ref::<std::io::Error>());
+        assert_eq!(
+            io.map(|e| e.kind()),
+            Some(std::io::ErrorKind::PermissionDenied)
+        );
+        assert!(
+            crate::one_line(&gone).starts_with("removing /x/spec.json: permission denied"),
+            "{}",
+            crate::one_line(&gone)
+        );
+    }
 }

@@ -31,6 +31,21 @@ pub mod publish;
 pub mod quantity;
 pub mod server;
 
+/// An error and its sources on one line, as the kubelet and the log get
+/// it: the errors here keep their cause as a source, not in their text.
+pub fn one_line(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        let m = s.to_string();
+        if !out.contains(&m) {
+            out = format!("{out}: {m}");
+        }
+        src = s.source();
+    }
+    out.replace('\n', " ")
+}
+
 /// The generated kubelet APIs.
 #[allow(clippy::all, missing_docs)]
 pub mod api {

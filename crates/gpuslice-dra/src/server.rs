@@ -161,7 +161,7 @@ macro_rules! dra_service {
                                 },
                                 Err(e) => api::NodePrepareResourceResponse {
                                     devices: vec![],
-                                    error: e,
+                                    error: crate::one_line(&e),
                                 },
                             };
                             (uid, resp)
@@ -178,7 +178,7 @@ macro_rules! dra_service {
                     let claims = out
                         .into_iter()
                         .map(|(uid, r)| {
-                            let error = r.err().unwrap_or_default();
+                            let error = r.err().map(|e| crate::one_line(&e)).unwrap_or_default();
                             (uid, api::NodeUnprepareResourceResponse { error })
                         })
                         .collect();

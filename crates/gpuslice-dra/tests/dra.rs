@@ -908,6 +908,11 @@ async fn claims_of_pods_that_can_escape_their_caps_are_marked_or_refused() {
         .await;
     let err = r["uid-esc2"].as_ref().unwrap_err();
     assert!(
+        matches!(err, gpuslice_dra::driver::PrepareError::Unenforceable(..)),
+        "{err:?}"
+    );
+    let err = gpuslice_dra::one_line(err);
+    assert!(
         err.contains("--refuse-unenforceable") && err.contains("privileged"),
         "{err}"
     );
@@ -1358,6 +1363,11 @@ async fn prepare_checks_claims_against_the_gpus_there_now() {
     };
     let r = d.prepare(&[claim("a", "uid-a"), claim("b", "uid-b")]).await;
     let a = r["uid-a"].as_ref().unwrap_err();
+    assert!(
+        matches!(a, gpuslice_dra::driver::PrepareError::NoGpu(..)),
+        "{a:?}"
+    );
+    let a = gpuslice_dra::one_line(a);
     assert!(a.contains("GPU 2 is not on this node"), "{a}");
     assert!(!spec_path(&e.cdi_dir(), "uid-a").exists());
     assert_eq!(r["uid-b"].as_ref().unwrap()[0].device, "gpu-1");

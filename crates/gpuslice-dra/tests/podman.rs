@@ -155,7 +155,7 @@ async fn podman_runs_a_prepared_claim_with_exactly_its_caps() {
     );
 
     let done = driver.unprepare(&[claim]).await;
-    assert_eq!(done[&uid], Ok(()));
+    assert!(done[&uid].is_ok(), "{:?}", done[&uid]);
     assert!(!spec_path(cdi_dir, &uid).exists());
     assert!(!limits_record_path(cdi_dir, &format!("{uid}-0")).exists());
     assert!(

@@ -33,6 +33,7 @@
 
 use crate::bpf;
 use gpuslice_core::DevicePolicy;
+use gpuslice_ledger::limits::{valid_slice_id, MAX_SLICE_ID_LEN};
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -83,7 +84,7 @@ pub enum CgroupError {
     Mountinfo { path: PathBuf, source: io::Error },
     #[error("no {wanted} found in /proc/self/mountinfo ({found}); mount one, or choose the other cgroup version")]
     Unavailable { wanted: String, found: String },
-    #[error("invalid slice id {id:?}: use `<launcher pid>-<suffix>` made of letters, digits, '-', '_' and '.'")]
+    #[error("invalid slice id {id:?}: use `<launcher pid>-<suffix>`, 1 to {MAX_SLICE_ID_LEN} letters, digits, '-', '_' and '.', not starting with '.'")]
     InvalidSliceId { id: String },
     #[error("cannot create {path}: it already exists; each slice needs a unique slice id")]
     Exists { path: PathBuf },
@@ -276,15 +277,6 @@ pub fn new_slice_id() -> String {
         mix & 0xff_ffff_ffff,
         n & 0xff
     )
-}
-
-fn valid_slice_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= 200
-        && !id.starts_with('.')
-        && id
-            .bytes()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
 }
 
 /// The cgroup of one running slice. Removed by [`remove`](Self::remove), or
@@ -1039,6 +1031,9 @@ mod tests {
         for bad in ["", "a/b", "..", ".x", "a b", "x\0"] {
             assert!(!valid_slice_id(bad), "{bad:?}");
         }
+        // What the ledger's header could not store makes no cgroup either.
+        let long = format!("{a}-{}", "x".repeat(MAX_SLICE_ID_LEN));
+        assert!(!valid_slice_id(&long), "{long}");
     }
 
     fn deny_195_1() -> DevicePolicy {

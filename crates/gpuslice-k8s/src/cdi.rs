@@ -21,7 +21,8 @@ use gpuslice_core::model::{NVIDIACTL_MINOR, NVIDIA_MAJOR, NVIDIA_MODESET_MINOR};
 use gpuslice_core::{DevicePolicy, HostRoot, Inventory, Selection};
 use gpuslice_ledger::board::{self, Mode, DEFAULT_BOARD_DIR};
 use gpuslice_ledger::limits::{
-    ComputeShare, DeviceLimits, MemorySize, SliceLimits, LIMITS_FILE, SLICE_DIR,
+    ComputeShare, DeviceCaps, DeviceLimits, MemorySize, SliceLimits, ENV_CUDA_VISIBLE,
+    ENV_DEVICE_ORDER, ENV_NVIDIA_VISIBLE, LIMITS_FILE, PCI_BUS_ID, SLICE_DIR,
 };
 use serde_json::{json, Value};
 use std::fs;
@@ -195,46 +196,6 @@ pub fn generate_for(root: &HostRoot, inv: &Inventory, opts: &Options) -> Result<
     g.finish(value)
 }
 
-/// The caps of one slice as a DRA claim consumed them: memory in bytes,
-/// compute in whole percent of the GPU (the published capacities' units;
-/// 0: no share, the claim named no compute and is best effort). They
-/// reach the slice as its [`SliceLimits`] record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct SliceCaps {
-    pub memory_bytes: u64,
-    pub compute_percent: u32,
-}
-
-impl SliceCaps {
-    /// For people: `<n> MiB, <p> %`, or `<n> MiB, best-effort compute`.
-    pub fn describe(self) -> String {
-        match self.compute_percent {
-            0 => format!("{} MiB, best-effort compute", self.memory_bytes >> 20),
-            p => format!("{} MiB, {p} %", self.memory_bytes >> 20),
-        }
-    }
-
-    /// The contract's limits of the device `uuid`: an error for a cap of
-    /// 0 bytes or a share above 100 %; compute 0 is no share.
-    pub fn limits(self, uuid: &str) -> Result<DeviceLimits> {
-        if self.memory_bytes == 0 {
-            bail!("a memory cap of 0 bytes");
-        }
-        let compute = match self.compute_percent {
-            0 => None,
-            p => Some(
-                ComputeShare::from_basis_points(u64::from(p) * 100)
-                    .ok_or_else(|| anyhow!("a compute share of {p} %, not 0 to 100"))?,
-            ),
-        };
-        Ok(DeviceLimits {
-            uuid: uuid.to_string(),
-            memory: Some(MemorySize(self.memory_bytes)),
-            compute,
-        })
-    }
-}
-
 /// Where the limits record of the CDI slice `name` is written: beside the
 /// spec, root-owned, bound read-only into the slice at the fixed place.
 pub fn limits_record_path(spec_dir: &Path, name: &str) -> PathBuf {
@@ -251,7 +212,7 @@ pub struct SliceDevice {
     pub gpu: u32,
     /// A MIG device of that GPU, by its index.
     pub mig: Option<u32>,
-    pub caps: Option<SliceCaps>,
+    pub caps: Option<DeviceCaps>,
 }
 
 /// A spec holding exactly `devices` (and the common edits: control
@@ -332,16 +293,13 @@ impl<'a> Builder<'a> {
                     d.name
                 )
             })?;
-            let limits = caps
-                .limits(&uuid)
-                .with_context(|| format!("slice {}", d.name))?;
-            self.write_slice_limits(&mut e, &shim, &d.name, limits);
+            self.write_slice_limits(&mut e, &shim, &d.name, caps.on(&uuid));
             // Visibility is the spec's, for all the devices of the claim
             // together ([`slice_env`]): a device's own would hide the others.
             if let Some(env) = e["env"].as_array_mut() {
                 env.retain(|v| {
                     !v.as_str()
-                        .is_some_and(|s| s.starts_with("NVIDIA_VISIBLE_DEVICES="))
+                        .is_some_and(|s| s.starts_with(&format!("{ENV_NVIDIA_VISIBLE}=")))
                 });
             }
         }
@@ -378,8 +336,8 @@ fn slice_env(common: &mut Value, visible: &str) {
             !name.is_some_and(|k| internal.contains(&k))
         })
         .collect();
-    env.push(json!(format!("CUDA_VISIBLE_DEVICES={visible}")));
-    env.push(json!(format!("NVIDIA_VISIBLE_DEVICES={visible}")));
+    env.push(json!(format!("{ENV_CUDA_VISIBLE}={visible}")));
+    env.push(json!(format!("{ENV_NVIDIA_VISIBLE}={visible}")));
     common["env"] = Value::Array(env);
 }
 
@@ -969,7 +927,7 @@ impl Builder<'_> {
             .into_iter()
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
-        env.push(format!("NVIDIA_VISIBLE_DEVICES={uuid}"));
+        env.push(format!("{ENV_NVIDIA_VISIBLE}={uuid}"));
         edits["env"] = json!(env);
         edits["mounts"] = json!([
             {
@@ -1168,7 +1126,7 @@ impl Builder<'_> {
             ),
             format!("{ANN_SHARED}={}", shared.join(",")),
             format!("{ANN_STRIP}={}", self.opts.strip_host_root),
-            "CUDA_DEVICE_ORDER=PCI_BUS_ID".to_string(),
+            format!("{ENV_DEVICE_ORDER}={PCI_BUS_ID}"),
             format!("LD_LIBRARY_PATH={CONTAINER_LIB_DIR}"),
         ];
         let mut edits = json!({ "env": env, "deviceNodes": nodes });

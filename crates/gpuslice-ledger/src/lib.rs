@@ -54,6 +54,7 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+pub use limits::valid_slice_id;
 use map::Mapping;
 
 /// First eight bytes of every ledger.
@@ -112,7 +113,7 @@ impl Refill {
 /// Default bucket size: GPU time a slice may run ahead after being idle.
 pub const DEFAULT_BURST_NS: u64 = 20_000_000;
 /// Largest slice id / UUID stored.
-pub const MAX_ID_LEN: usize = 63;
+pub const MAX_ID_LEN: usize = limits::MAX_SLICE_ID_LEN;
 const UUID_LEN: usize = 96;
 /// Header `state` once the file is completely written.
 const READY: u32 = 0x5245_4459;
@@ -190,7 +191,7 @@ pub enum Error {
     Corrupt { path: PathBuf, reason: String },
     #[error("a ledger holds at most {MAX_DEVICES} devices, {0} given")]
     TooManyDevices(usize),
-    #[error("invalid slice id {0:?} (1-{MAX_ID_LEN} of A-Z a-z 0-9 . _ -)")]
+    #[error("invalid slice id {0:?} (1-{MAX_ID_LEN} of A-Z a-z 0-9 . _ -, not starting with .)")]
     BadSliceId(String),
     #[error("all {MAX_SLOTS} process slots of the ledger are in use")]
     SlotsExhausted,
@@ -470,14 +471,6 @@ pub fn parse_size(text: &str) -> Option<u64> {
     let v: f64 = num.parse().ok()?;
     let bytes = v * mult;
     (bytes.is_finite() && bytes >= 0.0 && bytes < u64::MAX as f64).then_some(bytes as u64)
-}
-
-pub fn valid_slice_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= MAX_ID_LEN
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 fn now_ms() -> u64 {

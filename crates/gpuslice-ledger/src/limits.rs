@@ -61,6 +61,64 @@ pub const ENV_MEMORY: &str = "GPUSLICE_MEMORY_LIMIT";
 pub const ENV_COMPUTE: &str = "GPUSLICE_COMPUTE_LIMIT";
 pub const ENV_MODE: &str = "GPUSLICE_COMPUTE_MODE";
 pub const ENV_SLICE: &str = "GPUSLICE_SLICE";
+/// The slice's usage ledger, for a slice without [`SLICE_DIR`] (`run` as
+/// non-root): the shim maps this file.
+pub const ENV_LEDGER: &str = "GPUSLICE_LEDGER";
+
+/// The devices CUDA numbers, in the order of [`ENV_DEVICE_ORDER`].
+pub const ENV_CUDA_VISIBLE: &str = "CUDA_VISIBLE_DEVICES";
+/// How CUDA orders devices: [`PCI_BUS_ID`], as NVML and `/proc` do.
+pub const ENV_DEVICE_ORDER: &str = "CUDA_DEVICE_ORDER";
+pub const PCI_BUS_ID: &str = "PCI_BUS_ID";
+/// The devices NVIDIA's container toolkit injects into a container.
+pub const ENV_NVIDIA_VISIBLE: &str = "NVIDIA_VISIBLE_DEVICES";
+/// [`ENV_NVIDIA_VISIBLE`]'s value for no device at all (`all` and an
+/// empty value do not mean none to the toolkit).
+pub const NO_DEVICES: &str = "void";
+
+/// The variables of [`device_env`]: what a launcher removes from the
+/// environment it inherits before it sets its slice's.
+pub const DEVICE_ENV: [&str; 4] = [
+    ENV_CUDA_VISIBLE,
+    ENV_DEVICE_ORDER,
+    ENV_NVIDIA_VISIBLE,
+    ENV_SLICE,
+];
+
+/// The device environment of a slice's processes (`run`'s command, a
+/// device plugin's container): the devices it may use (`visible`: UUIDs
+/// or indices, comma-separated; empty for none) in PCI bus order, and its
+/// slice id. In the order of [`DEVICE_ENV`].
+pub fn device_env(visible: &str, slice_id: &str) -> [(&'static str, String); 4] {
+    let nvidia_visible = if visible.is_empty() {
+        NO_DEVICES
+    } else {
+        visible
+    };
+    [
+        (ENV_CUDA_VISIBLE, visible.to_string()),
+        (ENV_DEVICE_ORDER, PCI_BUS_ID.to_string()),
+        (ENV_NVIDIA_VISIBLE, nvidia_visible.to_string()),
+        (ENV_SLICE, slice_id.to_string()),
+    ]
+}
+
+/// Largest slice id: what a ledger's header stores, and short enough for a
+/// cgroup's and a directory's name.
+pub const MAX_SLICE_ID_LEN: usize = 63;
+
+/// Whether `id` may name a slice: its cgroup (`<root>/gpuslice/<id>`), its
+/// records' directory (`<ledger dir>/<id>/`) and its ledger's header. 1 to
+/// [`MAX_SLICE_ID_LEN`] of `A-Z a-z 0-9 . _ -`, not starting with `.` (no
+/// `.`, `..` or hidden name among the slices).
+pub fn valid_slice_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= MAX_SLICE_ID_LEN
+        && !id.starts_with('.')
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
 
 const HEADER: &str = "gpuslice-limits 1";
 
@@ -96,6 +154,13 @@ pub enum LimitsError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct MemorySize(pub u64);
 
+impl MemorySize {
+    /// A cap of `bytes`, when not 0.
+    pub fn from_bytes(bytes: u64) -> Option<MemorySize> {
+        (bytes > 0).then_some(MemorySize(bytes))
+    }
+}
+
 impl FromStr for MemorySize {
     type Err = LimitsError;
     fn from_str(s: &str) -> Result<Self, LimitsError> {
@@ -120,6 +185,14 @@ impl ComputeShare {
     /// The share of `bp` basis points, when in 1..=10 000.
     pub fn from_basis_points(bp: u64) -> Option<ComputeShare> {
         (1..=FULL_SHARE).contains(&bp).then_some(ComputeShare(bp))
+    }
+
+    /// The share of `percent` whole percent, when in 1..=100 (a DRA
+    /// claim's consumed `compute` capacity).
+    pub fn from_whole_percent(percent: u64) -> Option<ComputeShare> {
+        (1..=100)
+            .contains(&percent)
+            .then(|| ComputeShare(percent * 100))
     }
 
     /// `count` parts of `of` (a GPU shared by `of` replicas), at least 1 bp.
@@ -173,6 +246,14 @@ impl FromStr for Mode {
     }
 }
 
+/// `cap`: what a slice gets unless it asks for more (the device plugin's
+/// `computeMode` and `run --compute-mode` default to it).
+impl Default for Mode {
+    fn default() -> Self {
+        Mode::Cap
+    }
+}
+
 impl fmt::Display for Mode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
@@ -200,6 +281,43 @@ impl DeviceLimits {
     /// Share in the ledger's unit (0 for none).
     pub fn share_bp(&self) -> u64 {
         self.compute.map_or(0, ComputeShare::basis_points)
+    }
+}
+
+/// What a share of a GPU may use before it is bound to a device (a DRA
+/// claim's consumed capacity): a memory cap, and a compute share or none
+/// (best effort). [`DeviceCaps::on`] gives the device's [`DeviceLimits`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceCaps {
+    pub memory: MemorySize,
+    pub compute: Option<ComputeShare>,
+}
+
+impl DeviceCaps {
+    pub fn memory_bytes(self) -> u64 {
+        self.memory.0
+    }
+
+    /// The compute share in whole percent (DRA's unit), 0 for none.
+    pub fn compute_percent(self) -> u32 {
+        self.compute.map_or(0, |c| (c.basis_points() / 100) as u32)
+    }
+
+    /// For people: `<n> MiB, <p> %`, or `<n> MiB, best-effort compute`.
+    pub fn describe(self) -> String {
+        match self.compute {
+            None => format!("{} MiB, best-effort compute", self.memory_bytes() >> 20),
+            Some(c) => format!("{} MiB, {c} %", self.memory_bytes() >> 20),
+        }
+    }
+
+    /// The limits of the device `uuid` under these caps.
+    pub fn on(self, uuid: &str) -> DeviceLimits {
+        DeviceLimits {
+            uuid: uuid.to_string(),
+            memory: Some(self.memory),
+            compute: self.compute,
+        }
     }
 }
 
@@ -569,6 +687,78 @@ mod tests {
         assert_eq!(ComputeShare::fraction(1, 3).basis_points(), 3333);
         assert_eq!("guaranteed".parse::<Mode>().unwrap(), Mode::Guaranteed);
         assert!("fair".parse::<Mode>().is_err());
+        assert_eq!(Mode::default(), Mode::Cap);
+    }
+
+    #[test]
+    fn caps_take_only_what_the_units_allow() {
+        assert_eq!(MemorySize::from_bytes(0), None);
+        assert_eq!(MemorySize::from_bytes(1), Some(MemorySize(1)));
+        for bad in [0, 101, 10_000] {
+            assert_eq!(ComputeShare::from_whole_percent(bad), None, "{bad}");
+        }
+        let caps = DeviceCaps {
+            memory: MemorySize(20 << 30),
+            compute: ComputeShare::from_whole_percent(30),
+        };
+        assert_eq!(
+            (caps.memory_bytes(), caps.compute_percent()),
+            (20 << 30, 30)
+        );
+        assert_eq!(caps.describe(), "20480 MiB, 30 %");
+        let on = caps.on("GPU-a");
+        assert_eq!((on.cap_bytes(), on.share_bp()), (20 << 30, 3000));
+        let best_effort = DeviceCaps {
+            compute: None,
+            ..caps
+        };
+        assert_eq!(best_effort.compute_percent(), 0);
+        assert_eq!(best_effort.describe(), "20480 MiB, best-effort compute");
+        assert_eq!(best_effort.on("GPU-a").share_bp(), 0);
+    }
+
+    /// One rule for every place a slice id names something: a cgroup, a
+    /// directory, a ledger's header. What would climb out of the slices'
+    /// directory, hide among them or not fit the header is refused.
+    #[test]
+    fn slice_ids_are_checked_once() {
+        let longest = "a".repeat(MAX_SLICE_ID_LEN);
+        for good in [
+            "gs-1234.a_b",
+            "4242-1f00a1",
+            "k8s-GPU-a-r0",
+            longest.as_str(),
+        ] {
+            assert!(valid_slice_id(good), "{good:?}");
+        }
+        let too_long = "a".repeat(MAX_SLICE_ID_LEN + 1);
+        for bad in [
+            "",
+            "a/b",
+            ".",
+            "..",
+            ".x",
+            "a b",
+            "x\0",
+            "é",
+            too_long.as_str(),
+        ] {
+            assert!(!valid_slice_id(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_device_environment_is_one_set() {
+        let env = device_env("GPU-a,GPU-b", "s-1");
+        let names: Vec<&str> = env.iter().map(|(k, _)| *k).collect();
+        assert_eq!(names, DEVICE_ENV);
+        assert_eq!(
+            env.map(|(_, v)| v),
+            ["GPU-a,GPU-b", "PCI_BUS_ID", "GPU-a,GPU-b", "s-1"].map(String::from)
+        );
+        // No device: the container toolkit must not read "all".
+        let none = device_env("", "s-2");
+        assert_eq!((none[0].1.as_str(), none[2].1.as_str()), ("", "void"));
     }
 
     #[test]

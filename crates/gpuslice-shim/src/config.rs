@@ -5,7 +5,9 @@
 //! `GPUSLICE_BOARD_DIR` and `GPUSLICE_LOG` are read from here.
 
 use gpuslice_ledger::board::Mode;
-use gpuslice_ledger::limits::{ComputeShare, MemorySize, ENV_COMPUTE, ENV_MEMORY, ENV_MODE};
+use gpuslice_ledger::limits::{
+    ComputeShare, MemorySize, ENV_COMPUTE, ENV_LEDGER, ENV_MEMORY, ENV_MODE, ENV_SLICE,
+};
 use gpuslice_ledger::{MAX_DEVICES, UNLIMITED};
 
 #[cfg(test)]
@@ -133,8 +135,8 @@ impl Config {
         let log = get("GPUSLICE_LOG").is_some_and(|v| !matches!(v.as_str(), "" | "0" | "off"));
         Config {
             caps,
-            ledger_path: get("GPUSLICE_LEDGER").filter(|p| !p.is_empty()),
-            slice_id: get("GPUSLICE_SLICE")
+            ledger_path: get(ENV_LEDGER).filter(|p| !p.is_empty()),
+            slice_id: get(ENV_SLICE)
                 .filter(|s| gpuslice_ledger::valid_slice_id(s))
                 .unwrap_or_else(|| "private".into()),
             context_bytes,

@@ -26,7 +26,7 @@ pub enum Command {
     /// List the host's GPUs (and MIG devices) and where the facts came from.
     List,
     /// Run a command that can reach only the selected GPUs.
-    Run(cmd::run::RunArgs),
+    Run(cmd::run_args::RunArgs),
     /// Live slices with a memory cap or compute share: their processes, cap, share and use per GPU (from their ledgers).
     Slices,
     /// A live view of the GPUs and their slices (nvtop-style): memory and utilisation per GPU; per slice its cap and use, GPU-time share against its target, throttling, enforcement and processes. Refreshes each second; q quits.
@@ -85,7 +85,7 @@ pub struct LeanCli {
 #[derive(Debug, Subcommand)]
 pub enum LeanCommand {
     List,
-    Run(cmd::run::RunArgs),
+    Run(cmd::run_args::RunArgs),
     Slices,
     /// Any other command: `gpuslice-full`'s.
     #[command(external_subcommand)]

@@ -49,6 +49,7 @@
 //! error that says how to write it as roles.
 
 use anyhow::{anyhow, bail, Context, Result};
+use gpuslice_ledger::limits::Mode;
 use serde::Deserialize;
 use serde_yaml::Value;
 use std::collections::BTreeMap;
@@ -152,16 +153,16 @@ pub struct Sharing {
     /// Before roles: replicas of every GPU (0: none). Read only without `roles`.
     pub replicas: Option<u32>,
     pub spread: bool,
-    pub compute_mode: ComputeMode,
+    /// How a replica's compute share applies (docs/compute-share.md).
+    #[serde(deserialize_with = "compute_mode")]
+    pub compute_mode: Mode,
 }
 
-/// How a replica's compute share applies (docs/compute-share.md).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum ComputeMode {
-    #[default]
-    Cap,
-    Guaranteed,
+/// `computeMode`, read by the slice contract's own parser.
+fn compute_mode<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Mode, D::Error> {
+    String::deserialize(d)?
+        .parse()
+        .map_err(serde::de::Error::custom)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -260,7 +261,7 @@ impl Default for Sharing {
         Sharing {
             replicas: None,
             spread: false,
-            compute_mode: ComputeMode::Cap,
+            compute_mode: Mode::Cap,
         }
     }
 }

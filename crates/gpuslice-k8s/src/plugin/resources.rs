@@ -4,17 +4,17 @@
 //! limits and usage ledger), so it is unit-tested and benchmarked without
 //! gRPC.
 
-use super::config::{ComputeMode, Config, MigStrategy};
+use super::config::{Config, MigStrategy};
 use super::ledgers;
 use super::roles::{self, Role, RoleError};
 use super::v1beta1 as api;
 use crate::cdi::CONTAINER_SHIM;
 use gpuslice_core::model::{NVIDIACTL_MINOR, NVIDIA_MAJOR, NVIDIA_MODESET_MINOR};
 use gpuslice_core::{DevicePolicy, HostRoot, Inventory, Selection};
-use gpuslice_ledger::board::{self, Mode, BOARD_DIR_ENV, DEFAULT_BOARD_DIR};
+use gpuslice_ledger::board::{self, BOARD_DIR_ENV, DEFAULT_BOARD_DIR};
 use gpuslice_ledger::limits::{
-    ComputeShare, DeviceLimits, MemorySize, RecordPaths, SliceLimits, HOSTPID_FILE, LIMITS_FILE,
-    SLICE_DIR, USAGE_FILE,
+    device_env, ComputeShare, DeviceLimits, MemorySize, RecordPaths, SliceLimits, HOSTPID_FILE,
+    LIMITS_FILE, MAX_SLICE_ID_LEN, SLICE_DIR, USAGE_FILE,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -306,10 +306,7 @@ impl Plan {
             .collect();
         SliceLimits {
             slice_id: slice.to_string(),
-            mode: match self.cfg.sharing.compute_mode {
-                ComputeMode::Cap => Mode::Cap,
-                ComputeMode::Guaranteed => Mode::Guaranteed,
-            },
+            mode: self.cfg.sharing.compute_mode,
             devices,
         }
     }
@@ -481,12 +478,9 @@ impl Plan {
                 .collect(),
         };
         let visible = visible.join(",");
-        let env = &mut resp.envs;
-        env.insert("NVIDIA_VISIBLE_DEVICES".into(), visible.clone());
-        env.insert("CUDA_VISIBLE_DEVICES".into(), visible.clone());
-        env.insert("CUDA_DEVICE_ORDER".into(), "PCI_BUS_ID".into());
         let slice = slice_id(&entries[0].id);
-        env.insert("GPUSLICE_SLICE".into(), slice.clone());
+        let env = &mut resp.envs;
+        env.extend(device_env(&visible, &slice).map(|(k, v)| (k.to_string(), v)));
         if let Kind::Shared { replicas } = res.kind {
             let limits = self.replica_limits(&slice, replicas, &per_gpu);
             env.extend(limits.env());
@@ -527,5 +521,23 @@ pub fn slice_id(first: &str) -> String {
         })
         .collect();
     let s = format!("k8s-{s}");
-    s.chars().take(63).collect()
+    s.chars().take(MAX_SLICE_ID_LEN).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuslice_ledger::limits::valid_slice_id;
+
+    /// Whatever the kubelet's device ID, its slice id is one the slice
+    /// contract accepts (the ledger, the records' directory).
+    #[test]
+    fn slice_ids_of_any_device_id_are_valid() {
+        let long = format!("GPU-{}::3", "9".repeat(80));
+        for id in ["GPU-a::0", "MIG-1/2 x", "../..", "ünï::1", long.as_str()] {
+            let s = slice_id(id);
+            assert!(valid_slice_id(&s), "{id:?} -> {s:?}");
+        }
+        assert_eq!(slice_id("GPU-a::0"), "k8s-GPU-a-r0");
+    }
 }

@@ -148,7 +148,7 @@ macro_rules! f {
 }
 
 fn ledger() -> Option<Ledger> {
-    let p = std::env::var("GPUSLICE_LEDGER").ok()?;
+    let p = std::env::var(gpuslice_ledger::limits::ENV_LEDGER).ok()?;
     Ledger::open(Path::new(&p)).ok()
 }
 

@@ -16,7 +16,7 @@ use std::time::Instant;
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "--ignore-visible-devices") {
-        std::env::remove_var("CUDA_VISIBLE_DEVICES");
+        std::env::remove_var(gpuslice_ledger::limits::ENV_CUDA_VISIBLE);
     }
     let lib_name = args
         .iter()

@@ -160,7 +160,8 @@ fn gib(bytes: u64) -> String {
 }
 
 fn slice_name() -> String {
-    std::env::var("GPUSLICE_SLICE").unwrap_or_else(|_| "(none: not in a gpuslice slice)".into())
+    std::env::var(gpuslice_ledger::limits::ENV_SLICE)
+        .unwrap_or_else(|_| "(none: not in a gpuslice slice)".into())
 }
 
 fn memory(want: u64, hold: Duration) -> Result<(), String> {
@@ -248,7 +249,7 @@ fn share_percent() -> Option<f64> {
             .first()
             .and_then(|d| d.compute)
             .map(|c| c.percent()),
-        _ => std::env::var("GPUSLICE_COMPUTE_LIMIT")
+        _ => std::env::var(gpuslice_ledger::limits::ENV_COMPUTE)
             .ok()
             .and_then(|p| p.trim_end_matches('%').parse().ok()),
     }

@@ -26,7 +26,8 @@
 //! Specs are root's trust: a spec file or directory that is not root's,
 //! or that another user could write, is refused (docs/security.md).
 
-use super::run::{CdiEdits, RunArgs};
+use super::run::CdiEdits;
+use super::run_args::RunArgs;
 use crate::global::Global;
 use anyhow::{anyhow, bail, Context, Result};
 use gpuslice_isolate::slicefs::Bind;

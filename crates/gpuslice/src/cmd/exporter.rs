@@ -51,8 +51,8 @@ fn dra_claims(dir: PathBuf) -> DraClaims {
                 uid: s.uid,
                 device: s.device,
                 gpu: s.gpu,
-                memory_bytes: s.caps.map(|c| c.memory_bytes),
-                compute_percent: s.caps.map(|c| c.compute_percent),
+                memory_bytes: s.caps.map(|c| c.memory_bytes()),
+                compute_percent: s.caps.map(|c| c.compute_percent()),
                 unenforceable: s.unenforceable,
                 record: s.record,
             })

@@ -11,6 +11,7 @@ pub mod fakehost;
 pub mod labels;
 pub mod list;
 pub mod run;
+pub mod run_args;
 pub mod slice_setup;
 pub mod slices;
 pub mod tenant;

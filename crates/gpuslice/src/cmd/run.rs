@@ -1,5 +1,6 @@
 //! `gpuslice run`: a command that can reach only the selected GPUs.
 
+use super::run_args::{CgroupVersion, IsolationArg, PidMode, RunArgs};
 use super::tenant::Tenant;
 use crate::global::Global;
 use anyhow::{anyhow, bail, Context, Result};
@@ -13,120 +14,11 @@ use gpuslice_isolate::launcher::{launch, launch_watched, ChildCommand, SandboxPl
 use gpuslice_isolate::marks::mark;
 use gpuslice_isolate::privileges::Privileges;
 use gpuslice_isolate::Isolation;
-use gpuslice_ledger::limits::SliceLimits;
+use gpuslice_ledger::limits::{device_env, SliceLimits, DEVICE_ENV};
 use std::ffi::{CString, OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum IsolationArg {
-    /// All four layers: private /dev, params overlay and /proc masking, device cgroup, env.
-    Full,
-    /// Device cgroup and env.
-    Cgroup,
-    /// Private /dev and env (what bubblewrap does).
-    Namespace,
-    /// CUDA_VISIBLE_DEVICES and friends only.
-    Env,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum CgroupVersion {
-    V1,
-    V2,
-}
-
-#[derive(Debug, clap::Args)]
-pub struct RunArgs {
-    /// GPUs to expose: comma list of 3, 0-3, GPU-<uuid>, 0000:3b:00.0, MIG-<uuid>, <gpu>:<mig>, all, none.
-    #[arg(long, value_name = "SEL", required_unless_present = "cdi_device")]
-    pub gpus: Option<String>,
-
-    /// Apply a CDI device's edits (device nodes, mounts, env) as a container runtime would, on the host (root only; repeatable). Its device nodes select the GPUs, a limits record it mounts sets the caps: not with --gpus, --memory or --compute.
-    #[arg(
-        long,
-        value_name = "VENDOR/CLASS=NAME",
-        conflicts_with_all = ["gpus", "memory", "compute"]
-    )]
-    pub cdi_device: Vec<String>,
-
-    /// Where --cdi-device looks for specs (repeatable) [default: /etc/cdi, /var/run/cdi].
-    #[arg(long, value_name = "DIR", requires = "cdi_device")]
-    pub cdi_spec_dir: Vec<PathBuf>,
-
-    /// Isolation layers [default: full as root, namespace (user namespace) otherwise].
-    #[arg(long, value_enum)]
-    pub isolation: Option<IsolationArg>,
-
-    /// Keep no capability at all (a root command is uid 0 without any), on top of the default confinement.
-    #[arg(long, conflicts_with = "privileged")]
-    pub strict: bool,
-
-    /// Run as full root with every capability, no seccomp filter, no PID or cgroup namespace and the caller's descriptors: NOT a security boundary (the command can undo the GPU isolation).
-    #[arg(long)]
-    pub privileged: bool,
-
-    /// PID namespace: `private` (default) gives the slice its own /proc and an init; `host` shares the host's.
-    #[arg(long, value_enum, value_name = "MODE", default_value = "private")]
-    pub pid: PidMode,
-
-    /// Make the host's root filesystem read-only in the slice, but for /tmp, /var/tmp, /dev/shm and the working directory (or what the admin policy's `writable` lists); the admin policy's `read_only_root` sets it for every policy-bound caller.
-    #[arg(long, conflicts_with = "privileged")]
-    pub read_only_root: bool,
-
-    /// Pass descriptors 3 .. 3+N on to the command (as runc); all others are closed. 3+N must stay within the descriptor limit (RLIMIT_NOFILE).
-    #[arg(long, value_name = "N", default_value_t = 0)]
-    pub preserve_fds: u32,
-
-    /// Run the command as USER[:GROUP] (names or numeric ids; supplementary groups from the group database) [default: the invoking user when run through sudo, else gpuslice's own ids].
-    #[arg(long, value_name = "USER[:GROUP]")]
-    pub user: Option<String>,
-
-    /// Device cgroup to use [default: v2 when mounted, else v1].
-    #[arg(long, value_enum, value_name = "VERSION")]
-    pub cgroup: Option<CgroupVersion>,
-
-    /// Cap GPU memory per selected GPU (e.g. 20GiB), applied to every process of the slice by libgpuslice.so (preloaded through the slice's /etc/ld.so.preload; see docs/security.md for what it does not stop).
-    #[arg(long, value_name = "SIZE")]
-    pub memory: Option<gpuslice_ledger::limits::MemorySize>,
-
-    /// Compute share per selected GPU in percent of its time (e.g. 25): a hard cap on the GPU time of the slice's kernel and graph launches, shared by all its processes, applied by libgpuslice.so like --memory.
-    #[arg(long, value_name = "PCT")]
-    pub compute: Option<gpuslice_ledger::limits::ComputeShare>,
-
-    /// How --compute applies: `cap` never lets the slice exceed its share; `guaranteed` lets it also use GPU time the other slices of its GPUs leave idle (work-conserving), falling back to its share when they are busy.
-    #[arg(
-        long,
-        value_enum,
-        value_name = "MODE",
-        default_value = "cap",
-        requires = "compute"
-    )]
-    pub compute_mode: super::slices::ComputeMode,
-
-    /// Share a CUDA JIT cache between slices (sets CUDA_CACHE_PATH and CUDA_CACHE_MAXSIZE).
-    #[arg(long, value_name = "DIR")]
-    pub cuda_cache: Option<PathBuf>,
-
-    /// The command and its arguments.
-    #[arg(last = true, required = true, value_name = "CMD")]
-    pub command: Vec<OsString>,
-}
-
-impl RunArgs {
-    /// `--gpus`; empty for a CDI launch (its device nodes select).
-    pub fn selector(&self) -> &str {
-        self.gpus.as_deref().unwrap_or("")
-    }
-}
-
-/// `run --pid`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum PidMode {
-    Private,
-    Host,
-}
 
 /// Whether this binary is linked statically, as `scripts/install.sh`
 /// builds the `gpuslice` launcher: no loader work at each start
@@ -174,14 +66,6 @@ fn names_mig(selector: &str) -> bool {
 #[derive(Debug, thiserror::Error)]
 #[error("MIG devices need NVML, which a statically linked gpuslice cannot load")]
 pub struct NeedsFullBinary;
-
-/// Environment variables a slice sets, removed from the caller's first.
-const SLICE_ENV: &[&str] = &[
-    "CUDA_VISIBLE_DEVICES",
-    "CUDA_DEVICE_ORDER",
-    "NVIDIA_VISIBLE_DEVICES",
-    "GPUSLICE_SLICE",
-];
 
 pub fn run(global: &Global, args: &RunArgs) -> Result<i32> {
     run_with(global, args, None)
@@ -604,19 +488,14 @@ fn child_env(
     tenant: &Tenant,
     host_root: &Path,
 ) -> Result<Vec<CString>> {
-    let visible = sel.visible_devices(inv);
+    // The slice's device variables replace the caller's.
     let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
-        .filter(|(k, _)| !SLICE_ENV.iter().any(|s| OsStr::new(s) == k))
+        .filter(|(k, _)| !DEVICE_ENV.iter().any(|s| OsStr::new(s) == k))
         .collect();
-    let nvidia_visible = if visible.is_empty() {
-        "void".to_string()
-    } else {
-        visible.clone()
-    };
-    env.push(("CUDA_VISIBLE_DEVICES".into(), visible.into()));
-    env.push(("CUDA_DEVICE_ORDER".into(), "PCI_BUS_ID".into()));
-    env.push(("NVIDIA_VISIBLE_DEVICES".into(), nvidia_visible.into()));
-    env.push(("GPUSLICE_SLICE".into(), slice_id.into()));
+    let visible = sel.visible_devices(inv);
+    for (k, v) in device_env(&visible, slice_id) {
+        env.push((k.into(), v.into()));
+    }
     // A simulated host with its fake driver installed (`gpuslice fakehost
     // --driver`): the command's CUDA programs load that driver, as they
     // load the real one from the system's library path on a real host.

@@ -21,12 +21,11 @@ use gpuslice_core::{Inventory, Selection};
 use gpuslice_isolate::slicefs::{self, SliceFiles};
 use gpuslice_ledger::board;
 use gpuslice_ledger::limits::{
-    DeviceLimits, RecordPaths, SliceLimits, HOSTPID_FILE, LIMITS_FILE, SHIM_FILE, SLICE_DIR,
-    USAGE_FILE,
+    DeviceLimits, RecordPaths, SliceLimits, ENV_COMPUTE, ENV_LEDGER, ENV_MEMORY, ENV_MODE,
+    ENV_SLICE, HOSTPID_FILE, LIMITS_FILE, SHIM_FILE, SLICE_DIR, SLICE_DIR_ENV, USAGE_FILE,
 };
 
-use super::run::RunArgs;
-use super::slices::ComputeMode;
+use super::run_args::RunArgs;
 
 /// The records of a running slice; removed when dropped.
 pub struct SliceSetup {
@@ -73,10 +72,7 @@ pub fn limits_of(
     }
     Ok(SliceLimits {
         slice_id: slice_id.to_string(),
-        mode: match args.compute_mode {
-            ComputeMode::Cap => board::Mode::Cap,
-            ComputeMode::Guaranteed => board::Mode::Guaranteed,
-        },
+        mode: args.compute_mode,
         devices,
     })
 }
@@ -119,12 +115,12 @@ pub fn set_up(
         }
     }
     let ours = [
-        "LD_PRELOAD=",
-        "GPUSLICE_MEMORY_LIMIT",
-        "GPUSLICE_COMPUTE_LIMIT=",
-        "GPUSLICE_COMPUTE_MODE=",
-        "GPUSLICE_LEDGER=",
-        "GPUSLICE_SLICE_DIR=",
+        "LD_PRELOAD=".to_string(),
+        ENV_MEMORY.to_string(), // and its per-device `_<i>` forms
+        format!("{ENV_COMPUTE}="),
+        format!("{ENV_MODE}="),
+        format!("{ENV_LEDGER}="),
+        format!("{SLICE_DIR_ENV}="),
     ];
     env.retain(|kv| !ours.iter().any(|p| kv.as_bytes().starts_with(p.as_bytes())));
     let files = if rootless {
@@ -134,13 +130,13 @@ pub fn set_up(
         };
         let mut vars = vec![
             format!("LD_PRELOAD={preload}"),
-            format!("GPUSLICE_LEDGER={}", setup.records.usage.display()),
+            format!("{ENV_LEDGER}={}", setup.records.usage.display()),
         ];
         vars.extend(
             limits
                 .env()
                 .into_iter()
-                .filter(|(k, _)| k != gpuslice_ledger::limits::ENV_SLICE)
+                .filter(|(k, _)| k != ENV_SLICE)
                 .map(|(k, v)| format!("{k}={v}")),
         );
         for kv in vars {

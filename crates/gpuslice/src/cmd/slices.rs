@@ -14,13 +14,6 @@ use serde_json::{json, Value};
 
 use crate::global::Global;
 
-/// `run --compute-mode`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum ComputeMode {
-    Cap,
-    Guaranteed,
-}
-
 /// Removes the slices a dead launcher left behind (a SIGKILLed `run` never
 /// removes its own), as its cgroups are reaped: a slice goes when the
 /// process that created its ledger is gone (or its pid was reused) *and*,
@@ -306,13 +299,10 @@ fn unenforced(checks: &[ProcessCheck], facts: Option<&SliceFacts>) -> Vec<Value>
 
 /// `cap` or `guaranteed`, as the slice's processes registered on the GPU's
 /// board; None before any did (or where no board is shared).
-fn board_mode(ledger: &Path, uuid: &str) -> Option<&'static str> {
+fn board_mode(ledger: &Path, uuid: &str) -> Option<String> {
     let key = board::ledger_key(ledger).ok()?;
     let slot = board::Board::open_existing(&board::board_dir(), uuid)?.find(key)?;
-    Some(match slot.mode {
-        board::Mode::Cap => "cap",
-        board::Mode::Guaranteed => "guaranteed",
-    })
+    Some(slot.mode.to_string())
 }
 
 fn now_ms() -> u64 {
@@ -390,8 +380,8 @@ fn dra_json(
         "claim_uid": s.uid,
         "device": s.device,
         "gpu": s.gpu,
-        "cap_bytes": s.caps.map(|c| c.memory_bytes),
-        "compute_percent": s.caps.map(|c| c.compute_percent),
+        "cap_bytes": s.caps.map(|c| c.memory_bytes()),
+        "compute_percent": s.caps.map(|c| c.compute_percent()),
         "unenforceable": s.unenforceable,
     });
     if let (Some(o), Value::Object(d)) = (v.as_object_mut(), dra_driver(s, root, dra_dir, nvml)) {

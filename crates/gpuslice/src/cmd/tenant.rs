@@ -3,7 +3,7 @@
 //! policy (see `gpuslice_policy`). The policy is decided before anything
 //! is created, so a refusal leaves nothing behind.
 
-use super::run::{IsolationArg, PidMode, RunArgs};
+use super::run_args::{IsolationArg, PidMode, RunArgs};
 use anyhow::{anyhow, Result};
 use gpuslice_core::{HostRoot, Inventory, Selection};
 use gpuslice_isolate::identity::Identity;

@@ -46,9 +46,9 @@ pub fn write_dra_checkpoint_with(dir: &std::path::Path, records: Vec<std::path::
                     device: "gpu-0-shared".into(),
                     share_id: Some("uid-1-share".into()),
                     kind: DeviceKind::Shared { gpu: 0 },
-                    caps: Some(gpuslice_k8s::cdi::SliceCaps {
-                        memory_bytes: 20 << 30,
-                        compute_percent: 30,
+                    caps: Some(gpuslice_ledger::limits::DeviceCaps {
+                        memory: gpuslice_ledger::limits::MemorySize(20 << 30),
+                        compute: gpuslice_ledger::limits::ComputeShare::from_whole_percent(30),
                     }),
                 },
                 cdi_device_id: "gpuslice.dev/claim=uid-1-0".into(),
