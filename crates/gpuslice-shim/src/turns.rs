@@ -41,7 +41,8 @@
 //! neither. A waiter waits at most a round in all for one launch (a turn
 //! and its grace for every counted slot that waits, and two more:
 //! [`wait_bound`]), and takes a turn not passed on [`GRACE_NS`] after its
-//! end once a second; past either, the turns of that GPU are ignored for
+//! end once a second, as it finds a turn of its own taken before its end
+//! or its idle time (no one keeping to the rules does; a forger does); past either, the turns of that GPU are ignored for
 //! [`BACKOFF_NS`] (the GPU's own time-slicing, as without turns) and the
 //! fallback is counted on the board. So a liar's waits cost a slice at
 //! most a round plus two turns and their grace per `BACKOFF_NS` beyond
