@@ -675,6 +675,16 @@ impl Board {
         self.map.u64_at(H_TAIL).store(ns, Ordering::Relaxed);
     }
 
+    /// Publishes, as the holder, that its work ends at `ns` at the
+    /// earliest (another thread of the holding process may have queued
+    /// work that ends later): the tail now.
+    pub fn raise_tail(&self, ns: u64) -> u64 {
+        self.map
+            .u64_at(H_TAIL)
+            .fetch_max(ns, Ordering::Relaxed)
+            .max(ns)
+    }
+
     /// Puts back the tail `before` if the tail is still `ours` (a would-be
     /// taker that lost the turn to another withdraws its tail).
     pub fn restore_tail(&self, ours: u64, before: u64) {

@@ -41,7 +41,8 @@
 //! neither. A waiter waits at most a round in all for one launch (a turn
 //! and its grace for every counted slot that waits, and two more:
 //! [`wait_bound`]), and takes a turn not passed on [`GRACE_NS`] after its
-//! end once a second; past either, the turns of that GPU are ignored for
+//! end once a second, as it finds a turn of its own taken before its end
+//! or its idle time (no one keeping to the rules does; a forger does); past either, the turns of that GPU are ignored for
 //! [`BACKOFF_NS`] (the GPU's own time-slicing, as without turns) and the
 //! fallback is counted on the board. So a liar's waits cost a slice at
 //! most a round plus two turns and their grace per `BACKOFF_NS` beyond
@@ -87,6 +88,14 @@ static UNUSED: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVI
 static UNUSED_SINCE: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
 /// Per device: when this process last found a turn not passed on in time.
 static LAST_FAULT: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+/// Per device: the turns this process passed on (any thread), so that a
+/// hold recorded before a pass is not mistaken for one taken from us.
+static PASSES: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+/// Per device: this process's last hold of the turn, [`held_word`]: the
+/// [`PASSES`] count when it began (high 16 bits) and until when no
+/// process keeping to the rules may take the turn from it (µs, low 48).
+static HELD: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+const HELD_US_BITS: u32 = 48;
 
 /// What a turn needs of the launching thread's queued work.
 pub trait Queue {
@@ -145,6 +154,13 @@ pub fn acquire(dev: usize, est_ns: u64, queue: &dyn Queue) {
         return;
     };
     let tag = tag();
+    let passes = PASSES[dev].load(Ordering::Acquire);
+    if taken_from_us(dev, board.turn(), (slot, tag), passes, now_ns())
+        && repeated_fault(dev, now_ns())
+    {
+        ignore_turns(board, dev, now_ns(), "found a second turn taken early");
+        return;
+    }
     if est_ns == 0 {
         // Not estimated yet: this thread's queued work is not counted
         // (its launches are of unknown length), so it is waited for, and
@@ -202,7 +218,7 @@ pub fn acquire(dev: usize, est_ns: u64, queue: &dyn Queue) {
             // Our turn is up and `next` waits: our queued work first,
             // so that theirs starts on an idle GPU.
             to_sibling = next == slot;
-            pass(board, turn, next, queue);
+            pass(board, dev, turn, next, queue);
             continue;
         }
         // Another slice's turn, or another process's of ours.
@@ -264,8 +280,47 @@ pub fn acquire(dev: usize, est_ns: u64, queue: &dyn Queue) {
         // When our work ends, for waiters to tell an idle holder; a
         // launch not estimated yet may take a turn.
         let est_ns = if est_ns == 0 { QUANTUM_NS } else { est_ns };
-        board.set_tail(now_ns() + queue.queued_ns() + est_ns);
+        let tail = board.raise_tail(now_ns() + queue.queued_ns() + est_ns);
+        let turn = board.turn();
+        if turn.holder() == Some(slot) && turn.tag() == tag {
+            // Another process keeping to the rules takes it only once our
+            // work is idle, or late (an extension by another of our
+            // threads may move the end back by half a turn).
+            let until = turn.until_ns(now_ns());
+            let safe = tail
+                .saturating_add(IDLE_NS)
+                .min(until + GRACE_NS - QUANTUM_NS / 2);
+            HELD[dev].fetch_max(held_word(passes, safe), Ordering::AcqRel);
+        }
     }
+}
+
+/// [`HELD`]'s word for a hold begun at `passes` and safe until `ns`.
+fn held_word(passes: u64, ns: u64) -> u64 {
+    (passes & 0xffff) << HELD_US_BITS | (ns / 1000) & ((1 << HELD_US_BITS) - 1)
+}
+
+/// Whether `turn`, not ours (`slot`, `tag`), was taken from this process
+/// against the rules: its hold recorded since our last pass was to last
+/// beyond `now` (counted once). A forger that rewrites the turn word
+/// takes it from whoever holds it; without this, waiters would take the
+/// forged turn back as an idle holder's, without a fault, for ever.
+fn taken_from_us(dev: usize, turn: Turn, (slot, tag): (usize, u32), passes: u64, now: u64) -> bool {
+    if turn.holder() == Some(slot) && turn.tag() == tag {
+        return false;
+    }
+    let held = HELD[dev].load(Ordering::Acquire);
+    let safe_us = held & ((1 << HELD_US_BITS) - 1);
+    held >> HELD_US_BITS == passes & 0xffff
+        && now / 1000 < safe_us
+        && HELD[dev]
+            .compare_exchange(
+                held,
+                held_word(passes, 0),
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .is_ok()
 }
 
 /// Takes `turn` for process `tag` of `slot` until `until`, publishing
@@ -285,8 +340,10 @@ fn take(board: &Board, turn: Turn, (slot, tag): (usize, u32), tail: u64, until: 
 
 /// Hands our `turn` to the waiting slot `next`, once our queued work is
 /// done: a full turn from now.
-fn pass(board: &Board, turn: Turn, next: usize, queue: &dyn Queue) {
+fn pass(board: &Board, dev: usize, turn: Turn, next: usize, queue: &dyn Queue) {
     queue.drain();
+    let passes = PASSES[dev].fetch_add(1, Ordering::AcqRel) + 1;
+    HELD[dev].store(held_word(passes, 0), Ordering::Release);
     let now = now_ns();
     // The slot passed the turn has half a turn to take it up before it
     // counts as idle.
@@ -303,7 +360,7 @@ pub fn yield_idle(dev: usize, queue: &dyn Queue) {
     let turn = board.turn();
     if turn.holder() == Some(slot) && turn.tag() == tag() {
         if let Some(next) = board.next_waiting(slot, among) {
-            pass(board, turn, next, queue);
+            pass(board, dev, turn, next, queue);
         }
     }
 }
