@@ -36,9 +36,9 @@
 //! instead ([`publish_share`], `<dir>/shares/<uuid>/<key>`, root-owned,
 //! read-only in slices): a slot without one asks for nothing, and one with
 //! one asks for at most that share. So whatever is written on the board, a
-//! capped slice refills at no less than `share × 90 % / Σ root-written
-//! shares` (see the shim's `borrow` module), and its own share and cap are
-//! never read from here.
+//! capped slice refills at no less than `share × 100 % / Σ root-written
+//! shares` when they pass 100 % (see the shim's `borrow` module), and its
+//! own share and cap are never read from here.
 
 use std::fs::OpenOptions;
 use std::io;

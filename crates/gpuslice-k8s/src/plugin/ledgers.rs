@@ -314,6 +314,11 @@ mod tests {
         .unwrap()
     }
 
+    /// A sweep of `dir` (its own boards' directory) past a minute's grace.
+    fn sweep_aged(dir: &Path, held: &HashSet<String>) -> Swept {
+        sweep(dir, dir, listed(dir), held, Duration::from_secs(60))
+    }
+
     fn age(dir: &Path, secs: u64) {
         let t = SystemTime::now() - Duration::from_secs(secs);
         fs::File::open(dir).unwrap().set_modified(t).unwrap();
@@ -327,23 +332,11 @@ mod tests {
         let slot = l.attach().unwrap();
         age(&dir, 120);
         let none = HashSet::new();
-        let s = sweep(
-            t.path(),
-            t.path(),
-            listed(t.path()),
-            &none,
-            Duration::from_secs(60),
-        );
+        let s = sweep_aged(t.path(), &none);
         assert_eq!(s.in_use, vec!["k8s-x".to_string()]);
         assert!(dir.is_dir());
         l.detach(slot);
-        let s = sweep(
-            t.path(),
-            t.path(),
-            listed(t.path()),
-            &none,
-            Duration::from_secs(60),
-        );
+        let s = sweep_aged(t.path(), &none);
         assert_eq!(s.removed, vec!["k8s-x".to_string()]);
         assert!(!dir.exists());
     }
@@ -401,13 +394,7 @@ mod tests {
             Duration::from_secs(60),
         );
         assert!(s.removed.is_empty() && dir.is_dir(), "{s:?}");
-        let s = sweep(
-            t.path(),
-            t.path(),
-            listed(t.path()),
-            &HashSet::new(),
-            Duration::from_secs(60),
-        );
+        let s = sweep_aged(t.path(), &HashSet::new());
         assert_eq!(s.removed, vec!["k8s-new".to_string()]);
     }
 
@@ -422,13 +409,7 @@ mod tests {
         let target = t.path().join("not-ours");
         std::os::unix::fs::symlink(&target, t.path().join("k8s-link")).unwrap();
         let held: HashSet<String> = ["k8s-held".to_string()].into();
-        let s = sweep(
-            t.path(),
-            t.path(),
-            listed(t.path()),
-            &held,
-            Duration::from_secs(60),
-        );
+        let s = sweep_aged(t.path(), &held);
         assert_eq!(s, Swept::default());
         for n in ["k8s-held", "k8s-young", "not-ours", "k8s-link"] {
             assert!(t.path().join(n).symlink_metadata().is_ok(), "{n}");
@@ -454,13 +435,7 @@ mod tests {
         std::os::unix::fs::symlink(&outside, dir.join("d")).unwrap();
         assert!(!in_use(&dir));
         age(&dir, 120);
-        let s = sweep(
-            t.path(),
-            t.path(),
-            listed(t.path()),
-            &HashSet::new(),
-            Duration::from_secs(60),
-        );
+        let s = sweep_aged(t.path(), &HashSet::new());
         assert_eq!(s.removed, vec!["k8s-evil".to_string()]);
         assert!(outside.join("keep").exists() && outside.join("k8s-x.ledger").exists());
         // A garbage ledger written just now may be one being created.
