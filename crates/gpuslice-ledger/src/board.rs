@@ -1016,6 +1016,27 @@ mod tests {
         assert!(rec.exists());
     }
 
+    /// A holder raises the tail, never lowers it: another of its threads
+    /// may have published a later end of work, which stands; the tail
+    /// returned is what waiters read.
+    #[test]
+    fn raise_tail_keeps_the_later_end_of_work() {
+        let (_dir, b) = board();
+        assert_eq!(b.raise_tail(5_000), 5_000);
+        assert_eq!(b.tail(), 5_000);
+        assert_eq!(
+            b.raise_tail(3_000),
+            5_000,
+            "an earlier end lowered the tail"
+        );
+        assert_eq!(b.tail(), 5_000);
+        assert_eq!(b.raise_tail(9_000), 9_000);
+        assert_eq!(b.tail(), 9_000);
+        // A pass sets the tail outright (the taker's half a turn).
+        b.set_tail(1_000);
+        assert_eq!(b.raise_tail(2_000), 2_000);
+    }
+
     #[test]
     fn uuids_make_plain_file_names() {
         let p = board_path(Path::new("/run/x"), "MIG-GPU-ab/../c");

@@ -551,9 +551,9 @@ fn slices_take_turns_so_each_is_charged_its_own_work() {
 fn a_forged_turn_costs_a_slice_at_most_one_wait_a_second() {
     let _one_at_a_time = serial();
     // Slot 63 holds the turn for an hour from now.
-    let forged_turn = |now_us: u64| (24u64, forged_turn_word(now_us));
-    // Every slot waits (the header's word 4).
-    let forged_waiters = |_: u64| (32u64, u64::MAX);
+    let forged_turn = |now_us: u64| (BOARD_TURN_AT, forged_turn_word(now_us));
+    // Every slot waits.
+    let forged_waiters = |_: u64| (BOARD_WAITING_AT, u64::MAX);
     for (what, pct, forge) in [
         (
             "turn",
@@ -570,8 +570,50 @@ fn a_forged_turn_costs_a_slice_at_most_one_wait_a_second() {
     }
 }
 
-/// A turn held by slot 63 (a process of it) for an hour from `now_us`:
-/// the board header's word 3.
+/// Issue 29: a forger rewriting every ms a turn held far ahead by another
+/// slot, and every waiting bit, took each turn from its holder; the
+/// holder, finding the forged one idle a ms later, took it back without a
+/// fault, so the slices never fell back and took turns evenly whatever
+/// their shares (a capped 70 % slice beside a 30 % one got ~27 %). A turn
+/// taken from its holder before its end or idle time is now a fault: the
+/// pair falls back to the GPU's time-slicing, where the 70 % slice keeps
+/// over half of the GPU even on a loaded 2-core machine.
+#[test]
+fn a_forged_turn_with_forged_waiters_does_not_even_out_a_pair() {
+    let _one_at_a_time = serial();
+    let s = Slice::new();
+    let engine = s.dir.path().join("engine");
+    let (pair, writes) = with_board_forger(
+        &s,
+        |f, now_us, n| forge_condition("both", f, now_us, n),
+        || {
+            side_by_side_with(
+                &s,
+                &[("a", "30", "cap"), ("b", "70", "cap")],
+                "1500000",
+                "3.2",
+                |c| {
+                    c.env("FAKEGPU_ENGINE", &engine);
+                },
+            )
+        },
+    );
+    eprintln!("beside a forged turn and forged waiters: {pair:?}");
+    assert!(writes > 500, "the forger wrote the board {writes} times");
+    assert!(
+        pair[1] >= 42.0,
+        "beside a forged turn and forged waiters the 70 % slice got {:.1} % ({pair:?})",
+        pair[1]
+    );
+}
+
+/// Where the board header keeps the turn, the waiting slots and the
+/// holder's end of work (bytes; `gpuslice_ledger::board`'s words 3, 4, 7).
+const BOARD_TURN_AT: u64 = 24;
+const BOARD_WAITING_AT: u64 = 32;
+const BOARD_TAIL_AT: u64 = 56;
+
+/// A turn held by slot 63 (a process of it) for an hour from `now_us`.
 fn forged_turn_word(now_us: u64) -> u64 {
     gpuslice_ledger::board::Turn::new(63, 1, (now_us + 3_600_000_000) * 1000).raw()
 }
@@ -592,11 +634,31 @@ fn beside_a_board_forger(pct: f64, forge: &(dyn Fn(u64) -> (u64, u64) + Sync)) -
     );
     c.env("FAKEGPU_ENGINE", s.dir.path().join("engine"));
     let victim = spawn(c);
+    let (v, writes) = with_board_forger(
+        &s,
+        |f, now_us, _| {
+            let (at, word) = forge(now_us);
+            f.write_at(&word.to_le_bytes(), at).map(|_| ())
+        },
+        || result(victim.wait_with_output().unwrap()),
+    );
+    assert!(writes > 500, "the forger wrote the board {writes} times");
+    share(&v)
+}
+
+/// Runs `body` while a thread opens the GPU board of `s` every ms and
+/// calls `forge(file, now_us, n)` on it (`n`: the loop's count, from 0);
+/// what `body` gave, and how many forges succeeded.
+fn with_board_forger<T>(
+    s: &Slice,
+    forge: impl Fn(&std::fs::File, u64, u64) -> std::io::Result<()> + Sync,
+    body: impl FnOnce() -> T,
+) -> (T, u64) {
     let board = gpuslice_ledger::board::board_path(&s.boards(), &s.host.gpus()[0].uuid);
     let stop = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|scope| {
         let forger = scope.spawn(|| {
-            let mut writes = 0u64;
+            let (mut n, mut writes) = (0u64, 0u64);
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 if let Ok(f) = std::fs::OpenOptions::new().write(true).open(&board) {
                     let mut ts = libc::timespec {
@@ -606,20 +668,18 @@ fn beside_a_board_forger(pct: f64, forge: &(dyn Fn(u64) -> (u64, u64) + Sync)) -
                     // SAFETY: a valid out-pointer.
                     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
                     let now_us = ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1000;
-                    let (at, word) = forge(now_us);
-                    if f.write_at(&word.to_le_bytes(), at).is_ok() {
+                    if forge(&f, now_us, n).is_ok() {
                         writes += 1;
                     }
                 }
+                n += 1;
                 std::thread::sleep(std::time::Duration::from_millis(1));
             }
             writes
         });
-        let v = result(victim.wait_with_output().unwrap());
+        let got = body();
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        let writes = forger.join().unwrap();
-        assert!(writes > 500, "the forger wrote the board {writes} times");
-        share(&v)
+        (got, forger.join().unwrap())
     })
 }
 
@@ -659,11 +719,37 @@ fn a_truncated_board_does_not_crash_the_slices_that_map_it() {
     );
 }
 
+/// What the forger of [`lying_slice_bound`]'s `condition` writes on the
+/// board `f` at its `n`th ms: a turn held by a slot that never uses it,
+/// every slot waiting, both, both with the holder's end of work an hour
+/// ahead (so that it never looks idle), or the board truncated every
+/// 200 ms; nothing for any other condition.
+fn forge_condition(condition: &str, f: &std::fs::File, now_us: u64, n: u64) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let turn = forged_turn_word(now_us).to_le_bytes();
+    let waiters = u64::MAX.to_le_bytes();
+    let tail = ((now_us + 3_600_000_000) * 1000).to_le_bytes();
+    let writes: &[(&[u8; 8], u64)] = match condition {
+        "turn" => &[(&turn, BOARD_TURN_AT)],
+        "waiters" => &[(&waiters, BOARD_WAITING_AT)],
+        "both" => &[(&turn, BOARD_TURN_AT), (&waiters, BOARD_WAITING_AT)],
+        "both_tail" => &[
+            (&tail, BOARD_TAIL_AT),
+            (&turn, BOARD_TURN_AT),
+            (&waiters, BOARD_WAITING_AT),
+        ],
+        "truncate" if n.is_multiple_of(200) => return f.set_len(0),
+        _ => &[],
+    };
+    writes
+        .iter()
+        .try_for_each(|(word, at)| f.write_all_at(*word, *at))
+}
+
 /// Issue 26, the bound on a lying slice, measured (a benchmark, ignored:
 /// about a minute of two busy CPUs a round). A capped 30/70 pair of 1.5 ms
 /// kernels on one fake engine, alone and beside a forger that rewrites
-/// the GPU's board every millisecond: a turn held by a slot that never
-/// uses it, every slot waiting, both, or the board truncated every 200 ms.
+/// the GPU's board every millisecond ([`forge_condition`]).
 /// Conditions interleaved, rotated each round; medians and range per
 /// slice, and what each forger cost against a forger that writes nothing
 /// (`noop`), in points of wall time (1 point = 10 ms a second). Run:
@@ -672,7 +758,6 @@ fn a_truncated_board_does_not_crash_the_slices_that_map_it() {
 #[test]
 #[ignore = "benchmark: a minute a round on a quiet machine"]
 fn lying_slice_bound() {
-    use std::os::unix::fs::FileExt;
     let _one_at_a_time = serial();
     let rounds: usize = std::env::var("GPUSLICE_BENCH_ROUNDS")
         .ok()
@@ -681,7 +766,15 @@ fn lying_slice_bound() {
     // "noop": the forger's loop (open the board every ms) writing nothing,
     // the baseline each cost is taken against (the fake GPU is fed from
     // the CPU the forger also uses).
-    const CONDITIONS: [&str; 6] = ["alone", "noop", "turn", "waiters", "both", "truncate"];
+    const CONDITIONS: [&str; 7] = [
+        "alone",
+        "noop",
+        "turn",
+        "waiters",
+        "both",
+        "both_tail",
+        "truncate",
+    ];
     // `GPUSLICE_BENCH_CASES`: a comma-separated list of conditions to run
     // (`noop`, the baseline, always runs).
     let only = std::env::var("GPUSLICE_BENCH_CASES").ok();
@@ -700,48 +793,21 @@ fn lying_slice_bound() {
             }
             let s = Slice::new();
             let engine = s.dir.path().join("engine");
-            let board = gpuslice_ledger::board::board_path(&s.boards(), &s.host.gpus()[0].uuid);
-            let stop = std::sync::atomic::AtomicBool::new(false);
-            let pair = std::thread::scope(|scope| {
-                let forger = scope.spawn(|| {
-                    let mut n = 0u64;
-                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                        if let Ok(f) = std::fs::OpenOptions::new().write(true).open(&board) {
-                            let mut ts = libc::timespec {
-                                tv_sec: 0,
-                                tv_nsec: 0,
-                            };
-                            // SAFETY: a valid out-pointer.
-                            unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-                            let now_us = ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1000;
-                            let turn = forged_turn_word(now_us);
-                            let _ = match CONDITIONS[c] {
-                                "turn" => f.write_at(&turn.to_le_bytes(), 24),
-                                "waiters" => f.write_at(&u64::MAX.to_le_bytes(), 32),
-                                "both" => f
-                                    .write_at(&turn.to_le_bytes(), 24)
-                                    .and_then(|_| f.write_at(&u64::MAX.to_le_bytes(), 32)),
-                                "truncate" if n.is_multiple_of(200) => f.set_len(0).map(|_| 0),
-                                _ => Ok(0),
-                            };
-                        }
-                        n += 1;
-                        std::thread::sleep(std::time::Duration::from_millis(1));
-                    }
-                });
-                let pair = side_by_side_with(
-                    &s,
-                    &[("a", "30", "cap"), ("b", "70", "cap")],
-                    "1500000",
-                    "3.2",
-                    |cmd| {
-                        cmd.env("FAKEGPU_ENGINE", &engine);
-                    },
-                );
-                stop.store(true, std::sync::atomic::Ordering::Relaxed);
-                forger.join().unwrap();
-                pair
-            });
+            let (pair, _) = with_board_forger(
+                &s,
+                |f, now_us, n| forge_condition(CONDITIONS[c], f, now_us, n),
+                || {
+                    side_by_side_with(
+                        &s,
+                        &[("a", "30", "cap"), ("b", "70", "cap")],
+                        "1500000",
+                        "3.2",
+                        |cmd| {
+                            cmd.env("FAKEGPU_ENGINE", &engine);
+                        },
+                    )
+                },
+            );
             eprintln!("round {round} {}: {pair:?}", CONDITIONS[c]);
             got[c].push([pair[0], pair[1]]);
         }
