@@ -39,8 +39,8 @@
 //! are root's waits for, and passes the turn to, only slots root recorded
 //! a share for ([`crate::borrow::Boards::counted`]): forged slots are
 //! neither. A waiter waits at most a round in all for one launch (a turn
-//! and its grace for every counted slot that waits, and two more:
-//! [`wait_bound`]), and takes a turn not passed on [`GRACE_NS`] after its
+//! and its grace for every counted slot that waits, 15 at most, and two
+//! more: [`wait_bound`]), and takes a turn not passed on [`GRACE_NS`] after its
 //! end once a second, as it finds a turn of its own taken before its end
 //! or its idle time (no one keeping to the rules does; a forger does); past either, the turns of that GPU are ignored for
 //! [`BACKOFF_NS`] (the GPU's own time-slicing, as without turns) and the
@@ -138,11 +138,21 @@ fn seat(dev: usize, now: u64) -> Option<(&'static Board, usize, u64)> {
     Some((board, slot, boards.counted(dev)))
 }
 
+/// The most waiting slots a waiter waits a turn for in one round. The
+/// waiting bits are anyone's to write: a forger that sets them all, and
+/// holds a turn whose holder never looks idle or late, would otherwise
+/// keep a slice that trusts every slot waiting 64 turns per launch; past
+/// this many slices waiting at once, a waiter may fall back instead.
+const ROUND_SLOTS_MAX: u32 = 15;
+
 /// The longest a process of `slot` waits for one launch: a round, a turn
-/// and its grace for every counted slot that waits, and two more (the
-/// holder's, and one for a slot that began to wait meanwhile).
+/// and its grace for every counted slot that waits (at most
+/// [`ROUND_SLOTS_MAX`]), and two more (the holder's, and one for a slot
+/// that began to wait meanwhile).
 fn wait_bound(board: &Board, slot: usize, among: u64) -> u64 {
-    let ahead = (board.waiting() & among & !(1u64 << slot)).count_ones();
+    let ahead = (board.waiting() & among & !(1u64 << slot))
+        .count_ones()
+        .min(ROUND_SLOTS_MAX);
     (u64::from(ahead) + 2) * (QUANTUM_NS + GRACE_NS)
 }
 
