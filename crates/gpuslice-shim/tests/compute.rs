@@ -577,15 +577,17 @@ fn a_forged_turn_costs_a_slice_at_most_one_wait_a_second() {
 /// their shares (a capped 70 % slice beside a 30 % one got ~27 %). A turn
 /// taken from its holder before its end or idle time is now a fault: the
 /// pair falls back to the GPU's time-slicing, where the 70 % slice keeps
-/// over half of the GPU even on a loaded 2-core machine.
+/// over half of the GPU on a loaded 2-core machine.
 #[test]
 fn a_forged_turn_with_forged_waiters_does_not_even_out_a_pair() {
     let _one_at_a_time = serial();
     let (pair, writes) = pair_beside_forger("both");
     eprintln!("beside a forged turn and forged waiters: {pair:?}");
     assert!(writes > 500, "the forger wrote the board {writes} times");
+    // Before the fix it got 21–30 %, after it 55–58 % (load 2.5–3): the
+    // bound sits between, with room for a slower CI machine.
     assert!(
-        pair[1] >= 42.0,
+        pair[1] >= 38.0,
         "beside a forged turn and forged waiters the 70 % slice got {:.1} % ({pair:?})",
         pair[1]
     );
