@@ -67,6 +67,17 @@ fn run_client(
     client: &Path,
     how: &str,
 ) -> (Option<i32>, Value, String) {
+    run_client_with(h, ledgers, client, how, &[])
+}
+
+/// [`run_client`], with `env` added to the client's environment.
+fn run_client_with(
+    h: &FakeHost,
+    ledgers: &Path,
+    client: &Path,
+    how: &str,
+    env: &[(&str, &Path)],
+) -> (Option<i32>, Value, String) {
     let out = gpuslice(
         h,
         ledgers,
@@ -82,6 +93,7 @@ fn run_client(
             "40",
         ],
     )
+    .envs(env.iter().copied())
     .output()
     .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -134,29 +146,9 @@ fn rtld_next_from_a_library_linked_to_libcuda_is_refused_at_the_cap() {
         .status()
         .unwrap();
     assert!(status.success(), "compiling {}", src.display());
-    let out = gpuslice(
-        &h,
-        ledgers.path(),
-        &[
-            "run",
-            "--gpus",
-            "0",
-            "--memory",
-            "1GiB",
-            "--",
-            client.to_str().unwrap(),
-            "next",
-            "40",
-        ],
-    )
-    .env("DRIVER_CLIENT_NEXT_LIB", &lib)
-    .output()
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let v: Value = stdout
-        .lines()
-        .find_map(|l| serde_json::from_str(l).ok())
-        .unwrap_or_else(|| panic!("{stdout}\n{}", String::from_utf8_lossy(&out.stderr)));
+    let env = [("DRIVER_CLIENT_NEXT_LIB", lib.as_path())];
+    let (code, v, stderr) = run_client_with(&h, ledgers.path(), &client, "next", &env);
+    assert_eq!(code, Some(0), "{v} {stderr}");
     let allocated = v["allocated"].as_u64().unwrap();
     assert!(
         allocated * CHUNK <= CAP,
