@@ -141,3 +141,87 @@ fn the_checker_sees_loops() {
     g.insert("c".to_string(), vec![]);
     assert_eq!(find_cycle(&g), None);
 }
+
+/// The shim's layers, bottom to top, as docs/architecture.md ("The shim's
+/// layers") lists them: a module imports only from layers below its own.
+const LAYERS: &[&[&str]] = &[
+    &["cuda", "config", "dl"],
+    &["sys"],
+    &["real", "table", "stats"],
+    &["driver"],
+    &["borrow"],
+    &["state"],
+    &["measure", "nvml", "init", "turns", "pools"],
+    &["compute"],
+    &["resident"],
+    &["hooks"],
+    &["families"],
+    &["loader"],
+];
+
+/// The layer of module `m` in [`LAYERS`].
+fn layer(m: &str) -> Option<usize> {
+    LAYERS.iter().position(|l| l.contains(&m))
+}
+
+/// Every import goes down [`LAYERS`], every module of src/ has its place
+/// there, and the architecture's paragraph names each: the order is the
+/// documented one, not merely free of loops.
+#[test]
+fn the_shim_s_imports_go_down_its_documented_layers() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let g = graph(&root.join("src"));
+    let mut wrong = Vec::new();
+    for (m, deps) in &g {
+        let Some(at) = layer(m) else {
+            wrong.push(format!("{m} is in no layer of LAYERS"));
+            continue;
+        };
+        for d in deps {
+            if layer(d).is_none_or(|below| below >= at) {
+                wrong.push(format!(
+                    "{m} (layer {at}) imports {d} (layer {:?})",
+                    layer(d)
+                ));
+            }
+        }
+    }
+    let doc = std::fs::read_to_string(root.join("../../docs/architecture.md")).unwrap();
+    for (i, (documented, held)) in documented_layers(&doc).iter().zip(LAYERS).enumerate() {
+        let mut held: Vec<&str> = held.to_vec();
+        held.sort_unstable();
+        if documented != &held {
+            wrong.push(format!(
+                "docs/architecture.md's layer {i} names {documented:?}, LAYERS holds {held:?}"
+            ));
+        }
+    }
+    if documented_layers(&doc).len() != LAYERS.len() {
+        wrong.push("docs/architecture.md lists another number of layers".into());
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// The layers docs/architecture.md's paragraph lists (`→` between
+/// layers), each as the sorted module names it puts in backquotes.
+fn documented_layers(doc: &str) -> Vec<Vec<&str>> {
+    let start = doc.find("**The shim's layers**").expect("the paragraph");
+    let text = &doc[start..];
+    let text = &text[..text.find("A module needing").expect("the paragraph's end")];
+    let modules: Vec<&str> = LAYERS.iter().flat_map(|l| l.iter().copied()).collect();
+    let after_colon = &text[text.find("):").map_or(0, |i| i + 2)..];
+    after_colon
+        .split('→')
+        .map(|segment| {
+            let mut named: Vec<&str> = segment
+                .split('`')
+                .skip(1)
+                .step_by(2)
+                .filter(|w| modules.contains(w))
+                .collect();
+            named.sort_unstable();
+            named.dedup();
+            named
+        })
+        .collect()
+}
