@@ -17,23 +17,10 @@
 
 use gpuslice_ledger::enforcer::{DriverProcess, NodeWatch, Tick, Unshimmed, WatchedSlice, TICK};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 /// The enforcer's thread; stopped when dropped.
-pub struct Running {
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
+pub type Running = crate::worker::Worker;
 
 /// Starts the enforcer over the slices `slices` lists each tick (called on
 /// the enforcer's thread), reading the driver through NVML (`nvml_lib`,
@@ -44,30 +31,22 @@ pub fn spawn(
     nvml_lib: Option<PathBuf>,
     mut slices: impl FnMut() -> Vec<WatchedSlice> + Send + 'static,
 ) -> std::io::Result<Running> {
-    let stop = Arc::new(AtomicBool::new(false));
-    let stopping = stop.clone();
-    let thread = std::thread::Builder::new()
-        .name("gpuslice-enforcer".into())
-        .spawn(move || {
-            let nvml = match gpuslice_cuda_load::open_nvml(nvml_lib.as_deref()) {
-                Ok(n) => n,
-                Err(e) => {
-                    tracing::error!(
-                        "root's enforcer is off: NVML: {e}; only the shim holds the slices' limits"
-                    );
-                    return;
-                }
-            };
-            let mut watch = NodeWatch::new(policy);
-            while !stopping.load(Ordering::Relaxed) {
-                watch.set(slices());
-                report(watch.tick(|uuids| driver_processes(&nvml, uuids)));
-                std::thread::sleep(TICK);
+    Running::spawn("gpuslice-enforcer", move |stop| {
+        let nvml = match gpuslice_cuda_load::open_nvml(nvml_lib.as_deref()) {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::error!(
+                    "root's enforcer is off: NVML: {e}; only the shim holds the slices' limits"
+                );
+                return;
             }
-        })?;
-    Ok(Running {
-        stop,
-        thread: Some(thread),
+        };
+        let mut watch = NodeWatch::new(policy);
+        while !stop.load(Ordering::Relaxed) {
+            watch.set(slices());
+            report(watch.tick(|uuids| driver_processes(&nvml, uuids)));
+            std::thread::sleep(TICK);
+        }
     })
 }
 

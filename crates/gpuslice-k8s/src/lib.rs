@@ -7,3 +7,4 @@ pub mod labels;
 pub mod memory_hook;
 pub mod plugin;
 pub mod slicedir;
+pub mod worker;

@@ -283,7 +283,7 @@ fn the_enforcer_kills_a_process_that_takes_its_slice_over_the_cap() {
 
     // The exporter counts the kill and reports the driver's number.
     let id = s["slice"].as_str().unwrap().to_string();
-    let (_exporter, addr) = exporter(&h, ledgers.path());
+    let (_exporter, addr) = common::exporter(&h, ledgers.path());
     let kills =
         format!("gpuslice_slice_enforcement_kills_total{{slice=\"{id}\",reason=\"over_cap\"}} 1");
     let driver = format!("gpuslice_slice_memory_driver_used_bytes{{slice=\"{id}\",");
@@ -300,29 +300,6 @@ fn the_enforcer_kills_a_process_that_takes_its_slice_over_the_cap() {
         std::thread::sleep(Duration::from_millis(100));
     }
     drop(launcher);
-}
-
-/// `gpuslice exporter` on a free loopback port over `ledgers`, killed on
-/// drop, and its address.
-fn exporter(h: &FakeHost, ledgers: &Path) -> (Kill, String) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
-    let child = Kill(
-        std::process::Command::new(common::GPUSLICE)
-            .arg("--host-root")
-            .arg(h.root())
-            .envs(h.env())
-            .args(["exporter", "--listen", &addr, "--interval", "200ms"])
-            .arg("--ledger-dir")
-            .arg(ledgers)
-            .spawn()
-            .unwrap(),
-    );
-    (child, addr)
 }
 
 fn http_get(addr: &str, path: &str) -> Option<String> {
@@ -540,7 +517,7 @@ fn a_dead_launcher_s_driver_partition_is_cleared_by_the_next_run() {
     );
     // And the exporter.
     let id = s["slice"].as_str().unwrap().to_string();
-    let (exporter, addr) = exporter(&h, ledgers.path());
+    let (exporter, addr) = common::exporter(&h, ledgers.path());
     let want = format!("gpuslice_slice_memory_layer{{slice=\"{id}\",layer=\"driver\"}} 1");
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -675,7 +652,7 @@ fn slices_shows_a_claim_s_process_past_the_shim_with_the_driver_s_number() {
     );
     // The exporter: the claim's memory by the driver, its process not
     // enforced.
-    let (_exporter, addr) = exporter(&h, ledgers.path());
+    let (_exporter, addr) = common::exporter(&h, ledgers.path());
     let driver = "gpuslice_slice_memory_driver_used_bytes{slice=\"uid-1-0\",";
     let unenforced = "gpuslice_slice_process_enforced{slice=\"uid-1-0\",";
     let deadline = Instant::now() + Duration::from_secs(20);

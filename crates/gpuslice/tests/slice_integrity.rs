@@ -22,7 +22,7 @@ use serde_json::Value;
 
 mod common;
 use common::slice::{client, gpuslice, slices_json, slices_text};
-use common::{Kill, GPUSLICE};
+use common::Kill;
 
 const MIB: u64 = 1 << 20;
 const CAP: &str = "100MiB";
@@ -420,23 +420,7 @@ fn a_gpu_process_of_the_slice_without_the_shim_is_flagged() {
     );
 
     // The exporter says the same, per process.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
-    let _exporter = Kill(
-        Command::new(GPUSLICE)
-            .arg("--host-root")
-            .arg(h.root())
-            .envs(h.env())
-            .args(["exporter", "--listen", &addr, "--interval", "200ms"])
-            .arg("--ledger-dir")
-            .arg(l)
-            .spawn()
-            .unwrap(),
-    );
+    let (_exporter, addr) = common::exporter(&h, l);
     let want_in = format!("pid=\"{inside}\"");
     let want_out = format!("pid=\"{}\"", escaped.0.id());
     let deadline = Instant::now() + Duration::from_secs(20);

@@ -15,7 +15,6 @@ use nvml_wrapper::error::NvmlError;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
@@ -31,19 +30,8 @@ pub struct Snapshot {
     pub watching: String,
 }
 
-pub struct Watcher {
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Drop for Watcher {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
+/// The watcher's thread, stopped when dropped.
+pub type Watcher = crate::worker::Worker;
 
 /// Starts the watcher for `inv`'s GPUs; `nvml_lib` is the library to load
 /// (None: `libnvidia-ml.so.1`). Publishes on `tx`.
@@ -53,24 +41,22 @@ pub fn start(
     nvml_lib: Option<PathBuf>,
     tx: watch::Sender<Snapshot>,
 ) -> Watcher {
-    let stop = Arc::new(AtomicBool::new(false));
     if !cfg.enabled {
         tx.send_modify(|s| s.watching = "disabled in the config".into());
-        return Watcher { stop, thread: None };
+        return Watcher::none();
     }
     let gpus: Vec<(u32, String)> = inv.gpus.iter().map(|g| (g.index, g.uuid.clone())).collect();
     let cfg = cfg.clone();
-    let st = stop.clone();
-    let thread = std::thread::Builder::new()
-        .name("gpuslice-health".into())
-        .spawn(move || {
-            if let Err(why) = watch_loop(&gpus, &cfg, nvml_lib, &tx, &st) {
-                tracing::warn!("health: no XID watching: {why}; every GPU stays Healthy");
-                tx.send_modify(|s| s.watching = why);
-            }
-        })
-        .ok();
-    Watcher { stop, thread }
+    Watcher::spawn("gpuslice-health", move |stop| {
+        if let Err(why) = watch_loop(&gpus, &cfg, nvml_lib, &tx, stop) {
+            tracing::warn!("health: no XID watching: {why}; every GPU stays Healthy");
+            tx.send_modify(|s| s.watching = why);
+        }
+    })
+    .unwrap_or_else(|e| {
+        tracing::warn!("health: no XID watching: no thread: {e}; every GPU stays Healthy");
+        Watcher::none()
+    })
 }
 
 fn watch_loop(

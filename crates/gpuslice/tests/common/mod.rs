@@ -18,6 +18,30 @@ impl Drop for Kill {
     }
 }
 
+/// `gpuslice exporter` on a free loopback port of the fake host `h` over
+/// the ledger directory `ledgers`, killed on drop, and its address.
+#[allow(dead_code)] // Only the escapes and slice-integrity tests use it.
+pub fn exporter(h: &fakegpu::FakeHost, ledgers: &std::path::Path) -> (Kill, String) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let child = Kill(
+        std::process::Command::new(GPUSLICE)
+            .arg("--host-root")
+            .arg(h.root())
+            .envs(h.env())
+            .args(["exporter", "--listen", &addr, "--interval", "200ms"])
+            .arg("--ledger-dir")
+            .arg(ledgers)
+            .spawn()
+            .unwrap(),
+    );
+    (child, addr)
+}
+
 /// Writes a DRA plugin checkpoint in `dir` with one prepared claim,
 /// `team-a/train` (uid `uid-1`), a share of GPU 0: 20 GiB and 30 %, its
 /// slice `uid-1-0`.
