@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `gpuslice bench init` on the GPU machine (issue 3): CUDA start-up per
+# `gpuslice bench init` on the GPU machine: CUDA start-up per
 # isolation method, with the probe and with PyTorch.
 #
 #   scripts/device_bench_init.sh OUTDIR [probe|torch|all]

@@ -8,7 +8,7 @@ by scripts/device_all.sh).
 Every attack runs with `--gpus none` (on a 1-GPU host every layer is then
 active: private /dev without nvidia0, params overlay, BPF device filter,
 PID and cgroup namespaces, read-only /sys, capabilities, seccomp) under the
-default flags, `--strict`, `--strict --pid host` (issue 26), and `--privileged` (where it should get
+default flags, `--strict`, `--strict --pid host`, and `--privileged` (where it should get
 through, so a "held" is not an accident of the test). An attack got
 through when its script printed ATTACK-OK. Then PyTorch, JAX and CuPy: no
 GPU under `--gpus none` (default flags, root), a computation on the GPU
@@ -87,7 +87,7 @@ def attacks(victim_pid, nobody_pid, host_pid):
         "inherited-fd": f"{PY} -c 'import os,stat,sys; s=os.fstat(5); "
         "sys.exit(not (stat.S_ISCHR(s.st_mode) and os.major(s.st_rdev) == 195))' 2>/dev/null && echo ATTACK-OK",
         "write-sysfs": "echo 1 > /sys/bus/pci/rescan && echo ATTACK-OK",
-        # Opened for writing only, never written (issue 26: the host's
+        # Opened for writing only, never written (the host's
         # core_pattern is not to be touched even by a test expecting EROFS).
         "write-proc-sys": OPEN_W.format("/proc/sys/kernel/core_pattern"),
         # Issue 26: what every other slice loads.

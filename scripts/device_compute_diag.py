@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Why a GPU-time share is not a throughput share on the H200 (issue 5).
+"""Why a GPU-time share is not a throughput share on the H200.
 
     python3 scripts/device_compute_diag.py OUTDIR     # GPU machine, no gpuslice involved
 

@@ -114,7 +114,7 @@ def bare_window(gemm):
     """The same GEMM client run with no gpuslice, alone on the GPU, right
     after the claims: each claim's throughput as a fraction of it, so a
     share is read against the whole GPU and not only against its neighbour
-    (issue 31: claims at 30/60/100 got 9-11 % each on the fake host)."""
+    (claims at 30/60/100 got 9-11 % each on the fake host)."""
     now = time.time()
     cmd = [PY, "-c", WORKER, "4", str(now), str(now + 8), "12"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A torch.compile'd GPT-2-like training loop, bare vs under a gpuslice
-memory cap alone, measured interleaved (issue 16, "A real training loop").
+memory cap alone, measured interleaved (a real training loop).
 
     python3 scripts/device_gpt2.py OUT.json [--rounds 6] [--steps 40] [--cap 20GiB] [--pair enforcer]
 
@@ -20,7 +20,7 @@ would stall it), and the number of calls per interposed function it logs
 at exit is parsed into `gpuslice_calls` (and per training step into
 `gpuslice_calls_per_step`): the per-step hot path, if any.
 
-With `--pair enforcer` (issue 25, the cost of root's enforcer), both
+With `--pair enforcer` (the cost of root's enforcer), both
 workers run under `gpuslice run --gpus 0 --memory CAP`: one with root's
 enforcer on (a policy file saying `root_enforcer = "on"`), one with it off
 (`root_enforcer = "off"`), named `enforcer_on` / `enforcer_off` in the JSON

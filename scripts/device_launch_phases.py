@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Where a `gpuslice run` spends its time on this host (issue 15's launch target).
+"""Where a `gpuslice run` spends its time on this host, against the launch target (bench/README.md).
 
     python3 scripts/device_launch_phases.py OUT.json [ROUNDS]
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """What NVML's per-process accounting tells a process inside `gpuslice run`'s
-PID namespace, against `--pid host` (issue 16 follow-up; ~30 s).
+PID namespace, against `--pid host` (~30 s).
 
     python3 scripts/device_nvml_pidns.py OUTDIR   # as root, repo root, after device-build.sh
 

@@ -14,7 +14,7 @@ installed PyTorch (ctypes against libcuda.so.1 and PyTorch's libcudart; no
 compiler, no CUDA headers; the empty kernel is PTX JIT-compiled by the
 driver).
 
-Checks (issue 4, "On the real H200"):
+Checks on the real H200:
   a  cudaMalloc loop under `gpuslice run --memory 20GiB`: shared cudart
      (ctypes), PyTorch's cudart with caching off, the driver API through
      dlsym and through cuGetProcAddress_v2; obtained ≥ 19 GiB, ≤ 20 GiB,
@@ -522,7 +522,7 @@ def do_c():
     procs = res.get("processes") or []
     # Each took its fixed 8 GiB before the barrier; together they filled the
     # cap and never passed it; the ledger ends at zero. The cap is physical
-    # (issue 16): the ledger holds each process's context too (518 MiB each
+    # The ledger holds each process's context too (about half a GiB each
     # on the H200), so the slice is full at 19+ GiB of ledger while the two
     # processes' allocations come to the cap less their contexts (< 1 GiB each).
     ok = (len(procs) == 2 and all(p.get("first_share_bytes") == 8 * GIB for p in procs)

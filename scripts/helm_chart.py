@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Helm itself, through helm-sdkpy (PyPI; its wheel carries Helm's Go
-library), for the tests of deploy/helm (issue 19). Python 3.11 runs it:
+library), for the tests of deploy/helm. Python 3.11 runs it:
 helm-sdkpy declares >= 3.12 but is installed with
 `pip install --ignore-requires-python` (scripts/test.sh).
 

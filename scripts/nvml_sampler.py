@@ -1,5 +1,5 @@
 """SM clock and power of GPU 0 from NVML, sampled in a thread while a
-measurement runs (the device scripts of issue 5)."""
+measurement runs (the device scripts)."""
 import ctypes
 import threading
 import time

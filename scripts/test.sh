@@ -14,7 +14,7 @@ command -v mknod >/dev/null || need_pkgs+=(coreutils)
 command -v unshare >/dev/null || need_pkgs+=(util-linux)
 # The exporter test: a real Prometheus and promtool.
 command -v prometheus >/dev/null || need_pkgs+=(prometheus)
-# issue 10: the CDI spec consumed by a real runtime (podman with runc), on an
+# The CDI spec consumed by a real runtime (podman with runc), on an
 # image made from busybox-static with podman import.
 command -v podman >/dev/null || need_pkgs+=(podman)
 command -v runc >/dev/null || need_pkgs+=(runc)
@@ -26,7 +26,7 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}"
 fi
 
-# issue 19: deploy/dra and the published ResourceSlices are validated
+# deploy/dra and the published ResourceSlices are validated
 # against the upstream Kubernetes 1.36 schemas (kubernetes-validate ships
 # them), in a venv of its own under target/.
 if [ -z "${KUBERNETES_VALIDATE:-}" ] && ! command -v kubernetes-validate >/dev/null; then
@@ -37,7 +37,7 @@ if [ -z "${KUBERNETES_VALIDATE:-}" ] && ! command -v kubernetes-validate >/dev/n
   export KUBERNETES_VALIDATE="$PWD/target/kubernetes-validate/bin/kubernetes-validate"
 fi
 
-# issue 19: the Helm chart is rendered and linted by Helm itself, through
+# The Helm chart is rendered and linted by Helm itself, through
 # helm-sdkpy (its wheel carries Helm's Go library). It declares Python >=
 # 3.12 but runs on 3.11 (Debian 12): installed with --ignore-requires-python,
 # pinned, in a venv of its own under target/.
@@ -69,7 +69,7 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 # The tests act as root. Under `sudo scripts/test.sh` sudo's variables
-# would make every `gpuslice run` a policy-bound sudo caller (issue 15);
+# would make every `gpuslice run` a policy-bound sudo caller;
 # the tests that mean one set them themselves.
 unset SUDO_UID SUDO_GID SUDO_USER SUDO_COMMAND
 
