@@ -361,20 +361,6 @@ mod tests {
     }
 
     #[test]
-    fn atomic_write_replaces() {
-        let d = tempfile::tempdir().unwrap();
-        let p = d.path().join("features.d/gpuslice");
-        write_atomic(&p, "a=1\n").unwrap();
-        write_atomic(&p, "a=2\n").unwrap();
-        assert_eq!(std::fs::read_to_string(&p).unwrap(), "a=2\n");
-        let names: Vec<_> = std::fs::read_dir(p.parent().unwrap())
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        assert_eq!(names, vec![std::ffi::OsString::from("gpuslice")]);
-    }
-
-    #[test]
     fn prefix_checked() {
         assert!(check_prefix("nvidia.com").is_ok());
         assert!(check_prefix("Bad_Prefix").is_err());
