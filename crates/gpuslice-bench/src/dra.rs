@@ -23,7 +23,7 @@ use gpuslice_dra::driver::{Driver, Options};
 use gpuslice_dra::publish::{follow, slice_name, SharedPolicy, UNHEALTHY_TAINT};
 use gpuslice_dra::server::{serve, Served, Sockets};
 use gpuslice_dra::DRIVER_NAME;
-use gpuslice_k8s::plugin::health::Snapshot;
+use gpuslice_health::Snapshot;
 use gpuslice_testkit::dra_kubelet::{register, Registered};
 use gpuslice_testkit::fakeapi::{shared_claim, FakeApiServer};
 use serde_json::{json, Value};
@@ -384,7 +384,7 @@ async fn bench_health(
     let (tx, rx) = tokio::sync::watch::channel(Snapshot::default());
     let gpu = inv.gpus[0].clone();
     let mut watching = rx.clone();
-    let health = gpuslice_k8s::plugin::config::Health {
+    let health = gpuslice_health::Config {
         recover_after_seconds: 1,
         ..Default::default()
     };
@@ -394,12 +394,7 @@ async fn bench_health(
             let lib = fake_nvml(&setup.host_root)?
                 .ok_or_else(|| anyhow!("--health xid needs a fake host (gpuslice fakehost)"))?;
             (
-                Some(gpuslice_k8s::plugin::health::start(
-                    inv,
-                    &health,
-                    Some(lib),
-                    tx,
-                )),
+                Some(gpuslice_health::start(inv, &health, Some(lib), tx)),
                 None,
             )
         }
@@ -630,10 +625,8 @@ async fn selftest_prepare(
         let ms = t.elapsed().as_secs_f64() * 1e3;
         let entry = match r {
             Ok(ids) => {
-                let record = gpuslice_k8s::cdi::limits_record_path(
-                    &args.work.join("cdi"),
-                    &format!("{uid}-0"),
-                );
+                let record =
+                    gpuslice_cdi::limits_record_path(&args.work.join("cdi"), &format!("{uid}-0"));
                 json!({
                     "claim": name, "uid": uid, "memory": mem, "compute": pct,
                     "cdi_device_ids": ids, "prepare_ms": ms,
@@ -663,7 +656,7 @@ async fn selftest_prepare(
 async fn device_health(setup: &Setup, inv: &Inventory) -> Result<(bool, Value)> {
     use gpuslice_dra::health::Health;
     let (xids_tx, xids) = tokio::sync::watch::channel(Snapshot::default());
-    let _watcher = gpuslice_k8s::plugin::health::start(
+    let _watcher = gpuslice_health::start(
         inv,
         &Default::default(),
         fake_nvml(&setup.host_root)?,

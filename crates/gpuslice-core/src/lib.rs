@@ -5,6 +5,7 @@
 //! (under a [`HostRoot`]) and NVML when it loads; selection and the node
 //! policy are pure functions of the discovered [`Inventory`].
 
+pub mod atomic_file;
 pub mod discover;
 pub mod hostroot;
 pub mod model;

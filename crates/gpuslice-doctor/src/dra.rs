@@ -24,7 +24,7 @@ use std::time::Duration;
 
 /// Where the driver writes its claims' CDI specs unless told otherwise
 /// (`gpuslice dra --cdi-dir`).
-pub const CDI_DIR: &str = gpuslice_k8s::cdi::DYNAMIC_DIR;
+pub const CDI_DIR: &str = gpuslice_cdi::DYNAMIC_DIR;
 const KUBELET_DIR: &str = "var/lib/kubelet";
 /// containerd's and CRI-O's default `cdi_spec_dirs`.
 const DEFAULT_CDI_DIRS: [&str; 2] = ["/etc/cdi", "/var/run/cdi"];

@@ -8,8 +8,8 @@
 //! check` uses: a spec it cannot parse is reported as unreadable.
 
 use crate::{list, looks_like_version, Check, Context};
+use gpuslice_cdi as cdi;
 use gpuslice_core::HostRoot;
-use gpuslice_k8s::cdi;
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::fs;

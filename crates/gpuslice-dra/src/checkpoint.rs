@@ -126,7 +126,7 @@ impl Checkpoint {
         };
         let data = serde_json::to_vec_pretty(&d)
             .map_err(|e| CheckpointError::Write(self.path.clone(), e.to_string()))?;
-        gpuslice_k8s::cdi::atomic_write(&self.path, &data, 0o600)
+        gpuslice_core::atomic_file::write_atomic(&self.path, &data, 0o600)
             .map_err(|e| CheckpointError::Write(self.path.clone(), format!("{e:#}")))
     }
 }
@@ -177,7 +177,7 @@ impl PreparedClaim {
                     .iter()
                     .find(|r| {
                         r.file_name()
-                            == gpuslice_k8s::cdi::limits_record_path(Path::new(""), d.slice())
+                            == gpuslice_cdi::limits_record_path(Path::new(""), d.slice())
                                 .file_name()
                     })
                     .cloned(),

@@ -14,7 +14,7 @@
 //! propagation, so the host (and so the runtime) sees it.
 
 use anyhow::{anyhow, Context};
-use gpuslice_k8s::cdi::{capped_slice, SliceDevice};
+use gpuslice_cdi::{capped_slice, SliceDevice};
 use gpuslice_ledger::limits::USAGE_FILE;
 use std::path::{Path, PathBuf};
 

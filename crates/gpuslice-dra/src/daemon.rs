@@ -82,7 +82,7 @@ pub fn run(opts: DaemonOptions) -> Result<()> {
     let inventory = opts.driver.inventory.clone();
     let host_root = opts.driver.host_root.clone();
     let rediscover = opts.rediscover.clone();
-    let health = gpuslice_k8s::plugin::config::Health::default();
+    let health = gpuslice_health::Config::default();
     let (driver_name, node) = (opts.driver.driver_name.clone(), opts.driver.pool.clone());
     let shim = opts.driver.shim.clone();
     rt.block_on(async move {
@@ -103,7 +103,7 @@ pub fn run(opts: DaemonOptions) -> Result<()> {
         // Health: the device plugin's XID watcher (NVML events); without
         // NVML no GPU's health is known (the kubelet hears Unknown).
         let (tx, rx) = tokio::sync::watch::channel(Default::default());
-        let watcher = gpuslice_k8s::plugin::health::start(&inventory, &health, None, tx.clone());
+        let watcher = gpuslice_health::start(&inventory, &health, None, tx.clone());
         let (inv_tx, inv_rx) = tokio::sync::watch::channel(inventory);
         let (enf_tx, enf_rx) = tokio::sync::watch::channel(enforcement_problem(shim.as_deref()));
         let feed = NodeFeed {

@@ -14,8 +14,8 @@
 use crate::apiserver::ClaimSource;
 use crate::checkpoint::{Checkpoint, CheckpointError, PreparedClaim, PreparedDevice};
 use crate::claim::{allocated, Allocated, DeviceKind};
+use gpuslice_cdi::{self as cdi, Format, SliceDevice};
 use gpuslice_core::{HostRoot, Inventory};
-use gpuslice_k8s::cdi::{self, Format, SliceDevice};
 use k8s_openapi::api::resource::v1::AllocatedDeviceStatus;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
@@ -572,6 +572,7 @@ impl Driver {
         let inventory = self.inventory();
         let written = cdi::generate_slices(&self.opts.host_root, &inventory, &opts, &slices)
             .and_then(|g| cdi::write_atomically(&g, &path, Format::Json))
+            .map_err(anyhow::Error::from)
             .and_then(|()| match &opts.boards {
                 Some(boards) => crate::claimfs::vouch(&slices, &slice_dirs, &inventory, boards),
                 None => Ok(Vec::new()),

@@ -5,7 +5,7 @@
 
 use crate::publish::SharedPolicy;
 use gpuslice_core::Inventory;
-use gpuslice_k8s::plugin::health::Snapshot;
+use gpuslice_health::Snapshot;
 use tokio::sync::watch;
 
 /// Why this node cannot enforce the caps of its slices (None: it can).

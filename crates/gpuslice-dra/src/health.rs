@@ -7,7 +7,7 @@
 //! a stream, on every change and every [`REFRESH`] (the kubelet turns a
 //! device it has not heard of within its timeout to Unknown):
 //! - Unhealthy: its GPU had a critical XID (the XID watcher of
-//!   `gpuslice_k8s::plugin::health`, as the ResourceSlices' taints), or the
+//!   `gpuslice_health`, as the ResourceSlices' taints), or the
 //!   node cannot enforce its slices (see [`Enforcement`]);
 //! - Unknown: no XID watching (no NVML, or events unsupported), so nothing
 //!   is known;
@@ -16,7 +16,7 @@
 use crate::feed::NodeFeed;
 use crate::publish::{devices, SharedPolicy};
 use gpuslice_core::Inventory;
-use gpuslice_k8s::plugin::health::Snapshot;
+use gpuslice_health::Snapshot;
 use std::time::Duration;
 use tokio::sync::mpsc;
 

@@ -200,10 +200,10 @@ where
 pub async fn apply(
     mut changes: watch::Receiver<Inventory>,
     driver: std::sync::Arc<crate::driver::Driver>,
-    health: gpuslice_k8s::plugin::config::Health,
+    health: gpuslice_health::Config,
     nvml_lib: Option<PathBuf>,
-    tx: watch::Sender<gpuslice_k8s::plugin::health::Snapshot>,
-    watcher: gpuslice_k8s::plugin::health::Watcher,
+    tx: watch::Sender<gpuslice_health::Snapshot>,
+    watcher: gpuslice_health::Watcher,
 ) {
     let mut watcher = Some(watcher);
     while changes.changed().await.is_ok() {
@@ -214,7 +214,7 @@ pub async fn apply(
         let old = watcher.take();
         let _ = tokio::task::spawn_blocking(move || drop(old)).await;
         tx.send_modify(|s| s.unhealthy.clear());
-        watcher = Some(gpuslice_k8s::plugin::health::start(
+        watcher = Some(gpuslice_health::start(
             &inv,
             &health,
             nvml_lib.clone(),

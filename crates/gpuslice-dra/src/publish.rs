@@ -539,7 +539,7 @@ pub fn pool_devices(
 }
 
 /// Keeps the pool published: at once, on every health change (`health`:
-/// the device plugin's XID watcher, `gpuslice_k8s::plugin::health`), on
+/// the device plugin's XID watcher, `gpuslice_health`), on
 /// every inventory change (`inventory`: hot-plug, [`crate::hotplug`]), and
 /// whenever the pool's slices change on the API server ([`watch_pool`]:
 /// someone else edited or deleted them), and every `resync`. Unhealthy

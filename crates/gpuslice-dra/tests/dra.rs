@@ -5,6 +5,7 @@
 //! GPUs are the fake GPU host's.
 
 use fakegpu::FakeHost;
+use gpuslice_cdi::limits_record_path;
 use gpuslice_core::discover::{discover, DiscoverOptions};
 use gpuslice_core::HostRoot;
 use gpuslice_dra::api::{v1, v1beta1};
@@ -14,7 +15,6 @@ use gpuslice_dra::feed::NodeFeed;
 use gpuslice_dra::publish::SharedPolicy;
 use gpuslice_dra::server::{get_info, serve, Served, Sockets};
 use gpuslice_dra::DRIVER_NAME;
-use gpuslice_k8s::cdi::limits_record_path;
 use gpuslice_k8s::grpc_wire::{grpc_go_authority, WireConn};
 use gpuslice_ledger::limits::{
     verify_and_read, ComputeShare, DeviceLimits, MemorySize, Mode, SliceLimits, LIMITS_FILE,
@@ -322,7 +322,7 @@ async fn both_sockets_answer_every_authority_a_kubelet_sends() {
 #[tokio::test]
 async fn device_health_reaches_the_kubelet_in_every_version() {
     use gpuslice_dra::api::health::{v1 as h1, v1alpha1 as ha, v1beta1 as hb};
-    use gpuslice_k8s::plugin::health::Snapshot;
+    use gpuslice_health::Snapshot;
     let e = Env::new().await;
     let driver = e.driver(true);
     let (xid_tx, xid_rx) = tokio::sync::watch::channel(Snapshot::default());
@@ -570,7 +570,7 @@ async fn shared_claim_in_v1_gets_exactly_its_caps_on_its_gpu_only() {
         .collect();
     assert!(targets.contains(&"/etc/ld.so.preload"), "{targets:?}");
     assert!(
-        targets.contains(&gpuslice_k8s::cdi::CONTAINER_SHIM),
+        targets.contains(&gpuslice_cdi::CONTAINER_SHIM),
         "{targets:?}"
     );
     // The GPUs' boards are bound (the claim's slices take turns on the

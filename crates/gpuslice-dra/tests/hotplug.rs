@@ -53,7 +53,7 @@ async fn a_gpu_leaving_and_joining_the_host_is_republished_within_2s() {
     // The XID watcher holds NVML open, as in the plugin: NVML enumerated
     // the GPUs at its first init and still lists one that left.
     let (health_tx, health_rx) = tokio::sync::watch::channel(Default::default());
-    let _watcher = gpuslice_k8s::plugin::health::start(
+    let _watcher = gpuslice_health::start(
         &inv_rx.borrow(),
         &Default::default(),
         Some(h.nvml_lib()),

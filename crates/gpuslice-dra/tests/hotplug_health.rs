@@ -10,8 +10,8 @@ use gpuslice_core::HostRoot;
 use gpuslice_dra::apiserver::KubeApi;
 use gpuslice_dra::driver::{Driver, Options};
 use gpuslice_dra::hotplug::{apply, bound_only};
-use gpuslice_k8s::plugin::config::Health;
-use gpuslice_k8s::plugin::health::{start, Snapshot};
+use gpuslice_health::Config as Health;
+use gpuslice_health::{start, Snapshot};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

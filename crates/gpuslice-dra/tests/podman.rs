@@ -9,12 +9,12 @@
 //! busybox-static (scripts/test.sh installs them).
 
 use fakegpu::FakeHost;
+use gpuslice_cdi::{limits_record_path, PRELOAD_FILE};
 use gpuslice_core::discover::{discover, DiscoverOptions};
 use gpuslice_core::HostRoot;
 use gpuslice_dra::apiserver::KubeApi;
 use gpuslice_dra::driver::{spec_path, ClaimRef, Driver, Options};
 use gpuslice_dra::DRIVER_NAME;
-use gpuslice_k8s::cdi::{limits_record_path, PRELOAD_FILE};
 use gpuslice_ledger::limits::{ComputeShare, MemorySize, SliceLimits};
 use gpuslice_testkit::fakeapi::{shared_claim, FakeApiServer};
 use gpuslice_testkit::podman::{nvidia_nodes, Image};

@@ -479,7 +479,7 @@ async fn where_the_server_drops_taints_an_unhealthy_gpu_leaves_the_pool() {
     });
     let has_1 = |n: &[String]| n.iter().any(|x| x.starts_with("gpu-1"));
     wait_names(&fake, "first publication", &has_1).await;
-    tx.send_modify(|s: &mut gpuslice_k8s::plugin::health::Snapshot| {
+    tx.send_modify(|s: &mut gpuslice_health::Snapshot| {
         s.unhealthy.insert(1, "XID 79".into());
     });
     // Tainted, the taints dropped, then left out: no untainted offer of a

@@ -10,7 +10,7 @@ use gpuslice_core::HostRoot;
 use gpuslice_dra::apiserver::KubeApi;
 use gpuslice_dra::publish::{follow, slice_name, SharedPolicy, UNHEALTHY_TAINT};
 use gpuslice_dra::DRIVER_NAME;
-use gpuslice_k8s::plugin::config::Health;
+use gpuslice_health::Config as Health;
 use gpuslice_testkit::fakeapi::FakeApiServer;
 use gpuslice_testkit::wait_until;
 use serde_json::Value;
@@ -66,7 +66,7 @@ async fn an_xid_taints_the_gpus_devices_until_it_recovers() {
         recover_after_seconds: 1,
         ..Health::default()
     };
-    let watcher = gpuslice_k8s::plugin::health::start(&inv, &health, Some(h.nvml_lib()), tx);
+    let watcher = gpuslice_health::start(&inv, &health, Some(h.nvml_lib()), tx);
     let mut watching = rx.clone();
     let policy = SharedPolicy::default();
     let (_inv_tx, inv_rx) = tokio::sync::watch::channel(inv.clone());

@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 
 /// The enforcer's thread; stopped when dropped.
-pub type Running = crate::worker::Worker;
+pub type Running = gpuslice_health::worker::Worker;
 
 /// Starts the enforcer over the slices `slices` lists each tick (called on
 /// the enforcer's thread), reading the driver through NVML (`nvml_lib`,

@@ -40,10 +40,9 @@
 
 use crate::plugin::config::{Config, MigStrategy};
 use crate::plugin::roles::{self, Role};
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use gpuslice_core::Inventory;
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::Path;
 
 /// Where NFD's local source looks, and the file name we write there.
@@ -247,27 +246,11 @@ pub fn render(labels: &BTreeMap<String, String>) -> String {
     s
 }
 
-/// Writes `text` to `path` atomically (temporary file in the same
-/// directory, fsync, rename), creating the directory when missing.
+/// Writes the feature file `text` to `path` (0644) atomically
+/// ([`gpuslice_core::atomic_file`]: its temporary file is a dot name,
+/// which NFD skips), creating the directory when missing.
 pub fn write_atomic(path: &Path, text: &str) -> Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    // A dot name: NFD skips hidden files, so it never reads the temporary.
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".gpuslice-labels-")
-        .tempfile_in(dir)
-        .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
-    tmp.write_all(text.as_bytes())?;
-    tmp.as_file().sync_all()?;
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o644))?;
-    }
-    tmp.persist(path)
-        .with_context(|| format!("renaming into {}", path.display()))?;
+    gpuslice_core::atomic_file::write_atomic(path, text.as_bytes(), 0o644)?;
     Ok(())
 }
 
@@ -375,20 +358,6 @@ mod tests {
         assert_eq!(l["x.io/gpu.count"], "0");
         assert_eq!(l["x.io/gpu.present"], "false");
         assert!(!l.contains_key("x.io/gpu.product"));
-    }
-
-    #[test]
-    fn atomic_write_replaces() {
-        let d = tempfile::tempdir().unwrap();
-        let p = d.path().join("features.d/gpuslice");
-        write_atomic(&p, "a=1\n").unwrap();
-        write_atomic(&p, "a=2\n").unwrap();
-        assert_eq!(std::fs::read_to_string(&p).unwrap(), "a=2\n");
-        let names: Vec<_> = std::fs::read_dir(p.parent().unwrap())
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        assert_eq!(names, vec![std::ffi::OsString::from("gpuslice")]);
     }
 
     #[test]

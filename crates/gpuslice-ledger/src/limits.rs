@@ -553,6 +553,11 @@ impl RecordPaths {
     }
 }
 
+/// Not `gpuslice_core::atomic_file` (the product crates' one writer), for
+/// two reasons: this crate is linked into the shim and depends on nothing
+/// but libc, and a record lives only as long as its slice, in the slice's
+/// directory that root made for it (no sync: after a crash the slice is
+/// gone too; `create_new` refuses a planted `.tmp`).
 fn write_file_atomically(path: &Path, data: &[u8], mode: u32) -> io::Result<()> {
     let tmp = path.with_extension("tmp");
     let mut f = fs::OpenOptions::new()

@@ -1,5 +1,5 @@
 //! XID counters from NVML events, as the device plugin's health watcher
-//! (gpuslice-k8s `plugin::health`) reads them: a thread of its own, with its
+//! (gpuslice-health) reads them: a thread of its own, with its
 //! own NVML handle, waits on an event set with every GPU registered for
 //! critical-XID events and counts what arrives. The collector only copies
 //! the counts (a short lock), so neither collection nor scrapes wait on

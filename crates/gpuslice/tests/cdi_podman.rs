@@ -59,7 +59,7 @@ fn podman_runs_containers_with_the_generated_spec() {
     // The shared variants' limits records, written beside the spec.
     for gpu in 0..4 {
         for n in [2, 4] {
-            image.files.push(gpuslice_k8s::cdi::limits_record_path(
+            image.files.push(gpuslice_cdi::limits_record_path(
                 cdi_dir,
                 &format!("{gpu}-shared-{n}"),
             ));
@@ -225,7 +225,7 @@ fn a_capped_slice_s_container_gets_the_driver_s_limit_from_its_hook() {
         spec.clone(),
         cdi_dir.join("gpuslice-params"),
         cdi_dir.join("gpuslice-ld.so.preload"),
-        gpuslice_k8s::cdi::limits_record_path(cdi_dir, "0-shared-2"),
+        gpuslice_cdi::limits_record_path(cdi_dir, "0-shared-2"),
     ];
     assert_limited_while_it_runs(
         &image,
@@ -295,7 +295,7 @@ fn assert_limited_while_it_runs(image: &Image, device: &str, host: &FakeHost, ha
         !after.contains(&cgroup),
         "still limited after the end: {after:?}"
     );
-    let state = host.path(gpuslice_k8s::memory_hook::STATE_DIR);
+    let state = host.path(gpuslice_cdi::memory_hook::STATE_DIR);
     assert_eq!(
         std::fs::read_dir(&state).map_or(0, |d| d.count()),
         0,

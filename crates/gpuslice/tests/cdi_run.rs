@@ -136,7 +136,7 @@ impl Prepared {
 
     /// The host path of claim `uid`'s limits record.
     fn record(&self, uid: &str) -> PathBuf {
-        gpuslice_k8s::cdi::limits_record_path(&self.cdi(), &format!("{uid}-0"))
+        gpuslice_cdi::limits_record_path(&self.cdi(), &format!("{uid}-0"))
     }
 
     /// Nothing of a slice is left: no ledger, no record, no share.

@@ -621,7 +621,7 @@ fn slices_shows_a_claim_s_process_past_the_shim_with_the_driver_s_number() {
     let ledgers = tempfile::tempdir().unwrap();
     let dra = h.path("var/lib/gpuslice/dra");
     std::fs::create_dir_all(&dra).unwrap();
-    let record = gpuslice_k8s::cdi::limits_record_path(&dra, "uid-1-0");
+    let record = gpuslice_cdi::limits_record_path(&dra, "uid-1-0");
     let uuid = h.gpus()[0].uuid.clone();
     let limits = gpuslice_ledger::limits::SliceLimits {
         slice_id: "uid-1-0".into(),

@@ -19,8 +19,7 @@ use crate::hostroot::HostRoot;
 use crate::model::Inventory;
 use serde::{Deserialize, Serialize};
 use std::fs;
-use std::io::Write;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 /// Default cache directory (tmpfs: gone at reboot).
@@ -161,25 +160,13 @@ fn trusted(meta: &fs::Metadata) -> bool {
     meta.file_type().is_file() && owner_ok && meta.mode() & 0o022 == 0
 }
 
-/// Write atomically (temporary file + rename), readable by all, writable by us.
+/// Write atomically ([`crate::atomic_file`]), readable by all, writable by us.
 fn store(file: &Path, key: Key, inv: &Inventory) -> std::io::Result<()> {
-    let dir = file.parent().unwrap_or(Path::new("."));
-    fs::create_dir_all(dir)?;
-    let tmp = dir.join(format!(".inventory-{}.tmp", std::process::id()));
     let body = serde_json::to_vec(&Entry {
         key,
         inventory: inv.clone(),
     })?;
-    let mut f = fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o644)
-        .open(&tmp)?;
-    let written = f.write_all(&body).and_then(|()| fs::rename(&tmp, file));
-    if written.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    written
+    crate::atomic_file::write_atomic(file, &body, 0o644).map_err(std::io::Error::other)
 }
 
 /// A stable 64-bit FNV-1a hash (std's hasher is randomly seeded per process).

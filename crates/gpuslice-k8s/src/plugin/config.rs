@@ -64,8 +64,8 @@ pub const DEFAULT_POD_RESOURCES_SOCKET: &str = "/var/lib/kubelet/pod-resources/k
 /// the replicas' memory-limit hooks (beside the shim).
 pub const DEFAULT_HOOK: &str = "/usr/local/lib/gpuslice/gpuslice";
 pub const DEFAULT_CDI_DIR: &str = "/var/run/cdi";
-/// XIDs caused by the application, not the GPU (NVIDIA's device plugin skips the same).
-pub const APPLICATION_XIDS: [u64; 6] = [13, 31, 43, 45, 68, 109];
+/// The `health` section: the XID watcher's settings (gpuslice-health).
+pub use gpuslice_health::{Config as Health, APPLICATION_XIDS};
 /// Replicas a shared GPU may be cut into.
 pub const REPLICAS: std::ops::RangeInclusive<u32> = 2..=100;
 /// Resource names (after the prefix) of the roles, unless a rule names its own.
@@ -182,14 +182,6 @@ pub struct Strategies {
     pub cdi_kind: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
-pub struct Health {
-    pub enabled: bool,
-    pub recover_after_seconds: u64,
-    pub ignored_xids: Vec<u64>,
-}
-
 /// The driver's memory partitions for shared replicas, set by the hooks
 /// of a CDI device that Allocate names (see [`super::partitions`]).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -274,19 +266,9 @@ impl Default for Strategies {
             cdi: false,
             cdi_kind: format!(
                 "{}/{}",
-                crate::cdi::DEFAULT_VENDOR,
-                crate::cdi::DEFAULT_CLASS
+                gpuslice_cdi::DEFAULT_VENDOR,
+                gpuslice_cdi::DEFAULT_CLASS
             ),
-        }
-    }
-}
-
-impl Default for Health {
-    fn default() -> Self {
-        Health {
-            enabled: true,
-            recover_after_seconds: 60,
-            ignored_xids: APPLICATION_XIDS.to_vec(),
         }
     }
 }
@@ -297,7 +279,7 @@ impl Default for DriverPartitions {
             enabled: false,
             hook: DEFAULT_HOOK.into(),
             cdi_dir: DEFAULT_CDI_DIR.into(),
-            cdi_kind: format!("{}/replica", crate::cdi::DEFAULT_VENDOR),
+            cdi_kind: format!("{}/replica", gpuslice_cdi::DEFAULT_VENDOR),
         }
     }
 }

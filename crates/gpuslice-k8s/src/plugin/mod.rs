@@ -21,7 +21,8 @@
 //! ledger directories of the others that no process uses.
 
 pub mod config;
-pub mod health;
+/// The XID watcher (gpuslice-health), which ListAndWatch follows.
+pub use gpuslice_health as health;
 pub mod hostpid;
 pub mod ledgers;
 pub mod partitions;

@@ -5,7 +5,7 @@
 //! kubelet hands the runtime: KEP-4009, `DevicePluginCDIDevices`, on by
 //! default since Kubernetes 1.29). The device holds nothing but the
 //! memory-limit hooks `cdi generate`'s shared variants and DRA claims
-//! carry ([`crate::cdi::memory_limit_hooks`], [`crate::memory_hook`]): the
+//! carry ([`gpuslice_cdi::memory_hook`]): the
 //! runtime runs them as root, `createRuntime` once the container's cgroup
 //! exists and before anything of the image runs, `poststop` when it ends.
 //! The set hook reads the caps from root's limits record of the replica
@@ -20,10 +20,9 @@
 //! root's enforcer, and no partition.
 
 use super::resources::{slice_id, Kind, Plan};
-use crate::cdi::{memory_limit_hooks, versioned_spec};
 use anyhow::{Context, Result};
+use gpuslice_cdi::{build_spec, device, memory_limit_hooks, Format};
 use gpuslice_ledger::limits::RecordPaths;
-use serde_json::json;
 use std::path::{Path, PathBuf};
 
 /// The CDI device of the replica slice `slice`: `<cdiKind>=<slice>`.
@@ -79,15 +78,17 @@ pub fn write_spec(plan: &Plan) -> Result<()> {
         .iter()
         .map(|slice| {
             let record = RecordPaths::under(&plan.cfg.ledger_dir.join(slice)).limits;
-            let hooks = memory_limit_hooks(&gpuslice, &plan.host_path(&record), host_root);
-            json!({ "name": slice, "containerEdits": { "hooks": hooks } })
+            let mut edits = gpuslice_cdi::Edits::default();
+            edits.hooks = Some(memory_limit_hooks(
+                &gpuslice,
+                &plan.host_path(&record),
+                host_root,
+            ));
+            device(slice, edits)
         })
         .collect();
-    let spec = versioned_spec(json!({
-        "cdiVersion": container_device_interface::specs::config::CURRENT_VERSION,
-        "kind": p.cdi_kind,
-        "devices": devices,
-    }))?;
-    let text = crate::cdi::render(&spec, crate::cdi::Format::Json)?;
-    crate::cdi::atomic_write(&path, text.as_bytes(), 0o644)
+    let spec = build_spec(&p.cdi_kind, devices, None)?;
+    let text = gpuslice_cdi::render(&spec, Format::Json)?;
+    gpuslice_core::atomic_file::write_atomic(&path, text.as_bytes(), 0o644)?;
+    Ok(())
 }

@@ -8,7 +8,7 @@ use super::config::{Config, MigStrategy};
 use super::ledgers;
 use super::roles::{self, Role, RoleError};
 use super::v1beta1 as api;
-use crate::cdi::CONTAINER_SHIM;
+use gpuslice_cdi::CONTAINER_SHIM;
 use gpuslice_core::model::{NVIDIACTL_MINOR, NVIDIA_MAJOR, NVIDIA_MODESET_MINOR};
 use gpuslice_core::{DevicePolicy, HostRoot, Inventory, Selection};
 use gpuslice_ledger::board::{self, BOARD_DIR_ENV, DEFAULT_BOARD_DIR};

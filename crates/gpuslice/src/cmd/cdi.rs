@@ -1,11 +1,11 @@
 //! `gpuslice cdi generate|check`: CDI specs for container runtimes (the
-//! work is in `gpuslice_k8s::cdi`).
+//! work is in `gpuslice_cdi`).
 
 use crate::global::Global;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
+use gpuslice_cdi::{self as cdi, Capability, CheckResult, Format, Options};
 use gpuslice_core::HostRoot;
-use gpuslice_k8s::cdi::{self, Capability, CheckResult, Format, Options};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -99,7 +99,7 @@ pub fn run(global: &Global, cmd: &CdiCommand) -> Result<i32> {
 /// `gpuslice cdi hook memory-limits`: one line on stderr (the runtime's
 /// log) says what was set or cleared, or why nothing was.
 fn memory_limits(global: &Global, h: &MemoryLimitsHook) -> Result<i32> {
-    use gpuslice_k8s::memory_hook::{self, Done};
+    use gpuslice_cdi::memory_hook::{self, Done};
     let mut state = String::new();
     std::io::stdin().read_to_string(&mut state)?;
     let nvml = super::enforce::simulated_nvml(&global.host_root);

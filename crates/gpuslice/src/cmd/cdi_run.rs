@@ -30,8 +30,8 @@ use super::run::CdiEdits;
 use super::run_args::RunArgs;
 use crate::global::Global;
 use anyhow::{anyhow, bail, Context, Result};
+use gpuslice_cdi::CONTAINER_SHIM;
 use gpuslice_isolate::slicefs::Bind;
-use gpuslice_k8s::cdi::CONTAINER_SHIM;
 use gpuslice_ledger::limits::{LIMITS_FILE, SLICE_DIR};
 use serde_json::Value;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
@@ -112,7 +112,8 @@ fn load_specs(dirs: &[PathBuf]) -> Result<Vec<(PathBuf, Value)>> {
             trusted(&path, "file")?;
             let text = std::fs::read_to_string(&path)
                 .with_context(|| format!("cannot read the CDI spec {}", path.display()))?;
-            let spec = gpuslice_k8s::cdi::parse(&text)
+            let spec = gpuslice_cdi::parse(&text)
+                .map_err(anyhow::Error::from)
                 .and_then(|s| {
                     container_device_interface::spec::new_spec(&s, &path, 0)
                         .map_err(|e| anyhow!("{e:#}"))?;

@@ -49,7 +49,7 @@ pub struct DraArgs {
     pub registry_dir: PathBuf,
 
     /// Where each prepared claim's CDI spec is written.
-    #[arg(long, value_name = "DIR", default_value = gpuslice_k8s::cdi::DYNAMIC_DIR)]
+    #[arg(long, value_name = "DIR", default_value = gpuslice_cdi::DYNAMIC_DIR)]
     pub cdi_dir: PathBuf,
 
     /// Where the checkpoint of prepared claims is kept.

@@ -269,7 +269,7 @@ impl CdiEdits {
         if self.shim.is_none() {
             bail!(
                 "CDI device {who}: it binds a limits record but no shim at {}; regenerate the spec",
-                gpuslice_k8s::cdi::CONTAINER_SHIM
+                gpuslice_cdi::CONTAINER_SHIM
             );
         }
         let limits = gpuslice_ledger::limits::verify_and_read(record, false)

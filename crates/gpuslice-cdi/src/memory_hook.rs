@@ -1,5 +1,7 @@
 //! The driver's memory partitions for containers (issue 25): the CDI
-//! hooks of a capped slice's device (`gpuslice cdi generate`'s shared
+//! hooks of a capped slice's device, both their entries in a spec
+//! ([`memory_limit_hooks`], the ONE place that says how a container's
+//! partition is set) and what they do when the runtime runs them (`gpuslice cdi generate`'s shared
 //! variants, a DRA claim's slices) that set the slice's hard limit on the
 //! container's own cgroup v2 directory, for each capped GPU, through
 //! [`gpuslice_cuda_load::partitions`] (NVIDIA R615+), and take it off
@@ -28,10 +30,51 @@
 //! slice. A driver that has partitions and refuses the limit fails the
 //! container (fail closed).
 
-use anyhow::{anyhow, bail, Context, Result};
+use crate::edits;
+use crate::generate::Builder;
+use crate::{CdiError, Result};
+use container_device_interface::specs::config::Hook;
+use gpuslice_core::atomic_file::write_atomic;
 use gpuslice_cuda_load::partitions::Partitions;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
+
+/// The hooks that give a capped slice's containers the driver's memory
+/// partitions: set by a `createRuntime` hook from root's limits record
+/// `record` (a host path), cleared by a `poststop` hook; `gpuslice` is the
+/// host path of the binary the runtime runs, `host_root` a simulated
+/// host's root (None: `/`). For `cdi generate`'s shared variants, DRA
+/// claims and the device plugin's shared replicas.
+pub fn memory_limit_hooks(gpuslice: &str, record: &str, host_root: Option<&Path>) -> Vec<Hook> {
+    let hook = |stage: &str, action: &[&str]| {
+        let mut args: Vec<String> = ["gpuslice", "cdi", "hook", "memory-limits"]
+            .iter()
+            .chain(action)
+            .map(|a| a.to_string())
+            .collect();
+        if let Some(root) = host_root {
+            args.extend(["--host-root".to_string(), root.display().to_string()]);
+        }
+        edits::hook(stage, gpuslice.to_string(), args)
+    };
+    vec![
+        hook("createRuntime", &["set", "--limits", record]),
+        hook("poststop", &["clear"]),
+    ]
+}
+
+impl Builder<'_> {
+    /// [`memory_limit_hooks`] of a capped slice of the spec, from root's
+    /// limits record `record`. None without the `gpuslice` binary to run.
+    /// The hooks run on the host: a host root other than `/` that is not
+    /// stripped (a simulated host) is named.
+    pub(crate) fn memory_limit_hooks(&self, record: &Path) -> Option<Vec<Hook>> {
+        let gpuslice = self.host(self.opts.hook.as_ref()?);
+        let root = self.root.path();
+        let host_root = (!self.opts.strip_host_root && root != Path::new("/")).then_some(root);
+        Some(memory_limit_hooks(&gpuslice, &self.host(record), host_root))
+    }
+}
 
 /// Below the host root: root's records of the limits set, one file per
 /// container (its id), `<cgroup dir>` then one `<uuid>` a line.
@@ -48,17 +91,21 @@ pub enum Done {
 
 /// The container state a runtime hands a hook: its id and host pid.
 fn state(json: &str) -> Result<(String, Option<u32>)> {
-    let v: Value = serde_json::from_str(json).context("container state on stdin")?;
+    let v: Value =
+        serde_json::from_str(json).map_err(|e| CdiError::input("container state on stdin", e))?;
     let id = v["id"]
         .as_str()
-        .ok_or_else(|| anyhow!("no id in the container state"))?;
+        .ok_or_else(|| CdiError::input("the container state", "no id"))?;
     if id.is_empty()
         || !id
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
         || id.starts_with('.')
     {
-        bail!("container id {id:?}: not a runtime's id (A-Z a-z 0-9 - _ .)");
+        return Err(CdiError::input(
+            format!("container id {id:?}"),
+            "not a runtime's id (A-Z a-z 0-9 - _ .)",
+        ));
     }
     let pid = v["pid"].as_u64().filter(|p| *p > 0).map(|p| p as u32);
     Ok((id.to_string(), pid))
@@ -67,8 +114,11 @@ fn state(json: &str) -> Result<(String, Option<u32>)> {
 /// The cgroup v2 directory of process `pid` below the cgroup2 mount
 /// `root`; None when it has none of its own (cgroup v1, or the root).
 fn cgroup_dir(root: &Path, pid: u32) -> Result<Option<PathBuf>> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
-        .with_context(|| format!("the container's process {pid}"))?;
+    let file = PathBuf::from(format!("/proc/{pid}/cgroup"));
+    let text = std::fs::read_to_string(&file).map_err(|source| CdiError::Read {
+        path: file.clone(),
+        source,
+    })?;
     let Some(path) = text.lines().find_map(|l| l.strip_prefix("0::")) else {
         return Ok(None);
     };
@@ -85,7 +135,7 @@ fn cgroup_dir(root: &Path, pid: u32) -> Result<Option<PathBuf>> {
 /// ([`STATE_DIR`] below it), `nvml` the NVML to load (None: the system's).
 pub fn set(state_json: &str, record: &Path, host: &Path, nvml: Option<&Path>) -> Result<Done> {
     let (id, pid) = state(state_json)?;
-    let pid = pid.ok_or_else(|| anyhow!("no pid in the container state"))?;
+    let pid = pid.ok_or_else(|| CdiError::input("the container state", "no pid"))?;
     let state_dir = host.join(STATE_DIR);
     let limits = gpuslice_ledger::limits::verify_and_read(record, false)?;
     let caps = limits.partition_caps();
@@ -119,7 +169,10 @@ pub fn set(state_json: &str, record: &Path, host: &Path, nvml: Option<&Path>) ->
             for u in &set {
                 let _ = partitions.clear(u, &dir);
             }
-            bail!("{uuid} on {}: {e}", dir.display());
+            return Err(CdiError::Partitions(format!(
+                "{uuid} on {}: {e}",
+                dir.display()
+            )));
         }
         set.push(uuid.clone());
     }
@@ -138,18 +191,18 @@ pub fn clear(state_json: &str, host: &Path, nvml: Option<&Path>) -> Result<Done>
     if !file.exists() {
         return Ok(Done::Skipped("no limit was set for this container".into()));
     }
-    let partitions = Partitions::open_lib(nvml).map_err(|e| anyhow!(e))?;
+    let partitions = Partitions::open_lib(nvml).map_err(CdiError::Partitions)?;
     reap(&partitions, &state_dir);
     let (dir, uuids) = read_record(&file)?;
     clear_all(&partitions, &dir, &uuids)?;
-    std::fs::remove_file(&file).with_context(|| format!("removing {}", file.display()))?;
+    std::fs::remove_file(&file).map_err(CdiError::io(&file))?;
     Ok(Done::Applied { cgroup: dir, uuids })
 }
 
 fn clear_all(p: &Partitions, dir: &Path, uuids: &[String]) -> Result<()> {
     for uuid in uuids {
         p.clear(uuid, dir)
-            .map_err(|e| anyhow!("{uuid} on {}: {e}", dir.display()))?;
+            .map_err(|e| CdiError::Partitions(format!("{uuid} on {}: {e}", dir.display())))?;
     }
     Ok(())
 }
@@ -161,23 +214,26 @@ fn record_set(state_dir: &Path, id: &str, dir: &Path, uuids: &[String]) -> Resul
         .recursive(true)
         .mode(0o700)
         .create(state_dir)
-        .with_context(|| format!("creating {}", state_dir.display()))?;
+        .map_err(CdiError::io(state_dir))?;
     let mut text = format!("{}\n", dir.display());
     for u in uuids {
         text.push_str(u);
         text.push('\n');
     }
-    crate::cdi::atomic_write(&state_dir.join(id), text.as_bytes(), 0o600)
+    write_atomic(&state_dir.join(id), text.as_bytes(), 0o600)?;
+    Ok(())
 }
 
 fn read_record(file: &Path) -> Result<(PathBuf, Vec<String>)> {
-    let text =
-        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let text = std::fs::read_to_string(file).map_err(|source| CdiError::Read {
+        path: file.to_path_buf(),
+        source,
+    })?;
     let mut lines = text.lines();
     let dir = PathBuf::from(
         lines
             .next()
-            .ok_or_else(|| anyhow!("{}: empty", file.display()))?,
+            .ok_or_else(|| CdiError::input(file.display().to_string(), "empty"))?,
     );
     Ok((dir, lines.map(str::to_string).collect()))
 }

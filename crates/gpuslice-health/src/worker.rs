@@ -1,4 +1,5 @@
-//! A plugin's background thread (the health watcher, root's enforcer):
+//! A plugin's background thread (the health watcher; root's enforcer in
+//! gpuslice-k8s runs on one too):
 //! told to stop and joined when its owner drops it, so a reloaded config
 //! never leaves the old one running.
 

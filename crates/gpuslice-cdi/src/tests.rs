@@ -1,5 +1,10 @@
 use super::*;
+use crate::check::check_against;
 use fakegpu::FakeHost;
+use gpuslice_core::discover::{discover, DiscoverOptions};
+use gpuslice_core::{HostRoot, Inventory};
+use serde_json::{json, Value};
+use std::fs;
 
 const LIB_DIR: &str = "usr/lib/x86_64-linux-gnu";
 
@@ -415,7 +420,7 @@ fn yaml_and_json_round_trip_and_write_atomically() {
     let blocked = dir.path().join("sub");
     fs::create_dir(&blocked).unwrap();
     fs::write(blocked.join("x"), "").unwrap();
-    assert!(atomic_write(&blocked, b"new", 0o644).is_err());
+    assert!(gpuslice_core::atomic_file::write_atomic(&blocked, b"new", 0o644).is_err());
     assert!(blocked.join("x").exists());
 }
 
@@ -553,7 +558,7 @@ fn bind_ro_lays_a_read_only_copy_over_the_target() {
     let (src, dst) = (dir.path().join("src"), dir.path().join("dst"));
     fs::write(&src, "ModifyDeviceFiles: 0\n").unwrap();
     fs::write(&dst, "ModifyDeviceFiles: 1\n").unwrap();
-    super::bind_ro(&src, &dst).unwrap();
+    crate::params::bind_ro(&src, &dst).unwrap();
     let seen = fs::read_to_string(&dst);
     let write = fs::OpenOptions::new().write(true).open(&dst).map(|_| ());
     rustix::mount::unmount(&dst, rustix::mount::UnmountFlags::DETACH).unwrap();

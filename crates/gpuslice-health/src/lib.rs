@@ -7,16 +7,51 @@
 //! change is published on a watch channel, which ListAndWatch follows.
 //! Without NVML (or without event support) every GPU stays Healthy and
 //! the reason is logged and kept in [`Snapshot::watching`].
+//!
+//! A layer of its own under both the device plugin (gpuslice-k8s, which
+//! reports it in ListAndWatch) and the DRA driver (gpuslice-dra: device
+//! taints and the kubelet's health stream), as NVIDIA keeps its health
+//! checks (`internal/rm/health.go`) apart from its plugin. It needs no
+//! Kubernetes, but it is a long-running service (a thread, a watch
+//! channel, a policy of which XIDs count), not a fact of the host, so it
+//! is not a module of gpuslice-core, which the root launcher links.
 
-use super::config::Health as HealthCfg;
+pub mod worker;
+
 use gpuslice_core::Inventory;
 use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
+use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
+
+/// XIDs caused by the application, not the GPU (NVIDIA's device plugin skips the same).
+pub const APPLICATION_XIDS: [u64; 6] = [13, 31, 43, 45, 68, 109];
+
+/// The watcher's settings (the device plugin's config file's `health`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct Config {
+    pub enabled: bool,
+    /// A GPU is healthy again once it has had no critical XID this long
+    /// and answers NVML.
+    pub recover_after_seconds: u64,
+    /// XIDs that leave the GPU healthy: [`APPLICATION_XIDS`] by default.
+    pub ignored_xids: Vec<u64>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            enabled: true,
+            recover_after_seconds: 60,
+            ignored_xids: APPLICATION_XIDS.to_vec(),
+        }
+    }
+}
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Snapshot {
@@ -31,13 +66,13 @@ pub struct Snapshot {
 }
 
 /// The watcher's thread, stopped when dropped.
-pub type Watcher = crate::worker::Worker;
+pub type Watcher = worker::Worker;
 
 /// Starts the watcher for `inv`'s GPUs; `nvml_lib` is the library to load
 /// (None: `libnvidia-ml.so.1`). Publishes on `tx`.
 pub fn start(
     inv: &Inventory,
-    cfg: &HealthCfg,
+    cfg: &Config,
     nvml_lib: Option<PathBuf>,
     tx: watch::Sender<Snapshot>,
 ) -> Watcher {
@@ -61,7 +96,7 @@ pub fn start(
 
 fn watch_loop(
     gpus: &[(u32, String)],
-    cfg: &HealthCfg,
+    cfg: &Config,
     nvml_lib: Option<PathBuf>,
     tx: &watch::Sender<Snapshot>,
     stop: &AtomicBool,
