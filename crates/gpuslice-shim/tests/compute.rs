@@ -539,6 +539,40 @@ fn slices_take_turns_so_each_is_charged_its_own_work() {
     );
 }
 
+/// Issue 29: a slice is one party however many processes launch for it.
+/// A slice of 4 processes at 50 % beside a slice of 1 at 50 % on one
+/// engine: each of the 4 is a context of its own, so they take the
+/// slice's turns one at a time, in the order of the slice's line in its
+/// own ledger (crate::turns). Without that line they raced for each
+/// turn passed to the slice, one lost round after round, gave up on the
+/// turns for a second and was time-sliced: the 4-process slice got
+/// 38.8–41.8 % against its neighbour's 45 %.
+#[test]
+fn a_slice_of_four_processes_gets_its_share_beside_a_slice_of_one() {
+    let _one_at_a_time = serial();
+    let s = Slice::new();
+    let engine = s.dir.path().join("engine");
+    let mut slices = vec![("four", "50", "cap"); 4];
+    slices.push(("one", "50", "cap"));
+    let got = side_by_side_with(&s, &slices, "1500000", "3.2", |c| {
+        c.env("FAKEGPU_ENGINE", &engine);
+    });
+    let four: f64 = got[..4].iter().sum();
+    let one = got[4];
+    let board = gpuslice_ledger::board::Board::open_existing(&s.boards(), &s.host.gpus()[0].uuid)
+        .expect("the GPU's board");
+    eprintln!(
+        "4 processes at 50 %: {four:.1} % ({:.1?}), 1 process at 50 %: {one:.1} %, {} fallbacks",
+        &got[..4],
+        board.fallbacks()
+    );
+    // The CI bound of issue 29: within 3 points of its share.
+    assert!(
+        (four - 50.0).abs() <= 3.0,
+        "a slice of 4 processes at 50 % got {four:.1} % ({got:.1?}) beside one of 1 ({one:.1} %)"
+    );
+}
+
 /// The GPU's turn is a word on the board that every tenant can write. An
 /// attacker that forges a turn held "forever" by another slot, or forges
 /// waiters (which are passed the turn and never use it), and writes it
