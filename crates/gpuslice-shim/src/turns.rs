@@ -340,7 +340,7 @@ fn wait_for_turn(seat: &Seat, dev: usize, est_ns: u64, queue: &dyn Queue) -> boo
         // Passed to our slice (no process of it yet): ours to take up when
         // we are next in our slice's line, or those before us let it be.
         let up_at = if ours && turn.tag() == 0 {
-            seat.up_at(dev, until.saturating_sub(QUANTUM_NS))
+            seat.up_at(dev, until.saturating_sub(QUANTUM_NS).min(now))
         } else {
             u64::MAX
         };
@@ -423,6 +423,17 @@ fn wait_for_turn(seat: &Seat, dev: usize, est_ns: u64, queue: &dyn Queue) -> boo
         // the CPU past the bound finds the turn free, which is no fault.
         if now - since > bound {
             ignore_turns(board, dev, now, "waited past a round for the GPU's turn");
+            break false;
+        }
+        // A turn that will neither end, nor go idle, nor come up to us
+        // until a second past our bound would be waited out in vain (a
+        // turn and its holder's end of work forged far ahead; an honest
+        // holder's end is its queued work's, a launch or two away, and a
+        // holder whose estimates came out long after a fallback may be
+        // waited for): the GPU's turns are ignored now, not after a round.
+        let ends = (until + GRACE_NS).min(idle_from).min(up_at);
+        if ends > since + bound + BACKOFF_NS {
+            ignore_turns(board, dev, now, "found a turn held past a round ahead");
             break false;
         }
         if Some(now) == waiting_since {
