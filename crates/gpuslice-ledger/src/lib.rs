@@ -5,7 +5,7 @@
 //! # Layout (version 2, little-endian, 334 080 bytes)
 //! | offset | size | what |
 //! |---|---|---|
-//! | 0 | 256 | header: magic `GPUSLDGR`, version, geometry, state, slice id, repair counters |
+//! | 0 | 256 | header: magic `GPUSLDGR`, version, geometry, state, slice id, repair counters; at 192, the slice's line for each GPU's turns ([`turn_order`]) |
 //! | 256 | 32 × 128 | devices: cap, used, peak, refusals, UUID |
 //! | 4352 | 1024 × 320 | process slots: state word (pid, tag), start time, pid namespace, name, bytes per device |
 //! | 332032 | 32 × 64 | compute (version 2): share, burst, token bucket, GPU time used, throttled time, launch counters |

@@ -16,8 +16,13 @@
 //!   a slice are contexts of their own, which the GPU would time-slice
 //!   into each other's measurements too. A slice is passed the turn once
 //!   per round, whatever its number of processes: the process that takes
-//!   it up launches, the others wait (their waits make the slot wait),
-//!   and a holder passes to its own slot when only a sibling waits.
+//!   it up launches, the others wait (their waits make the slot wait).
+//!   Which one takes it up is the slice's *line*'s to say
+//!   ([`TurnOrder`], in the slice's own ledger, which no neighbour can
+//!   write): the next in line at once, the one after it [`TAKE_UP_NS`]
+//!   later, and so on; a holder passes to its own slot only when the line
+//!   says a sibling waits, and joins its back. A waiter's round bound
+//!   restarts whenever its slice's line moves (the slice was served).
 //! - A launch not estimated yet waits for its thread's queued work, so
 //!   that a new process's first launches are measured alone and do not
 //!   queue work no turn bounds.
@@ -53,10 +58,12 @@
 //! protocol gets a turn in two, as a neighbour that launches without
 //! pause gets half the GPU from the time-slicing itself.
 //!
-//! Not covered: the queued work of *other threads* of the holding process
-//! is not waited for when one of them hands over (each drains its own),
-//! and a launch from a context whose events cannot be used is not held
-//! (it is charged by estimate anyway).
+//! A hand-over by one thread of the holding process lets no other start a
+//! launch, waits for the launches they are making, and then for every
+//! thread's queued work ([`Queue::drain_process`]). Not covered: another
+//! thread's open group (at most a group's worth of work), and a launch
+//! from a context whose events cannot be used is not held (it is charged
+//! by estimate anyway).
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
