@@ -294,8 +294,9 @@ pub fn acquire(dev: usize, est_ns: u64, queue: &dyn Queue) -> Launch {
         // Still ours once let in: a hand-over by another of our threads
         // either waits for this launch, or finished before and the turn
         // is no longer ours (then we wait again).
-        let turn = seat.board.turn();
         if let Some(launch) = enter(dev) {
+            // Read once let in (a pass finished before is seen).
+            let turn = seat.board.turn();
             if turn.holder() == Some(seat.slot) && turn.tag() == tag() {
                 return launch;
             }
