@@ -5,7 +5,7 @@
 //! # Layout (version 2, little-endian, 334 080 bytes)
 //! | offset | size | what |
 //! |---|---|---|
-//! | 0 | 256 | header: magic `GPUSLDGR`, version, geometry, state, slice id, repair counters |
+//! | 0 | 256 | header: magic `GPUSLDGR`, version, geometry, state, slice id, repair counters; at 192, the slice's line for each GPU's turns ([`turn_order`]) |
 //! | 256 | 32 × 128 | devices: cap, used, peak, refusals, UUID |
 //! | 4352 | 1024 × 320 | process slots: state word (pid, tag), start time, pid namespace, name, bytes per device |
 //! | 332032 | 32 × 64 | compute (version 2): share, burst, token bucket, GPU time used, throttled time, launch counters |
@@ -47,6 +47,7 @@ mod map;
 mod planted;
 pub mod procfs;
 mod sigbus;
+pub mod turn_order;
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
@@ -135,6 +136,8 @@ const H_REPAIRS: usize = 128;
 const H_RECLAIMED_SLOTS: usize = 136;
 const H_RECLAIMED_BYTES: usize = 144;
 const H_ATTACH_FAILURES: usize = 152;
+const _: () =
+    assert!(turn_order::OFFSET >= 160 && turn_order::OFFSET + turn_order::SIZE <= HEADER_SIZE);
 
 // Device fields.
 const D_CAP: usize = 0;
@@ -1261,6 +1264,15 @@ impl Ledger {
 
     fn cword(&self, dev: usize, field: usize) -> &AtomicU64 {
         self.map.u64_at(COMPUTE_OFF + dev * COMPUTE_SIZE + field)
+    }
+
+    /// The order of the slice's processes waiting for `dev`'s turn
+    /// ([`turn_order`]); None past [`MAX_DEVICES`].
+    pub fn turn_order(&self, dev: usize) -> Option<turn_order::TurnOrder<'_>> {
+        (dev < MAX_DEVICES).then(|| {
+            let word = self.map.u32_at(turn_order::OFFSET + dev / 2 * 4);
+            turn_order::TurnOrder::new(word, dev)
+        })
     }
 
     fn has_compute(&self, dev: usize) -> bool {

@@ -38,13 +38,13 @@
 //! created once per ring slot (the first launches of a thread).
 
 use std::cell::Cell;
-use std::ffi::c_float;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::ffi::{c_float, c_void};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
 use gpuslice_ledger::{Ledger, FULL_SHARE, MAX_DEVICES};
 
 use crate::cuda::*;
-use crate::driver::now_ns;
+use crate::driver::{nap, now_ns};
 use crate::real::Real;
 use crate::state::shim;
 
@@ -88,8 +88,82 @@ pub enum Kind {
 static ESTIMATE: [[AtomicU64; MAX_DEVICES]; 2] =
     [const { [const { AtomicU64::new(0) }; MAX_DEVICES] }; 2];
 
-fn nap(ns: u64) {
-    std::thread::sleep(std::time::Duration::from_nanos(ns));
+/// Threads of this process whose newest group's end a hand-over waits
+/// for (one slot each, while the thread lives).
+const THREAD_SLOTS: usize = 64;
+/// Per slot: the newest end event its thread recorded (null: none), so
+/// that a hand-over by one thread waits for every thread's queued work.
+static NEWEST_END: [AtomicPtr<c_void>; THREAD_SLOTS] =
+    [const { AtomicPtr::new(std::ptr::null_mut()) }; THREAD_SLOTS];
+/// Slots in use, a bit each.
+static THREAD_SLOTS_USED: AtomicU64 = AtomicU64::new(0);
+
+/// This thread's slot in [`NEWEST_END`], given back when it ends (its
+/// events outlive it: they are never destroyed).
+struct ThreadSlot(Option<usize>);
+
+impl ThreadSlot {
+    fn claim() -> ThreadSlot {
+        let mut used = THREAD_SLOTS_USED.load(Ordering::Relaxed);
+        loop {
+            let free = (!used).trailing_zeros() as usize;
+            if free >= THREAD_SLOTS {
+                return ThreadSlot(None); // past 64 threads: not waited for
+            }
+            match THREAD_SLOTS_USED.compare_exchange_weak(
+                used,
+                used | 1 << free,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return ThreadSlot(Some(free)),
+                Err(seen) => used = seen,
+            }
+        }
+    }
+}
+
+impl Drop for ThreadSlot {
+    fn drop(&mut self) {
+        if let Some(i) = self.0 {
+            NEWEST_END[i].store(std::ptr::null_mut(), Ordering::Release);
+            THREAD_SLOTS_USED.fetch_and(!(1 << i), Ordering::AcqRel);
+        }
+    }
+}
+
+thread_local! {
+    static THREAD_SLOT: ThreadSlot = ThreadSlot::claim();
+}
+
+/// Publishes `end`, just recorded, as this thread's newest end event.
+fn publish_end(end: CUevent) {
+    let _ = THREAD_SLOT.try_with(|s| {
+        if let Some(i) = s.0 {
+            NEWEST_END[i].store(end, Ordering::Release);
+        }
+    });
+}
+
+/// Waits for the newest end event of every thread of this process but
+/// this one: their queued work on the GPU (a thread's groups run in
+/// order on its stream; a thread launching into several streams at once
+/// is waited for on its newest group's stream only).
+fn sync_other_threads() {
+    // SAFETY: cuEventSynchronize(CUevent).
+    let Some(sync) = (unsafe { EVENT_SYNC.func::<pfn::EventSynchronize>() }) else {
+        return;
+    };
+    let mine = THREAD_SLOT.try_with(|s| s.0).ok().flatten();
+    let used = THREAD_SLOTS_USED.load(Ordering::Acquire);
+    for i in (0..THREAD_SLOTS).filter(|&i| used & 1 << i != 0 && Some(i) != mine) {
+        let end = NEWEST_END[i].load(Ordering::Acquire);
+        if !end.is_null() {
+            // SAFETY: an event of ours (created by a ring, never destroyed),
+            // recorded at least once.
+            unsafe { sync(end) };
+        }
+    }
 }
 
 /// A group of launches on one stream, measured by one pair of events.
@@ -270,7 +344,7 @@ impl Ring {
         kind: Kind,
         call: impl FnOnce() -> CUresult,
     ) -> CUresult {
-        crate::driver::relaxed(|| {
+        let _turn = crate::driver::relaxed(|| {
             self.harvest(ledger);
             // One slot stays free: the newest group's `end` may be the
             // `from` of the next one, so its slot must not be reused
@@ -280,7 +354,7 @@ impl Ring {
             }
             let est = ESTIMATE[kind as usize][dev].load(Ordering::Relaxed);
             self.gate(ledger, dev, est);
-            crate::turns::acquire(dev, est, &Queued { ring: self, ledger });
+            crate::turns::acquire(dev, est, &Queued { ring: self, ledger })
         });
         let est = ESTIMATE[kind as usize][dev].load(Ordering::Relaxed);
         ledger.compute_charge(dev, est as i64);
@@ -378,7 +452,9 @@ impl Ring {
         let recorded = !g.from.get().is_null()
             // SAFETY: an event of this slot, the group's stream.
             && record.is_some_and(|r| unsafe { r(g.end.get(), g.stream.get()) } == CUDA_SUCCESS);
-        if !recorded {
+        if recorded {
+            publish_end(g.end.get());
+        } else {
             // The newest group: nothing is chained to it yet.
             self.len.set(self.len.get() - 1);
             book(ledger, g.dev.get(), g.est.get(), g.count.get());
@@ -607,6 +683,11 @@ impl crate::turns::Queue for Queued<'_> {
 
     fn drain(&self) {
         self.ring.drain(self.ledger);
+    }
+
+    fn drain_process(&self) {
+        self.ring.drain(self.ledger);
+        sync_other_threads();
     }
 
     fn trim(&self, ns: u64) {

@@ -83,6 +83,11 @@ pub fn relaxed<T>(f: impl FnOnce() -> T) -> T {
     f()
 }
 
+/// Sleeps this thread for `ns`.
+pub fn nap(ns: u64) {
+    std::thread::sleep(std::time::Duration::from_nanos(ns));
+}
+
 /// A monotonic clock in ns (the precise one).
 #[inline]
 pub fn now_ns() -> u64 {

@@ -57,18 +57,60 @@ fn round_up(v: u64, to: u64) -> u64 {
 
 static TABLE_FULL_LOGGED: AtomicUsize = AtomicUsize::new(0);
 
-/// After the driver call: undo the reservation on failure, else remember it.
-fn track(rc: CUresult, table: &Handles, t: Target, key: u64, bytes: u64) -> CUresult {
+/// The one path of an allocation charged to `t`: reserves `est` before
+/// the driver `call`; on failure gives it back; on success `made` says
+/// which handle was made and what it takes, the charge is settled to that
+/// (the rest reserved, or the allocation undone with `undo` and refused
+/// when it does not fit) and remembered in `table` for the matching free.
+fn charged(
+    t: Target,
+    table: &Handles,
+    est: u64,
+    call: impl FnOnce() -> CUresult,
+    made: impl FnOnce() -> (u64, u64),
+    undo: impl FnOnce(u64),
+) -> CUresult {
+    if !t.reserve(est) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    let rc = call();
     if rc != CUDA_SUCCESS {
-        t.release(bytes);
+        t.release(est);
         return rc;
     }
-    if !table.insert(key, pack(t.dev, bytes))
+    let (key, actual) = made();
+    if actual > est {
+        if t.ledger.reserve(t.slot, t.dev, actual - est).is_err() {
+            undo(key);
+            t.release(est);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    } else {
+        t.release(est - actual);
+    }
+    if !table.insert(key, pack(t.dev, actual))
         && TABLE_FULL_LOGGED.fetch_add(1, Ordering::Relaxed) == 0
     {
         log_line("allocation table full: further allocations stay charged until exit");
     }
     rc
+}
+
+/// [`charged`] for a call that takes exactly `bytes` and writes the
+/// handle it made at `out` on success.
+///
+/// # Safety
+/// `out` is valid for a read once `call` has succeeded.
+unsafe fn charged_exact<H: Copy + Into<u64>>(
+    t: Target,
+    table: &Handles,
+    bytes: u64,
+    out: *const H,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    // SAFETY: read only after the call succeeded (caller contract).
+    let made = || (unsafe { *out }.into(), bytes);
+    charged(t, table, bytes, call, made, |_| {})
 }
 
 /// Around a free: forget the handle first (the driver may hand the same
@@ -108,18 +150,8 @@ pub unsafe fn mem_alloc(real: &Real, dptr: *mut CUdeviceptr, size: usize) -> CUr
         // SAFETY: caller contract.
         return unsafe { f(dptr, size) };
     };
-    if !t.reserve(size as u64) {
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    // SAFETY: caller contract.
-    let rc = unsafe { f(dptr, size) };
-    let key = if rc == CUDA_SUCCESS {
-        // SAFETY: dptr non-null; written by the driver on success.
-        unsafe { *dptr }
-    } else {
-        0
-    };
-    track(rc, &PTRS, t, key, size as u64)
+    // SAFETY: caller contract (`dptr` is written on success).
+    unsafe { charged_exact(t, &PTRS, size as u64, dptr, || f(dptr, size)) }
 }
 
 /// # Safety
@@ -137,18 +169,8 @@ pub unsafe fn mem_alloc_managed(
         // SAFETY: caller contract.
         return unsafe { f(dptr, size, flags) };
     };
-    if !t.reserve(size as u64) {
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    // SAFETY: caller contract.
-    let rc = unsafe { f(dptr, size, flags) };
-    let key = if rc == CUDA_SUCCESS {
-        // SAFETY: as in mem_alloc.
-        unsafe { *dptr }
-    } else {
-        0
-    };
-    track(rc, &PTRS, t, key, size as u64)
+    // SAFETY: caller contract (`dptr` is written on success).
+    unsafe { charged_exact(t, &PTRS, size as u64, dptr, || f(dptr, size, flags)) }
 }
 
 /// Charges the pitch the driver returns × height: reserves an estimate
@@ -172,31 +194,18 @@ pub unsafe fn mem_alloc_pitch(
         return unsafe { f(dptr, pitch, width, height, elem) };
     };
     let est = round_up(width as u64, 512).saturating_mul(height as u64);
-    if !t.reserve(est) {
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
     // SAFETY: caller contract.
-    let rc = unsafe { f(dptr, pitch, width, height, elem) };
-    if rc != CUDA_SUCCESS {
-        t.release(est);
-        return rc;
-    }
+    let call = || unsafe { f(dptr, pitch, width, height, elem) };
     // SAFETY: both written by the driver on success.
-    let (ptr, actual) = unsafe { (*dptr, (*pitch as u64).saturating_mul(height as u64)) };
-    if actual > est {
-        if t.ledger.reserve(t.slot, t.dev, actual - est).is_err() {
-            // SAFETY: cuMemFree_v2(CUdeviceptr) on the pointer just made.
-            if let Some(free) = unsafe { MEM_FREE.func::<pfn::MemFree>() } {
-                // SAFETY: frees what the driver just returned.
-                unsafe { free(ptr) };
-            }
-            t.release(est);
-            return CUDA_ERROR_OUT_OF_MEMORY;
+    let made = || unsafe { (*dptr, (*pitch as u64).saturating_mul(height as u64)) };
+    let undo = |ptr| {
+        // SAFETY: cuMemFree_v2(CUdeviceptr) on the pointer just made.
+        if let Some(free) = unsafe { MEM_FREE.func::<pfn::MemFree>() } {
+            // SAFETY: frees what the driver just returned.
+            unsafe { free(ptr) };
         }
-    } else {
-        t.release(est - actual);
-    }
-    track(rc, &PTRS, t, ptr, actual)
+    };
+    charged(t, &PTRS, est, call, made, undo)
 }
 
 /// # Safety
@@ -297,20 +306,8 @@ pub unsafe fn mem_alloc_async(
         Some((pool, e)) => pooled(t, e, (pool, stream), dptr, size, || unsafe {
             f(dptr, size, stream)
         }),
-        None => {
-            if !t.reserve(size as u64) {
-                return CUDA_ERROR_OUT_OF_MEMORY;
-            }
-            // SAFETY: caller contract.
-            let rc = unsafe { f(dptr, size, stream) };
-            let key = if rc == CUDA_SUCCESS {
-                // SAFETY: as in mem_alloc.
-                unsafe { *dptr }
-            } else {
-                0
-            };
-            track(rc, &PTRS, t, key, size as u64)
-        }
+        // SAFETY: caller contract (`dptr` is written on success).
+        None => unsafe { charged_exact(t, &PTRS, size as u64, dptr, || f(dptr, size, stream)) },
     }
 }
 
@@ -347,18 +344,10 @@ pub unsafe fn mem_alloc_from_pool_async(
     }
     let Some(e) = pool_entry(pool, t.dev) else {
         // Pool table full: charge the allocation itself.
-        if !t.reserve(size as u64) {
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        }
-        // SAFETY: caller contract.
-        let rc = unsafe { f(dptr, size, pool, stream) };
-        let key = if rc == CUDA_SUCCESS {
-            // SAFETY: as in mem_alloc.
-            unsafe { *dptr }
-        } else {
-            0
+        // SAFETY: caller contract (`dptr` is written on success).
+        return unsafe {
+            charged_exact(t, &PTRS, size as u64, dptr, || f(dptr, size, pool, stream))
         };
-        return track(rc, &PTRS, t, key, size as u64);
     };
     // SAFETY: caller contract.
     pooled(t, e, (pool, stream), dptr, size, || unsafe {
@@ -594,18 +583,12 @@ pub unsafe fn mem_create(
         // SAFETY: caller contract.
         return unsafe { f(handle, size, prop, flags) };
     };
-    if !t.reserve(size as u64) {
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    // SAFETY: caller contract (`handle` is written on success).
+    unsafe {
+        charged_exact(t, &HANDLES, size as u64, handle, || {
+            f(handle, size, prop, flags)
+        })
     }
-    // SAFETY: caller contract.
-    let rc = unsafe { f(handle, size, prop, flags) };
-    let key = if rc == CUDA_SUCCESS {
-        // SAFETY: handle non-null; written on success.
-        unsafe { *handle }
-    } else {
-        0
-    };
-    track(rc, &HANDLES, t, key, size as u64)
 }
 
 /// # Safety
@@ -735,11 +718,9 @@ fn array_destroy_real(kind: ArrayKind, arr: CUarray) {
         ArrayKind::Plain => &ARRAY_DESTROY,
         ArrayKind::Mipmapped => &MIPMAP_DESTROY,
     };
-    // SAFETY: cu[Mipmapped]ArrayDestroy(handle).
-    if let Some(f) = unsafe { real.func::<pfn::ArrayDestroy>() } {
-        // SAFETY: destroys the array the driver just created.
-        unsafe { f(arr) };
-    }
+    // SAFETY: cu[Mipmapped]ArrayDestroy(handle), on the array the driver
+    // just created.
+    unsafe { real.undo(arr) };
 }
 
 /// The driver backs a plain array with whole 2 MiB pages (the H200: a
@@ -760,27 +741,14 @@ fn array_common(
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
     let est = round_up(est, ARRAY_GRANULE);
-    if !t.reserve(est) {
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    let rc = call();
-    if rc != CUDA_SUCCESS {
-        t.release(est);
-        return rc;
-    }
-    // SAFETY: arr non-null (checked by callers); written on success.
-    let handle = unsafe { *arr };
-    let actual = array_requirements(kind, handle, t.dev).unwrap_or(est);
-    if actual > est {
-        if t.ledger.reserve(t.slot, t.dev, actual - est).is_err() {
-            array_destroy_real(kind, handle);
-            t.release(est);
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        }
-    } else {
-        t.release(est - actual);
-    }
-    track(rc, &ARRAYS, t, handle as u64, actual)
+    let made = || {
+        // SAFETY: arr non-null (checked by callers); written on success.
+        let handle = unsafe { *arr };
+        let actual = array_requirements(kind, handle, t.dev).unwrap_or(est);
+        (handle as u64, actual)
+    };
+    let undo = |handle| array_destroy_real(kind, handle as CUarray);
+    charged(t, &ARRAYS, est, call, made, undo)
 }
 
 fn extent(w: usize, h: usize, d: usize, format: c_int, channels: c_uint) -> u64 {

@@ -111,6 +111,23 @@ impl Real {
         // contract; sizes checked at compile time.
         (!p.is_null()).then(|| unsafe { std::mem::transmute_copy::<*mut c_void, F>(&p) })
     }
+
+    /// Undoes what the driver just made, by calling this function (a
+    /// destroy, unload or release of one handle) on it, if the driver has
+    /// it. Its result is not looked at: the call that made the handle is
+    /// refused anyway.
+    ///
+    /// # Safety
+    /// This slot holds a function of one pointer-sized handle returning a
+    /// `CUresult`, and `handle` is one the driver just made.
+    pub unsafe fn undo(&self, handle: *mut c_void) {
+        type OfHandle = unsafe extern "C" fn(*mut c_void) -> crate::cuda::CUresult;
+        // SAFETY: the signature, by the caller's contract.
+        if let Some(f) = unsafe { self.func::<OfHandle>() } {
+            // SAFETY: a handle the driver just made (caller's contract).
+            unsafe { f(handle) };
+        }
+    }
 }
 
 /// A real libcuda / libnvidia-ml function we hold: helpers not found by

@@ -160,14 +160,6 @@ fn create_context(
     rc
 }
 
-fn undo_with(real: &'static Real, arg: *mut c_void) {
-    // SAFETY: cuCtxDestroy_v2 / cuGreenCtxDestroy(handle): one prototype.
-    if let Some(f) = unsafe { real.func::<pfn::CtxDestroy>() } {
-        // SAFETY: destroys what the driver just created.
-        unsafe { f(arg) };
-    }
-}
-
 static PRIMARY_RELEASE: Real = Real::named(c"cuDevicePrimaryCtxRelease_v2");
 static CTX_DESTROY: Real = Real::named(c"cuCtxDestroy_v2");
 static GREEN_DESTROY: Real = Real::named(c"cuGreenCtxDestroy");
@@ -265,15 +257,20 @@ fn has_created_context(dev: usize) -> bool {
     CREATED[dev].load(Ordering::Acquire) > 0
 }
 
-/// A created (or green) context: its own charge, recorded by handle.
+/// A context created (or a green one) on `dev` by `call`, which writes it
+/// at `pctx`: on a capped device its own charge, recorded by handle.
 fn created(
-    t: Target,
+    dev: CUdevice,
     pctx: *mut CUcontext,
     destroy: &'static Real,
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
-    // SAFETY: non-null (checked by callers); written on success.
-    let undo = || undo_with(destroy, unsafe { *pctx });
+    let Some(t) = target_no_context(dev).filter(|_| !pctx.is_null()) else {
+        return call();
+    };
+    // SAFETY: cuCtxDestroy_v2 / cuGreenCtxDestroy(handle); pctx non-null,
+    // written on success (the undo runs only then).
+    let undo = || unsafe { destroy.undo(*pctx) };
     create_context(t, call, undo, |e| {
         CREATED[t.dev].fetch_add(1, Ordering::AcqRel);
         // SAFETY: non-null (checked by callers); written on success.
@@ -291,12 +288,8 @@ pub unsafe fn ctx_create(
     dev: CUdevice,
 ) -> CUresult {
     let f = real_fn!(real, pfn::CtxCreate);
-    match target_no_context(dev).filter(|_| !pctx.is_null()) {
-        // SAFETY: caller contract.
-        Some(t) => created(t, pctx, &CTX_DESTROY, || unsafe { f(pctx, flags, dev) }),
-        // SAFETY: caller contract.
-        None => unsafe { f(pctx, flags, dev) },
-    }
+    // SAFETY: caller contract.
+    created(dev, pctx, &CTX_DESTROY, || unsafe { f(pctx, flags, dev) })
 }
 
 /// # Safety
@@ -310,14 +303,10 @@ pub unsafe fn ctx_create_v3(
     dev: CUdevice,
 ) -> CUresult {
     let f = real_fn!(real, pfn::CtxCreateV3);
-    match target_no_context(dev).filter(|_| !pctx.is_null()) {
-        // SAFETY: caller contract.
-        Some(t) => created(t, pctx, &CTX_DESTROY, || unsafe {
-            f(pctx, params, n, flags, dev)
-        }),
-        // SAFETY: caller contract.
-        None => unsafe { f(pctx, params, n, flags, dev) },
-    }
+    // SAFETY: caller contract.
+    created(dev, pctx, &CTX_DESTROY, || unsafe {
+        f(pctx, params, n, flags, dev)
+    })
 }
 
 /// # Safety
@@ -330,14 +319,10 @@ pub unsafe fn ctx_create_v4(
     dev: CUdevice,
 ) -> CUresult {
     let f = real_fn!(real, pfn::CtxCreateV4);
-    match target_no_context(dev).filter(|_| !pctx.is_null()) {
-        // SAFETY: caller contract.
-        Some(t) => created(t, pctx, &CTX_DESTROY, || unsafe {
-            f(pctx, params, flags, dev)
-        }),
-        // SAFETY: caller contract.
-        None => unsafe { f(pctx, params, flags, dev) },
-    }
+    // SAFETY: caller contract.
+    created(dev, pctx, &CTX_DESTROY, || unsafe {
+        f(pctx, params, flags, dev)
+    })
 }
 
 /// # Safety
@@ -350,14 +335,10 @@ pub unsafe fn green_ctx_create(
     flags: c_uint,
 ) -> CUresult {
     let f = real_fn!(real, pfn::GreenCtxCreate);
-    match target_no_context(dev).filter(|_| !pctx.is_null()) {
-        // SAFETY: caller contract.
-        Some(t) => created(t, pctx, &GREEN_DESTROY, || unsafe {
-            f(pctx, desc, dev, flags)
-        }),
-        // SAFETY: caller contract.
-        None => unsafe { f(pctx, desc, dev, flags) },
-    }
+    // SAFETY: caller contract.
+    created(dev, pctx, &GREEN_DESTROY, || unsafe {
+        f(pctx, desc, dev, flags)
+    })
 }
 
 /// # Safety
@@ -434,11 +415,9 @@ fn unload(kind: Loaded, h: CUhandle) {
         Loaded::Module => &MODULE_UNLOAD,
         Loaded::Library => &LIBRARY_UNLOAD,
     };
-    // SAFETY: cuModuleUnload / cuLibraryUnload(handle): one prototype.
-    if let Some(f) = unsafe { real.func::<pfn::ModuleUnload>() } {
-        // SAFETY: unloads what the driver just loaded.
-        unsafe { f(h) };
-    }
+    // SAFETY: cuModuleUnload / cuLibraryUnload(handle), on what the driver
+    // just loaded.
+    unsafe { real.undo(h) };
 }
 
 /// Loads a module or library, charging what it made the driver hold.

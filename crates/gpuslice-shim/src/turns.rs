@@ -16,8 +16,13 @@
 //!   a slice are contexts of their own, which the GPU would time-slice
 //!   into each other's measurements too. A slice is passed the turn once
 //!   per round, whatever its number of processes: the process that takes
-//!   it up launches, the others wait (their waits make the slot wait),
-//!   and a holder passes to its own slot when only a sibling waits.
+//!   it up launches, the others wait (their waits make the slot wait).
+//!   Which one takes it up is the slice's *line*'s to say
+//!   ([`TurnOrder`], in the slice's own ledger, which no neighbour can
+//!   write): the next in line at once, the one after it [`TAKE_UP_NS`]
+//!   later, and so on; a holder passes to its own slot only when the line
+//!   says a sibling waits, and joins its back. A waiter's round bound
+//!   restarts whenever its slice's line moves (the slice was served).
 //! - A launch not estimated yet waits for its thread's queued work, so
 //!   that a new process's first launches are measured alone and do not
 //!   queue work no turn bounds.
@@ -53,14 +58,17 @@
 //! protocol gets a turn in two, as a neighbour that launches without
 //! pause gets half the GPU from the time-slicing itself.
 //!
-//! Not covered: the queued work of *other threads* of the holding process
-//! is not waited for when one of them hands over (each drains its own),
-//! and a launch from a context whose events cannot be used is not held
-//! (it is charged by estimate anyway).
+//! A hand-over by one thread of the holding process lets no other start a
+//! launch, waits for the launches they are making, and then for every
+//! thread's queued work ([`Queue::drain_process`]). Not covered: another
+//! thread's open group (at most a group's worth of work), and a launch
+//! from a context whose events cannot be used is not held (it is charged
+//! by estimate anyway).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use gpuslice_ledger::board::{Board, Turn, TURN_TAG_MAX};
+use gpuslice_ledger::turn_order::{distance, in_line, TurnOrder};
 use gpuslice_ledger::MAX_DEVICES;
 
 use crate::driver::now_ns;
@@ -96,6 +104,14 @@ static PASSES: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVI
 /// process keeping to the rules may take the turn from it (µs, low 48).
 static HELD: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
 const HELD_US_BITS: u32 = 48;
+/// Per device: this process's ticket in its slice's order
+/// ([`TurnOrder`]), `HAS_TICKET | ticket`; 0 for none.
+static TICKET: [AtomicU32; MAX_DEVICES] = [const { AtomicU32::new(0) }; MAX_DEVICES];
+const HAS_TICKET: u32 = 0x100;
+/// How long the process next in its slice's line has to take up a turn
+/// passed to the slice before the one after it may (it left the line, or
+/// wakes slowly): per place in the line.
+const TAKE_UP_NS: u64 = QUANTUM_NS / 4;
 
 /// What a turn needs of the launching thread's queued work.
 pub trait Queue {
@@ -107,6 +123,37 @@ pub trait Queue {
     fn drain(&self);
     /// Waits until this thread's queued work is estimated at `ns` at most.
     fn trim(&self, ns: u64);
+    /// Waits until the process's queued work on the device is done: this
+    /// thread's (settled, as [`Queue::drain`]) and every other thread's.
+    fn drain_process(&self);
+}
+
+/// Per device: threads of this process handing its turn over now; while
+/// one does, the others launch nothing under that turn.
+static PASSING: [AtomicU32; MAX_DEVICES] = [const { AtomicU32::new(0) }; MAX_DEVICES];
+/// Per device: threads of this process let launch under its turn whose
+/// launch has not returned yet ([`Launch`]).
+static LAUNCHING: [AtomicU32; MAX_DEVICES] = [const { AtomicU32::new(0) }; MAX_DEVICES];
+
+/// A launch let under this process's turn, until it returns (dropped): a
+/// hand-over by another thread of the process waits for it to be queued,
+/// and then for its work ([`pass`]).
+pub struct Launch(Option<usize>);
+
+impl Drop for Launch {
+    fn drop(&mut self) {
+        if let Some(dev) = self.0 {
+            LAUNCHING[dev].fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Lets this thread launch under the process's turn of `dev`, unless
+/// another of its threads is handing it over.
+fn enter(dev: usize) -> Option<Launch> {
+    LAUNCHING[dev].fetch_add(1, Ordering::SeqCst);
+    let launch = Launch(Some(dev));
+    (PASSING[dev].load(Ordering::SeqCst) == 0).then_some(launch)
 }
 
 /// This process's tag in the turn word: the same for its threads (one
@@ -126,16 +173,92 @@ fn tag() -> u32 {
     tag
 }
 
-/// The board of `dev`, our slot on it and the slots whose turns count,
-/// when this process takes turns there now.
-fn seat(dev: usize, now: u64) -> Option<(&'static Board, usize, u64)> {
+/// Where this process takes turns on `dev`, when it does now.
+struct Seat {
+    board: &'static Board,
+    /// Our slice's slot on the board.
+    slot: usize,
+    /// The slots whose turns count ([`crate::borrow::Boards::counted`]).
+    among: u64,
+    /// Our slice's line for the turns passed to it, in its own ledger.
+    order: Option<TurnOrder<'static>>,
+}
+
+fn seat(dev: usize, now: u64) -> Option<Seat> {
     let s = shim();
     if !s.handover || IGNORE_UNTIL.get(dev)?.load(Ordering::Relaxed) > now {
         return None;
     }
     let boards = s.boards.as_ref()?;
     let (board, slot) = boards.seat(dev, now)?;
-    Some((board, slot, boards.counted(dev)))
+    let order = s.ledger.as_ref().and_then(|l| l.turn_order(dev));
+    Some(Seat {
+        board,
+        slot,
+        among: boards.counted(dev),
+        order,
+    })
+}
+
+impl Seat {
+    /// This process's ticket in its slice's line on `dev`: the one it
+    /// holds while that is still in line, else a new one at the back.
+    fn ticket(&self, dev: usize) -> Option<u8> {
+        let order = self.order.as_ref()?;
+        let held = TICKET[dev].load(Ordering::Relaxed);
+        if held & HAS_TICKET != 0 && in_line(distance(order.serving(), held as u8)) {
+            return Some(held as u8);
+        }
+        let t = order.take();
+        TICKET[dev].store(HAS_TICKET | u32::from(t), Ordering::Relaxed);
+        Some(t)
+    }
+
+    /// When this process may take up our slice's turn passed to it at
+    /// `passed_at`: at once when it is next in line, else once each
+    /// process before it had [`TAKE_UP_NS`] to.
+    fn up_at(&self, dev: usize, passed_at: u64) -> u64 {
+        match (self.ticket(dev), &self.order) {
+            (Some(t), Some(order)) => {
+                passed_at + u64::from(distance(order.serving(), t)) * TAKE_UP_NS
+            }
+            _ => 0,
+        }
+    }
+
+    /// This process took the turn: its ticket, if still in line, is
+    /// served (those before it were passed over and take new ones).
+    fn took(&self, dev: usize) {
+        let held = TICKET[dev].swap(0, Ordering::Relaxed);
+        if let (true, Some(order)) = (held & HAS_TICKET != 0, &self.order) {
+            order.served(held as u8);
+        }
+    }
+
+    /// How many other processes of our slice wait for the turn: from the
+    /// slice's own line, which a neighbour cannot forge (the board's
+    /// waiting bits are anyone's); None without a line.
+    fn siblings_waiting(&self, dev: usize) -> Option<u8> {
+        let order = self.order.as_ref()?;
+        let held = TICKET[dev].load(Ordering::Relaxed);
+        let ours = held & HAS_TICKET != 0 && in_line(distance(order.serving(), held as u8));
+        Some(order.waiting().saturating_sub(u8::from(ours)))
+    }
+
+    /// The slot the turn goes to after ours ([`Board::next_waiting`]); our
+    /// own (a sibling waits) only when our slice's line says one does.
+    fn next_waiting(&self, dev: usize) -> Option<usize> {
+        let next = self.board.next_waiting(self.slot, self.among)?;
+        if next == self.slot && self.siblings_waiting(dev) == Some(0) {
+            // Our waiting bit without a sibling in line: stale, or forged
+            // to make us drain and hand over to nobody.
+            return self
+                .board
+                .next_waiting(self.slot, self.among & !(1 << self.slot))
+                .filter(|&n| n != self.slot);
+        }
+        Some(next)
+    }
 }
 
 /// The most waiting slots a waiter waits a turn for in one round. The
@@ -158,18 +281,44 @@ fn wait_bound(board: &Board, slot: usize, among: u64) -> u64 {
 
 /// Waits until this slice has `dev`'s turn for a launch estimated at
 /// `est_ns`, handing the turn over first when it is ours, others wait,
-/// and the launch would start after its end.
-pub fn acquire(dev: usize, est_ns: u64, queue: &dyn Queue) {
-    let Some((board, slot, among)) = seat(dev, now_ns()) else {
-        return;
-    };
+/// and the launch would start after its end. The launch is made while the
+/// [`Launch`] returned lives.
+pub fn acquire(dev: usize, est_ns: u64, queue: &dyn Queue) -> Launch {
+    loop {
+        let Some(seat) = seat(dev, now_ns()) else {
+            return Launch(None);
+        };
+        if !wait_for_turn(&seat, dev, est_ns, queue) {
+            return Launch(None);
+        }
+        // Still ours once let in: a hand-over by another of our threads
+        // either waits for this launch, or finished before and the turn
+        // is no longer ours (then we wait again).
+        if let Some(launch) = enter(dev) {
+            // Read once let in (a pass finished before is seen).
+            let turn = seat.board.turn();
+            if turn.holder() == Some(seat.slot) && turn.tag() == tag() {
+                return launch;
+            }
+        }
+        crate::driver::nap(MIN_WAIT_NS);
+    }
+}
+
+/// The shortest sleep of a waiter.
+const MIN_WAIT_NS: u64 = 10_000;
+
+/// [`acquire`]'s wait; whether the turn is ours (else the GPU's turns are
+/// ignored for now).
+fn wait_for_turn(seat: &Seat, dev: usize, est_ns: u64, queue: &dyn Queue) -> bool {
+    let (board, slot) = (seat.board, seat.slot);
     let tag = tag();
     let passes = PASSES[dev].load(Ordering::Acquire);
     if taken_from_us(dev, board.turn(), (slot, tag), passes, now_ns())
         && repeated_fault(dev, now_ns())
     {
         ignore_turns(board, dev, now_ns(), "found a second turn taken early");
-        return;
+        return false;
     }
     if est_ns == 0 {
         // Not estimated yet: this thread's queued work is not counted
@@ -184,34 +333,37 @@ pub fn acquire(dev: usize, est_ns: u64, queue: &dyn Queue) {
         // a waiter's wait) takes a turn's length at most.
         queue.trim(QUANTUM_NS.saturating_sub(est_ns));
     }
-    // When we began waiting for another's turn, and how long we may.
+    // When we began waiting for another's turn.
     let mut waiting_since: Option<u64> = None;
+    // When our slice was last served while we waited (a sibling took a
+    // turn up: the slice's line moved), and how long we may wait from then.
+    let mut round: Option<(u64, Option<u8>)> = None;
     let mut bound = 0;
-    // We passed the turn to our own slot (a sibling waits): not ours to
-    // take up again, unless it is left unused past its end.
-    let mut to_sibling = false;
     let holding = loop {
         let now = now_ns();
         let seq = board.turn_seq();
         let turn = board.turn();
         let ours = turn.holder() == Some(slot);
-        if turn.holder().is_none() || (ours && turn.tag() == 0 && !to_sibling) {
-            // Free, or passed to our slice: ours for a turn.
-            let until = if ours {
-                turn.until_ns(now)
-            } else {
-                now + QUANTUM_NS
-            };
+        let until = turn.until_ns(now);
+        // Passed to our slice (no process of it yet): ours to take up when
+        // we are next in our slice's line, or those before us let it be.
+        let up_at = if ours && turn.tag() == 0 {
+            seat.up_at(dev, until.saturating_sub(QUANTUM_NS).min(now))
+        } else {
+            u64::MAX
+        };
+        if turn.holder().is_none() || up_at <= now {
+            let until = if ours { until } else { now + QUANTUM_NS };
             if take(board, turn, (slot, tag), now + est_ns, until) {
+                seat.took(dev);
                 break true;
             }
             continue;
         }
         if ours && turn.tag() == tag {
-            let until = turn.until_ns(now);
             // When the work queued before this launch ends.
             let start = now + queue.queued_ns();
-            let Some(next) = board.next_waiting(slot, among) else {
+            let Some(next) = seat.next_waiting(dev) else {
                 // Nobody waits: the turn is extended, always past our
                 // queued work, so that one who comes waits for that.
                 if until < start + est_ns + QUANTUM_NS / 2 {
@@ -226,15 +378,24 @@ pub fn acquire(dev: usize, est_ns: u64, queue: &dyn Queue) {
                 break true;
             }
             // Our turn is up and `next` waits: our queued work first,
-            // so that theirs starts on an idle GPU.
-            to_sibling = next == slot;
+            // so that theirs starts on an idle GPU. Passed to our own
+            // slice, it goes to the next of our line, and we join its back.
             pass(board, dev, turn, next, queue);
             continue;
         }
         // Another slice's turn, or another process's of ours.
-        let since = *waiting_since.get_or_insert(now);
-        bound = bound.max(wait_bound(board, slot, among));
-        let until = turn.until_ns(now);
+        waiting_since.get_or_insert(now);
+        let served = seat.order.as_ref().map(|o| o.serving());
+        let since = match round {
+            Some((since, seen)) if seen == served => since,
+            // Our slice's line moved: it was served, a new round begins
+            // (a neighbour cannot move it, the ledger is ours).
+            _ => {
+                round = Some((now, served));
+                now
+            }
+        };
+        bound = bound.max(wait_bound(board, slot, seat.among));
         // Read after the turn: a taker publishes its tail before it takes.
         let idle_from = board.tail().saturating_add(IDLE_NS);
         let idle = now > idle_from;
@@ -248,7 +409,7 @@ pub fn acquire(dev: usize, est_ns: u64, queue: &dyn Queue) {
         }
         // Passed to another slot that did not take it up: a slow waker
         // now and then, or forged waiters every turn.
-        let unused = idle && turn.tag() == 0 && turn.holder() != Some(slot);
+        let unused = idle && turn.tag() == 0 && !ours;
         if unused && often_unused(dev, now) {
             ignore_turns(board, dev, now, "found turns left unused too often");
             break false;
@@ -258,6 +419,7 @@ pub fn acquire(dev: usize, est_ns: u64, queue: &dyn Queue) {
         // its holder no longer counts as waiting (a live one says so again).
         if late || idle {
             if take(board, turn, (slot, tag), now + est_ns, now + QUANTUM_NS) {
+                seat.took(dev);
                 if let Some(h) = turn.holder().filter(|&h| h != slot) {
                     board.set_waiting(h, false);
                 }
@@ -271,19 +433,33 @@ pub fn acquire(dev: usize, est_ns: u64, queue: &dyn Queue) {
             ignore_turns(board, dev, now, "waited past a round for the GPU's turn");
             break false;
         }
-        if now == since {
+        // A turn that will neither end, nor go idle, nor come up to us
+        // until a second past our bound would be waited out in vain (a
+        // turn and its holder's end of work forged far ahead; an honest
+        // holder's end is its queued work's, a launch or two away, and a
+        // holder whose estimates came out long after a fallback may be
+        // waited for): the GPU's turns are ignored now, not after a round.
+        let ends = (until + GRACE_NS).min(idle_from).min(up_at);
+        if ends > since + bound + BACKOFF_NS {
+            ignore_turns(board, dev, now, "found a turn held past a round ahead");
+            break false;
+        }
+        if Some(now) == waiting_since {
             queue.close();
+            // In our slice's line from now on (the ticket is kept).
+            seat.ticket(dev);
         }
         board.set_waiting(slot, true);
-        let left = [until + GRACE_NS, since + bound, idle_from]
+        let left = [until + GRACE_NS, since + bound, idle_from, up_at]
             .into_iter()
             .min()
             .unwrap_or(now)
-            - now;
-        board.wait_turn(seq, left.max(10_000));
+            .saturating_sub(now);
+        board.wait_turn(seq, left.max(MIN_WAIT_NS));
     };
-    if waiting_since.is_some() {
-        // A sibling that still waits says so again when it wakes.
+    // A sibling that still waits keeps our slot waiting (it says so again
+    // when it wakes, but it may sleep through the next pass).
+    if waiting_since.is_some() && seat.siblings_waiting(dev).unwrap_or(0) == 0 {
         board.set_waiting(slot, false);
     }
     if holding {
@@ -303,6 +479,7 @@ pub fn acquire(dev: usize, est_ns: u64, queue: &dyn Queue) {
             HELD[dev].fetch_max(held_word(passes, safe), Ordering::AcqRel);
         }
     }
+    holding
 }
 
 /// [`HELD`]'s word for a hold begun at `passes` and safe until `ns`.
@@ -349,9 +526,16 @@ fn take(board: &Board, turn: Turn, (slot, tag): (usize, u32), tail: u64, until: 
 }
 
 /// Hands our `turn` to the waiting slot `next`, once our queued work is
-/// done: a full turn from now.
+/// done (every thread's: a launch another thread was let make is waited
+/// for, and no more are let in meanwhile): a full turn from now.
 fn pass(board: &Board, dev: usize, turn: Turn, next: usize, queue: &dyn Queue) {
-    queue.drain();
+    PASSING[dev].fetch_add(1, Ordering::SeqCst);
+    let t0 = now_ns();
+    // A launch blocked in the driver is not waited for past a turn.
+    while LAUNCHING[dev].load(Ordering::SeqCst) > 0 && now_ns() - t0 < QUANTUM_NS {
+        crate::driver::nap(MIN_WAIT_NS);
+    }
+    queue.drain_process();
     let passes = PASSES[dev].fetch_add(1, Ordering::AcqRel) + 1;
     HELD[dev].store(held_word(passes, 0), Ordering::Release);
     let now = now_ns();
@@ -359,18 +543,19 @@ fn pass(board: &Board, dev: usize, turn: Turn, next: usize, queue: &dyn Queue) {
     // counts as idle.
     board.set_tail(now + QUANTUM_NS / 2);
     board.pass_turn(turn, next, now + QUANTUM_NS);
+    PASSING[dev].fetch_sub(1, Ordering::SeqCst);
 }
 
 /// Before this thread waits for its own bucket: a turn of ours that a
 /// waiter wants is handed over now (our queued work first).
 pub fn yield_idle(dev: usize, queue: &dyn Queue) {
-    let Some((board, slot, among)) = seat(dev, now_ns()) else {
+    let Some(seat) = seat(dev, now_ns()) else {
         return;
     };
-    let turn = board.turn();
-    if turn.holder() == Some(slot) && turn.tag() == tag() {
-        if let Some(next) = board.next_waiting(slot, among) {
-            pass(board, dev, turn, next, queue);
+    let turn = seat.board.turn();
+    if turn.holder() == Some(seat.slot) && turn.tag() == tag() {
+        if let Some(next) = seat.next_waiting(dev) {
+            pass(seat.board, dev, turn, next, queue);
         }
     }
 }

@@ -539,6 +539,49 @@ fn slices_take_turns_so_each_is_charged_its_own_work() {
     );
 }
 
+/// Issue 29: a slice is one party however many processes launch for it.
+/// A slice of 4 processes at 50 % beside a slice of 1 at 50 % on one
+/// engine: each of the 4 is a context of its own, so they take the
+/// slice's turns one at a time, in the order of the slice's line in its
+/// own ledger (crate::turns). Without that line they raced for each
+/// turn passed to the slice, one lost round after round, gave up on the
+/// turns for a second and was time-sliced: the 4-process slice got
+/// 38.8–41.8 % against its neighbour's 45 %. Over 6.4 s: over 3.2 s a
+/// loaded machine spread the runs too much to tell the two apart.
+#[test]
+fn a_slice_of_four_processes_gets_its_share_beside_a_slice_of_one() {
+    let _one_at_a_time = serial();
+    let s = Slice::new();
+    let engine = s.dir.path().join("engine");
+    let mut slices = vec![("four", "50", "cap"); 4];
+    slices.push(("one", "50", "cap"));
+    let got = side_by_side_with(&s, &slices, "1500000", "6.4", |c| {
+        c.env("FAKEGPU_ENGINE", &engine);
+    });
+    let four: f64 = got[..4].iter().sum();
+    let one = got[4];
+    let board = gpuslice_ledger::board::Board::open_existing(&s.boards(), &s.host.gpus()[0].uuid)
+        .expect("the GPU's board");
+    eprintln!(
+        "4 processes at 50 %: {four:.1} % ({:.1?}), 1 process at 50 %: {one:.1} %, {} fallbacks, \
+         load {}",
+        &got[..4],
+        board.fallbacks(),
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .trim()
+    );
+    // The CI bound of issue 29, 3 points, on its share of the GPU time the
+    // pair got: a loaded 2-core machine feeds the fake GPU less, both
+    // slices then fall short of 50 % of wall time, but by as much.
+    let of_pair = four / (four + one) * 100.0;
+    assert!(
+        of_pair >= 50.0 - 3.0,
+        "a slice of 4 processes at 50 % got {of_pair:.1} % of the pair's GPU time: \
+         {four:.1} % ({got:.1?}) beside one of 1 process ({one:.1} %)"
+    );
+}
+
 /// The GPU's turn is a word on the board that every tenant can write. An
 /// attacker that forges a turn held "forever" by another slot, or forges
 /// waiters (which are passed the turn and never use it), and writes it
@@ -561,6 +604,10 @@ fn a_forged_turn_costs_a_slice_at_most_one_wait_a_second() {
             &forged_turn as &(dyn Fn(u64) -> (u64, u64) + Sync),
         ),
         ("waiters", 70.0, &forged_waiters),
+        // Only the victim's own slot (the board's first) waits: its holder
+        // must not leave the GPU idle handing over to a sibling that does
+        // not exist (its line in its own ledger says none waits).
+        ("own waiting bit", 70.0, &|_| (BOARD_WAITING_AT, 1)),
     ] {
         let got = beside_a_board_forger(pct, forge);
         assert!(
