@@ -44,8 +44,9 @@ impl Builder<'_> {
     /// 0644, [`limits_record_path`]) bound read-only at the fixed place,
     /// the shim preloaded through a bound `ld.so.preload`, the variables
     /// of [`SliceLimits::env`], the slice's directory where its usage
-    /// ledger is made, the memory-limit hooks ([`crate::memory_hook`]) and
-    /// the GPU's board.
+    /// ledger is made, the memory-limit hooks ([`crate::memory_hook`]), the
+    /// GPU's board and the hooks that vouch for the slice's share on it
+    /// ([`crate::share_hook`]).
     pub(crate) fn write_slice_limits(
         &mut self,
         edits: &mut Edits,
@@ -76,10 +77,13 @@ impl Builder<'_> {
                 RO_NOEXEC,
             ),
         ];
-        if let Some(hooks) = self.memory_limit_hooks(&record) {
-            edits.hooks = Some(hooks);
+        let mut hooks = self.memory_limit_hooks(&record).unwrap_or_default();
+        let boards = self.board_mounts(&uuid);
+        if !boards.is_empty() {
+            hooks.extend(self.share_hooks(&record).unwrap_or_default());
         }
-        mounts.extend(self.board_mounts(&uuid));
+        edits.hooks = (!hooks.is_empty()).then_some(hooks);
+        mounts.extend(boards);
         edits.mounts = Some(mounts);
     }
 

@@ -9,6 +9,7 @@ use container_device_interface::specs::config::{
     ContainerEdits, Device, DeviceNode, Hook, Mount, Spec,
 };
 use serde_json::json;
+use std::path::Path;
 
 /// A device's (or the spec's common) edits.
 pub type Edits = ContainerEdits;
@@ -55,6 +56,27 @@ pub fn tmpfs(container: &str, options: &[&str]) -> Mount {
 /// with `args` (argv, `args[0]` included), for at most 10 seconds.
 pub fn hook(stage: &str, path: String, args: Vec<String>) -> Hook {
     typed(json!({ "hookName": stage, "path": path, "args": args, "timeout": 10 }))
+}
+
+/// A `gpuslice cdi hook <kind> <action…>` hook run at `stage`: `gpuslice`
+/// is the binary's host path, `host_root` a simulated host's root (None:
+/// `/`), named because the hooks run on the host.
+pub(crate) fn gpuslice_hook(
+    gpuslice: &str,
+    stage: &str,
+    kind: &str,
+    action: &[&str],
+    host_root: Option<&Path>,
+) -> Hook {
+    let mut args: Vec<String> = ["gpuslice", "cdi", "hook", kind]
+        .iter()
+        .chain(action)
+        .map(|a| a.to_string())
+        .collect();
+    if let Some(root) = host_root {
+        args.extend(["--host-root".to_string(), root.display().to_string()]);
+    }
+    hook(stage, gpuslice.to_string(), args)
 }
 
 /// A device of the spec.

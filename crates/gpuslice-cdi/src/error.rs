@@ -50,6 +50,15 @@ pub enum CdiError {
     },
     #[error(transparent)]
     Limits(#[from] gpuslice_ledger::limits::LimitsError),
+    #[error("the usage ledger {}: {source}", path.display())]
+    Ledger {
+        path: PathBuf,
+        #[source]
+        source: gpuslice_ledger::Error,
+    },
+    /// The share hook's slice directory is not the container's own tmpfs.
+    #[error("{}: not the container's slice tmpfs ({why})", path.display())]
+    NotSliceDir { path: PathBuf, why: String },
     /// The driver's memory partitions refused (their loader reports text).
     #[error("{0}")]
     Partitions(String),

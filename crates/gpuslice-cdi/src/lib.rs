@@ -31,8 +31,10 @@ mod edits;
 mod error;
 mod generate;
 pub mod memory_hook;
+pub mod oci_state;
 pub mod options;
 pub mod params;
+pub mod share_hook;
 mod shared;
 mod slices;
 pub mod spec;
@@ -48,6 +50,7 @@ pub use options::{
     DYNAMIC_DIR,
 };
 pub use params::{params_hook, PARAMS_FILE};
+pub use share_hook::share_hooks;
 pub use slices::{generate_slices, SliceDevice};
 pub use spec::{
     device_names, host_paths, kind, parse, recorded, render, validate, versioned_spec, ANN_DRIVER,

@@ -32,11 +32,11 @@
 
 use crate::edits;
 use crate::generate::Builder;
+use crate::oci_state::ContainerState;
 use crate::{CdiError, Result};
 use container_device_interface::specs::config::Hook;
 use gpuslice_core::atomic_file::write_atomic;
 use gpuslice_cuda_load::partitions::Partitions;
-use serde_json::Value;
 use std::path::{Path, PathBuf};
 
 /// The hooks that give a capped slice's containers the driver's memory
@@ -46,16 +46,8 @@ use std::path::{Path, PathBuf};
 /// host's root (None: `/`). For `cdi generate`'s shared variants, DRA
 /// claims and the device plugin's shared replicas.
 pub fn memory_limit_hooks(gpuslice: &str, record: &str, host_root: Option<&Path>) -> Vec<Hook> {
-    let hook = |stage: &str, action: &[&str]| {
-        let mut args: Vec<String> = ["gpuslice", "cdi", "hook", "memory-limits"]
-            .iter()
-            .chain(action)
-            .map(|a| a.to_string())
-            .collect();
-        if let Some(root) = host_root {
-            args.extend(["--host-root".to_string(), root.display().to_string()]);
-        }
-        edits::hook(stage, gpuslice.to_string(), args)
+    let hook = |stage, action: &[&str]| {
+        edits::gpuslice_hook(gpuslice, stage, "memory-limits", action, host_root)
     };
     vec![
         hook("createRuntime", &["set", "--limits", record]),
@@ -89,28 +81,6 @@ pub enum Done {
     Skipped(String),
 }
 
-/// The container state a runtime hands a hook: its id and host pid.
-fn state(json: &str) -> Result<(String, Option<u32>)> {
-    let v: Value =
-        serde_json::from_str(json).map_err(|e| CdiError::input("container state on stdin", e))?;
-    let id = v["id"]
-        .as_str()
-        .ok_or_else(|| CdiError::input("the container state", "no id"))?;
-    if id.is_empty()
-        || !id
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-        || id.starts_with('.')
-    {
-        return Err(CdiError::input(
-            format!("container id {id:?}"),
-            "not a runtime's id (A-Z a-z 0-9 - _ .)",
-        ));
-    }
-    let pid = v["pid"].as_u64().filter(|p| *p > 0).map(|p| p as u32);
-    Ok((id.to_string(), pid))
-}
-
 /// The cgroup v2 directory of process `pid` below the cgroup2 mount
 /// `root`; None when it has none of its own (cgroup v1, or the root).
 fn cgroup_dir(root: &Path, pid: u32) -> Result<Option<PathBuf>> {
@@ -134,7 +104,7 @@ fn cgroup_dir(root: &Path, pid: u32) -> Result<Option<PathBuf>> {
 /// hard limits on the container's cgroup; `host` is the host root
 /// ([`STATE_DIR`] below it), `nvml` the NVML to load (None: the system's).
 pub fn set(state_json: &str, record: &Path, host: &Path, nvml: Option<&Path>) -> Result<Done> {
-    let (id, pid) = state(state_json)?;
+    let ContainerState { id, pid, .. } = ContainerState::parse(state_json)?;
     let pid = pid.ok_or_else(|| CdiError::input("the container state", "no pid"))?;
     let state_dir = host.join(STATE_DIR);
     let limits = gpuslice_ledger::limits::verify_and_read(record, false)?;
@@ -185,7 +155,7 @@ pub fn set(state_json: &str, record: &Path, host: &Path, nvml: Option<&Path>) ->
 
 /// The `poststop` hook: clears what [`set`] set for this container.
 pub fn clear(state_json: &str, host: &Path, nvml: Option<&Path>) -> Result<Done> {
-    let (id, _) = state(state_json)?;
+    let id = ContainerState::parse(state_json)?.id;
     let state_dir = host.join(STATE_DIR);
     let file = state_dir.join(&id);
     if !file.exists() {
@@ -258,19 +228,6 @@ fn reap(p: &Partitions, state_dir: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_state_s_id_names_a_file_of_root_s_directory_and_nothing_else() {
-        assert_eq!(
-            state(r#"{"id":"abc-1.2_x","pid":42}"#).unwrap(),
-            ("abc-1.2_x".to_string(), Some(42))
-        );
-        assert_eq!(state(r#"{"id":"c","pid":0}"#).unwrap().1, None);
-        for bad in ["../x", "a/b", "", ".hidden"] {
-            let e = state(&format!(r#"{{"id":{bad:?}}}"#)).unwrap_err();
-            assert!(e.to_string().contains("container id"), "{e}");
-        }
-    }
 
     #[test]
     fn a_cgroup_of_its_own_or_none() {

@@ -235,6 +235,126 @@ fn a_capped_slice_s_container_gets_the_driver_s_limit_from_its_hook() {
     );
 }
 
+/// A shared variant's container makes no ledger root knows of when the
+/// spec is written; its `createRuntime` hook makes it in the container's
+/// own slice tmpfs and records the slice's share on its GPU's board under
+/// the ledger's key, so that the other slices of the GPU count it and pass
+/// it the turn; its `poststop` hook removes the record. Without the hooks
+/// the container's ledger is its shim's and nobody vouches for it.
+#[test]
+fn a_shared_variant_s_container_is_vouched_for_on_its_gpu_s_board() {
+    let _alone = podman_alone();
+    let host = FakeHost::builder().gpus(1).build().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let shim = tmp.path().join("libgpuslice.so");
+    std::fs::write(&shim, b"not a real shim: busybox is static").unwrap();
+    let cdi_dir = Path::new("/var/run/cdi");
+    let spec = cdi_dir.join(format!("gpuslice-test-share-{}.yaml", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuslice"))
+        .envs(host.env())
+        .env("GPUSLICE_SHIM", &shim)
+        .arg("--host-root")
+        .arg(host.root())
+        .args([
+            "cdi",
+            "generate",
+            "--class",
+            "sharetest",
+            "--shared",
+            "2",
+            "--format",
+            "json",
+            "--output",
+        ])
+        .arg(&spec)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "generate: {out:?}");
+    let generated: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&spec).unwrap()).unwrap();
+    let device = &generated["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == "0-shared-2")
+        .unwrap()["containerEdits"];
+    let set = device["hooks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["args"][3] == "share")
+        .unwrap_or_else(|| panic!("no share hook: {device}"));
+    let args: Vec<&str> = set["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    let boards = Path::new(args[args.iter().position(|a| *a == "--boards").unwrap() + 1]);
+    let gpu_records = gpuslice_ledger::board::shares_dir(boards).join(
+        gpuslice_ledger::board::board_path(Path::new("."), &host.gpus()[0].uuid)
+            .with_extension("")
+            .file_name()
+            .unwrap(),
+    );
+    let mut image = Image::busybox(tmp.path(), "gpuslice-cdi-share-test");
+    image.files = vec![
+        spec.clone(),
+        cdi_dir.join("gpuslice-params"),
+        cdi_dir.join("gpuslice-ld.so.preload"),
+        gpuslice_cdi::limits_record_path(cdi_dir, "0-shared-2"),
+    ];
+    let mut child = image
+        .command(
+            "gpuslice.dev/sharetest=0-shared-2",
+            "stat -c '%u %a %d %i' /run/gpuslice/slice/usage; echo up; sleep 3",
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().unwrap()));
+    let stat = lines.next().map(Result::unwrap).unwrap_or_default();
+    let up = lines.next().map(Result::unwrap);
+    let records: Vec<(String, String)> = std::fs::read_dir(&gpu_records)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| {
+            let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+            (e.file_name().to_string_lossy().into_owned(), text)
+        })
+        .collect();
+    let done = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    assert!(
+        done.status.success() && up.as_deref() == Some("up"),
+        "{stat} {stderr}"
+    );
+    // Root made the ledger in the container's own tmpfs, before the image ran.
+    let f: Vec<u64> = stat.split(' ').map(|x| x.parse().unwrap()).collect();
+    assert_eq!((f[0], f[1]), (0, 666), "{stat}");
+    // Its key on the board is that ledger's, with the slice's share (50 %).
+    let key = format!("{:016x}", gpuslice_ledger::board::slice_key(f[2], f[3]));
+    assert!(
+        records.contains(&(key.clone(), "5000\n".to_string())),
+        "no record {key} in {}: {records:?}; {stderr}",
+        gpu_records.display()
+    );
+    // Removed when it ended, and root's state of it gone.
+    assert!(
+        !gpu_records.join(&key).exists(),
+        "the share record outlived its container"
+    );
+    let state = host.path(gpuslice_cdi::share_hook::STATE_DIR);
+    assert_eq!(
+        std::fs::read_dir(&state).map_or(0, |d| d.count()),
+        0,
+        "records left in {}",
+        state.display()
+    );
+}
+
 /// A fake host of one GPU whose driver poses as R615 (memory partitions),
 /// installed for the hooks to load.
 fn r615_host() -> FakeHost {

@@ -68,6 +68,22 @@ pub enum HookCommand {
     /// The driver's memory partitions (R615+) of a capped slice's container.
     #[command(subcommand)]
     MemoryLimits(MemoryLimitsHook),
+    /// Root's record of a shared variant container's compute share, so that it takes turns.
+    #[command(subcommand)]
+    Share(ShareHook),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ShareHook {
+    /// Make the container's usage ledger and record the shares of the limits record FILE on the boards in DIR (createRuntime hook).
+    Set {
+        #[arg(long, value_name = "FILE")]
+        limits: PathBuf,
+        #[arg(long, value_name = "DIR")]
+        boards: PathBuf,
+    },
+    /// Remove the share records `set` made for the container (poststop hook).
+    Clear,
 }
 
 #[derive(Debug, Subcommand)]
@@ -93,7 +109,31 @@ pub fn run(global: &Global, cmd: &CdiCommand) -> Result<i32> {
             Ok(0)
         }
         CdiCommand::Hook(HookCommand::MemoryLimits(h)) => memory_limits(global, h),
+        CdiCommand::Hook(HookCommand::Share(h)) => share(global, h),
     }
+}
+
+/// `gpuslice cdi hook share`: one line on stderr (the runtime's log) says
+/// what was recorded or removed, or why nothing was.
+fn share(global: &Global, h: &ShareHook) -> Result<i32> {
+    use gpuslice_cdi::share_hook::{self, Done};
+    let mut state = String::new();
+    std::io::stdin().read_to_string(&mut state)?;
+    let host = &global.host_root;
+    let (what, done) = match h {
+        ShareHook::Set { limits, boards } => {
+            ("recorded", share_hook::set(&state, limits, boards, host))
+        }
+        ShareHook::Clear => ("removed", share_hook::clear(&state, host)),
+    };
+    match done.with_context(|| format!("gpuslice cdi hook share {what}"))? {
+        Done::Applied(records) => eprintln!(
+            "gpuslice: {} compute share record(s) {what}: the container takes turns on its GPU",
+            records.len()
+        ),
+        Done::Skipped(why) => eprintln!("gpuslice: no compute share {what}: {why}"),
+    }
+    Ok(0)
 }
 
 /// `gpuslice cdi hook memory-limits`: one line on stderr (the runtime's
