@@ -107,14 +107,14 @@ pub fn set(state_json: &str, record: &Path, host: &Path, nvml: Option<&Path>) ->
     };
     let partitions = match Partitions::open_lib(nvml) {
         Ok(p) => p,
-        Err(e) => return Ok(Done::Skipped(e)),
+        Err(e) => return Ok(Done::Skipped(e.to_string())),
     };
     reap(&partitions, &state_dir);
     let mut set: Vec<String> = Vec::new();
     for (uuid, cap) in &caps {
         if let Err(e) = partitions.set(uuid, &dir, 0, *cap) {
-            if e.contains("no memory partitions") {
-                return Ok(Done::Skipped(e));
+            if e.driver_lacks_partitions() {
+                return Ok(Done::Skipped(e.to_string()));
             }
             for u in &set {
                 let _ = partitions.clear(u, &dir);

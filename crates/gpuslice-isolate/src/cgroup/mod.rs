@@ -73,15 +73,20 @@ impl fmt::Display for Version {
     }
 }
 
+/// A cgroup version that is neither v1 nor v2.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown cgroup version {0:?}: expected v1 or v2")]
+pub struct UnknownVersion(pub String);
+
 impl FromStr for Version {
-    type Err = String;
+    type Err = UnknownVersion;
 
     /// `v1`, `1`, `v2` or `2`.
-    fn from_str(s: &str) -> Result<Self, String> {
+    fn from_str(s: &str) -> Result<Self, UnknownVersion> {
         match s.trim().to_ascii_lowercase().as_str() {
             "v1" | "1" => Ok(Version::V1),
             "v2" | "2" => Ok(Version::V2),
-            _ => Err(format!("unknown cgroup version {s:?}: expected v1 or v2")),
+            _ => Err(UnknownVersion(s.to_string())),
         }
     }
 }

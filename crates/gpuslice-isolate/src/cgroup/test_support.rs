@@ -3,10 +3,10 @@
 
 use super::slice::rmdir_patiently;
 use super::*;
-use std::fs::{self, File, OpenOptions};
-use std::path::{Path, PathBuf};
 use std::ffi::CString;
+use std::fs::{self, File, OpenOptions};
 use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicUsize;
 
 /// The driver for `version`; when this host cannot give it, what
