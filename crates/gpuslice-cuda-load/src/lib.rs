@@ -6,13 +6,15 @@
 //!   (the CUDA probe, `fakegpu-probe`). Errors are one line naming the
 //!   library or the symbol.
 //! - [`open_nvml`]: the one way gpuslice's discovery, doctor, metrics,
-//!   device plugin and benchmarks open NVML (through nvml-wrapper).
+//!   device plugin and benchmarks open NVML (through nvml-wrapper);
+//!   [`nvml_raw`]: the calls nvml-wrapper does not wrap.
 
 use std::ffi::OsStr;
 use std::path::Path;
 
 use gpuslice_cuda_abi::nvml::LIBNVIDIA_ML;
 
+pub mod nvml_raw;
 pub mod partitions;
 use libloading::Library;
 pub use libloading::Symbol;

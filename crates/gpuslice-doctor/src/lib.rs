@@ -29,6 +29,8 @@
 //! cgroup below `<cgroup root>/gpuslice/` with a device filter and removes
 //! it again (the parent `gpuslice/` directory is left, as `run` leaves it).
 
+#![forbid(unsafe_code)]
+
 pub mod devices;
 pub mod dra;
 pub mod driver;

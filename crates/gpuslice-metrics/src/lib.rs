@@ -8,6 +8,8 @@
 //! serves the last rendering plus `gpuslice_exporter_sample_age_seconds`: a
 //! scrape never waits on NVML, the ledgers or the kubelet.
 
+#![forbid(unsafe_code)]
+
 pub mod bench;
 pub mod dra;
 pub mod gpu;

@@ -8,7 +8,6 @@
 use super::procfs::CapMinors;
 use crate::model::{Gpu, Inventory, MigDevice};
 use crate::select::canonical_bus_id;
-use gpuslice_cuda_abi::nvml::NVML_SUCCESS;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Device;
 use std::collections::BTreeSet;
@@ -50,11 +49,6 @@ enum GpuError {
     BusId(String),
     #[error(transparent)]
     Nvml(#[from] NvmlError),
-    /// An entry point this NVML lacks (nvml-wrapper's raw table).
-    #[error("{name}: {reason}")]
-    Symbol { name: &'static str, reason: String },
-    #[error("instance ids: NVML returned {gpu}/{compute}")]
-    InstanceIds { gpu: u32, compute: u32 },
 }
 
 /// NVLink links NVML may report per GPU (`NVML_NVLINK_MAX_LINKS`).
@@ -163,7 +157,7 @@ fn read_migs(dev: &Device, parent_total: Option<u64>) -> Result<Vec<NvmlMig>, Gp
             Err(NvmlError::NotFound) => continue,
             Err(e) => return Err(e.into()),
         };
-        let (gpu_instance, compute_instance) = instance_ids(&mig)?;
+        let (gpu_instance, compute_instance) = gpuslice_cuda_load::nvml_raw::instance_ids(&mig)?;
         // NVML names a MIG device "<GPU name> MIG <profile>"; failing that,
         // the profile is derived from the instance's slices and memory.
         let profile = mig
@@ -188,39 +182,6 @@ fn read_migs(dev: &Device, parent_total: Option<u64>) -> Result<Vec<NvmlMig>, Gp
         });
     }
     Ok(out)
-}
-
-/// GPU and compute instance ids of a MIG device handle. nvml-wrapper has
-/// no safe wrapper for these two calls, so they go through its raw
-/// function table; a driver without them gives Err, not a panic.
-fn instance_ids(mig: &Device) -> Result<(u32, u32), GpuError> {
-    let lib = mig.nvml().lib();
-    let missing = |name, e: &dyn std::fmt::Display| GpuError::Symbol {
-        name,
-        reason: e.to_string(),
-    };
-    let gi_fn = lib
-        .nvmlDeviceGetGpuInstanceId
-        .as_ref()
-        .map_err(|e| missing("nvmlDeviceGetGpuInstanceId", e))?;
-    let ci_fn = lib
-        .nvmlDeviceGetComputeInstanceId
-        .as_ref()
-        .map_err(|e| missing("nvmlDeviceGetComputeInstanceId", e))?;
-    let (mut gi, mut ci) = (0u32, 0u32);
-    // SAFETY: the handle is a live MIG handle of this initialised Nvml (the
-    // borrow keeps Nvml alive); each call writes one unsigned int.
-    let (rg, rc) = unsafe {
-        let h = mig.handle();
-        (gi_fn(h, &mut gi), ci_fn(h, &mut ci))
-    };
-    if rg != NVML_SUCCESS || rc != NVML_SUCCESS {
-        return Err(GpuError::InstanceIds {
-            gpu: rg,
-            compute: rc,
-        });
-    }
-    Ok((gi, ci))
 }
 
 /// Remote PCI bus id of each active NVLink. A link that is not there or
