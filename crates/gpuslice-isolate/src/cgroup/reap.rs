@@ -78,9 +78,6 @@ fn ctime(meta: &fs::Metadata) -> Option<SystemTime> {
     Some(UNIX_EPOCH + Duration::new(secs, nanos))
 }
 
-/// Whether `pid` may be the launcher that made a cgroup at `created`:
-/// it runs (not a zombie) and started no later than that (plus slack).
-/// Anything unreadable counts as alive.
 /// Whether `pid` is still the process that existed at `created`: it runs,
 /// is no zombie, and started no later than `created` (+2 s of slack).
 /// Unknown answers count as alive (nothing is removed on a doubt). Also

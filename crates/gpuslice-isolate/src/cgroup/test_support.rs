@@ -3,11 +3,22 @@
 
 use super::slice::rmdir_patiently;
 use super::*;
+use gpuslice_core::MajorRule;
 use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicUsize;
+
+/// A device rule for `major`.
+pub(crate) fn rule(major: u32, allowed: &[u32], denied: &[u32], deny_unlisted: bool) -> MajorRule {
+    MajorRule {
+        major,
+        allowed: allowed.to_vec(),
+        denied: denied.to_vec(),
+        deny_unlisted,
+    }
+}
 
 /// The driver for `version`; when this host cannot give it, what
 /// [`gpuslice_testkit::precondition`] says: a failure (always under CI),

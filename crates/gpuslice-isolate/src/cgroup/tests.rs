@@ -1,7 +1,7 @@
-use super::test_support as ts;
+use super::test_support::{self as ts, rule};
 use super::*;
 use crate::mountinfo::MOUNTINFO;
-use gpuslice_core::{DevicePolicy, MajorRule};
+use gpuslice_core::DevicePolicy;
 use gpuslice_ledger::limits::valid_slice_id;
 use std::fs;
 
@@ -91,15 +91,6 @@ fn versions_parse() {
     assert_eq!("2".parse::<Version>().unwrap(), Version::V2);
     assert!("v3".parse::<Version>().is_err());
     assert_eq!(Version::V2.to_string(), "v2");
-}
-
-fn rule(major: u32, allowed: &[u32], denied: &[u32], deny_unlisted: bool) -> MajorRule {
-    MajorRule {
-        major,
-        allowed: allowed.to_vec(),
-        denied: denied.to_vec(),
-        deny_unlisted,
-    }
 }
 
 #[test]
