@@ -138,7 +138,7 @@ pub fn clear(state_json: &str, host: &Path, nvml: Option<&Path>) -> Result<Done>
     if !file.exists() {
         return Ok(Done::Skipped("no limit was set for this container".into()));
     }
-    let partitions = Partitions::open_lib(nvml).map_err(|e| anyhow!(e))?;
+    let partitions = Partitions::open_lib(nvml).map_err(|e| anyhow!(e.to_string()))?;
     reap(&partitions, &state_dir);
     let (dir, uuids) = read_record(&file)?;
     clear_all(&partitions, &dir, &uuids)?;
