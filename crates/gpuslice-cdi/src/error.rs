@@ -59,9 +59,13 @@ pub enum CdiError {
     /// The share hook's slice directory is not the container's own tmpfs.
     #[error("{}: not the container's slice tmpfs ({why})", path.display())]
     NotSliceDir { path: PathBuf, why: String },
-    /// The driver's memory partitions refused (their loader reports text).
-    #[error("{0}")]
-    Partitions(String),
+    /// The driver's memory partitions could not be opened, set or cleared.
+    #[error("{what}: {source}")]
+    Partitions {
+        what: String,
+        #[source]
+        source: gpuslice_cuda_load::partitions::PartitionError,
+    },
     #[error("{}: {source}", path.display())]
     Io {
         path: PathBuf,

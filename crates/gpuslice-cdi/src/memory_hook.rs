@@ -127,22 +127,22 @@ pub fn set(state_json: &str, record: &Path, host: &Path, nvml: Option<&Path>) ->
     };
     let partitions = match Partitions::open_lib(nvml) {
         Ok(p) => p,
-        Err(e) => return Ok(Done::Skipped(e)),
+        Err(e) => return Ok(Done::Skipped(e.to_string())),
     };
     reap(&partitions, &state_dir);
     let mut set: Vec<String> = Vec::new();
     for (uuid, cap) in &caps {
         if let Err(e) = partitions.set(uuid, &dir, 0, *cap) {
-            if e.contains("no memory partitions") {
-                return Ok(Done::Skipped(e));
+            if e.driver_lacks_partitions() {
+                return Ok(Done::Skipped(e.to_string()));
             }
             for u in &set {
                 let _ = partitions.clear(u, &dir);
             }
-            return Err(CdiError::Partitions(format!(
-                "{uuid} on {}: {e}",
-                dir.display()
-            )));
+            return Err(CdiError::Partitions {
+                what: format!("{uuid} on {}", dir.display()),
+                source: e,
+            });
         }
         set.push(uuid.clone());
     }
@@ -161,7 +161,10 @@ pub fn clear(state_json: &str, host: &Path, nvml: Option<&Path>) -> Result<Done>
     if !file.exists() {
         return Ok(Done::Skipped("no limit was set for this container".into()));
     }
-    let partitions = Partitions::open_lib(nvml).map_err(CdiError::Partitions)?;
+    let partitions = Partitions::open_lib(nvml).map_err(|source| CdiError::Partitions {
+        what: "the driver's memory partitions".into(),
+        source,
+    })?;
     reap(&partitions, &state_dir);
     let (dir, uuids) = read_record(&file)?;
     clear_all(&partitions, &dir, &uuids)?;
@@ -171,8 +174,10 @@ pub fn clear(state_json: &str, host: &Path, nvml: Option<&Path>) -> Result<Done>
 
 fn clear_all(p: &Partitions, dir: &Path, uuids: &[String]) -> Result<()> {
     for uuid in uuids {
-        p.clear(uuid, dir)
-            .map_err(|e| CdiError::Partitions(format!("{uuid} on {}: {e}", dir.display())))?;
+        p.clear(uuid, dir).map_err(|source| CdiError::Partitions {
+            what: format!("{uuid} on {}", dir.display()),
+            source,
+        })?;
     }
     Ok(())
 }

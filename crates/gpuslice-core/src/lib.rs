@@ -5,6 +5,8 @@
 //! (under a [`HostRoot`]) and NVML when it loads; selection and the node
 //! policy are pure functions of the discovered [`Inventory`].
 
+#![forbid(unsafe_code)]
+
 pub mod atomic_file;
 pub mod discover;
 pub mod hostroot;

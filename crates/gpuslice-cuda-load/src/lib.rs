@@ -6,18 +6,62 @@
 //!   (the CUDA probe, `fakegpu-probe`). Errors are one line naming the
 //!   library or the symbol.
 //! - [`open_nvml`]: the one way gpuslice's discovery, doctor, metrics,
-//!   device plugin and benchmarks open NVML (through nvml-wrapper).
+//!   device plugin and benchmarks open NVML (through nvml-wrapper);
+//!   [`nvml_raw`]: the calls nvml-wrapper does not wrap.
 
 use std::ffi::OsStr;
 use std::path::Path;
 
 use gpuslice_cuda_abi::nvml::LIBNVIDIA_ML;
 
+pub mod nvml_raw;
 pub mod partitions;
 use libloading::Library;
 pub use libloading::Symbol;
 use nvml_wrapper::error::NvmlError;
 pub use nvml_wrapper::Nvml;
+
+/// A driver library or one of its entry points could not be had.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("cannot load {name}: {source}")]
+    Library {
+        name: String,
+        #[source]
+        source: libloading::Error,
+    },
+    #[error("{symbol} not in {library}: {source}")]
+    Symbol {
+        symbol: String,
+        library: String,
+        #[source]
+        source: libloading::Error,
+    },
+}
+
+/// For the probe binaries, whose errors are lines of text.
+impl From<LoadError> for String {
+    fn from(e: LoadError) -> String {
+        e.to_string()
+    }
+}
+
+/// NVML could not list a device's processes.
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessesError {
+    #[error("NVML: device {uuid}: {source}")]
+    Device {
+        uuid: String,
+        #[source]
+        source: NvmlError,
+    },
+    #[error("NVML: running processes of {uuid}: {source}")]
+    Processes {
+        uuid: String,
+        #[source]
+        source: NvmlError,
+    },
+}
 
 /// A loaded driver library.
 pub struct Lib {
@@ -33,9 +77,12 @@ impl Lib {
     /// # Safety
     /// Loading runs the library's initialisers: `name` must be a driver
     /// library (real or fake), not an arbitrary file.
-    pub unsafe fn open(name: &str) -> Result<Lib, String> {
+    pub unsafe fn open(name: &str) -> Result<Lib, LoadError> {
         // SAFETY: the caller vouches for the library (see above).
-        let lib = unsafe { Library::new(name) }.map_err(|e| format!("cannot load {name}: {e}"))?;
+        let lib = unsafe { Library::new(name) }.map_err(|source| LoadError::Library {
+            name: name.to_string(),
+            source,
+        })?;
         Ok(Lib {
             name: name.to_string(),
             lib,
@@ -46,10 +93,13 @@ impl Lib {
     ///
     /// # Safety
     /// `T` must be the symbol's prototype (one of the `pfn` aliases for it).
-    pub unsafe fn sym<T>(&self, symbol: &str) -> Result<Symbol<'_, T>, String> {
+    pub unsafe fn sym<T>(&self, symbol: &str) -> Result<Symbol<'_, T>, LoadError> {
         // SAFETY: the caller guarantees T matches the symbol.
-        unsafe { self.lib.get(symbol.as_bytes()) }
-            .map_err(|e| format!("{symbol} not in {}: {e}", self.name))
+        unsafe { self.lib.get(symbol.as_bytes()) }.map_err(|source| LoadError::Symbol {
+            symbol: symbol.to_string(),
+            library: self.name.clone(),
+            source,
+        })
     }
 }
 
@@ -65,16 +115,25 @@ pub fn open_nvml(lib: Option<&Path>) -> Result<Nvml, NvmlError> {
 /// running compute processes: contexts included; pids as the reader's PID
 /// namespace numbers them): `(uuid, pid, bytes)`. A process NVML reports
 /// no figure for counts 0 bytes.
-pub fn running_processes(nvml: &Nvml, uuids: &[String]) -> Result<Vec<(String, u32, u64)>, String> {
+pub fn running_processes(
+    nvml: &Nvml,
+    uuids: &[String],
+) -> Result<Vec<(String, u32, u64)>, ProcessesError> {
     use nvml_wrapper::enums::device::UsedGpuMemory;
     let mut out = Vec::new();
     for uuid in uuids {
         let dev = nvml
             .device_by_uuid(uuid.as_str())
-            .map_err(|e| format!("NVML: device {uuid}: {e}"))?;
-        let procs = dev
-            .running_compute_processes()
-            .map_err(|e| format!("NVML: running processes of {uuid}: {e}"))?;
+            .map_err(|source| ProcessesError::Device {
+                uuid: uuid.clone(),
+                source,
+            })?;
+        let procs =
+            dev.running_compute_processes()
+                .map_err(|source| ProcessesError::Processes {
+                    uuid: uuid.clone(),
+                    source,
+                })?;
         for p in procs {
             let bytes = match p.used_gpu_memory {
                 UsedGpuMemory::Used(b) => b,
@@ -95,7 +154,8 @@ mod tests {
         // SAFETY: nothing is loaded (the file does not exist).
         let err = unsafe { Lib::open("/nonexistent/libcuda.so.1") }
             .err()
-            .expect("no library there");
+            .expect("no library there")
+            .to_string();
         assert!(
             err.starts_with("cannot load /nonexistent/libcuda.so.1"),
             "{err}"
@@ -109,7 +169,8 @@ mod tests {
         let lib = unsafe { Lib::open("libc.so.6") }.expect("libc");
         // SAFETY: never called.
         let err = unsafe { lib.sym::<gpuslice_cuda_abi::cuda::pfn::Init>("cuInit") }
-            .expect_err("libc has no cuInit");
+            .expect_err("libc has no cuInit")
+            .to_string();
         assert!(err.starts_with("cuInit not in libc.so.6"), "{err}");
         // SAFETY: getpid's prototype: pid_t (void).
         let getpid = unsafe { lib.sym::<unsafe extern "C" fn() -> i32>("getpid") }.unwrap();

@@ -13,7 +13,41 @@ use gpuslice_cuda_abi::nvml::{
     NVML_ERROR_FUNCTION_NOT_FOUND, NVML_ERROR_NOT_FOUND, NVML_SUCCESS,
 };
 
-use crate::Lib;
+use crate::{Lib, LoadError};
+
+/// Why the driver's partitions cannot be had or set.
+#[derive(Debug, thiserror::Error)]
+pub enum PartitionError {
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    #[error("{}", nvml_message(what, *rc))]
+    Nvml { what: String, rc: NvmlReturn },
+    #[error("bad UUID {0:?}")]
+    BadUuid(String),
+    #[error("NUL byte in a cgroup path")]
+    NulInPath,
+}
+
+impl PartitionError {
+    /// Whether the driver has no partitions at all (older than R615), as
+    /// opposed to refusing this one.
+    pub fn driver_lacks_partitions(&self) -> bool {
+        matches!(
+            self,
+            PartitionError::Nvml {
+                rc: NVML_ERROR_FUNCTION_NOT_FOUND,
+                ..
+            }
+        )
+    }
+}
+
+fn nvml_error(what: &str, rc: NvmlReturn) -> PartitionError {
+    PartitionError::Nvml {
+        what: what.to_string(),
+        rc,
+    }
+}
 
 /// NVML's partition calls.
 pub struct Partitions {
@@ -31,7 +65,7 @@ pub struct MemoryLimit {
     pub current_used: u64,
 }
 
-fn nvml_error(what: &str, rc: NvmlReturn) -> String {
+fn nvml_message(what: &str, rc: NvmlReturn) -> String {
     match rc {
         NVML_ERROR_FUNCTION_NOT_FOUND => {
             format!("{what}: this driver has no memory partitions (NVIDIA R615 or later has)")
@@ -45,13 +79,13 @@ fn nvml_error(what: &str, rc: NvmlReturn) -> String {
 impl Partitions {
     /// NVML with its partition calls, initialised; an error says why there
     /// are none (no NVML, a driver older than R615).
-    pub fn open() -> Result<Partitions, String> {
+    pub fn open() -> Result<Partitions, PartitionError> {
         Self::open_lib(None)
     }
 
     /// [`Partitions::open`] from the NVML library `lib` (None:
     /// `libnvidia-ml.so.1`, as the loader finds it).
-    pub fn open_lib(lib: Option<&Path>) -> Result<Partitions, String> {
+    pub fn open_lib(lib: Option<&Path>) -> Result<Partitions, PartitionError> {
         let name = lib.map_or(LIBNVIDIA_ML.to_string(), |p| p.display().to_string());
         // SAFETY: NVML is a driver library (the contract of Lib::open).
         let lib = unsafe { Lib::open(&name) }?;
@@ -90,8 +124,8 @@ impl Partitions {
         Ok(p)
     }
 
-    fn device(&self, uuid: &str) -> Result<NvmlDevice, String> {
-        let u = CString::new(uuid).map_err(|_| format!("bad UUID {uuid:?}"))?;
+    fn device(&self, uuid: &str) -> Result<NvmlDevice, PartitionError> {
+        let u = CString::new(uuid).map_err(|_| PartitionError::BadUuid(uuid.to_string()))?;
         let mut dev: NvmlDevice = std::ptr::null_mut();
         // SAFETY: NUL-terminated UUID, valid out pointer.
         let rc = unsafe { (self.by_uuid)(u.as_ptr(), &mut dev) };
@@ -103,15 +137,21 @@ impl Partitions {
 
     /// Whether this driver answers the calls (an R615+ driver; an older
     /// one's NVML may export them and answer FUNCTION_NOT_FOUND).
-    pub fn available(&self, uuid: &str, cgroup_dir: &Path) -> Result<(), String> {
+    pub fn available(&self, uuid: &str, cgroup_dir: &Path) -> Result<(), PartitionError> {
         self.get(uuid, cgroup_dir).map(|_| ())
     }
 
     /// Sets the limits of the cgroup directory `cgroup_dir` on GPU `uuid`.
-    pub fn set(&self, uuid: &str, cgroup_dir: &Path, soft: u64, hard: u64) -> Result<(), String> {
+    pub fn set(
+        &self,
+        uuid: &str,
+        cgroup_dir: &Path,
+        soft: u64,
+        hard: u64,
+    ) -> Result<(), PartitionError> {
         let dev = self.device(uuid)?;
         let ns = CString::new(cgroup_dir.as_os_str().as_encoded_bytes())
-            .map_err(|_| "NUL byte in a cgroup path".to_string())?;
+            .map_err(|_| PartitionError::NulInPath)?;
         let l = NvmlSetMemoryLimitsV1 {
             name_space: ns.as_ptr(),
             soft_limit: soft,
@@ -127,10 +167,14 @@ impl Partitions {
     }
 
     /// The limits of `cgroup_dir` on GPU `uuid`; None when it has none.
-    pub fn get(&self, uuid: &str, cgroup_dir: &Path) -> Result<Option<MemoryLimit>, String> {
+    pub fn get(
+        &self,
+        uuid: &str,
+        cgroup_dir: &Path,
+    ) -> Result<Option<MemoryLimit>, PartitionError> {
         let dev = self.device(uuid)?;
         let ns = CString::new(cgroup_dir.as_os_str().as_encoded_bytes())
-            .map_err(|_| "NUL byte in a cgroup path".to_string())?;
+            .map_err(|_| PartitionError::NulInPath)?;
         let mut l = NvmlGetMemoryLimitsV1 {
             name_space: ns.as_ptr(),
             soft_limit: 0,
@@ -154,7 +198,7 @@ impl Partitions {
     /// asks before a cgroup is deleted: the soft limit zeroed first (under
     /// the kernel's dmem controller, a deleted cgroup's soft limit stays
     /// reserved on its ancestors), then the limit cleared.
-    pub fn clear(&self, uuid: &str, cgroup_dir: &Path) -> Result<(), String> {
+    pub fn clear(&self, uuid: &str, cgroup_dir: &Path) -> Result<(), PartitionError> {
         if let Some(l) = self.get(uuid, cgroup_dir)? {
             if l.soft != 0 {
                 self.set(uuid, cgroup_dir, 0, l.hard)?;

@@ -307,12 +307,24 @@ pub struct RuntimeCdi {
     pub spec_dirs: Option<Vec<String>>,
 }
 
-fn toml_file(path: &Path) -> Result<Option<toml::Table>, String> {
+/// A runtime's config file that is not TOML.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {}", path.display(), crate::one_line(&source.to_string()))]
+struct BadConfig {
+    path: PathBuf,
+    #[source]
+    source: toml::de::Error,
+}
+
+fn toml_file(path: &Path) -> Result<Option<toml::Table>, BadConfig> {
     match fs::read_to_string(path) {
         Ok(text) => text
             .parse::<toml::Table>()
             .map(Some)
-            .map_err(|e| format!("{}: {}", path.display(), crate::one_line(&e.to_string()))),
+            .map_err(|source| BadConfig {
+                path: path.to_path_buf(),
+                source,
+            }),
         Err(_) => Ok(None),
     }
 }
@@ -379,7 +391,7 @@ pub fn crio_cdi(tables: &[(PathBuf, toml::Table)]) -> RuntimeCdi {
 
 /// The runtimes found below the root (config files, else binaries), or
 /// the config that could not be parsed.
-fn runtimes(root: &HostRoot) -> Result<Vec<RuntimeCdi>, String> {
+fn runtimes(root: &HostRoot) -> Result<Vec<RuntimeCdi>, BadConfig> {
     let mut out = Vec::new();
     let containerd_conf = root.join("etc/containerd/config.toml");
     match toml_file(&containerd_conf)? {

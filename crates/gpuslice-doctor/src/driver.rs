@@ -105,7 +105,7 @@ fn loaded(ctx: &Context) -> Check {
         Err(e) => {
             return Check::fail(
                 NAME,
-                e,
+                e.to_string(),
                 "load the driver (modprobe nvidia; install the NVIDIA driver package if it is \
                  missing); in a container, mount the host at /host and pass --host-root /host",
             )

@@ -9,6 +9,7 @@
 use crate::{isolation, list, Check, Context};
 use gpuslice_core::select::canonical_bus_id;
 use gpuslice_core::{Gpu, HostRoot, PcieLink};
+use gpuslice_cuda_load::nvml_raw::{remapped_rows, RemappedRows};
 use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError};
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
@@ -522,23 +523,6 @@ fn xid(ctx: &Context) -> Check {
     }
 }
 
-/// `nvmlDeviceGetRemappedRows`: (correctable, uncorrectable, pending,
-/// failed). nvml-wrapper has no safe wrapper for it.
-fn remapped_rows(d: &Device) -> Result<(u32, u32, bool, bool), NvmlError> {
-    let f = d
-        .nvml()
-        .lib()
-        .nvmlDeviceGetRemappedRows
-        .as_ref()
-        .map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
-    let (mut corr, mut unc, mut pending, mut failed) = (0u32, 0u32, 0u32, 0u32);
-    // SAFETY: the handle belongs to this live Nvml (borrowed through `d`);
-    // the call writes four unsigned ints.
-    let rc = unsafe { f(d.handle(), &mut corr, &mut unc, &mut pending, &mut failed) };
-    nvml_wrapper::error::nvml_try(rc)?;
-    Ok((corr, unc, pending != 0, failed != 0))
-}
-
 fn ecc(ctx: &Context) -> Check {
     const NAME: &str = "gpu.ecc";
     let Some(devs) = devices(ctx) else {
@@ -569,7 +553,12 @@ fn ecc(ctx: &Context) -> Check {
             }
         }
         match remapped_rows(d) {
-            Ok((corr, unc, pending, failed)) => {
+            Ok(RemappedRows {
+                correctable: corr,
+                uncorrectable: unc,
+                pending,
+                failed,
+            }) => {
                 answered += 1;
                 if failed {
                     fails.push(format!("{label}: row remapping failed"));

@@ -14,7 +14,7 @@ use gpuslice_core::{DevicePolicy, HostRoot, MajorRule};
 use gpuslice_isolate::cgroup::{new_slice_id, CgroupDriver, CgroupError, SliceCgroup};
 use nix::sys::statfs::{statfs, CGROUP2_SUPER_MAGIC, CGROUP_SUPER_MAGIC};
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 pub fn checks(ctx: &Context) -> Vec<Check> {
     let driver = cgroup_driver(ctx.cgroup_root.as_deref());
@@ -33,7 +33,7 @@ pub fn checks(ctx: &Context) -> Vec<Check> {
         ),
         Err(e) => Check::fail(
             "isolation.cgroup",
-            e,
+            e.to_string(),
             "mount cgroup2 at /sys/fs/cgroup (or a v1 devices hierarchy); in a container, \
              mount the host's /sys/fs/cgroup read-write",
         ),
@@ -177,11 +177,14 @@ pub fn compute_boards(root: &HostRoot) -> Check {
 /// The hierarchy slices are made in: `over` when given (which must be a
 /// cgroup2 mount or a v1 hierarchy with the devices controller), else the
 /// one [`CgroupDriver::detect`] picks.
-pub fn cgroup_driver(over: Option<&Path>) -> Result<CgroupDriver, String> {
+pub fn cgroup_driver(over: Option<&Path>) -> Result<CgroupDriver, CgroupRootError> {
     let Some(root) = over else {
-        return CgroupDriver::detect(None).map_err(|e| e.to_string());
+        return Ok(CgroupDriver::detect(None)?);
     };
-    let fs = statfs(root).map_err(|e| format!("cgroup root {}: {e}", root.display()))?;
+    let fs = statfs(root).map_err(|source| CgroupRootError::Statfs {
+        root: root.into(),
+        source,
+    })?;
     let kind = fs.filesystem_type();
     if kind == CGROUP2_SUPER_MAGIC {
         Ok(CgroupDriver::V2 { root: root.into() })
@@ -191,14 +194,28 @@ pub fn cgroup_driver(over: Option<&Path>) -> Result<CgroupDriver, String> {
                 devices_root: root.into(),
             })
         } else {
-            Err(format!(
-                "{} is a cgroup v1 hierarchy without the devices controller",
-                root.display()
-            ))
+            Err(CgroupRootError::NoDevicesController { root: root.into() })
         }
     } else {
-        Err(format!("{} is not a cgroup filesystem", root.display()))
+        Err(CgroupRootError::NotCgroup { root: root.into() })
     }
+}
+
+/// Why [`cgroup_driver`] found no hierarchy to make slices in.
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupRootError {
+    #[error(transparent)]
+    Detect(#[from] CgroupError),
+    #[error("cgroup root {}: {source}", root.display())]
+    Statfs {
+        root: PathBuf,
+        #[source]
+        source: nix::Error,
+    },
+    #[error("{} is a cgroup v1 hierarchy without the devices controller", root.display())]
+    NoDevicesController { root: PathBuf },
+    #[error("{} is not a cgroup filesystem", root.display())]
+    NotCgroup { root: PathBuf },
 }
 
 /// A policy that denies one minor, so that v1 gets a rule and v2 a program.
@@ -369,10 +386,12 @@ mod tests {
 
     #[test]
     fn override_roots_that_are_not_cgroups() {
-        let e = cgroup_driver(Some(Path::new("/nonexistent/cgroup"))).unwrap_err();
+        let e = cgroup_driver(Some(Path::new("/nonexistent/cgroup")))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("/nonexistent/cgroup"), "{e}");
         let tmp = tempfile::tempdir().unwrap();
-        let e = cgroup_driver(Some(tmp.path())).unwrap_err();
+        let e = cgroup_driver(Some(tmp.path())).unwrap_err().to_string();
         assert!(e.contains("not a cgroup filesystem"), "{e}");
     }
 

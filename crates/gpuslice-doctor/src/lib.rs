@@ -29,6 +29,8 @@
 //! cgroup below `<cgroup root>/gpuslice/` with a device filter and removes
 //! it again (the parent `gpuslice/` directory is left, as `run` leaves it).
 
+#![forbid(unsafe_code)]
+
 pub mod devices;
 pub mod dra;
 pub mod driver;
@@ -40,7 +42,7 @@ mod report;
 
 pub use report::{render_table, Summary};
 
-use gpuslice_core::discover::{discover, DiscoverOptions};
+use gpuslice_core::discover::{discover, DiscoverError, DiscoverOptions};
 use gpuslice_core::{HostRoot, Inventory};
 use nvml_wrapper::Nvml;
 use serde::Serialize;
@@ -139,7 +141,7 @@ impl Default for Options {
 pub struct Context {
     pub root: HostRoot,
     /// The discovered inventory, or why discovery failed.
-    pub inv: Result<Inventory, String>,
+    pub inv: Result<Inventory, DiscoverError>,
     pub nvml: Option<Nvml>,
     /// Why `nvml` is None.
     pub nvml_why: String,
@@ -155,7 +157,7 @@ impl Context {
             nvml_lib: opts.nvml_lib.clone(),
             pci_details: true,
         };
-        let inv = discover(&opts.host_root, &disc).map_err(|e| e.to_string());
+        let inv = discover(&opts.host_root, &disc);
         let (nvml, nvml_why) = match &inv {
             Err(_) => (None, "no NVIDIA driver (see driver.loaded)".into()),
             Ok(inv) if inv.sources.iter().any(|s| s == "nvml") => {

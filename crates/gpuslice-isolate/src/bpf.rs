@@ -437,6 +437,7 @@ pub fn attach_fd(cgroup: BorrowedFd<'_>, prog: BorrowedFd<'_>) -> io::Result<()>
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::cgroup::test_support::rule;
     use gpuslice_core::model::{Gpu, Majors, MigDevice};
     use gpuslice_core::{Inventory, Selection};
 
@@ -559,15 +560,6 @@ pub(crate) mod tests {
                     assert_eq!(blk, 1, "b {major}:{minor} {policy:?}");
                 }
             }
-        }
-    }
-
-    fn rule(major: u32, allowed: &[u32], denied: &[u32], deny_unlisted: bool) -> MajorRule {
-        MajorRule {
-            major,
-            allowed: allowed.to_vec(),
-            denied: denied.to_vec(),
-            deny_unlisted,
         }
     }
 

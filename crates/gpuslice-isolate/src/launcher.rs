@@ -469,7 +469,6 @@ fn child_main(
     pipes: ChildPipes,
     cmd: &ChildCommand,
 ) -> Result<std::convert::Infallible, (i32, String)> {
-    let failed = |e: String| (EXIT_LAUNCH_FAILED, e);
     if plan.pid_namespace {
         return init_main(plan, procs, signals, pipes, cmd);
     }
@@ -478,28 +477,81 @@ fn child_main(
         filters,
         survey,
     } = pipes;
-    setup_child(plan, procs, survey).map_err(failed)?;
+    setup_child(plan, procs, survey).map_err(setup_failed)?;
     mark("c-mounted");
     wait_for(go)?;
     mark("c-go");
-    let filters = receive_filters(plan, filters).map_err(failed)?;
-    confine(plan, &filters).map_err(failed)?;
+    let filters = receive_filters(plan, filters).map_err(setup_failed)?;
+    confine(plan, &filters).map_err(setup_failed)?;
     mark("c-confined");
     refresh_cwd(plan);
     exec_command(cmd, &signals.old_mask)
 }
 
+/// Why the child could not build or enter the sandbox; the launcher gets
+/// it as one line (with [`EXIT_LAUNCH_FAILED`]).
+#[derive(Debug, thiserror::Error)]
+enum SetupError {
+    /// A system call, named.
+    #[error("{what}: {source}")]
+    Sys {
+        what: &'static str,
+        #[source]
+        source: nix::Error,
+    },
+    /// An I/O step, named.
+    #[error("{what}: {source}")]
+    Step {
+        what: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    /// A mount or a file the sandbox needs (the error names it).
+    #[error(transparent)]
+    Io(#[from] io::Error),
+    #[error(transparent)]
+    Seccomp(#[from] seccomp::SeccompError),
+    #[error(transparent)]
+    Fds(#[from] fds::FdError),
+    #[error("switching to uid {uid}: {source}")]
+    Identity {
+        uid: u32,
+        #[source]
+        source: identity::IdentityError,
+    },
+    #[error("the launcher exited during the user switch")]
+    LauncherGone,
+}
+
+impl SetupError {
+    fn sys(what: &'static str) -> impl FnOnce(nix::Error) -> SetupError {
+        move |source| SetupError::Sys { what, source }
+    }
+
+    fn step(what: &'static str) -> impl FnOnce(io::Error) -> SetupError {
+        move |source| SetupError::Step { what, source }
+    }
+}
+
+/// The launcher's side of a [`SetupError`]: the exit code and the line.
+fn setup_failed(e: SetupError) -> (i32, String) {
+    (EXIT_LAUNCH_FAILED, e.to_string())
+}
+
 /// The seccomp filter the launcher compiled: all of it, and for a
 /// confined command at least one program (a launcher gone before sending
 /// it must not leave the command unfiltered).
-fn receive_filters(plan: &SandboxPlan, from: OwnedFd) -> Result<Vec<seccomp::BpfProgram>, String> {
+fn receive_filters(
+    plan: &SandboxPlan,
+    from: OwnedFd,
+) -> Result<Vec<seccomp::BpfProgram>, SetupError> {
     let mut bytes = Vec::new();
     File::from(from)
         .read_to_end(&mut bytes)
-        .map_err(|e| format!("reading the seccomp filter: {e}"))?;
-    let filters = seccomp::decode(&bytes).map_err(|e| e.to_string())?;
+        .map_err(SetupError::step("reading the seccomp filter"))?;
+    let filters = seccomp::decode(&bytes)?;
     if plan.privileges.confined() && filters.is_empty() {
-        return Err(seccomp::SeccompError::Transfer.to_string());
+        return Err(seccomp::SeccompError::Transfer.into());
     }
     Ok(filters)
 }
@@ -533,8 +585,8 @@ fn init_main(
         filters,
         survey,
     } = pipes;
-    join_cgroup(procs).map_err(failed)?;
-    unshare_namespaces(plan).map_err(failed)?;
+    join_cgroup(procs).map_err(setup_failed)?;
+    unshare_namespaces(plan).map_err(setup_failed)?;
     let (ready_rx, ready_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
         .map_err(|e| failed(format!("pipe: {e}")))?;
     // SAFETY: this process is single-threaded (the launcher starts no
@@ -549,7 +601,7 @@ fn init_main(
         ForkResult::Parent { child } => child,
     };
     drop((ready_rx, filters));
-    build_mounts(plan, survey).map_err(failed)?;
+    build_mounts(plan, survey).map_err(setup_failed)?;
     mark("c-mounted");
     wait_for(go)?;
     mark("c-go");
@@ -560,7 +612,7 @@ fn init_main(
     // The init confines itself as the command did, off the launch's path
     // now: it holds nothing the command could use, but stays no stronger.
     let own = if plan.privileges.confined() {
-        seccomp::compile().map_err(|e| e.to_string())
+        seccomp::compile().map_err(SetupError::from)
     } else {
         Ok(vec![])
     };
@@ -587,11 +639,12 @@ fn command_main(
     old_mask: &SigSet,
     filters: OwnedFd,
 ) -> Result<std::convert::Infallible, (i32, String)> {
-    let failed = |e: String| (EXIT_LAUNCH_FAILED, e);
     // Dies with the init (which dies with the launcher).
-    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(|e| failed(format!("prctl: {e}")))?;
-    let filters = receive_filters(plan, filters).map_err(failed)?;
-    confine(plan, &filters).map_err(failed)?;
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
+        .map_err(SetupError::sys("prctl"))
+        .map_err(setup_failed)?;
+    let filters = receive_filters(plan, filters).map_err(setup_failed)?;
+    confine(plan, &filters).map_err(setup_failed)?;
     mark("c2-confined");
     let mut byte = [0u8; 1];
     if !matches!(File::from(ready).read(&mut byte), Ok(1)) {
@@ -616,35 +669,38 @@ fn refresh_cwd(plan: &SandboxPlan) {
 
 /// Steps 5–9: descriptors, capabilities around the user switch,
 /// no_new_privs, seccomp.
-fn confine(plan: &SandboxPlan, filters: &[seccomp::BpfProgram]) -> Result<(), String> {
+fn confine(plan: &SandboxPlan, filters: &[seccomp::BpfProgram]) -> Result<(), SetupError> {
     let kept = plan.privileges.kept();
     if plan.privileges.confined() {
-        fds::close_on_exec_beyond(plan.preserve_fds).map_err(|e| e.to_string())?;
+        fds::close_on_exec_beyond(plan.preserve_fds)?;
     }
     if let Some(kept) = kept {
-        privileges::limit_bounding(kept).map_err(|e| e.to_string())?;
+        privileges::limit_bounding(kept)?;
     }
     if let Some(id) = &plan.identity {
         switch_identity(id)?;
     }
     if let Some(kept) = kept {
-        privileges::drop_to(kept).map_err(|e| e.to_string())?;
+        privileges::drop_to(kept)?;
     }
     mark("c-caps");
     if plan.privileges.confined() {
-        seccomp::install(filters).map_err(|e| e.to_string())?;
+        seccomp::install(filters)?;
     }
     Ok(())
 }
 
 /// Become `id`, and die with the launcher again: a change of credentials
 /// clears the parent-death signal set in step 1.
-fn switch_identity(id: &Identity) -> Result<(), String> {
+fn switch_identity(id: &Identity) -> Result<(), SetupError> {
     let parent = nix::unistd::getppid();
-    identity::switch(id).map_err(|e| format!("switching to uid {}: {e}", id.uid))?;
-    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(|e| format!("prctl: {e}"))?;
+    identity::switch(id).map_err(|source| SetupError::Identity {
+        uid: id.uid,
+        source,
+    })?;
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(SetupError::sys("prctl"))?;
     if nix::unistd::getppid() != parent {
-        return Err("the launcher exited during the user switch".into());
+        return Err(SetupError::LauncherGone);
     }
     Ok(())
 }
@@ -690,7 +746,7 @@ fn setup_child(
     plan: &SandboxPlan,
     procs: Option<File>,
     survey: Option<OwnedFd>,
-) -> Result<(), String> {
+) -> Result<(), SetupError> {
     join_cgroup(procs)?;
     if plan.mount_namespace() {
         enter_mount_namespace(plan, survey)?;
@@ -701,21 +757,21 @@ fn setup_child(
 /// Step 1, after making this process die with the launcher: a killed
 /// launcher must not leave a child running unsupervised in a cgroup nobody
 /// removes (with a PID namespace, the whole namespace goes with it).
-fn join_cgroup(procs: Option<File>) -> Result<(), String> {
-    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(|e| format!("prctl: {e}"))?;
+fn join_cgroup(procs: Option<File>) -> Result<(), SetupError> {
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(SetupError::sys("prctl"))?;
     if let Some(procs) = procs {
-        cgroup::enter_self(&procs).map_err(|e| format!("joining the slice cgroup: {e}"))?;
+        cgroup::enter_self(&procs).map_err(SetupError::step("joining the slice cgroup"))?;
     }
     Ok(())
 }
 
-fn enter_mount_namespace(plan: &SandboxPlan, survey: Option<OwnedFd>) -> Result<(), String> {
+fn enter_mount_namespace(plan: &SandboxPlan, survey: Option<OwnedFd>) -> Result<(), SetupError> {
     unshare_namespaces(plan)?;
     build_mounts(plan, survey)
 }
 
 /// Step 2: the mount namespace (and cgroup and user namespaces).
-fn unshare_namespaces(plan: &SandboxPlan) -> Result<(), String> {
+fn unshare_namespaces(plan: &SandboxPlan) -> Result<(), SetupError> {
     let mut flags = CloneFlags::CLONE_NEWNS;
     if plan.user_namespace {
         flags |= CloneFlags::CLONE_NEWUSER;
@@ -725,16 +781,16 @@ fn unshare_namespaces(plan: &SandboxPlan) -> Result<(), String> {
         // says `/`, and (with nsdelegate) no cgroup outside is writable.
         flags |= CloneFlags::CLONE_NEWCGROUP;
     }
-    unshare(flags).map_err(|e| format!("unshare(mount namespace): {e}"))?;
+    unshare(flags).map_err(SetupError::sys("unshare(mount namespace)"))?;
     mark("c-unshared");
     if plan.user_namespace {
-        crate::userns::map_self().map_err(|e| e.to_string())?;
+        crate::userns::map_self()?;
     }
     Ok(())
 }
 
 /// Step 3: the mounts, in the namespace [`unshare_namespaces`] made.
-fn build_mounts(plan: &SandboxPlan, survey: Option<OwnedFd>) -> Result<(), String> {
+fn build_mounts(plan: &SandboxPlan, survey: Option<OwnedFd>) -> Result<(), SetupError> {
     // Private, both ways: our mounts must not propagate back to the host,
     // and no mount the host makes after the launch (a procfs, a cgroup2,
     // a bpffs…) may enter the slice past the seal below, which sees only
@@ -751,32 +807,30 @@ fn build_mounts(plan: &SandboxPlan, survey: Option<OwnedFd>) -> Result<(), Strin
         nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE,
         None::<&str>,
     )
-    .map_err(|e| format!("making / a private mount: {e}"))?;
+    .map_err(SetupError::sys("making / a private mount"))?;
     // The mirror must get the host's exact modes; the child gets our umask back.
     let umask = nix::sys::stat::umask(nix::sys::stat::Mode::empty());
 
     // First: the driver's procfs overlays below go on the slice's /proc.
     if plan.pid_namespace {
-        pidns::mount_proc().map_err(|e| e.to_string())?;
+        pidns::mount_proc()?;
         mark("c-proc");
     }
     if plan.privileges.confined() {
         // The slice's /proc, whichever it is (the host's with --pid host).
-        readonly::kernel_paths().map_err(|e| e.to_string())?;
+        readonly::kernel_paths()?;
     }
     let dev = plan.root.dev();
     if let Some(nodes) = plan.private_dev {
         // The root's /dev itself must not be a link out of it.
-        plan.root
-            .open_beneath(
-                "dev",
-                nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY,
-            )
-            .map_err(|e| e.to_string())?;
+        plan.root.open_beneath(
+            "dev",
+            nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY,
+        )?;
         // No logging here: a forked child must not take the stderr lock
         // another thread of the parent may have held at fork.
         let surveyed = receive_survey(survey);
-        devfs::mount_private_dev(&dev, &plan.policy, nodes, surveyed).map_err(|e| e.to_string())?;
+        devfs::mount_private_dev(&dev, &plan.policy, nodes, surveyed)?;
         mark("c-dev");
     }
     if let Some(params) = &plan.params_overlay {
@@ -786,26 +840,26 @@ fn build_mounts(plan: &SandboxPlan, survey: Option<OwnedFd>) -> Result<(), Strin
         } else {
             "/dev/shm".into()
         };
-        driver_proc::overlay_params(&plan.root, params, &staging).map_err(|e| e.to_string())?;
+        driver_proc::overlay_params(&plan.root, params, &staging)?;
     }
-    driver_proc::mask_gpu_dirs(&plan.root, &plan.masked_gpus).map_err(|e| e.to_string())?;
+    driver_proc::mask_gpu_dirs(&plan.root, &plan.masked_gpus)?;
     mark("c-procfs");
     for b in &plan.binds {
-        b.mount().map_err(|e| e.to_string())?;
+        b.mount()?;
     }
     for p in &plan.protected {
         match readonly::read_only_bind(p) {
             // Gone since the launcher listed it: nothing left to change.
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            other => other.map_err(|e| e.to_string())?,
+            other => other?,
         }
     }
     mark("c-protected");
     if let Some(files) = &plan.slice_files {
-        slicefs::mount_slice_files(files).map_err(|e| e.to_string())?;
+        slicefs::mount_slice_files(files)?;
     }
     if plan.privileges.confined() {
-        read_only_sys(plan).map_err(|e| e.to_string())?;
+        read_only_sys(plan)?;
         if let Some(writable) = &plan.read_only_root {
             let mut writable = writable.clone();
             let mut keep: Vec<&Path> = vec![Path::new("/proc"), Path::new("/dev")];
@@ -823,10 +877,10 @@ fn build_mounts(plan: &SandboxPlan, survey: Option<OwnedFd>) -> Result<(), Strin
                     .filter(|b| !b.read_only)
                     .map(|b| b.target.as_path()),
             );
-            readonly::read_only_root(&writable, &keep).map_err(|e| e.to_string())?;
+            readonly::read_only_root(&writable, &keep)?;
         }
         // Last: every other pseudo-filesystem mount there is by now.
-        readonly::seal_pseudo_filesystems(Path::new("/proc")).map_err(|e| e.to_string())?;
+        readonly::seal_pseudo_filesystems(Path::new("/proc"))?;
     }
     nix::sys::stat::umask(umask);
     Ok(())

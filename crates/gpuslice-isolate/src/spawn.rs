@@ -42,14 +42,7 @@ pub enum Forked {
 /// glibc's fork handlers (which make malloc safe to use in the child of a
 /// multi-threaded parent), so it is only used when there is no other thread.
 fn single_threaded() -> bool {
-    // Field 20 of /proc/self/stat, after the parenthesised command name.
-    std::fs::read_to_string("/proc/self/stat")
-        .ok()
-        .and_then(|s| {
-            let rest = &s[s.rfind(')')? + 2..];
-            rest.split(' ').nth(17)?.parse::<u32>().ok()
-        })
-        == Some(1)
+    gpuslice_ledger::procfs::own_stat().map(|s| s.num_threads) == Some(1)
 }
 
 /// Forks a child that starts inside the cgroup v2 directory `cgroup_dir`.

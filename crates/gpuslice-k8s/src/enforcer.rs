@@ -72,7 +72,8 @@ pub fn driver_processes(
     nvml: &gpuslice_cuda_load::Nvml,
     uuids: &[String],
 ) -> Result<Vec<DriverProcess>, String> {
-    Ok(gpuslice_cuda_load::running_processes(nvml, uuids)?
+    Ok(gpuslice_cuda_load::running_processes(nvml, uuids)
+        .map_err(|e| e.to_string())?
         .into_iter()
         .map(DriverProcess::from)
         .collect())

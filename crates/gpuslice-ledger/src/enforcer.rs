@@ -701,9 +701,9 @@ impl NodeWatch {
 
     /// One tick: `read` gives the driver's processes on [`Self::uuids`];
     /// every slice is judged and its kills done.
-    pub fn tick(
+    pub fn tick<E: std::fmt::Display>(
         &mut self,
-        read: impl FnOnce(&[String]) -> Result<Vec<DriverProcess>, String>,
+        read: impl FnOnce(&[String]) -> Result<Vec<DriverProcess>, E>,
     ) -> Tick {
         let mut out = Tick::default();
         if self.slices.is_empty() {
@@ -716,7 +716,7 @@ impl NodeWatch {
             }
             Err(e) => {
                 if !self.failing {
-                    out.error = Some(e);
+                    out.error = Some(e.to_string());
                 }
                 self.failing = true;
                 return out;

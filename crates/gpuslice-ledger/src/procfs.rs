@@ -7,6 +7,8 @@ use std::os::unix::fs::MetadataExt;
 pub struct ProcStat {
     /// Field 3: `R`, `S`, `Z`, ...
     pub state: char,
+    /// Field 20: the number of threads.
+    pub num_threads: u32,
     /// Field 22: start time in clock ticks after boot.
     pub start_time: u64,
     /// Field 2, without the parentheses.
@@ -92,17 +94,34 @@ pub fn parse_stat(text: &str) -> Option<ProcStat> {
     let comm = text.get(open + 1..close)?.to_string();
     let mut rest = text.get(close + 1..)?.split_ascii_whitespace();
     let state = rest.next()?.chars().next()?;
-    // Fields 4..=21 are 18 more; field 22 is the 19th after the state.
-    let start_time = rest.nth(18)?.parse().ok()?;
+    // Fields 4..=19 are 16 more; field 20 is the 17th after the state.
+    let num_threads = rest.nth(16)?.parse().ok()?;
+    // Field 21 is next; field 22 the one after it.
+    let start_time = rest.nth(1)?.parse().ok()?;
     Some(ProcStat {
         state,
+        num_threads,
         start_time,
         comm,
     })
 }
 
+/// `/proc/<pid>/stat` of `pid`, parsed; None when it cannot be read or
+/// parsed.
 pub fn stat(pid: u32) -> Option<ProcStat> {
-    parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+    parse_stat(&read_stat(pid).ok()?)
+}
+
+/// `/proc/self/stat`, parsed: this process as the `/proc` mounted here
+/// shows it, whatever pid namespace that `/proc` belongs to.
+pub fn own_stat() -> Option<ProcStat> {
+    parse_stat(&std::fs::read_to_string("/proc/self/stat").ok()?)
+}
+
+/// The text of `/proc/<pid>/stat`, for a caller that tells a process that
+/// is gone (`NotFound`) from one it may not read.
+pub fn read_stat(pid: u32) -> std::io::Result<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
 }
 
 /// Inode of `/proc/self/ns/pid`: identifies our pid namespace. 0 when
@@ -333,7 +352,22 @@ mod tests {
         let s = parse_stat(text).unwrap();
         assert_eq!(s.comm, "my (odd) name");
         assert_eq!(s.state, 'S');
+        assert_eq!(s.num_threads, 1);
         assert_eq!(s.start_time, 987654);
+    }
+
+    /// A name may hold `) (` and look like fields: a process that names
+    /// itself so must not pass for a zombie, nor shift the start time.
+    #[test]
+    fn a_name_with_close_open_parens_does_not_shift_the_fields() {
+        let text = "4242 (a) (b) Z 1 (c) S 1 4242 4242 0 -1 4194560 300 0 0 0 \
+                    5 2 0 0 20 0 7 0 987654 12345678 100 18446744073709551615";
+        let s = parse_stat(text).unwrap();
+        assert_eq!(s.comm, "a) (b) Z 1 (c");
+        assert_eq!(s.state, 'S');
+        assert_eq!(s.num_threads, 7);
+        assert_eq!(s.start_time, 987654);
+        assert_eq!(parse_stat("4242 (a) (b"), None);
     }
 
     #[test]

@@ -1,4 +1,9 @@
 use super::*;
+use crate::layout::*;
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 
 const GIB: u64 = 1 << 30;
 

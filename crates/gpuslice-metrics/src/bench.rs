@@ -1,15 +1,31 @@
 //! Scrape latency, measured the way Prometheus sees it: a fresh TCP
 //! connection, `GET /metrics`, the whole body read.
 
-use anyhow::{bail, Context, Result};
-use std::io::{Read, Write};
+use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
+/// Why a scrape failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ScrapeError {
+    #[error("connecting to {addr}")]
+    Connect {
+        addr: SocketAddr,
+        #[source]
+        source: io::Error,
+    },
+    #[error(transparent)]
+    Io(#[from] io::Error),
+    #[error("no HTTP response from {addr}")]
+    NoResponse { addr: SocketAddr },
+    #[error("scrape answered {0}")]
+    Status(String),
+}
+
 /// One scrape: (status line, body length, time taken).
-pub fn scrape(addr: SocketAddr, path: &str) -> Result<(String, usize, Duration)> {
+pub fn scrape(addr: SocketAddr, path: &str) -> Result<(String, usize, Duration), ScrapeError> {
     let t0 = Instant::now();
-    let mut s = TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
+    let mut s = TcpStream::connect(addr).map_err(|source| ScrapeError::Connect { addr, source })?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
     write!(
         s,
@@ -20,7 +36,7 @@ pub fn scrape(addr: SocketAddr, path: &str) -> Result<(String, usize, Duration)>
     let took = t0.elapsed();
     let text = String::from_utf8_lossy(&buf);
     let Some((head, body)) = text.split_once("\r\n\r\n") else {
-        bail!("no HTTP response from {addr}");
+        return Err(ScrapeError::NoResponse { addr });
     };
     let status = head.lines().next().unwrap_or_default().to_string();
     Ok((status, body.len(), took))
@@ -37,13 +53,13 @@ pub struct Latencies {
 }
 
 /// `n` sequential scrapes of `/metrics`.
-pub fn scrapes(addr: SocketAddr, n: usize) -> Result<Latencies> {
+pub fn scrapes(addr: SocketAddr, n: usize) -> Result<Latencies, ScrapeError> {
     let mut times = Vec::with_capacity(n);
     let mut body_bytes = 0;
     for _ in 0..n.max(1) {
         let (status, len, took) = scrape(addr, "/metrics")?;
         if !status.contains(" 200 ") {
-            bail!("scrape answered {status}");
+            return Err(ScrapeError::Status(status));
         }
         body_bytes = len;
         times.push(took);

@@ -33,9 +33,13 @@ pub struct ClaimSlice {
     pub enforcement: Option<std::path::PathBuf>,
 }
 
+/// Why the prepared claims could not be read (the reader is the caller's:
+/// any error, its causes kept).
+pub type ClaimsError = Box<dyn std::error::Error + Send + Sync>;
+
 /// Reads the prepared claims at each collection.
 #[derive(Clone)]
-pub struct DraClaims(pub Arc<dyn Fn() -> Result<Vec<ClaimSlice>, String> + Send + Sync>);
+pub struct DraClaims(pub Arc<dyn Fn() -> Result<Vec<ClaimSlice>, ClaimsError> + Send + Sync>);
 
 impl std::fmt::Debug for DraClaims {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -4,6 +4,7 @@
 
 use crate::sample::{self as m, Labels, Sample};
 use gpuslice_core::Gpu;
+use gpuslice_cuda_load::nvml_raw;
 use nvml_wrapper::enum_wrappers::device::{
     Clock, EccCounter, MemoryError, PcieUtilCounter, RetirementCause, TemperatureSensor,
 };
@@ -89,7 +90,7 @@ pub fn collect(nvml: &Nvml, g: &Gpu, out: &mut Sample) -> bool {
         out.push(m::GPU_PCIE_RX, &l, f64::from(kb) * 1024.0);
     }
     if !g.nvlink_peers.is_empty() {
-        nvlink(nvml, &dev, &l, out);
+        nvlink(&dev, &l, out);
     }
     if let Ok(n) = dev.total_ecc_errors(MemoryError::Corrected, EccCounter::Aggregate) {
         out.push(m::GPU_ECC_CORR, &l, n as f64);
@@ -108,7 +109,7 @@ pub fn collect(nvml: &Nvml, g: &Gpu, out: &mut Sample) -> bool {
             out.push(m::GPU_RETIRED, &with(&l, "cause", name), pages.len() as f64);
         }
     }
-    remapped_rows(nvml, &dev, &l, out);
+    remapped_rows(&dev, &l, out);
     true
 }
 
@@ -119,64 +120,31 @@ fn with(l: &Labels, k: &'static str, v: &str) -> Labels {
 }
 
 /// `nvmlDeviceGetRemappedRows` (no wrapper in nvml-wrapper 0.13).
-fn remapped_rows(nvml: &Nvml, dev: &Device, l: &Labels, out: &mut Sample) {
-    let Ok(f) = nvml.lib().nvmlDeviceGetRemappedRows.as_ref() else {
+fn remapped_rows(dev: &Device, l: &Labels, out: &mut Sample) {
+    let Ok(rows) = nvml_raw::remapped_rows(dev) else {
         return;
     };
-    let (mut corr, mut unc, mut pending, mut failed) = (0u32, 0u32, 0u32, 0u32);
-    // SAFETY: the handle belongs to `nvml`, which outlives the call; the
-    // out-pointers are valid locals.
-    let rc = unsafe { f(dev.handle(), &mut corr, &mut unc, &mut pending, &mut failed) };
-    if rc != 0 {
-        return;
-    }
     out.push(
         m::GPU_REMAPPED,
         &with(l, "cause", "correctable"),
-        f64::from(corr),
+        f64::from(rows.correctable),
     );
     out.push(
         m::GPU_REMAPPED,
         &with(l, "cause", "uncorrectable"),
-        f64::from(unc),
+        f64::from(rows.uncorrectable),
     );
-    out.push(m::GPU_REMAP_PENDING, l, f64::from(pending.min(1)));
-    out.push(m::GPU_REMAP_FAILED, l, f64::from(failed.min(1)));
+    out.push(m::GPU_REMAP_PENDING, l, f64::from(u8::from(rows.pending)));
+    out.push(m::GPU_REMAP_FAILED, l, f64::from(u8::from(rows.failed)));
 }
 
-/// NVLink data throughput over all links: field values
-/// `NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_{TX,RX}` with scope `UINT_MAX`
-/// (cumulative KiB). nvml-wrapper zeroes the scope (link 0 only), hence the
-/// raw call.
-fn nvlink(nvml: &Nvml, dev: &Device, l: &Labels, out: &mut Sample) {
-    use nvml_wrapper::sys_exports::field_id::{
-        NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
-    };
-    use nvml_wrapper_sys::bindings::{
-        nvmlFieldValue_t, nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_LONG_LONG as ULL,
-    };
-    let Ok(f) = nvml.lib().nvmlDeviceGetFieldValues.as_ref() else {
+/// NVLink data throughput over all links (bytes, cumulative).
+fn nvlink(dev: &Device, l: &Labels, out: &mut Sample) {
+    let Ok(kib) = nvml_raw::nvlink_throughput_kib(dev) else {
         return;
     };
-    let ids = [
-        (NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, m::GPU_NVLINK_TX),
-        (NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, m::GPU_NVLINK_RX),
-    ];
-    // SAFETY: nvmlFieldValue_t is plain data; all-zero is valid.
-    let mut values: [nvmlFieldValue_t; 2] = unsafe { std::mem::zeroed() };
-    for (v, (id, _)) in values.iter_mut().zip(ids) {
-        v.fieldId = id;
-        v.scopeId = u32::MAX;
-    }
-    // SAFETY: handle valid for `nvml`'s life; `values` holds 2 entries.
-    let rc = unsafe { f(dev.handle(), values.len() as i32, values.as_mut_ptr()) };
-    if rc != 0 {
-        return;
-    }
-    for (v, (_, metric)) in values.iter().zip(ids) {
-        if v.nvmlReturn == 0 && v.valueType == ULL {
-            // SAFETY: valueType says which union member is set.
-            let kib = unsafe { v.value.ullVal };
+    for (kib, metric) in kib.into_iter().zip([m::GPU_NVLINK_TX, m::GPU_NVLINK_RX]) {
+        if let Some(kib) = kib {
             out.push(metric, l, kib as f64 * 1024.0);
         }
     }

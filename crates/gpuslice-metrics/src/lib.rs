@@ -8,6 +8,8 @@
 //! serves the last rendering plus `gpuslice_exporter_sample_age_seconds`: a
 //! scrape never waits on NVML, the ledgers or the kubelet.
 
+#![forbid(unsafe_code)]
+
 pub mod bench;
 pub mod dra;
 pub mod gpu;
@@ -17,11 +19,11 @@ pub mod server;
 pub mod slices;
 pub mod xid;
 
-use anyhow::{anyhow, Context, Result};
 use gpuslice_core::discover::{discover, DiscoverOptions, DEFAULT_NVML_LIB};
 use gpuslice_core::{HostRoot, Inventory};
 use nvml_wrapper::Nvml;
 use sample::{Labels, Sample};
+use std::io;
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
@@ -77,19 +79,19 @@ impl Shared {
 pub struct Exporter {
     addr: SocketAddr,
     shared: Arc<Shared>,
-    server: std::thread::JoinHandle<Result<()>>,
+    server: std::thread::JoinHandle<io::Result<()>>,
 }
 
 impl Exporter {
     /// Binds the listener (failing fast when it cannot), takes the first
     /// sample, then starts the collector and the server threads.
-    pub fn start(cfg: Config) -> Result<Exporter> {
+    pub fn start(cfg: Config) -> Result<Exporter, ExporterError> {
         if cfg.interval.is_zero() {
-            return Err(anyhow!("--interval must be more than 0"));
+            return Err(ExporterError::ZeroInterval);
         }
         let addr = parse_listen(&cfg.listen)?;
         let listener =
-            TcpListener::bind(addr).with_context(|| format!("cannot listen on {addr}"))?;
+            TcpListener::bind(addr).map_err(|source| ExporterError::Bind { addr, source })?;
         let addr = listener.local_addr()?;
         let mut collector = Collector::new(cfg.clone());
         let first = collector.collect();
@@ -122,15 +124,35 @@ impl Exporter {
     }
 
     /// Serves until the server fails.
-    pub fn wait(self) -> Result<()> {
-        self.server
+    pub fn wait(self) -> Result<(), ExporterError> {
+        Ok(self
+            .server
             .join()
-            .map_err(|_| anyhow!("the HTTP server thread panicked"))?
+            .map_err(|_| ExporterError::ServerPanicked)??)
     }
 }
 
+/// Why the exporter could not start, or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ExporterError {
+    #[error("--interval must be more than 0")]
+    ZeroInterval,
+    #[error("--listen {0:?}: expected HOST:PORT or :PORT")]
+    Listen(String),
+    #[error("cannot listen on {addr}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: io::Error,
+    },
+    #[error(transparent)]
+    Io(#[from] io::Error),
+    #[error("the HTTP server thread panicked")]
+    ServerPanicked,
+}
+
 /// `:9400` → `0.0.0.0:9400`; else anything `ToSocketAddrs` takes.
-pub fn parse_listen(s: &str) -> Result<SocketAddr> {
+pub fn parse_listen(s: &str) -> Result<SocketAddr, ExporterError> {
     let s = s.trim();
     let full = match s.strip_prefix(':') {
         Some(port) => format!("0.0.0.0:{port}"),
@@ -139,7 +161,7 @@ pub fn parse_listen(s: &str) -> Result<SocketAddr> {
     full.to_socket_addrs()
         .ok()
         .and_then(|mut a| a.next())
-        .ok_or_else(|| anyhow!("--listen {s:?}: expected HOST:PORT or :PORT"))
+        .ok_or_else(|| ExporterError::Listen(s.to_string()))
 }
 
 /// `1s`, `500ms`, `2m`, `1.5s`, or plain seconds.

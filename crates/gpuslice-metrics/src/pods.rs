@@ -3,7 +3,6 @@
 //! replica `r` of a shared GPU; both map back to the GPU (MIG UUIDs map to
 //! their parent GPU).
 
-use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -58,12 +57,33 @@ pub fn assignments(resp: &v1::ListPodResourcesResponse) -> Vec<Assignment> {
     out
 }
 
+/// The kubelet's PodResources API could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error("kubelet PodResources at {}", socket.display())]
+pub struct PodsError {
+    pub socket: PathBuf,
+    #[source]
+    pub cause: PodsCause,
+}
+
+/// What went wrong talking to the kubelet.
+#[derive(Debug, thiserror::Error)]
+pub enum PodsCause {
+    #[error("connecting")]
+    Connect(#[source] tonic::transport::Error),
+    #[error("List")]
+    List(#[source] Box<tonic::Status>),
+    #[error("timed out")]
+    TimedOut(#[source] tokio::time::error::Elapsed),
+}
+
 /// Lists the node's pods' devices through `socket`, within `timeout`.
-pub async fn list(socket: &Path, timeout: Duration) -> Result<Vec<Assignment>> {
+pub async fn list(socket: &Path, timeout: Duration) -> Result<Vec<Assignment>, PodsError> {
     let path: PathBuf = socket.to_path_buf();
     let fut = async move {
         // The URI is a placeholder: the connector dials the socket.
-        let channel = tonic::transport::Endpoint::try_from("http://[::1]:0")?
+        let channel = tonic::transport::Endpoint::try_from("http://[::1]:0")
+            .map_err(PodsCause::Connect)?
             .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
                 let path = path.clone();
                 async move {
@@ -72,18 +92,22 @@ pub async fn list(socket: &Path, timeout: Duration) -> Result<Vec<Assignment>> {
                 }
             }))
             .await
-            .context("connecting")?;
+            .map_err(PodsCause::Connect)?;
         let mut client = v1::pod_resources_lister_client::PodResourcesListerClient::new(channel);
         let resp = client
             .list(v1::ListPodResourcesRequest {})
             .await
-            .context("List")?;
-        Ok::<_, anyhow::Error>(assignments(resp.get_ref()))
+            .map_err(|status| PodsCause::List(Box::new(status)))?;
+        Ok(assignments(resp.get_ref()))
     };
     tokio::time::timeout(timeout, fut)
         .await
-        .context("timed out")?
-        .with_context(|| format!("kubelet PodResources at {}", socket.display()))
+        .map_err(PodsCause::TimedOut)
+        .and_then(|listed| listed)
+        .map_err(|cause| PodsError {
+            socket: socket.to_path_buf(),
+            cause,
+        })
 }
 
 #[cfg(test)]

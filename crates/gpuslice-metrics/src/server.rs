@@ -4,7 +4,6 @@
 
 use crate::sample::{render_age, to_classic};
 use crate::Shared;
-use anyhow::Result;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::{Method, Request, Response, StatusCode};
@@ -16,7 +15,7 @@ use std::time::Duration;
 pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 pub const CLASSIC: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-pub fn serve(listener: std::net::TcpListener, shared: Arc<Shared>) -> Result<()> {
+pub fn serve(listener: std::net::TcpListener, shared: Arc<Shared>) -> std::io::Result<()> {
     listener.set_nonblocking(true)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

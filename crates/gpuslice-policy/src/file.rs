@@ -121,12 +121,27 @@ pub struct Rule {
     pub allow_privileged: bool,
 }
 
+/// Why a policy file is not taken as root's alone.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum Distrust {
+    #[error("not an absolute path")]
+    Relative,
+    #[error("is a symbolic link")]
+    Link,
+    #[error("not a regular file")]
+    NotRegular,
+    #[error("{what} is owned by uid {uid}, not root")]
+    NotRoot { what: String, uid: u32 },
+    #[error("{what} is group- or world-writable (mode {mode:o})")]
+    Writable { what: String, mode: u32 },
+}
+
 #[derive(Debug, Error)]
 pub enum PolicyError {
     #[error("no policy file {}: only root may run slices through this gpuslice (the admin writes one, see docs/security.md)", path.display())]
     Missing { path: PathBuf },
     #[error("policy {}: {why}; it must be a regular file owned by root and not group- or world-writable, in root-owned directories", path.display())]
-    Untrusted { path: PathBuf, why: String },
+    Untrusted { path: PathBuf, why: Distrust },
     #[error("policy {}: {source}", path.display())]
     Io { path: PathBuf, source: io::Error },
     #[error("policy {}: {field}: {message}", path.display())]
@@ -243,7 +258,7 @@ fn path_for(caller: &Caller, env: Option<PathBuf>) -> PathBuf {
 /// the opened file (no symlink followed at the last step), so the file
 /// checked is the file read.
 pub fn read_trusted(path: &Path) -> Result<String, PolicyError> {
-    let untrusted = |why: String| PolicyError::Untrusted {
+    let untrusted = |why: Distrust| PolicyError::Untrusted {
         path: path.to_path_buf(),
         why,
     };
@@ -252,7 +267,7 @@ pub fn read_trusted(path: &Path) -> Result<String, PolicyError> {
         source,
     };
     if !path.is_absolute() {
-        return Err(untrusted("not an absolute path".into()));
+        return Err(untrusted(Distrust::Relative));
     }
     let mut file = match File::options()
         .read(true)
@@ -265,14 +280,12 @@ pub fn read_trusted(path: &Path) -> Result<String, PolicyError> {
                 path: path.to_path_buf(),
             })
         }
-        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
-            return Err(untrusted("is a symbolic link".into()))
-        }
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Err(untrusted(Distrust::Link)),
         Err(e) => return Err(io(e)),
     };
     let meta = file.metadata().map_err(io)?;
     if !meta.is_file() {
-        return Err(untrusted("not a regular file".into()));
+        return Err(untrusted(Distrust::NotRegular));
     }
     check_owner(&meta, "the file").map_err(untrusted)?;
     for dir in path.ancestors().skip(1) {
@@ -287,16 +300,19 @@ pub fn read_trusted(path: &Path) -> Result<String, PolicyError> {
 /// Owned by root and writable by nobody else; a directory with the sticky
 /// bit (`/tmp`) may be world-writable, since others cannot replace root's
 /// entries in it.
-fn check_owner(meta: &std::fs::Metadata, what: &str) -> Result<(), String> {
+fn check_owner(meta: &std::fs::Metadata, what: &str) -> Result<(), Distrust> {
     if meta.uid() != 0 {
-        return Err(format!("{what} is owned by uid {}, not root", meta.uid()));
+        return Err(Distrust::NotRoot {
+            what: what.into(),
+            uid: meta.uid(),
+        });
     }
     let sticky_dir = meta.is_dir() && meta.mode() & libc::S_ISVTX != 0;
     if meta.mode() & 0o022 != 0 && !sticky_dir {
-        return Err(format!(
-            "{what} is group- or world-writable (mode {:o})",
-            meta.mode() & 0o7777
-        ));
+        return Err(Distrust::Writable {
+            what: what.into(),
+            mode: meta.mode() & 0o7777,
+        });
     }
     Ok(())
 }

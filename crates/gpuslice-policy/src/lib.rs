@@ -19,4 +19,4 @@ pub mod file;
 
 pub use caller::{Caller, CallerError, Via, ROOT_ONLY_ENV};
 pub use check::{Member, Refusal, Request};
-pub use file::{Policy, PolicyError, RootEnforcer, Rule, UnshimmedAction};
+pub use file::{Distrust, Policy, PolicyError, RootEnforcer, Rule, UnshimmedAction};

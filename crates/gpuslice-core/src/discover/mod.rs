@@ -123,7 +123,7 @@ fn discover_with(
         }
         Err(why) => {
             tracing::debug!("discovery without NVML: {why}");
-            inv.nvml_error = Some(why);
+            inv.nvml_error = Some(why.to_string());
             false
         }
     };
@@ -181,9 +181,9 @@ fn nvml_gate<'a>(
     opts: &'a DiscoverOptions,
     fake_root: Option<&Path>,
     system: &HostRoot,
-) -> Result<&'a OsStr, String> {
+) -> Result<&'a OsStr, nvml::NvmlSkipped> {
     if !opts.use_nvml {
-        return Err("NVML not used: disabled by the caller".into());
+        return Err(nvml::NvmlSkipped::Disabled);
     }
     let lib = opts
         .nvml_lib
@@ -197,12 +197,9 @@ fn nvml_gate<'a>(
     if allowed {
         return Ok(lib);
     }
-    Err(format!(
-        "NVML not used: it describes the machine it runs on, and host root {} is not that \
-         machine's / (set {FAKEGPU_ROOT_ENV}={} when a fake NVML serves this tree)",
-        root.path().display(),
-        root.path().display()
-    ))
+    Err(nvml::NvmlSkipped::OtherMachine {
+        root: root.path().to_path_buf(),
+    })
 }
 
 fn same_path(a: &Path, b: &Path) -> bool {

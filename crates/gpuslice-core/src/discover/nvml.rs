@@ -8,11 +8,48 @@
 use super::procfs::CapMinors;
 use crate::model::{Gpu, Inventory, MigDevice};
 use crate::select::canonical_bus_id;
-use gpuslice_cuda_abi::nvml::NVML_SUCCESS;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Device;
 use std::collections::BTreeSet;
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
+use std::path::PathBuf;
+
+/// Why discovery went without NVML (one line: [`Inventory::nvml_error`]).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum NvmlSkipped {
+    #[error("NVML not used: disabled by the caller")]
+    Disabled,
+    #[error(
+        "NVML not used: it describes the machine it runs on, and host root {} is not that \
+         machine's / (set {}={} when a fake NVML serves this tree)",
+        root.display(),
+        super::FAKEGPU_ROOT_ENV,
+        root.display()
+    )]
+    OtherMachine { root: PathBuf },
+    #[error("{}", one_line(&format!("NVML unavailable ({}): {source}", lib.to_string_lossy())))]
+    Unavailable {
+        lib: OsString,
+        #[source]
+        source: NvmlError,
+    },
+    #[error("{}", one_line(&format!("NVML device count failed: {source}")))]
+    DeviceCount {
+        #[source]
+        source: NvmlError,
+    },
+}
+
+/// Why NVML could not describe one GPU (it is then skipped).
+#[derive(Debug, thiserror::Error)]
+enum GpuError {
+    #[error("PCI info: {0}")]
+    PciInfo(#[source] NvmlError),
+    #[error("bad bus id {0:?}")]
+    BusId(String),
+    #[error(transparent)]
+    Nvml(#[from] NvmlError),
+}
 
 /// NVLink links NVML may report per GPU (`NVML_NVLINK_MAX_LINKS`).
 pub(crate) const NVLINK_MAX: u32 = 18;
@@ -54,21 +91,22 @@ pub(crate) struct NvmlMig {
 /// Loads NVML from `lib` and reads every GPU. Err is a one-line reason.
 /// A GPU NVML cannot describe is skipped with a warning rather than
 /// losing what the others say.
-pub(crate) fn snapshot(lib: &OsStr) -> Result<NvmlSnapshot, String> {
-    let nvml = gpuslice_cuda_load::open_nvml(Some(std::path::Path::new(lib))).map_err(|e| {
-        one_line(&format!(
-            "NVML unavailable ({}): {e}",
-            lib.to_string_lossy()
-        ))
-    })?;
+pub(crate) fn snapshot(lib: &OsStr) -> Result<NvmlSnapshot, NvmlSkipped> {
+    let nvml =
+        gpuslice_cuda_load::open_nvml(Some(std::path::Path::new(lib))).map_err(|source| {
+            NvmlSkipped::Unavailable {
+                lib: lib.to_os_string(),
+                source,
+            }
+        })?;
     let count = nvml
         .device_count()
-        .map_err(|e| one_line(&format!("NVML device count failed: {e}")))?;
+        .map_err(|source| NvmlSkipped::DeviceCount { source })?;
     let mut gpus = Vec::new();
     for i in 0..count {
         match nvml
             .device_by_index(i)
-            .map_err(|e| e.to_string())
+            .map_err(GpuError::from)
             .and_then(|d| read_gpu(&d))
         {
             Ok(g) => gpus.push(g),
@@ -84,9 +122,10 @@ pub(crate) fn snapshot(lib: &OsStr) -> Result<NvmlSnapshot, String> {
 
 /// One physical GPU. Only its bus id is required: without it the GPU
 /// cannot be matched to procfs.
-fn read_gpu(dev: &Device) -> Result<NvmlGpu, String> {
-    let pci = dev.pci_info().map_err(|e| format!("PCI info: {e}"))?;
-    let bus_id = canonical_bus_id(&pci.bus_id).ok_or(format!("bad bus id {:?}", pci.bus_id))?;
+fn read_gpu(dev: &Device) -> Result<NvmlGpu, GpuError> {
+    let pci = dev.pci_info().map_err(GpuError::PciInfo)?;
+    let bus_id =
+        canonical_bus_id(&pci.bus_id).ok_or_else(|| GpuError::BusId(pci.bus_id.clone()))?;
     let memory_bytes = dev.memory_info().ok().map(|m| m.total);
     let mig_enabled = dev.mig_mode().ok().map(|m| m.current == MIG_ENABLED);
     let migs = match mig_enabled {
@@ -109,16 +148,16 @@ fn read_gpu(dev: &Device) -> Result<NvmlGpu, String> {
 
 /// The MIG devices of a GPU in MIG mode. NVML's handle indices may have
 /// holes (NotFound), which are skipped.
-fn read_migs(dev: &Device, parent_total: Option<u64>) -> Result<Vec<NvmlMig>, String> {
-    let max = dev.mig_device_count().map_err(|e| e.to_string())?;
+fn read_migs(dev: &Device, parent_total: Option<u64>) -> Result<Vec<NvmlMig>, GpuError> {
+    let max = dev.mig_device_count()?;
     let mut out = Vec::new();
     for i in 0..max {
         let mig = match dev.mig_device_by_index(i) {
             Ok(m) => m,
             Err(NvmlError::NotFound) => continue,
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(e.into()),
         };
-        let (gpu_instance, compute_instance) = instance_ids(&mig)?;
+        let (gpu_instance, compute_instance) = gpuslice_cuda_load::nvml_raw::instance_ids(&mig)?;
         // NVML names a MIG device "<GPU name> MIG <profile>"; failing that,
         // the profile is derived from the instance's slices and memory.
         let profile = mig
@@ -143,32 +182,6 @@ fn read_migs(dev: &Device, parent_total: Option<u64>) -> Result<Vec<NvmlMig>, St
         });
     }
     Ok(out)
-}
-
-/// GPU and compute instance ids of a MIG device handle. nvml-wrapper has
-/// no safe wrapper for these two calls, so they go through its raw
-/// function table; a driver without them gives Err, not a panic.
-fn instance_ids(mig: &Device) -> Result<(u32, u32), String> {
-    let lib = mig.nvml().lib();
-    let gi_fn = lib
-        .nvmlDeviceGetGpuInstanceId
-        .as_ref()
-        .map_err(|e| format!("nvmlDeviceGetGpuInstanceId: {e}"))?;
-    let ci_fn = lib
-        .nvmlDeviceGetComputeInstanceId
-        .as_ref()
-        .map_err(|e| format!("nvmlDeviceGetComputeInstanceId: {e}"))?;
-    let (mut gi, mut ci) = (0u32, 0u32);
-    // SAFETY: the handle is a live MIG handle of this initialised Nvml (the
-    // borrow keeps Nvml alive); each call writes one unsigned int.
-    let (rg, rc) = unsafe {
-        let h = mig.handle();
-        (gi_fn(h, &mut gi), ci_fn(h, &mut ci))
-    };
-    if rg != NVML_SUCCESS || rc != NVML_SUCCESS {
-        return Err(format!("instance ids: NVML returned {rg}/{rc}"));
-    }
-    Ok((gi, ci))
 }
 
 /// Remote PCI bus id of each active NVLink. A link that is not there or

@@ -40,7 +40,7 @@ fn probe(lib_name: &str) -> Map<String, Value> {
     let lib = match unsafe { Lib::open(lib_name) } {
         Ok(l) => l,
         Err(e) => {
-            out.insert("error".into(), json!(e));
+            out.insert("error".into(), json!(e.to_string()));
             return out;
         }
     };
@@ -55,7 +55,7 @@ fn probe(lib_name: &str) -> Map<String, Value> {
 /// Look up `name` in the driver.
 fn sym<'l, T>(lib: &'l Lib, name: &str) -> Result<Symbol<'l, T>, String> {
     // SAFETY: every caller names the `pfn` prototype of `name` (cuda.h).
-    unsafe { lib.sym(name) }
+    Ok(unsafe { lib.sym(name) }?)
 }
 
 fn run_phases(lib: &Lib, out: &mut Map<String, Value>) -> Result<(), String> {

@@ -111,7 +111,7 @@ impl Cuda {
     /// The entry point `name`, typed `T`: every caller names its `pfn`.
     fn sym<T>(&self, name: &str) -> Result<Symbol<'_, T>, String> {
         // SAFETY: each caller's T is the prototype of `name` (cuda.h).
-        unsafe { self.lib.sym(name) }
+        Ok(unsafe { self.lib.sym(name) }?)
     }
 
     /// `CUDA_ERROR_OUT_OF_MEMORY (2)`, from the driver's own names.

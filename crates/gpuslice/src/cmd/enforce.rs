@@ -176,7 +176,7 @@ impl gpuslice_isolate::launcher::Hooks for RunHooks {
                     tracing::info!(cgroup = %dir.display(), uuid, hard_limit = cap, "driver memory partition set");
                     l.set_on = Some(dir.to_path_buf());
                 }
-                Err(e) if e.contains("no memory partitions") => {
+                Err(e) if e.driver_lacks_partitions() => {
                     tracing::debug!("{e}");
                     return;
                 }
