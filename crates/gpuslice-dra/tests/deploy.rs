@@ -90,7 +90,7 @@ fn check_device_classes(o: &Objects) {
         .mig(1, 1)
         .build()
         .unwrap();
-    std::env::set_var("FAKEGPU_ROOT", host.root());
+    let _nvml = gpuslice_testkit::fakenvml::serve(host.root());
     let inv = gpuslice_core::discover::discover(
         &gpuslice_core::HostRoot::new(host.root()),
         &gpuslice_core::discover::DiscoverOptions {
@@ -330,7 +330,7 @@ fn upstream_1_36_schemas_accept_the_manifests_and_the_published_slices() {
         .mig(2, 2)
         .build()
         .unwrap();
-    std::env::set_var("FAKEGPU_ROOT", host.root());
+    let _nvml = gpuslice_testkit::fakenvml::serve(host.root());
     let inv = gpuslice_core::discover::discover(
         &gpuslice_core::HostRoot::new(host.root()),
         &gpuslice_core::discover::DiscoverOptions {

@@ -24,7 +24,7 @@ use std::sync::Arc;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn podman_runs_a_prepared_claim_with_exactly_its_caps() {
     let host = FakeHost::builder().gpus(4).build().unwrap();
-    std::env::set_var("FAKEGPU_ROOT", host.root());
+    let _nvml = gpuslice_testkit::fakenvml::serve(host.root());
     let tmp = tempfile::tempdir().unwrap();
     let shim = tmp.path().join("libgpuslice.so");
     std::fs::write(&shim, b"not a real shim: busybox is static").unwrap();

@@ -21,15 +21,12 @@ const NODE: &str = "node-a";
 
 fn host() -> &'static FakeHost {
     static HOST: OnceLock<FakeHost> = OnceLock::new();
-    HOST.get_or_init(|| {
-        let h = FakeHost::builder().gpus(4).mig(3, 2).build().unwrap();
-        std::env::set_var("FAKEGPU_ROOT", h.root());
-        h
-    })
+    HOST.get_or_init(|| FakeHost::builder().gpus(4).mig(3, 2).build().unwrap())
 }
 
 fn inventory() -> Inventory {
     let h = host();
+    let _nvml = gpuslice_testkit::fakenvml::serve(h.root());
     discover(
         &HostRoot::new(h.root()),
         &DiscoverOptions {

@@ -19,11 +19,8 @@ const NODE: &str = "node-a";
 
 fn inventory() -> Inventory {
     static HOST: OnceLock<FakeHost> = OnceLock::new();
-    let h = HOST.get_or_init(|| {
-        let h = FakeHost::builder().gpus(2).build().unwrap();
-        std::env::set_var("FAKEGPU_ROOT", h.root());
-        h
-    });
+    let h = HOST.get_or_init(|| FakeHost::builder().gpus(2).build().unwrap());
+    let _nvml = gpuslice_testkit::fakenvml::serve(h.root());
     discover(
         &HostRoot::new(h.root()),
         &DiscoverOptions {
