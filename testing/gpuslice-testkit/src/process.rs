@@ -54,8 +54,9 @@ pub fn this_test_again(test: &str) -> Command {
     c
 }
 
-/// Runs `cmd` (from [`this_test_again`]) and panics, with its output,
-/// unless the one test it ran passed.
+/// Runs `cmd`, this test binary running one test (as [`this_test_again`]
+/// sets it up, maybe behind a wrapper), and panics, with its output, unless
+/// that test ran and passed.
 pub fn passed_again(cmd: &mut Command) {
     let out = cmd.output().unwrap();
     let log = format!(
