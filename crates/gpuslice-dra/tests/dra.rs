@@ -5,7 +5,6 @@
 //! GPUs are the fake GPU host's.
 
 use fakegpu::FakeHost;
-use gpuslice_core::discover::{discover, DiscoverOptions};
 use gpuslice_core::HostRoot;
 use gpuslice_dra::api::{v1, v1beta1};
 use gpuslice_dra::apiserver::KubeApi;
@@ -97,14 +96,7 @@ impl Env {
     fn options(&self, shim: bool) -> Options {
         let h = host();
         let root = HostRoot::new(h.root());
-        let inventory = discover(
-            &root,
-            &DiscoverOptions {
-                nvml_lib: Some(h.nvml_lib()),
-                ..DiscoverOptions::default()
-            },
-        )
-        .unwrap();
+        let inventory = gpuslice_testkit::fakenvml::discover(h);
         Options {
             driver_name: DRIVER_NAME.into(),
             pool: NODE.into(),
@@ -1337,14 +1329,7 @@ async fn over_capacity_claims_are_refused_clearly() {
 async fn prepare_checks_claims_against_the_gpus_there_now() {
     let e = Env::new().await;
     let d = e.driver(true);
-    let mut inv = discover(
-        &HostRoot::new(host().root()),
-        &DiscoverOptions {
-            nvml_lib: Some(host().nvml_lib()),
-            ..DiscoverOptions::default()
-        },
-    )
-    .unwrap();
+    let mut inv = gpuslice_testkit::fakenvml::discover(host());
     inv.gpus.retain(|g| g.index != 2);
     d.set_inventory(inv);
     e.api

@@ -9,7 +9,6 @@
 //! busybox-static (scripts/test.sh installs them).
 
 use fakegpu::FakeHost;
-use gpuslice_core::discover::{discover, DiscoverOptions};
 use gpuslice_core::HostRoot;
 use gpuslice_dra::apiserver::KubeApi;
 use gpuslice_dra::driver::{spec_path, ClaimRef, Driver, Options};
@@ -41,14 +40,7 @@ async fn podman_runs_a_prepared_claim_with_exactly_its_caps() {
     let api = FakeApiServer::start().await;
     api.put_claim(shared_claim("ns", "e2e", &uid, "node-a", 2, "30Gi", "30"));
     let root = HostRoot::new(host.root());
-    let inventory = discover(
-        &root,
-        &DiscoverOptions {
-            nvml_lib: Some(host.nvml_lib()),
-            ..DiscoverOptions::default()
-        },
-    )
-    .unwrap();
+    let inventory = gpuslice_testkit::fakenvml::discover(&host);
     let driver = Driver::new(
         Options {
             driver_name: DRIVER_NAME.into(),

@@ -4,8 +4,7 @@
 //! under races (resourceVersion conflicts) and behind-the-back changes.
 
 use fakegpu::FakeHost;
-use gpuslice_core::discover::{discover, DiscoverOptions};
-use gpuslice_core::{HostRoot, Inventory};
+use gpuslice_core::Inventory;
 use gpuslice_dra::apiserver::{KubeApi, SliceApi, SliceWriteError};
 use gpuslice_dra::claim::DeviceKind;
 use gpuslice_dra::publish::{
@@ -25,16 +24,7 @@ fn host() -> &'static FakeHost {
 }
 
 fn inventory() -> Inventory {
-    let h = host();
-    let _nvml = gpuslice_testkit::fakenvml::serve(h.root());
-    discover(
-        &HostRoot::new(h.root()),
-        &DiscoverOptions {
-            nvml_lib: Some(h.nvml_lib()),
-            ..DiscoverOptions::default()
-        },
-    )
-    .unwrap()
+    gpuslice_testkit::fakenvml::discover(host())
 }
 
 fn slice0(api: &FakeApiServer) -> Value {

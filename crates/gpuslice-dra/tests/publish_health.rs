@@ -5,8 +5,6 @@
 //! holds `gpuslice_testkit::fakenvml::serve` on its host throughout.
 
 use fakegpu::FakeHost;
-use gpuslice_core::discover::{discover, DiscoverOptions};
-use gpuslice_core::HostRoot;
 use gpuslice_dra::apiserver::KubeApi;
 use gpuslice_dra::publish::{follow, slice_name, SharedPolicy, UNHEALTHY_TAINT};
 use gpuslice_dra::DRIVER_NAME;
@@ -51,14 +49,7 @@ fn tainted(api: &FakeApiServer) -> Vec<String> {
 async fn an_xid_taints_the_gpus_devices_until_it_recovers() {
     let h = FakeHost::builder().gpus(3).build().unwrap();
     let _nvml = gpuslice_testkit::fakenvml::serve(h.root());
-    let inv = discover(
-        &HostRoot::new(h.root()),
-        &DiscoverOptions {
-            nvml_lib: Some(h.nvml_lib()),
-            ..DiscoverOptions::default()
-        },
-    )
-    .unwrap();
+    let inv = gpuslice_testkit::fakenvml::discover(&h);
     let fake = FakeApiServer::start().await;
     let api = KubeApi::new(&fake.url, None).unwrap();
     let (tx, rx) = tokio::sync::watch::channel(Default::default());

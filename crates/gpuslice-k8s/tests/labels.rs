@@ -90,14 +90,7 @@ fn fake_host_labels() {
     drop(nvml);
     let one = FakeHost::builder().gpus(1).build().unwrap();
     let _nvml = gpuslice_testkit::fakenvml::serve(one.root());
-    let inv = discover(
-        &HostRoot::new(one.root()),
-        &DiscoverOptions {
-            nvml_lib: Some(one.nvml_lib()),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let inv = gpuslice_testkit::fakenvml::discover(&one);
     let l = labels::labels(
         &inv,
         &labels::nvml_facts(Some(&one.nvml_lib())),

@@ -12,7 +12,6 @@ use std::process::{Output, Stdio};
 use std::sync::{Arc, OnceLock};
 
 use fakegpu::FakeHost;
-use gpuslice_core::discover::{discover, DiscoverOptions};
 use gpuslice_core::HostRoot;
 use gpuslice_dra::apiserver::KubeApi;
 use gpuslice_dra::driver::{spec_path, ClaimRef, Driver, Options};
@@ -76,14 +75,7 @@ impl Prepared {
         rt.block_on(async {
             let api = FakeApiServer::start().await;
             let root = HostRoot::new(p.host.root());
-            let inventory = discover(
-                &root,
-                &DiscoverOptions {
-                    nvml_lib: Some(p.host.nvml_lib()),
-                    ..DiscoverOptions::default()
-                },
-            )
-            .unwrap();
+            let inventory = gpuslice_testkit::fakenvml::discover(p.host);
             let driver = Driver::new(
                 Options {
                     driver_name: DRIVER_NAME.into(),

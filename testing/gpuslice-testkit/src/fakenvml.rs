@@ -15,6 +15,9 @@
 //! Child processes are given their fake host's environment explicitly
 //! (`fakegpu::FakeHost::env`), never through this process's.
 
+use fakegpu::FakeHost;
+use gpuslice_core::discover::DiscoverOptions;
+use gpuslice_core::{HostRoot, Inventory};
 use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 
@@ -64,6 +67,18 @@ pub fn serve(root: &Path) -> Serve {
     }
     s.holders += 1;
     Serve { _private: () }
+}
+
+/// What discovery finds on the fake host `h`, NVML included (its fake
+/// NVML, loaded here, serving `h` meanwhile).
+pub fn discover(h: &FakeHost) -> Inventory {
+    let _nvml = serve(h.root());
+    let opts = DiscoverOptions {
+        nvml_lib: Some(h.nvml_lib()),
+        ..DiscoverOptions::default()
+    };
+    gpuslice_core::discover::discover(&HostRoot::new(h.root()), &opts)
+        .unwrap_or_else(|e| panic!("discovery on the fake host {}: {e}", h.root().display()))
 }
 
 impl Drop for Serve {
