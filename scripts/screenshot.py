@@ -7,7 +7,7 @@ escape sequences and all) to a PNG, as a terminal of ROWS x COLS shows it.
 README's screenshot of `gpuslice top` is made so, from the capture the
 `top` test keeps with GPUSLICE_TOP_CAPTURE (crates/gpuslice/tests/top.rs):
 
-  GPUSLICE_TOP_CAPTURE=/tmp/top.ansi cargo test -p gpuslice --test top -- top_shows
+  GPUSLICE_TOP_CAPTURE=/tmp/top.ansi cargo test -p gpuslice --test integration -- top::top_shows
   python3 -m venv target/screenshot && target/screenshot/bin/pip install pyte pillow
   target/screenshot/bin/python scripts/screenshot.py \
       --replace "$(grep -ao '/tmp/[.]tmp[A-Za-z0-9]*/fakehost' /tmp/top.ansi | head -1)" /tmp/fakehost \

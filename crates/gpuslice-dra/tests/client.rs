@@ -3,13 +3,15 @@
 //! in-cluster service account), what a refused token and a bad
 //! `--api-server` look like.
 //!
-//! The only test in this binary that changes the environment is
-//! `the_kubeconfig_is_inferred_and_its_absence_is_one_line` (the
-//! environment is the process's); the in-cluster test gives its child
-//! process an environment of its own.
+//! kube-rs infers its configuration from the process's environment
+//! (`KUBECONFIG`, `HOME`, `KUBERNETES_SERVICE_HOST`), which every test of
+//! this binary shares: the tests of inference run again in a child process
+//! given that environment (`gpuslice_testkit::process::this_test_again`),
+//! and none sets it here.
 
 use gpuslice_dra::apiserver::{ApiError, ApiTarget, ClaimSource, KubeApi, SliceApi};
 use gpuslice_testkit::fakeapi::{shared_claim, FakeApiServer};
+use gpuslice_testkit::process::{passed_again, test_name, this_test_again};
 
 const TOKEN: &str = "eyJhbGciOi.the-driver.sa-token";
 
@@ -108,8 +110,20 @@ async fn nobody_listening_is_a_transport_error_naming_the_url() {
     assert_eq!(e.lines().count(), 1, "{e}");
 }
 
+/// Marks the re-runs of [`the_kubeconfig_is_inferred_and_its_absence_is_one_line`]
+/// given its environment: `present` (a kubeconfig; the other token file
+/// named by [`OTHER_TOKEN_FILE`]) or `absent`.
+const KUBECONFIG_CHILD: &str = "GPUSLICE_TEST_KUBECONFIG_CHILD";
+const OTHER_TOKEN_FILE: &str = "GPUSLICE_TEST_OTHER_TOKEN_FILE";
+
 #[tokio::test]
 async fn the_kubeconfig_is_inferred_and_its_absence_is_one_line() {
+    const TEST: &str = "the_kubeconfig_is_inferred_and_its_absence_is_one_line";
+    match std::env::var(KUBECONFIG_CHILD).as_deref() {
+        Ok("present") => return kubeconfig_present().await,
+        Ok("absent") => return kubeconfig_absent().await,
+        _ => {}
+    }
     let fake = FakeApiServer::start().await;
     claim(&fake);
     fake.require_token(Some(TOKEN));
@@ -126,35 +140,51 @@ async fn the_kubeconfig_is_inferred_and_its_absence_is_one_line() {
         ),
     )
     .unwrap();
-    // Edition 2021: set_var is safe; no other test here reads the environment.
-    std::env::set_var("KUBECONFIG", &kubeconfig);
-    std::env::remove_var("KUBERNETES_SERVICE_HOST");
+    let other = dir.path().join("other");
+    std::fs::write(&other, "rotated").unwrap();
+    // The child's requests reach the double served by this test's runtime:
+    // it is awaited off that runtime's thread.
+    let rerun = |child: &'static str, kubeconfig: std::path::PathBuf| {
+        let mut c = this_test_again(&test_name(module_path!(), TEST));
+        c.env(KUBECONFIG_CHILD, child)
+            .env(OTHER_TOKEN_FILE, &other)
+            .env("KUBECONFIG", kubeconfig)
+            .env("HOME", dir.path())
+            .env_remove("KUBERNETES_SERVICE_HOST");
+        tokio::task::spawn_blocking(move || passed_again(&mut c))
+    };
+    rerun("present", kubeconfig).await.unwrap();
+    // The kubeconfig's token, then --token-file's in its place.
+    let seen = fake.authorizations();
+    assert!(
+        seen.ends_with(&[
+            Some(format!("Bearer {TOKEN}")),
+            Some("Bearer rotated".to_string())
+        ]),
+        "{seen:?}"
+    );
+    // Neither a kubeconfig nor a service account: one line saying so.
+    rerun("absent", dir.path().join("missing")).await.unwrap();
+}
+
+/// In the child given a kubeconfig: it is used, and `--token-file`
+/// replaces its credentials.
+async fn kubeconfig_present() {
     let api = ApiTarget::new(None, None).unwrap().connect().await.unwrap();
     let c = api.get_claim("ns", "c").await.unwrap();
     assert_eq!(c.metadata.name.as_deref(), Some("c"));
-    assert_eq!(
-        fake.authorizations().last().unwrap().as_deref(),
-        Some(format!("Bearer {TOKEN}").as_str())
-    );
-
-    // --token-file replaces the inferred credentials.
-    let other = dir.path().join("other");
-    std::fs::write(&other, "rotated").unwrap();
-    let api = ApiTarget::new(None, Some(&other))
+    let other = std::env::var_os(OTHER_TOKEN_FILE).unwrap();
+    let api = ApiTarget::new(None, Some(other.as_ref()))
         .unwrap()
         .connect()
         .await
         .unwrap();
     let e = api.get_claim("ns", "c").await.unwrap_err();
     assert!(matches!(e, ApiError::Status { status: 401, .. }), "{e:?}");
-    assert_eq!(
-        fake.authorizations().last().unwrap().as_deref(),
-        Some("Bearer rotated")
-    );
+}
 
-    // Neither a kubeconfig nor a service account: one line saying so.
-    std::env::set_var("KUBECONFIG", dir.path().join("missing"));
-    std::env::set_var("HOME", dir.path());
+/// In the child with neither a kubeconfig nor a service account.
+async fn kubeconfig_absent() {
     let e = ApiTarget::new(None, None)
         .unwrap()
         .connect()
@@ -198,6 +228,7 @@ bQbFlhH+PW2Tke+XgwBIshk=
 #[test]
 fn in_cluster_the_service_account_is_used_over_tls() {
     const TEST: &str = "in_cluster_the_service_account_is_used_over_tls";
+    let test = test_name(module_path!(), TEST);
     if let Some(port) = std::env::var_os(IN_CLUSTER_CHILD) {
         return in_cluster_child(port.to_str().unwrap());
     }
@@ -224,26 +255,19 @@ printf %s "$SA_TOKEN" > $d/token
 printf %s "$SA_CA" > $d/ca.crt
 printf %s ns > $d/namespace
 exec "$0" --exact "$1" --nocapture --test-threads=1"#;
-    let out = std::process::Command::new("unshare")
-        .args(["-m", "--propagation", "private", "sh", "-c", script])
-        .arg(std::env::current_exe().unwrap())
-        .arg(TEST)
-        .env(IN_CLUSTER_CHILD, &port)
-        .env("SA_TOKEN", TOKEN)
-        .env("SA_CA", TEST_CA)
-        .env("KUBERNETES_SERVICE_HOST", "127.0.0.1")
-        .env("KUBERNETES_SERVICE_PORT", &port)
-        .env("KUBECONFIG", home.path().join("none"))
-        .env("HOME", home.path())
-        .output()
-        .unwrap();
-    let log = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    passed_again(
+        std::process::Command::new("unshare")
+            .args(["-m", "--propagation", "private", "sh", "-c", script])
+            .arg(std::env::current_exe().unwrap())
+            .arg(&test)
+            .env(IN_CLUSTER_CHILD, &port)
+            .env("SA_TOKEN", TOKEN)
+            .env("SA_CA", TEST_CA)
+            .env("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+            .env("KUBERNETES_SERVICE_PORT", &port)
+            .env("KUBECONFIG", home.path().join("none"))
+            .env("HOME", home.path()),
     );
-    assert!(out.status.success(), "{log}");
-    assert!(log.contains("1 passed"), "the child ran the test: {log}");
     // A TLS handshake record (0x16), TLS 1.x (0x03 ..): not plain HTTP.
     let first = server.join().unwrap();
     assert_eq!(first[..2], [0x16, 0x03], "{first:?}");

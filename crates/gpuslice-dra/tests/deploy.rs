@@ -90,15 +90,8 @@ fn check_device_classes(o: &Objects) {
         .mig(1, 1)
         .build()
         .unwrap();
-    std::env::set_var("FAKEGPU_ROOT", host.root());
-    let inv = gpuslice_core::discover::discover(
-        &gpuslice_core::HostRoot::new(host.root()),
-        &gpuslice_core::discover::DiscoverOptions {
-            nvml_lib: Some(host.nvml_lib()),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let _nvml = gpuslice_testkit::fakenvml::serve(host.root());
+    let inv = gpuslice_testkit::fakenvml::discover(&host);
     let published: BTreeSet<String> = devices(&inv, &SharedPolicy::default())
         .iter()
         .map(|d| {
@@ -330,15 +323,8 @@ fn upstream_1_36_schemas_accept_the_manifests_and_the_published_slices() {
         .mig(2, 2)
         .build()
         .unwrap();
-    std::env::set_var("FAKEGPU_ROOT", host.root());
-    let inv = gpuslice_core::discover::discover(
-        &gpuslice_core::HostRoot::new(host.root()),
-        &gpuslice_core::discover::DiscoverOptions {
-            nvml_lib: Some(host.nvml_lib()),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let _nvml = gpuslice_testkit::fakenvml::serve(host.root());
+    let inv = gpuslice_testkit::fakenvml::discover(&host);
     let d = devices(&inv, &SharedPolicy::default());
     // And with GPUs 0 (whole and shared) and 2 (MIG) tainted unhealthy.
     let sick = std::collections::BTreeMap::from([0, 2].map(|g| {

@@ -6,7 +6,6 @@
 
 use fakegpu::FakeHost;
 use gpuslice_cdi::limits_record_path;
-use gpuslice_core::discover::{discover, DiscoverOptions};
 use gpuslice_core::HostRoot;
 use gpuslice_dra::api::{v1, v1beta1};
 use gpuslice_dra::apiserver::KubeApi;
@@ -31,16 +30,15 @@ const GIB: u64 = 1 << 30;
 
 fn host() -> &'static FakeHost {
     static HOST: OnceLock<FakeHost> = OnceLock::new();
-    HOST.get_or_init(|| {
-        let h = FakeHost::builder().gpus(4).mig(3, 2).build().unwrap();
-        std::env::set_var("FAKEGPU_ROOT", h.root());
-        h
-    })
+    HOST.get_or_init(|| FakeHost::builder().gpus(4).mig(3, 2).build().unwrap())
 }
 
 struct Env {
     dir: tempfile::TempDir,
     api: FakeApiServer,
+    /// The in-process fake NVML serves [`host`] for the whole test (the
+    /// driver's health watcher calls it); dropped after everything else.
+    _nvml: gpuslice_testkit::fakenvml::Serve,
 }
 
 /// A test that ends with claims still prepared (as a node may) leaves
@@ -62,6 +60,7 @@ impl Env {
         Env {
             dir,
             api: FakeApiServer::start().await,
+            _nvml: gpuslice_testkit::fakenvml::serve(host().root()),
         }
     }
 
@@ -97,14 +96,7 @@ impl Env {
     fn options(&self, shim: bool) -> Options {
         let h = host();
         let root = HostRoot::new(h.root());
-        let inventory = discover(
-            &root,
-            &DiscoverOptions {
-                nvml_lib: Some(h.nvml_lib()),
-                ..DiscoverOptions::default()
-            },
-        )
-        .unwrap();
+        let inventory = gpuslice_testkit::fakenvml::discover(h);
         Options {
             driver_name: DRIVER_NAME.into(),
             pool: NODE.into(),
@@ -1025,7 +1017,7 @@ async fn two_shares_in_one_claim_are_refused_not_capped_as_one() {
 /// pid namespace, gives their bytes back to the claim.
 #[tokio::test]
 async fn the_plugin_gives_back_what_a_dead_container_held_in_its_claim() {
-    use std::io::{BufRead, BufReader};
+    use gpuslice_testkit::process::spawn_until;
     use std::os::unix::process::CommandExt;
     let e = Env::new().await;
     let d = e.driver(true);
@@ -1052,19 +1044,14 @@ async fn the_plugin_gives_back_what_a_dead_container_held_in_its_claim() {
     .unwrap();
     // A process of a container: its own pid namespace.
     let exercise = gpuslice_testkit::built("gpuslice-ledger-exercise", "gpuslice-testkit");
-    let mut child = std::process::Command::new("unshare")
-        .args(["--pid", "--fork", "--kill-child"])
-        .arg(&exercise)
-        .args(["hold", usage.to_str().unwrap(), "0", &GIB.to_string()])
-        .stdout(std::process::Stdio::piped())
-        .process_group(0)
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line.trim(), "held");
+    let mut child = spawn_until(
+        std::process::Command::new("unshare")
+            .args(["--pid", "--fork", "--kill-child"])
+            .arg(&exercise)
+            .args(["hold", usage.to_str().unwrap(), "0", &GIB.to_string()])
+            .process_group(0),
+        "held",
+    );
     assert_eq!(ledger.used(0), GIB);
     // The whole container goes.
     nix::sys::signal::killpg(
@@ -1342,14 +1329,7 @@ async fn over_capacity_claims_are_refused_clearly() {
 async fn prepare_checks_claims_against_the_gpus_there_now() {
     let e = Env::new().await;
     let d = e.driver(true);
-    let mut inv = discover(
-        &HostRoot::new(host().root()),
-        &DiscoverOptions {
-            nvml_lib: Some(host().nvml_lib()),
-            ..DiscoverOptions::default()
-        },
-    )
-    .unwrap();
+    let mut inv = gpuslice_testkit::fakenvml::discover(host());
     inv.gpus.retain(|g| g.index != 2);
     d.set_inventory(inv);
     e.api

@@ -1,7 +1,7 @@
 //! Hot-plug: a GPU leaving or joining the fake host re-publishes the
 //! pool (a new generation, its devices gone or back) without a restart.
-//! Its own test binary: the fake NVML follows `FAKEGPU_ROOT`, one host per
-//! process.
+//! The fake NVML follows `FAKEGPU_ROOT`, one host per process: the test
+//! holds `gpuslice_testkit::fakenvml::serve` on its host throughout.
 
 use fakegpu::FakeHost;
 use gpuslice_core::discover::{discover, DiscoverOptions};
@@ -39,7 +39,7 @@ fn generation(api: &FakeApiServer) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gpu_leaving_and_joining_the_host_is_republished_within_2s() {
     let h = FakeHost::builder().gpus(3).build().unwrap();
-    std::env::set_var("FAKEGPU_ROOT", h.root());
+    let _nvml = gpuslice_testkit::fakenvml::serve(h.root());
     let root = HostRoot::new(h.root());
     let opts = DiscoverOptions {
         nvml_lib: Some(h.nvml_lib()),

@@ -1,8 +1,8 @@
 //! Hot-plug and health together: after a GPU leaves, the XID watcher
 //! starts over on the GPUs there now, so an XID is reported at the GPU's
 //! new index (not its old one) and the old numbering's health is gone.
-//! Its own test binary: the fake NVML follows `FAKEGPU_ROOT`, one host per
-//! process.
+//! The fake NVML follows `FAKEGPU_ROOT`, one host per process: the test
+//! holds `gpuslice_testkit::fakenvml::serve` on its host throughout.
 
 use fakegpu::FakeHost;
 use gpuslice_core::discover::{discover, DiscoverOptions};
@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_gpu_leaves_xids_are_reported_at_the_new_indexes() {
     let h = FakeHost::builder().gpus(3).build().unwrap();
-    std::env::set_var("FAKEGPU_ROOT", h.root());
+    let _nvml = gpuslice_testkit::fakenvml::serve(h.root());
     let root = HostRoot::new(h.root());
     let opts = DiscoverOptions {
         nvml_lib: Some(h.nvml_lib()),

@@ -10,7 +10,6 @@
 
 use fakegpu::FakeHost;
 use gpuslice_cdi::{limits_record_path, PRELOAD_FILE};
-use gpuslice_core::discover::{discover, DiscoverOptions};
 use gpuslice_core::HostRoot;
 use gpuslice_dra::apiserver::KubeApi;
 use gpuslice_dra::driver::{spec_path, ClaimRef, Driver, Options};
@@ -24,7 +23,7 @@ use std::sync::Arc;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn podman_runs_a_prepared_claim_with_exactly_its_caps() {
     let host = FakeHost::builder().gpus(4).build().unwrap();
-    std::env::set_var("FAKEGPU_ROOT", host.root());
+    let _nvml = gpuslice_testkit::fakenvml::serve(host.root());
     let tmp = tempfile::tempdir().unwrap();
     let shim = tmp.path().join("libgpuslice.so");
     std::fs::write(&shim, b"not a real shim: busybox is static").unwrap();
@@ -41,14 +40,7 @@ async fn podman_runs_a_prepared_claim_with_exactly_its_caps() {
     let api = FakeApiServer::start().await;
     api.put_claim(shared_claim("ns", "e2e", &uid, "node-a", 2, "30Gi", "30"));
     let root = HostRoot::new(host.root());
-    let inventory = discover(
-        &root,
-        &DiscoverOptions {
-            nvml_lib: Some(host.nvml_lib()),
-            ..DiscoverOptions::default()
-        },
-    )
-    .unwrap();
+    let inventory = gpuslice_testkit::fakenvml::discover(&host);
     let driver = Driver::new(
         Options {
             driver_name: DRIVER_NAME.into(),

@@ -4,8 +4,7 @@
 //! under races (resourceVersion conflicts) and behind-the-back changes.
 
 use fakegpu::FakeHost;
-use gpuslice_core::discover::{discover, DiscoverOptions};
-use gpuslice_core::{HostRoot, Inventory};
+use gpuslice_core::Inventory;
 use gpuslice_dra::apiserver::{KubeApi, SliceApi, SliceWriteError};
 use gpuslice_dra::claim::DeviceKind;
 use gpuslice_dra::publish::{
@@ -21,23 +20,11 @@ const NODE: &str = "node-a";
 
 fn host() -> &'static FakeHost {
     static HOST: OnceLock<FakeHost> = OnceLock::new();
-    HOST.get_or_init(|| {
-        let h = FakeHost::builder().gpus(4).mig(3, 2).build().unwrap();
-        std::env::set_var("FAKEGPU_ROOT", h.root());
-        h
-    })
+    HOST.get_or_init(|| FakeHost::builder().gpus(4).mig(3, 2).build().unwrap())
 }
 
 fn inventory() -> Inventory {
-    let h = host();
-    discover(
-        &HostRoot::new(h.root()),
-        &DiscoverOptions {
-            nvml_lib: Some(h.nvml_lib()),
-            ..DiscoverOptions::default()
-        },
-    )
-    .unwrap()
+    gpuslice_testkit::fakenvml::discover(host())
 }
 
 fn slice0(api: &FakeApiServer) -> Value {

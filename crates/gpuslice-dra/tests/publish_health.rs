@@ -1,12 +1,10 @@
 //! Health re-publication: an XID injected into the fake NVML taints the
 //! GPU's devices in the published pool (`NoSchedule`, the XID as value);
 //! after recovery the taints go.
-//! Its own test binary: the fake NVML follows `FAKEGPU_ROOT`, one host per
-//! process.
+//! The fake NVML follows `FAKEGPU_ROOT`, one host per process: the test
+//! holds `gpuslice_testkit::fakenvml::serve` on its host throughout.
 
 use fakegpu::FakeHost;
-use gpuslice_core::discover::{discover, DiscoverOptions};
-use gpuslice_core::HostRoot;
 use gpuslice_dra::apiserver::KubeApi;
 use gpuslice_dra::publish::{follow, slice_name, SharedPolicy, UNHEALTHY_TAINT};
 use gpuslice_dra::DRIVER_NAME;
@@ -50,15 +48,8 @@ fn tainted(api: &FakeApiServer) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_xid_taints_the_gpus_devices_until_it_recovers() {
     let h = FakeHost::builder().gpus(3).build().unwrap();
-    std::env::set_var("FAKEGPU_ROOT", h.root());
-    let inv = discover(
-        &HostRoot::new(h.root()),
-        &DiscoverOptions {
-            nvml_lib: Some(h.nvml_lib()),
-            ..DiscoverOptions::default()
-        },
-    )
-    .unwrap();
+    let _nvml = gpuslice_testkit::fakenvml::serve(h.root());
+    let inv = gpuslice_testkit::fakenvml::discover(&h);
     let fake = FakeApiServer::start().await;
     let api = KubeApi::new(&fake.url, None).unwrap();
     let (tx, rx) = tokio::sync::watch::channel(Default::default());

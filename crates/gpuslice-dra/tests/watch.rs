@@ -5,8 +5,7 @@
 //! again and goes on watching.
 
 use fakegpu::FakeHost;
-use gpuslice_core::discover::{discover, DiscoverOptions};
-use gpuslice_core::{HostRoot, Inventory};
+use gpuslice_core::Inventory;
 use gpuslice_dra::apiserver::KubeApi;
 use gpuslice_dra::publish::{follow, slice_name, SharedPolicy};
 use gpuslice_dra::DRIVER_NAME;
@@ -19,19 +18,8 @@ const NODE: &str = "node-a";
 
 fn inventory() -> Inventory {
     static HOST: OnceLock<FakeHost> = OnceLock::new();
-    let h = HOST.get_or_init(|| {
-        let h = FakeHost::builder().gpus(2).build().unwrap();
-        std::env::set_var("FAKEGPU_ROOT", h.root());
-        h
-    });
-    discover(
-        &HostRoot::new(h.root()),
-        &DiscoverOptions {
-            nvml_lib: Some(h.nvml_lib()),
-            ..DiscoverOptions::default()
-        },
-    )
-    .unwrap()
+    let h = HOST.get_or_init(|| FakeHost::builder().gpus(2).build().unwrap());
+    gpuslice_testkit::fakenvml::discover(h)
 }
 
 /// Starts `follow` (resync: an hour, so only the watch can act) and waits

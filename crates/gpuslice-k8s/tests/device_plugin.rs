@@ -1,7 +1,8 @@
 //! The device plugin against a test kubelet speaking the real v1beta1
 //! protocol over unix sockets, on a fake GPU host (4 GPUs, GPU 3 in MIG
 //! mode with two 1g.18gb instances). The fake NVML is loaded in-process,
-//! so every test of this binary shares one host (FAKEGPU_ROOT).
+//! so every test of this file shares one host, held with
+//! `gpuslice_testkit::fakenvml::serve` by its [`StateDir`].
 //!
 //! Each GPU has one role. `MIXED` gives GPUs 0 and 1 the role whole and
 //! GPU 2 shared (GPU 3, in MIG mode, serves its MIG devices); `SHARED`
@@ -23,22 +24,22 @@ const GIB: u64 = 1 << 30;
 
 fn host() -> &'static FakeHost {
     static HOST: OnceLock<FakeHost> = OnceLock::new();
-    HOST.get_or_init(|| {
-        let h = FakeHost::builder().gpus(4).mig(3, 2).build().unwrap();
-        // The fake NVML reads its host from the environment at init.
-        std::env::set_var("FAKEGPU_ROOT", h.root());
-        h
-    })
+    HOST.get_or_init(|| FakeHost::builder().gpus(4).mig(3, 2).build().unwrap())
 }
 
 /// A test's plugin state. The replicas' directories the plugin leaves
 /// allocated are tmpfs mounts (`gpuslice_k8s::slicedir`): unmounted here,
-/// or they would outlive the temp dir on the host.
-struct StateDir(tempfile::TempDir);
+/// or they would outlive the temp dir on the host. While it lives, the
+/// in-process fake NVML serves [`host`] (the plugin's health watcher
+/// calls it): declared first in a test, it goes last.
+struct StateDir(tempfile::TempDir, gpuslice_testkit::fakenvml::Serve);
 
 impl StateDir {
     fn new() -> Self {
-        StateDir(tempfile::tempdir().unwrap())
+        StateDir(
+            tempfile::tempdir().unwrap(),
+            gpuslice_testkit::fakenvml::serve(host().root()),
+        )
     }
 
     fn path(&self) -> &Path {
@@ -808,6 +809,10 @@ impl Attached {
     fn start(path: &Path, own_pid_namespace: bool) -> Self {
         use std::io::BufRead;
         let exe = std::env::current_exe().unwrap();
+        let helper = gpuslice_testkit::process::test_name(
+            module_path!(),
+            "helper_attach_to_a_ledger_and_wait",
+        );
         let mut cmd = if own_pid_namespace {
             let mut c = std::process::Command::new("unshare");
             c.args(["--pid", "--fork", "--mount-proc", "--kill-child"])
@@ -817,11 +822,7 @@ impl Attached {
             std::process::Command::new(exe)
         };
         let mut child = cmd
-            .args([
-                "--exact",
-                "helper_attach_to_a_ledger_and_wait",
-                "--nocapture",
-            ])
+            .args(["--exact", &helper, "--nocapture"])
             .env("GPUSLICE_TEST_ATTACH", path)
             .stdout(std::process::Stdio::piped())
             .spawn()

@@ -1,5 +1,6 @@
-//! Health from XIDs injected into the fake NVML, and recovery (its own
-//! test binary: the fake NVML is per process).
+//! Health from XIDs injected into the fake NVML, and recovery (the fake
+//! NVML is per process: the test holds `gpuslice_testkit::fakenvml::serve`
+//! on its host throughout).
 
 use fakegpu::FakeHost;
 use gpuslice_core::HostRoot;
@@ -11,7 +12,7 @@ use std::time::Duration;
 #[tokio::test]
 async fn xids_mark_gpus_unhealthy_and_they_recover() {
     let host = FakeHost::builder().gpus(3).build().unwrap();
-    std::env::set_var("FAKEGPU_ROOT", host.root());
+    let _nvml = gpuslice_testkit::fakenvml::serve(host.root());
     let t = tempfile::tempdir().unwrap();
     let mut cfg =
         Config::parse("health: {recoverAfterSeconds: 1}\nroles: [{gpus: [0, 1], role: whole}, {gpus: [2], role: shared, replicas: 2}]").unwrap();

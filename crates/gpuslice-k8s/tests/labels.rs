@@ -9,9 +9,8 @@ use gpuslice_k8s::plugin::config::Config;
 #[test]
 fn fake_host_labels() {
     let h = FakeHost::builder().gpus(4).mig(1, 2).build().unwrap();
-    // The fake NVML describes the host named here (this test binary has
-    // only this test, so the process-wide variable is safe).
-    std::env::set_var("FAKEGPU_ROOT", h.root());
+    // The fake NVML describes the host named here.
+    let nvml = gpuslice_testkit::fakenvml::serve(h.root());
     let opts = DiscoverOptions {
         nvml_lib: Some(h.nvml_lib()),
         ..Default::default()
@@ -88,16 +87,10 @@ fn fake_host_labels() {
     assert!(text.contains("example.com/gpu.product=NVIDIA-H200\n"));
 
     // No config: no sharing labels; one GPU without NVLink peers is PCIe.
+    drop(nvml);
     let one = FakeHost::builder().gpus(1).build().unwrap();
-    std::env::set_var("FAKEGPU_ROOT", one.root());
-    let inv = discover(
-        &HostRoot::new(one.root()),
-        &DiscoverOptions {
-            nvml_lib: Some(one.nvml_lib()),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let _nvml = gpuslice_testkit::fakenvml::serve(one.root());
+    let inv = gpuslice_testkit::fakenvml::discover(&one);
     let l = labels::labels(
         &inv,
         &labels::nvml_facts(Some(&one.nvml_lib())),

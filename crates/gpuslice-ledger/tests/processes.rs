@@ -1,11 +1,11 @@
 //! Multi-process tests of the ledger: many processes under one cap, and a
 //! SIGKILLed process's bytes coming back.
 
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gpuslice_ledger::{DeviceSpec, Ledger, ProcessState};
+use gpuslice_testkit::process::spawn_until;
 
 /// The helper process (crate gpuslice-testkit).
 fn exercise() -> std::path::PathBuf {
@@ -83,18 +83,12 @@ fn a_sigkilled_process_is_reclaimed_by_reap_and_by_the_next_attach() {
     let dir = tempfile::tempdir().unwrap();
     let (path, l) = ledger(dir.path(), &[1024 * MIB]);
     let spawn_holder = |bytes: u64| {
-        let mut c = Command::new(exercise())
-            .args(["hold", path.to_str().unwrap(), "0"])
-            .arg(bytes.to_string())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(c.stdout.as_mut().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert_eq!(line.trim(), "held");
-        c
+        spawn_until(
+            Command::new(exercise())
+                .args(["hold", path.to_str().unwrap(), "0"])
+                .arg(bytes.to_string()),
+            "held",
+        )
     };
     let mut a = spawn_holder(300 * MIB);
     let mut b = spawn_holder(500 * MIB);

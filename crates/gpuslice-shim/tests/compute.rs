@@ -14,35 +14,13 @@ use std::process::{Child, Command, Output, Stdio};
 
 use fakegpu::FakeHost;
 use gpuslice_ledger::Ledger;
+use gpuslice_testkit::{shim_so, SHIM_FILE};
 use serde_json::Value;
 
 /// Simulated kernel time: 200 µs.
-/// These tests measure shares of GPU time that the fake GPU serves from
-/// the CPU: two of them at once on a 2-core CI machine starve each other's
-/// processes and miss their targets, so they run one at a time whatever
-/// `--test-threads` says.
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 const KERNEL_NS: &str = "200000";
 const SECONDS: &str = "1.6";
 const WARMUP: &str = "0.4";
-
-/// The shim as cargo writes it (installed, it is renamed libgpuslice.so).
-const SHIM_FILE: &str = "libgpuslice_shim.so";
-
-fn shim_so() -> PathBuf {
-    fakegpu::artifact_dirs()
-        .into_iter()
-        .map(|d| d.join(SHIM_FILE))
-        .filter(|p| p.is_file())
-        // `cargo test` refreshes deps/, `cargo build` the copy above it:
-        // the newer one is the shim just built.
-        .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok())
-        .expect("libgpuslice_shim.so next to the test binary (cargo build -p gpuslice-shim)")
-}
 
 struct Slice {
     host: FakeHost,
@@ -113,7 +91,7 @@ fn spawn(mut c: impl std::borrow::BorrowMut<Command>) -> Child {
 
 #[test]
 fn the_share_converges_to_the_target_on_every_launch_path() {
-    let _one_at_a_time = serial();
+    let _alone = crate::alone();
     let s = Slice::new();
     // (target %, --via, mode): every launch entry point, each lookup path.
     let cases = [
@@ -203,7 +181,7 @@ fn events_per_launch(v: &Value) -> f64 {
 
 #[test]
 fn a_busy_stream_pays_one_event_per_launch() {
-    let _one_at_a_time = serial();
+    let _alone = crate::alone();
     // The client waits for the GPU after every 8 launches: the first
     // launch after each wait needs an event before it; the 200 µs kernels
     // fill a group each, measured from the event after the launch before.
@@ -225,7 +203,7 @@ fn a_busy_stream_pays_one_event_per_launch() {
 
 #[test]
 fn short_kernels_on_a_busy_stream_share_their_events() {
-    let _one_at_a_time = serial();
+    let _alone = crate::alone();
     // 20 µs kernels, 8 between waits: the first one gets a pair of
     // events, the others join one group closed by one event.
     let s = Slice::new();
@@ -256,7 +234,7 @@ fn short_kernels_on_a_busy_stream_share_their_events() {
 
 #[test]
 fn graph_launches_are_metered() {
-    let _one_at_a_time = serial();
+    let _alone = crate::alone();
     let s = Slice::new();
     let run = |pct: Option<&str>, name: &str| {
         let mut c = s.client(
@@ -279,7 +257,7 @@ fn graph_launches_are_metered() {
 
 #[test]
 fn the_processes_of_a_slice_share_one_budget() {
-    let _one_at_a_time = serial();
+    let _alone = crate::alone();
     let s = Slice::new();
     let children: Vec<Child> = (0..3)
         .map(|_| {
@@ -323,7 +301,7 @@ fn defining_file(c: &mut Command) -> String {
 
 #[test]
 fn without_a_share_the_driver_s_own_launch_functions_are_handed_out() {
-    let _one_at_a_time = serial();
+    let _alone = crate::alone();
     let s = Slice::new();
     for (via, name) in [
         ("procaddr", "cuLaunchKernel"),
@@ -387,7 +365,7 @@ fn side_by_side_with(
 
 #[test]
 fn a_guaranteed_share_borrows_idle_time_and_gives_it_back() {
-    let _one_at_a_time = serial();
+    let _alone = crate::alone();
     // Alone, a guaranteed 30 % may use all but the 5 % margin.
     let alone = side_by_side(&Slice::new(), &[("g", "30", "guaranteed")]);
     assert!(alone[0] > 75.0, "guaranteed 30% alone: {alone:?}");
@@ -423,7 +401,7 @@ fn a_guaranteed_share_borrows_idle_time_and_gives_it_back() {
 
 #[test]
 fn oversubscribed_caps_keep_their_proportions() {
-    let _one_at_a_time = serial();
+    let _alone = crate::alone();
     // 40 + 80 asks for 120 % of the GPU: each slice gets 100/120 of its
     // share, 33 and 67. Each process has a fake GPU of its own here, so
     // turns would only idle one while the other runs: off, the scaling
@@ -460,7 +438,7 @@ fn oversubscribed_caps_keep_their_proportions() {
 
 #[test]
 fn idle_time_is_not_charged_when_another_thread_keeps_the_stream_busy() {
-    let _one_at_a_time = serial();
+    let _alone = crate::alone();
     // Each round one thread leaves a group of short kernels open and goes
     // idle for 5 ms; another thread's 2 ms kernel then keeps the stream
     // busy while the first thread launches again. The stream being busy
@@ -497,7 +475,7 @@ fn idle_time_is_not_charged_when_another_thread_keeps_the_stream_busy() {
 /// on a loaded machine.
 #[test]
 fn slices_take_turns_so_each_is_charged_its_own_work() {
-    let _one_at_a_time = serial();
+    let _alone = crate::alone();
     // 1.5 ms kernels: an 8192^2 bf16 GEMM on the H200. Twice the other
     // tests' window: the 30 % slice runs only ~300 of them in 1.6 s, and
     // a loaded CI machine once left one window 5.1 % off.
@@ -550,7 +528,7 @@ fn slices_take_turns_so_each_is_charged_its_own_work() {
 /// loaded machine spread the runs too much to tell the two apart.
 #[test]
 fn a_slice_of_four_processes_gets_its_share_beside_a_slice_of_one() {
-    let _one_at_a_time = serial();
+    let _alone = crate::alone();
     let s = Slice::new();
     let engine = s.dir.path().join("engine");
     let mut slices = vec![("four", "50", "cap"); 4];
@@ -592,7 +570,7 @@ fn a_slice_of_four_processes_gets_its_share_beside_a_slice_of_one() {
 /// then got 36 %).
 #[test]
 fn a_forged_turn_costs_a_slice_at_most_one_wait_a_second() {
-    let _one_at_a_time = serial();
+    let _alone = crate::alone();
     // Slot 63 holds the turn for an hour from now.
     let forged_turn = |now_us: u64| (BOARD_TURN_AT, forged_turn_word(now_us));
     // Every slot waits.
@@ -627,7 +605,7 @@ fn a_forged_turn_costs_a_slice_at_most_one_wait_a_second() {
 /// over half of the GPU on a loaded 2-core machine.
 #[test]
 fn a_forged_turn_with_forged_waiters_does_not_even_out_a_pair() {
-    let _one_at_a_time = serial();
+    let _alone = crate::alone();
     let (pair, writes) = pair_beside_forger("both");
     eprintln!("beside a forged turn and forged waiters: {pair:?}");
     assert!(writes > 500, "the forger wrote the board {writes} times");
@@ -745,7 +723,7 @@ fn with_board_forger<T>(
 /// keeps its share.
 #[test]
 fn a_truncated_board_does_not_crash_the_slices_that_map_it() {
-    let _one_at_a_time = serial();
+    let _alone = crate::alone();
     let s = Slice::new();
     let mut c = s.client(
         "victim",
@@ -814,7 +792,7 @@ fn forge_condition(condition: &str, f: &std::fs::File, now_us: u64, n: u64) -> s
 #[test]
 #[ignore = "benchmark: a minute a round on a quiet machine"]
 fn lying_slice_bound() {
-    let _one_at_a_time = serial();
+    let _alone = crate::alone();
     let rounds: usize = std::env::var("GPUSLICE_BENCH_ROUNDS")
         .ok()
         .and_then(|r| r.parse().ok())
@@ -986,7 +964,7 @@ fn on_one_engine(slices: &[(f64, usize)], kernel_ns: &str, seconds: &str) -> Sca
 #[test]
 #[ignore = "benchmark: about a minute of two busy CPUs"]
 fn compute_scale() {
-    let _one_at_a_time = serial();
+    let _alone = crate::alone();
     let kernel_ns = std::env::var("GPUSLICE_BENCH_KERNEL_NS").unwrap_or_else(|_| "1500000".into());
     let seconds = "3.2";
     let cases: Vec<(&str, Vec<(f64, usize)>)> = vec![

@@ -13,27 +13,17 @@ use std::time::Instant;
 
 use fakegpu::FakeHost;
 use gpuslice_ledger::Ledger;
+use gpuslice_testkit::process::spawn_until;
+use gpuslice_testkit::{shim_so, SHIM_FILE};
 use serde_json::Value;
 
 const MIB: u64 = 1 << 20;
 /// The fake driver's pool reserve grows in 32 MiB steps, as the H200's.
 const POOL_STEP: u64 = 32 * MIB;
 
-/// The shim as cargo writes it (installed, it is renamed libgpuslice.so).
-const SHIM_FILE: &str = "libgpuslice_shim.so";
-
-fn shim_so() -> PathBuf {
-    fakegpu::artifact_dirs()
-        .into_iter()
-        .map(|d| d.join(SHIM_FILE))
-        .filter(|p| p.is_file())
-        // `cargo test` refreshes deps/, `cargo build` the copy above it:
-        // the newer one is the shim just built.
-        .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok())
-        .expect("libgpuslice_shim.so next to the test binary (cargo build -p gpuslice-shim)")
-}
-
 struct Slice {
+    /// Not while a compute test measures (see `crate::alone`).
+    _beside_others: std::sync::RwLockReadGuard<'static, ()>,
     host: FakeHost,
     _dir: tempfile::TempDir,
     ledger: PathBuf,
@@ -51,6 +41,7 @@ fn slice_on(builder: fakegpu::FakeHostBuilder, cap: &str) -> Slice {
     let dir = tempfile::tempdir().unwrap();
     let ledger = dir.path().join("test.ledger");
     Slice {
+        _beside_others: crate::beside_others(),
         host,
         _dir: dir,
         ledger,
@@ -238,16 +229,7 @@ fn over_the_cap_allocations_fail_with_out_of_memory_and_mem_info_shows_the_cap()
 #[test]
 fn two_processes_share_one_cap() {
     let s = slice("100MiB");
-    let mut holder = s
-        .client(&["hold", &(60 * MIB).to_string()])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(holder.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line.trim(), "held 0");
+    let mut holder = spawn_until(&mut s.client(&["hold", &(60 * MIB).to_string()]), "held 0");
     let v = &s.run(&["fill", &(7 * MIB).to_string()])[0];
     // 40 MiB left: 5 blocks of 7 MiB.
     assert_eq!(n(v, "count"), 5, "{v}");

@@ -10,7 +10,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-mod common;
+use crate::common;
 use common::GPUSLICE;
 const METHODS: [&str; 5] = ["none", "env", "namespace", "cgroup", "full"];
 /// Simulated cuInit cost per reachable GPU.
@@ -105,6 +105,7 @@ fn svg_texts(svg: &str) -> Vec<&str> {
 
 #[test]
 fn probe_pipeline_end_to_end_and_full_isolation_reaches_one_gpu() {
+    let _beside = common::beside_others();
     let h = host();
     let out_dir = tempfile::tempdir().unwrap();
     let out = bench(
@@ -233,6 +234,7 @@ echo "{\"import_ms\": 1.5, \"init_ms\": 2.5, \"tensor_ms\": 3.5, \"total_ms\": 7
 
 #[test]
 fn torch_workload_and_failed_runs_are_recorded_not_dropped() {
+    let _beside = common::beside_others();
     let h = host();
     let dir = tempfile::tempdir().unwrap();
     let python = fake_python(dir.path());
@@ -295,6 +297,7 @@ fn torch_workload_and_failed_runs_are_recorded_not_dropped() {
 
 #[test]
 fn json_flag_prints_the_document_and_all_failing_warmups_stop_early() {
+    let _beside = common::beside_others();
     let h = host();
     let dir = tempfile::tempdir().unwrap();
     let python = fake_python(dir.path());
@@ -342,6 +345,7 @@ fn json_flag_prints_the_document_and_all_failing_warmups_stop_early() {
 
 #[test]
 fn bad_counts_fail_with_a_reason() {
+    let _beside = common::beside_others();
     let h = host();
     let out = bench(&h, &["--counts", "9"]);
     assert_eq!(out.status.code(), Some(1));

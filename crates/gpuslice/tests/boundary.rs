@@ -9,6 +9,7 @@
 //! tests/boundary/attack.py, which scripts/device_all.sh (PART boundary)
 //! runs against the real driver too.
 
+use crate::common;
 use fakegpu::FakeHost;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -157,6 +158,7 @@ fn descendant_named(ancestor: u32, comm: &str) -> Option<u32> {
 
 #[test]
 fn a_slice_cannot_move_itself_out_of_its_cgroup() {
+    let _beside = common::beside_others();
     let h = host();
     for v in versions() {
         let m = cgroup_mount(v);
@@ -181,6 +183,7 @@ fn a_slice_cannot_move_itself_out_of_its_cgroup() {
 
 #[test]
 fn a_slice_cannot_move_another_slices_process() {
+    let _beside = common::beside_others();
     let h = host();
     for v in versions() {
         let victim = Victim::start(&h, &["--gpus", "0", "--cgroup", v]);
@@ -203,6 +206,7 @@ fn a_slice_cannot_move_another_slices_process() {
 
 #[test]
 fn a_slice_cannot_ptrace_another_slice() {
+    let _beside = common::beside_others();
     let h = host();
     let victim = Victim::start(&h, &["--gpus", "0"]);
     let script = attack(&format!("ptrace {}", victim.pid));
@@ -222,6 +226,7 @@ fn a_slice_cannot_ptrace_another_slice() {
 
 #[test]
 fn a_slice_cannot_read_another_slices_memory() {
+    let _beside = common::beside_others();
     let h = host();
     let victim = Victim::start(&h, &["--gpus", "0"]);
     let script = attack(&format!("vmread {}", victim.pid));
@@ -238,6 +243,7 @@ fn a_slice_cannot_read_another_slices_memory() {
 
 #[test]
 fn a_slice_cannot_ptrace_its_launcher_or_init() {
+    let _beside = common::beside_others();
     let h = host();
     // The parent: the slice's init by default, the launcher with --pid host.
     let script = attack("ptrace $PPID");
@@ -254,6 +260,7 @@ fn a_slice_cannot_ptrace_its_launcher_or_init() {
 
 #[test]
 fn proc_pid_root_of_other_slices_and_host_processes_is_not_there() {
+    let _beside = common::beside_others();
     let h = host();
     let victim = Victim::start(&h, &["--gpus", "0"]);
     let hidden = format!("{}/dev/nvidia0", root_of(&h));
@@ -274,6 +281,7 @@ fn proc_pid_root_of_other_slices_and_host_processes_is_not_there() {
 
 #[test]
 fn setuid_to_a_host_users_uid_does_not_reach_its_proc_root() {
+    let _beside = common::beside_others();
     let h = host();
     // A process of nobody's outside any slice, as on a shared server.
     let mut nobody = Command::new("setpriv")
@@ -302,6 +310,7 @@ fn setuid_to_a_host_users_uid_does_not_reach_its_proc_root() {
 
 #[test]
 fn a_slice_cannot_detach_its_device_filter() {
+    let _beside = common::beside_others();
     let h = host();
     let r = root_of(&h);
     let m = cgroup_mount("v2");
@@ -322,6 +331,7 @@ fn a_slice_cannot_detach_its_device_filter() {
 
 #[test]
 fn a_slice_cannot_unmount_or_remount_its_dev_and_params() {
+    let _beside = common::beside_others();
     let h = host();
     let r = root_of(&h);
     let p = format!("{r}/proc/driver/nvidia/params");
@@ -342,6 +352,7 @@ fn a_slice_cannot_unmount_or_remount_its_dev_and_params() {
 
 #[test]
 fn a_slice_cannot_mount_a_new_devtmpfs_or_procfs() {
+    let _beside = common::beside_others();
     let h = host();
     let script = "d=$(mktemp -d); \
          mount -t devtmpfs devtmpfs $d 2>/dev/null && echo devtmpfs && umount $d; \
@@ -355,6 +366,7 @@ fn a_slice_cannot_mount_a_new_devtmpfs_or_procfs() {
 
 #[test]
 fn a_slice_cannot_mknod() {
+    let _beside = common::beside_others();
     let h = host();
     // Not a GPU node (the device cgroup refuses those even to full root,
     // tests/run_isolation.rs): the capability is what is tested here.
@@ -374,6 +386,7 @@ fn a_slice_cannot_mknod() {
 
 #[test]
 fn a_slice_cannot_unshare_or_setns() {
+    let _beside = common::beside_others();
     let h = host();
     let script = "unshare -m true 2>/dev/null && echo mount-ns; \
                   unshare -U true 2>/dev/null && echo user-ns; \
@@ -387,6 +400,7 @@ fn a_slice_cannot_unshare_or_setns() {
 
 #[test]
 fn a_slice_cannot_write_the_hosts_sysctls() {
+    let _beside = common::beside_others();
     let h = host();
     // Opened for writing only: no host sysctl is ever written, not even
     // with its own value (issue 26).
@@ -425,6 +439,7 @@ const MODES: [&[&str]; 4] = [
 
 #[test]
 fn proc_sys_is_read_only_in_every_pid_mode() {
+    let _beside = common::beside_others();
     // Issue 26: --pid host gave the host's /proc/sys back, writable, and
     // uid 0 without a capability set kernel.core_pattern (a pipe to a
     // root shell outside every namespace). Opened for writing only.
@@ -470,6 +485,7 @@ impl Drop for Mounted {
 
 #[test]
 fn the_hosts_other_pseudo_filesystems_are_read_only_or_masked() {
+    let _beside = common::beside_others();
     // Issue 26: a second procfs (a chroot's /proc), a second cgroup2 and a
     // bpffs mounted elsewhere on the host stayed writable in a slice.
     let h = host();
@@ -506,6 +522,7 @@ fn the_hosts_other_pseudo_filesystems_are_read_only_or_masked() {
 
 #[test]
 fn a_pseudo_filesystem_the_host_mounts_later_does_not_enter_a_slice() {
+    let _beside = common::beside_others();
     // The slice's mount namespace is private: a slave of the host's would
     // receive a procfs mounted after the seal, unsealed.
     let h = host();
@@ -552,6 +569,8 @@ fn a_pseudo_filesystem_the_host_mounts_later_does_not_enter_a_slice() {
 
 #[test]
 fn a_slice_cannot_change_what_other_slices_load() {
+    // Opens gpuslice-full for writing: no other test may be running it.
+    let _alone = common::alone();
     // Issue 26: a --strict root command opened the installed shim for
     // writing; the driver libraries and the loader's configuration alike.
     // Each opened for writing only (never written), and a file made in
@@ -596,6 +615,7 @@ fn a_slice_cannot_change_what_other_slices_load() {
 
 #[test]
 fn read_only_root_leaves_tmp_shm_and_the_working_directory_writable() {
+    let _beside = common::beside_others();
     // --read-only-root: the host's root read-only in the slice (a root
     // tenant changes nothing a later one runs), a job's scratch writable.
     let h = host();
@@ -629,6 +649,7 @@ fn read_only_root_leaves_tmp_shm_and_the_working_directory_writable() {
 
 #[test]
 fn junk_in_the_ledger_directory_is_summarized_in_one_line() {
+    let _beside = common::beside_others();
     // Issue 26: 50,000 empty `*.ledger` files planted by nobody in the
     // ledger directory (1777) made `gpuslice slices` print 50,000 lines.
     let dir = tempfile::tempdir().unwrap();
@@ -681,6 +702,7 @@ fn junk_in_the_ledger_directory_is_summarized_in_one_line() {
 
 #[test]
 fn a_gpus_board_cannot_be_squatted() {
+    let _beside = common::beside_others();
     // Issue 26: a junk file planted by nobody as a GPU's board in the
     // sticky boards directory switched off taking turns on that GPU until
     // root removed it. Root now makes the board when a slice with a share
@@ -738,6 +760,7 @@ fn a_gpus_board_cannot_be_squatted() {
 
 #[test]
 fn descriptors_beyond_stdio_are_not_inherited() {
+    let _beside = common::beside_others();
     let h = host();
     let r = root_of(&h);
     // The caller holds the host's /dev (with the hidden node) on fds 3–5.
@@ -761,6 +784,7 @@ fn descriptors_beyond_stdio_are_not_inherited() {
 
 #[test]
 fn preserve_fds_must_name_open_descriptors() {
+    let _beside = common::beside_others();
     let h = host();
     let out = command(&h, &["--gpus", "1", "--preserve-fds", "40"], "true")
         .output()
@@ -773,6 +797,7 @@ fn preserve_fds_must_name_open_descriptors() {
 
 #[test]
 fn preserve_fds_past_the_descriptor_limit_is_refused() {
+    let _beside = common::beside_others();
     let h = host();
     // 4294967295: 3 + N wrapped to 2, and the command lost its own stdio
     // (exit 0). 62 under `ulimit -n 64`: descriptors 3..65 cannot exist.
@@ -813,6 +838,7 @@ fn processes_running(argv: &[&str]) -> Vec<u32> {
 
 #[test]
 fn a_process_that_detaches_does_not_outlive_its_slice() {
+    let _beside = common::beside_others();
     let h = host();
     // Out of the slice cgroup first, in whichever hierarchy holds it.
     let escape = "for f in /sys/fs/cgroup/cgroup.procs /sys/fs/cgroup/unified/cgroup.procs \
@@ -867,6 +893,7 @@ fn status_of(h: &FakeHost, flags: &[&str]) -> String {
 
 #[test]
 fn a_non_root_user_holds_no_capability_and_cannot_get_one_back() {
+    let _beside = common::beside_others();
     let h = host();
     // The bounding set is cut before the switch (it takes CAP_SETPCAP,
     // which the switch loses): docker's set less MKNOD, NET_RAW and
@@ -907,6 +934,7 @@ fn a_non_root_user_holds_no_capability_and_cannot_get_one_back() {
 
 #[test]
 fn a_user_command_dies_with_its_killed_launcher() {
+    let _beside = common::beside_others();
     // A change of credentials clears the parent-death signal: the child
     // sets it again after the user switch, else the command would run on,
     // unsupervised, once the launcher is SIGKILLed (--pid host: no PID

@@ -3,6 +3,7 @@
 //! busybox-static (no registry). Needs root, podman, runc and
 //! busybox-static (scripts/test.sh installs them).
 
+use crate::common;
 use fakegpu::FakeHost;
 use gpuslice_testkit::podman::{nvidia_nodes, Image};
 use std::path::Path;
@@ -22,6 +23,7 @@ fn podman_alone() -> std::sync::MutexGuard<'static, ()> {
 
 #[test]
 fn podman_runs_containers_with_the_generated_spec() {
+    let _beside = common::beside_others();
     let _alone = podman_alone();
     let host = FakeHost::builder().gpus(4).build().unwrap();
     let tmp = tempfile::tempdir().unwrap();
@@ -154,6 +156,7 @@ fn podman_runs_containers_with_the_generated_spec() {
 
 #[test]
 fn check_reports_a_driver_upgrade() {
+    let _beside = common::beside_others();
     let host = FakeHost::builder().gpus(1).build().unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let spec = tmp.path().join("cdi").join("gpuslice.json");
@@ -201,6 +204,7 @@ fn check_reports_a_driver_upgrade() {
 /// driver holds no limit for the container.
 #[test]
 fn a_capped_slice_s_container_gets_the_driver_s_limit_from_its_hook() {
+    let _beside = common::beside_others();
     let _alone = podman_alone();
     let host = r615_host();
     let tmp = tempfile::tempdir().unwrap();
@@ -243,6 +247,7 @@ fn a_capped_slice_s_container_gets_the_driver_s_limit_from_its_hook() {
 /// the container's ledger is its shim's and nobody vouches for it.
 #[test]
 fn a_shared_variant_s_container_is_vouched_for_on_its_gpu_s_board() {
+    let _beside = common::beside_others();
     let _alone = podman_alone();
     let host = FakeHost::builder().gpus(1).build().unwrap();
     let tmp = tempfile::tempdir().unwrap();
@@ -472,11 +477,12 @@ fn allocate_a_shared_replica(
 /// for the container.
 #[test]
 fn a_device_plugin_replica_s_container_gets_the_driver_s_limit() {
+    let _beside = common::beside_others();
     use gpuslice_k8s::plugin::{config::Config, spawn, Options};
     let _alone = podman_alone();
     let host = r615_host();
     // The plugin discovers through the fake NVML in this process.
-    std::env::set_var("FAKEGPU_ROOT", host.root());
+    let _nvml = gpuslice_testkit::fakenvml::serve(host.root());
     let tmp = tempfile::tempdir().unwrap();
     let kind = format!("gpuslice.dev/dptest{}", std::process::id());
     let mut cfg = Config::parse("roles: [{gpus: others, role: shared, replicas: 2}]\n").unwrap();

@@ -6,14 +6,12 @@
 //! it says; bad input is refused with one line, exit 125, and nothing left
 //! behind. Needs root (CI runs it as root) and the workspace built.
 
-use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::sync::{Arc, OnceLock};
 
 use fakegpu::FakeHost;
-use gpuslice_core::discover::{discover, DiscoverOptions};
 use gpuslice_core::HostRoot;
 use gpuslice_dra::apiserver::KubeApi;
 use gpuslice_dra::driver::{spec_path, ClaimRef, Driver, Options};
@@ -21,23 +19,23 @@ use gpuslice_dra::DRIVER_NAME;
 use gpuslice_testkit::fakeapi::{device_claim, shared_claim, FakeApiServer};
 use serde_json::{json, Value};
 
-mod common;
-use common::slice::{built_shim, client, gpuslice, slices_json};
-use common::Kill;
+use crate::common;
+use common::slice::{gpuslice, slices_json};
+use gpuslice_testkit::process::{spawn_until, Kill};
+use gpuslice_testkit::{shim_client, shim_so};
 
 const GIB: u64 = 1 << 30;
 
 /// A fake host of 4 GPUs, and claims prepared on it by the DRA driver
 /// (read from the API test double as kube-scheduler writes them), their
 /// specs in `cdi`.
-/// One fake host for the file's tests: discovery reads `FAKEGPU_ROOT`,
-/// which is the process's.
+/// One fake host for the file's tests (discovery's fake NVML serves it
+/// while a test holds `gpuslice_testkit::fakenvml::serve`).
 fn host() -> &'static FakeHost {
     static HOST: OnceLock<FakeHost> = OnceLock::new();
     HOST.get_or_init(|| {
         let h = FakeHost::builder().gpus(4).build().unwrap();
         std::fs::set_permissions(h.root(), std::fs::Permissions::from_mode(0o755)).unwrap();
-        std::env::set_var("FAKEGPU_ROOT", h.root());
         h
     })
 }
@@ -73,17 +71,11 @@ impl Prepared {
             .enable_all()
             .build()
             .unwrap();
+        let _nvml = gpuslice_testkit::fakenvml::serve(p.host.root());
         rt.block_on(async {
             let api = FakeApiServer::start().await;
             let root = HostRoot::new(p.host.root());
-            let inventory = discover(
-                &root,
-                &DiscoverOptions {
-                    nvml_lib: Some(p.host.nvml_lib()),
-                    ..DiscoverOptions::default()
-                },
-            )
-            .unwrap();
+            let inventory = gpuslice_testkit::fakenvml::discover(p.host);
             let driver = Driver::new(
                 Options {
                     driver_name: DRIVER_NAME.into(),
@@ -92,7 +84,7 @@ impl Prepared {
                     inventory,
                     cdi_dir: p.cdi(),
                     state_dir: p.tmp.path().join("state"),
-                    shim: Some(built_shim()),
+                    shim: Some(shim_so()),
                     hook: None,
                     strip_host_root: false,
                     policy: gpuslice_dra::publish::SharedPolicy::default(),
@@ -197,28 +189,23 @@ fn fake_driver(h: &FakeHost) -> String {
 
 #[test]
 fn a_prepared_claim_runs_with_exactly_its_caps_and_only_its_gpu() {
+    let _beside = common::beside_others();
     let p = Prepared::new(&[("claim-a", 2, "20Gi", "30"), ("claim-b", 1, "40Gi", "60")]);
-    let c = client();
+    let c = shim_client();
     let c = c.to_str().unwrap();
 
     // A holder in claim B's slice: the victim of the attacks below.
-    let mut holder = p
-        .run(&[
+    let holder = spawn_until(
+        &mut p.run(&[
             "--cdi-device",
             &id("claim-b"),
             "--",
             "sh",
             "-c",
             &format!("{}exec {c} hold 50000000", fake_driver(p.host)),
-        ])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(holder.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line.trim(), "held 0");
+        ]),
+        "held 0",
+    );
     let victim = Kill(holder);
     let v = slices_json(p.host, p.ledgers.path());
     let s = &v["slices"][0];
@@ -350,6 +337,7 @@ fn run_spec(p: &Prepared, dir: &Path, script: &str) -> Output {
 
 #[test]
 fn a_spec_mount_is_made_exactly_as_the_spec_says() {
+    let _beside = common::beside_others();
     let p = Prepared::new(&[]);
     let secret = p.tmp.path().join("secret");
     std::fs::create_dir(&secret).unwrap();
@@ -421,6 +409,7 @@ fn assert_refused(p: &Prepared, out: &Output, says: &str) {
 
 #[test]
 fn bad_cdi_input_is_refused_with_one_line_and_nothing_left() {
+    let _beside = common::beside_others();
     let p = Prepared::new(&[("claim-a", 2, "20Gi", "30"), ("claim-c", 3, "10Gi", "10")]);
     let run = |args: &[&str]| {
         let mut all = args.to_vec();
@@ -469,7 +458,7 @@ fn bad_cdi_input_is_refused_with_one_line_and_nothing_left() {
 
     // A record the claim's nodes do not select.
     let dir = p.tmp.path().join("specs");
-    let shim = built_shim();
+    let shim = shim_so();
     let record = p.record("claim-a"); // GPU 2's; the spec names GPU 0
     write_spec(
         &p,
@@ -516,12 +505,13 @@ fn bad_cdi_input_is_refused_with_one_line_and_nothing_left() {
 
 #[test]
 fn a_whole_gpu_claim_runs_uncapped_on_its_gpu_alone() {
+    let _beside = common::beside_others();
     let p = Prepared::new(&[("whole", 1, "", "")]);
     let script = format!(
         "{}ls {}/dev | grep '^nvidia[0-9]'; {} info; test -e /run/gpuslice/slice/limits && echo CAPPED; true",
         fake_driver(p.host),
         p.host.root().display(),
-        client().display()
+        shim_client().display()
     );
     let out = p
         .run(&["--cdi-device", &id("whole"), "--", "sh", "-c", &script])
@@ -553,11 +543,12 @@ fn a_whole_gpu_claim_runs_uncapped_on_its_gpu_alone() {
 /// real GPU (context switches), which the H200's `dra` part measures.
 #[test]
 fn two_claims_on_one_gpu_get_their_shares_of_its_time() {
+    let _alone = common::alone();
     let p = Prepared::new(&[("claim-s", 0, "10Gi", "30"), ("claim-t", 0, "10Gi", "60")]);
     let engine = p.tmp.path().join("engine");
     std::fs::File::create(&engine).unwrap();
     std::fs::set_permissions(&engine, std::fs::Permissions::from_mode(0o666)).unwrap();
-    let c = client();
+    let c = shim_client();
     let script = format!(
         "{}exec {} --via procaddr compute kernel 200000 3 0.5",
         fake_driver(p.host),

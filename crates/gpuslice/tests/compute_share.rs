@@ -11,13 +11,14 @@ use std::time::Duration;
 use fakegpu::FakeHost;
 use serde_json::Value;
 
-mod common;
-use common::slice::{client, gpuslice, slices_json, slices_text};
+use crate::common;
+use common::slice::{gpuslice, slices_json, slices_text};
+use gpuslice_testkit::shim_client;
 
 /// `gpuslice run --gpus 0 <limits> -- <client> compute kernel` (200 µs
 /// kernels, 1.2 s measured after 0.3 s).
 fn run_client(h: &FakeHost, ledgers: &Path, limits: &[&str]) -> Command {
-    let client = client();
+    let client = shim_client();
     let mut args = vec!["run", "--gpus", "0"];
     args.extend_from_slice(limits);
     args.extend([
@@ -47,6 +48,7 @@ fn achieved(out: &std::process::Output) -> f64 {
 
 #[test]
 fn run_with_compute_holds_the_share_and_slices_shows_it() {
+    let _alone = common::alone();
     let h = FakeHost::builder().gpus(1).build().unwrap();
     let ledgers = tempfile::tempdir().unwrap();
     let child = run_client(&h, ledgers.path(), &["--compute", "40"])
@@ -120,6 +122,7 @@ fn run_with_compute_holds_the_share_and_slices_shows_it() {
 
 #[test]
 fn a_guaranteed_share_runs_past_it_while_the_gpu_is_idle() {
+    let _alone = common::alone();
     let h = FakeHost::builder().gpus(1).build().unwrap();
     let ledgers = tempfile::tempdir().unwrap();
     let child = run_client(

@@ -2,7 +2,7 @@
 //! hardware: `gpuslice fakehost DIR`, then `list` and `run` on it. Needs
 //! root (mknod, mount namespaces, cgroups), as CI runs it.
 
-mod common;
+use crate::common;
 use common::GPUSLICE;
 use std::path::Path;
 use std::process::{Command, Output};
@@ -23,6 +23,7 @@ fn host_root_run(dir: &Path, args: &[&str]) -> Output {
 
 #[test]
 fn fakehost_then_list_and_run_show_the_isolation_on_a_simulated_host() {
+    let _beside = common::beside_others();
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("fake");
     let d = dir.to_str().unwrap();
@@ -107,6 +108,7 @@ fn fakehost_then_list_and_run_show_the_isolation_on_a_simulated_host() {
 
 #[test]
 fn fakehost_refuses_bad_input_and_leaves_nothing_behind() {
+    let _beside = common::beside_others();
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("fake");
     let d = dir.to_str().unwrap();
@@ -158,6 +160,7 @@ fn the_readme_demo_shows_the_cap_refuse_and_two_slices_share_a_gpu() {
     ) {
         return;
     }
+    let _alone = common::alone();
     let tmp = tempfile::tempdir().unwrap();
     let host = tmp.path().join("fakehost");
     let ledgers = tmp.path().join("ledgers");

@@ -9,7 +9,7 @@ use serde_json::Value;
 use std::fs;
 use std::process::Command;
 
-mod common;
+use crate::common;
 use common::GPUSLICE;
 use gpuslice_testkit::{needs_program, precondition};
 
@@ -87,6 +87,7 @@ fn found(v: &Value, code: i32, name: &str, status: &str, detail: &[&str], fix: &
 
 #[test]
 fn healthy_fake_host_passes() {
+    let _beside = common::beside_others();
     let h = healthy().build().expect("fake host");
     let (code, v) = doctor(&h, &[]);
     assert_eq!(code, 0, "{v:#}");
@@ -145,6 +146,7 @@ fn healthy_fake_host_passes() {
 
 #[test]
 fn missing_device_node() {
+    let _beside = common::beside_others();
     let h = healthy().build().unwrap();
     h.remove_node(2).unwrap();
     let (code, v) = doctor(&h, &[]);
@@ -160,6 +162,7 @@ fn missing_device_node() {
 
 #[test]
 fn library_driver_version_mismatch() {
+    let _beside = common::beside_others();
     let h = healthy().driver_libs("575.57.08").build().unwrap();
     let (code, v) = doctor(&h, &[]);
     // Both libraries are of the wrong version: two failures of one fault.
@@ -191,6 +194,7 @@ fn library_driver_version_mismatch() {
 
 #[test]
 fn missing_libraries() {
+    let _beside = common::beside_others();
     let h = FakeHost::builder()
         .gpus(1)
         .modify_device_files(false)
@@ -212,6 +216,7 @@ fn missing_libraries() {
 
 #[test]
 fn degraded_link() {
+    let _beside = common::beside_others();
     let h = healthy().degraded_link(1).build().unwrap();
     let (code, v) = doctor(&h, &[]);
     found(
@@ -226,6 +231,7 @@ fn degraded_link() {
 
 #[test]
 fn persistence_off() {
+    let _beside = common::beside_others();
     let h = healthy().persistence_mode(false).build().unwrap();
     let (code, v) = doctor(&h, &[]);
     found(
@@ -240,6 +246,7 @@ fn persistence_off() {
 
 #[test]
 fn modify_device_files_on() {
+    let _beside = common::beside_others();
     let h = healthy().modify_device_files(true).build().unwrap();
     let (code, v) = doctor(&h, &[]);
     found(
@@ -254,6 +261,7 @@ fn modify_device_files_on() {
 
 #[test]
 fn no_writable_cgroup() {
+    let _beside = common::beside_others();
     let h = healthy().build().unwrap();
     // No cgroup at all where the check is pointed.
     let missing = h.root().join("no-cgroup-here");
@@ -355,6 +363,7 @@ fn write_spec(h: &FakeHost, version: &str, extra_node: Option<&str>) {
 
 #[test]
 fn stale_cdi_spec() {
+    let _beside = common::beside_others();
     let h = healthy().build().unwrap();
     write_spec(&h, DRIVER_VERSION, None);
     let (code, v) = doctor(&h, &[]);
@@ -398,6 +407,7 @@ fn stale_cdi_spec() {
 
 #[test]
 fn xid_errors_in_the_kernel_log() {
+    let _beside = common::beside_others();
     let h = healthy().build().unwrap();
     fs::write(
         h.root().join("dev/kmsg"),
@@ -471,6 +481,7 @@ fn resetting_server(sock: &std::path::Path) -> std::thread::JoinHandle<()> {
 /// GetInfo, or never answers it, fails `dra.plugin`.
 #[test]
 fn dra_node() {
+    let _beside = common::beside_others();
     use std::os::unix::net::UnixListener;
     let h = healthy().build().unwrap();
     let put = |rel: &str, text: &str| {
@@ -604,6 +615,7 @@ fn dra_node() {
 
 #[test]
 fn conflicting_nvidia_toolkit() {
+    let _beside = common::beside_others();
     let h = healthy().build().unwrap();
     let conf = h.root().join("etc/nvidia-container-runtime/config.toml");
     fs::create_dir_all(conf.parent().unwrap()).unwrap();
@@ -623,6 +635,7 @@ fn conflicting_nvidia_toolkit() {
 /// once the host has another GPU.
 #[test]
 fn cdi_spec_from_cdi_generate() {
+    let _beside = common::beside_others();
     let h = healthy().build().unwrap();
     let spec = h.root().join("etc/cdi/gpuslice.yaml");
     let out = Command::new(GPUSLICE)
@@ -662,6 +675,7 @@ fn cdi_spec_from_cdi_generate() {
 
 #[test]
 fn compute_boards_directory() {
+    let _beside = common::beside_others();
     use std::os::unix::fs::PermissionsExt;
     let h = healthy().build().unwrap();
     let dir = h.root().join("run/gpuslice/gpus");
@@ -712,6 +726,7 @@ fn compute_boards_directory() {
 
 #[test]
 fn policy_file_and_sudo_rule() {
+    let _beside = common::beside_others();
     use std::os::unix::fs::PermissionsExt;
     let h = healthy().build().expect("fake host");
     let etc = h.root().join("etc");

@@ -5,9 +5,10 @@
 //! its cap; `unprepare` (a restarted plugin) removes every spec and record;
 //! `bench dra` reports its latencies. Needs root and the workspace built.
 
-mod common;
-use common::slice::{client, gpuslice};
+use crate::common;
+use common::slice::gpuslice;
 use fakegpu::FakeHost;
+use gpuslice_testkit::shim_client;
 use serde_json::Value;
 use std::path::Path;
 
@@ -25,6 +26,7 @@ fn json_of(out: &std::process::Output) -> Value {
 
 #[test]
 fn the_dra_selftest_prepares_claims_that_run_with_their_caps() {
+    let _beside = common::beside_others();
     let h = FakeHost::builder().gpus(2).build().unwrap();
     let ledgers = tempfile::tempdir().unwrap();
     let tmp = tempfile::tempdir().unwrap();
@@ -52,7 +54,7 @@ fn the_dra_selftest_prepares_claims_that_run_with_their_caps() {
         .find(|(k, _)| k == "LD_LIBRARY_PATH")
         .unwrap()
         .1;
-    let c = client();
+    let c = shim_client();
     for (claim, cap) in claims.iter().zip([20, 40]) {
         let id = claim["cdi_device_ids"][0].as_str().unwrap();
         let cdi = work.join("cdi");
@@ -99,6 +101,7 @@ fn the_dra_selftest_prepares_claims_that_run_with_their_caps() {
 
 #[test]
 fn bench_dra_reports_prepare_latencies_and_publication_after_xids() {
+    let _beside = common::beside_others();
     let h = FakeHost::builder().gpus(2).build().unwrap();
     let ledgers = tempfile::tempdir().unwrap();
     let tmp = tempfile::tempdir().unwrap();

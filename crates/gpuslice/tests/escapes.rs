@@ -32,9 +32,9 @@ use std::time::{Duration, Instant};
 use fakegpu::FakeHost;
 use serde_json::Value;
 
-mod common;
+use crate::common;
 use common::slice::{gpuslice, slices_json, slices_text};
-use common::Kill;
+use gpuslice_testkit::process::Kill;
 
 const CHUNK: u64 = 256 << 20;
 const CAP: u64 = 1 << 30;
@@ -110,6 +110,7 @@ fn run_client_with(
 /// a 1 GiB cap. The shim's `dlvsym` hands out its own `dlsym`.
 #[test]
 fn dlvsym_of_dlsym_is_refused_at_the_cap() {
+    let _beside = common::beside_others();
     let h = host();
     let ledgers = tempfile::tempdir().unwrap();
     let bin = tempfile::tempdir().unwrap();
@@ -130,6 +131,7 @@ fn dlvsym_of_dlsym_is_refused_at_the_cap() {
 /// answers `RTLD_NEXT` for the names it interposes with its wrapper.
 #[test]
 fn rtld_next_from_a_library_linked_to_libcuda_is_refused_at_the_cap() {
+    let _beside = common::beside_others();
     let h = host();
     let ledgers = tempfile::tempdir().unwrap();
     let bin = tempfile::tempdir().unwrap();
@@ -162,6 +164,7 @@ fn rtld_next_from_a_library_linked_to_libcuda_is_refused_at_the_cap() {
 /// namespace in a capped slice, with a `dlerror` saying so.
 #[test]
 fn dlmopen_of_libcuda_into_a_new_namespace_is_refused() {
+    let _beside = common::beside_others();
     let h = host();
     let ledgers = tempfile::tempdir().unwrap();
     let bin = tempfile::tempdir().unwrap();
@@ -224,6 +227,7 @@ fn wait_line(lines: &mut impl Iterator<Item = std::io::Result<String>>, want: &s
 /// its 10 GiB until the test gives up.
 #[test]
 fn the_enforcer_kills_a_process_that_takes_its_slice_over_the_cap() {
+    let _beside = common::beside_others();
     let h = host();
     let ledgers = tempfile::tempdir().unwrap();
     let bin = tempfile::tempdir().unwrap();
@@ -320,6 +324,7 @@ fn strip(l: String) -> String {
 /// next to the ledger's, and does not call it enforced.
 #[test]
 fn slices_shows_the_driver_s_number_and_never_calls_a_process_holding_more_enforced() {
+    let _beside = common::beside_others();
     let h = host();
     let ledgers = tempfile::tempdir().unwrap();
     let bin = tempfile::tempdir().unwrap();
@@ -351,6 +356,7 @@ fn slices_shows_the_driver_s_number_and_never_calls_a_process_holding_more_enfor
 /// running and flagged.
 #[test]
 fn an_unshimmed_gpu_process_is_killed_by_default_and_flagged_by_policy() {
+    let _beside = common::beside_others();
     let h = host();
     let ledgers = tempfile::tempdir().unwrap();
     let bin = tempfile::tempdir().unwrap();
@@ -441,6 +447,7 @@ fn r615() -> FakeHost {
 /// gets 40 x 256 MiB (and only root's enforcer stops it, afterwards).
 #[test]
 fn with_driver_partitions_the_driver_refuses_what_the_shim_does_not_see() {
+    let _beside = common::beside_others();
     let h = r615();
     let ledgers = tempfile::tempdir().unwrap();
     let bin = tempfile::tempdir().unwrap();
@@ -489,6 +496,7 @@ fn with_driver_partitions_the_driver_refuses_what_the_shim_does_not_see() {
 /// first, so no reservation is left on the ancestors).
 #[test]
 fn a_dead_launcher_s_driver_partition_is_cleared_by_the_next_run() {
+    let _beside = common::beside_others();
     let h = r615();
     let ledgers = tempfile::tempdir().unwrap();
     let bin = tempfile::tempdir().unwrap();
@@ -575,6 +583,7 @@ fn a_dead_launcher_s_driver_partition_is_cleared_by_the_next_run() {
 /// `doctor` says whether the driver's partitions are available, and why not.
 #[test]
 fn doctor_says_whether_the_driver_has_memory_partitions() {
+    let _beside = common::beside_others();
     let check = |h: &FakeHost| {
         let out = std::process::Command::new(common::GPUSLICE)
             .arg("--host-root")
@@ -616,6 +625,7 @@ fn doctor_says_whether_the_driver_has_memory_partitions() {
 /// driver's number, never as a claim holding nothing.
 #[test]
 fn slices_shows_a_claim_s_process_past_the_shim_with_the_driver_s_number() {
+    let _beside = common::beside_others();
     use gpuslice_testkit::pod::{Hide, PodProcess};
     let h = host();
     let ledgers = tempfile::tempdir().unwrap();

@@ -14,8 +14,9 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-mod common;
-use common::{Kill, GPUSLICE};
+use crate::common;
+use common::GPUSLICE;
+use gpuslice_testkit::process::Kill;
 use gpuslice_testkit::{needs_program, precondition};
 const GIB: u64 = 1 << 30;
 
@@ -141,6 +142,7 @@ fn expect_value(prom: SocketAddr, q: &str, want: f64) {
 
 #[test]
 fn prometheus_scrapes_gpus_slices_and_pods() {
+    let _beside = common::beside_others();
     let host = FakeHost::builder().gpus(8).build().unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let uuid = |i: usize| host.gpus()[i].uuid.clone();

@@ -3,11 +3,12 @@
 
 use fakegpu::FakeHost;
 
-mod common;
+use crate::common;
 use common::GPUSLICE;
 
 #[test]
 fn writes_the_feature_file() {
+    let _beside = common::beside_others();
     let h = FakeHost::builder().gpus(2).build().unwrap();
     let cfg = h.path("plugin.yaml");
     std::fs::write(

@@ -4,19 +4,37 @@
 //! driver, the shim and its test client built (scripts/test.sh builds the
 //! workspace first).
 
-use std::process::Stdio;
+use std::process::{Child, Stdio};
 
 use fakegpu::FakeHost;
 use serde_json::Value;
 
-mod common;
-use common::slice::{built_shim, client, gpuslice, slices_json, slices_text, spawn_holding};
+use crate::common;
+use common::slice::{gpuslice, slices_json, slices_text};
+use gpuslice_testkit::process::spawn_until;
+use gpuslice_testkit::{shim_client, shim_so};
+
+/// `gpuslice run --gpus 0 --memory 1GiB` of the client holding `bytes`,
+/// once it holds them.
+fn holder_in_slice(h: &FakeHost, ledgers: &std::path::Path, client: &str, bytes: &str) -> Child {
+    spawn_until(
+        &mut gpuslice(
+            h,
+            ledgers,
+            &[
+                "run", "--gpus", "0", "--memory", "1GiB", "--", client, "hold", bytes,
+            ],
+        ),
+        "held 0",
+    )
+}
 
 #[test]
 fn run_with_memory_caps_the_child_and_slices_shows_it() {
+    let _beside = common::beside_others();
     let h = FakeHost::builder().gpus(2).build().unwrap();
     let ledgers = tempfile::tempdir().unwrap();
-    let client = client();
+    let client = shim_client();
     let client = client.to_str().unwrap();
 
     let out = gpuslice(
@@ -44,13 +62,7 @@ fn run_with_memory_caps_the_child_and_slices_shows_it() {
     );
 
     // A holder inside a slice, seen from outside by `slices`.
-    let mut holder = spawn_holding(&mut gpuslice(
-        &h,
-        ledgers.path(),
-        &[
-            "run", "--gpus", "0", "--memory", "1GiB", "--", client, "hold", "50000000",
-        ],
-    ));
+    let mut holder = holder_in_slice(&h, ledgers.path(), client, "50000000");
     let v = slices_json(&h, ledgers.path());
     let s = &v["slices"][0];
     assert_eq!(s["devices"][0]["cap_bytes"], 1u64 << 30, "{v}");
@@ -87,6 +99,7 @@ fn run_with_memory_caps_the_child_and_slices_shows_it() {
 /// was granted.
 #[test]
 fn slices_shows_the_dra_claims_prepared_here() {
+    let _beside = common::beside_others();
     let h = FakeHost::builder().gpus(2).build().unwrap();
     let ledgers = tempfile::tempdir().unwrap();
     let v = slices_json(&h, ledgers.path());
@@ -141,6 +154,7 @@ fn slices_shows_the_dra_claims_prepared_here() {
 
 #[test]
 fn a_bad_memory_size_fails_before_the_child_starts() {
+    let _beside = common::beside_others();
     let h = FakeHost::builder().gpus(1).build().unwrap();
     let ledgers = tempfile::tempdir().unwrap();
     let out = gpuslice(
@@ -156,17 +170,12 @@ fn a_bad_memory_size_fails_before_the_child_starts() {
 
 #[test]
 fn the_ledger_of_a_sigkilled_launcher_is_reaped_but_never_while_a_process_uses_it() {
+    let _beside = common::beside_others();
     let h = FakeHost::builder().gpus(1).build().unwrap();
     let ledgers = tempfile::tempdir().unwrap();
-    let client = client();
+    let client = shim_client();
     let client = client.to_str().unwrap();
-    let mut launcher = spawn_holding(&mut gpuslice(
-        &h,
-        ledgers.path(),
-        &[
-            "run", "--gpus", "0", "--memory", "1GiB", "--", client, "hold", "1000000",
-        ],
-    ));
+    let mut launcher = holder_in_slice(&h, ledgers.path(), client, "1000000");
     let v = slices_json(&h, ledgers.path());
     let ledger = v["slices"][0]["ledger"].as_str().unwrap().to_string();
     let child = v["slices"][0]["processes"][0]["pid"].as_i64().unwrap() as i32;
@@ -183,13 +192,14 @@ fn the_ledger_of_a_sigkilled_launcher_is_reaped_but_never_while_a_process_uses_i
     assert!(std::path::Path::new(&ledger).exists(), "left behind");
 
     // A live process joins the orphaned ledger: it must not be reaped.
-    let shim = built_shim();
-    let mut user = spawn_holding(
+    let shim = shim_so();
+    let mut user = spawn_until(
         h.command(client)
             .args(["hold", "2000000"])
             .env("LD_PRELOAD", &shim)
             .env("GPUSLICE_LEDGER", &ledger)
             .env("CUDA_VISIBLE_DEVICES", &h.gpus()[0].uuid),
+        "held 0",
     );
     let v = slices_json(&h, ledgers.path());
     assert_eq!(
@@ -209,23 +219,25 @@ fn the_ledger_of_a_sigkilled_launcher_is_reaped_but_never_while_a_process_uses_i
 
 #[test]
 fn slices_of_dead_creators_are_reaped_but_the_device_plugin_s_are_left_to_it() {
+    let _beside = common::beside_others();
     let h = FakeHost::builder().gpus(1).build().unwrap();
     let ledgers = tempfile::tempdir().unwrap();
-    let shim = built_shim();
+    let shim = shim_so();
     // Each ledger is created by a process that then dies (SIGKILL): its
     // creator is gone and no live process holds a slot.
     let make = |slice: &str| {
         let dir = ledgers.path().join(slice);
         std::fs::create_dir(&dir).unwrap();
         let usage = dir.join("usage");
-        let mut c = spawn_holding(
-            h.command(client())
+        let mut c = spawn_until(
+            h.command(shim_client())
                 .args(["hold", "1000000"])
                 .env("LD_PRELOAD", &shim)
                 .env("GPUSLICE_LEDGER", &usage)
                 .env("GPUSLICE_SLICE", slice)
                 .env("GPUSLICE_MEMORY_LIMIT", "1GiB")
                 .env("CUDA_VISIBLE_DEVICES", &h.gpus()[0].uuid),
+            "held 0",
         );
         c.kill().unwrap();
         c.wait().unwrap();
@@ -271,7 +283,7 @@ fn read_json_line(c: &mut std::process::Child) -> Value {
 
 /// (pids, sum) NVML lists on GPU 0, asked on the host.
 fn host_nvml(h: &FakeHost) -> (Vec<u64>, u64) {
-    let out = h.command(client()).arg("nvml-procs").output().unwrap();
+    let out = h.command(shim_client()).arg("nvml-procs").output().unwrap();
     let v: Value = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("{}: {e}", String::from_utf8_lossy(&out.stdout)));
     let pids = v["pids"]
@@ -287,6 +299,7 @@ const MIB: u64 = 1 << 20;
 
 #[test]
 fn a_context_is_charged_as_the_driver_measures_it_inside_the_slice_s_pid_namespace() {
+    let _beside = common::beside_others();
     // The fake driver, like the real one, knows processes by their host
     // pid; inside the slice's PID namespace the shim must find its own
     // (through the launcher's resolver) to read NVML's figure: else the
@@ -296,7 +309,7 @@ fn a_context_is_charged_as_the_driver_measures_it_inside_the_slice_s_pid_namespa
     for (pid_mode, user) in [("private", "root"), ("host", "root"), ("private", "nobody")] {
         let h = FakeHost::builder().gpus(1).ctx_bytes(CTX).build().unwrap();
         let ledgers = tempfile::tempdir().unwrap();
-        let client = client();
+        let client = shim_client();
         let client = client.to_str().unwrap();
         let held = (10 * MIB).to_string();
         let mut c = Launched(
@@ -354,9 +367,10 @@ fn a_context_is_charged_as_the_driver_measures_it_inside_the_slice_s_pid_namespa
 
 #[test]
 fn the_host_pid_resolver_tells_each_process_only_its_own_pid_and_outlives_a_flood() {
+    let _beside = common::beside_others();
     let h = FakeHost::builder().gpus(1).build().unwrap();
     let ledgers = tempfile::tempdir().unwrap();
-    let client = client();
+    let client = shim_client();
     let client = client.to_str().unwrap();
     // A tenant opens 1000 connections it never reads, then it and a child
     // it forked each ask.
@@ -410,6 +424,7 @@ fn the_host_pid_resolver_tells_each_process_only_its_own_pid_and_outlives_a_floo
 
 #[test]
 fn nvml_in_the_slice_lists_host_processes_by_host_pid_as_host_pid_drivers_do() {
+    let _beside = common::beside_others();
     // A host-pid driver's process list (the fake models those; driver 580
     // translates pids into the caller's namespace instead, docs/shim.md
     // "Which pid is ours") is the same from inside the slice's PID
@@ -418,7 +433,7 @@ fn nvml_in_the_slice_lists_host_processes_by_host_pid_as_host_pid_drivers_do() {
     const CTX: u64 = 96 * MIB;
     let h = FakeHost::builder().gpus(1).ctx_bytes(CTX).build().unwrap();
     let ledgers = tempfile::tempdir().unwrap();
-    let client = client();
+    let client = shim_client();
     let mut outside = Launched(
         h.command(&client)
             .args(["hold-soft", &(10 * MIB).to_string()])

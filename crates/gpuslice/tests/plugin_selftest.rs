@@ -3,13 +3,14 @@
 //! kubelet, and what each Allocate answers, applied by `gpuslice run`,
 //! lets the CUDA probe see exactly the allocated GPUs. Needs root.
 
-mod common;
+use crate::common;
 use common::GPUSLICE;
 use fakegpu::FakeHost;
 use std::process::Command;
 
 #[test]
 fn the_selftest_passes_on_the_fake_host() {
+    let _beside = common::beside_others();
     let h = FakeHost::builder().gpus(2).build().unwrap();
     let probe = fakegpu::artifact_dirs()
         .into_iter()

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-mod common;
+use crate::common;
 use common::GPUSLICE;
 const PROBE: &str = env!("CARGO_BIN_EXE_gpuslice-cuda-probe");
 
@@ -90,6 +90,7 @@ fn try_open(label: &str, path: &str) -> String {
 
 #[test]
 fn device_count_inside_the_slice_equals_the_selection() {
+    let _beside = common::beside_others();
     let h = host(4, true);
     for (sel, want) in [("1", 1), ("0,2", 2), ("all", 4)] {
         for cg in ["v1", "v2"] {
@@ -111,6 +112,7 @@ fn device_count_inside_the_slice_equals_the_selection() {
 /// takes those paths away too).
 #[test]
 fn unselected_nodes_fail_by_every_path_and_selected_ones_open() {
+    let _beside = common::beside_others();
     let h = host(4, true);
     for cg in ["v1", "v2"] {
         let made = h.root().join(format!("made-{cg}"));
@@ -163,6 +165,7 @@ fn unselected_nodes_fail_by_every_path_and_selected_ones_open() {
 
 #[test]
 fn namespace_alone_is_defeated_by_modify_device_files() {
+    let _beside = common::beside_others();
     let h = host(4, true);
     let trace = h.root().join("trace-ns.jsonl");
     let mut c = gpuslice(
@@ -189,6 +192,7 @@ fn namespace_alone_is_defeated_by_modify_device_files() {
 
 #[test]
 fn env_alone_is_a_hint_a_process_can_ignore() {
+    let _beside = common::beside_others();
     let h = host(4, true);
     let v = probe(&h, &["--gpus", "1", "--isolation", "env"], &[]);
     assert_eq!(count(&v), 1, "{v}");
@@ -202,6 +206,7 @@ fn env_alone_is_a_hint_a_process_can_ignore() {
 
 #[test]
 fn cgroup_alone_holds_and_full_holds() {
+    let _beside = common::beside_others();
     let h = host(4, true);
     for iso in ["cgroup", "full"] {
         let v = probe(
@@ -215,6 +220,7 @@ fn cgroup_alone_holds_and_full_holds() {
 
 #[test]
 fn full_isolation_does_not_recreate_nodes_and_masks_proc() {
+    let _beside = common::beside_others();
     let h = host(4, true);
     let script = format!(
         "grep ModifyDeviceFiles {r}/proc/driver/nvidia/params; ls {r}/proc/driver/nvidia/gpus/*/ | grep -c information; ls {r}/dev | grep -c '^nvidia[0-9]'",
@@ -239,6 +245,7 @@ fn full_isolation_does_not_recreate_nodes_and_masks_proc() {
 
 #[test]
 fn the_private_dev_shows_the_live_host_dev_but_the_hidden_nodes() {
+    let _beside = common::beside_others();
     let h = host(4, false);
     let dev = h.root().join("dev");
     // What a real host's /dev has besides the driver's nodes: other
@@ -290,6 +297,7 @@ fn the_private_dev_shows_the_live_host_dev_but_the_hidden_nodes() {
 /// read-only /sys), with a cgroup namespace rooted at the slice cgroup.
 #[test]
 fn a_selection_that_hides_nothing_makes_no_mount_namespace_but_keeps_the_cgroup() {
+    let _beside = common::beside_others();
     let h = host(2, true);
     let host_ns = std::fs::read_link("/proc/self/ns/mnt").unwrap();
     let script = "readlink /proc/self/ns/mnt; grep -c gpuslice /proc/self/cgroup";
@@ -314,6 +322,7 @@ fn a_selection_that_hides_nothing_makes_no_mount_namespace_but_keeps_the_cgroup(
 
 #[test]
 fn the_command_gets_default_signal_dispositions() {
+    let _beside = common::beside_others();
     // The launcher ignores SIGPIPE (it must live to clean up); the command
     // must not inherit that (`gpuslice run -- yes | head` has to end).
     let h = host(1, false);
@@ -335,6 +344,7 @@ fn the_command_gets_default_signal_dispositions() {
 
 #[test]
 fn environment_names_the_selection() {
+    let _beside = common::beside_others();
     let h = host(4, false);
     let out = run(
         &h,
@@ -361,6 +371,7 @@ fn environment_names_the_selection() {
 
 #[test]
 fn strict_child_cannot_undo_the_isolation_as_root() {
+    let _beside = common::beside_others();
     let h = host(4, true);
     let r = h.root().display().to_string();
     let script = format!(
@@ -417,6 +428,7 @@ fn cgroups_of(pid: u32) -> Vec<PathBuf> {
 
 #[test]
 fn bad_input_is_one_line_exit_125_and_leaves_nothing() {
+    let _beside = common::beside_others();
     let h = host(4, true);
     let cases: &[(&[&str], &str)] = &[
         (
@@ -469,6 +481,7 @@ fn bad_input_is_one_line_exit_125_and_leaves_nothing() {
 
 #[test]
 fn exit_codes_and_signals_propagate() {
+    let _beside = common::beside_others();
     let h = host(2, true);
     let code = |script: &str| {
         run(&h, &["run", "--gpus", "0", "--", "sh", "-c", script])
@@ -496,6 +509,7 @@ fn exit_codes_and_signals_propagate() {
 
 #[test]
 fn a_killed_launchers_cgroup_is_reaped_by_the_next_run() {
+    let _beside = common::beside_others();
     let h = host(2, true);
     for cg in ["v1", "v2"] {
         let mut child = gpuslice(
@@ -529,6 +543,11 @@ fn a_killed_launchers_cgroup_is_reaped_by_the_next_run() {
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{err}");
+        // A run beside it that got there first may still be removing it.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while left[0].exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         assert!(
             !left[0].exists(),
             "{cg}: stale cgroup {} not reaped: {err}",
@@ -539,6 +558,7 @@ fn a_killed_launchers_cgroup_is_reaped_by_the_next_run() {
 
 #[test]
 fn nothing_is_left_after_a_normal_run() {
+    let _beside = common::beside_others();
     let h = host(2, true);
     let child = gpuslice(&h, &["run", "--gpus", "1", "--", "true"])
         .spawn()
@@ -551,6 +571,7 @@ fn nothing_is_left_after_a_normal_run() {
 
 #[test]
 fn a_rootless_caller_gets_the_private_dev_and_overlay_through_a_user_namespace() {
+    let _beside = common::beside_others();
     let h = host(2, true);
     // The test host is private to root by default; nobody must be able to read it.
     std::fs::set_permissions(
@@ -590,6 +611,7 @@ fn a_rootless_caller_gets_the_private_dev_and_overlay_through_a_user_namespace()
 
 #[test]
 fn the_inventory_is_cached_between_launches() {
+    let _beside = common::beside_others();
     let h = host(2, true);
     let cache = tempfile::tempdir().unwrap();
     let launch = || {
@@ -607,6 +629,7 @@ fn the_inventory_is_cached_between_launches() {
 
 #[test]
 fn the_child_starts_inside_its_cgroup_with_either_version() {
+    let _beside = common::beside_others();
     let h = host(2, true);
     for cg in ["v1", "v2"] {
         let out = gpuslice(

@@ -11,18 +11,19 @@
 //!
 //! Needs root (CI runs it as root) and the workspace built.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use fakegpu::FakeHost;
 use serde_json::Value;
 
-mod common;
-use common::slice::{client, gpuslice, slices_json, slices_text};
-use common::Kill;
+use crate::common;
+use common::slice::{gpuslice, slices_json, slices_text};
+use gpuslice_testkit::process::{spawn_until, Kill};
+use gpuslice_testkit::shim_client;
 
 const MIB: u64 = 1 << 20;
 const CAP: &str = "100MiB";
@@ -69,25 +70,19 @@ fn holder(h: &FakeHost, ledgers: &Path, extra: &[&str]) -> Kill {
 
 /// [`holder`], with `env` for the launcher.
 fn holder_with(h: &FakeHost, ledgers: &Path, extra: &[&str], env: &[(&str, &Path)]) -> Kill {
-    let c = client();
+    let c = shim_client();
     let mut args = vec!["run", "--gpus", "0", "--memory", CAP];
     args.extend_from_slice(extra);
     args.extend(["--", c.to_str().unwrap(), "hold", "50000000"]);
-    let mut child = gpuslice(h, ledgers, &args)
-        .envs(env.iter().copied())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line.trim(), "held 0");
-    Kill(child)
+    Kill(spawn_until(
+        gpuslice(h, ledgers, &args).envs(env.iter().copied()),
+        "held 0",
+    ))
 }
 
 #[test]
 fn a_slice_cannot_change_its_own_or_another_slices_limits() {
+    let _beside = common::beside_others();
     let h = host();
     let ledgers = tempfile::tempdir().unwrap();
     let l = ledgers.path();
@@ -95,7 +90,7 @@ fn a_slice_cannot_change_its_own_or_another_slices_limits() {
     let v = slices_json(&h, l);
     let usage = v["slices"][0]["ledger"].as_str().unwrap().to_string();
     let limits = Path::new(&usage).with_file_name("limits");
-    let client = client();
+    let client = shim_client();
 
     // Root in another slice, without CAP_SYS_ADMIN (--strict).
     let script = format!(
@@ -188,9 +183,10 @@ fn a_slice_cannot_change_its_own_or_another_slices_limits() {
 
 #[test]
 fn the_shim_holds_whatever_the_environment() {
+    let _beside = common::beside_others();
     let h = host();
     let ledgers = tempfile::tempdir().unwrap();
-    let c = client();
+    let c = shim_client();
     let c = c.display();
     let denv = driver_env(&h);
     // Each line runs the client with none of gpuslice's variables; the
@@ -213,10 +209,11 @@ fn the_shim_holds_whatever_the_environment() {
 
 #[test]
 fn a_broken_ledger_fails_closed() {
+    let _beside = common::beside_others();
     let h = host();
     let ledgers = tempfile::tempdir().unwrap();
     let l = ledgers.path();
-    let c = client();
+    let c = shim_client();
     let c = c.display();
     let usage = "/run/gpuslice/slice/usage";
     for (break_it, want) in [
@@ -311,6 +308,7 @@ fn http_get(addr: &str, path: &str) -> Option<String> {
 
 #[test]
 fn a_gpu_process_of_the_slice_without_the_shim_is_flagged() {
+    let _beside = common::beside_others();
     let h = host();
     let ledgers = tempfile::tempdir().unwrap();
     let l = ledgers.path();
@@ -331,7 +329,7 @@ fn a_gpu_process_of_the_slice_without_the_shim_is_flagged() {
 
     // A process that loaded the driver without the shim (started outside
     // the slice), moved into the slice's cgroup.
-    let c = client();
+    let c = shim_client();
     // The real driver is a file named libcuda.so.<version>; the fake host
     // links its libcuda.so.1 to the fake driver's own file name, so give
     // this process a copy under the real kind of name.
@@ -344,21 +342,14 @@ fn a_gpu_process_of_the_slice_without_the_shim_is_flagged() {
     // Named (its comm) with a terminal escape that erases a line.
     let alias = libdir.path().join("esc\x1b[2K");
     std::os::unix::fs::symlink(&c, &alias).unwrap();
-    let mut escaped = Kill(
+    let escaped = Kill(spawn_until(
         Command::new(&alias)
             .args(["hold", "1000"])
             .envs(h.env())
             .env("LD_LIBRARY_PATH", libdir.path())
-            .env_remove("LD_PRELOAD")
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let mut line = String::new();
-    BufReader::new(escaped.0.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line.trim(), "held 0");
+            .env_remove("LD_PRELOAD"),
+        "held 0",
+    ));
     let cgroups = std::fs::read_to_string(format!("/proc/{inside}/cgroup")).unwrap();
     let (hierarchy, path) = cgroups
         .lines()

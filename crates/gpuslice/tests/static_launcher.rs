@@ -5,6 +5,7 @@
 //! instead of crashing in it. `scripts/test.sh` builds the pair into
 //! `GPUSLICE_STATIC_LAUNCHER_DIR`.
 
+use crate::common;
 use fakegpu::FakeHost;
 use gpuslice_testkit::precondition;
 use std::path::PathBuf;
@@ -65,6 +66,7 @@ fn marked(stderr: &str, step: &str) -> bool {
 
 #[test]
 fn the_installed_launcher_is_static_and_carries_a_root_launch_itself() {
+    let _beside = common::beside_others();
     let Some(exe) = launcher("the_installed_launcher_is_static_and_carries_a_root_launch_itself")
     else {
         return;
@@ -96,6 +98,7 @@ fn the_installed_launcher_is_static_and_carries_a_root_launch_itself() {
 
 #[test]
 fn a_user_switch_is_handed_to_gpuslice_full_not_crashed_in() {
+    let _beside = common::beside_others();
     let Some(exe) = launcher("a_user_switch_is_handed_to_gpuslice_full_not_crashed_in") else {
         return;
     };
@@ -141,6 +144,7 @@ fn a_user_switch_is_handed_to_gpuslice_full_not_crashed_in() {
 
 #[test]
 fn mig_devices_are_handed_to_gpuslice_full_for_nvml() {
+    let _beside = common::beside_others();
     let Some(exe) = launcher("mig_devices_are_handed_to_gpuslice_full_for_nvml") else {
         return;
     };
@@ -158,6 +162,7 @@ fn mig_devices_are_handed_to_gpuslice_full_for_nvml() {
 
 #[test]
 fn other_commands_help_and_usage_errors_answer_as_gpuslice() {
+    let _beside = common::beside_others();
     let Some(exe) = launcher("other_commands_help_and_usage_errors_answer_as_gpuslice") else {
         return;
     };

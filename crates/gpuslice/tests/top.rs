@@ -8,8 +8,9 @@
 //! kept in FILE (README's screenshot is rendered from such a capture by
 //! `scripts/screenshot.py`).
 
-mod common;
+use crate::common;
 use common::GPUSLICE;
+use gpuslice_testkit::process::Kill;
 
 use std::io::{Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -23,7 +24,7 @@ const ROWS: u16 = 30;
 const COLS: u16 = 110;
 
 struct Demo {
-    _one: std::sync::MutexGuard<'static, ()>,
+    _one: std::sync::RwLockWriteGuard<'static, ()>,
     _tmp: tempfile::TempDir,
     host: PathBuf,
     ledgers: PathBuf,
@@ -31,16 +32,13 @@ struct Demo {
     runs: Vec<Child>,
 }
 
-/// One demo at a time: two would share the machine's cores and the
-/// shares measured would say more about the load than about gpuslice.
-static ONE_DEMO: Mutex<()> = Mutex::new(());
-
 impl Demo {
     /// README's fake host, then its compute line (run longer, so that top
     /// sees the slices for several seconds) and a 2 GiB slice holding 1.5
     /// GiB, in the background.
     fn start() -> Demo {
-        let one = ONE_DEMO.lock().unwrap_or_else(|e| e.into_inner());
+        // The demo's shares are measured: one at a time.
+        let one = common::alone();
         let tmp = tempfile::tempdir().unwrap();
         let host = tmp.path().join("fakehost");
         let ledgers = tmp.path().join("ledgers");
@@ -215,7 +213,9 @@ fn top_shows_the_demo_slices_and_their_shares_live_and_q_quits() {
     demo.wait_for_slices();
 
     let (master, slave) = openpty();
-    let mut child = spawn_on(&mut demo.top(&[]), &slave);
+    // Killed if the test fails before `q`: a `gpuslice top` left running
+    // keeps gpuslice-full busy for every later test (and run) on the host.
+    let mut child = Kill(spawn_on(&mut demo.top(&[]), &slave));
     drop(slave);
     let received = Arc::new(Mutex::new(Vec::new()));
     let reader = {
@@ -287,7 +287,7 @@ fn top_shows_the_demo_slices_and_their_shares_live_and_q_quits() {
     m.write_all(b"q").unwrap();
     let t0 = Instant::now();
     let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
+        if let Some(s) = child.0.try_wait().unwrap() {
             break s;
         }
         assert!(

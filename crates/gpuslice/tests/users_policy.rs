@@ -10,7 +10,7 @@ use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-mod common;
+use crate::common;
 use common::GPUSLICE;
 const PROBE: &str = env!("CARGO_BIN_EXE_gpuslice-cuda-probe");
 
@@ -190,6 +190,7 @@ fn status_as(h: &FakeHost, user: Option<&str>) -> String {
 
 #[test]
 fn user_by_name_and_id_runs_with_its_groups_and_no_root_powers() {
+    let _beside = common::beside_others();
     let h = host(2);
     let u = TestUser::new();
     let mut want_groups = vec![u.gid, u.extra_gid];
@@ -255,6 +256,7 @@ fn user_by_name_and_id_runs_with_its_groups_and_no_root_powers() {
 
 #[test]
 fn under_sudo_the_command_runs_as_the_caller_unless_the_policy_allows_root() {
+    let _beside = common::beside_others();
     let h = host(2);
     let u = TestUser::new();
     let p = rule_for(&h, &u, "");
@@ -312,6 +314,7 @@ fn leftovers(h: &FakeHost) -> Vec<String> {
 
 #[test]
 fn the_policy_allows_and_refuses_selections_caps_users_and_privileges() {
+    let _beside = common::beside_others();
     let _ledgers = default_ledger_dir();
     let h = host(4);
     let u = TestUser::new();
@@ -394,6 +397,7 @@ fn the_policy_allows_and_refuses_selections_caps_users_and_privileges() {
 
 #[test]
 fn a_sudo_caller_cannot_choose_the_shim_root_preloads() {
+    let _beside = common::beside_others();
     let _ledgers = default_ledger_dir();
     let h = host(2);
     let u = TestUser::new();
@@ -436,6 +440,7 @@ fn a_sudo_caller_cannot_choose_the_shim_root_preloads() {
 
 #[test]
 fn bad_policy_files_are_refused_naming_the_field() {
+    let _beside = common::beside_others();
     let h = host(1);
     let u = TestUser::new();
     for (body, want) in [
@@ -465,6 +470,7 @@ fn bad_policy_files_are_refused_naming_the_field() {
 
 #[test]
 fn a_non_root_caller_cannot_point_gpuslice_at_its_own_policy() {
+    let _beside = common::beside_others();
     let h = host(1);
     let u = TestUser::new();
     let root_h = h.root().display().to_string();
@@ -535,6 +541,7 @@ fn a_non_root_caller_cannot_point_gpuslice_at_its_own_policy() {
 
 #[test]
 fn gpu_node_aliases_are_hidden_by_device_number() {
+    let _beside = common::beside_others();
     use nix::sys::stat::{makedev, mknod, Mode, SFlag};
     let h = host(4);
     let dev = h.root().join("dev");
@@ -586,6 +593,7 @@ fn gpu_node_aliases_are_hidden_by_device_number() {
 
 #[test]
 fn host_root_symlinks_out_of_the_root_are_refused_and_nothing_is_read() {
+    let _beside = common::beside_others();
     let h = host(2);
     let secret_dir = tempfile::tempdir().unwrap();
     let secret = secret_dir.path().join("shadow");
@@ -667,7 +675,7 @@ fn capped_spec(h: &FakeHost, dir: &Path, gpu: usize, memory: &str) {
         }],
     };
     std::fs::write(&record, limits.render()).unwrap();
-    let shim = common::slice::built_shim();
+    let shim = gpuslice_testkit::shim_so();
     let spec = serde_json::json!({
         "cdiVersion": "0.6.0",
         "kind": "example.com/test",
@@ -686,6 +694,7 @@ fn capped_spec(h: &FakeHost, dir: &Path, gpu: usize, memory: &str) {
 /// gets the GPUs and caps the policy allows, no more.
 #[test]
 fn the_policy_holds_for_cdi_devices() {
+    let _beside = common::beside_others();
     let _ledgers = default_ledger_dir();
     let h = host(4);
     let u = TestUser::new();
@@ -720,6 +729,7 @@ fn the_policy_holds_for_cdi_devices() {
 
 #[test]
 fn the_policy_can_give_every_bound_caller_a_read_only_root() {
+    let _beside = common::beside_others();
     // `read_only_root` in the policy: a sudo caller's root command cannot
     // change the host's root (what later tenants run), only what
     // `writable` lists.

@@ -1,7 +1,6 @@
-//! nvml-wrapper against the fake libnvidia-ml.so.1, in this process.
-//!
-//! One test only: the fake NVML reads `FAKEGPU_ROOT` from the process
-//! environment at init, which parallel tests would race on.
+//! nvml-wrapper against the fake libnvidia-ml.so.1, in this process (which
+//! reads its host from `FAKEGPU_ROOT` at init: held with
+//! `gpuslice_testkit::fakenvml::serve`, so parallel tests do not race on it).
 
 use fakegpu::FakeHost;
 use nvml_wrapper::{Device, Nvml};
@@ -33,7 +32,7 @@ fn nvml_wrapper_reads_the_fake_host() {
         .mig(3, 2)
         .build()
         .expect("build fake host (needs root)");
-    std::env::set_var("FAKEGPU_ROOT", host.root());
+    let _nvml = gpuslice_testkit::fakenvml::serve(host.root());
 
     let nvml = init(&host);
     assert_eq!(nvml.sys_driver_version().unwrap(), "580.159.04");

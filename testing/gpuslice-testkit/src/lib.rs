@@ -18,14 +18,22 @@
 //! - Helper binaries the tests spawn ([`built`]): `gpuslice-ledger-exercise`
 //!   (the ledger's multi-process tests) and `gpuslice-shim-client` (a CUDA
 //!   driver client for the shim's tests and the memory-cap and compute tests;
-//!   see [`shim_client`]).
+//!   see [`shim_client`]); the shim itself ([`shim_so`]).
+//! - [`fakenvml`]: the one fake NVML a test process loads, shared by the
+//!   tests of one binary without racing on `FAKEGPU_ROOT`.
+//! - [`process`]: children the tests start: killed on drop, awaited until
+//!   they say they are ready.
+//! - [`every_test_file_is_a_module`]: each crate's integration tests are one
+//!   binary (`tests/tests.rs`); this checks it leaves no file out.
 
 pub mod dra_kubelet;
 pub mod fakeapi;
+pub mod fakenvml;
 pub mod kubelet;
 pub mod manifests;
 pub mod pod;
 pub mod podman;
+pub mod process;
 
 use std::path::PathBuf;
 
@@ -44,6 +52,71 @@ pub fn built(name: &str, package: &str) -> PathBuf {
 /// The shim's test client (`gpuslice-shim-client`), built with this crate.
 pub fn shim_client() -> PathBuf {
     built("gpuslice-shim-client", "gpuslice-testkit")
+}
+
+/// The shim's file as cargo writes it (installed, it is renamed
+/// `libgpuslice.so`).
+pub const SHIM_FILE: &str = "libgpuslice_shim.so";
+
+/// The shim as built beside the running test ([`SHIM_FILE`]), the newest
+/// copy: `cargo test` refreshes `deps/`, `cargo build` the one above it,
+/// and the newer one is the shim just built.
+pub fn shim_so() -> PathBuf {
+    fakegpu::artifact_dirs()
+        .into_iter()
+        .map(|d| d.join(SHIM_FILE))
+        .filter(|p| p.is_file())
+        .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok())
+        .expect("libgpuslice_shim.so next to the test binary (cargo build -p gpuslice-shim)")
+}
+
+/// The `.rs` files and module folders directly in `tests_dir` that
+/// `main_source` (the text of its `tests.rs`) does not declare with
+/// `mod name;`. Each crate builds one integration-test binary from
+/// `tests/tests.rs` (`autotests = false`, as ripgrep does), so a file left
+/// out would never be compiled, let alone run.
+pub fn undeclared_test_modules(tests_dir: &std::path::Path, main_source: &str) -> Vec<String> {
+    let declared: std::collections::BTreeSet<&str> = main_source
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("mod ")?.strip_suffix(';'))
+        .collect();
+    let mut missing: Vec<String> = std::fs::read_dir(tests_dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", tests_dir.display()))
+        .filter_map(|e| {
+            let path = e.ok()?.path();
+            let name = if path.is_dir() {
+                // A folder is a module when it holds Rust (`common/mod.rs`);
+                // others hold data (scripts, C sources).
+                path.join("mod.rs").is_file().then(|| path.file_name())??
+            } else {
+                (path.extension()? == "rs").then(|| path.file_stem())??
+            };
+            let name = name.to_str()?.to_string();
+            (name != "tests" && !declared.contains(name.as_str())).then_some(name)
+        })
+        .collect();
+    missing.sort();
+    missing
+}
+
+/// A test, in a crate's `tests/tests.rs`, that fails when a file of its
+/// `tests/` folder is not one of the binary's modules.
+#[macro_export]
+macro_rules! every_test_file_is_a_module {
+    () => {
+        #[test]
+        fn every_test_file_is_a_module_of_this_binary() {
+            let dir = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests"));
+            let left_out = $crate::undeclared_test_modules(
+                dir,
+                include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/tests.rs")),
+            );
+            assert!(
+                left_out.is_empty(),
+                "declare them in tests/tests.rs (`mod name;`), or they never run: {left_out:?}"
+            );
+        }
+    };
 }
 
 /// Set to `1` to skip, outside CI, the tests this host cannot run.
@@ -200,6 +273,22 @@ mod tests {
             ["SKIPPED a: x", "SKIPPED b: y"]
         );
         assert!(append_line(&dir.path().join("no/such/dir"), "SKIPPED c").is_err());
+    }
+
+    #[test]
+    fn test_files_left_out_of_the_binary_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        for f in ["a.rs", "b.rs", "tests.rs", "notes.md"] {
+            std::fs::write(dir.path().join(f), "").unwrap();
+        }
+        std::fs::create_dir_all(dir.path().join("common")).unwrap();
+        std::fs::write(dir.path().join("common/mod.rs"), "").unwrap();
+        std::fs::create_dir_all(dir.path().join("a")).unwrap();
+        std::fs::write(dir.path().join("a/attack.py"), "").unwrap();
+        let main = "//! doc\nmod a;\n";
+        assert_eq!(undeclared_test_modules(dir.path(), main), ["b", "common"]);
+        let main = "mod a;\nmod b;\nmod common;\n";
+        assert!(undeclared_test_modules(dir.path(), main).is_empty());
     }
 
     #[test]

@@ -1,34 +1,47 @@
-//! Helpers shared by the CLI's integration tests (each test binary
-//! includes this module and uses a part of it).
+//! Helpers shared by the CLI's integration tests (modules of one binary);
+//! those other crates' tests share too are in gpuslice-testkit.
 
 /// The `gpuslice` binary under test.
 pub const GPUSLICE: &str = env!("CARGO_BIN_EXE_gpuslice");
 
-#[allow(dead_code)] // Only the memory-cap, compute-share and slice-integrity tests use it.
 pub mod slice;
 
-/// A child process killed and reaped when the test lets go of it, passed
-/// or panicking.
-#[allow(dead_code)] // Only the CDI, exporter and slice-integrity tests use it.
-pub struct Kill(pub std::process::Child);
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+/// Some tests must run with no other test of this binary (its tests are
+/// threads of one process): those that measure shares of GPU time, which
+/// the fake GPU serves from the CPU (beside another test's processes on a
+/// 2-core machine the shares would say more about the load than about
+/// gpuslice), and one that opens `gpuslice-full` for writing (while another
+/// test runs it, that is `Text file busy`). They hold [`alone`]; every other
+/// test holds [`beside_others`] and runs only between them.
+static ALONE: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+/// Held by a test that must run with no other test.
+pub fn alone() -> std::sync::RwLockWriteGuard<'static, ()> {
+    ALONE
+        .write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Held by every other test: not while one runs alone.
+pub fn beside_others() -> std::sync::RwLockReadGuard<'static, ()> {
+    ALONE
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// `gpuslice exporter` on a free loopback port of the fake host `h` over
 /// the ledger directory `ledgers`, killed on drop, and its address.
-#[allow(dead_code)] // Only the escapes and slice-integrity tests use it.
-pub fn exporter(h: &fakegpu::FakeHost, ledgers: &std::path::Path) -> (Kill, String) {
+pub fn exporter(
+    h: &fakegpu::FakeHost,
+    ledgers: &std::path::Path,
+) -> (gpuslice_testkit::process::Kill, String) {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
     let addr = format!("127.0.0.1:{port}");
-    let child = Kill(
+    let child = gpuslice_testkit::process::Kill(
         std::process::Command::new(GPUSLICE)
             .arg("--host-root")
             .arg(h.root())
@@ -45,7 +58,6 @@ pub fn exporter(h: &fakegpu::FakeHost, ledgers: &std::path::Path) -> (Kill, Stri
 /// Writes a DRA plugin checkpoint in `dir` with one prepared claim,
 /// `team-a/train` (uid `uid-1`), a share of GPU 0: 20 GiB and 30 %, its
 /// slice `uid-1-0`.
-#[allow(dead_code)] // Only the slices and exporter tests use it.
 pub fn write_dra_checkpoint(dir: &std::path::Path) {
     write_dra_checkpoint_with(dir, vec![]);
 }
@@ -89,7 +101,6 @@ pub fn write_dra_checkpoint_with(dir: &std::path::Path, records: Vec<std::path::
 /// The commands of README.md's no-GPU demo, as written: the first `sh`
 /// block of its "Try it without a GPU" section, less its first line (the
 /// build: the tests run the binaries cargo built for them).
-#[allow(dead_code)] // Only the demo and top tests use it.
 pub fn readme_demo() -> Vec<String> {
     let readme = include_str!("../../../../README.md");
     let section = readme
@@ -109,7 +120,6 @@ pub fn readme_demo() -> Vec<String> {
 
 /// A README command with its paths moved for a test: `./target/release/`
 /// to the directory of the binaries under test, `/tmp/fakehost` to `host`.
-#[allow(dead_code)] // Only the demo and top tests use it.
 pub fn readme_command(line: &str, host: &std::path::Path) -> String {
     let bins = std::path::Path::new(GPUSLICE).parent().unwrap();
     line.replace("./target/release/", &format!("{}/", bins.display()))

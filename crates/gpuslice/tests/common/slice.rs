@@ -1,40 +1,13 @@
 //! Helpers of the tests that run `gpuslice` with the shim on the fake GPU
 //! host (memory cap, compute share).
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 
 use fakegpu::FakeHost;
 use serde_json::Value;
 
 use super::GPUSLICE;
-
-/// The shim's test client (gpuslice-testkit), built with the workspace.
-pub fn client() -> PathBuf {
-    gpuslice_testkit::shim_client()
-}
-
-/// The shim as built (its installed name, or the build tree's).
-pub fn built_shim() -> PathBuf {
-    fakegpu::artifact_dirs()
-        .into_iter()
-        .flat_map(|d| [d.join("libgpuslice.so"), d.join("libgpuslice_shim.so")])
-        .find(|p| p.is_file())
-        .expect("the shim built (cargo build -p gpuslice-shim)")
-}
-
-/// Spawns `c` (the client's `hold BYTES`) and returns once it holds its
-/// allocation (its first line, `held 0`).
-pub fn spawn_holding(c: &mut Command) -> Child {
-    let mut child = c.stdout(Stdio::piped()).spawn().unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line.trim(), "held 0");
-    child
-}
 
 /// `gpuslice --host-root <fake> ARGS` with the fake driver's env, slice
 /// ledgers in `ledgers` (the GPUs' boards in `ledgers/boards`), and none
