@@ -100,7 +100,7 @@ fn inventory(setup: &Setup) -> Result<Inventory> {
 /// A fake host's NVML (`gpuslice fakehost`: the built fake driver, which
 /// follows `FAKEGPU_ROOT`); None on a real host.
 fn fake_nvml(root: &Path) -> Result<Option<PathBuf>> {
-    if !fakegpu::is_fake_host(root) {
+    if !gpuslice_core::simulation::is_simulated(root) {
         return Ok(None);
     }
     let lib = fakegpu::try_driver_so_path()

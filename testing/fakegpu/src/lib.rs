@@ -28,10 +28,7 @@ pub mod tree;
 
 use std::path::PathBuf;
 
-pub use host::{
-    inject_xid_below, is_fake_host, simulated_driver_env, FakeHost, FakeHostBuilder, DRIVER_DIR,
-    ENGINE_FILE, KERNEL_FILE, MAX_GPUS,
-};
+pub use host::{inject_xid_below, FakeHost, FakeHostBuilder, MAX_GPUS};
 pub use kernel::{Kernel, KernelGpu, KernelMig};
 pub use probe::{
     format_uuid, probe_command, run_probe, ProbeAlloc, ProbeDevice, ProbeNvml, ProbeReport,

@@ -78,7 +78,7 @@ pub fn run(global: &Global, args: &FakehostArgs) -> Result<i32> {
                 "simulation": true,
                 "host_root": root,
                 "gpus": args.gpus,
-                "driver": args.driver.then(|| root.join(fakegpu::DRIVER_DIR)),
+                "driver": args.driver.then(|| root.join(gpuslice_core::simulation::DRIVER_DIR)),
             })
         );
     } else {
@@ -116,7 +116,7 @@ fn walkthrough(root: &Path, gpus: u32, driver: bool) -> String {
 /// What the fake driver adds: CUDA programs run in the slices.
 fn driver_walkthrough(root: &Path, pick: u32) -> String {
     let r = root.display();
-    let lib = root.join(fakegpu::DRIVER_DIR);
+    let lib = root.join(gpuslice_core::simulation::DRIVER_DIR);
     // Built beside gpuslice (cargo puts every binary of the workspace in
     // one directory); not installed by scripts/install.sh.
     let client = std::env::current_exe()

@@ -505,7 +505,7 @@ fn child_env(
             .iter()
             .find(|(k, _)| k == "LD_LIBRARY_PATH")
             .map(|(_, v)| v.clone());
-        if let Some(sim) = fakegpu::simulated_driver_env(host_root, old_ld.as_deref()) {
+        if let Some(sim) = gpuslice_core::simulation::driver_env(host_root, old_ld.as_deref()) {
             for (k, v) in sim {
                 env.retain(|(name, _)| name != k);
                 env.push((k.into(), v));
