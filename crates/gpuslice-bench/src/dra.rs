@@ -97,7 +97,7 @@ fn inventory(setup: &Setup) -> Result<Inventory> {
     .context("discovering the GPUs")
 }
 
-/// A fake host's NVML (`gpuslice fakehost`: the built fake driver, which
+/// A fake host's NVML (`gpuslice-fakehost`: the built fake driver, which
 /// follows `FAKEGPU_ROOT`); None on a real host.
 fn fake_nvml(root: &Path) -> Result<Option<PathBuf>> {
     if !gpuslice_core::simulation::is_simulated(root) {
@@ -392,7 +392,7 @@ async fn bench_health(
     let (watcher, synthetic) = match source {
         HealthSource::Xid => {
             let lib = fake_nvml(&setup.host_root)?
-                .ok_or_else(|| anyhow!("--health xid needs a fake host (gpuslice fakehost)"))?;
+                .ok_or_else(|| anyhow!("--health xid needs a fake host (gpuslice-fakehost)"))?;
             (
                 Some(gpuslice_k8s::plugin::health::start(
                     inv,

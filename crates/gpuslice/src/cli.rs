@@ -50,8 +50,6 @@ pub enum Command {
     Bench(gpuslice_bench::BenchCommand),
     /// Check the host, its isolation and its Kubernetes wiring; each finding with a one-line fix (exit 0 pass, 1 warn, 2 fail).
     Doctor(cmd::doctor::DoctorArgs),
-    /// SIMULATION: build a fake GPU host in DIR to try gpuslice without NVIDIA hardware (then: gpuslice --host-root DIR list).
-    Fakehost(cmd::fakehost::FakehostArgs),
     /// Print a shell completion script.
     Completions {
         #[arg(value_enum)]

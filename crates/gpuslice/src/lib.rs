@@ -114,7 +114,6 @@ pub fn run_full(cli: &Cli) -> anyhow::Result<i32> {
         Command::Dra(args) => cmd::dra::run(g, args),
         Command::Bench(c) => gpuslice_bench::run(&bench_setup(g)?, c),
         Command::Doctor(args) => cmd::doctor::run(g, args),
-        Command::Fakehost(args) => cmd::fakehost::run(g, args),
         Command::Top(args) => cmd::top::run(g, args),
         Command::Completions { shell } => {
             clap_complete::generate(

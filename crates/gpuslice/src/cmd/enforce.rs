@@ -17,7 +17,7 @@ use gpuslice_cuda_load::Nvml;
 use gpuslice_ledger::enforcer::{NodeWatch, Unshimmed, WatchedSlice};
 use gpuslice_ledger::limits::{RecordPaths, SliceLimits};
 
-/// On a simulated host with its driver installed (`gpuslice fakehost
+/// On a simulated host with its driver installed (`gpuslice-fakehost
 /// --driver`), the enforcer reads the simulated driver's accounting, as
 /// the slice's programs use the simulated driver: its NVML, pointed at the
 /// host. None elsewhere (the host's own NVML).

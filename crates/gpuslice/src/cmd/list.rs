@@ -17,7 +17,7 @@ pub fn run(global: &Global) -> Result<i32> {
         print!("{}", table(&inv));
         if gpuslice_core::simulation::is_simulated(&global.host_root) {
             println!(
-                "SIMULATION: {} is a fake GPU host (gpuslice fakehost); these GPUs do not exist",
+                "SIMULATION: {} is a fake GPU host (gpuslice-fakehost); these GPUs do not exist",
                 global.host_root.display()
             );
         }

@@ -531,12 +531,12 @@ fn mib(v: &Value) -> String {
     )
 }
 
-/// The line `slices` and `top` end with on a fake host (`gpuslice
-/// fakehost`), as `list` does: None on a real one.
+/// The line `slices` and `top` end with on a fake host
+/// (`gpuslice-fakehost`), as `list` does: None on a real one.
 pub fn simulation_note(global: &Global) -> Option<String> {
     gpuslice_core::simulation::is_simulated(&global.host_root).then(|| {
         format!(
-            "SIMULATION: {} is a fake GPU host (gpuslice fakehost): simulated GPUs and use",
+            "SIMULATION: {} is a fake GPU host (gpuslice-fakehost): simulated GPUs and use",
             global.host_root.display()
         )
     })

@@ -113,7 +113,7 @@ impl Sampler {
             pci_details: false,
             ..Default::default()
         };
-        // A simulated host with its fake driver (`fakehost --driver`): its
+        // A simulated host with its fake driver (`gpuslice-fakehost --driver`): its
         // NVML describes that host, as a real host's NVML describes `/`.
         if std::env::var_os(gpuslice_core::discover::FAKEGPU_ROOT_ENV).is_none() {
             // Before any thread: nothing here has started one.
@@ -375,7 +375,7 @@ impl Frame {
         if self.simulation.is_some() {
             first.push(Span::raw("  "));
             first.push(Span::styled(
-                "SIMULATION (gpuslice fakehost)",
+                "SIMULATION (gpuslice-fakehost)",
                 Style::new().fg(Color::Black).bg(Color::Yellow),
             ));
         }
