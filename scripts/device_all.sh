@@ -82,7 +82,7 @@ part_isolation() {
     # The isolation check's `bench launch` selects GPU 0, which on a 1-GPU
     # machine hides nothing (no mount namespace is made); `--gpus none`
     # hides the GPU: the private /dev, params overlay and BPF filter all work.
-    PATH="$PWD/.device-carry:$PATH" bounded 120 .device-carry/gpuslice-full bench launch --runs 300 --gpus none \
+    PATH="$PWD/.device-carry:$PATH" bounded 120 .device-carry/gpuslice-bench launch --runs 300 --gpus none \
         --json >"$work/launch-none.json"
     # Where a launch spends its time (discovery is logged at debug).
     GPUSLICE_LOG_LEVEL=debug bounded 10 .device-carry/gpuslice run --gpus 0 --isolation env -- /bin/true \
@@ -158,7 +158,7 @@ part_plugin() {
     # ledger dirs swept once the test PodResources drops the pods. Allocate
     # p99 over 10,000 calls per role; re-registration after 3 kubelet
     # restarts; 60 s without a health event. pass=true when every check holds.
-    bounded 100 .device-carry/gpuslice device-plugin-selftest --watch-secs "${WATCH_SECS:-60}" \
+    bounded 100 .device-carry/gpuslice-bench device-plugin-selftest --watch-secs "${WATCH_SECS:-60}" \
         --replicas 4 --bench-allocs 10000 --restarts 3 --label "H200 (real driver)" \
         --probe "$(pwd)/.device-carry/gpuslice-cuda-probe" --out "$work/plugin.json"
 }

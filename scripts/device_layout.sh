@@ -16,7 +16,7 @@ probe_rc=$?
 maps_cmd="$carry/gpuslice run --gpus 0 --memory 1GiB -- cat /proc/self/maps"
 timeout -s KILL 30 $maps_cmd >"$out/layout-maps.txt" 2>&1
 maps_rc=$?
-launch_cmd="$carry/gpuslice-full bench launch --runs 50 --gpus 0 --json"
+launch_cmd="$carry/gpuslice-bench launch --runs 50 --gpus 0 --json"
 PATH="$carry:$PATH" timeout -s KILL 120 $launch_cmd >"$out/layout-launch.json" 2>"$out/layout-launch.err"
 launch_rc=$?
 OUT="$out" CARRY="$carry" PROBE_CMD="$probe_cmd" PROBE_RC=$probe_rc MAPS_CMD="$maps_cmd" \

@@ -13,6 +13,7 @@ pub mod hostroot;
 pub mod model;
 pub mod nodes;
 pub mod select;
+pub mod simulation;
 pub mod xid;
 
 pub use hostroot::HostRoot;

@@ -29,15 +29,16 @@ pub const LOADER_FILES: [&str; 4] = [
 ];
 
 /// Directories below a host root other than `/` where its driver
-/// libraries may be (the fake host keeps its fake ones in `.fakegpu/lib`);
-/// the host's own are found through its loader cache.
+/// libraries may be (a simulated host keeps its fake ones in
+/// [`DRIVER_DIR`](gpuslice_core::simulation::DRIVER_DIR)); the host's own
+/// are found through its loader cache.
 const ROOT_LIB_DIRS: [&str; 6] = [
     "usr/lib/x86_64-linux-gnu",
     "usr/lib/aarch64-linux-gnu",
     "usr/lib64",
     "usr/lib",
     "usr/local/nvidia/lib64",
-    ".fakegpu/lib",
+    gpuslice_core::simulation::DRIVER_DIR,
 ];
 
 /// Whether `name` is a library of the NVIDIA user-space driver

@@ -4,7 +4,7 @@
 
 use crate::cmd;
 use crate::global::Global;
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use std::ffi::OsString;
 
 #[derive(Debug, Parser)]
@@ -33,9 +33,9 @@ pub enum Command {
     Top(cmd::top::TopArgs),
     /// The kubelet device plugin: each GPU in one role: nvidia.com/gpu (whole), gpu.shared (replicas capped by the shim) or mig-<profile>.
     DevicePlugin(cmd::device_plugin::DevicePluginArgs),
-    /// Drive the device plugin with a test kubelet and report JSON (the GPU machine's check, benchmarks).
-    #[command(hide = true)]
-    DevicePluginSelftest(gpuslice_bench::SelftestArgs),
+    /// Drive the device plugin with a test kubelet and report JSON (the GPU machine's check, benchmarks): runs gpuslice-bench.
+    #[command(hide = true, disable_help_flag = true)]
+    DevicePluginSelftest(ForwardedArgs),
     /// The Kubernetes DRA kubelet plugin: prepares ResourceClaims into slices with exactly the consumed memory and compute (CDI specs).
     Dra(cmd::dra::DraArgs),
     /// Write node labels (product, memory, driver, MIG, NVLink, sharing) as a Node Feature Discovery feature file.
@@ -45,13 +45,11 @@ pub enum Command {
     /// CDI specs for container runtimes (podman, containerd, CRI-O, Docker).
     #[command(subcommand)]
     Cdi(cmd::cdi::CdiCommand),
-    /// Benchmarks that back gpuslice's claims.
-    #[command(subcommand)]
-    Bench(gpuslice_bench::BenchCommand),
+    /// Benchmarks that back gpuslice's claims (bench/README.md): runs gpuslice-bench, built beside gpuslice (`gpuslice bench --help`).
+    #[command(disable_help_flag = true)]
+    Bench(ForwardedArgs),
     /// Check the host, its isolation and its Kubernetes wiring; each finding with a one-line fix (exit 0 pass, 1 warn, 2 fail).
     Doctor(cmd::doctor::DoctorArgs),
-    /// SIMULATION: build a fake GPU host in DIR to try gpuslice without NVIDIA hardware (then: gpuslice --host-root DIR list).
-    Fakehost(cmd::fakehost::FakehostArgs),
     /// Print a shell completion script.
     Completions {
         #[arg(value_enum)]
@@ -59,6 +57,20 @@ pub enum Command {
     },
     /// Print the man page (roff).
     Man,
+}
+
+/// A command another binary carries (`gpuslice-bench`: the benchmarks and
+/// self-tests, which drive gpuslice with the test doubles and so are not
+/// linked into it): its arguments, unparsed, for [`crate::exec_bench`],
+/// which hands it the whole command line.
+#[derive(Debug, Args)]
+pub struct ForwardedArgs {
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "ARGS"
+    )]
+    pub args: Vec<OsString>,
 }
 
 /// What the `gpuslice` binary parses itself: only the commands it carries,

@@ -6,7 +6,10 @@
 //!   hands every other command to `gpuslice-full` beside it, by exec with
 //!   the same arguments;
 //! - `gpuslice-full` carries them all (the daemons with their tokio, gRPC,
-//!   HTTP and CDI stacks, the benchmarks with their plotting).
+//!   HTTP and CDI stacks) but the benchmarks and self-tests, which drive
+//!   gpuslice with its test doubles: `bench` and `device-plugin-selftest`
+//!   exec `gpuslice-bench` beside it (package gpuslice-bench, under
+//!   testing/; nothing of it or of the doubles is linked here).
 //!
 //! Why: `gpuslice run` is paid at the start of every job, and much of a
 //! small process's start-up is the loader mapping and relocating its
@@ -23,10 +26,10 @@ mod cmd;
 pub mod global;
 pub mod shim;
 
-pub use binaries::{exec_full, FULL_BINARY};
+pub use binaries::{exec_bench, exec_full, gpuslice_exe, BENCH_BINARY, FULL_BINARY};
 use clap::{CommandFactory, Parser};
 use cli::{Cli, Command};
-use global::LogFormat;
+use global::{Global, LogFormat};
 use gpuslice_isolate::launcher::{LaunchError, EXIT_LAUNCH_FAILED};
 
 /// Parses the command line; on a usage error, the exit status.
@@ -108,13 +111,9 @@ pub fn run_full(cli: &Cli) -> anyhow::Result<i32> {
         Command::Exporter(args) => cmd::exporter::run(g, args),
         Command::Labels(args) => cmd::labels::run(g, args),
         Command::DevicePlugin(args) => cmd::device_plugin::run(g, args),
-        Command::DevicePluginSelftest(args) => {
-            gpuslice_bench::plugin_selftest(&bench_setup(g)?, args)
-        }
+        Command::Bench(_) | Command::DevicePluginSelftest(_) => Err(exec_bench()),
         Command::Dra(args) => cmd::dra::run(g, args),
-        Command::Bench(c) => gpuslice_bench::run(&bench_setup(g)?, c),
         Command::Doctor(args) => cmd::doctor::run(g, args),
-        Command::Fakehost(args) => cmd::fakehost::run(g, args),
         Command::Top(args) => cmd::top::run(g, args),
         Command::Completions { shell } => {
             clap_complete::generate(
@@ -130,18 +129,6 @@ pub fn run_full(cli: &Cli) -> anyhow::Result<i32> {
             .map(|_| 0)
             .map_err(Into::into),
     }
-}
-
-/// What the benchmarks and self-tests (crate gpuslice-bench) run against.
-fn bench_setup(g: &global::Global) -> std::io::Result<gpuslice_bench::Setup> {
-    let gpuslice = binaries::gpuslice_exe()?;
-    let shim = shim::find().unwrap_or_else(|_| gpuslice.with_file_name(shim::FILE));
-    Ok(gpuslice_bench::Setup {
-        host_root: g.host_root.clone(),
-        json: g.json,
-        gpuslice,
-        shim,
-    })
 }
 
 /// Reports `result` the way every command does and gives the exit status.
@@ -161,19 +148,14 @@ pub fn finish(cli: &Cli, result: anyhow::Result<i32>) -> u8 {
 }
 
 /// An error and its causes on one line.
-fn one_line(e: &anyhow::Error) -> String {
+pub fn one_line(e: &anyhow::Error) -> String {
     let mut parts: Vec<String> = e.chain().map(|c| c.to_string()).collect();
     parts.dedup();
     parts.join(": ").replace('\n', " ")
 }
 
-/// clap's message cut to its first line; `run` exits 125 like `docker run`.
-fn usage_error(e: clap::Error) -> u8 {
-    use clap::error::ErrorKind::*;
-    if matches!(e.kind(), DisplayHelp | DisplayVersion) {
-        let _ = e.print();
-        return 0;
-    }
+/// clap's usage error on one line, without its `error: `.
+pub fn usage_message(e: &clap::Error) -> String {
     let rendered = e.render().to_string();
     // clap spreads one error over several lines (the error, the missing
     // arguments, a tip); the usage that follows is what --help is for.
@@ -183,7 +165,16 @@ fn usage_error(e: clap::Error) -> u8 {
         .map(str::trim)
         .filter(|l| !l.is_empty())
         .collect();
-    let message = message.join(" ");
+    message.join(" ").trim_start_matches("error: ").to_string()
+}
+
+/// clap's message cut to its first line; `run` exits 125 like `docker run`.
+fn usage_error(e: clap::Error) -> u8 {
+    use clap::error::ErrorKind::*;
+    if matches!(e.kind(), DisplayHelp | DisplayVersion) {
+        let _ = e.print();
+        return 0;
+    }
     let is_run = std::env::args()
         .skip(1)
         .take_while(|a| a != "--")
@@ -193,10 +184,7 @@ fn usage_error(e: clap::Error) -> u8 {
     } else {
         "gpuslice --help"
     };
-    eprintln!(
-        "gpuslice: {} (see {hint})",
-        message.trim_start_matches("error: ")
-    );
+    eprintln!("gpuslice: {} (see {hint})", usage_message(&e));
     if is_run {
         EXIT_LAUNCH_FAILED as u8
     } else {
@@ -204,10 +192,11 @@ fn usage_error(e: clap::Error) -> u8 {
     }
 }
 
-pub fn init_logging(cli: &Cli) {
+/// Logging to stderr as `-v`, `--log-format` and `GPUSLICE_LOG_LEVEL` say.
+pub fn init_logging(global: &Global) {
     use tracing_subscriber::filter::{LevelFilter, Targets};
     use tracing_subscriber::prelude::*;
-    let level = match cli.global.verbose {
+    let level = match global.verbose {
         0 => LevelFilter::WARN,
         1 => LevelFilter::INFO,
         _ => LevelFilter::DEBUG,
@@ -222,7 +211,7 @@ pub fn init_logging(cli: &Cli) {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     let registry = tracing_subscriber::registry();
-    match cli.global.log_format {
+    match global.log_format {
         LogFormat::Json => registry.with(layer.json().with_filter(filter)).init(),
         LogFormat::Text => registry
             .with(layer.without_time().with_target(false).with_filter(filter))

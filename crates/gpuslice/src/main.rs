@@ -32,7 +32,7 @@ pub extern "C" fn main(_argc: c_int, _argv: *const *const c_char) -> c_int {
         Some(cli) => {
             // Set up before knowing whether this binary carries the
             // launch: a few microseconds, and gpuslice-full sets up its own.
-            gpuslice::init_logging(&cli);
+            gpuslice::init_logging(&cli.global);
             match gpuslice::run_lean(&cli) {
                 Some(result) => gpuslice::finish(&cli, result),
                 None => gpuslice::exec_full(),

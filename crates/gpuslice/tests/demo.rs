@@ -1,5 +1,5 @@
 //! The walkthrough README.md shows first on a machine without NVIDIA
-//! hardware: `gpuslice fakehost DIR`, then `list` and `run` on it. Needs
+//! hardware: `gpuslice-fakehost DIR`, then `list` and `run` on it. Needs
 //! root (mknod, mount namespaces, cgroups), as CI runs it.
 
 use crate::common;
@@ -9,6 +9,13 @@ use std::process::{Command, Output};
 
 fn gpuslice(args: &[&str]) -> Output {
     Command::new(GPUSLICE).args(args).output().unwrap()
+}
+
+fn fakehost(args: &[&str]) -> Output {
+    Command::new(fakegpu::fakehost_bin())
+        .args(args)
+        .output()
+        .unwrap()
 }
 
 fn text(o: &[u8]) -> String {
@@ -28,7 +35,7 @@ fn fakehost_then_list_and_run_show_the_isolation_on_a_simulated_host() {
     let dir = tmp.path().join("fake");
     let d = dir.to_str().unwrap();
 
-    let out = gpuslice(&["fakehost", d, "--gpus", "8"]);
+    let out = fakehost(&[d, "--gpus", "8"]);
     let said = text(&out.stdout);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(said.starts_with("SIMULATION:"), "{said}");
@@ -112,7 +119,7 @@ fn fakehost_refuses_bad_input_and_leaves_nothing_behind() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("fake");
     let d = dir.to_str().unwrap();
-    let out = gpuslice(&["fakehost", d, "--gpus", "99"]);
+    let out = fakehost(&[d, "--gpus", "99"]);
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
@@ -121,7 +128,7 @@ fn fakehost_refuses_bad_input_and_leaves_nothing_behind() {
 
     std::fs::create_dir(&dir).unwrap();
     std::fs::write(dir.join("keep"), "x").unwrap();
-    let out = gpuslice(&["fakehost", d]);
+    let out = fakehost(&[d]);
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("is not empty"), "{err}");

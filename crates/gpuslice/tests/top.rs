@@ -350,7 +350,7 @@ fn top_once_prints_the_same_view_as_text_and_needs_no_terminal() {
     assert_eq!(util("5"), 0, "{text}");
     assert!(
         text.trim_end()
-            .ends_with("(gpuslice fakehost): simulated GPUs and use"),
+            .ends_with("(gpuslice-fakehost): simulated GPUs and use"),
         "{text}"
     );
 

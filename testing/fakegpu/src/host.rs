@@ -10,57 +10,17 @@ use std::process::Command;
 
 use tempfile::TempDir;
 
+// The layout gpuslice reads to tell a simulated host (its marker, the
+// installed driver, the shared engine) is the product's contract,
+// gpuslice_core::simulation: this crate writes it.
+use gpuslice_core::simulation::{DRIVER_DIR, ENGINE_FILE, MARKER_FILE, STATE_DIR};
+
 use crate::kernel::{self, Kernel, KernelGpu, KernelMig};
 use crate::trace::{self, TraceRecord};
 use crate::tree;
 
 /// Most GPUs a host can have (bus ids `0x18 + 0x10 * i` must fit a byte).
 pub const MAX_GPUS: u32 = 14;
-
-/// Where the kernel truth and the driver's helpers live, under the root.
-const STATE_DIR: &str = ".fakegpu";
-/// The kernel truth, under the root: what marks a tree as a fake host.
-pub const KERNEL_FILE: &str = ".fakegpu/kernel.json";
-
-/// Whether `root` holds a fake host (so that `gpuslice list` can say it
-/// shows a simulation).
-pub fn is_fake_host(root: &Path) -> bool {
-    root.join(KERNEL_FILE).is_file()
-}
-
-/// Where [`FakeHost::install_driver`] puts the fake driver, under the root.
-pub const DRIVER_DIR: &str = ".fakegpu/lib";
-/// The shared engine of a host with an installed driver, under the root
-/// (`FAKEGPU_ENGINE`: one simulated GPU timeline for every process).
-pub const ENGINE_FILE: &str = ".fakegpu/engine";
-
-/// The environment that points a CUDA program at the fake driver
-/// installed in the fake host at `root` (`gpuslice fakehost --driver`):
-/// `FAKEGPU_ROOT`, `LD_LIBRARY_PATH` (the driver's directory first, before
-/// `old_ld_path`) and `FAKEGPU_ENGINE`. None unless `root` is a fake host
-/// with its driver *and* engine installed: two `stat`s, so that `gpuslice
-/// run` can afford them (a test's [`FakeHost`] has no engine file and
-/// keeps passing its own environment).
-pub fn simulated_driver_env(
-    root: &Path,
-    old_ld_path: Option<&OsStr>,
-) -> Option<Vec<(&'static str, std::ffi::OsString)>> {
-    let lib = root.join(DRIVER_DIR);
-    let engine = root.join(ENGINE_FILE);
-    if !(is_fake_host(root) && lib.join("libcuda.so.1").exists() && engine.is_file()) {
-        return None;
-    }
-    let mut ld = lib.into_os_string();
-    if let Some(old) = old_ld_path.filter(|o| !o.is_empty()) {
-        ld.push(":");
-        ld.push(old);
-    }
-    Some(vec![
-        ("FAKEGPU_ROOT", root.as_os_str().to_owned()),
-        ("LD_LIBRARY_PATH", ld),
-        ("FAKEGPU_ENGINE", engine.into_os_string()),
-    ])
-}
 
 /// A fake GPU host under a root directory: device nodes, procfs, sysfs and
 /// the kernel truth the fake driver reads. A temporary root is removed when
@@ -218,7 +178,7 @@ impl FakeHostBuilder {
             tree::write_driver_libs(&root, version)?;
         }
         let json = serde_json::to_string_pretty(&kernel).map_err(io::Error::other)?;
-        tree::write(&root.join(KERNEL_FILE), &json)?;
+        tree::write(&root.join(MARKER_FILE), &json)?;
         // Where each process publishes its device memory (fakegpu-driver's
         // memory.rs), made here: a process of any user, the first on this
         // host included, must be able to publish, as with the real driver.
@@ -400,9 +360,9 @@ impl FakeHost {
     /// reads the old or the new one, never half of one.
     fn write_kernel(&self, kernel: &Kernel) -> io::Result<()> {
         let json = serde_json::to_string_pretty(kernel).map_err(io::Error::other)?;
-        let tmp = self.path(format!("{KERNEL_FILE}.tmp"));
+        let tmp = self.path(format!("{MARKER_FILE}.tmp"));
         tree::write(&tmp, &json)?;
-        fs::rename(tmp, self.path(KERNEL_FILE))
+        fs::rename(tmp, self.path(MARKER_FILE))
     }
 
     /// Rewrites `proc/driver/nvidia/params` with `ModifyDeviceFiles: 0|1`.
@@ -419,7 +379,7 @@ impl FakeHost {
     /// [`crate::driver_so_path`]).
     pub fn driver_lib_dir(&self) -> PathBuf {
         let so = crate::driver_so_path();
-        let dir = self.path(STATE_DIR).join("lib");
+        let dir = self.path(DRIVER_DIR);
         for name in [
             "libcuda.so.1",
             "libcuda.so",
@@ -438,9 +398,10 @@ impl FakeHost {
     }
 
     /// Installs the fake driver in the host, for a person's CUDA programs
-    /// (`gpuslice fakehost --driver`): a copy of the built driver `so` in
+    /// (`gpuslice-fakehost --driver`): a copy of the built driver `so` in
     /// [`DRIVER_DIR`] under the names of the real libraries, and the
-    /// shared engine file, so that [`simulated_driver_env`] finds both.
+    /// shared engine file, so that gpuslice (`gpuslice_core::simulation`)
+    /// finds both.
     /// Returns the driver's directory.
     pub fn install_driver(&self, so: &Path) -> io::Result<PathBuf> {
         let dir = self.path(DRIVER_DIR);
@@ -522,7 +483,7 @@ impl FakeHost {
 }
 
 /// [`FakeHost::inject_xid`] for the fake host at `root` (one made by
-/// another process, e.g. `gpuslice fakehost`), by the GPU's UUID.
+/// another process, e.g. `gpuslice-fakehost`), by the GPU's UUID.
 pub fn inject_xid_below(root: &Path, uuid: &str, xid: u64) -> io::Result<()> {
     use std::io::Write;
     let mut f = std::fs::OpenOptions::new()
@@ -537,17 +498,20 @@ mod tests {
     use super::*;
 
     /// A test's host passes its own environment: `run` adds none to it.
-    /// Once its driver and engine are installed (`fakehost --driver`),
-    /// the slice's programs are pointed at them, the driver first.
+    /// Once its driver and engine are installed (`gpuslice-fakehost
+    /// --driver`), gpuslice reads the layout as simulated with its driver
+    /// and points the slice's programs at it, the driver first.
     #[test]
-    fn only_a_host_with_its_driver_installed_points_programs_at_it() {
+    fn an_installed_driver_is_where_gpuslice_looks_for_it() {
+        use gpuslice_core::simulation::{driver_env, is_simulated};
         let h = FakeHost::builder().gpus(1).build().unwrap();
+        assert!(is_simulated(h.root()));
         let old = OsStr::new("/opt/lib");
-        assert!(simulated_driver_env(h.root(), Some(old)).is_none());
+        assert!(driver_env(h.root(), Some(old)).is_none());
         let so = h.path("built-driver.so");
         fs::write(&so, "a driver").unwrap();
         h.install_driver(&so).unwrap();
-        let env = simulated_driver_env(h.root(), Some(old)).unwrap();
+        let env = driver_env(h.root(), Some(old)).unwrap();
         let get = |k: &str| env.iter().find(|(n, _)| *n == k).unwrap().1.clone();
         assert_eq!(get("FAKEGPU_ROOT"), h.root().as_os_str());
         assert_eq!(
@@ -560,7 +524,8 @@ mod tests {
             "a driver"
         );
         // Not a fake host (no kernel truth): nothing, whatever else is there.
-        fs::remove_file(h.path(KERNEL_FILE)).unwrap();
-        assert!(simulated_driver_env(h.root(), None).is_none());
+        fs::remove_file(h.path(MARKER_FILE)).unwrap();
+        assert!(!is_simulated(h.root()));
+        assert!(driver_env(h.root(), None).is_none());
     }
 }

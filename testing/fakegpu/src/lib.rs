@@ -1,5 +1,6 @@
 //! The fake GPU host used by the tests (CI has no GPU) and by
-//! `gpuslice fakehost`, the simulation a newcomer tries first.
+//! `gpuslice-fakehost` (this crate's binary), the simulation a newcomer
+//! tries first; `gpuslice-demo-client` is the CUDA program that tries it.
 //!
 //! [`FakeHost`] builds, under a root directory, what gpuslice reads and
 //! masks on a real host: device nodes made with mknod (NVIDIA majors and
@@ -28,10 +29,7 @@ pub mod tree;
 
 use std::path::PathBuf;
 
-pub use host::{
-    inject_xid_below, is_fake_host, simulated_driver_env, FakeHost, FakeHostBuilder, DRIVER_DIR,
-    ENGINE_FILE, KERNEL_FILE, MAX_GPUS,
-};
+pub use host::{inject_xid_below, FakeHost, FakeHostBuilder, MAX_GPUS};
 pub use kernel::{Kernel, KernelGpu, KernelMig};
 pub use probe::{
     format_uuid, probe_command, run_probe, ProbeAlloc, ProbeDevice, ProbeNvml, ProbeReport,
@@ -42,6 +40,8 @@ pub use trace::{read_trace, TraceRecord};
 pub const DRIVER_SO: &str = "libfakegpu_driver.so";
 /// File name of the probe helper binary.
 pub const PROBE_BIN: &str = "fakegpu-probe";
+/// File name of the binary that builds a simulated host for a person.
+pub const FAKEHOST_BIN: &str = "gpuslice-fakehost";
 
 /// The built fake driver: `$FAKEGPU_DRIVER_LIB` if set, else
 /// `libfakegpu_driver.so` in the target directory of the running executable.
@@ -58,6 +58,16 @@ pub fn driver_so_path() -> PathBuf {
 /// running executable. Panics with how to build it when it is missing.
 pub fn probe_bin() -> PathBuf {
     find_artifact("FAKEGPU_PROBE_BIN", PROBE_BIN, "cargo build -p fakegpu")
+}
+
+/// The `gpuslice-fakehost` binary, next to the running executable.
+/// Panics with how to build it when it is missing.
+pub fn fakehost_bin() -> PathBuf {
+    find_artifact(
+        "FAKEGPU_FAKEHOST_BIN",
+        FAKEHOST_BIN,
+        "cargo build -p fakegpu",
+    )
 }
 
 /// Directories where cargo puts artifacts of the running executable's

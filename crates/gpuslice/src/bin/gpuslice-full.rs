@@ -1,5 +1,6 @@
-//! `gpuslice-full`: every gpuslice command, including the daemons and the
-//! benchmarks; `gpuslice` execs it for the commands it does not carry.
+//! `gpuslice-full`: every gpuslice command, including the daemons;
+//! `gpuslice` execs it for the commands it does not carry, and it execs
+//! `gpuslice-bench` for the benchmarks.
 
 use std::process::ExitCode;
 
@@ -8,6 +9,6 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(code) => return ExitCode::from(code),
     };
-    gpuslice::init_logging(&cli);
+    gpuslice::init_logging(&cli.global);
     ExitCode::from(gpuslice::finish(&cli, gpuslice::run_full(&cli)))
 }

@@ -17,20 +17,12 @@ use gpuslice_cuda_load::Nvml;
 use gpuslice_ledger::enforcer::{NodeWatch, Unshimmed, WatchedSlice};
 use gpuslice_ledger::limits::{RecordPaths, SliceLimits};
 
-/// On a simulated host with its driver installed (`gpuslice fakehost
+/// On a simulated host with its driver installed (`gpuslice-fakehost
 /// --driver`), the enforcer reads the simulated driver's accounting, as
 /// the slice's programs use the simulated driver: its NVML, pointed at the
 /// host. None elsewhere (the host's own NVML).
 pub fn simulated_nvml(host_root: &std::path::Path) -> Option<std::path::PathBuf> {
-    let env = fakegpu::simulated_driver_env(host_root, None)?;
-    for (k, v) in env.iter().filter(|(k, _)| *k != "LD_LIBRARY_PATH") {
-        std::env::set_var(k, v);
-    }
-    Some(
-        host_root
-            .join(fakegpu::DRIVER_DIR)
-            .join("libnvidia-ml.so.1"),
-    )
+    gpuslice_core::simulation::use_driver_nvml(host_root)
 }
 
 /// The launcher's side of the enforcer: its one slice, and the NVML it

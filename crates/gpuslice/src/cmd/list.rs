@@ -15,9 +15,9 @@ pub fn run(global: &Global) -> Result<i32> {
         println!("{}", serde_json::to_string_pretty(&inv)?);
     } else {
         print!("{}", table(&inv));
-        if fakegpu::is_fake_host(&global.host_root) {
+        if gpuslice_core::simulation::is_simulated(&global.host_root) {
             println!(
-                "SIMULATION: {} is a fake GPU host (gpuslice fakehost); these GPUs do not exist",
+                "SIMULATION: {} is a fake GPU host (gpuslice-fakehost); these GPUs do not exist",
                 global.host_root.display()
             );
         }

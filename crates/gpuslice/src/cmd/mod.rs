@@ -7,7 +7,6 @@ pub mod doctor;
 pub mod dra;
 pub mod enforce;
 pub mod exporter;
-pub mod fakehost;
 pub mod labels;
 pub mod list;
 pub mod run;

@@ -496,7 +496,7 @@ fn child_env(
     for (k, v) in device_env(&visible, slice_id) {
         env.push((k.into(), v.into()));
     }
-    // A simulated host with its fake driver installed (`gpuslice fakehost
+    // A simulated host with its fake driver installed (`gpuslice-fakehost
     // --driver`): the command's CUDA programs load that driver, as they
     // load the real one from the system's library path on a real host.
     // Not when the caller already names a fake host (the tests do).
@@ -505,7 +505,7 @@ fn child_env(
             .iter()
             .find(|(k, _)| k == "LD_LIBRARY_PATH")
             .map(|(_, v)| v.clone());
-        if let Some(sim) = fakegpu::simulated_driver_env(host_root, old_ld.as_deref()) {
+        if let Some(sim) = gpuslice_core::simulation::driver_env(host_root, old_ld.as_deref()) {
             for (k, v) in sim {
                 env.retain(|(name, _)| name != k);
                 env.push((k.into(), v));

@@ -531,12 +531,12 @@ fn mib(v: &Value) -> String {
     )
 }
 
-/// The line `slices` and `top` end with on a fake host (`gpuslice
-/// fakehost`), as `list` does: None on a real one.
+/// The line `slices` and `top` end with on a fake host
+/// (`gpuslice-fakehost`), as `list` does: None on a real one.
 pub fn simulation_note(global: &Global) -> Option<String> {
-    fakegpu::is_fake_host(&global.host_root).then(|| {
+    gpuslice_core::simulation::is_simulated(&global.host_root).then(|| {
         format!(
-            "SIMULATION: {} is a fake GPU host (gpuslice fakehost): simulated GPUs and use",
+            "SIMULATION: {} is a fake GPU host (gpuslice-fakehost): simulated GPUs and use",
             global.host_root.display()
         )
     })
@@ -585,7 +585,7 @@ pub fn snapshot(global: &Global) -> Value {
     let owners = junk_owners(&scan.junk);
     let mut out = json!({
         "dir": dir.display().to_string(),
-        "simulation": fakegpu::is_fake_host(&global.host_root),
+        "simulation": gpuslice_core::simulation::is_simulated(&global.host_root),
         "slices": slices,
     });
     // Apart from the slices: what else any local user put there.

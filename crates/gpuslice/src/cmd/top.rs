@@ -113,20 +113,12 @@ impl Sampler {
             pci_details: false,
             ..Default::default()
         };
-        // A simulated host with its fake driver (`fakehost --driver`): its
+        // A simulated host with its fake driver (`gpuslice-fakehost --driver`): its
         // NVML describes that host, as a real host's NVML describes `/`.
         if std::env::var_os(gpuslice_core::discover::FAKEGPU_ROOT_ENV).is_none() {
-            if let Some(env) = fakegpu::simulated_driver_env(&global.host_root, None) {
-                for (k, v) in env.into_iter().filter(|(k, _)| *k != "LD_LIBRARY_PATH") {
-                    // Before any thread: nothing here has started one.
-                    std::env::set_var(k, v);
-                }
-                opts.nvml_lib = Some(
-                    global
-                        .host_root
-                        .join(fakegpu::DRIVER_DIR)
-                        .join("libnvidia-ml.so.1"),
-                );
+            // Before any thread: nothing here has started one.
+            if let Some(lib) = gpuslice_core::simulation::use_driver_nvml(&global.host_root) {
+                opts.nvml_lib = Some(lib);
             }
         }
         let mut s = Sampler {
@@ -383,7 +375,7 @@ impl Frame {
         if self.simulation.is_some() {
             first.push(Span::raw("  "));
             first.push(Span::styled(
-                "SIMULATION (gpuslice fakehost)",
+                "SIMULATION (gpuslice-fakehost)",
                 Style::new().fg(Color::Black).bg(Color::Yellow),
             ));
         }

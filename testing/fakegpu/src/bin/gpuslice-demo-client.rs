@@ -11,7 +11,7 @@
 //! - `compute SECONDS`: launches 200 µs kernels back to back for 0.5 s +
 //!   SECONDS and says which share of the GPU's time it got over the last
 //!   SECONDS. The GPU time is the fake driver's (`fakegpuBusyNs`): this
-//!   command runs on the simulated driver only (`gpuslice fakehost
+//!   command runs on the simulated driver only (`gpuslice-fakehost
 //!   --driver`), where a kernel is a duration, not code.
 //!
 //! Every line is marked SIMULATION when the driver is the fake one (it
@@ -20,7 +20,7 @@
 //! usage error.
 
 use gpuslice_cuda_abi::cuda::{pfn, CUcontext, CUdevice, CUdeviceptr, CUresult, LIBCUDA};
-use gpuslice_cuda_abi::fakegpu;
+use gpuslice_cuda_abi::fakegpu::BusyNs;
 use gpuslice_cuda_load::{Lib, Symbol};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::time::{Duration, Instant};
@@ -86,7 +86,7 @@ impl Cuda {
         // for any CUDA program.
         let lib = unsafe { Lib::open(LIBCUDA) }?;
         // SAFETY: only probed for presence here; called with its prototype.
-        let simulated = unsafe { lib.sym::<fakegpu::BusyNs>("fakegpuBusyNs") }.is_ok();
+        let simulated = unsafe { lib.sym::<BusyNs>("fakegpuBusyNs") }.is_ok();
         let cuda = Cuda {
             lib,
             simulated,
@@ -260,11 +260,11 @@ fn compute(seconds: Duration) -> Result<(), String> {
     if !cu.simulated {
         return Err(
             "`compute` measures GPU time with the fake driver's clock: run it on a simulated \
-             host (gpuslice fakehost DIR --driver)"
+             host (gpuslice-fakehost DIR --driver)"
                 .into(),
         );
     }
-    let busy: Symbol<fakegpu::BusyNs> = cu.sym("fakegpuBusyNs")?;
+    let busy: Symbol<BusyNs> = cu.sym("fakegpuBusyNs")?;
     let launch: Symbol<pfn::LaunchKernel> = cu.sym("cuLaunchKernel")?;
     let sync: Symbol<pfn::CtxSynchronize> = cu.sym("cuCtxSynchronize")?;
     // The fake driver runs a kernel for the nanoseconds its first

@@ -1,36 +1,79 @@
-//! `gpuslice fakehost DIR`: a simulated GPU host to try gpuslice on a
+//! `gpuslice-fakehost DIR`: a simulated GPU host to try gpuslice on a
 //! machine without NVIDIA hardware.
 //!
-//! It is the tests' fake host (crate `fakegpu`): real device nodes made
-//! with mknod (NVIDIA majors and minors, so the kernel's device cgroup
-//! applies to them), `proc/driver/nvidia` and `sys/bus/pci` files in the
-//! driver's formats. `gpuslice --host-root DIR …` then discovers, hides
-//! and denies those nodes exactly as it does a real host's. Only
-//! `gpuslice-full` carries this command: the launcher's start-up path
-//! (`run`) links none of it.
+//! It is the tests' fake host (this crate's [`FakeHost`]): real device
+//! nodes made with mknod (NVIDIA majors and minors, so the kernel's device
+//! cgroup applies to them), `proc/driver/nvidia` and `sys/bus/pci` files
+//! in the driver's formats. `gpuslice --host-root DIR …` then discovers,
+//! hides and denies those nodes exactly as it does a real host's. A test
+//! double, built with the workspace (`cargo build --release`) and never
+//! installed: gpuslice links none of it, and only reads the simulated
+//! host's layout (`gpuslice_core::simulation`).
 
-use crate::global::Global;
 use anyhow::{bail, Context, Result};
-use clap::Args;
+use clap::Parser;
 use fakegpu::FakeHost;
+use gpuslice_core::simulation::DRIVER_DIR;
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 
-#[derive(Debug, Args)]
-pub struct FakehostArgs {
+/// SIMULATION: build a fake GPU host in DIR to try gpuslice without NVIDIA hardware (then: gpuslice --host-root DIR list).
+#[derive(Debug, Parser)]
+#[command(name = "gpuslice-fakehost", version)]
+struct FakehostArgs {
     /// Directory to build the simulated host in (created; must be empty or absent).
     #[arg(value_name = "DIR")]
-    pub dir: PathBuf,
+    dir: PathBuf,
 
     /// Number of simulated GPUs (NVIDIA H200, 141 GiB, driver 580).
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=fakegpu::MAX_GPUS as i64))]
-    pub gpus: u32,
+    gpus: u32,
 
-    /// Also install the fake CUDA driver (a simulated libcuda and NVML, with one shared engine per GPU) so that CUDA programs run in its slices: `run --host-root DIR` points them at it. Needs the fake driver built beside gpuslice (`cargo build --release` builds it).
+    /// Also install the fake CUDA driver (a simulated libcuda and NVML, with one shared engine per GPU) so that CUDA programs run in its slices: `gpuslice run --host-root DIR` points them at it. Needs the fake driver built beside this binary (`cargo build --release` builds it).
     #[arg(long)]
-    pub driver: bool,
+    driver: bool,
+
+    /// Print what was built as JSON instead of the walkthrough.
+    #[arg(long)]
+    json: bool,
 }
 
-pub fn run(global: &Global, args: &FakehostArgs) -> Result<i32> {
+fn main() -> ExitCode {
+    let args = match FakehostArgs::try_parse() {
+        Ok(args) => args,
+        Err(e) => return usage_error(e),
+    };
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gpuslice-fakehost: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// clap's message on one line (exit 2); help and version as clap prints them.
+fn usage_error(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind::{DisplayHelp, DisplayVersion};
+    if matches!(e.kind(), DisplayHelp | DisplayVersion) {
+        let _ = e.print();
+        return ExitCode::SUCCESS;
+    }
+    let rendered = e.render().to_string();
+    let message: Vec<&str> = rendered
+        .lines()
+        .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    eprintln!(
+        "gpuslice-fakehost: {} (see gpuslice-fakehost --help)",
+        message.join(" ").trim_start_matches("error: ")
+    );
+    ExitCode::from(2)
+}
+
+fn run(args: &FakehostArgs) -> Result<()> {
     let dir = &args.dir;
     let existed = dir.exists();
     if existed && !is_empty_dir(dir)? {
@@ -40,7 +83,7 @@ pub fn run(global: &Global, args: &FakehostArgs) -> Result<i32> {
         );
     }
     if !nix::unistd::geteuid().is_root() {
-        bail!("fakehost needs root: it makes device nodes with mknod (run it in a root shell, or with sudo)");
+        bail!("gpuslice-fakehost needs root: it makes device nodes with mknod (run it in a root shell, or with sudo)");
     }
     // Before anything is made: where the built fake driver is.
     let so = match args.driver {
@@ -71,20 +114,20 @@ pub fn run(global: &Global, args: &FakehostArgs) -> Result<i32> {
         }
     };
     let root = host.keep();
-    if global.json {
+    if args.json {
         println!(
             "{}",
             serde_json::json!({
                 "simulation": true,
                 "host_root": root,
                 "gpus": args.gpus,
-                "driver": args.driver.then(|| root.join(fakegpu::DRIVER_DIR)),
+                "driver": args.driver.then(|| root.join(DRIVER_DIR)),
             })
         );
     } else {
         print!("{}", walkthrough(&root, args.gpus, args.driver));
     }
-    Ok(0)
+    Ok(())
 }
 
 /// What was built and the commands to try next.
@@ -116,9 +159,9 @@ fn walkthrough(root: &Path, gpus: u32, driver: bool) -> String {
 /// What the fake driver adds: CUDA programs run in the slices.
 fn driver_walkthrough(root: &Path, pick: u32) -> String {
     let r = root.display();
-    let lib = root.join(fakegpu::DRIVER_DIR);
-    // Built beside gpuslice (cargo puts every binary of the workspace in
-    // one directory); not installed by scripts/install.sh.
+    let lib = root.join(DRIVER_DIR);
+    // Built beside this binary (cargo puts every binary of the workspace
+    // in one directory); neither is installed by scripts/install.sh.
     let client = std::env::current_exe()
         .ok()
         .and_then(|e| Some(e.parent()?.join("gpuslice-demo-client")))

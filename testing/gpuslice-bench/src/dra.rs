@@ -97,10 +97,10 @@ fn inventory(setup: &Setup) -> Result<Inventory> {
     .context("discovering the GPUs")
 }
 
-/// A fake host's NVML (`gpuslice fakehost`: the built fake driver, which
+/// A fake host's NVML (`gpuslice-fakehost`: the built fake driver, which
 /// follows `FAKEGPU_ROOT`); None on a real host.
 fn fake_nvml(root: &Path) -> Result<Option<PathBuf>> {
-    if !fakegpu::is_fake_host(root) {
+    if !gpuslice_core::simulation::is_simulated(root) {
         return Ok(None);
     }
     let lib = fakegpu::try_driver_so_path()
@@ -392,7 +392,7 @@ async fn bench_health(
     let (watcher, synthetic) = match source {
         HealthSource::Xid => {
             let lib = fake_nvml(&setup.host_root)?
-                .ok_or_else(|| anyhow!("--health xid needs a fake host (gpuslice fakehost)"))?;
+                .ok_or_else(|| anyhow!("--health xid needs a fake host (gpuslice-fakehost)"))?;
             (
                 Some(gpuslice_health::start(inv, &health, Some(lib), tx)),
                 None,

@@ -1,11 +1,13 @@
-//! `gpuslice bench`: the benchmarks that back gpuslice's claims, with
-//! their statistics (`stats.rs`), SVG plots (`plot.rs`) and the facts
-//! about the machine each result records (`host.rs`); and the device
-//! plugin's self-test against a test kubelet (`plugin.rs`); the DRA
-//! driver's benchmark and self-test against its API test double (`dra.rs`).
+//! `gpuslice-bench` (`gpuslice bench`): the benchmarks that back
+//! gpuslice's claims, with their statistics (`stats.rs`), SVG plots
+//! (`plot.rs`) and the facts about the machine each result records
+//! (`host.rs`); and the device plugin's self-test against a test kubelet
+//! (`plugin.rs`); the DRA driver's benchmark and self-test against its API
+//! test double (`dra.rs`). It sits under testing/ with the doubles it
+//! drives: no product crate depends on it.
 //!
-//! The CLI (`gpuslice-full`) hands it a [`Setup`]: the benchmarks time
-//! the `gpuslice` binary users call, which this crate does not link.
+//! Its binary (`src/main.rs`) hands it a [`Setup`]: the benchmarks time
+//! the `gpuslice` binary users call, beside it.
 
 #![forbid(unsafe_code)]
 // The argument structs' doc comments are clap's help text, written for a
