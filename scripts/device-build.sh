@@ -3,7 +3,8 @@
 # git-ignored .device-carry/ (named in the device tool's `carry`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release -p gpuslice -p gpuslice-shim
+cargo build --release -p gpuslice
+cargo build --release -p gpuslice-shim
 rm -rf .device-carry && mkdir -p .device-carry
 scripts/install.sh .device-carry
 cp target/release/gpuslice-cuda-probe .device-carry/

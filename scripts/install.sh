@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs what `cargo build --release -p gpuslice -p gpuslice-shim` built
+# Installs what `cargo build --release -p gpuslice` and
+# `cargo build --release -p gpuslice-shim` built (two commands: README.md says why)
 # into one directory (default /usr/local/bin): `gpuslice`, `gpuslice-full`
 # (which `gpuslice` execs for the commands it does not carry) and the shim,
 # renamed from cargo's libgpuslice_shim.so to its installed name
@@ -20,7 +21,7 @@ else
 fi
 for f in gpuslice gpuslice-full libgpuslice_shim.so; do
   [ -f "target/release/$f" ] || {
-    echo "scripts/install.sh: target/release/$f is missing: run cargo build --release -p gpuslice -p gpuslice-shim first" >&2
+    echo "scripts/install.sh: target/release/$f is missing: run cargo build --release -p gpuslice and cargo build --release -p gpuslice-shim first" >&2
     exit 1
   }
 done
