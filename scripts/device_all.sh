@@ -2,64 +2,64 @@
 # What the GPU machine verifies, in as few calls as the 10-minute limit allows:
 #   scripts/device_all.sh OUTDIR PART [PART...]
 # PARTs, in the order given:
-#   isolation  issue 2 checks + bench launch (device_verify.py)
-#   init       issue 3 bench init, probe (30 runs) and torch (TORCH_RUNS, default 6)
-#   shim       issue 4 checks and overheads (SHIM_ONLY limits the checks, ROUNDS the rounds)
-#   doctor     issue 8: gpuslice doctor --json
-#   cdi        issue 10: cdi generate/check, host paths, CUDA via run
-#   exporter   issue 7: exporter during a capped GEMM, idle CPU (~100 s)
-#   compute    issue 5: compute share: one slice at 50/25/10/75 % (GEMM + small kernels, vs bare,
+#   isolation  checks + bench launch (device_verify.py)
+#   init       bench init, probe (30 runs) and torch (TORCH_RUNS, default 6)
+#   shim       checks and overheads (SHIM_ONLY limits the checks, ROUNDS the rounds)
+#   doctor     gpuslice doctor --json
+#   cdi        cdi generate/check, host paths, CUDA via run
+#   exporter   exporter during a capped GEMM, idle CPU (~100 s)
+#   compute    compute share: one slice at 50/25/10/75 % (GEMM + small kernels, vs bare,
 #              interleaved), two slices 30/70, a CUDA graph at 50 %, no-limit overhead (~110 s)
-#   compute29  issue 29: torch GEMM slices at scale, each against a bare worker of the same run:
+#   compute29  torch GEMM slices at scale, each against a bare worker of the same run:
 #              10/90, 30/70, 8 x 12.5, 16 x 6.25, a 4-process 50 % slice beside a 1-process 50 %
 #              one; hand-overs and fallbacks from the board (device_compute29.py, ~150 s, at most
 #              240). compute29.json "pass": every slice within 1 point, the GPU >= 97 %, 0 fallbacks
-#   computediag  issue 5: what the GPU does under partial duty, without gpuslice (~45 s)
-#   computetrace issue 5: one capped worker's bucket traced across workload and share changes (~25 s)
-#   memphys    issue 16: physical memory cap (1/2/5/8 processes in one 20 GiB slice, host NVML sum),
+#   computediag  what the GPU does under partial duty, without gpuslice (~45 s)
+#   computetrace one capped worker's bucket traced across workload and share changes (~25 s)
+#   memphys    physical memory cap (1/2/5/8 processes in one 20 GiB slice, host NVML sum),
 #              usable memory for torch, the client matrix, array sizes the driver reports against
 #              the shim's charge, the old 32-bit cuMemAlloc against the cap, dlvsym on the driver's
 #              libraries, a pool destroyed with memory outstanding (device_memphys.py, ~240 s, at
 #              most 300)
-#   hostpid    issue 16 follow-up: the shim measures a context inside run's PID namespace and under
+#   hostpid    the shim measures a context inside run's PID namespace and under
 #              --pid host (host NVML lists the pid `slices` shows, the resolver gives the same pid,
 #              the ledger matches NVML's figure; device_hostpid.py, ~20 s, at most 90)
-#   gpt2       issue 16: the torch.compile'd GPT-2 bare vs --memory 20GiB, 6 interleaved rounds, with
+#   gpt2       the torch.compile'd GPT-2 bare vs --memory 20GiB, 6 interleaved rounds, with
 #              the shim's per-family call counts (device_gpt2.py, ~150 s, at most 200), then the perf ratios of
 #              device_shim.py in the same run (first tensor, malloc/free, GEMM; ROUNDS=2, ~60 s)
-#   gemmcap    issue 16: an 8192^2 GEMM loop bare vs --memory 20GiB, two warm workers taking turns
+#   gemmcap    an 8192^2 GEMM loop bare vs --memory 20GiB, two warm workers taking turns
 #              (12 alternating windows of 1.5 s; device_gemm_cap.py, ~60 s). gemm-cap.json "pass"
-#   integrity  issue 17: env -i / su nobody capped under --memory 20GiB --compute 30, a 30 % slice
+#   integrity  env -i / su nobody capped under --memory 20GiB --compute 30, a 30 % slice
 #              beside a board forger, the 30/70 pair over one shared window, GPT-2 small eager (batch 8 and 16) and compiled at 50 % with
 #              the GPU-busy fraction the meter sees at 100 % (~330 s; INTEGRITY_STEPS picks steps)
-#   procutil   issue 17 diagnosis, no gpuslice: two GEMM processes time-sliced (one at ~30 % duty),
+#   procutil   diagnosis, no gpuslice: two GEMM processes time-sliced (one at ~30 % duty),
 #              event-timed GPU time vs NVML per-process smUtil (device_procutil.py, ~40 s)
-#   users      issue 15: torch/jax/cupy on --gpus 0 as --user nobody, none of them see a GPU with
+#   users      torch/jax/cupy on --gpus 0 as --user nobody, none of them see a GPU with
 #              --gpus none (root and nobody), a mknod'ed alias of /dev/nvidia0 hidden by number (~60 s)
-#   boundary   issue 15: the adversarial suite's attacks against the real driver with --gpus none under
+#   boundary   the adversarial suite's attacks against the real driver with --gpus none under
 #              the default flags, --strict (each must hold) and --privileged (each shown to get
 #              through); torch/jax/cupy see no GPU under --gpus none and work under --gpus 0 as
 #              --user nobody; bench launch (default vs bwrap --unshare-pid --unshare-cgroup --dev
 #              vs bare /bin/true, interleaved, 300 rounds). boundary.json "pass" (~240 s)
-#   launchphases issue 15: where a launch spends its time: run's variants, bwrap's and small
+#   launchphases where a launch spends its time: run's variants, bwrap's and small
 #              programs' beside each other, each step of gpuslice timed by its launch marks
 #              (device_launch_phases.py, ~60 s)
-#   layout     issue 18: the installed shim name (libgpuslice.so) found and preloaded by
+#   layout     the installed shim name (libgpuslice.so) found and preloaded by
 #              `run --memory` with the real driver; bench launch from gpuslice-bench (~40 s)
-#   plugin     issues 6, 20: device plugin vs a test kubelet (v1beta1 over unix sockets): the GPU
+#   plugin     device plugin vs a test kubelet (v1beta1 over unix sockets): the GPU
 #              whole (register, list (NUMA), Allocate run via `gpuslice run` + the probe), then
 #              shared 4 ways (only gpu.shared served; two 1-replica requests packed onto it, both
 #              slices run the probe at once; ledger dirs removed once PodResources drops the pods),
 #              kubelet restarts, 60 s health (~90 s)
-#   enforcer   issue 25: the lookups the shim closed (dlvsym, libc's dlsym, dlmopen), root's enforcer
+#   enforcer   the lookups the shim closed (dlvsym, libc's dlsym, dlmopen), root's enforcer
 #              killing a client that allocates past the shim, slices --json against nvidia-smi, the
 #              enforcer's CPU, doctor on memory partitions (device_enforcer.py, ~120 s, at most 240)
-#   enforcercost issue 25: root's enforcer's cost on the torch.compile'd GPT-2: both workers under
+#   enforcercost root's enforcer's cost on the torch.compile'd GPT-2: both workers under
 #              `run --memory 20GiB`, the enforcer on vs off (policy root_enforcer), 8 interleaved
 #              rounds, steps/s ratio on/off (pass >= 0.995) and each launcher's CPU seconds
 #              (device_gpt2.py --pair enforcer, ~170 s, at most 240) -> enforcer-cost.json
-#   top        issue 30: gpuslice top --once beside a capped slice on the real GPU (~30 s)
-#   dra        issue 19: the DRA driver publishes the GPU to its API test double and prepares
+#   top        gpuslice top --once beside a capped slice on the real GPU (~30 s)
+#   dra        the DRA driver publishes the GPU to its API test double and prepares
 #              20Gi/30 and 40Gi/60 claims (bench dra-selftest); both slices started from their CDI
 #              device IDs by `gpuslice run --cdi-device` with PyTorch: mem_get_info total == cap,
 #              hold 20 / 40 GiB and refused beyond, 8192^2 bf16 GEMMs over one common window within
@@ -167,7 +167,7 @@ part_dra() {
     DRA_BUDGET_S=${DRA_BUDGET_S:-150} bounded 170 python3 scripts/device_dra.py "$work"
 }
 part_enforcer() {
-    # Issue 25: the closed lookups, root's enforcer killing a process that
+    # The closed lookups, root's enforcer killing a process that
     # reaches the driver past the shim, slices against nvidia-smi, the
     # enforcer's CPU, doctor on partitions (device_enforcer.py, ~120 s).
     bounded 240 python3 scripts/device_enforcer.py "$work"
@@ -176,7 +176,7 @@ part_enforcercost() {
     bounded 240 python3 scripts/device_gpt2.py "$work/enforcer-cost.json" --pair enforcer --rounds 8 --steps 30
 }
 part_top() {
-    # Issue 30: `gpuslice top --once` on the real GPU beside a capped slice
+    # `gpuslice top --once` on the real GPU beside a capped slice
     # (2 GiB, 50 %) holding 512 MiB: the GPU's memory and utilisation from
     # NVML, the slice's cap, use and share (top-once.txt).
     local c="$PWD/.device-carry"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 15 on the real GPU host: the attacks of crates/gpuslice/tests/boundary.rs
+"""On the real GPU host: the attacks of crates/gpuslice/tests/boundary.rs
 against the real driver, the frameworks, and the launch benchmark (run as
 root from the repo root after scripts/device-build.sh; writes
 OUT/boundary.json and OUT/launch-boundary.json; ~150 s, bounded at 330 s
@@ -90,7 +90,7 @@ def attacks(victim_pid, nobody_pid, host_pid):
         # Opened for writing only, never written (the host's
         # core_pattern is not to be touched even by a test expecting EROFS).
         "write-proc-sys": OPEN_W.format("/proc/sys/kernel/core_pattern"),
-        # Issue 26: what every other slice loads.
+        # What every other slice loads.
         "write-shim": OPEN_W.format(os.path.join(CARRY, "libgpuslice.so")),
         "write-ld-so-cache": OPEN_W.format("/etc/ld.so.cache"),
         "write-libcuda": OPEN_W.format("$(readlink -f $(ldconfig -p | awk '/libcuda.so.1 /{print $NF; exit}'))"),

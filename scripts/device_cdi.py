@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 10 on the GPU machine: `gpuslice cdi generate` from the real
+"""On the GPU machine: `gpuslice cdi generate` from the real
 driver, every host path in the spec exists, `gpuslice cdi check`, and a
 CUDA process run through `gpuslice run` with the device set of the spec's
 device 0. No container runtime there: the spec's nodes are what `run`

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 5 on the GPU machine: the compute share (gpuslice run --compute).
+"""On the GPU machine: the compute share (gpuslice run --compute).
 
     python3 scripts/device_compute.py OUTDIR      # as root, repo root, after device-build.sh
 

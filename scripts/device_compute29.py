@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 29 on the GPU machine: compute shares at inference-sharing scale.
+"""On the GPU machine: compute shares at inference-sharing scale.
 
     python3 scripts/device_compute29.py OUTDIR    # as root, repo root, after device-build.sh
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 5, diagnosis: the slice ledger's bucket traced every 5 ms while one
+"""A diagnosis: the slice ledger's bucket traced every 5 ms while one
 capped PyTorch worker runs small kernels at 100 %, idles 2 s, then runs a
 GEMM loop at 50 % (the sequence after which the full check saw a stall).
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 19 on the GPU machine: the DRA driver on the real GPU, its claims run
+"""On the GPU machine: the DRA driver on the real GPU, its claims run
 by `gpuslice run --cdi-device` (no container runtime there).
 
     python3 scripts/device_dra.py OUTDIR   # as root, repo root, after device-build.sh

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 25 on the real GPU (driver 580, no memory partitions): the lookups
+"""On the real GPU (driver 580, no memory partitions): the lookups
 the shim closed, root's enforcer, and what `slices` and `doctor` say.
 
     python3 scripts/device_enforcer.py OUT_DIR        # default: $OUT

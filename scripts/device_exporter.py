@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 7 on the real GPU: `gpuslice exporter` while a capped slice runs a GEMM.
+"""On the real GPU: `gpuslice exporter` while a capped slice runs a GEMM.
 
 Run as root from the repository root on the GPU machine, with the built
 binaries in .device-carry/ (scripts/device-build.sh):

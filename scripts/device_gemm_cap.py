@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 16 on the GPU machine: a GEMM loop under a memory cap alone, against bare.
+"""On the GPU machine: a GEMM loop under a memory cap alone, against bare.
 
     python3 scripts/device_gemm_cap.py OUT.json   # as root, repo root, after device-build.sh
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 16 follow-up on the real GPU: the shim measures physical memory
+"""On the real GPU: the shim measures physical memory
 inside the slice's PID namespace (whichever pids the driver reports: host pids, or the caller's own as driver 580 does).
 
     python3 scripts/device_hostpid.py OUT_DIR

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 17 on the GPU machine: slices no tenant can tamper with.
+"""On the GPU machine: slices no tenant can tamper with.
 
     python3 scripts/device_integrity.py OUTDIR   # as root, repo root, after device-build.sh
 

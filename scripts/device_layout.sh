@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 18 on the GPU machine: the installed layout works with the real
+# On the GPU machine: the installed layout works with the real
 # driver. scripts/install.sh (run by scripts/device-build.sh) named the shim
 # libgpuslice.so in .device-carry/; `gpuslice run --memory` must find it
 # next to the binary and preload it, and `bench launch` (now in crate

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 16 on the real GPU: the memory cap holds in physical memory.
+"""On the real GPU: the memory cap holds in physical memory.
 
     python3 scripts/device_memphys.py OUT_DIR [--only procs,torch,clients,arrays,legacy]
 

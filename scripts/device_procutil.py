@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 17 diagnosis on the GPU machine, without gpuslice: what event timing and NVML's
+"""A diagnosis on the GPU machine, without gpuslice: what event timing and NVML's
 per-process utilisation each say about two processes time-sliced on one GPU.
 
     python3 scripts/device_procutil.py OUT.json   # as root; ~40 s

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 4 on the real GPU: libgpuslice.so memory cap checks and overheads.
+"""On the real GPU: libgpuslice.so memory cap checks and overheads.
 
 Run as root from the repository root on the GPU machine, with the built
 artefacts in .device-carry/ (gpuslice, libgpuslice.so; see the build

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 15 (users, device-number hiding) on the GPU machine:
+"""Users and device-number hiding on the GPU machine:
 
 1. `gpuslice run --gpus 0 --user nobody`: PyTorch, JAX and CuPy each run a
    small computation on the GPU as uid 65534 (Uid/Gid/Groups/CapEff of the

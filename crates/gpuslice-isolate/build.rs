@@ -2,7 +2,7 @@
 //! the target architecture, into `$OUT_DIR/seccomp.bpf` (native-endian
 //! `struct sock_filter`s), which `src/seccomp.rs` embeds. Generated here,
 //! not at run time: libseccomp's generation took longer on every launch
-//! than installing the program it makes (bench/README.md, issue 15).
+//! than installing the program it makes (bench/README.md).
 
 #[path = "src/seccomp_policy.rs"]
 mod policy;

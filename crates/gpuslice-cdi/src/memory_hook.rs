@@ -1,4 +1,4 @@
-//! The driver's memory partitions for containers (issue 25): the CDI
+//! The driver's memory partitions for containers: the CDI
 //! hooks of a capped slice's device, both their entries in a spec
 //! ([`memory_limit_hooks`], the ONE place that says how a container's
 //! partition is set) and what they do when the runtime runs them (`gpuslice cdi generate`'s shared

@@ -281,7 +281,7 @@ fn capped_slices_bind_the_boards_with_root_s_shares_read_only() {
     let whole = device(&v, "0")["containerEdits"].to_string();
     assert!(!whole.contains("/run/gpuslice/gpus"), "{whole}");
     // A shares directory someone else made first (the board directory is
-    // world-writable) is replaced by root's, never used (issue 26: it made
+    // world-writable) is replaced by root's, never used (it made
     // every `run --compute` fail).
     let foreign = dir.path().join("other");
     let planted = gpuslice_ledger::board::shares_dir(&foreign);

@@ -55,7 +55,7 @@ const MIB: u64 = 1 << 20;
 /// What the scheduler counts for a request that names no compute: the
 /// least it can count. Such a claim gets no share on the node (best
 /// effort: `crate::claim`), so counting the whole GPU, as a default of
-/// 100 did, only kept every other claim off it (issue 31).
+/// 100 did, only kept every other claim off it.
 pub const BEST_EFFORT_COMPUTE: u64 = 1;
 
 /// The request policy of the GPUs' consumable capacity. The defaults are

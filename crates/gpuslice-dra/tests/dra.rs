@@ -1423,7 +1423,7 @@ async fn several_claims_on_one_gpu_each_get_their_own_slice() {
     assert!(!limits_record_path(&e.cdi_dir(), "uid-c-0").exists());
 }
 
-/// Issue 31: a claim's pod whose process runs without the shim (its pod
+/// A claim's pod whose process runs without the shim (its pod
 /// covers the preload file; or it unshares a user and mount namespace and
 /// covers the claim's records too) and takes more than the claim's memory.
 /// Root's enforcer over the plugin's prepared slices (what `gpuslice dra`

@@ -70,7 +70,7 @@ async fn podman_runs_a_prepared_claim_with_exactly_its_caps() {
     assert_eq!(id, &format!("gpuslice.dev/claim={uid}-0"));
 
     // Its GPU's board writable, nothing else of the host's boards
-    // directory (no entry made there: the squatting attack of issue 26).
+    // directory (no entry made there: the squatting attack).
     let board = gpuslice_ledger::board::board_path(
         Path::new("/run/gpuslice/gpus"),
         &fakegpu::kernel::gpu_uuid(2),

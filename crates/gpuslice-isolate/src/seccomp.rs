@@ -28,7 +28,7 @@
 //! so an install costs about the number of calls times the length of the
 //! path through the filter. seccompiler's linear chain of ~50 calls (two
 //! programs, 324 + 10 instructions) made the install the slowest step on
-//! the command's way to exec; bench/README.md (issue 15) has the figures.
+//! the command's way to exec; bench/README.md has the figures.
 //!
 //! The launcher sends the program to the command's process, which installs
 //! it as its last step before exec (after the user switch and the

@@ -1,4 +1,4 @@
-//! Root's enforcer in the plugins (issues 25 and 31): the device plugin
+//! Root's enforcer in the plugins: the device plugin
 //! and the DRA plugin watch the slices they made with the one enforcer
 //! `gpuslice run` uses ([`gpuslice_ledger::enforcer::NodeWatch`]). A
 //! thread, every [`TICK`], asks the plugin which capped slices it has

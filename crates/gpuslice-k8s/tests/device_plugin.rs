@@ -504,7 +504,7 @@ async fn spread_option_spreads_replicas() {
 
 /// The replica `r` (records in `records`) takes turns on GPU `gpu`: its
 /// board, made by root, bound writable over the boards' directory bound
-/// read-only (a replica can add or remove nothing there, issue 26), the
+/// read-only (a replica can add or remove nothing there), the
 /// shim told where they are, and root's record of its `share_bp` (keyed
 /// by its usage ledger: what lets the other slices count it and pass it
 /// the turn) read-only on top (a replica cannot vouch for a share of its
@@ -940,7 +940,7 @@ async fn ledger_dirs_go_once_their_pod_is_gone_and_no_process_uses_them() {
     assert_eq!(p.state.borrow().ledgers.removed.len(), n);
 }
 
-/// Issue 31: a replica's pod whose process runs without the shim — its
+/// A replica's pod whose process runs without the shim — its
 /// pod spec covers `/etc/ld.so.preload` with a `hostPath` of `/dev/null`,
 /// or it unshares a user and mount namespace (no capability needed) and
 /// covers the preload file and the slice's records there — and takes more

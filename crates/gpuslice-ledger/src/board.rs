@@ -991,7 +991,7 @@ mod tests {
             .unwrap();
         assert_eq!(root_share(d, "GPU-1", 42), None);
         // A shares directory a tenant made first (squatting it made every
-        // `run --compute` fail, issue 26), or a file or link there, is
+        // `run --compute` fail), or a file or link there, is
         // replaced by root's, never used as it was.
         let other = tempfile::tempdir().unwrap();
         let planted = shares_dir(other.path());

@@ -1,4 +1,4 @@
-//! Root's enforcer (issue 25): a slice's GPU memory as the **driver**
+//! Root's enforcer: a slice's GPU memory as the **driver**
 //! accounts it, and the slice brought back within its cap by killing.
 //!
 //! The shim caps a slice from inside its processes, so a program that

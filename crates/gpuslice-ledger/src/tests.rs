@@ -500,7 +500,7 @@ fn a_refill_scales_the_live_share_or_borrows_but_never_exceeds_the_gpu() {
     assert_eq!(share_alone.rate(3000), 3000);
 }
 
-/// The attack of issue 17: a tenant rewrites its own ledger's cap, share
+/// The attack: a tenant rewrites its own ledger's cap, share
 /// and bucket words (it may write that file). A ledger pinned to the
 /// slice's limits record ignores all three.
 #[test]

@@ -460,7 +460,7 @@ mod tests {
         l
     }
 
-    /// Issue 17's attack: forged busy slots claiming 100 % shares took a
+    /// The attack: forged busy slots claiming 100 % shares took a
     /// capped 30 % slice to 6.8 %. With root-written shares they count for
     /// nothing; a real slice counts for at most its recorded share; zeroed
     /// counters only make the others look idle. Runs as root (CI).

@@ -1,5 +1,5 @@
 //! Our `dlsym`, `dlvsym`, `dlopen` and `dlmopen`: the lookups a program
-//! can reach the driver's own functions through (issue 25).
+//! can reach the driver's own functions through.
 //!
 //! - `dlsym` and `dlvsym`, whatever the handle and version, hand out our
 //!   wrapper for a function we interpose (a capped slice), and **our**

@@ -36,7 +36,7 @@ use crate::table::{pack, unpack, Handles};
 /// The context estimate before it is measured. It must not be below what a
 /// context really holds: allocations made before the measurement lands
 /// are checked against it, and an under-estimate lets them pass the cap
-/// physically (bench/README.md, issue 16). An over-estimate costs nothing
+/// physically (bench/README.md). An over-estimate costs nothing
 /// lasting: a refusal measures first and retries, and the measurement
 /// gives the difference back.
 pub const DEFAULT_CONTEXT_BYTES: u64 = 1 << 30;

@@ -465,7 +465,7 @@ fn idle_time_is_not_charged_when_another_thread_keeps_the_stream_busy() {
     );
 }
 
-/// Issue 17: two slices of long kernels on one GPU. The fake GPU here is
+/// Two slices of long kernels on one GPU. The fake GPU here is
 /// one engine for both processes (`FAKEGPU_ENGINE`), as a real GPU
 /// without MPS runs one context at a time: an event pair around a launch
 /// then spans whatever the other slice ran in between, and without turns
@@ -517,7 +517,7 @@ fn slices_take_turns_so_each_is_charged_its_own_work() {
     );
 }
 
-/// Issue 29: a slice is one party however many processes launch for it.
+/// A slice is one party however many processes launch for it.
 /// A slice of 4 processes at 50 % beside a slice of 1 at 50 % on one
 /// engine: each of the 4 is a context of its own, so they take the
 /// slice's turns one at a time, in the order of the slice's line in its
@@ -549,7 +549,7 @@ fn a_slice_of_four_processes_gets_its_share_beside_a_slice_of_one() {
             .unwrap_or_default()
             .trim()
     );
-    // The CI bound of issue 29, 3 points, on its share of the GPU time the
+    // The CI bound, 3 points, on its share of the GPU time the
     // pair got: a loaded 2-core machine feeds the fake GPU less, both
     // slices then fall short of 50 % of wall time, but by as much.
     let of_pair = four / (four + one) * 100.0;
@@ -595,7 +595,7 @@ fn a_forged_turn_costs_a_slice_at_most_one_wait_a_second() {
     }
 }
 
-/// Issue 29: a forger rewriting every ms a turn held far ahead by another
+/// A forger rewriting every ms a turn held far ahead by another
 /// slot, and every waiting bit, took each turn from its holder; the
 /// holder, finding the forged one idle a ms later, took it back without a
 /// fault, so the slices never fell back and took turns evenly whatever
@@ -780,7 +780,7 @@ fn forge_condition(condition: &str, f: &std::fs::File, now_us: u64, n: u64) -> s
         .try_for_each(|(word, at)| f.write_all_at(*word, *at))
 }
 
-/// Issue 26, the bound on a lying slice, measured (a benchmark, ignored:
+/// The bound on a lying slice, measured (a benchmark, ignored:
 /// about a minute of two busy CPUs a round). A capped 30/70 pair of 1.5 ms
 /// kernels on one fake engine, alone and beside a forger that rewrites
 /// the GPU's board every millisecond ([`forge_condition`]).
@@ -865,7 +865,7 @@ fn lying_slice_bound() {
         out.push(serde_json::json!({ "condition": name, "slices": slices }));
     }
     let report = serde_json::json!({
-        "benchmark": "lying-slice bound (issue 26), fake engine",
+        "benchmark": "lying-slice bound, fake engine",
         "command": "cargo test -p gpuslice-shim --test compute -- --ignored --nocapture lying_slice_bound",
         "unix_time": std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -948,7 +948,7 @@ fn on_one_engine(slices: &[(f64, usize)], kernel_ns: &str, seconds: &str) -> Sca
     }
 }
 
-/// Issue 29, the scale benchmark on the fake engine (ignored: about a
+/// The scale benchmark on the fake engine (ignored: about a
 /// minute on a quiet machine; the fake GPU is fed from the CPU, so a
 /// 2-core machine shared with other work gives worse numbers). Equal
 /// shares of 2, 4, 8 and 16 slices, 8 unequal shares summing to 100, the
@@ -1037,7 +1037,7 @@ fn compute_scale() {
         }));
     }
     let report = serde_json::json!({
-        "benchmark": "compute shares at scale (issue 29), fake engine",
+        "benchmark": "compute shares at scale, fake engine",
         "command": "cargo test -p gpuslice-shim --test compute -- --ignored --nocapture compute_scale",
         "unix_time": std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

@@ -1,4 +1,4 @@
-//! The slice as a boundary, attacked (issue 15). Each test makes one
+//! The slice as a boundary, attacked. Each test makes one
 //! attack from a root command in a slice on the fake GPU host with the
 //! real kernel, asserts that it is refused by default, and shows that the
 //! same attack gets through under `--privileged` (full root, today's
@@ -403,7 +403,7 @@ fn a_slice_cannot_write_the_hosts_sysctls() {
     let _beside = common::beside_others();
     let h = host();
     // Opened for writing only: no host sysctl is ever written, not even
-    // with its own value (issue 26).
+    // with its own value.
     let script = open_for_writing("/proc/sys/kernel/hostname");
     assert_eq!(
         in_slice(&h, &["--gpus", "1"], &script),
@@ -440,7 +440,7 @@ const MODES: [&[&str]; 4] = [
 #[test]
 fn proc_sys_is_read_only_in_every_pid_mode() {
     let _beside = common::beside_others();
-    // Issue 26: --pid host gave the host's /proc/sys back, writable, and
+    // --pid host gave the host's /proc/sys back, writable, and
     // uid 0 without a capability set kernel.core_pattern (a pipe to a
     // root shell outside every namespace). Opened for writing only.
     let h = host();
@@ -486,7 +486,7 @@ impl Drop for Mounted {
 #[test]
 fn the_hosts_other_pseudo_filesystems_are_read_only_or_masked() {
     let _beside = common::beside_others();
-    // Issue 26: a second procfs (a chroot's /proc), a second cgroup2 and a
+    // A second procfs (a chroot's /proc), a second cgroup2 and a
     // bpffs mounted elsewhere on the host stayed writable in a slice.
     let h = host();
     let (p, c, b) = (
@@ -571,7 +571,7 @@ fn a_pseudo_filesystem_the_host_mounts_later_does_not_enter_a_slice() {
 fn a_slice_cannot_change_what_other_slices_load() {
     // Opens gpuslice-full for writing: no other test may be running it.
     let _alone = common::alone();
-    // Issue 26: a --strict root command opened the installed shim for
+    // A --strict root command opened the installed shim for
     // writing; the driver libraries and the loader's configuration alike.
     // Each opened for writing only (never written), and a file made in
     // the fake driver's library directory (a name the loader would find).
@@ -650,7 +650,7 @@ fn read_only_root_leaves_tmp_shm_and_the_working_directory_writable() {
 #[test]
 fn junk_in_the_ledger_directory_is_summarized_in_one_line() {
     let _beside = common::beside_others();
-    // Issue 26: 50,000 empty `*.ledger` files planted by nobody in the
+    // 50,000 empty `*.ledger` files planted by nobody in the
     // ledger directory (1777) made `gpuslice slices` print 50,000 lines.
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
@@ -703,7 +703,7 @@ fn junk_in_the_ledger_directory_is_summarized_in_one_line() {
 #[test]
 fn a_gpus_board_cannot_be_squatted() {
     let _beside = common::beside_others();
-    // Issue 26: a junk file planted by nobody as a GPU's board in the
+    // A junk file planted by nobody as a GPU's board in the
     // sticky boards directory switched off taking turns on that GPU until
     // root removed it. Root now makes the board when a slice with a share
     // starts, replacing what it did not make, and in a slice the directory

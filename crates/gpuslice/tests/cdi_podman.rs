@@ -104,7 +104,7 @@ fn podman_runs_containers_with_the_generated_spec() {
         assert!(nodes.contains(&format!("nvidia{i}")), "{all:?}");
     }
 
-    // Issue 26: its GPU's board writable, nothing else of the host's
+    // Its GPU's board writable, nothing else of the host's
     // boards directory (no entry made there).
     let board =
         gpuslice_ledger::board::board_path(Path::new("/run/gpuslice/gpus"), &host.gpus()[3].uuid);
@@ -197,7 +197,7 @@ fn check_reports_a_driver_upgrade() {
     );
 }
 
-/// Issue 25: a capped CDI slice's container gets the driver's hard limit
+/// A capped CDI slice's container gets the driver's hard limit
 /// on its own cgroup v2 directory from the spec's `createRuntime` hook, on
 /// a driver with memory partitions (the fake posing as R615); the
 /// `poststop` hook clears it when the container ends. Without the hook the
@@ -467,7 +467,7 @@ fn allocate_a_shared_replica(
     })
 }
 
-/// Issue 25: a device-plugin shared replica's container gets the driver's
+/// A device-plugin shared replica's container gets the driver's
 /// hard limit (R615+, the fake posing as 615) on its own cgroup v2
 /// directory. Allocate names the replica's CDI device beside its mounts;
 /// the runtime (podman, as containerd and CRI-O do with the CDI names the

@@ -1,4 +1,4 @@
-//! Issue 25: programs that reach the driver around the shim, on the fake
+//! Programs that reach the driver around the shim, on the fake
 //! GPU host under `run --memory 1GiB`. The client is C
 //! (`tests/escapes/driver_client.c`), compiled here with the system's C
 //! compiler: an ordinary dynamically linked program, as a tenant would
@@ -618,7 +618,7 @@ fn doctor_says_whether_the_driver_has_memory_partitions() {
     );
 }
 
-/// Issue 31: a DRA claim's pod whose process runs without the shim (its
+/// A DRA claim's pod whose process runs without the shim (its
 /// preload file covered) and holds memory on the claim's GPU. `gpuslice
 /// slices` knows the process as the claim's by the claim's limits record
 /// in its root, as the plugin's enforcer does, and shows it with the

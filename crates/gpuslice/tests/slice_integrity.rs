@@ -1,4 +1,4 @@
-//! Issue 17, as an attacker would try it, on the fake GPU host with the
+//! Slice integrity, as an attacker would try it, on the fake GPU host with the
 //! fake driver and the real kernel: each test fails if its attack works.
 //!
 //! - a slice's limits cannot be changed by the slice (root with `--strict`,

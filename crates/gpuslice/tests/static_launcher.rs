@@ -1,5 +1,5 @@
 //! The `gpuslice` launcher as `scripts/install.sh` links it: statically
-//! (issue 15: no loader work at each job's start). It carries root's own
+//! (no loader work at each job's start). It carries root's own
 //! launches and hands to `gpuslice-full` what a static glibc cannot do —
 //! look users and groups up (NSS modules) or load NVML (MIG UUIDs) —
 //! instead of crashing in it. `scripts/test.sh` builds the pair into

@@ -406,7 +406,7 @@ fn a_sudo_caller_cannot_choose_the_shim_root_preloads() {
     // here, told apart from the real shim by its size).
     let fake_shim = tempfile::NamedTempFile::new().unwrap();
     // The slice preloads what is at its fixed place, through its own
-    // /etc/ld.so.preload (issue 17): which file is bound there?
+    // /etc/ld.so.preload: which file is bound there?
     let args = [
         "run",
         "--gpus",

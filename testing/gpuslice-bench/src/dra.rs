@@ -237,7 +237,7 @@ fn latency(ms: &mut [f64]) -> Value {
 }
 
 /// The p99 a prepare may take, and the slices' publication after a
-/// health change (issue 19).
+/// health change.
 const PREPARE_P99_MS: f64 = 20.0;
 const PUBLISH_MAX_MS: f64 = 1000.0;
 

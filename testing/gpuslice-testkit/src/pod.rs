@@ -1,4 +1,4 @@
-//! A pod's process that runs without the shim (issue 31): what a pod spec
+//! A pod's process that runs without the shim: what a pod spec
 //! that covers `/etc/ld.so.preload` (a `hostPath` volume of `/dev/null`)
 //! or a process that unshares a mount namespace gets, as the plugins' tests
 //! stage it on the fake host without a container runtime.

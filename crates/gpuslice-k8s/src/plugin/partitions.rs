@@ -1,4 +1,4 @@
-//! The driver's memory partitions for shared replicas (issue 25, NVIDIA
+//! The driver's memory partitions for shared replicas (NVIDIA
 //! R615+ per-cgroup limits): with `driverPartitions.enabled`, Allocate
 //! names, beside the replica's mounts, a CDI device of the replica
 //! (`cdi_devices` of the v1beta1 ContainerAllocateResponse, which the

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Whether this binary is linked statically, as `scripts/install.sh`
 /// builds the `gpuslice` launcher: no loader work at each start
-/// (bench/README.md, issue 15). A static glibc cannot load the user and
+/// (bench/README.md). A static glibc cannot load the user and
 /// group databases' modules (NSS) or NVML, so a static launcher carries
 /// only what needs neither ([`carried_here`]) and hands the rest to
 /// `gpuslice-full`. Set by `main` (this library is compiled without the
@@ -165,7 +165,7 @@ pub fn run_with(global: &Global, args: &RunArgs, cdi: Option<CdiEdits>) -> Resul
         f.limits = record;
     }
     plan.slice_files = files;
-    // Root's enforcer and the driver's memory partitions (issue 25), on
+    // Root's enforcer and the driver's memory partitions, on
     // the launcher's thread; NVML is opened before the fork (the launcher
     // starts no thread once the PID namespace is pending).
     let result = if rootless {

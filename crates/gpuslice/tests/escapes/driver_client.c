@@ -1,5 +1,5 @@
 /* A CUDA driver client that reaches the driver the ways a program can
- * around a preloaded shim (issue 25), for crates/gpuslice/tests/escapes.rs.
+ * around a preloaded shim, for crates/gpuslice/tests/escapes.rs.
  *
  *   driver_client HOW COUNT [hold]
  *
