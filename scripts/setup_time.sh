@@ -14,6 +14,9 @@ cd "$dir"
 commit="$(git rev-parse HEAD)"
 load_before="$(cut -d' ' -f1-3 /proc/loadavg)"
 
+# A number as JSON (bc prints .5 for 0.5).
+num() { printf '%.2f' "$1"; }
+
 # step NAME CMD...: wall seconds and CPU seconds (user+sys of children).
 declare -A wall cpu
 step() {
@@ -53,11 +56,11 @@ cat > "$out" <<EOF
   "load_average_before": "$load_before",
   "load_average_after": "$load_after",
   "seconds": {
-    "build_gpuslice": {"wall": ${wall[build_gpuslice]}, "cpu": ${cpu[build_gpuslice]}},
-    "build_shim": {"wall": ${wall[build_shim]}, "cpu": ${cpu[build_shim]}},
-    "static_relink": {"wall": ${wall[relink]}, "cpu": ${cpu[relink]}},
-    "install": {"wall": ${wall[install]}, "cpu": ${cpu[install]}},
-    "total": {"wall": $total_wall, "cpu": $total_cpu}
+    "build_gpuslice": {"wall": $(num ${wall[build_gpuslice]}), "cpu": $(num ${cpu[build_gpuslice]})},
+    "build_shim": {"wall": $(num ${wall[build_shim]}), "cpu": $(num ${cpu[build_shim]})},
+    "static_relink": {"wall": $(num ${wall[relink]}), "cpu": $(num ${cpu[relink]})},
+    "install": {"wall": $(num ${wall[install]}), "cpu": $(num ${cpu[install]})},
+    "total": {"wall": $(num $total_wall), "cpu": $(num $total_cpu)}
   },
   "crates_compiled_by_the_shim_build": $shim_rebuilt,
   "crates_compiled_by_the_static_relink": $relinked,

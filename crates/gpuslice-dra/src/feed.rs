@@ -3,7 +3,7 @@
 //! hot-plug), their XIDs (the XID watcher) and whether it can enforce its
 //! slices' caps.
 
-use crate::publish::SharedPolicy;
+use crate::policy::SharedPolicy;
 use gpuslice_core::Inventory;
 use gpuslice_health::Snapshot;
 use tokio::sync::watch;

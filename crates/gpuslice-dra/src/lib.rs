@@ -27,6 +27,7 @@ pub mod feed;
 pub mod health;
 pub mod hotplug;
 pub mod podcheck;
+pub mod policy;
 pub mod publish;
 pub mod quantity;
 pub mod server;

@@ -74,14 +74,9 @@ const S_MODE: usize = 16;
 const S_BUSY: usize = 24;
 const S_BEAT: usize = 32;
 
-/// How a slice's share is applied.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    /// Never more than the share.
-    Cap = 0,
-    /// At least the share when busy; more when the GPU has idle time.
-    Guaranteed = 1,
-}
+/// How a slice's share is applied (the slice contract's, stored in a
+/// slot as its discriminant).
+pub use crate::limits::Mode;
 
 /// One slot as read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -56,9 +56,7 @@ pub const GRACE_TICKS: u32 = 2;
 /// (context, modules, local memory) is charged from the shim's own
 /// measurements, taken now and then.
 pub const SLACK: u64 = 16 << 20;
-/// The kills of a slice, one line each, in its root-only records
-/// directory (beside the limits record).
-pub const ENFORCEMENT_FILE: &str = "enforcement";
+pub use crate::limits::ENFORCEMENT_FILE;
 
 /// What the policy does with a GPU process of a capped slice that the
 /// shim does not hold.

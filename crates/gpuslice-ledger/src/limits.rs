@@ -33,7 +33,6 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsE
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-pub use crate::board::Mode;
 use crate::{FULL_SHARE, MAX_DEVICES, UNLIMITED};
 
 /// The slice's records as its processes see them: a fixed place, mounted
@@ -50,6 +49,9 @@ pub const SHIM_FILE: &str = "libgpuslice.so";
 /// launcher serves, answering each connection with the connector's pid in
 /// the host's PID namespace (see [`crate::hostpid`]).
 pub const HOSTPID_FILE: &str = "hostpid";
+/// Root's enforcer's kills of a slice, one line each, in its root-only
+/// records directory on the host (beside the limits record).
+pub const ENFORCEMENT_FILE: &str = "enforcement";
 /// A slice directory elsewhere than [`SLICE_DIR`], for slices without a
 /// mount namespace of their own (`run` as non-root). Read only when
 /// [`SLICE_DIR`] holds no limits record.
@@ -233,6 +235,15 @@ impl fmt::Display for ComputeShare {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.percent())
     }
+}
+
+/// How a slice's share is applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Never more than the share.
+    Cap = 0,
+    /// At least the share when busy; more when the GPU has idle time.
+    Guaranteed = 1,
 }
 
 impl FromStr for Mode {
@@ -548,7 +559,7 @@ impl RecordPaths {
         let _ = fs::remove_file(&self.limits);
         let _ = fs::remove_file(&self.usage);
         let _ = fs::remove_file(&self.hostpid);
-        let _ = fs::remove_file(self.dir.join(crate::enforcer::ENFORCEMENT_FILE));
+        let _ = fs::remove_file(self.dir.join(ENFORCEMENT_FILE));
         let _ = fs::remove_dir(&self.dir);
     }
 }

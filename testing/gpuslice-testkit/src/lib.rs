@@ -31,6 +31,7 @@ pub mod fakeapi;
 pub mod fakenvml;
 pub mod kubelet;
 pub mod manifests;
+pub mod module_graph;
 pub mod pod;
 pub mod podman;
 pub mod process;
