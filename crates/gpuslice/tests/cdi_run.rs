@@ -58,8 +58,7 @@ impl Drop for Prepared {
 impl Prepared {
     /// Prepares `claims`: (uid, gpu, memory, compute); memory "" for the GPU whole.
     fn new(claims: &[(&str, u32, &str, &str)]) -> Prepared {
-        // SAFETY: geteuid has no preconditions.
-        assert_eq!(unsafe { libc::geteuid() }, 0, "these tests need root (CI)");
+        common::assert_root();
         let host = host();
         let tmp = tempfile::tempdir().unwrap();
         let p = Prepared {

@@ -32,14 +32,12 @@ fn the_dra_selftest_prepares_claims_that_run_with_their_caps() {
     let tmp = tempfile::tempdir().unwrap();
     let work = tmp.path().join("work");
     let w = work.to_str().unwrap();
-    let out = gpuslice(
-        &h,
-        ledgers.path(),
-        &["--json", "bench", "dra-selftest", "prepare", "--work", w],
-    )
-    .output()
-    .unwrap();
-    let rep = json_of(&out);
+    // `bench dra-selftest STEP`'s JSON report.
+    let selftest = |step: &str| {
+        let args = ["--json", "bench", "dra-selftest", step, "--work", w];
+        json_of(&gpuslice(&h, ledgers.path(), &args).output().unwrap())
+    };
+    let rep = selftest("prepare");
     assert_eq!(rep["pass"], true, "{rep:#}");
     assert_eq!(
         rep["published"]["shared_device"]["allowMultipleAllocations"], true,
@@ -80,14 +78,7 @@ fn the_dra_selftest_prepares_claims_that_run_with_their_caps() {
         assert_eq!(v["total"], cap * GIB, "{id}: {v}");
     }
 
-    let out = gpuslice(
-        &h,
-        ledgers.path(),
-        &["--json", "bench", "dra-selftest", "unprepare", "--work", w],
-    )
-    .output()
-    .unwrap();
-    let rep = json_of(&out);
+    let rep = selftest("unprepare");
     assert_eq!(rep["pass"], true, "{rep:#}");
     assert_eq!(rep["unprepared"].as_array().unwrap().len(), 2, "{rep:#}");
     let specs: Vec<_> = std::fs::read_dir(work.join("cdi"))

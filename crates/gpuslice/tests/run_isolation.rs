@@ -65,14 +65,7 @@ fn open_in_slice(h: &FakeHost, run_args: &[&str], script: &str) -> String {
     let mut args = vec!["run"];
     args.extend_from_slice(run_args);
     args.extend(["--", "sh", "-c", script]);
-    let out = run(h, &args);
-    // Less --privileged's warning, which every such run prints.
-    let stderr: String = String::from_utf8_lossy(&out.stderr)
-        .lines()
-        .filter(|l| !l.starts_with("gpuslice: WARNING: --privileged"))
-        .map(|l| format!("{l}\n"))
-        .collect();
-    String::from_utf8_lossy(&out.stdout).to_string() + &stderr
+    common::printed_in_slice(&run(h, &args))
 }
 
 fn node(h: &FakeHost, minor: u32) -> String {
