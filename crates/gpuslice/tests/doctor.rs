@@ -218,43 +218,28 @@ fn missing_libraries() {
     assert!(d.contains("libcuda.so.1 not found"), "{d}");
 }
 
-#[test]
-fn degraded_link() {
-    let _beside = common::beside_others();
-    let h = healthy().degraded_link(1).build().unwrap();
-    doctor_finds(
-        &h,
-        "gpu.pcie",
-        "warn",
-        &["GPU1 (0000:28:00.0) Gen4 x8 of Gen5 x16"],
-        "reseat",
-    );
+/// One test per fault that a host builder injects alone: `test: builder =>
+/// check, status, [detail…], fix` (see [`found`]).
+macro_rules! finds_alone {
+    ($($test:ident: $host:expr => $check:literal, $status:literal, [$($detail:literal),+], $fix:literal;)+) => {$(
+        #[test]
+        fn $test() {
+            let _beside = common::beside_others();
+            let h = $host.build().unwrap();
+            doctor_finds(&h, $check, $status, &[$($detail),+], $fix);
+        }
+    )+};
 }
 
-#[test]
-fn persistence_off() {
-    let _beside = common::beside_others();
-    let h = healthy().persistence_mode(false).build().unwrap();
-    doctor_finds(
-        &h,
-        "gpu.persistence",
-        "warn",
-        &["persistence mode off on GPU0 (0000:18:00.0)"],
-        "nvidia-persistenced",
-    );
-}
-
-#[test]
-fn modify_device_files_on() {
-    let _beside = common::beside_others();
-    let h = healthy().modify_device_files(true).build().unwrap();
-    doctor_finds(
-        &h,
-        "devices.modify-device-files",
-        "warn",
-        &["ModifyDeviceFiles: 1"],
-        "NVreg_ModifyDeviceFiles=0",
-    );
+finds_alone! {
+    degraded_link: healthy().degraded_link(1) =>
+        "gpu.pcie", "warn", ["GPU1 (0000:28:00.0) Gen4 x8 of Gen5 x16"], "reseat";
+    persistence_off: healthy().persistence_mode(false) =>
+        "gpu.persistence", "warn", ["persistence mode off on GPU0 (0000:18:00.0)"],
+        "nvidia-persistenced";
+    modify_device_files_on: healthy().modify_device_files(true) =>
+        "devices.modify-device-files", "warn", ["ModifyDeviceFiles: 1"],
+        "NVreg_ModifyDeviceFiles=0";
 }
 
 #[test]

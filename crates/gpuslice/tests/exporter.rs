@@ -300,11 +300,15 @@ fn prometheus_scrapes_gpus_slices_and_pods() {
     expect_value(prom, r#"up{job="gpuslice"}"#, 1.0);
     expect_value(prom, "count(gpuslice_gpu_memory_total_bytes)", 8.0);
     expect_value(prom, "count(gpuslice_gpu_info)", 8.0);
-    let g3 = format!(
-        r#"gpu="3",uuid="{}",pci_bus_id="{}",model="NVIDIA H200""#,
-        uuid(3),
-        host.gpus()[3].pci_bus_id
-    );
+    // The labels of GPU `i`'s series.
+    let gpu = |i: usize| {
+        format!(
+            r#"gpu="{i}",uuid="{}",pci_bus_id="{}",model="NVIDIA H200""#,
+            uuid(i),
+            host.gpus()[i].pci_bus_id
+        )
+    };
+    let g3 = gpu(3);
     for (metric, want) in [
         ("gpuslice_gpu_temperature_celsius", 33.0),
         ("gpuslice_gpu_power_watts", 103.0),
@@ -327,11 +331,7 @@ fn prometheus_scrapes_gpus_slices_and_pods() {
     expect_value(prom, "gpuslice_exporter_sample_age_seconds < bool 5", 1.0);
 
     // XID counters from NVML events: only GPU 2 has one.
-    let g2 = format!(
-        r#"gpu="2",uuid="{}",pci_bus_id="{}",model="NVIDIA H200""#,
-        uuid(2),
-        host.gpus()[2].pci_bus_id
-    );
+    let g2 = gpu(2);
     expect_value(prom, "gpuslice_exporter_xid_events_up", 1.0);
     expect_value(
         prom,
