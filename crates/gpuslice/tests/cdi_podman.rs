@@ -21,6 +21,17 @@ fn podman_alone() -> std::sync::MutexGuard<'static, ()> {
     PODMAN.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The NVIDIA nodes of a container given GPU `gpu` alone, sorted.
+fn one_gpus_nodes(gpu: u32) -> [String; 5] {
+    ["nvidia-modeset", "nvidia-uvm", "nvidia-uvm-tools"]
+        .map(String::from)
+        .into_iter()
+        .chain([format!("nvidia{gpu}"), "nvidiactl".into()])
+        .collect::<Vec<_>>()
+        .try_into()
+        .unwrap()
+}
+
 /// Where the specs for podman go: podman 4.3 reads specs from /etc/cdi and
 /// /var/run/cdi only.
 const CDI_DIR: &str = "/var/run/cdi";
@@ -103,16 +114,7 @@ fn podman_runs_containers_with_the_generated_spec() {
     assert!(one.status.success(), "{one:?}");
     let t = text(&one);
     let (dev, env) = t.split_once("---").unwrap();
-    assert_eq!(
-        nvidia_nodes(dev),
-        [
-            "nvidia-modeset",
-            "nvidia-uvm",
-            "nvidia-uvm-tools",
-            "nvidia1",
-            "nvidiactl"
-        ]
-    );
+    assert_eq!(nvidia_nodes(dev), one_gpus_nodes(1));
     assert!(
         env.contains("NVIDIA_DRIVER_CAPABILITIES=compute,utility"),
         "{env}"
@@ -147,16 +149,7 @@ fn podman_runs_containers_with_the_generated_spec() {
     assert!(shared.status.success(), "{shared:?}");
     let t = text(&shared);
     let (dev, rest) = t.split_once("---").unwrap();
-    assert_eq!(
-        nvidia_nodes(dev),
-        [
-            "nvidia-modeset",
-            "nvidia-uvm",
-            "nvidia-uvm-tools",
-            "nvidia3",
-            "nvidiactl"
-        ]
-    );
+    assert_eq!(nvidia_nodes(dev), one_gpus_nodes(3));
     assert!(
         rest.contains("/usr/local/gpuslice/libgpuslice.so\n"),
         "{rest}"
