@@ -12,7 +12,7 @@ use fakegpu::FakeHost;
 use serde_json::Value;
 
 use crate::common;
-use common::slice::{gpuslice, run_refused, slices_json, slices_text};
+use common::slice::{gpuslice, host_and_ledgers, run_refused, slices_json, slices_text};
 use gpuslice_testkit::shim_client;
 
 /// `gpuslice run --gpus 0 <limits> -- <client> compute kernel` (200 µs
@@ -57,8 +57,7 @@ fn achieved(out: &std::process::Output) -> f64 {
 #[test]
 fn run_with_compute_holds_the_share_and_slices_shows_it() {
     let _alone = common::alone();
-    let h = FakeHost::builder().gpus(1).build().unwrap();
-    let ledgers = tempfile::tempdir().unwrap();
+    let (h, ledgers) = host_and_ledgers(1);
     let child = start_client(&h, ledgers.path(), &["--compute", "40"]);
     let v = slices_json(&h, ledgers.path());
     let c = &v["slices"][0]["compute"][0];
@@ -119,8 +118,7 @@ fn run_with_compute_holds_the_share_and_slices_shows_it() {
 #[test]
 fn a_guaranteed_share_runs_past_it_while_the_gpu_is_idle() {
     let _alone = common::alone();
-    let h = FakeHost::builder().gpus(1).build().unwrap();
-    let ledgers = tempfile::tempdir().unwrap();
+    let (h, ledgers) = host_and_ledgers(1);
     let limits = ["--compute", "30", "--compute-mode", "guaranteed"];
     let child = start_client(&h, ledgers.path(), &limits);
     let v = slices_json(&h, ledgers.path());

@@ -6,8 +6,7 @@
 //! `bench dra` reports its latencies. Needs root and the workspace built.
 
 use crate::common;
-use common::slice::gpuslice;
-use fakegpu::FakeHost;
+use common::slice::{gpuslice, host_and_ledgers};
 use gpuslice_testkit::shim_client;
 use serde_json::Value;
 use std::path::Path;
@@ -27,8 +26,7 @@ fn json_of(out: &std::process::Output) -> Value {
 #[test]
 fn the_dra_selftest_prepares_claims_that_run_with_their_caps() {
     let _beside = common::beside_others();
-    let h = FakeHost::builder().gpus(2).build().unwrap();
-    let ledgers = tempfile::tempdir().unwrap();
+    let (h, ledgers) = host_and_ledgers(2);
     let tmp = tempfile::tempdir().unwrap();
     let work = tmp.path().join("work");
     let w = work.to_str().unwrap();
@@ -93,8 +91,7 @@ fn the_dra_selftest_prepares_claims_that_run_with_their_caps() {
 #[test]
 fn bench_dra_reports_prepare_latencies_and_publication_after_xids() {
     let _beside = common::beside_others();
-    let h = FakeHost::builder().gpus(2).build().unwrap();
-    let ledgers = tempfile::tempdir().unwrap();
+    let (h, ledgers) = host_and_ledgers(2);
     let tmp = tempfile::tempdir().unwrap();
     let out_file = tmp.path().join("dra.json");
     let out = gpuslice(

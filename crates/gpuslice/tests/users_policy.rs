@@ -476,10 +476,8 @@ fn bad_policy_files_are_refused_naming_the_field() {
 #[test]
 fn a_non_root_caller_cannot_point_gpuslice_at_its_own_policy() {
     let _beside = common::beside_others();
-    let h = host(1);
-    let u = TestUser::new();
+    let (h, u, p) = bound_caller(1, "allow_root = true\nallow_privileged = true\n");
     let root_h = h.root().display().to_string();
-    let p = rule_for(&h, &u, "allow_root = true\nallow_privileged = true\n");
     let as_root = ["run", "--gpus", "0", "--user", "root", "--", "id", "-u"];
     let dir_mode = |mode| {
         std::fs::set_permissions(

@@ -9,6 +9,13 @@ use serde_json::Value;
 
 use super::GPUSLICE;
 
+/// A fake host of `gpus` GPUs and an empty directory for its slices'
+/// ledgers.
+pub fn host_and_ledgers(gpus: u32) -> (FakeHost, tempfile::TempDir) {
+    let h = FakeHost::builder().gpus(gpus).build().unwrap();
+    (h, tempfile::tempdir().unwrap())
+}
+
 /// `gpuslice --host-root <fake> ARGS` with the fake driver's env, slice
 /// ledgers in `ledgers` (the GPUs' boards in `ledgers/boards`), and none
 /// of the caller's slice settings.
