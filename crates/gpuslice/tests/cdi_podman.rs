@@ -326,9 +326,13 @@ fn a_shared_variant_s_container_is_vouched_for_on_its_gpu_s_board() {
         !gpu_records.join(&key).exists(),
         "the share record outlived its container"
     );
-    let state = host.path(gpuslice_cdi::share_hook::STATE_DIR);
+    assert_no_records_in(&host.path(gpuslice_cdi::share_hook::STATE_DIR));
+}
+
+/// Root's hooks left no record of a container in `state`.
+fn assert_no_records_in(state: &Path) {
     assert_eq!(
-        std::fs::read_dir(&state).map_or(0, |d| d.count()),
+        std::fs::read_dir(state).map_or(0, |d| d.count()),
         0,
         "records left in {}",
         state.display()
@@ -395,13 +399,7 @@ fn assert_limited_while_it_runs(image: &Image, device: &str, host: &FakeHost, ha
         !after.contains(&cgroup),
         "still limited after the end: {after:?}"
     );
-    let state = host.path(gpuslice_cdi::memory_hook::STATE_DIR);
-    assert_eq!(
-        std::fs::read_dir(&state).map_or(0, |d| d.count()),
-        0,
-        "records left in {}",
-        state.display()
-    );
+    assert_no_records_in(&host.path(gpuslice_cdi::memory_hook::STATE_DIR));
 }
 
 /// The replicas' directories a device plugin leaves allocated are tmpfs
