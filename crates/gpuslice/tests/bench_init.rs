@@ -163,12 +163,7 @@ fn probe_pipeline_end_to_end_and_full_isolation_reaches_one_gpu() {
             assert_eq!(c["samples"].as_array().unwrap().len(), 3, "{c}");
             assert_eq!(c["ok"], 3, "{c}");
             assert_eq!(c["warmup_samples"].as_array().unwrap().len(), 1, "{c}");
-            let argv: Vec<&str> = c["argv"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|a| a.as_str().unwrap())
-                .collect();
+            let argv = common::strings(&c["argv"]);
             if m == "none" {
                 assert!(!argv.contains(&"run"), "{argv:?}");
             } else {
@@ -302,41 +297,18 @@ fn json_flag_prints_the_document_and_all_failing_warmups_stop_early() {
     let dir = tempfile::tempdir().unwrap();
     let python = fake_python(dir.path());
     let py = python.to_str().unwrap();
-    let out = bench(
-        &h,
-        &[
-            "--json",
-            "--workload",
-            "torch",
-            "--python",
-            py,
-            "--counts",
-            "1",
-            "--methods",
-            "env",
-            "--runs",
-            "1",
-        ],
-    );
+    // `--workload torch` with the fake python, one GPU, one method.
+    let torch = |flags: &[&str], method: &str, runs: &str| {
+        let workload = ["--workload", "torch", "--python", py, "--counts", "1"];
+        let method = ["--methods", method, "--runs", runs];
+        bench(&h, &[flags, &workload, &method].concat())
+    };
+    let out = torch(&["--json"], "env", "1");
     assert!(out.status.success(), "{}", text(&out));
     let doc: Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
     assert_eq!(cell(&doc, 1, "env")["ok"], 1);
 
-    let out = bench(
-        &h,
-        &[
-            "--workload",
-            "torch",
-            "--python",
-            py,
-            "--counts",
-            "1",
-            "--methods",
-            "none",
-            "--runs",
-            "50",
-        ],
-    );
+    let out = torch(&[], "none", "50");
     let all = text(&out);
     assert_eq!(out.status.code(), Some(1), "{all}");
     assert!(all.contains("every warm-up run failed"), "{all}");

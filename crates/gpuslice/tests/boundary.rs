@@ -10,14 +10,15 @@
 //! runs against the real driver too.
 
 use crate::common;
+use common::GPUSLICE;
 use fakegpu::FakeHost;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-const GPUSLICE: &str = env!("CARGO_BIN_EXE_gpuslice");
 const ATTACK: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/boundary/attack.py");
 const PRIVILEGED: &[&str] = &["--privileged"];
+const HOST_PID: &[&str] = &["--pid", "host"];
 
 fn host() -> FakeHost {
     FakeHost::builder()
@@ -27,33 +28,53 @@ fn host() -> FakeHost {
         .expect("build fake host")
 }
 
-/// `gpuslice --host-root <fake> run <flags> -- sh -c <script>`.
-fn command(h: &FakeHost, flags: &[&str], script: &str) -> Command {
+/// `gpuslice --host-root <fake> run <flags> -- <argv>`.
+fn launch(h: &FakeHost, flags: &[&str], argv: &[&str]) -> Command {
     let mut c = Command::new(GPUSLICE);
     c.arg("--host-root").arg(h.root()).arg("run");
-    c.args(flags).args(["--", "sh", "-c", script]);
+    c.args(flags).arg("--").args(argv);
     c.envs(h.env()).env("LC_ALL", "C");
     c
 }
 
-/// What the script printed (stdout, then stderr less --privileged's warning).
+/// `gpuslice --host-root <fake> run --gpus 1 <flags> -- sh -c <script>`.
+fn command(h: &FakeHost, flags: &[&str], script: &str) -> Command {
+    launch(
+        h,
+        &[&["--gpus", "1"][..], flags].concat(),
+        &["sh", "-c", script],
+    )
+}
+
+/// Its stdout, then its stderr.
+fn text(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
+}
+
+/// What the script printed in a one-GPU slice with `flags` (stdout, then
+/// stderr less --privileged's warning).
 fn in_slice(h: &FakeHost, flags: &[&str], script: &str) -> String {
-    let out = command(h, flags, script).output().expect("spawn gpuslice");
-    let stderr: String = String::from_utf8_lossy(&out.stderr)
-        .lines()
-        .filter(|l| !l.starts_with("gpuslice: WARNING: --privileged"))
-        .map(|l| format!("{l}\n"))
-        .collect();
-    String::from_utf8_lossy(&out.stdout).into_owned() + &stderr
+    common::printed_in_slice(&command(h, flags, script).output().expect("spawn gpuslice"))
+}
+
+/// Asserts what `script` prints in a one-GPU slice under each case's flags.
+fn assert_prints(h: &FakeHost, script: &str, cases: &[(&[&str], &str)]) {
+    for (flags, want) in cases {
+        assert_eq!(in_slice(h, flags, script), *want, "{flags:?}");
+    }
+}
+
+/// The host's python3.
+fn python() -> &'static str {
+    ["/usr/bin/python3", "/usr/local/bin/python3"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .unwrap_or("python3")
 }
 
 /// The attack helper's command line (one word out: ok or an errno name).
 fn attack(args: &str) -> String {
-    let python = ["/usr/bin/python3", "/usr/local/bin/python3"]
-        .into_iter()
-        .find(|p| Path::new(p).exists())
-        .unwrap_or("python3");
-    format!("{python} {ATTACK} {args}")
+    format!("{} {ATTACK} {args}", python())
 }
 
 fn root_of(h: &FakeHost) -> String {
@@ -97,9 +118,7 @@ struct Victim {
 
 impl Victim {
     fn start(h: &FakeHost, flags: &[&str]) -> Victim {
-        let mut c = Command::new(GPUSLICE);
-        c.arg("--host-root").arg(h.root()).arg("run").args(flags);
-        c.args(["--", "sleep", "60"]).envs(h.env());
+        let mut c = launch(h, flags, &["sleep", "60"]);
         // Owned by the Victim at once: its Drop reaps the launcher even
         // when the start times out.
         let mut v = Victim {
@@ -168,7 +187,7 @@ fn a_slice_cannot_move_itself_out_of_its_cgroup() {
              mkdir {m}/gpuslice/evil-$$ && echo made-sibling && rmdir {m}/gpuslice/evil-$$; \
              grep -c gpuslice /proc/self/cgroup"
         );
-        let flags = ["--gpus", "1", "--cgroup", v];
+        let flags = ["--cgroup", v];
         let out = in_slice(&h, &flags, &script);
         assert!(
             out.contains("Read-only file system")
@@ -194,7 +213,7 @@ fn a_slice_cannot_move_another_slices_process() {
             victim.pid,
             cgroup_mount(v)
         );
-        let flags = ["--gpus", "1", "--cgroup", v];
+        let flags = ["--cgroup", v];
         let out = in_slice(&h, &flags, &script);
         assert!(!out.contains("moved"), "{v}: {out}");
         assert_eq!(cgroup_of(victim.pid, v), before, "{v}: {out}");
@@ -204,41 +223,35 @@ fn a_slice_cannot_move_another_slices_process() {
     }
 }
 
-#[test]
-fn a_slice_cannot_ptrace_another_slice() {
+/// `attack.py OP <pid>` from a slice against another slice's process:
+/// what it says in the slice's own PID namespace (`own_pid_ns`), EPERM
+/// where the victim is visible (`--pid host`), ok under `--privileged`.
+fn attack_another_slice(op: &str, own_pid_ns: &str) {
     let _beside = common::beside_others();
     let h = host();
     let victim = Victim::start(&h, &["--gpus", "0"]);
-    let script = attack(&format!("ptrace {}", victim.pid));
-    // The seccomp filter answers before the kernel looks the pid up (which
-    // names nothing in the slice's own PID namespace: see the /proc tests).
-    assert_eq!(in_slice(&h, &["--gpus", "1"], &script), "EPERM\n");
-    // The host's PID namespace: the victim is visible, and still EPERM.
-    assert_eq!(
-        in_slice(&h, &["--gpus", "1", "--pid", "host"], &script),
-        "EPERM\n"
-    );
-    assert_eq!(
-        in_slice(&h, &["--gpus", "1", "--privileged"], &script),
-        "ok\n"
+    let script = attack(&format!("{op} {}", victim.pid));
+    assert_prints(
+        &h,
+        &script,
+        &[
+            (&[], own_pid_ns),
+            (HOST_PID, "EPERM\n"),
+            (PRIVILEGED, "ok\n"),
+        ],
     );
 }
 
 #[test]
+fn a_slice_cannot_ptrace_another_slice() {
+    // The seccomp filter answers before the kernel looks the pid up (which
+    // names nothing in the slice's own PID namespace: see the /proc tests).
+    attack_another_slice("ptrace", "EPERM\n");
+}
+
+#[test]
 fn a_slice_cannot_read_another_slices_memory() {
-    let _beside = common::beside_others();
-    let h = host();
-    let victim = Victim::start(&h, &["--gpus", "0"]);
-    let script = attack(&format!("vmread {}", victim.pid));
-    assert_eq!(in_slice(&h, &["--gpus", "1"], &script), "ENOENT\n");
-    assert_eq!(
-        in_slice(&h, &["--gpus", "1", "--pid", "host"], &script),
-        "EPERM\n"
-    );
-    assert_eq!(
-        in_slice(&h, &["--gpus", "1", "--privileged"], &script),
-        "ok\n"
-    );
+    attack_another_slice("vmread", "ENOENT\n");
 }
 
 #[test]
@@ -247,14 +260,14 @@ fn a_slice_cannot_ptrace_its_launcher_or_init() {
     let h = host();
     // The parent: the slice's init by default, the launcher with --pid host.
     let script = attack("ptrace $PPID");
-    assert_eq!(in_slice(&h, &["--gpus", "1"], &script), "EPERM\n");
-    assert_eq!(
-        in_slice(&h, &["--gpus", "1", "--pid", "host"], &script),
-        "EPERM\n"
-    );
-    assert_eq!(
-        in_slice(&h, &["--gpus", "1", "--privileged"], &script),
-        "ok\n"
+    assert_prints(
+        &h,
+        &script,
+        &[
+            (&[], "EPERM\n"),
+            (HOST_PID, "EPERM\n"),
+            (PRIVILEGED, "ok\n"),
+        ],
     );
 }
 
@@ -269,13 +282,13 @@ fn proc_pid_root_of_other_slices_and_host_processes_is_not_there() {
         victim.pid,
         std::process::id()
     );
-    assert_eq!(
-        in_slice(&h, &["--gpus", "1"], &script),
-        "unreachable\nunreachable\n"
-    );
-    assert_eq!(
-        in_slice(&h, &["--gpus", "1", "--privileged"], &script),
-        "reached\nreached\n"
+    assert_prints(
+        &h,
+        &script,
+        &[
+            (&[], "unreachable\nunreachable\n"),
+            (PRIVILEGED, "reached\nreached\n"),
+        ],
     );
 }
 
@@ -300,8 +313,8 @@ fn setuid_to_a_host_users_uid_does_not_reach_its_proc_root() {
          '[ -c /proc/{}/root{hidden} ] && echo reached || echo unreachable'",
         nobody.id()
     );
-    let default = in_slice(&h, &["--gpus", "1"], &script);
-    let privileged = in_slice(&h, &["--gpus", "1", "--privileged"], &script);
+    let default = in_slice(&h, &[], &script);
+    let privileged = in_slice(&h, PRIVILEGED, &script);
     let _ = nobody.kill();
     let _ = nobody.wait();
     assert_eq!(default, "unreachable\n");
@@ -321,7 +334,7 @@ fn a_slice_cannot_detach_its_device_filter() {
             "bpf-detach {m}$(sed -n 's/^0:://p' /proc/self/cgroup)"
         ))
     );
-    let flags = ["--gpus", "1", "--cgroup", "v2"];
+    let flags = ["--cgroup", "v2"];
     let out = in_slice(&h, &flags, &script);
     assert!(out.starts_with("EPERM\n"), "{out}");
     let out = in_slice(&h, &[&flags[..], PRIVILEGED].concat(), &script);
@@ -340,13 +353,13 @@ fn a_slice_cannot_unmount_or_remount_its_dev_and_params() {
          mount -o remount,rw {p} 2>/dev/null; \
          ls {r}/dev | grep -c '^nvidia0$'; grep ModifyDeviceFiles {p}"
     );
-    assert_eq!(
-        in_slice(&h, &["--gpus", "1"], &script),
-        "0\nModifyDeviceFiles: 0\n"
-    );
-    assert_eq!(
-        in_slice(&h, &["--gpus", "1", "--privileged"], &script),
-        "1\nModifyDeviceFiles: 1\n"
+    assert_prints(
+        &h,
+        &script,
+        &[
+            (&[], "0\nModifyDeviceFiles: 0\n"),
+            (PRIVILEGED, "1\nModifyDeviceFiles: 1\n"),
+        ],
     );
 }
 
@@ -357,11 +370,7 @@ fn a_slice_cannot_mount_a_new_devtmpfs_or_procfs() {
     let script = "d=$(mktemp -d); \
          mount -t devtmpfs devtmpfs $d 2>/dev/null && echo devtmpfs && umount $d; \
          mount -t proc proc $d 2>/dev/null && echo procfs && umount $d; rmdir $d";
-    assert_eq!(in_slice(&h, &["--gpus", "1"], script), "");
-    assert_eq!(
-        in_slice(&h, &["--gpus", "1", "--privileged"], script),
-        "devtmpfs\nprocfs\n"
-    );
+    assert_prints(&h, script, &[(&[], ""), (PRIVILEGED, "devtmpfs\nprocfs\n")]);
 }
 
 #[test]
@@ -374,13 +383,10 @@ fn a_slice_cannot_mknod() {
         "mknod {r}/m-$$ c 1 3 2>&1 | sed 's/.*: //'; [ -c {r}/m-$$ ] && echo made; rm -f {r}/m-$$",
         r = root_of(&h)
     );
-    assert_eq!(
-        in_slice(&h, &["--gpus", "1"], &script),
-        "Operation not permitted\n"
-    );
-    assert_eq!(
-        in_slice(&h, &["--gpus", "1", "--privileged"], &script),
-        "made\n"
+    assert_prints(
+        &h,
+        &script,
+        &[(&[], "Operation not permitted\n"), (PRIVILEGED, "made\n")],
     );
 }
 
@@ -391,10 +397,10 @@ fn a_slice_cannot_unshare_or_setns() {
     let script = "unshare -m true 2>/dev/null && echo mount-ns; \
                   unshare -U true 2>/dev/null && echo user-ns; \
                   nsenter -t $PPID -m true 2>/dev/null && echo setns";
-    assert_eq!(in_slice(&h, &["--gpus", "1"], script), "");
-    assert_eq!(
-        in_slice(&h, &["--gpus", "1", "--privileged"], script),
-        "mount-ns\nuser-ns\nsetns\n"
+    assert_prints(
+        &h,
+        script,
+        &[(&[], ""), (PRIVILEGED, "mount-ns\nuser-ns\nsetns\n")],
     );
 }
 
@@ -405,13 +411,10 @@ fn a_slice_cannot_write_the_hosts_sysctls() {
     // Opened for writing only: no host sysctl is ever written, not even
     // with its own value.
     let script = open_for_writing("/proc/sys/kernel/hostname");
-    assert_eq!(
-        in_slice(&h, &["--gpus", "1"], &script),
-        "Read-only file system\n"
-    );
-    assert_eq!(
-        in_slice(&h, &["--gpus", "1", "--privileged"], &script),
-        "opened\n"
+    assert_prints(
+        &h,
+        &script,
+        &[(&[], "Read-only file system\n"), (PRIVILEGED, "opened\n")],
     );
 }
 
@@ -419,13 +422,10 @@ fn a_slice_cannot_write_the_hosts_sysctls() {
 /// writing a byte (never write a host sysctl, not even one expected to
 /// be refused): prints `opened`, else the error.
 fn open_for_writing(path: &str) -> String {
-    let python = ["/usr/bin/python3", "/usr/local/bin/python3"]
-        .into_iter()
-        .find(|p| Path::new(p).exists())
-        .unwrap_or("python3");
     format!(
-        "{python} -c \"import os\ntry:\n os.close(os.open('{path}', os.O_WRONLY)); print('opened')\n\
-         except OSError as e: print(e.strerror)\""
+        "{} -c \"import os\ntry:\n os.close(os.open('{path}', os.O_WRONLY)); print('opened')\n\
+         except OSError as e: print(e.strerror)\"",
+        python()
     )
 }
 
@@ -449,11 +449,11 @@ fn proc_sys_is_read_only_in_every_pid_mode() {
         open_for_writing("/proc/sys/kernel/core_pattern")
     );
     for mode in MODES {
-        let out = in_slice(&h, &[&["--gpus", "1"][..], mode].concat(), &script);
+        let out = in_slice(&h, mode, &script);
         // /proc/interrupts is masked (by /dev/null: reads empty).
         assert_eq!(out, "Read-only file system\n0\n", "{mode:?}");
     }
-    let out = in_slice(&h, &["--gpus", "1", "--privileged"], &script);
+    let out = in_slice(&h, PRIVILEGED, &script);
     assert_eq!(out, "opened\n1\n", "--privileged");
 }
 
@@ -503,7 +503,7 @@ fn the_hosts_other_pseudo_filesystems_are_read_only_or_masked() {
         b = b.path()
     );
     for mode in MODES {
-        let out = in_slice(&h, &[&["--gpus", "1"][..], mode].concat(), &script);
+        let out = in_slice(&h, mode, &script);
         // The procfs is masked: no host pid, no core_pattern.
         assert!(
             out.starts_with("No such file or directory\n0\n")
@@ -513,7 +513,7 @@ fn the_hosts_other_pseudo_filesystems_are_read_only_or_masked() {
             "{mode:?}: {out}"
         );
     }
-    let out = in_slice(&h, &["--gpus", "1", "--privileged"], &script);
+    let out = in_slice(&h, PRIVILEGED, &script);
     assert!(
         out.starts_with("opened\n") && out.contains("moved\n") && out.contains("made\n"),
         "--privileged: {out}"
@@ -539,10 +539,10 @@ fn a_pseudo_filesystem_the_host_mounts_later_does_not_enter_a_slice() {
         "touch {d}/started; while [ ! -e {d}/go ]; do sleep 0.02; done; \
          ls {d}/p/ | grep -c '^[0-9]'"
     );
-    for mode in [&[][..], &["--pid", "host"]] {
+    for mode in [&[][..], HOST_PID] {
         let _ = std::fs::remove_file(format!("{d}/go"));
         let _ = std::fs::remove_file(format!("{d}/started"));
-        let mut c = command(&h, &[&["--gpus", "1"][..], mode].concat(), &script);
+        let mut c = command(&h, mode, &script);
         let child = c
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -561,9 +561,7 @@ fn a_pseudo_filesystem_the_host_mounts_later_does_not_enter_a_slice() {
         let out = child.wait_with_output().unwrap();
         let _ = Command::new("umount").arg(format!("{d}/p")).status();
         assert!(ok, "mount -t proc");
-        let text = String::from_utf8_lossy(&out.stdout).into_owned()
-            + &String::from_utf8_lossy(&out.stderr);
-        assert_eq!(text, "0\n", "{mode:?}");
+        assert_eq!(text(&out), "0\n", "{mode:?}");
     }
 }
 
@@ -602,10 +600,10 @@ fn a_slice_cannot_change_what_other_slices_load() {
     ));
     let script = script.join("; ");
     for mode in MODES {
-        let out = in_slice(&h, &[&["--gpus", "1"][..], mode].concat(), &script);
+        let out = in_slice(&h, mode, &script);
         assert_eq!(out, "Read-only file system\n".repeat(n), "{mode:?}");
     }
-    let out = in_slice(&h, &["--gpus", "1", "--privileged"], &script);
+    let out = in_slice(&h, PRIVILEGED, &script);
     assert_eq!(
         out,
         format!("{}made\n", "opened\n".repeat(n)),
@@ -628,16 +626,14 @@ fn read_only_root_leaves_tmp_shm_and_the_working_directory_writable() {
         &["--read-only-root", "--strict", "--pid", "host"],
         &["--read-only-root", "--memory", "1GiB"],
     ] {
-        let out = command(&h, &[&["--gpus", "1"][..], mode].concat(), script)
+        let out = command(&h, mode, script)
             .current_dir(cwd.path())
             .output()
             .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).into_owned()
-            + &String::from_utf8_lossy(&out.stderr);
-        assert_eq!(text, writable, "{mode:?}");
+        assert_eq!(text(&out), writable, "{mode:?}");
     }
     // Without it, root in the slice writes the host's root.
-    let out = command(&h, &["--gpus", "1"], script)
+    let out = command(&h, &[], script)
         .current_dir(cwd.path())
         .output()
         .unwrap();
@@ -672,11 +668,7 @@ fn junk_in_the_ledger_directory_is_summarized_in_one_line() {
             .env("LC_ALL", "C")
             .output()
             .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        common::assert_success(&out);
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     let text = slices(false);
@@ -731,11 +723,7 @@ fn a_gpus_board_cannot_be_squatted() {
         open_for_writing(&b)
     );
     let run = |flags: &[&str]| {
-        let mut c = command(
-            &h,
-            &[&["--gpus", "1", "--compute", "30"][..], flags].concat(),
-            &script,
-        );
+        let mut c = command(&h, &[&["--compute", "30"][..], flags].concat(), &script);
         c.env("GPUSLICE_LEDGER_DIR", &ledgers)
             .env("GPUSLICE_BOARD_DIR", &boards);
         let out = c.output().unwrap();
@@ -786,7 +774,7 @@ fn descriptors_beyond_stdio_are_not_inherited() {
 fn preserve_fds_must_name_open_descriptors() {
     let _beside = common::beside_others();
     let h = host();
-    let out = command(&h, &["--gpus", "1", "--preserve-fds", "40"], "true")
+    let out = command(&h, &["--preserve-fds", "40"], "true")
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -822,6 +810,19 @@ fn preserve_fds_past_the_descriptor_limit_is_refused() {
     }
 }
 
+/// SIGKILLs the processes whose command line is exactly `argv` (left by a
+/// test), and says which they were.
+fn kill_running(argv: &[&str]) -> Vec<u32> {
+    let left = processes_running(argv);
+    for pid in &left {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(*pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    left
+}
+
 /// Host pids of processes whose command line is exactly `argv`.
 fn processes_running(argv: &[&str]) -> Vec<u32> {
     let want: Vec<u8> = argv
@@ -849,7 +850,7 @@ fn a_process_that_detaches_does_not_outlive_its_slice() {
             (v, &[][..], "", false),
             // No PID namespace: the launcher kills what is left in the
             // cgroup (v2: cgroup.kill; v1: each pid).
-            (v, &["--pid", "host"][..], "", false),
+            (v, HOST_PID, "", false),
             (v, PRIVILEGED, "", false),
             // Only a process that left the slice's cgroup survives it, and
             // only --privileged can leave (a_slice_cannot_move_itself…).
@@ -859,27 +860,17 @@ fn a_process_that_detaches_does_not_outlive_its_slice() {
     for (i, (v, flags, pre, survives)) in cases.enumerate() {
         let secs = format!("9876{i:02}");
         let script = format!("{pre}setsid sleep {secs} </dev/null >/dev/null 2>&1 & echo started");
-        let out = in_slice(
-            &h,
-            &[&["--gpus", "1", "--cgroup", v][..], flags].concat(),
-            &script,
-        );
+        let out = in_slice(&h, &[&["--cgroup", v][..], flags].concat(), &script);
         assert!(out.starts_with("started\n"), "{v} {flags:?}: {out}");
         // Not unseen: the launcher says what it killed.
-        if flags == ["--pid", "host"] {
+        if flags == HOST_PID {
             assert!(
                 out.contains("killed 1 process(es) left in the slice"),
                 "{v}: {out}"
             );
         }
         std::thread::sleep(Duration::from_millis(200));
-        let left = processes_running(&["sleep", &secs]);
-        for pid in &left {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(*pid as i32),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
+        let left = kill_running(&["sleep", &secs]);
         assert_eq!(!left.is_empty(), survives, "{v} {flags:?} {pre}: {left:?}");
     }
 }
@@ -888,7 +879,7 @@ fn a_process_that_detaches_does_not_outlive_its_slice() {
 fn status_of(h: &FakeHost, flags: &[&str]) -> String {
     let script =
         "grep -E '^(Uid|CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp):' /proc/self/status";
-    in_slice(h, &[&["--gpus", "1"][..], flags].concat(), script)
+    in_slice(h, flags, script)
 }
 
 #[test]
@@ -940,12 +931,13 @@ fn a_user_command_dies_with_its_killed_launcher() {
     // unsupervised, once the launcher is SIGKILLed (--pid host: no PID
     // namespace takes it down).
     let h = host();
-    for (i, flags) in [&["--pid", "host"][..], &[]].into_iter().enumerate() {
+    for (i, flags) in [HOST_PID, &[]].into_iter().enumerate() {
         let secs = format!("98771{i}");
-        let mut c = Command::new(GPUSLICE);
-        c.arg("--host-root").arg(h.root()).arg("run");
-        c.args(["--gpus", "1", "--user", "nobody"]).args(flags);
-        c.args(["--", "sleep", &secs]).envs(h.env());
+        let mut c = launch(
+            &h,
+            &[&["--gpus", "1", "--user", "nobody"][..], flags].concat(),
+            &["sleep", &secs],
+        );
         let mut launcher = c.stderr(Stdio::null()).spawn().unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
         while processes_running(&["sleep", &secs]).is_empty() {
@@ -959,13 +951,7 @@ fn a_user_command_dies_with_its_killed_launcher() {
         launcher.kill().unwrap();
         launcher.wait().unwrap();
         std::thread::sleep(Duration::from_millis(300));
-        let left = processes_running(&["sleep", &secs]);
-        for pid in &left {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(*pid as i32),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
+        let left = kill_running(&["sleep", &secs]);
         assert!(
             left.is_empty(),
             "{flags:?}: outlived its launcher: {left:?}"

@@ -21,27 +21,79 @@ fn podman_alone() -> std::sync::MutexGuard<'static, ()> {
     PODMAN.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The NVIDIA nodes of a container given GPU `gpu` alone, sorted.
+fn one_gpus_nodes(gpu: u32) -> [String; 5] {
+    ["nvidia-modeset", "nvidia-uvm", "nvidia-uvm-tools"]
+        .map(String::from)
+        .into_iter()
+        .chain([format!("nvidia{gpu}"), "nvidiactl".into()])
+        .collect::<Vec<_>>()
+        .try_into()
+        .unwrap()
+}
+
+/// Where the specs for podman go: podman 4.3 reads specs from /etc/cdi and
+/// /var/run/cdi only.
+const CDI_DIR: &str = "/var/run/cdi";
+
+/// A stand-in shim in `dir`: busybox is static, nothing loads it.
+fn stand_in_shim(dir: &Path) -> std::path::PathBuf {
+    let shim = dir.join("libgpuslice.so");
+    std::fs::write(&shim, b"not a real shim: busybox is static").unwrap();
+    shim
+}
+
+/// `gpuslice cdi generate ARGS --output <CDI_DIR>/<name>-<pid>.yaml` on
+/// `host` with the shim `shim` (see [`stand_in_shim`]), which must succeed,
+/// and the spec.
+fn generate_for_podman(
+    host: &FakeHost,
+    shim: &Path,
+    name: &str,
+    args: &[&str],
+) -> std::path::PathBuf {
+    let spec = Path::new(CDI_DIR).join(format!("{name}-{}.yaml", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuslice"))
+        .envs(host.env())
+        .env("GPUSLICE_SHIM", shim)
+        .arg("--host-root")
+        .arg(host.root())
+        .args(["cdi", "generate"])
+        .args(args)
+        .arg("--output")
+        .arg(&spec)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "generate: {out:?}");
+    spec
+}
+
+/// A busybox image in `dir` tagged `tag` that carries `spec`, its side
+/// files and the limits records of `devices`.
+fn image_with_spec(dir: &Path, tag: &str, spec: &Path, devices: &[String]) -> Image {
+    let cdi_dir = Path::new(CDI_DIR);
+    let mut image = Image::busybox(dir, tag);
+    image.files = vec![
+        spec.to_path_buf(),
+        cdi_dir.join("gpuslice-params"),
+        cdi_dir.join("gpuslice-ld.so.preload"),
+    ];
+    image.files.extend(
+        devices
+            .iter()
+            .map(|d| gpuslice_cdi::limits_record_path(cdi_dir, d)),
+    );
+    image
+}
+
 #[test]
 fn podman_runs_containers_with_the_generated_spec() {
     let _beside = common::beside_others();
     let _alone = podman_alone();
     let host = FakeHost::builder().gpus(4).build().unwrap();
     let tmp = tempfile::tempdir().unwrap();
-    let shim = tmp.path().join("libgpuslice.so");
-    std::fs::write(&shim, b"not a real shim: busybox is static").unwrap();
-    // podman 4.3 reads specs from /etc/cdi and /var/run/cdi only.
-    let cdi_dir = Path::new("/var/run/cdi");
-    let spec = cdi_dir.join(format!("gpuslice-test-{}.yaml", std::process::id()));
-    let out = Command::new(env!("CARGO_BIN_EXE_gpuslice"))
-        .envs(host.env())
-        .env("GPUSLICE_SHIM", &shim)
-        .arg("--host-root")
-        .arg(host.root())
-        .args(["cdi", "generate", "--output"])
-        .arg(&spec)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "generate: {out:?}");
+    let shim = stand_in_shim(tmp.path());
+    let spec = generate_for_podman(&host, &shim, "gpuslice-test", &[]);
     let check = Command::new(env!("CARGO_BIN_EXE_gpuslice"))
         .envs(host.env())
         .env("GPUSLICE_SHIM", &shim)
@@ -52,36 +104,17 @@ fn podman_runs_containers_with_the_generated_spec() {
         .output()
         .unwrap();
     assert_eq!(check.status.code(), Some(0), "check: {check:?}");
-    let mut image = Image::busybox(tmp.path(), "gpuslice-cdi-test");
-    image.files = vec![
-        spec.clone(),
-        cdi_dir.join("gpuslice-params"),
-        cdi_dir.join("gpuslice-ld.so.preload"),
-    ];
     // The shared variants' limits records, written beside the spec.
-    for gpu in 0..4 {
-        for n in [2, 4] {
-            image.files.push(gpuslice_cdi::limits_record_path(
-                cdi_dir,
-                &format!("{gpu}-shared-{n}"),
-            ));
-        }
-    }
+    let shared: Vec<String> = (0..4)
+        .flat_map(|gpu| [2, 4].map(|n| format!("{gpu}-shared-{n}")))
+        .collect();
+    let image = image_with_spec(tmp.path(), "gpuslice-cdi-test", &spec, &shared);
 
     let one = image.run("gpuslice.dev/gpu=1", "ls /dev; echo ---; env");
     assert!(one.status.success(), "{one:?}");
     let t = text(&one);
     let (dev, env) = t.split_once("---").unwrap();
-    assert_eq!(
-        nvidia_nodes(dev),
-        [
-            "nvidia-modeset",
-            "nvidia-uvm",
-            "nvidia-uvm-tools",
-            "nvidia1",
-            "nvidiactl"
-        ]
-    );
+    assert_eq!(nvidia_nodes(dev), one_gpus_nodes(1));
     assert!(
         env.contains("NVIDIA_DRIVER_CAPABILITIES=compute,utility"),
         "{env}"
@@ -116,16 +149,7 @@ fn podman_runs_containers_with_the_generated_spec() {
     assert!(shared.status.success(), "{shared:?}");
     let t = text(&shared);
     let (dev, rest) = t.split_once("---").unwrap();
-    assert_eq!(
-        nvidia_nodes(dev),
-        [
-            "nvidia-modeset",
-            "nvidia-uvm",
-            "nvidia-uvm-tools",
-            "nvidia3",
-            "nvidiactl"
-        ]
-    );
+    assert_eq!(nvidia_nodes(dev), one_gpus_nodes(3));
     assert!(
         rest.contains("/usr/local/gpuslice/libgpuslice.so\n"),
         "{rest}"
@@ -208,29 +232,11 @@ fn a_capped_slice_s_container_gets_the_driver_s_limit_from_its_hook() {
     let _alone = podman_alone();
     let host = r615_host();
     let tmp = tempfile::tempdir().unwrap();
-    let shim = tmp.path().join("libgpuslice.so");
-    std::fs::write(&shim, b"not a real shim: busybox is static").unwrap();
-    let cdi_dir = Path::new("/var/run/cdi");
-    let spec = cdi_dir.join(format!("gpuslice-test-part-{}.yaml", std::process::id()));
-    let out = Command::new(env!("CARGO_BIN_EXE_gpuslice"))
-        .envs(host.env())
-        .env("GPUSLICE_SHIM", &shim)
-        .arg("--host-root")
-        .arg(host.root())
-        .args([
-            "cdi", "generate", "--class", "parttest", "--shared", "2", "--output",
-        ])
-        .arg(&spec)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "generate: {out:?}");
-    let mut image = Image::busybox(tmp.path(), "gpuslice-cdi-part-test");
-    image.files = vec![
-        spec.clone(),
-        cdi_dir.join("gpuslice-params"),
-        cdi_dir.join("gpuslice-ld.so.preload"),
-        gpuslice_cdi::limits_record_path(cdi_dir, "0-shared-2"),
-    ];
+    let shim = stand_in_shim(tmp.path());
+    let args = ["--class", "parttest", "--shared", "2"];
+    let spec = generate_for_podman(&host, &shim, "gpuslice-test-part", &args);
+    let device = ["0-shared-2".to_string()];
+    let image = image_with_spec(tmp.path(), "gpuslice-cdi-part-test", &spec, &device);
     assert_limited_while_it_runs(
         &image,
         "gpuslice.dev/parttest=0-shared-2",
@@ -251,30 +257,9 @@ fn a_shared_variant_s_container_is_vouched_for_on_its_gpu_s_board() {
     let _alone = podman_alone();
     let host = FakeHost::builder().gpus(1).build().unwrap();
     let tmp = tempfile::tempdir().unwrap();
-    let shim = tmp.path().join("libgpuslice.so");
-    std::fs::write(&shim, b"not a real shim: busybox is static").unwrap();
-    let cdi_dir = Path::new("/var/run/cdi");
-    let spec = cdi_dir.join(format!("gpuslice-test-share-{}.yaml", std::process::id()));
-    let out = Command::new(env!("CARGO_BIN_EXE_gpuslice"))
-        .envs(host.env())
-        .env("GPUSLICE_SHIM", &shim)
-        .arg("--host-root")
-        .arg(host.root())
-        .args([
-            "cdi",
-            "generate",
-            "--class",
-            "sharetest",
-            "--shared",
-            "2",
-            "--format",
-            "json",
-            "--output",
-        ])
-        .arg(&spec)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "generate: {out:?}");
+    let shim = stand_in_shim(tmp.path());
+    let args = ["--class", "sharetest", "--shared", "2", "--format", "json"];
+    let spec = generate_for_podman(&host, &shim, "gpuslice-test-share", &args);
     let generated: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&spec).unwrap()).unwrap();
     let device = &generated["devices"]
@@ -289,12 +274,7 @@ fn a_shared_variant_s_container_is_vouched_for_on_its_gpu_s_board() {
         .iter()
         .find(|h| h["args"][3] == "share")
         .unwrap_or_else(|| panic!("no share hook: {device}"));
-    let args: Vec<&str> = set["args"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a.as_str().unwrap())
-        .collect();
+    let args = common::strings(&set["args"]);
     let boards = Path::new(args[args.iter().position(|a| *a == "--boards").unwrap() + 1]);
     let gpu_records = gpuslice_ledger::board::shares_dir(boards).join(
         gpuslice_ledger::board::board_path(Path::new("."), &host.gpus()[0].uuid)
@@ -302,13 +282,8 @@ fn a_shared_variant_s_container_is_vouched_for_on_its_gpu_s_board() {
             .file_name()
             .unwrap(),
     );
-    let mut image = Image::busybox(tmp.path(), "gpuslice-cdi-share-test");
-    image.files = vec![
-        spec.clone(),
-        cdi_dir.join("gpuslice-params"),
-        cdi_dir.join("gpuslice-ld.so.preload"),
-        gpuslice_cdi::limits_record_path(cdi_dir, "0-shared-2"),
-    ];
+    let device = ["0-shared-2".to_string()];
+    let image = image_with_spec(tmp.path(), "gpuslice-cdi-share-test", &spec, &device);
     let mut child = image
         .command(
             "gpuslice.dev/sharetest=0-shared-2",
@@ -351,9 +326,13 @@ fn a_shared_variant_s_container_is_vouched_for_on_its_gpu_s_board() {
         !gpu_records.join(&key).exists(),
         "the share record outlived its container"
     );
-    let state = host.path(gpuslice_cdi::share_hook::STATE_DIR);
+    assert_no_records_in(&host.path(gpuslice_cdi::share_hook::STATE_DIR));
+}
+
+/// Root's hooks left no record of a container in `state`.
+fn assert_no_records_in(state: &Path) {
     assert_eq!(
-        std::fs::read_dir(&state).map_or(0, |d| d.count()),
+        std::fs::read_dir(state).map_or(0, |d| d.count()),
         0,
         "records left in {}",
         state.display()
@@ -420,13 +399,7 @@ fn assert_limited_while_it_runs(image: &Image, device: &str, host: &FakeHost, ha
         !after.contains(&cgroup),
         "still limited after the end: {after:?}"
     );
-    let state = host.path(gpuslice_cdi::memory_hook::STATE_DIR);
-    assert_eq!(
-        std::fs::read_dir(&state).map_or(0, |d| d.count()),
-        0,
-        "records left in {}",
-        state.display()
-    );
+    assert_no_records_in(&host.path(gpuslice_cdi::memory_hook::STATE_DIR));
 }
 
 /// The replicas' directories a device plugin leaves allocated are tmpfs
@@ -490,11 +463,10 @@ fn a_device_plugin_replica_s_container_gets_the_driver_s_limit() {
     cfg.ledger_dir = tmp.path().join("ledgers");
     cfg.state_dir = tmp.path().join("state");
     cfg.board_dir = tmp.path().join("boards");
-    cfg.shim = tmp.path().join("libgpuslice.so");
-    std::fs::write(&cfg.shim, b"not a real shim: busybox is static").unwrap();
+    cfg.shim = stand_in_shim(tmp.path());
     cfg.driver_partitions.enabled = true;
     cfg.driver_partitions.hook = env!("CARGO_BIN_EXE_gpuslice").into();
-    cfg.driver_partitions.cdi_dir = "/var/run/cdi".into();
+    cfg.driver_partitions.cdi_dir = CDI_DIR.into();
     cfg.driver_partitions.cdi_kind = kind.clone();
     let _unmounted = Unmounted(cfg.ledger_dir.clone());
     let plugin_dir = cfg.plugin_dir.clone();
@@ -503,7 +475,7 @@ fn a_device_plugin_replica_s_container_gets_the_driver_s_limit() {
     opts.enforcer = None;
     let plugin = spawn(opts).unwrap();
     let mut image = Image::busybox(tmp.path(), "gpuslice-dp-part-test");
-    image.files = vec![Path::new("/var/run/cdi").join(format!(
+    image.files = vec![Path::new(CDI_DIR).join(format!(
         "gpuslice-device-plugin-{}.json",
         kind.replace('/', "_")
     ))];

@@ -58,8 +58,7 @@ impl Drop for Prepared {
 impl Prepared {
     /// Prepares `claims`: (uid, gpu, memory, compute); memory "" for the GPU whole.
     fn new(claims: &[(&str, u32, &str, &str)]) -> Prepared {
-        // SAFETY: geteuid has no preconditions.
-        assert_eq!(unsafe { libc::geteuid() }, 0, "these tests need root (CI)");
+        common::assert_root();
         let host = host();
         let tmp = tempfile::tempdir().unwrap();
         let p = Prepared {
@@ -126,6 +125,18 @@ impl Prepared {
         gpuslice(self.host, self.ledgers.path(), &all)
     }
 
+    /// What `run --cdi-device DEVICE -- sh -c SCRIPT` printed, which must
+    /// succeed.
+    fn run_sh(&self, device: &str, script: &str) -> String {
+        let out = self
+            .run(&["--cdi-device", device, "--", "sh", "-c", script])
+            .output()
+            .unwrap();
+        let stdout = text(&out.stdout);
+        assert!(out.status.success(), "{}\n{stdout}", text(&out.stderr));
+        stdout
+    }
+
     /// The host path of claim `uid`'s limits record.
     fn record(&self, uid: &str) -> PathBuf {
         gpuslice_cdi::limits_record_path(&self.cdi(), &format!("{uid}-0"))
@@ -167,8 +178,8 @@ fn text(b: &[u8]) -> String {
 }
 
 /// The JSON lines the client printed.
-fn lines(out: &Output) -> Vec<Value> {
-    text(&out.stdout)
+fn lines(stdout: &str) -> Vec<Value> {
+    stdout
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect()
@@ -234,12 +245,7 @@ fn a_prepared_claim_runs_with_exactly_its_caps_and_only_its_gpu() {
         record = record.display(),
         cdi = p.cdi().display(),
     );
-    let out = p
-        .run(&["--cdi-device", &id("claim-a"), "--", "sh", "-c", &script])
-        .output()
-        .unwrap();
-    let stdout = text(&out.stdout);
-    assert!(out.status.success(), "{}\n{stdout}", text(&out.stderr));
+    let stdout = p.run_sh(&id("claim-a"), &script);
     let mut l = stdout.lines();
     assert_eq!(
         l.next().unwrap().trim(),
@@ -252,7 +258,7 @@ fn a_prepared_claim_runs_with_exactly_its_caps_and_only_its_gpu() {
         format!("CUDA={uuid2} NVIDIA={uuid2}"),
         "{stdout}"
     );
-    let got = lines(&out);
+    let got = lines(&stdout);
     assert_eq!(got[0]["rc"], 0, "{stdout}");
     assert_eq!(
         got[0]["total"],
@@ -513,17 +519,12 @@ fn a_whole_gpu_claim_runs_uncapped_on_its_gpu_alone() {
         p.host.root().display(),
         shim_client().display()
     );
-    let out = p
-        .run(&["--cdi-device", &id("whole"), "--", "sh", "-c", &script])
-        .output()
-        .unwrap();
-    let stdout = text(&out.stdout);
-    assert!(out.status.success(), "{}\n{stdout}", text(&out.stderr));
+    let stdout = p.run_sh(&id("whole"), &script);
     assert!(
         stdout.starts_with("nvidia1\n"),
         "GPU 1's node alone: {stdout}"
     );
-    let got = lines(&out);
+    let got = lines(&stdout);
     assert_eq!(
         got[0]["total"],
         fakegpu::kernel::GPU_MEMORY_BYTES,

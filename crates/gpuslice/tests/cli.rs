@@ -36,11 +36,7 @@ fn list_shows_the_fake_gpus_with_and_without_nvml() {
         c.env(k, v);
     }
     let out = c.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::assert_success(&out);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["gpus"].as_array().unwrap().len(), 4);
     assert_eq!(v["gpus"][1]["pci_bus_id"], "0000:28:00.0");
@@ -166,15 +162,12 @@ fn dra_refuses_bad_flags_in_one_line_and_leaves_nothing() {
         // below the working directory, a missing CDI directory holds specs
         // no runtime reads, a bad node name looped on warnings for ever.
     ] {
-        let out = Command::new(GPUSLICE)
-            .args(base)
-            .args(&extra)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{extra:?} accepted");
-        assert!(err.contains(why), "{extra:?}: {err}");
-        assert_eq!(err.trim().lines().count(), 1, "{extra:?}: one line: {err}");
+        let args = [&base[..], &extra[..]].concat();
+        refused_in_one_line(
+            Command::new(GPUSLICE).args(args),
+            &format!("{extra:?}"),
+            why,
+        );
     }
     // The node name and the directories are checked too.
     for (flag, value, why) in [
@@ -193,33 +186,24 @@ fn dra_refuses_bad_flags_in_one_line_and_leaves_nothing() {
         let mut args: Vec<&str> = base.to_vec();
         let at = args.iter().position(|a| *a == flag).unwrap();
         args[at + 1] = value;
-        let out = Command::new(GPUSLICE).args(&args).output().unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{flag} {value:?} accepted");
-        assert!(err.contains(why), "{flag} {value:?}: {err}");
-        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        let case = format!("{flag} {value:?}");
+        refused_in_one_line(Command::new(GPUSLICE).args(&args), &case, why);
     }
     // A hook binary that is not a file on the host (the image's own path
     // would not be): refused, one line, before anything is made.
     let mut args: Vec<&str> = base.to_vec();
     args.extend(["--hook", "/nonexistent/gpuslice"]);
-    let out = Command::new(GPUSLICE).args(&args).output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "a missing --hook accepted");
-    assert!(
-        err.contains("--hook /nonexistent/gpuslice: not an absolute path to a file"),
-        "{err}"
+    refused_in_one_line(
+        Command::new(GPUSLICE).args(&args),
+        "a missing --hook",
+        "--hook /nonexistent/gpuslice: not an absolute path to a file",
     );
-    assert_eq!(err.trim().lines().count(), 1, "{err}");
     // The CDI directory must be there; then the shim must be root's alone.
-    let out = Command::new(GPUSLICE).args(base).output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(
-        err.contains(&format!("--cdi-dir {cdi}: no such directory")),
-        "{err}"
+    refused_in_one_line(
+        Command::new(GPUSLICE).args(base),
+        "a missing --cdi-dir",
+        &format!("--cdi-dir {cdi}: no such directory"),
     );
-    assert_eq!(err.trim().lines().count(), 1, "{err}");
     let cdi_dir = tempfile::tempdir().unwrap();
     let writable = cdi_dir.path().join("libgpuslice.so");
     std::fs::write(&writable, b"").unwrap();
@@ -235,21 +219,25 @@ fn dra_refuses_bad_flags_in_one_line_and_leaves_nothing() {
         ("/nonexistent/libgpuslice.so", "the shim: "),
         (writable.to_str().unwrap(), "is not root's alone"),
     ] {
-        let out = Command::new(GPUSLICE)
-            .args(&args)
-            .env("GPUSLICE_SHIM", shim)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{shim} accepted");
-        assert!(err.contains(why), "{shim}: {err}");
-        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        let mut c = Command::new(GPUSLICE);
+        c.args(&args).env("GPUSLICE_SHIM", shim);
+        refused_in_one_line(&mut c, shim, why);
     }
     assert_eq!(
         std::fs::read_dir(dir.path()).unwrap().count(),
         0,
         "nothing left behind"
     );
+}
+
+/// `c` fails, its error one line saying `why` (`case` names it in a
+/// failure).
+fn refused_in_one_line(c: &mut Command, case: &str, why: &str) {
+    let out = c.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{case} accepted");
+    assert!(err.contains(why), "{case}: {err}");
+    assert_eq!(err.trim().lines().count(), 1, "{case}: one line: {err}");
 }
 
 /// Runs a binary just written by this test process. Another test's child,

@@ -5,14 +5,14 @@
 //! workspace first).
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use fakegpu::FakeHost;
 use serde_json::Value;
 
 use crate::common;
-use common::slice::{gpuslice, slices_json, slices_text};
+use common::slice::{gpuslice, host_and_ledgers, run_refused, slices_json, slices_text};
 use gpuslice_testkit::shim_client;
 
 /// `gpuslice run --gpus 0 <limits> -- <client> compute kernel` (200 µs
@@ -35,13 +35,21 @@ fn run_client(h: &FakeHost, ledgers: &Path, limits: &[&str]) -> Command {
     gpuslice(h, ledgers, &args)
 }
 
+/// [`run_client`] started with its output piped, once it has run for
+/// 0.9 s.
+fn start_client(h: &FakeHost, ledgers: &Path, limits: &[&str]) -> Child {
+    let child = run_client(h, ledgers, limits)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(900));
+    child
+}
+
 /// The achieved share (%) from the client's output.
 fn achieved(out: &std::process::Output) -> f64 {
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::assert_success(out);
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     v["share"].as_f64().unwrap() * 100.0
 }
@@ -49,14 +57,8 @@ fn achieved(out: &std::process::Output) -> f64 {
 #[test]
 fn run_with_compute_holds_the_share_and_slices_shows_it() {
     let _alone = common::alone();
-    let h = FakeHost::builder().gpus(1).build().unwrap();
-    let ledgers = tempfile::tempdir().unwrap();
-    let child = run_client(&h, ledgers.path(), &["--compute", "40"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(900));
+    let (h, ledgers) = host_and_ledgers(1);
+    let child = start_client(&h, ledgers.path(), &["--compute", "40"]);
     let v = slices_json(&h, ledgers.path());
     let c = &v["slices"][0]["compute"][0];
     assert_eq!(c["share_percent"], 40.0, "{v}");
@@ -109,32 +111,16 @@ fn run_with_compute_holds_the_share_and_slices_shows_it() {
     assert_eq!(left, ["boards"], "{left:?}");
     assert_eq!(std::fs::read_dir(&shares).unwrap().count(), 0, "{shares:?}");
 
-    let out = gpuslice(
-        &h,
-        ledgers.path(),
-        &["run", "--gpus", "0", "--compute", "0", "--", "true"],
-    )
-    .output()
-    .unwrap();
-    assert_eq!(out.status.code(), Some(125));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not a percentage"));
+    let err = run_refused(&h, ledgers.path(), &["--compute", "0"]);
+    assert!(err.contains("not a percentage"), "{err}");
 }
 
 #[test]
 fn a_guaranteed_share_runs_past_it_while_the_gpu_is_idle() {
     let _alone = common::alone();
-    let h = FakeHost::builder().gpus(1).build().unwrap();
-    let ledgers = tempfile::tempdir().unwrap();
-    let child = run_client(
-        &h,
-        ledgers.path(),
-        &["--compute", "30", "--compute-mode", "guaranteed"],
-    )
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped())
-    .spawn()
-    .unwrap();
-    std::thread::sleep(Duration::from_millis(900));
+    let (h, ledgers) = host_and_ledgers(1);
+    let limits = ["--compute", "30", "--compute-mode", "guaranteed"];
+    let child = start_client(&h, ledgers.path(), &limits);
     let v = slices_json(&h, ledgers.path());
     assert_eq!(v["slices"][0]["compute"][0]["mode"], "guaranteed", "{v}");
     let text = slices_text(&h, ledgers.path());

@@ -161,10 +161,7 @@ fn reported_share(out: &str, pct: u32) -> f64 {
 /// 70 % of one simulated GPU at once, each held near its share.
 #[test]
 fn the_readme_demo_shows_the_cap_refuse_and_two_slices_share_a_gpu() {
-    if !gpuslice_testkit::precondition(
-        "the_readme_demo_shows_the_cap_refuse_and_two_slices_share_a_gpu",
-        gpuslice_testkit::needs_root(),
-    ) {
+    if !common::root_may_run("the_readme_demo_shows_the_cap_refuse_and_two_slices_share_a_gpu") {
         return;
     }
     let _alone = common::alone();

@@ -85,6 +85,12 @@ fn found(v: &Value, code: i32, name: &str, status: &str, detail: &[&str], fix: &
     assert_eq!(v["summary"]["exit_code"], want_code);
 }
 
+/// `doctor --json` on `h` finds the one fault [`found`] says.
+fn doctor_finds(h: &FakeHost, name: &str, status: &str, detail: &[&str], fix: &str) {
+    let (code, v) = doctor(h, &[]);
+    found(&v, code, name, status, detail, fix);
+}
+
 #[test]
 fn healthy_fake_host_passes() {
     let _beside = common::beside_others();
@@ -149,10 +155,8 @@ fn missing_device_node() {
     let _beside = common::beside_others();
     let h = healthy().build().unwrap();
     h.remove_node(2).unwrap();
-    let (code, v) = doctor(&h, &[]);
-    found(
-        &v,
-        code,
+    doctor_finds(
+        &h,
         "devices.nodes",
         "fail",
         &["missing /dev/nvidia2 (195:2)"],
@@ -214,49 +218,28 @@ fn missing_libraries() {
     assert!(d.contains("libcuda.so.1 not found"), "{d}");
 }
 
-#[test]
-fn degraded_link() {
-    let _beside = common::beside_others();
-    let h = healthy().degraded_link(1).build().unwrap();
-    let (code, v) = doctor(&h, &[]);
-    found(
-        &v,
-        code,
-        "gpu.pcie",
-        "warn",
-        &["GPU1 (0000:28:00.0) Gen4 x8 of Gen5 x16"],
-        "reseat",
-    );
+/// One test per fault that a host builder injects alone: `test: builder =>
+/// check, status, [detail…], fix` (see [`found`]).
+macro_rules! finds_alone {
+    ($($test:ident: $host:expr => $check:literal, $status:literal, [$($detail:literal),+], $fix:literal;)+) => {$(
+        #[test]
+        fn $test() {
+            let _beside = common::beside_others();
+            let h = $host.build().unwrap();
+            doctor_finds(&h, $check, $status, &[$($detail),+], $fix);
+        }
+    )+};
 }
 
-#[test]
-fn persistence_off() {
-    let _beside = common::beside_others();
-    let h = healthy().persistence_mode(false).build().unwrap();
-    let (code, v) = doctor(&h, &[]);
-    found(
-        &v,
-        code,
-        "gpu.persistence",
-        "warn",
-        &["persistence mode off on GPU0 (0000:18:00.0)"],
-        "nvidia-persistenced",
-    );
-}
-
-#[test]
-fn modify_device_files_on() {
-    let _beside = common::beside_others();
-    let h = healthy().modify_device_files(true).build().unwrap();
-    let (code, v) = doctor(&h, &[]);
-    found(
-        &v,
-        code,
-        "devices.modify-device-files",
-        "warn",
-        &["ModifyDeviceFiles: 1"],
-        "NVreg_ModifyDeviceFiles=0",
-    );
+finds_alone! {
+    degraded_link: healthy().degraded_link(1) =>
+        "gpu.pcie", "warn", ["GPU1 (0000:28:00.0) Gen4 x8 of Gen5 x16"], "reseat";
+    persistence_off: healthy().persistence_mode(false) =>
+        "gpu.persistence", "warn", ["persistence mode off on GPU0 (0000:18:00.0)"],
+        "nvidia-persistenced";
+    modify_device_files_on: healthy().modify_device_files(true) =>
+        "devices.modify-device-files", "warn", ["ModifyDeviceFiles: 1"],
+        "NVreg_ModifyDeviceFiles=0";
 }
 
 #[test]
@@ -377,10 +360,8 @@ fn stale_cdi_spec() {
 
     // A GPU that is gone.
     write_spec(&h, DRIVER_VERSION, Some("/dev/nvidia7"));
-    let (code, v) = doctor(&h, &[]);
-    found(
-        &v,
-        code,
+    doctor_finds(
+        &h,
         "k8s.cdi",
         "fail",
         &["stale CDI spec", "/dev/nvidia7 does not exist"],
@@ -394,10 +375,8 @@ fn stale_cdi_spec() {
     ));
     fs::write(&old, "old").unwrap();
     write_spec(&h, "575.57.08", None);
-    let (code, v) = doctor(&h, &[]);
-    found(
-        &v,
-        code,
+    doctor_finds(
+        &h,
         "k8s.cdi",
         "fail",
         &["of driver 575.57.08, not 580.159.04"],
@@ -415,10 +394,8 @@ fn xid_errors_in_the_kernel_log() {
          4,2,98765432,-;NVRM: Xid (PCI:0000:28:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n",
     )
     .unwrap();
-    let (code, v) = doctor(&h, &[]);
-    found(
-        &v,
-        code,
+    doctor_finds(
+        &h,
         "gpu.xid",
         "fail",
         &["Xid 79 ×1 on GPU1", "fallen off the bus"],
@@ -503,10 +480,8 @@ fn dra_node() {
         "etc/containerd/config.toml",
         "version = 3\n[plugins.'io.containerd.cri.v1.runtime']\n  enable_cdi = true\n",
     );
-    let (code, v) = doctor(&h, &[]);
-    found(
-        &v,
-        code,
+    doctor_finds(
+        &h,
         "dra.plugin",
         "fail",
         &[
@@ -520,15 +495,7 @@ fn dra_node() {
     resetting.join().unwrap();
     fs::remove_file(&reg_sock).unwrap();
     let _silent = UnixListener::bind(&reg_sock).unwrap();
-    let (code, v) = doctor(&h, &[]);
-    found(
-        &v,
-        code,
-        "dra.plugin",
-        "fail",
-        &["GetInfo"],
-        "restart its pod",
-    );
+    doctor_finds(&h, "dra.plugin", "fail", &["GetInfo"], "restart its pod");
     drop(_silent);
     fs::remove_file(&reg_sock).unwrap();
 
@@ -572,10 +539,8 @@ fn dra_node() {
 
     drop(dra);
     fs::remove_file(&dra_sock).unwrap();
-    let (code, v) = doctor(&h, &[]);
-    found(
-        &v,
-        code,
+    doctor_finds(
+        &h,
         "dra.plugin",
         "fail",
         &["dra.sock", "does not"],
@@ -587,10 +552,8 @@ fn dra_node() {
         "etc/containerd/config.toml",
         "version = 3\n[plugins.'io.containerd.cri.v1.runtime']\n  enable_cdi = false\n",
     );
-    let (code, v) = doctor(&h, &[]);
-    found(
-        &v,
-        code,
+    doctor_finds(
+        &h,
         "dra.cdi-runtime",
         "fail",
         &["enable_cdi = false"],
@@ -602,10 +565,8 @@ fn dra_node() {
         "etc/kubernetes/manifests/kube-apiserver.yaml",
         &apiserver("v1.35.0"),
     );
-    let (code, v) = doctor(&h, &[]);
-    found(
-        &v,
-        code,
+    doctor_finds(
+        &h,
         "dra.feature-gates",
         "warn",
         &["DRAConsumableCapacity", "v1.35.0", "shared GPUs"],
@@ -620,10 +581,8 @@ fn conflicting_nvidia_toolkit() {
     let conf = h.root().join("etc/nvidia-container-runtime/config.toml");
     fs::create_dir_all(conf.parent().unwrap()).unwrap();
     fs::write(&conf, "[nvidia-container-runtime]\n").unwrap();
-    let (code, v) = doctor(&h, &[]);
-    found(
-        &v,
-        code,
+    doctor_finds(
+        &h,
         "k8s.nvidia-toolkit",
         "warn",
         &["/etc/nvidia-container-runtime/config.toml"],
@@ -646,11 +605,7 @@ fn cdi_spec_from_cdi_generate() {
         .envs(h.env())
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "cdi generate: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::assert_success(&out);
     let (code, v) = doctor(&h, &[]);
     assert_eq!(check(&v, "k8s.cdi")["status"], "pass", "{v:#}");
     assert_eq!(code, 0, "{v:#}");
@@ -662,10 +617,8 @@ fn cdi_spec_from_cdi_generate() {
         .driver_libs(DRIVER_VERSION)
         .build()
         .unwrap();
-    let (code, v) = doctor(&h, &[]);
-    found(
-        &v,
-        code,
+    doctor_finds(
+        &h,
         "k8s.cdi",
         "fail",
         &["GPU-fa4e0004-0000-4000-8000-000000000004 is missing"],
@@ -700,10 +653,8 @@ fn compute_boards_directory() {
 
     // Something else in it.
     std::fs::write(dir.join("notes.txt"), "hi").unwrap();
-    let (code, v) = doctor(&h, &[]);
-    found(
-        &v,
-        code,
+    doctor_finds(
+        &h,
         "isolation.compute-boards",
         "warn",
         &["notes.txt"],
@@ -713,10 +664,8 @@ fn compute_boards_directory() {
 
     // Writable by everyone without the sticky bit.
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
-    let (code, v) = doctor(&h, &[]);
-    found(
-        &v,
-        code,
+    doctor_finds(
+        &h,
         "isolation.compute-boards",
         "warn",
         &["mode 777"],
@@ -746,8 +695,7 @@ fn policy_file_and_sudo_rule() {
         ),
     ] {
         std::fs::write(&sudoers, sudo + "\n").unwrap();
-        let (code, v) = doctor(&h, &[]);
-        found(&v, code, "policy.sudo", "warn", &[want], fix);
+        doctor_finds(&h, "policy.sudo", "warn", &[want], fix);
     }
     std::fs::write(&policy, "[[rule]]\ngroups = [\"gpu\"]\ngpus = [\"0-1\"]\n").unwrap();
     std::fs::set_permissions(&policy, std::fs::Permissions::from_mode(0o644)).unwrap();
@@ -777,7 +725,6 @@ fn policy_file_and_sudo_rule() {
     ] {
         std::fs::write(&policy, format!("[[rule]]\ngroups = [\"gpu\"]\n{text}")).unwrap();
         std::fs::set_permissions(&policy, std::fs::Permissions::from_mode(mode)).unwrap();
-        let (code, v) = doctor(&h, &[]);
-        found(&v, code, "policy.file", status, &[detail], fix);
+        doctor_finds(&h, "policy.file", status, &[detail], fix);
     }
 }

@@ -6,8 +6,7 @@
 //! `bench dra` reports its latencies. Needs root and the workspace built.
 
 use crate::common;
-use common::slice::gpuslice;
-use fakegpu::FakeHost;
+use common::slice::{gpuslice, host_and_ledgers};
 use gpuslice_testkit::shim_client;
 use serde_json::Value;
 use std::path::Path;
@@ -27,19 +26,16 @@ fn json_of(out: &std::process::Output) -> Value {
 #[test]
 fn the_dra_selftest_prepares_claims_that_run_with_their_caps() {
     let _beside = common::beside_others();
-    let h = FakeHost::builder().gpus(2).build().unwrap();
-    let ledgers = tempfile::tempdir().unwrap();
+    let (h, ledgers) = host_and_ledgers(2);
     let tmp = tempfile::tempdir().unwrap();
     let work = tmp.path().join("work");
     let w = work.to_str().unwrap();
-    let out = gpuslice(
-        &h,
-        ledgers.path(),
-        &["--json", "bench", "dra-selftest", "prepare", "--work", w],
-    )
-    .output()
-    .unwrap();
-    let rep = json_of(&out);
+    // `bench dra-selftest STEP`'s JSON report.
+    let selftest = |step: &str| {
+        let args = ["--json", "bench", "dra-selftest", step, "--work", w];
+        json_of(&gpuslice(&h, ledgers.path(), &args).output().unwrap())
+    };
+    let rep = selftest("prepare");
     assert_eq!(rep["pass"], true, "{rep:#}");
     assert_eq!(
         rep["published"]["shared_device"]["allowMultipleAllocations"], true,
@@ -80,14 +76,7 @@ fn the_dra_selftest_prepares_claims_that_run_with_their_caps() {
         assert_eq!(v["total"], cap * GIB, "{id}: {v}");
     }
 
-    let out = gpuslice(
-        &h,
-        ledgers.path(),
-        &["--json", "bench", "dra-selftest", "unprepare", "--work", w],
-    )
-    .output()
-    .unwrap();
-    let rep = json_of(&out);
+    let rep = selftest("unprepare");
     assert_eq!(rep["pass"], true, "{rep:#}");
     assert_eq!(rep["unprepared"].as_array().unwrap().len(), 2, "{rep:#}");
     let specs: Vec<_> = std::fs::read_dir(work.join("cdi"))
@@ -102,8 +91,7 @@ fn the_dra_selftest_prepares_claims_that_run_with_their_caps() {
 #[test]
 fn bench_dra_reports_prepare_latencies_and_publication_after_xids() {
     let _beside = common::beside_others();
-    let h = FakeHost::builder().gpus(2).build().unwrap();
-    let ledgers = tempfile::tempdir().unwrap();
+    let (h, ledgers) = host_and_ledgers(2);
     let tmp = tempfile::tempdir().unwrap();
     let out_file = tmp.path().join("dra.json");
     let out = gpuslice(

@@ -33,7 +33,8 @@ use fakegpu::FakeHost;
 use serde_json::Value;
 
 use crate::common;
-use common::slice::{gpuslice, slices_json, slices_text};
+use common::metrics_until;
+use common::slice::{run_capped, slices_json, slices_text};
 use gpuslice_testkit::process::Kill;
 
 const CHUNK: u64 = 256 << 20;
@@ -54,55 +55,95 @@ fn driver_client(dir: &Path) -> PathBuf {
     out
 }
 
+/// A one-GPU fake host (a driver without memory partitions, R580).
 fn host() -> FakeHost {
-    // SAFETY: geteuid has no preconditions.
-    assert_eq!(unsafe { libc::geteuid() }, 0, "these tests need root (CI)");
-    FakeHost::builder().gpus(1).build().unwrap()
+    on_driver(FakeHost::builder().gpus(1))
 }
 
-/// The client's JSON line, from `run --gpus 0 --memory 1GiB -- client HOW 40`.
-fn run_client(
-    h: &FakeHost,
-    ledgers: &Path,
-    client: &Path,
-    how: &str,
-) -> (Option<i32>, Value, String) {
-    run_client_with(h, ledgers, client, how, &[])
+/// A one-GPU fake host posing as a driver with memory partitions (R615+).
+fn r615() -> FakeHost {
+    on_driver(FakeHost::builder().gpus(1).driver_version("615.20.01"))
 }
 
-/// [`run_client`], with `env` added to the client's environment.
-fn run_client_with(
-    h: &FakeHost,
-    ledgers: &Path,
-    client: &Path,
-    how: &str,
-    env: &[(&str, &Path)],
-) -> (Option<i32>, Value, String) {
-    let out = gpuslice(
-        h,
-        ledgers,
-        &[
-            "run",
-            "--gpus",
-            "0",
-            "--memory",
-            "1GiB",
-            "--",
-            client.to_str().unwrap(),
-            how,
-            "40",
-        ],
-    )
-    .envs(env.iter().copied())
-    .output()
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    let v = stdout
-        .lines()
-        .find_map(|l| serde_json::from_str::<Value>(l).ok())
-        .unwrap_or_else(|| panic!("no JSON from the client: {stdout}\n{stderr}"));
-    (out.status.code(), v, stderr)
+fn on_driver(b: fakegpu::FakeHostBuilder) -> FakeHost {
+    common::assert_root();
+    b.build().unwrap()
+}
+
+/// A test's fake host, its slices' ledgers and the client compiled for it.
+struct Setup {
+    h: FakeHost,
+    ledgers: tempfile::TempDir,
+    /// Where the client (and any library of the test) is built.
+    bin: tempfile::TempDir,
+    client: PathBuf,
+}
+
+impl Setup {
+    fn on(h: FakeHost) -> Setup {
+        let ledgers = tempfile::tempdir().unwrap();
+        let bin = tempfile::tempdir().unwrap();
+        let client = driver_client(bin.path());
+        Setup {
+            h,
+            ledgers,
+            bin,
+            client,
+        }
+    }
+
+    fn ledgers(&self) -> &Path {
+        self.ledgers.path()
+    }
+
+    fn client(&self) -> &str {
+        self.client.to_str().unwrap()
+    }
+
+    /// `gpuslice run --gpus 0 --memory 1GiB -- ARGV` on this host.
+    fn capped(&self, argv: &[&str]) -> std::process::Command {
+        run_capped(&self.h, self.ledgers(), argv)
+    }
+
+    /// The client's JSON line, from `run --gpus 0 --memory 1GiB -- client
+    /// HOW 40`, with `env` added to the client's environment.
+    fn run_client(&self, how: &str, env: &[(&str, &Path)]) -> (Option<i32>, Value, String) {
+        let out = self
+            .capped(&[self.client(), how, "40"])
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        let v = stdout
+            .lines()
+            .find_map(|l| serde_json::from_str::<Value>(l).ok())
+            .unwrap_or_else(|| panic!("no JSON from the client: {stdout}\n{stderr}"));
+        (out.status.code(), v, stderr)
+    }
+
+    /// `gpuslice run --gpus 0 --memory 1GiB -- CLIENT ARGS…` with its stdout
+    /// piped, killed on drop, and the lines it prints.
+    fn capped_client(
+        &self,
+        args: &[&str],
+    ) -> (Kill, std::io::Lines<BufReader<std::process::ChildStdout>>) {
+        let argv = [&[self.client()][..], args].concat();
+        let mut child = Kill(self.capped(&argv).stdout(Stdio::piped()).spawn().unwrap());
+        let lines = BufReader::new(child.0.stdout.take().unwrap()).lines();
+        (child, lines)
+    }
+}
+
+/// The client's allocations stopped at the cap (`how` they were made),
+/// refused with CUDA_ERROR_OUT_OF_MEMORY.
+fn assert_refused_at_cap(v: &Value, how: &str) {
+    let allocated = v["allocated"].as_u64().unwrap();
+    assert!(allocated * CHUNK <= CAP, "past the cap {how}: {v}");
+    assert_eq!(
+        v["rc"], 2,
+        "refused with CUDA_ERROR_OUT_OF_MEMORY ({how}): {v}"
+    );
 }
 
 /// `dlvsym(RTLD_DEFAULT, "dlsym", "GLIBC_2.34")` gave glibc's own `dlsym`,
@@ -111,17 +152,12 @@ fn run_client_with(
 #[test]
 fn dlvsym_of_dlsym_is_refused_at_the_cap() {
     let _beside = common::beside_others();
-    let h = host();
-    let ledgers = tempfile::tempdir().unwrap();
-    let bin = tempfile::tempdir().unwrap();
-    let client = driver_client(bin.path());
+    let t = Setup::on(host());
     // The same through dlsym(<libc's handle>, "dlsym").
     for how in ["dlvsym", "libc"] {
-        let (code, v, stderr) = run_client(&h, ledgers.path(), &client, how);
+        let (code, v, stderr) = t.run_client(how, &[]);
         assert_eq!(code, Some(0), "{v} {stderr}");
-        let allocated = v["allocated"].as_u64().unwrap();
-        assert!(allocated * CHUNK <= CAP, "past the cap through {how}: {v}");
-        assert_eq!(v["rc"], 2, "refused with CUDA_ERROR_OUT_OF_MEMORY: {v}");
+        assert_refused_at_cap(&v, &format!("through {how}"));
     }
 }
 
@@ -132,31 +168,23 @@ fn dlvsym_of_dlsym_is_refused_at_the_cap() {
 #[test]
 fn rtld_next_from_a_library_linked_to_libcuda_is_refused_at_the_cap() {
     let _beside = common::beside_others();
-    let h = host();
-    let ledgers = tempfile::tempdir().unwrap();
-    let bin = tempfile::tempdir().unwrap();
-    let client = driver_client(bin.path());
+    let t = Setup::on(host());
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/escapes/next.c");
-    let lib = bin.path().join("libnext.so");
+    let lib = t.bin.path().join("libnext.so");
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let status = std::process::Command::new(&cc)
         .args(["-shared", "-fPIC", "-o"])
         .arg(&lib)
         .arg(&src)
-        .arg(format!("-L{}", h.driver_lib_dir().display()))
+        .arg(format!("-L{}", t.h.driver_lib_dir().display()))
         .args(["-Wl,--no-as-needed", "-lcuda"])
         .status()
         .unwrap();
     assert!(status.success(), "compiling {}", src.display());
     let env = [("DRIVER_CLIENT_NEXT_LIB", lib.as_path())];
-    let (code, v, stderr) = run_client_with(&h, ledgers.path(), &client, "next", &env);
+    let (code, v, stderr) = t.run_client("next", &env);
     assert_eq!(code, Some(0), "{v} {stderr}");
-    let allocated = v["allocated"].as_u64().unwrap();
-    assert!(
-        allocated * CHUNK <= CAP,
-        "past the cap through RTLD_NEXT: {v}"
-    );
-    assert_eq!(v["rc"], 2, "refused with CUDA_ERROR_OUT_OF_MEMORY: {v}");
+    assert_refused_at_cap(&v, "through RTLD_NEXT");
 }
 
 /// libcuda `dlmopen`ed into a new namespace (no shim there) allocated
@@ -165,11 +193,8 @@ fn rtld_next_from_a_library_linked_to_libcuda_is_refused_at_the_cap() {
 #[test]
 fn dlmopen_of_libcuda_into_a_new_namespace_is_refused() {
     let _beside = common::beside_others();
-    let h = host();
-    let ledgers = tempfile::tempdir().unwrap();
-    let bin = tempfile::tempdir().unwrap();
-    let client = driver_client(bin.path());
-    let (code, v, stderr) = run_client(&h, ledgers.path(), &client, "dlmopen");
+    let t = Setup::on(host());
+    let (code, v, stderr) = t.run_client("dlmopen", &[]);
     assert_eq!(code, Some(3), "the load is refused: {v} {stderr}");
     assert!(
         v["refused"]
@@ -184,28 +209,8 @@ fn dlmopen_of_libcuda_into_a_new_namespace_is_refused() {
     );
 }
 
-/// Reads `child`'s stdout lines until one equal to `want` (panics at EOF).
-/// `gpuslice run --gpus 0 --memory 1GiB -- CLIENT ARGS…` with its stdout
-/// piped, killed on drop, and the lines it prints.
-fn capped_client(
-    h: &FakeHost,
-    ledgers: &Path,
-    client: &Path,
-    args: &[&str],
-) -> (Kill, std::io::Lines<BufReader<std::process::ChildStdout>>) {
-    let mut argv = vec!["run", "--gpus", "0", "--memory", "1GiB", "--"];
-    argv.push(client.to_str().unwrap());
-    argv.extend_from_slice(args);
-    let mut child = Kill(
-        gpuslice(h, ledgers, &argv)
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let lines = BufReader::new(child.0.stdout.take().unwrap()).lines();
-    (child, lines)
-}
-
+/// Reads lines until one that is `want` or starts with it (panics at EOF),
+/// and returns those it read.
 fn wait_line(lines: &mut impl Iterator<Item = std::io::Result<String>>, want: &str) -> Vec<String> {
     let mut seen = Vec::new();
     for l in lines {
@@ -228,24 +233,15 @@ fn wait_line(lines: &mut impl Iterator<Item = std::io::Result<String>>, want: &s
 #[test]
 fn the_enforcer_kills_a_process_that_takes_its_slice_over_the_cap() {
     let _beside = common::beside_others();
-    let h = host();
-    let ledgers = tempfile::tempdir().unwrap();
-    let bin = tempfile::tempdir().unwrap();
-    let c = driver_client(bin.path());
-    let c = c.to_str().unwrap();
+    let t = Setup::on(host());
+    let (h, ledgers, c) = (&t.h, t.ledgers(), t.client());
     let script = format!("{c} elf 40 hold; echo \"rc $?\"; exec {c} plain 1 hold");
     let mut launcher = Kill(
-        gpuslice(
-            &h,
-            ledgers.path(),
-            &[
-                "run", "--gpus", "0", "--memory", "1GiB", "--", "sh", "-c", &script,
-            ],
-        )
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap(),
+        t.capped(&["sh", "-c", &script])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
     );
     let (tx, rx) = std::sync::mpsc::channel();
     let stdout = launcher.0.stdout.take().unwrap();
@@ -272,14 +268,14 @@ fn the_enforcer_kills_a_process_that_takes_its_slice_over_the_cap() {
 
     // The slice lives on (the shell's next holder): `slices` shows the kill
     // and the driver's number.
-    let v = slices_json(&h, ledgers.path());
+    let v = slices_json(h, ledgers);
     let s = &v["slices"][0];
     let k = &s["enforcement_kills"][0];
     assert_eq!(k["reason"], "over_cap", "{v}");
     assert_eq!(k["name"], "driver_client", "{v}");
     assert!(k["driver_bytes"].as_u64().unwrap() >= 40 * CHUNK, "{v}");
     assert_eq!(s["devices"][0]["driver_used_bytes"], CHUNK, "{v}");
-    let text = slices_text(&h, ledgers.path());
+    let text = slices_text(h, ledgers);
     assert!(
         text.contains("KILLED by root's enforcer (the slice was over its cap): it held 10240MiB"),
         "{text}"
@@ -287,32 +283,17 @@ fn the_enforcer_kills_a_process_that_takes_its_slice_over_the_cap() {
 
     // The exporter counts the kill and reports the driver's number.
     let id = s["slice"].as_str().unwrap().to_string();
-    let (_exporter, addr) = common::exporter(&h, ledgers.path());
+    let (_exporter, addr) = common::exporter(h, ledgers);
     let kills =
         format!("gpuslice_slice_enforcement_kills_total{{slice=\"{id}\",reason=\"over_cap\"}} 1");
     let driver = format!("gpuslice_slice_memory_driver_used_bytes{{slice=\"{id}\",");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let text = http_get(&addr, "/metrics").unwrap_or_default();
-        let driver_line = text.lines().find(|l| l.starts_with(&driver));
-        if let (true, Some(line)) = (text.contains(&kills), driver_line) {
-            let value = line.rsplit(' ').next().unwrap_or("");
-            assert_eq!(value.parse::<f64>().ok(), Some(CHUNK as f64), "{text}");
-            break;
-        }
-        assert!(Instant::now() < deadline, "no enforcement series:\n{text}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let (value, text) = metrics_until(&addr, "no enforcement series", |text| {
+        let line = text.lines().find(|l| l.starts_with(&driver))?;
+        let value = line.rsplit(' ').next().unwrap_or("").parse::<f64>().ok();
+        text.contains(&kills).then(|| (value, text.to_string()))
+    });
+    assert_eq!(value, Some(CHUNK as f64), "{text}");
     drop(launcher);
-}
-
-fn http_get(addr: &str, path: &str) -> Option<String> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
-    let mut body = String::new();
-    s.read_to_string(&mut body).ok()?;
-    Some(body)
 }
 
 fn strip(l: String) -> String {
@@ -325,13 +306,11 @@ fn strip(l: String) -> String {
 #[test]
 fn slices_shows_the_driver_s_number_and_never_calls_a_process_holding_more_enforced() {
     let _beside = common::beside_others();
-    let h = host();
-    let ledgers = tempfile::tempdir().unwrap();
-    let bin = tempfile::tempdir().unwrap();
-    let c = driver_client(bin.path());
-    let (_child, mut lines) = capped_client(&h, ledgers.path(), &c, &["elf", "2", "hold"]);
+    let t = Setup::on(host());
+    let (h, ledgers) = (&t.h, t.ledgers());
+    let (_child, mut lines) = t.capped_client(&["elf", "2", "hold"]);
     wait_line(&mut lines, "held");
-    let v = slices_json(&h, ledgers.path());
+    let v = slices_json(h, ledgers);
     let s = &v["slices"][0];
     assert_eq!(s["devices"][0]["driver_used_bytes"], 2 * CHUNK, "{v}");
     assert!(
@@ -341,7 +320,7 @@ fn slices_shows_the_driver_s_number_and_never_calls_a_process_holding_more_enfor
     assert_eq!(s["processes"][0]["driver_bytes"][0], 2 * CHUNK, "{v}");
     assert_eq!(s["processes"][0]["enforced"], false, "{v}");
     assert_eq!(s["driver"]["processes"][0]["accounted"], false, "{v}");
-    let text = slices_text(&h, ledgers.path());
+    let text = slices_text(h, ledgers);
     assert!(text.contains("driver 512MiB"), "{text}");
     assert!(
         text.contains("NOT ENFORCED: the driver says it holds 512MiB")
@@ -357,19 +336,9 @@ fn slices_shows_the_driver_s_number_and_never_calls_a_process_holding_more_enfor
 #[test]
 fn an_unshimmed_gpu_process_is_killed_by_default_and_flagged_by_policy() {
     let _beside = common::beside_others();
-    let h = host();
-    let ledgers = tempfile::tempdir().unwrap();
-    let bin = tempfile::tempdir().unwrap();
-    let c = driver_client(bin.path());
-    let c = c.to_str().unwrap();
+    let t = Setup::on(host());
     let run = |policy: Option<&Path>| {
-        let mut cmd = gpuslice(
-            &h,
-            ledgers.path(),
-            &[
-                "run", "--gpus", "0", "--memory", "1GiB", "--", c, "elf-all", "1", "hold",
-            ],
-        );
+        let mut cmd = t.capped(&[t.client(), "elf-all", "1", "hold"]);
         match policy {
             Some(p) => cmd.env("GPUSLICE_POLICY", p),
             None => cmd.env("GPUSLICE_POLICY", "/nonexistent/policy.toml"),
@@ -414,7 +383,7 @@ fn an_unshimmed_gpu_process_is_killed_by_default_and_flagged_by_policy() {
         flagged.0.try_wait().unwrap().is_none(),
         "flagged, not killed"
     );
-    let v = slices_json(&h, ledgers.path());
+    let v = slices_json(&t.h, t.ledgers());
     let s = &v["slices"][0];
     assert_eq!(s["unenforced"][0]["name"], "driver_client", "{v}");
     assert_eq!(
@@ -430,16 +399,6 @@ fn partitions(h: &FakeHost) -> String {
     std::fs::read_to_string(h.path(".fakegpu/memlimits/0")).unwrap_or_default()
 }
 
-fn r615() -> FakeHost {
-    // SAFETY: geteuid has no preconditions.
-    assert_eq!(unsafe { libc::geteuid() }, 0, "these tests need root (CI)");
-    FakeHost::builder()
-        .gpus(1)
-        .driver_version("615.20.01")
-        .build()
-        .unwrap()
-}
-
 /// On a driver with memory partitions, the allocations a program makes
 /// behind the shim are refused by the driver at the cap: `run --memory`
 /// set the hard limit on the slice's cgroup before the command started,
@@ -448,21 +407,11 @@ fn r615() -> FakeHost {
 #[test]
 fn with_driver_partitions_the_driver_refuses_what_the_shim_does_not_see() {
     let _beside = common::beside_others();
-    let h = r615();
-    let ledgers = tempfile::tempdir().unwrap();
-    let bin = tempfile::tempdir().unwrap();
-    let c = driver_client(bin.path());
+    let t = Setup::on(r615());
+    let h = &t.h;
     let record = h.path(".fakegpu/memlimits/0");
-    let script = format!("cat {}; exec {} elf 40", record.display(), c.display());
-    let out = gpuslice(
-        &h,
-        ledgers.path(),
-        &[
-            "run", "--gpus", "0", "--memory", "1GiB", "--", "sh", "-c", &script,
-        ],
-    )
-    .output()
-    .unwrap();
+    let script = format!("cat {}; exec {} elf 40", record.display(), t.client());
+    let out = t.capped(&["sh", "-c", &script]).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
@@ -474,20 +423,12 @@ fn with_driver_partitions_the_driver_refuses_what_the_shim_does_not_see() {
         .lines()
         .find_map(|l| serde_json::from_str(l).ok())
         .unwrap();
-    let allocated = v["allocated"].as_u64().unwrap();
-    assert!(
-        allocated * CHUNK <= CAP,
-        "past the cap behind the shim: {v}"
-    );
-    assert_eq!(
-        v["rc"], 2,
-        "refused by the driver with CUDA_ERROR_OUT_OF_MEMORY: {v}"
-    );
+    assert_refused_at_cap(&v, "behind the shim, by the driver");
     let cgroup = limit.splitn(3, ' ').nth(2).unwrap();
     assert!(
-        !partitions(&h).contains(cgroup),
+        !partitions(h).contains(cgroup),
         "the slice's limit was left: {}",
-        partitions(&h)
+        partitions(h)
     );
 }
 
@@ -497,20 +438,18 @@ fn with_driver_partitions_the_driver_refuses_what_the_shim_does_not_see() {
 #[test]
 fn a_dead_launcher_s_driver_partition_is_cleared_by_the_next_run() {
     let _beside = common::beside_others();
-    let h = r615();
-    let ledgers = tempfile::tempdir().unwrap();
-    let bin = tempfile::tempdir().unwrap();
-    let c = driver_client(bin.path());
-    let (mut launcher, mut lines) = capped_client(&h, ledgers.path(), &c, &["plain", "1", "hold"]);
+    let t = Setup::on(r615());
+    let (h, ledgers) = (&t.h, t.ledgers());
+    let (mut launcher, mut lines) = t.capped_client(&["plain", "1", "hold"]);
     wait_line(&mut lines, "held");
-    let left = partitions(&h);
+    let left = partitions(h);
     let cgroup = left
         .lines()
         .find_map(|l| l.splitn(3, ' ').nth(2).filter(|p| p.contains("/gpuslice/")))
         .unwrap_or_else(|| panic!("no partition while the slice runs: {left:?}"))
         .to_string();
     // `slices` says which layers hold the slice's memory.
-    let v = slices_json(&h, ledgers.path());
+    let v = slices_json(h, ledgers);
     let s = &v["slices"][0];
     assert_eq!(
         s["memory_layers"],
@@ -519,29 +458,23 @@ fn a_dead_launcher_s_driver_partition_is_cleared_by_the_next_run() {
     );
     assert_eq!(s["driver_limits"][0]["hard_bytes"], CAP, "{v}");
     assert!(
-        slices_text(&h, ledgers.path()).contains("(memory held by: shim, driver)"),
+        slices_text(h, ledgers).contains("(memory held by: shim, driver)"),
         "{}",
-        slices_text(&h, ledgers.path())
+        slices_text(h, ledgers)
     );
     // And the exporter.
     let id = s["slice"].as_str().unwrap().to_string();
-    let (exporter, addr) = common::exporter(&h, ledgers.path());
+    let (exporter, addr) = common::exporter(h, ledgers);
     let want = format!("gpuslice_slice_memory_layer{{slice=\"{id}\",layer=\"driver\"}} 1");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let text = http_get(&addr, "/metrics").unwrap_or_default();
-        if text.contains(&want) {
-            assert!(
-                text.contains(&format!(
-                    "gpuslice_slice_memory_layer{{slice=\"{id}\",layer=\"shim\"}} 1"
-                )),
-                "{text}"
-            );
-            break;
-        }
-        assert!(Instant::now() < deadline, "no driver layer:\n{text}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let text = metrics_until(&addr, "no driver layer", |text| {
+        text.contains(&want).then(|| text.to_string())
+    });
+    assert!(
+        text.contains(&format!(
+            "gpuslice_slice_memory_layer{{slice=\"{id}\",layer=\"shim\"}} 1"
+        )),
+        "{text}"
+    );
     drop(exporter);
     launcher.0.kill().unwrap();
     launcher.0.wait().unwrap();
@@ -554,29 +487,19 @@ fn a_dead_launcher_s_driver_partition_is_cleared_by_the_next_run() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(
-        partitions(&h).contains(&cgroup),
+        partitions(h).contains(&cgroup),
         "a SIGKILLed launcher clears nothing"
     );
-    let out = gpuslice(
-        &h,
-        ledgers.path(),
-        &["run", "--gpus", "0", "--memory", "1GiB", "--", "true"],
-    )
-    .output()
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = t.capped(&["true"]).output().unwrap();
+    common::assert_success(&out);
     assert!(
         !Path::new(&cgroup).exists(),
         "the dead slice's cgroup reaped"
     );
     assert!(
-        !partitions(&h).contains(&cgroup),
+        !partitions(h).contains(&cgroup),
         "the dead slice's partition left: {}",
-        partitions(&h)
+        partitions(h)
     );
 }
 
@@ -665,20 +588,11 @@ fn slices_shows_a_claim_s_process_past_the_shim_with_the_driver_s_number() {
     let (_exporter, addr) = common::exporter(&h, ledgers.path());
     let driver = "gpuslice_slice_memory_driver_used_bytes{slice=\"uid-1-0\",";
     let unenforced = "gpuslice_slice_process_enforced{slice=\"uid-1-0\",";
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let text = http_get(&addr, "/metrics").unwrap_or_default();
+    let (d, u) = metrics_until(&addr, "no driver series for the claim", |text| {
         let line = |p: &str| text.lines().find(|l| l.starts_with(p)).map(str::to_string);
-        if let (Some(d), Some(u)) = (line(driver), line(unenforced)) {
-            let value = |l: &str| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok());
-            assert_eq!(value(&d), Some((2 * CAP) as f64), "{d}");
-            assert_eq!(value(&u), Some(0.0), "{u}");
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no driver series for the claim:\n{text}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+        Some((line(driver)?, line(unenforced)?))
+    });
+    let value = |l: &str| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok());
+    assert_eq!(value(&d), Some((2 * CAP) as f64), "{d}");
+    assert_eq!(value(&u), Some(0.0), "{u}");
 }

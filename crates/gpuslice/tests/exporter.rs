@@ -300,52 +300,38 @@ fn prometheus_scrapes_gpus_slices_and_pods() {
     expect_value(prom, r#"up{job="gpuslice"}"#, 1.0);
     expect_value(prom, "count(gpuslice_gpu_memory_total_bytes)", 8.0);
     expect_value(prom, "count(gpuslice_gpu_info)", 8.0);
-    let g3 = format!(
-        r#"gpu="3",uuid="{}",pci_bus_id="{}",model="NVIDIA H200""#,
-        uuid(3),
-        host.gpus()[3].pci_bus_id
-    );
-    expect_value(
-        prom,
-        &format!("gpuslice_gpu_temperature_celsius{{{g3}}}"),
-        33.0,
-    );
-    expect_value(prom, &format!("gpuslice_gpu_power_watts{{{g3}}}"), 103.0);
-    expect_value(
-        prom,
-        &format!("gpuslice_gpu_utilization_ratio{{{g3}}}"),
-        0.3,
-    );
-    expect_value(
-        prom,
-        &format!("gpuslice_gpu_sm_clock_hertz{{{g3}}}"),
-        1.98e9,
-    );
-    expect_value(
-        prom,
-        &format!("gpuslice_gpu_pcie_receive_bytes_per_second{{{g3}}}"),
-        8.0 * 1024.0 * 1000.0,
-    );
-    expect_value(
-        prom,
-        &format!("gpuslice_gpu_ecc_corrected_errors_total{{{g3}}}"),
-        3.0,
-    );
-    expect_value(
-        prom,
-        &format!("gpuslice_gpu_memory_total_bytes{{{g3}}}"),
-        host.gpus()[3].memory_bytes as f64,
-    );
+    // The labels of GPU `i`'s series.
+    let gpu = |i: usize| {
+        format!(
+            r#"gpu="{i}",uuid="{}",pci_bus_id="{}",model="NVIDIA H200""#,
+            uuid(i),
+            host.gpus()[i].pci_bus_id
+        )
+    };
+    let g3 = gpu(3);
+    for (metric, want) in [
+        ("gpuslice_gpu_temperature_celsius", 33.0),
+        ("gpuslice_gpu_power_watts", 103.0),
+        ("gpuslice_gpu_utilization_ratio", 0.3),
+        ("gpuslice_gpu_sm_clock_hertz", 1.98e9),
+        (
+            "gpuslice_gpu_pcie_receive_bytes_per_second",
+            8.0 * 1024.0 * 1000.0,
+        ),
+        ("gpuslice_gpu_ecc_corrected_errors_total", 3.0),
+        (
+            "gpuslice_gpu_memory_total_bytes",
+            host.gpus()[3].memory_bytes as f64,
+        ),
+    ] {
+        expect_value(prom, &format!("{metric}{{{g3}}}"), want);
+    }
     expect_value(prom, r#"count(gpuslice_gpu_energy_joules_total > 0)"#, 8.0);
     expect_value(prom, "gpuslice_exporter_nvml_up", 1.0);
     expect_value(prom, "gpuslice_exporter_sample_age_seconds < bool 5", 1.0);
 
     // XID counters from NVML events: only GPU 2 has one.
-    let g2 = format!(
-        r#"gpu="2",uuid="{}",pci_bus_id="{}",model="NVIDIA H200""#,
-        uuid(2),
-        host.gpus()[2].pci_bus_id
-    );
+    let g2 = gpu(2);
     expect_value(prom, "gpuslice_exporter_xid_events_up", 1.0);
     expect_value(
         prom,
@@ -358,34 +344,26 @@ fn prometheus_scrapes_gpus_slices_and_pods() {
 
     // Slice metrics from the live ledger.
     let s1 = format!(r#"slice="exp-test",gpu="1",uuid="{}""#, uuid(1));
-    expect_value(
-        prom,
-        &format!("gpuslice_slice_memory_cap_bytes{{{s1}}}"),
-        (20 * GIB) as f64,
-    );
-    expect_value(
-        prom,
-        &format!("gpuslice_slice_memory_used_bytes{{{s1}}}"),
-        GIB as f64,
-    );
-    expect_value(
-        prom,
-        r#"count(gpuslice_slice_memory_cap_bytes{slice="exp-test"})"#,
-        1.0,
-    );
-    expect_value(
-        prom,
-        r#"gpuslice_slice_memory_used_bytes{slice="exp-test",gpu="2"}"#,
-        0.0,
-    );
-    expect_value(prom, r#"gpuslice_slice_processes{slice="exp-test"}"#, 1.0);
+    let cap = format!("gpuslice_slice_memory_cap_bytes{{{s1}}}");
+    let used = format!("gpuslice_slice_memory_used_bytes{{{s1}}}");
+    for (query, want) in [
+        (cap.as_str(), (20 * GIB) as f64),
+        (&used, GIB as f64),
+        (
+            r#"count(gpuslice_slice_memory_cap_bytes{slice="exp-test"})"#,
+            1.0,
+        ),
+        (
+            r#"gpuslice_slice_memory_used_bytes{slice="exp-test",gpu="2"}"#,
+            0.0,
+        ),
+        (r#"gpuslice_slice_processes{slice="exp-test"}"#, 1.0),
+    ] {
+        expect_value(prom, query, want);
+    }
     // Use changes are seen on the next samples.
     ledger.reserve(slot, 0, GIB).unwrap();
-    expect_value(
-        prom,
-        &format!("gpuslice_slice_memory_used_bytes{{{s1}}}"),
-        (2 * GIB) as f64,
-    );
+    expect_value(prom, &used, (2 * GIB) as f64);
 
     // Pod labels from the PodResources server, replica ids mapped back.
     expect_value(prom, "gpuslice_exporter_pod_resources_up", 1.0);

@@ -10,7 +10,9 @@ use fakegpu::FakeHost;
 use serde_json::Value;
 
 use crate::common;
-use common::slice::{gpuslice, slices_json, slices_text};
+use common::slice::{
+    gpuslice, host_and_ledgers, run_capped, run_refused, slices_json, slices_text,
+};
 use gpuslice_testkit::process::spawn_until;
 use gpuslice_testkit::{shim_client, shim_so};
 
@@ -18,13 +20,7 @@ use gpuslice_testkit::{shim_client, shim_so};
 /// once it holds them.
 fn holder_in_slice(h: &FakeHost, ledgers: &std::path::Path, client: &str, bytes: &str) -> Child {
     spawn_until(
-        &mut gpuslice(
-            h,
-            ledgers,
-            &[
-                "run", "--gpus", "0", "--memory", "1GiB", "--", client, "hold", bytes,
-            ],
-        ),
+        &mut run_capped(h, ledgers, &[client, "hold", bytes]),
         "held 0",
     )
 }
@@ -32,8 +28,7 @@ fn holder_in_slice(h: &FakeHost, ledgers: &std::path::Path, client: &str, bytes:
 #[test]
 fn run_with_memory_caps_the_child_and_slices_shows_it() {
     let _beside = common::beside_others();
-    let h = FakeHost::builder().gpus(2).build().unwrap();
-    let ledgers = tempfile::tempdir().unwrap();
+    let (h, ledgers) = host_and_ledgers(2);
     let client = shim_client();
     let client = client.to_str().unwrap();
 
@@ -46,11 +41,7 @@ fn run_with_memory_caps_the_child_and_slices_shows_it() {
     )
     .output()
     .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::assert_success(&out);
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["count"], 14, "{v}");
     assert_eq!(v["total"], 100 << 20, "{v}");
@@ -100,8 +91,7 @@ fn run_with_memory_caps_the_child_and_slices_shows_it() {
 #[test]
 fn slices_shows_the_dra_claims_prepared_here() {
     let _beside = common::beside_others();
-    let h = FakeHost::builder().gpus(2).build().unwrap();
-    let ledgers = tempfile::tempdir().unwrap();
+    let (h, ledgers) = host_and_ledgers(2);
     let v = slices_json(&h, ledgers.path());
     assert_eq!(v["dra_claims"], serde_json::json!([]), "{v}");
     common::write_dra_checkpoint(&h.path("var/lib/gpuslice/dra"));
@@ -155,24 +145,15 @@ fn slices_shows_the_dra_claims_prepared_here() {
 #[test]
 fn a_bad_memory_size_fails_before_the_child_starts() {
     let _beside = common::beside_others();
-    let h = FakeHost::builder().gpus(1).build().unwrap();
-    let ledgers = tempfile::tempdir().unwrap();
-    let out = gpuslice(
-        &h,
-        ledgers.path(),
-        &["run", "--gpus", "0", "--memory", "lots", "--", "true"],
-    )
-    .output()
-    .unwrap();
-    assert_eq!(out.status.code(), Some(125));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not a size"));
+    let (h, ledgers) = host_and_ledgers(1);
+    let err = run_refused(&h, ledgers.path(), &["--memory", "lots"]);
+    assert!(err.contains("not a size"), "{err}");
 }
 
 #[test]
 fn the_ledger_of_a_sigkilled_launcher_is_reaped_but_never_while_a_process_uses_it() {
     let _beside = common::beside_others();
-    let h = FakeHost::builder().gpus(1).build().unwrap();
-    let ledgers = tempfile::tempdir().unwrap();
+    let (h, ledgers) = host_and_ledgers(1);
     let client = shim_client();
     let client = client.to_str().unwrap();
     let mut launcher = holder_in_slice(&h, ledgers.path(), client, "1000000");
@@ -220,8 +201,7 @@ fn the_ledger_of_a_sigkilled_launcher_is_reaped_but_never_while_a_process_uses_i
 #[test]
 fn slices_of_dead_creators_are_reaped_but_the_device_plugin_s_are_left_to_it() {
     let _beside = common::beside_others();
-    let h = FakeHost::builder().gpus(1).build().unwrap();
-    let ledgers = tempfile::tempdir().unwrap();
+    let (h, ledgers) = host_and_ledgers(1);
     let shim = shim_so();
     // Each ledger is created by a process that then dies (SIGKILL): its
     // creator is gone and no live process holds a slot.
@@ -368,23 +348,16 @@ fn a_context_is_charged_as_the_driver_measures_it_inside_the_slice_s_pid_namespa
 #[test]
 fn the_host_pid_resolver_tells_each_process_only_its_own_pid_and_outlives_a_flood() {
     let _beside = common::beside_others();
-    let h = FakeHost::builder().gpus(1).build().unwrap();
-    let ledgers = tempfile::tempdir().unwrap();
+    let (h, ledgers) = host_and_ledgers(1);
     let client = shim_client();
     let client = client.to_str().unwrap();
     // A tenant opens 1000 connections it never reads, then it and a child
     // it forked each ask.
     let mut c = Launched(
-        gpuslice(
-            &h,
-            ledgers.path(),
-            &[
-                "run", "--gpus", "0", "--memory", "1GiB", "--", client, "resolver", "1000",
-            ],
-        )
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap(),
+        run_capped(&h, ledgers.path(), &[client, "resolver", "1000"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
     );
     let answers: Vec<Value> = (0..2).map(|_| read_json_line(&mut c.0)).collect();
     assert_eq!(answers[1]["idle"], 1000, "{answers:?}");
@@ -443,27 +416,14 @@ fn nvml_in_the_slice_lists_host_processes_by_host_pid_as_host_pid_drivers_do() {
     );
     let v = read_json_line(&mut outside.0);
     assert_eq!(v["ctx"], 0, "{v}");
-    let out = gpuslice(
+    let out = run_capped(
         &h,
         ledgers.path(),
-        &[
-            "run",
-            "--gpus",
-            "0",
-            "--memory",
-            "1GiB",
-            "--",
-            client.to_str().unwrap(),
-            "nvml-procs",
-        ],
+        &[client.to_str().unwrap(), "nvml-procs"],
     )
     .output()
     .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::assert_success(&out);
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["pids"], serde_json::json!([outside.0.id()]), "{v}");
     assert_eq!(v["sum"], CTX + 10 * MIB, "{v}");

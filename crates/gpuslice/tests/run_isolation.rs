@@ -55,6 +55,11 @@ fn probe(h: &FakeHost, run_args: &[&str], probe_args: &[&str]) -> Value {
         .unwrap_or_else(|e| panic!("probe output {:?}: {e}", out.stdout))
 }
 
+/// [`probe`] in a `run --gpus 1 --isolation ISO`.
+fn probe_isolated(h: &FakeHost, iso: &str, probe_args: &[&str]) -> Value {
+    probe(h, &["--gpus", "1", "--isolation", iso], probe_args)
+}
+
 fn count(v: &Value) -> i64 {
     v["count"].as_i64().unwrap_or(-1)
 }
@@ -65,14 +70,7 @@ fn open_in_slice(h: &FakeHost, run_args: &[&str], script: &str) -> String {
     let mut args = vec!["run"];
     args.extend_from_slice(run_args);
     args.extend(["--", "sh", "-c", script]);
-    let out = run(h, &args);
-    // Less --privileged's warning, which every such run prints.
-    let stderr: String = String::from_utf8_lossy(&out.stderr)
-        .lines()
-        .filter(|l| !l.starts_with("gpuslice: WARNING: --privileged"))
-        .map(|l| format!("{l}\n"))
-        .collect();
-    String::from_utf8_lossy(&out.stdout).to_string() + &stderr
+    common::printed_in_slice(&run(h, &args))
 }
 
 fn node(h: &FakeHost, minor: u32) -> String {
@@ -194,13 +192,9 @@ fn namespace_alone_is_defeated_by_modify_device_files() {
 fn env_alone_is_a_hint_a_process_can_ignore() {
     let _beside = common::beside_others();
     let h = host(4, true);
-    let v = probe(&h, &["--gpus", "1", "--isolation", "env"], &[]);
+    let v = probe_isolated(&h, "env", &[]);
     assert_eq!(count(&v), 1, "{v}");
-    let v = probe(
-        &h,
-        &["--gpus", "1", "--isolation", "env"],
-        &["--ignore-visible-devices"],
-    );
+    let v = probe_isolated(&h, "env", &["--ignore-visible-devices"]);
     assert_eq!(count(&v), 4, "{v}");
 }
 
@@ -209,11 +203,7 @@ fn cgroup_alone_holds_and_full_holds() {
     let _beside = common::beside_others();
     let h = host(4, true);
     for iso in ["cgroup", "full"] {
-        let v = probe(
-            &h,
-            &["--gpus", "1", "--isolation", iso],
-            &["--ignore-visible-devices"],
-        );
+        let v = probe_isolated(&h, iso, &["--ignore-visible-devices"]);
         assert_eq!(count(&v), 1, "--isolation {iso}: {v}");
     }
 }

@@ -11,7 +11,6 @@
 //!
 //! Needs root (CI runs it as root) and the workspace built.
 
-use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
@@ -29,8 +28,7 @@ const MIB: u64 = 1 << 20;
 const CAP: &str = "100MiB";
 
 fn host() -> FakeHost {
-    // SAFETY: geteuid has no preconditions.
-    assert_eq!(unsafe { libc::geteuid() }, 0, "these tests need root (CI)");
+    common::assert_root();
     let h = FakeHost::builder().gpus(1).build().unwrap();
     // Processes that drop to nobody must still reach the fake driver.
     std::fs::set_permissions(h.root(), std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -297,15 +295,6 @@ fn a_broken_ledger_fails_closed() {
     }
 }
 
-/// `GET path` from `addr` over plain HTTP/1.0.
-fn http_get(addr: &str, path: &str) -> Option<String> {
-    let mut s = std::net::TcpStream::connect(addr).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
-    let mut body = String::new();
-    s.read_to_string(&mut body).ok()?;
-    Some(body)
-}
-
 #[test]
 fn a_gpu_process_of_the_slice_without_the_shim_is_flagged() {
     let _beside = common::beside_others();
@@ -414,19 +403,17 @@ fn a_gpu_process_of_the_slice_without_the_shim_is_flagged() {
     let (_exporter, addr) = common::exporter(&h, l);
     let want_in = format!("pid=\"{inside}\"");
     let want_out = format!("pid=\"{}\"", escaped.0.id());
-    let deadline = Instant::now() + Duration::from_secs(20);
     let metric = |text: &str, pid: &str| {
         text.lines()
             .find(|l| l.starts_with("gpuslice_slice_process_enforced{") && l.contains(pid))
             .map(|l| l.rsplit(' ').next().unwrap_or("").to_string())
     };
-    loop {
-        let text = http_get(&addr, "/metrics").unwrap_or_default();
-        if let (Some(a), Some(b)) = (metric(&text, &want_in), metric(&text, &want_out)) {
-            assert_eq!((a.as_str(), b.as_str()), ("1.0", "0.0"), "{text}");
-            break;
-        }
-        assert!(Instant::now() < deadline, "no enforcement series:\n{text}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let (a, b, text) = common::metrics_until(&addr, "no enforcement series", |text| {
+        Some((
+            metric(text, &want_in)?,
+            metric(text, &want_out)?,
+            text.to_string(),
+        ))
+    });
+    assert_eq!((a.as_str(), b.as_str()), ("1.0", "0.0"), "{text}");
 }

@@ -35,8 +35,12 @@ struct Demo {
 impl Demo {
     /// README's fake host, then its compute line (run longer, so that top
     /// sees the slices for several seconds) and a 2 GiB slice holding 1.5
-    /// GiB, in the background.
-    fn start() -> Demo {
+    /// GiB, in the background, once `gpuslice slices` shows them; none
+    /// where `test` (it needs root) may not run.
+    fn start(test: &str) -> Option<Demo> {
+        if !common::root_may_run(test) {
+            return None;
+        }
         // The demo's shares are measured: one at a time.
         let one = common::alone();
         let tmp = tempfile::tempdir().unwrap();
@@ -60,13 +64,15 @@ impl Demo {
                     .unwrap()
             })
             .collect();
-        Demo {
+        let demo = Demo {
             _one: one,
             _tmp: tmp,
             host,
             ledgers,
             runs,
-        }
+        };
+        demo.wait_for_slices();
+        Some(demo)
     }
 
     fn sh(line: &str, ledgers: &Path) -> Command {
@@ -203,14 +209,10 @@ fn share_on(screen: &str, pct: u32) -> Option<f64> {
 
 #[test]
 fn top_shows_the_demo_slices_and_their_shares_live_and_q_quits() {
-    if !gpuslice_testkit::precondition(
-        "top_shows_the_demo_slices_and_their_shares_live_and_q_quits",
-        gpuslice_testkit::needs_root(),
-    ) {
+    let Some(demo) = Demo::start("top_shows_the_demo_slices_and_their_shares_live_and_q_quits")
+    else {
         return;
-    }
-    let demo = Demo::start();
-    demo.wait_for_slices();
+    };
 
     let (master, slave) = openpty();
     // Killed if the test fails before `q`: a `gpuslice top` left running
@@ -310,14 +312,10 @@ fn top_shows_the_demo_slices_and_their_shares_live_and_q_quits() {
 
 #[test]
 fn top_once_prints_the_same_view_as_text_and_needs_no_terminal() {
-    if !gpuslice_testkit::precondition(
-        "top_once_prints_the_same_view_as_text_and_needs_no_terminal",
-        gpuslice_testkit::needs_root(),
-    ) {
+    let Some(demo) = Demo::start("top_once_prints_the_same_view_as_text_and_needs_no_terminal")
+    else {
         return;
-    }
-    let demo = Demo::start();
-    demo.wait_for_slices();
+    };
     let out = demo.top(&["--once"]).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(

@@ -161,6 +161,15 @@ fn rule_for(h: &FakeHost, user: &TestUser, extra: &str) -> PolicyFile {
     ))
 }
 
+/// A fake host of `gpus` GPUs, a test user, and a policy with one rule
+/// for that user on every GPU, plus `extra` lines (see [`rule_for`]).
+fn bound_caller(gpus: u32, extra: &str) -> (FakeHost, TestUser, PolicyFile) {
+    let h = host(gpus);
+    let u = TestUser::new();
+    let p = rule_for(&h, &u, extra);
+    (h, u, p)
+}
+
 /// The Uid, Gid, Groups and CapEff lines of /proc/self/status in the slice.
 const STATUS: &str =
     "grep -E '^(Uid|Gid|Groups|CapEff):' /proc/self/status; echo \"user=$USER home=$HOME\"";
@@ -257,9 +266,7 @@ fn user_by_name_and_id_runs_with_its_groups_and_no_root_powers() {
 #[test]
 fn under_sudo_the_command_runs_as_the_caller_unless_the_policy_allows_root() {
     let _beside = common::beside_others();
-    let h = host(2);
-    let u = TestUser::new();
-    let p = rule_for(&h, &u, "");
+    let (h, u, p) = bound_caller(2, "");
     let out = sudo(
         &h,
         &u,
@@ -399,9 +406,7 @@ fn the_policy_allows_and_refuses_selections_caps_users_and_privileges() {
 fn a_sudo_caller_cannot_choose_the_shim_root_preloads() {
     let _beside = common::beside_others();
     let _ledgers = default_ledger_dir();
-    let h = host(2);
-    let u = TestUser::new();
-    let p = rule_for(&h, &u, "");
+    let (h, u, p) = bound_caller(2, "");
     // Any file will do: gpuslice only checks that it is one (an empty one
     // here, told apart from the real shim by its size).
     let fake_shim = tempfile::NamedTempFile::new().unwrap();
@@ -471,10 +476,8 @@ fn bad_policy_files_are_refused_naming_the_field() {
 #[test]
 fn a_non_root_caller_cannot_point_gpuslice_at_its_own_policy() {
     let _beside = common::beside_others();
-    let h = host(1);
-    let u = TestUser::new();
+    let (h, u, p) = bound_caller(1, "allow_root = true\nallow_privileged = true\n");
     let root_h = h.root().display().to_string();
-    let p = rule_for(&h, &u, "allow_root = true\nallow_privileged = true\n");
     let as_root = ["run", "--gpus", "0", "--user", "root", "--", "id", "-u"];
     let dir_mode = |mode| {
         std::fs::set_permissions(
@@ -696,9 +699,7 @@ fn capped_spec(h: &FakeHost, dir: &Path, gpu: usize, memory: &str) {
 fn the_policy_holds_for_cdi_devices() {
     let _beside = common::beside_others();
     let _ledgers = default_ledger_dir();
-    let h = host(4);
-    let u = TestUser::new();
-    let p = rule_for(&h, &u, "max_memory = \"1GiB\"\nmax_compute = 50\n");
+    let (h, u, p) = bound_caller(4, "max_memory = \"1GiB\"\nmax_compute = 50\n");
     let specs = tempfile::tempdir().unwrap();
     let ledgers = tempfile::tempdir().unwrap();
     let run = |memory: &str| {

@@ -6,6 +6,15 @@ pub const GPUSLICE: &str = env!("CARGO_BIN_EXE_gpuslice");
 
 pub mod slice;
 
+/// Asserts that `out` is a success's, its stderr the failure's message.
+pub fn assert_success(out: &std::process::Output) {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Some tests must run with no other test of this binary (its tests are
 /// threads of one process): those that measure shares of GPU time, which
 /// the fake GPU serves from the CPU (beside another test's processes on a
@@ -14,6 +23,20 @@ pub mod slice;
 /// test runs it, that is `Text file busy`). They hold [`alone`]; every other
 /// test holds [`beside_others`] and runs only between them.
 static ALONE: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+/// Whether `test`, which needs root, may run here (see
+/// [`gpuslice_testkit::precondition`]).
+pub fn root_may_run(test: &str) -> bool {
+    gpuslice_testkit::precondition(test, gpuslice_testkit::needs_root())
+}
+
+/// Fails unless the tests run as root (as CI runs them).
+pub fn assert_root() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "these tests need root (CI)"
+    );
+}
 
 /// Held by a test that must run with no other test.
 pub fn alone() -> std::sync::RwLockWriteGuard<'static, ()> {
@@ -53,6 +76,51 @@ pub fn exporter(
             .unwrap(),
     );
     (child, addr)
+}
+
+/// The strings of the JSON array `v` (panics on anything else).
+pub fn strings(v: &serde_json::Value) -> Vec<&str> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not an array: {v}"))
+        .iter()
+        .map(|a| a.as_str().unwrap_or_else(|| panic!("not a string: {a}")))
+        .collect()
+}
+
+/// What a command run in a slice printed: its stdout, then its stderr less
+/// the warning every `run --privileged` prints.
+pub fn printed_in_slice(out: &std::process::Output) -> String {
+    let stderr: String = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter(|l| !l.starts_with("gpuslice: WARNING: --privileged"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    String::from_utf8_lossy(&out.stdout).into_owned() + &stderr
+}
+
+/// `GET path` from `addr` over plain HTTP/1.0: the whole answer.
+pub fn http_get(addr: &str, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).ok()?;
+    Some(body)
+}
+
+/// Scrapes the exporter at `addr` until `found` finds what it looks for in
+/// its /metrics, and returns that; fails saying `missing` (and the last
+/// scrape) after 20 s.
+pub fn metrics_until<T>(addr: &str, missing: &str, found: impl Fn(&str) -> Option<T>) -> T {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let text = http_get(addr, "/metrics").unwrap_or_default();
+        if let Some(t) = found(&text) {
+            return t;
+        }
+        assert!(std::time::Instant::now() < deadline, "{missing}:\n{text}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 }
 
 /// Writes a DRA plugin checkpoint in `dir` with one prepared claim,

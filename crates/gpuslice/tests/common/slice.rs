@@ -9,6 +9,13 @@ use serde_json::Value;
 
 use super::GPUSLICE;
 
+/// A fake host of `gpus` GPUs and an empty directory for its slices'
+/// ledgers.
+pub fn host_and_ledgers(gpus: u32) -> (FakeHost, tempfile::TempDir) {
+    let h = FakeHost::builder().gpus(gpus).build().unwrap();
+    (h, tempfile::tempdir().unwrap())
+}
+
 /// `gpuslice --host-root <fake> ARGS` with the fake driver's env, slice
 /// ledgers in `ledgers` (the GPUs' boards in `ledgers/boards`), and none
 /// of the caller's slice settings.
@@ -28,16 +35,27 @@ pub fn gpuslice(h: &FakeHost, ledgers: &Path, args: &[&str]) -> Command {
     c
 }
 
+/// [`gpuslice`] `run --gpus 0 --memory 1GiB -- ARGV`.
+pub fn run_capped(h: &FakeHost, ledgers: &Path, argv: &[&str]) -> Command {
+    let run = ["run", "--gpus", "0", "--memory", "1GiB", "--"];
+    gpuslice(h, ledgers, &[&run[..], argv].concat())
+}
+
+/// The error of `gpuslice run --gpus 0 FLAGS -- true`, which must be
+/// refused (exit 125) before the command starts.
+pub fn run_refused(h: &FakeHost, ledgers: &Path, flags: &[&str]) -> String {
+    let argv = [&["run", "--gpus", "0"][..], flags, &["--", "true"]].concat();
+    let out = gpuslice(h, ledgers, &argv).output().unwrap();
+    assert_eq!(out.status.code(), Some(125));
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 /// `gpuslice slices --json`, which must succeed.
 pub fn slices_json(h: &FakeHost, ledgers: &Path) -> Value {
     let out = gpuslice(h, ledgers, &["slices", "--json"])
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    super::assert_success(&out);
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
