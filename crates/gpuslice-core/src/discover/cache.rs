@@ -191,16 +191,8 @@ mod tests {
 
     fn host() -> Tree {
         let t = Tree::new();
-        t.gpu(
-            "0000:18:00.0",
-            0,
-            "GPU-18000000-0000-4000-8000-000000000000",
-        );
-        t.gpu(
-            "0000:28:00.0",
-            1,
-            "GPU-28000000-0000-4000-8000-000000000000",
-        );
+        t.gpu_on_bus("0000:18:00.0", 0);
+        t.gpu_on_bus("0000:28:00.0", 1);
         t
     }
 
@@ -219,11 +211,7 @@ mod tests {
         assert!(cached);
         assert_eq!(first, second);
 
-        t.gpu(
-            "0000:38:00.0",
-            2,
-            "GPU-38000000-0000-4000-8000-000000000000",
-        );
+        t.gpu_on_bus("0000:38:00.0", 2);
         let (third, cached) = run(&t, &file);
         assert!(!cached, "a new GPU dir changes the key");
         assert_eq!(third.gpus.len(), 3);
