@@ -520,17 +520,24 @@ fn cdi_runtime(root: &HostRoot) -> Check {
 /// and where they were read.
 pub fn kubelet_gates(root: &HostRoot) -> (BTreeMap<String, bool>, Vec<String>) {
     let mut gates = BTreeMap::new();
-    let mut read = Vec::new();
-    for rel in [
-        "var/lib/kubelet/config.yaml",
-        "etc/kubernetes/kubelet-config.yaml",
-        "etc/kubernetes/kubelet/config.json",
-    ] {
-        let Ok(text) = fs::read_to_string(root.join(rel)) else {
-            continue;
-        };
-        read.push(format!("/{rel}"));
-        let v: serde_yaml::Value = serde_yaml::from_str(&text).unwrap_or_default();
+    let configs = readable(
+        root,
+        &[
+            "var/lib/kubelet/config.yaml",
+            "etc/kubernetes/kubelet-config.yaml",
+            "etc/kubernetes/kubelet/config.json",
+        ],
+    );
+    let flags = readable(
+        root,
+        &[
+            "var/lib/kubelet/kubeadm-flags.env",
+            "etc/default/kubelet",
+            "etc/sysconfig/kubelet",
+        ],
+    );
+    for (_, text) in &configs {
+        let v: serde_yaml::Value = serde_yaml::from_str(text).unwrap_or_default();
         if let Some(m) = v.get("featureGates").and_then(|g| g.as_mapping()) {
             for (k, v) in m {
                 if let (Some(k), Some(v)) = (k.as_str(), v.as_bool()) {
@@ -540,18 +547,22 @@ pub fn kubelet_gates(root: &HostRoot) -> (BTreeMap<String, bool>, Vec<String>) {
         }
     }
     // Flags win over the config file.
-    for rel in [
-        "var/lib/kubelet/kubeadm-flags.env",
-        "etc/default/kubelet",
-        "etc/sysconfig/kubelet",
-    ] {
-        let Ok(text) = fs::read_to_string(root.join(rel)) else {
-            continue;
-        };
-        read.push(format!("/{rel}"));
-        gates.extend(flag_gates(&text));
+    for (_, text) in &flags {
+        gates.extend(flag_gates(text));
     }
+    let read = configs
+        .iter()
+        .chain(&flags)
+        .map(|(rel, _)| format!("/{rel}"))
+        .collect();
     (gates, read)
+}
+
+/// The files of `rels` below `root` that can be read: each path and text.
+fn readable<'a>(root: &HostRoot, rels: &[&'a str]) -> Vec<(&'a str, String)> {
+    rels.iter()
+        .filter_map(|&rel| Some((rel, fs::read_to_string(root.join(rel)).ok()?)))
+        .collect()
 }
 
 /// The gates of `--feature-gates=A=true,B=false` (or `--feature-gates A=…`)
