@@ -19,7 +19,13 @@ fn probe(host: &FakeHost, cvd: Option<&str>, args: &[&str]) -> (ProbeReport, Tra
     if let Some(cvd) = cvd {
         cmd.env("CUDA_VISIBLE_DEVICES", cvd);
     }
-    let report = run_probe(&mut cmd);
+    run_traced(host, &mut cmd)
+}
+
+/// Runs the probe command `cmd`: its report, and the trace line its cuInit
+/// wrote.
+fn run_traced(host: &FakeHost, cmd: &mut std::process::Command) -> (ProbeReport, TraceRecord) {
+    let report = run_probe(cmd);
     let trace = host
         .trace()
         .unwrap()
@@ -259,14 +265,7 @@ fn probe_unprivileged(host: &FakeHost) -> (ProbeReport, TraceRecord) {
     std::fs::set_permissions(host.trace_path(), std::fs::Permissions::from_mode(0o666)).unwrap();
     let mut cmd = probe_command(host);
     cmd.uid(65534).gid(65534);
-    let report = run_probe(&mut cmd);
-    let trace = host
-        .trace()
-        .unwrap()
-        .into_iter()
-        .find(|t| t.pid == report.pid)
-        .unwrap();
-    (report, trace)
+    run_traced(host, &mut cmd)
 }
 
 #[test]
