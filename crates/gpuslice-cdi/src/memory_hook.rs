@@ -32,7 +32,7 @@
 
 use crate::edits;
 use crate::generate::Builder;
-use crate::oci_state::ContainerState;
+use crate::oci_state::{reap_records, ContainerState};
 use crate::{CdiError, Result};
 use container_device_interface::specs::config::Hook;
 use gpuslice_core::atomic_file::write_atomic;
@@ -216,18 +216,11 @@ fn read_record(file: &Path) -> Result<(PathBuf, Vec<String>)> {
 /// Clears the limits of containers whose cgroup is gone without their
 /// `poststop` hook having run, and forgets them.
 fn reap(p: &Partitions, state_dir: &Path) {
-    for e in std::fs::read_dir(state_dir).into_iter().flatten().flatten() {
-        let file = e.path();
-        let Ok((dir, uuids)) = read_record(&file) else {
-            continue;
-        };
-        if dir.exists() {
-            continue;
-        }
-        if clear_all(p, &dir, &uuids).is_ok() {
-            let _ = std::fs::remove_file(&file);
-        }
-    }
+    reap_records(
+        state_dir,
+        |file| read_record(file).ok(),
+        |(dir, uuids)| !dir.exists() && clear_all(p, &dir, &uuids).is_ok(),
+    );
 }
 
 #[cfg(test)]

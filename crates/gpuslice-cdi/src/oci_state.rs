@@ -4,7 +4,7 @@
 
 use crate::{CdiError, Result};
 use serde_json::Value;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// What a hook needs of the container's state.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,6 +42,23 @@ impl ContainerState {
             pid: v["pid"].as_u64().filter(|p| *p > 0).map(|p| p as u32),
             bundle: v["bundle"].as_str().map(PathBuf::from),
         })
+    }
+}
+
+/// Goes over a hook's records in `state_dir`, one file a container named
+/// by its id: `read` gives what a file holds (None: left alone), and
+/// `reap` undoes what the hook did for a container that is gone, saying
+/// whether its record can go (false: still running, or not undone yet).
+pub(crate) fn reap_records<T>(
+    state_dir: &Path,
+    read: impl Fn(&Path) -> Option<T>,
+    reap: impl Fn(T) -> bool,
+) {
+    for e in std::fs::read_dir(state_dir).into_iter().flatten().flatten() {
+        let file = e.path();
+        if read(&file).is_some_and(&reap) {
+            let _ = std::fs::remove_file(&file);
+        }
     }
 }
 

@@ -30,7 +30,7 @@
 
 use crate::edits;
 use crate::generate::Builder;
-use crate::oci_state::ContainerState;
+use crate::oci_state::{reap_records, ContainerState};
 use crate::{CdiError, Result};
 use container_device_interface::specs::config::Hook;
 use gpuslice_core::atomic_file::write_atomic;
@@ -272,17 +272,13 @@ fn remove_records(records: &[PathBuf]) {
 /// Removes the share records of containers whose process is gone (or is
 /// another process now) without their `poststop` hook having run.
 fn reap(state_dir: &Path) {
-    for e in std::fs::read_dir(state_dir).into_iter().flatten().flatten() {
-        let file = e.path();
-        let Some(((pid, start), records)) = read_state(&file) else {
-            continue;
-        };
+    reap_records(state_dir, read_state, |((pid, start), records)| {
         if procfs::stat(pid).is_some_and(|s| s.start_time == start) {
-            continue;
+            return false;
         }
         remove_records(&records);
-        let _ = std::fs::remove_file(&file);
-    }
+        true
+    });
 }
 
 #[cfg(test)]

@@ -112,3 +112,34 @@ impl Inventory {
         self.gpus.iter().find(|g| g.minor == minor)
     }
 }
+
+#[cfg(any(test, feature = "test-util"))]
+impl Inventory {
+    /// A host of `n` whole GPUs for unit tests whose assertions do not
+    /// depend on a UUID or bus id of their own (feature `test-util`, for
+    /// dev-dependencies only). GPU `i` has index and minor `i`, UUID
+    /// `GPU-<i as 8 hex digits>-0000-4000-8000-<i as 12>`, bus id
+    /// `0000:<i + 1 as 2 hex digits>:00.0`, 80 GiB, DRM card `i + 1` and
+    /// render node `129 + i`; nvidia-uvm has major 238 and nvidia-caps 241.
+    pub fn fake(n: u32) -> Inventory {
+        Inventory {
+            gpus: (0..n)
+                .map(|i| Gpu {
+                    index: i,
+                    minor: i,
+                    uuid: format!("GPU-{i:08x}-0000-4000-8000-{i:012x}"),
+                    pci_bus_id: format!("0000:{:02x}:00.0", i + 1),
+                    model: "NVIDIA H200".into(),
+                    memory_bytes: Some(80 << 30),
+                    dri_minors: vec![i + 1, 128 + i + 1],
+                    ..Gpu::default()
+                })
+                .collect(),
+            majors: Majors {
+                nvidia_uvm: Some(238),
+                nvidia_caps: Some(241),
+            },
+            ..Inventory::default()
+        }
+    }
+}

@@ -141,29 +141,11 @@ fn sorted(mut v: Vec<u32>) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Gpu, Majors, MigDevice};
-
-    fn inv(n: u32) -> Inventory {
-        Inventory {
-            gpus: (0..n)
-                .map(|i| Gpu {
-                    index: i,
-                    minor: i,
-                    dri_minors: vec![i + 1, 128 + i + 1],
-                    ..Default::default()
-                })
-                .collect(),
-            majors: Majors {
-                nvidia_uvm: Some(238),
-                nvidia_caps: Some(241),
-            },
-            ..Default::default()
-        }
-    }
+    use crate::model::MigDevice;
 
     #[test]
     fn selected_gpu_and_control_nodes_allowed_others_denied() {
-        let p = DevicePolicy::for_selection(&inv(4), &Selection::gpus([1]));
+        let p = DevicePolicy::for_selection(&Inventory::fake(4), &Selection::gpus([1]));
         assert!(p.allows_char(195, 1));
         assert!(p.allows_char(195, 255));
         assert!(p.allows_char(195, 254));
@@ -182,14 +164,14 @@ mod tests {
 
     #[test]
     fn none_denies_every_gpu() {
-        let p = DevicePolicy::for_selection(&inv(2), &Selection::default());
+        let p = DevicePolicy::for_selection(&Inventory::fake(2), &Selection::default());
         assert!(!p.allows_char(195, 0) && !p.allows_char(195, 1));
         assert!(p.allows_char(195, 255));
     }
 
     #[test]
     fn mig_selection_grants_parent_node_and_its_caps_only() {
-        let mut i = inv(2);
+        let mut i = Inventory::fake(2);
         i.gpus[0].migs = vec![
             MigDevice {
                 index: 0,

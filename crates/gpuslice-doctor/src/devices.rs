@@ -262,6 +262,7 @@ fn modify_device_files(inv: &Inventory) -> Check {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{expect, Status};
     use fakegpu::FakeHost;
     use gpuslice_core::discover::{discover, DiscoverOptions};
 
@@ -294,47 +295,31 @@ mod tests {
             .build()
             .expect("fake host (needs root)");
         let c = run(&h);
-        assert!(c.iter().all(|c| c.status == crate::Status::Pass), "{c:#?}");
+        assert!(c.iter().all(|c| c.status == Status::Pass), "{c:#?}");
         assert!(c[0].detail.contains("nvidia-cap"), "{}", c[0].detail);
 
         h.remove_node(1).unwrap();
         let c = run(&h);
-        assert_eq!(c[0].status, crate::Status::Fail, "{c:?}");
-        assert!(
-            c[0].detail.contains("/dev/nvidia1 (195:1)"),
-            "{}",
-            c[0].detail
-        );
+        expect(&c[0], Status::Fail, "/dev/nvidia1 (195:1)");
         assert!(c[0].fix.contains("nvidia-modprobe"), "{}", c[0].fix);
         h.create_node(1).unwrap();
 
         fs::remove_file(h.path("dev/nvidia-uvm-tools")).unwrap();
-        let c = run(&h);
-        assert_eq!(c[0].status, crate::Status::Warn, "{c:?}");
+        expect(&run(&h)[0], Status::Warn, "");
 
         fakegpu::tree::mknod_char(&h.path("dev/nvidia-uvm-tools"), 238, 1, 0o600).unwrap();
         let c = run(&h);
-        assert_eq!(c[0].status, crate::Status::Pass, "{c:?}");
-        assert_eq!(c[1].status, crate::Status::Warn, "{c:?}");
-        assert!(
-            c[1].detail.contains("nvidia-uvm-tools 0600"),
-            "{}",
-            c[1].detail
-        );
+        expect(&c[0], Status::Pass, "");
+        expect(&c[1], Status::Warn, "nvidia-uvm-tools 0600");
 
         fakegpu::tree::mknod_char(&h.path("dev/nvidia0"), 195, 7, 0o000).unwrap();
         let c = run(&h);
-        assert_eq!(c[0].status, crate::Status::Fail, "{c:?}");
-        assert!(
-            c[0].detail.contains("is 195:7, not 195:0"),
-            "{}",
-            c[0].detail
-        );
-        assert_eq!(c[1].status, crate::Status::Fail, "{c:?}");
+        expect(&c[0], Status::Fail, "is 195:7, not 195:0");
+        expect(&c[1], Status::Fail, "");
 
         h.set_modify_device_files(true).unwrap();
         let c = modify_device_files(&inv(&h));
-        assert_eq!(c.status, crate::Status::Warn);
+        expect(&c, Status::Warn, "");
         assert!(c.fix.contains("NVreg_ModifyDeviceFiles=0"), "{}", c.fix);
     }
 }

@@ -520,17 +520,24 @@ fn cdi_runtime(root: &HostRoot) -> Check {
 /// and where they were read.
 pub fn kubelet_gates(root: &HostRoot) -> (BTreeMap<String, bool>, Vec<String>) {
     let mut gates = BTreeMap::new();
-    let mut read = Vec::new();
-    for rel in [
-        "var/lib/kubelet/config.yaml",
-        "etc/kubernetes/kubelet-config.yaml",
-        "etc/kubernetes/kubelet/config.json",
-    ] {
-        let Ok(text) = fs::read_to_string(root.join(rel)) else {
-            continue;
-        };
-        read.push(format!("/{rel}"));
-        let v: serde_yaml::Value = serde_yaml::from_str(&text).unwrap_or_default();
+    let configs = readable(
+        root,
+        &[
+            "var/lib/kubelet/config.yaml",
+            "etc/kubernetes/kubelet-config.yaml",
+            "etc/kubernetes/kubelet/config.json",
+        ],
+    );
+    let flags = readable(
+        root,
+        &[
+            "var/lib/kubelet/kubeadm-flags.env",
+            "etc/default/kubelet",
+            "etc/sysconfig/kubelet",
+        ],
+    );
+    for (_, text) in &configs {
+        let v: serde_yaml::Value = serde_yaml::from_str(text).unwrap_or_default();
         if let Some(m) = v.get("featureGates").and_then(|g| g.as_mapping()) {
             for (k, v) in m {
                 if let (Some(k), Some(v)) = (k.as_str(), v.as_bool()) {
@@ -540,18 +547,22 @@ pub fn kubelet_gates(root: &HostRoot) -> (BTreeMap<String, bool>, Vec<String>) {
         }
     }
     // Flags win over the config file.
-    for rel in [
-        "var/lib/kubelet/kubeadm-flags.env",
-        "etc/default/kubelet",
-        "etc/sysconfig/kubelet",
-    ] {
-        let Ok(text) = fs::read_to_string(root.join(rel)) else {
-            continue;
-        };
-        read.push(format!("/{rel}"));
-        gates.extend(flag_gates(&text));
+    for (_, text) in &flags {
+        gates.extend(flag_gates(text));
     }
+    let read = configs
+        .iter()
+        .chain(&flags)
+        .map(|(rel, _)| format!("/{rel}"))
+        .collect();
     (gates, read)
+}
+
+/// The files of `rels` below `root` that can be read: each path and text.
+fn readable<'a>(root: &HostRoot, rels: &[&'a str]) -> Vec<(&'a str, String)> {
+    rels.iter()
+        .filter_map(|&rel| Some((rel, fs::read_to_string(root.join(rel)).ok()?)))
+        .collect()
 }
 
 /// The gates of `--feature-gates=A=true,B=false` (or `--feature-gates A=…`)
@@ -671,7 +682,7 @@ fn feature_gates(root: &HostRoot) -> Check {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Status;
+    use crate::{expect, Status};
     use gpuslice_dra::checkpoint::{Checkpoint, PreparedClaim, PreparedDevice};
     use gpuslice_dra::claim::{Allocated, DeviceKind};
     use gpuslice_ledger::limits::{ComputeShare, DeviceCaps, MemorySize};
@@ -688,8 +699,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let root = HostRoot::new(tmp.path());
         for c in [plugin(&root), cdi_runtime(&root), feature_gates(&root)] {
-            assert_eq!(c.status, Status::Skip, "{c:?}");
-            assert!(c.detail.contains("no kubelet on this host"), "{c:?}");
+            expect(&c, Status::Skip, "no kubelet on this host");
         }
     }
 
@@ -699,7 +709,7 @@ mod tests {
         let root = HostRoot::new(tmp.path());
         fs::create_dir_all(tmp.path().join("var/lib/kubelet/plugins_registry")).unwrap();
         let c = plugin(&root);
-        assert_eq!(c.status, Status::Skip, "{c:?}");
+        expect(&c, Status::Skip, "");
         assert!(c.fix.contains("dra.enabled=true"), "{c:?}");
 
         let (reg, dra) = sockets(&root);
@@ -707,16 +717,12 @@ mod tests {
         assert!(dra.ends_with("plugins/gpu.gpuslice.io/dra.sock"));
         // A socket file nobody listens on: a plugin that died.
         drop(UnixListener::bind(&reg).unwrap());
-        let c = plugin(&root);
-        assert_eq!(c.status, Status::Fail, "{c:?}");
-        assert!(c.detail.contains("nothing answers"), "{c:?}");
+        expect(&plugin(&root), Status::Fail, "nothing answers");
 
         // A socket that accepts and never answers GetInfo.
         fs::remove_file(&reg).unwrap();
         let silent = UnixListener::bind(&reg).unwrap();
-        let c = plugin(&root);
-        assert_eq!(c.status, Status::Fail, "{c:?}");
-        assert!(c.detail.contains("GetInfo sent as the kubelet"), "{c:?}");
+        expect(&plugin(&root), Status::Fail, "GetInfo sent as the kubelet");
         drop(silent);
 
         // gpuslice's registration service, but no DRA socket.
@@ -729,14 +735,11 @@ mod tests {
         let _reg = rt.block_on(async {
             gpuslice_dra::server::serve_registration(DRIVER.into(), &dra, &reg).unwrap()
         });
-        let c = plugin(&root);
-        assert_eq!(c.status, Status::Fail, "{c:?}");
-        assert!(c.detail.contains("DRA socket"), "{c:?}");
+        expect(&plugin(&root), Status::Fail, "DRA socket");
 
         fs::create_dir_all(dra.parent().unwrap()).unwrap();
         let _dra = UnixListener::bind(&dra).unwrap();
-        let c = plugin(&root);
-        assert_eq!(c.status, Status::Pass, "{c:?}");
+        expect(&plugin(&root), Status::Pass, "");
 
         // The device plugin beside it on the same node.
         write(
@@ -744,18 +747,22 @@ mod tests {
             "var/lib/kubelet/device-plugins/gpuslice-gpu.sock",
             "",
         );
-        let c = plugin(&root);
-        assert_eq!(c.status, Status::Warn, "{c:?}");
-        assert!(c.detail.contains("handed out twice"), "{c:?}");
+        expect(&plugin(&root), Status::Warn, "handed out twice");
     }
 
-    fn cdi_on(files: &[(&str, &str)]) -> Check {
+    /// What `check` says of a host with a kubelet and `files` (path
+    /// relative to the root, text).
+    fn check_on(check: fn(&HostRoot) -> Check, files: &[(&str, &str)]) -> Check {
         let tmp = tempfile::tempdir().unwrap();
         fs::create_dir_all(tmp.path().join(KUBELET_DIR)).unwrap();
         for (rel, text) in files {
             write(tmp.path(), rel, text);
         }
-        cdi_runtime(&HostRoot::new(tmp.path()))
+        check(&HostRoot::new(tmp.path()))
+    }
+
+    fn cdi_on(files: &[(&str, &str)]) -> Check {
+        check_on(cdi_runtime, files)
     }
 
     const CONTAINERD_2: &str =
@@ -764,66 +771,75 @@ mod tests {
 
     #[test]
     fn cdi_in_the_runtime() {
-        let c = cdi_on(&[]);
-        assert_eq!(c.status, Status::Skip, "{c:?}");
+        expect(&cdi_on(&[]), Status::Skip, "");
         // containerd 2.x: on by default.
-        let c = cdi_on(&[("etc/containerd/config.toml", CONTAINERD_2)]);
-        assert_eq!(c.status, Status::Pass, "{c:?}");
-        assert!(c.detail.contains("/etc/cdi, /var/run/cdi"), "{c:?}");
-        let c = cdi_on(&[("etc/containerd/config.toml", CONTAINERD_17_ON)]);
-        assert_eq!(c.status, Status::Pass, "{c:?}");
+        expect(
+            &cdi_on(&[("etc/containerd/config.toml", CONTAINERD_2)]),
+            Status::Pass,
+            "/etc/cdi, /var/run/cdi",
+        );
+        expect(
+            &cdi_on(&[("etc/containerd/config.toml", CONTAINERD_17_ON)]),
+            Status::Pass,
+            "",
+        );
         // Version 2 without enable_cdi: off on 1.7, on on 2.x.
         let c = cdi_on(&[(
             "etc/containerd/config.toml",
             "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\"]\n  sandbox_image = \"pause:3.10\"\n",
         )]);
-        assert_eq!(c.status, Status::Warn, "{c:?}");
+        expect(&c, Status::Warn, "");
         assert!(c.fix.contains("enable_cdi = true"), "{c:?}");
-        let c = cdi_on(&[("usr/bin/containerd", "")]);
-        assert_eq!(c.status, Status::Warn, "{c:?}");
+        expect(&cdi_on(&[("usr/bin/containerd", "")]), Status::Warn, "");
         // Turned off, or not reading the plugin's directory.
-        let c = cdi_on(&[(
-            "etc/containerd/config.toml",
-            "version = 3\n[plugins.'io.containerd.cri.v1.runtime']\n  enable_cdi = false\n",
-        )]);
-        assert_eq!(c.status, Status::Fail, "{c:?}");
-        assert!(c.detail.contains("enable_cdi = false"), "{c:?}");
-        let c = cdi_on(&[(
-            "etc/containerd/config.toml",
-            &CONTAINERD_17_ON.replace(", \"/var/run/cdi\"", ""),
-        )]);
-        assert_eq!(c.status, Status::Fail, "{c:?}");
-        assert!(c.detail.contains("leaves out /var/run/cdi"), "{c:?}");
-        let c = cdi_on(&[("etc/containerd/config.toml", "version = [")]);
-        assert_eq!(c.status, Status::Fail, "{c:?}");
-        assert!(c.detail.contains("unreadable"), "{c:?}");
+        expect(
+            &cdi_on(&[(
+                "etc/containerd/config.toml",
+                "version = 3\n[plugins.'io.containerd.cri.v1.runtime']\n  enable_cdi = false\n",
+            )]),
+            Status::Fail,
+            "enable_cdi = false",
+        );
+        expect(
+            &cdi_on(&[(
+                "etc/containerd/config.toml",
+                &CONTAINERD_17_ON.replace(", \"/var/run/cdi\"", ""),
+            )]),
+            Status::Fail,
+            "leaves out /var/run/cdi",
+        );
+        expect(
+            &cdi_on(&[("etc/containerd/config.toml", "version = [")]),
+            Status::Fail,
+            "unreadable",
+        );
         // CRI-O: always on; a drop-in overrides crio.conf's directories.
-        let c = cdi_on(&[(
-            "etc/crio/crio.conf",
-            "[crio.runtime]\ncdi_spec_dirs = [\"/etc/cdi\"]\n",
-        )]);
-        assert_eq!(c.status, Status::Fail, "{c:?}");
-        let c = cdi_on(&[
-            (
+        expect(
+            &cdi_on(&[(
                 "etc/crio/crio.conf",
                 "[crio.runtime]\ncdi_spec_dirs = [\"/etc/cdi\"]\n",
-            ),
-            (
-                "etc/crio/crio.conf.d/10-cdi.conf",
-                "[crio.runtime]\ncdi_spec_dirs = [\"/etc/cdi\", \"/var/run/cdi\"]\n",
-            ),
-        ]);
-        assert_eq!(c.status, Status::Pass, "{c:?}");
-        assert!(c.detail.contains("CRI-O"), "{c:?}");
+            )]),
+            Status::Fail,
+            "",
+        );
+        expect(
+            &cdi_on(&[
+                (
+                    "etc/crio/crio.conf",
+                    "[crio.runtime]\ncdi_spec_dirs = [\"/etc/cdi\"]\n",
+                ),
+                (
+                    "etc/crio/crio.conf.d/10-cdi.conf",
+                    "[crio.runtime]\ncdi_spec_dirs = [\"/etc/cdi\", \"/var/run/cdi\"]\n",
+                ),
+            ]),
+            Status::Pass,
+            "CRI-O",
+        );
     }
 
     fn gates_on(files: &[(&str, &str)]) -> Check {
-        let tmp = tempfile::tempdir().unwrap();
-        fs::create_dir_all(tmp.path().join(KUBELET_DIR)).unwrap();
-        for (rel, text) in files {
-            write(tmp.path(), rel, text);
-        }
-        feature_gates(&HostRoot::new(tmp.path()))
+        check_on(feature_gates, files)
     }
 
     const APISERVER: &str = "spec:\n  containers:\n  - name: kube-apiserver\n    image: registry.k8s.io/kube-apiserver:v1.VERSION\n";
@@ -832,45 +848,53 @@ mod tests {
     fn feature_gates_for_the_kubelets_version() {
         // Nothing set, version unknown: the defaults, and what is unseen.
         let c = gates_on(&[]);
-        assert_eq!(c.status, Status::Pass, "{c:?}");
-        assert!(c.detail.contains("not visible from this node"), "{c:?}");
+        expect(&c, Status::Pass, "not visible from this node");
         assert!(c.detail.contains("control plane's gates"), "{c:?}");
-        let c = gates_on(&[(
-            "etc/kubernetes/manifests/kube-apiserver.yaml",
-            &APISERVER.replace("VERSION", "36.0"),
-        )]);
-        assert_eq!(c.status, Status::Pass, "{c:?}");
-        assert!(c.detail.contains("control plane v1.36.0"), "{c:?}");
+        expect(
+            &gates_on(&[(
+                "etc/kubernetes/manifests/kube-apiserver.yaml",
+                &APISERVER.replace("VERSION", "36.0"),
+            )]),
+            Status::Pass,
+            "control plane v1.36.0",
+        );
         // 1.35: consumable capacity is alpha, off unless turned on.
         let v135 = APISERVER.replace("VERSION", "35.2");
-        let c = gates_on(&[("etc/kubernetes/manifests/kube-apiserver.yaml", &v135)]);
-        assert_eq!(c.status, Status::Warn, "{c:?}");
-        assert!(
-            c.detail.contains("alpha and off by default in v1.35.2"),
-            "{c:?}"
+        expect(
+            &gates_on(&[("etc/kubernetes/manifests/kube-apiserver.yaml", &v135)]),
+            Status::Warn,
+            "alpha and off by default in v1.35.2",
         );
-        let c = gates_on(&[
-            ("etc/kubernetes/manifests/kube-apiserver.yaml", &v135),
-            (
-                "var/lib/kubelet/config.yaml",
-                "kind: KubeletConfiguration\nfeatureGates:\n  DRAConsumableCapacity: true\n",
-            ),
-        ]);
-        assert_eq!(c.status, Status::Pass, "{c:?}");
-        assert!(c.detail.contains("DRAConsumableCapacity=true"), "{c:?}");
+        expect(
+            &gates_on(&[
+                ("etc/kubernetes/manifests/kube-apiserver.yaml", &v135),
+                (
+                    "var/lib/kubelet/config.yaml",
+                    "kind: KubeletConfiguration\nfeatureGates:\n  DRAConsumableCapacity: true\n",
+                ),
+            ]),
+            Status::Pass,
+            "DRAConsumableCapacity=true",
+        );
         // Before 1.34 there is no resource.k8s.io/v1.
-        let c = gates_on(&[(
-            "etc/kubernetes/manifests/kube-apiserver.yaml",
-            &APISERVER.replace("VERSION", "33.4"),
-        )]);
-        assert_eq!(c.status, Status::Fail, "{c:?}");
+        expect(
+            &gates_on(&[(
+                "etc/kubernetes/manifests/kube-apiserver.yaml",
+                &APISERVER.replace("VERSION", "33.4"),
+            )]),
+            Status::Fail,
+            "",
+        );
         // Turned off in the config file, or by a flag that wins over it.
-        let c = gates_on(&[(
-            "var/lib/kubelet/config.yaml",
-            "featureGates:\n  DynamicResourceAllocation: false\n",
-        )]);
-        assert_eq!(c.status, Status::Fail, "{c:?}");
-        let c = gates_on(&[
+        expect(
+            &gates_on(&[(
+                "var/lib/kubelet/config.yaml",
+                "featureGates:\n  DynamicResourceAllocation: false\n",
+            )]),
+            Status::Fail,
+            "",
+        );
+        expect(&gates_on(&[
             (
                 "var/lib/kubelet/config.yaml",
                 "featureGates:\n  DRAConsumableCapacity: true\n",
@@ -879,9 +903,7 @@ mod tests {
                 "var/lib/kubelet/kubeadm-flags.env",
                 "KUBELET_KUBEADM_ARGS=\"--container-runtime-endpoint=unix:///run/containerd/containerd.sock --feature-gates=DRAConsumableCapacity=false,Foo=true\"\n",
             ),
-        ]);
-        assert_eq!(c.status, Status::Warn, "{c:?}");
-        assert!(c.detail.contains("DRAConsumableCapacity=false"), "{c:?}");
+        ]), Status::Warn, "DRAConsumableCapacity=false");
     }
 
     fn prepare(dir: &Path, claims: &[(&str, DeviceKind, Option<u64>)]) {
@@ -934,8 +956,7 @@ mod tests {
                 ..Default::default()
             })
             .collect();
-        let c = claims(tmp.path(), &gpus);
-        assert_eq!(c.status, Status::Skip, "{c:?}");
+        expect(&claims(tmp.path(), &gpus), Status::Skip, "");
         prepare(
             tmp.path(),
             &[
@@ -945,7 +966,7 @@ mod tests {
             ],
         );
         let c = claims(tmp.path(), &gpus);
-        assert_eq!(c.status, Status::Pass, "{c:?}");
+        expect(&c, Status::Pass, "");
         assert!(
             c.detail.starts_with("3 claim(s) prepared, 3 slice(s)"),
             "{c:?}"
@@ -960,16 +981,18 @@ mod tests {
             "{c:?}"
         );
         // GPU 1 gone from the host.
-        let c = claims(tmp.path(), &gpus[..1]);
-        assert_eq!(c.status, Status::Warn, "{c:?}");
-        assert!(c.detail.contains("team-a/big holds GPU 1"), "{c:?}");
+        expect(
+            &claims(tmp.path(), &gpus[..1]),
+            Status::Warn,
+            "team-a/big holds GPU 1",
+        );
         // More capped memory than the GPU has.
         prepare(
             tmp.path(),
             &[("more", DeviceKind::Shared { gpu: 0 }, Some(30720))],
         );
         let c = claims(tmp.path(), &gpus);
-        assert_eq!(c.status, Status::Fail, "{c:?}");
+        expect(&c, Status::Fail, "");
         assert!(
             c.detail
                 .contains("GPU 0: the claims' caps add up to 92160 MiB of its 81920 MiB"),
@@ -977,9 +1000,7 @@ mod tests {
         );
         // A checkpoint the plugin cannot read.
         fs::write(tmp.path().join(gpuslice_dra::checkpoint::FILE), "{not json").unwrap();
-        let c = claims(tmp.path(), &gpus);
-        assert_eq!(c.status, Status::Fail, "{c:?}");
-        assert!(c.detail.contains("unreadable"), "{c:?}");
+        expect(&claims(tmp.path(), &gpus), Status::Fail, "unreadable");
     }
 
     #[test]

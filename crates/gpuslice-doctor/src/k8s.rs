@@ -317,36 +317,22 @@ fn device_plugin(root: &HostRoot) -> Check {
              remove the stale socket if the plugin is gone for good",
         );
     }
+    let answering = list(
+        &ours
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>(),
+        3,
+    );
     if registered.as_ref().is_some_and(|r| r.is_empty()) {
         return Check::warn(
             NAME,
-            format!(
-                "{} answers but the kubelet has registered no device resources",
-                list(
-                    &ours
-                        .iter()
-                        .map(|p| p.display().to_string())
-                        .collect::<Vec<_>>(),
-                    3
-                )
-            ),
+            format!("{answering} answers but the kubelet has registered no device resources"),
             "check the plugin's log for its Register call; it re-registers when kubelet.sock \
              is re-created (restart it after a kubelet restart if not)",
         );
     }
-    Check::pass(
-        NAME,
-        format!(
-            "{} answers{reg_text}",
-            list(
-                &ours
-                    .iter()
-                    .map(|p| p.display().to_string())
-                    .collect::<Vec<_>>(),
-                3
-            )
-        ),
-    )
+    Check::pass(NAME, format!("{answering} answers{reg_text}"))
 }
 
 /// `resource (N devices)` for every resource the kubelet's device-manager

@@ -107,6 +107,13 @@ impl Check {
     }
 }
 
+/// Asserts that `c` has `status` and that its detail says `says` (tests).
+#[cfg(test)]
+pub(crate) fn expect(c: &Check, status: Status, says: &str) {
+    assert_eq!(c.status, status, "{c:?}");
+    assert!(c.detail.contains(says), "{c:?}");
+}
+
 /// What to check and where.
 #[derive(Debug, Clone)]
 pub struct Options {

@@ -202,22 +202,6 @@ health_service!(v1, message);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuslice_core::Gpu;
-
-    fn inv(n: u32) -> Inventory {
-        Inventory {
-            gpus: (0..n)
-                .map(|i| Gpu {
-                    index: i,
-                    uuid: format!("GPU-{i}"),
-                    pci_bus_id: format!("0000:0{i}:00.0"),
-                    memory_bytes: Some(80 << 30),
-                    ..Gpu::default()
-                })
-                .collect(),
-            ..Inventory::default()
-        }
-    }
 
     fn of<'a>(list: &'a [DeviceHealth], device: &str) -> &'a DeviceHealth {
         list.iter().find(|d| d.device == device).unwrap()
@@ -230,22 +214,27 @@ mod tests {
             watching: "events".into(),
             ..Snapshot::default()
         };
-        let list = device_health(&inv(2), &policy, &xids, &None);
+        let list = device_health(&Inventory::fake(2), &policy, &xids, &None);
         assert!(list.iter().all(|d| d.health == Health::Healthy), "{list:?}");
 
         xids.unhealthy.insert(1, "XID 79".into());
-        let list = device_health(&inv(2), &policy, &xids, &None);
+        let list = device_health(&Inventory::fake(2), &policy, &xids, &None);
         assert_eq!(of(&list, "gpu-0").health, Health::Healthy);
         let sick = of(&list, "gpu-1");
         assert_eq!(sick.health, Health::Unhealthy);
         assert!(sick.message.contains("XID 79"), "{sick:?}");
 
-        let list = device_health(&inv(2), &policy, &xids, &Some("the shim is missing".into()));
+        let list = device_health(
+            &Inventory::fake(2),
+            &policy,
+            &xids,
+            &Some("the shim is missing".into()),
+        );
         assert_eq!(of(&list, "gpu-0").health, Health::Unhealthy);
         assert!(of(&list, "gpu-0").message.contains("the shim is missing"));
         assert!(of(&list, "gpu-1").message.contains("XID 79"));
 
-        let list = device_health(&inv(1), &policy, &Snapshot::default(), &None);
+        let list = device_health(&Inventory::fake(1), &policy, &Snapshot::default(), &None);
         assert_eq!(of(&list, "gpu-0").health, Health::Unknown);
         assert!(of(&list, "gpu-0").message.contains("no XID watching"));
     }

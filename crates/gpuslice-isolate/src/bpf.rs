@@ -438,7 +438,7 @@ pub fn attach_fd(cgroup: BorrowedFd<'_>, prog: BorrowedFd<'_>) -> io::Result<()>
 pub(crate) mod tests {
     use super::*;
     use crate::cgroup::test_support::rule;
-    use gpuslice_core::model::{Gpu, Majors, MigDevice};
+    use gpuslice_core::MigDevice;
     use gpuslice_core::{Inventory, Selection};
 
     /// Runs `prog` on one `bpf_cgroup_dev_ctx`, interpreting exactly the
@@ -668,33 +668,21 @@ pub(crate) mod tests {
     }
 
     fn inventory(n: u32, migs: bool) -> Inventory {
-        Inventory {
-            gpus: (0..n)
-                .map(|i| Gpu {
-                    index: i,
-                    minor: i,
-                    dri_minors: vec![i + 1, 128 + i + 1],
-                    migs: if migs {
-                        (0..3)
-                            .map(|m| MigDevice {
-                                index: m,
-                                gi_access_minor: Some(10 + i * 20 + m * 3),
-                                ci_access_minor: Some(11 + i * 20 + m * 3),
-                                ..Default::default()
-                            })
-                            .collect()
-                    } else {
-                        vec![]
-                    },
-                    ..Default::default()
-                })
-                .collect(),
-            majors: Majors {
-                nvidia_uvm: Some(238),
-                nvidia_caps: Some(241),
-            },
-            ..Default::default()
+        let mut inv = Inventory::fake(n);
+        if migs {
+            for g in &mut inv.gpus {
+                let i = g.index;
+                g.migs = (0..3)
+                    .map(|m| MigDevice {
+                        index: m,
+                        gi_access_minor: Some(10 + i * 20 + m * 3),
+                        ci_access_minor: Some(11 + i * 20 + m * 3),
+                        ..Default::default()
+                    })
+                    .collect();
+            }
         }
+        inv
     }
 
     #[test]

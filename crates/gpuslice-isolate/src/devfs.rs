@@ -113,14 +113,7 @@ fn overlay(dev: &Path, policy: &DevicePolicy, surveyed: Option<Survey>) -> io::R
         mknod(&path, SFlag::S_IFCHR, Mode::empty(), 0)
             .map_err(|e| ctx(e.into(), "whiteout", &path))?;
     }
-    mount(
-        Some("gpuslice-dev"),
-        dev,
-        Some("overlay"),
-        MsFlags::MS_NOSUID,
-        Some(opts.as_str()),
-    )
-    .map_err(|e| ctx(e.into(), "mount overlay on", dev))?;
+    mount_dev("overlay", dev, &opts)?;
     for rel in &nested {
         bind_from(&host_path.join(rel), &dev.join(rel))?;
     }
@@ -303,14 +296,7 @@ fn mirror(dev: &Path, policy: &DevicePolicy) -> io::Result<usize> {
     let host_path = PathBuf::from(format!("/proc/self/fd/{}", host.as_raw_fd()));
 
     let opts = format!("mode={:o}", dev_meta.mode() & 0o7777);
-    mount(
-        Some("gpuslice-dev"),
-        dev,
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID,
-        Some(opts.as_str()),
-    )
-    .map_err(|e| ctx(e.into(), "mount tmpfs on", dev))?;
+    mount_dev("tmpfs", dev, &opts)?;
     chown(dev, dev_meta.uid(), dev_meta.gid())?;
 
     for e in &entries {
@@ -386,6 +372,19 @@ fn create(dev: &Path, host: &Path, e: &Entry) -> io::Result<()> {
             bind_from(&host.join(&e.rel), &path)
         }
     }
+}
+
+/// Mounts a `fstype` file system named `gpuslice-dev` with `opts` on `dev`
+/// (nosuid).
+fn mount_dev(fstype: &str, dev: &Path, opts: &str) -> io::Result<()> {
+    mount(
+        Some("gpuslice-dev"),
+        dev,
+        Some(fstype),
+        MsFlags::MS_NOSUID,
+        Some(opts),
+    )
+    .map_err(|e| ctx(e.into(), &format!("mount {fstype} on"), dev))
 }
 
 /// Bind-mounts `source` (with the mounts below it) onto `target`.

@@ -279,13 +279,6 @@ fn set_read_only(mount_point: &Path, recursive: libc::c_uint) -> io::Result<()> 
 /// read-only with every mount below it (`/proc/sys/fs/binfmt_misc` under
 /// `/proc/sys`): bound onto itself, then the tree set read-only.
 pub fn read_only_bind(path: &Path) -> io::Result<()> {
-    mount(
-        Some(path),
-        path,
-        None::<&str>,
-        MsFlags::MS_BIND | MsFlags::MS_REC,
-        None::<&str>,
-    )
-    .map_err(|e| ctx(e.into(), "bind-mount onto", path))?;
+    crate::devfs::bind_from(path, path)?;
     read_only_tree(path)
 }

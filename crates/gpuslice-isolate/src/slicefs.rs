@@ -160,14 +160,20 @@ pub fn mount_slice_files(files: &SliceFiles) -> io::Result<()> {
 }
 
 fn remount_read_only(dir: &Path) -> io::Result<()> {
+    remount(dir, MsFlags::MS_RDONLY | HIDDEN, "remount read-only")
+}
+
+/// Sets `flags` on the mount at `target`; `what` names the step in the
+/// error.
+fn remount(target: &Path, flags: MsFlags, what: &str) -> io::Result<()> {
     mount(
         None::<&str>,
-        dir,
+        target,
         None::<&str>,
-        MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | HIDDEN,
+        MsFlags::MS_REMOUNT | flags,
         None::<&str>,
     )
-    .map_err(|e| ctx(e.into(), "remount read-only", dir))
+    .map_err(|e| ctx(e.into(), what, target))
 }
 
 /// Covers `m` with an empty tmpfs, read-only once the directories of
@@ -212,12 +218,5 @@ fn bind(source: &Path, target: &Path, flags: MsFlags) -> io::Result<()> {
         None::<&str>,
     )
     .map_err(|e| ctx(e.into(), "bind-mount onto", target))?;
-    mount(
-        None::<&str>,
-        target,
-        None::<&str>,
-        MsFlags::MS_BIND | MsFlags::MS_REMOUNT | flags,
-        None::<&str>,
-    )
-    .map_err(|e| ctx(e.into(), "set the flags of", target))
+    remount(target, MsFlags::MS_BIND | flags, "set the flags of")
 }

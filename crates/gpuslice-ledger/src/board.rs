@@ -172,9 +172,7 @@ pub const BOARD_DIR_ENV: &str = "GPUSLICE_BOARD_DIR";
 
 /// The boards' directory: [`BOARD_DIR_ENV`] or [`DEFAULT_BOARD_DIR`].
 pub fn board_dir() -> PathBuf {
-    std::env::var_os(BOARD_DIR_ENV)
-        .filter(|d| !d.is_empty())
-        .map_or_else(|| PathBuf::from(DEFAULT_BOARD_DIR), PathBuf::from)
+    crate::dir::env_dir_or(BOARD_DIR_ENV, DEFAULT_BOARD_DIR)
 }
 
 /// A slice's key on the boards: from its ledger file's device and inode,

@@ -15,9 +15,15 @@ pub const DIR_ENV: &str = "GPUSLICE_LEDGER_DIR";
 
 /// `$GPUSLICE_LEDGER_DIR`, else [`DEFAULT_DIR`].
 pub fn ledger_dir() -> PathBuf {
-    std::env::var_os(DIR_ENV)
+    env_dir_or(DIR_ENV, DEFAULT_DIR)
+}
+
+/// The directory the environment variable `env` names, else `default`
+/// (an empty value counts as unset).
+pub(crate) fn env_dir_or(env: &str, default: &str) -> PathBuf {
+    std::env::var_os(env)
         .filter(|d| !d.is_empty())
-        .map_or_else(|| PathBuf::from(DEFAULT_DIR), PathBuf::from)
+        .map_or_else(|| PathBuf::from(default), PathBuf::from)
 }
 
 /// Creates `dir` (and parents) world-writable with the sticky bit, like

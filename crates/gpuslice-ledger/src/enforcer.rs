@@ -780,17 +780,27 @@ pub struct EscapeRecord {
 
 /// The escapes recorded in the records directory `dir` (none if no file).
 pub fn read_escapes(dir: &Path) -> Vec<EscapeRecord> {
-    let text = fs::read_to_string(dir.join(UNENFORCEABLE_FILE)).unwrap_or_default();
-    text.lines()
-        .filter_map(|l| {
-            let mut f = l.splitn(4, ' ');
-            Some(EscapeRecord {
-                unix_ms: f.next()?.parse().ok()?,
-                pid: f.next()?.parse().ok()?,
-                routes: f.next()?.split(',').map(str::to_string).collect(),
-                comm: f.next().unwrap_or("").to_string(),
-            })
+    read_records(&dir.join(UNENFORCEABLE_FILE), 4, |f| {
+        Some(EscapeRecord {
+            unix_ms: f.next()?.parse().ok()?,
+            pid: f.next()?.parse().ok()?,
+            routes: f.next()?.split(',').map(str::to_string).collect(),
+            comm: f.next().unwrap_or("").to_string(),
         })
+    })
+}
+
+/// The records of a file of one-line records of `fields` space-separated
+/// fields (the last, a process name, may be empty); `parse` takes a line's
+/// fields and gives None for a line it cannot read, which is skipped.
+fn read_records<T>(
+    file: &Path,
+    fields: usize,
+    parse: impl Fn(&mut std::str::SplitN<'_, char>) -> Option<T>,
+) -> Vec<T> {
+    let text = fs::read_to_string(file).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| parse(&mut l.splitn(fields, ' ')))
         .collect()
 }
 
@@ -820,20 +830,16 @@ pub struct KillRecord {
 
 /// The kills recorded in the records directory `dir` (none if no file).
 pub fn read_kills(dir: &Path) -> Vec<KillRecord> {
-    let text = fs::read_to_string(dir.join(ENFORCEMENT_FILE)).unwrap_or_default();
-    text.lines()
-        .filter_map(|l| {
-            let mut f = l.splitn(6, ' ');
-            Some(KillRecord {
-                unix_ms: f.next()?.parse().ok()?,
-                reason: Reason::parse(f.next()?)?,
-                pid: f.next()?.parse().ok()?,
-                uuid: f.next()?.to_string(),
-                bytes: f.next()?.parse().ok()?,
-                comm: f.next().unwrap_or("").to_string(),
-            })
+    read_records(&dir.join(ENFORCEMENT_FILE), 6, |f| {
+        Some(KillRecord {
+            unix_ms: f.next()?.parse().ok()?,
+            reason: Reason::parse(f.next()?)?,
+            pid: f.next()?.parse().ok()?,
+            uuid: f.next()?.to_string(),
+            bytes: f.next()?.parse().ok()?,
+            comm: f.next().unwrap_or("").to_string(),
         })
-        .collect()
+    })
 }
 
 #[cfg(test)]

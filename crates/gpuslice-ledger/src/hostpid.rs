@@ -150,29 +150,23 @@ mod tests {
 
     #[test]
     fn nested_nspid_gives_the_outermost_else_getpid() {
-        let s = "Name:\tx\nNSpid:\t4242\t7\t2\nNSsid:\t1\n";
-        assert_eq!(
-            from_status(Some(s), 2, false),
-            HostPid {
-                pid: 4242,
-                exact: true
-            }
-        );
-        let one = "NSpid:\t2\n";
-        assert_eq!(
-            from_status(Some(one), 2, false),
-            HostPid {
-                pid: 2,
-                exact: false
-            }
-        );
-        assert_eq!(
-            from_status(None, 9, true),
-            HostPid {
-                pid: 9,
-                exact: true
-            }
-        );
+        for (status, getpid, initial_ns, pid, exact) in [
+            (
+                Some("Name:\tx\nNSpid:\t4242\t7\t2\nNSsid:\t1\n"),
+                2,
+                false,
+                4242,
+                true,
+            ),
+            (Some("NSpid:\t2\n"), 2, false, 2, false),
+            (None, 9, true, 9, true),
+        ] {
+            assert_eq!(
+                from_status(status, getpid, initial_ns),
+                HostPid { pid, exact },
+                "{status:?}"
+            );
+        }
     }
 
     #[test]

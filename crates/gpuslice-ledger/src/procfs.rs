@@ -345,28 +345,30 @@ mod tests {
         assert_eq!(file_in_root(me, &rel("missing")), None);
     }
 
+    /// A sleeping process's stat line with the name `comm` and `threads`
+    /// threads parses back to them.
+    fn parses_sleeper(comm: &str, threads: u32) {
+        let text = format!(
+            "4242 ({comm}) S 1 4242 4242 0 -1 4194560 300 0 0 0 \
+             5 2 0 0 20 0 {threads} 0 987654 12345678 100 18446744073709551615"
+        );
+        let s = parse_stat(&text).unwrap();
+        assert_eq!(s.comm, comm);
+        assert_eq!(s.state, 'S');
+        assert_eq!(s.num_threads, threads);
+        assert_eq!(s.start_time, 987654);
+    }
+
     #[test]
     fn parses_names_with_spaces_and_parens() {
-        let text = "4242 (my (odd) name) S 1 4242 4242 0 -1 4194560 300 0 0 0 \
-                    5 2 0 0 20 0 1 0 987654 12345678 100 18446744073709551615";
-        let s = parse_stat(text).unwrap();
-        assert_eq!(s.comm, "my (odd) name");
-        assert_eq!(s.state, 'S');
-        assert_eq!(s.num_threads, 1);
-        assert_eq!(s.start_time, 987654);
+        parses_sleeper("my (odd) name", 1);
     }
 
     /// A name may hold `) (` and look like fields: a process that names
     /// itself so must not pass for a zombie, nor shift the start time.
     #[test]
     fn a_name_with_close_open_parens_does_not_shift_the_fields() {
-        let text = "4242 (a) (b) Z 1 (c) S 1 4242 4242 0 -1 4194560 300 0 0 0 \
-                    5 2 0 0 20 0 7 0 987654 12345678 100 18446744073709551615";
-        let s = parse_stat(text).unwrap();
-        assert_eq!(s.comm, "a) (b) Z 1 (c");
-        assert_eq!(s.state, 'S');
-        assert_eq!(s.num_threads, 7);
-        assert_eq!(s.start_time, 987654);
+        parses_sleeper("a) (b) Z 1 (c", 7);
         assert_eq!(parse_stat("4242 (a) (b"), None);
     }
 

@@ -223,6 +223,16 @@ fn leftovers_of_a_half_done_update_are_repaired_when_alone() {
     assert!(l.snapshot().repairs >= 2);
 }
 
+/// Creates a good ledger at `p`, sets the `u32` header field at `offset`
+/// to `value`, and returns why the file no longer opens.
+fn open_with_header_u32(p: &Path, offset: usize, value: u32) -> Error {
+    Ledger::create(p, "v", &specs(&[GIB])).unwrap();
+    let mut bytes = fs::read(p).unwrap();
+    bytes[offset..offset + 4].copy_from_slice(&value.to_le_bytes());
+    fs::write(p, &bytes).unwrap();
+    Ledger::open(p).err().unwrap()
+}
+
 #[test]
 fn foreign_and_corrupt_files_give_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
@@ -238,11 +248,7 @@ fn foreign_and_corrupt_files_give_clear_errors() {
     assert!(matches!(e, Error::Corrupt { .. }), "{e}");
 
     // A good ledger with a future version.
-    Ledger::create(&p, "v", &specs(&[GIB])).unwrap();
-    let mut bytes = fs::read(&p).unwrap();
-    bytes[H_VERSION..H_VERSION + 4].copy_from_slice(&3u32.to_le_bytes());
-    fs::write(&p, &bytes).unwrap();
-    let e = Ledger::open(&p).err().unwrap();
+    let e = open_with_header_u32(&p, H_VERSION, 3);
     assert!(matches!(e, Error::Version { found: 3, .. }), "{e}");
     assert!(e.to_string().contains("version 3"), "{e}");
     assert!(e.to_string().contains("versions 1 and 2"), "{e}");
@@ -256,29 +262,11 @@ fn foreign_and_corrupt_files_give_clear_errors() {
     assert!(e.to_string().contains("1000 bytes"), "{e}");
 
     // Geometry changed.
-    let mut bytes = fs::read(
-        Ledger::create(&p, "v", &specs(&[GIB]))
-            .unwrap()
-            .path
-            .unwrap(),
-    )
-    .unwrap();
-    bytes[H_MAX_SLOTS..H_MAX_SLOTS + 4].copy_from_slice(&7u32.to_le_bytes());
-    fs::write(&p, &bytes).unwrap();
-    let e = Ledger::open(&p).err().unwrap();
+    let e = open_with_header_u32(&p, H_MAX_SLOTS, 7);
     assert!(e.to_string().contains("max slots is 7"), "{e}");
 
     // Never completed.
-    let mut bytes = fs::read(
-        Ledger::create(&p, "v", &specs(&[GIB]))
-            .unwrap()
-            .path
-            .unwrap(),
-    )
-    .unwrap();
-    bytes[H_STATE..H_STATE + 4].copy_from_slice(&0u32.to_le_bytes());
-    fs::write(&p, &bytes).unwrap();
-    let e = Ledger::open(&p).err().unwrap();
+    let e = open_with_header_u32(&p, H_STATE, 0);
     assert!(e.to_string().contains("not marked complete"), "{e}");
 
     // Missing.

@@ -376,32 +376,18 @@ mod tests {
             gpus: vec![],
             migs: vec![(0, 0)],
         };
+        let refusal = |r: &Request| p.check(&carol, r, &inv).unwrap_err().to_string();
         let mut r = req(&mig, 1003);
-        assert!(p
-            .check(&carol, &r, &inv)
-            .unwrap_err()
-            .to_string()
-            .contains("--compute"));
+        assert!(refusal(&r).contains("--compute"));
         r.compute = Some(2600);
-        assert!(p
-            .check(&carol, &r, &inv)
-            .unwrap_err()
-            .to_string()
-            .contains("max_compute = 25"));
+        assert!(refusal(&r).contains("max_compute = 25"));
         r.compute = Some(2500);
         assert!(p.check(&carol, &r, &inv).is_ok());
         let whole = Selection::gpus([0]);
-        let e = p
-            .check(
-                &carol,
-                &Request {
-                    selection: &whole,
-                    ..r
-                },
-                &inv,
-            )
-            .unwrap_err()
-            .to_string();
+        let e = refusal(&Request {
+            selection: &whole,
+            ..r
+        });
         assert!(e.contains("GPU 0"), "{e}");
     }
 }

@@ -68,18 +68,36 @@ impl Default for FakeHostBuilder {
     }
 }
 
-impl FakeHostBuilder {
-    /// Number of GPUs (default 1, at most [`MAX_GPUS`]).
-    pub fn gpus(mut self, n: u32) -> Self {
-        self.gpus = n;
-        self
-    }
+/// Builder methods that set a field of the same name to the value given.
+macro_rules! setters {
+    ($($(#[$doc:meta])* $name:ident: $ty:ty;)*) => {
+        $(
+            $(#[$doc])*
+            pub fn $name(mut self, value: $ty) -> Self {
+                self.$name = value;
+                self
+            }
+        )*
+    };
+}
 
-    /// `ModifyDeviceFiles` in `proc/driver/nvidia/params` (default true, as
-    /// on a stock driver).
-    pub fn modify_device_files(mut self, on: bool) -> Self {
-        self.modify_device_files = on;
-        self
+impl FakeHostBuilder {
+    setters! {
+        /// Number of GPUs (default 1, at most [`MAX_GPUS`]).
+        gpus: u32;
+        /// `ModifyDeviceFiles` in `proc/driver/nvidia/params` (default true, as
+        /// on a stock driver).
+        modify_device_files: bool;
+        /// Persistence mode of every GPU as the fake NVML reports it (default on).
+        persistence_mode: bool;
+        /// Simulated `cuInit` cost per reachable GPU.
+        init_ms_per_gpu: u64;
+        /// Simulated cost of a process's first context.
+        ctx_ms: u64;
+        /// Device memory each context holds (default 0).
+        ctx_bytes: u64;
+        /// Device memory each loaded module or library holds (default 0).
+        module_bytes: u64;
     }
 
     /// Enables MIG on GPU `gpu_index` with `instances` 1g.18gb instances
@@ -92,12 +110,6 @@ impl FakeHostBuilder {
     /// Gives GPU `gpu_index` a degraded PCIe link (Gen4 x8 of Gen5 x16).
     pub fn degraded_link(mut self, gpu_index: u32) -> Self {
         self.degraded.insert(gpu_index);
-        self
-    }
-
-    /// Persistence mode of every GPU as the fake NVML reports it (default on).
-    pub fn persistence_mode(mut self, on: bool) -> Self {
-        self.persistence_mode = on;
         self
     }
 
@@ -118,30 +130,6 @@ impl FakeHostBuilder {
     /// (`nvmlDeviceSetMemoryLimits_v1`).
     pub fn driver_version(mut self, version: impl Into<String>) -> Self {
         self.driver_version = Some(version.into());
-        self
-    }
-
-    /// Simulated `cuInit` cost per reachable GPU.
-    pub fn init_ms_per_gpu(mut self, ms: u64) -> Self {
-        self.init_ms_per_gpu = ms;
-        self
-    }
-
-    /// Simulated cost of a process's first context.
-    pub fn ctx_ms(mut self, ms: u64) -> Self {
-        self.ctx_ms = ms;
-        self
-    }
-
-    /// Device memory each context holds (default 0).
-    pub fn ctx_bytes(mut self, bytes: u64) -> Self {
-        self.ctx_bytes = bytes;
-        self
-    }
-
-    /// Device memory each loaded module or library holds (default 0).
-    pub fn module_bytes(mut self, bytes: u64) -> Self {
-        self.module_bytes = bytes;
         self
     }
 

@@ -3,7 +3,7 @@
 //!
 //! Needs root (mknod) and the driver built: `cargo build -p fakegpu-driver`.
 
-use fakegpu::{probe_command, run_probe, FakeHost, ProbeReport, TraceRecord};
+use fakegpu::{probe_command, run_probe, FakeHost, KernelMig, ProbeReport, TraceRecord};
 use gpuslice_cuda_abi::cuda::{CUDA_ERROR_NO_DEVICE, CUDA_ERROR_OUT_OF_MEMORY};
 
 fn host(gpus: u32) -> FakeHost {
@@ -19,7 +19,13 @@ fn probe(host: &FakeHost, cvd: Option<&str>, args: &[&str]) -> (ProbeReport, Tra
     if let Some(cvd) = cvd {
         cmd.env("CUDA_VISIBLE_DEVICES", cvd);
     }
-    let report = run_probe(&mut cmd);
+    run_traced(host, &mut cmd)
+}
+
+/// Runs the probe command `cmd`: its report, and the trace line its cuInit
+/// wrote.
+fn run_traced(host: &FakeHost, cmd: &mut std::process::Command) -> (ProbeReport, TraceRecord) {
+    let report = run_probe(cmd);
     let trace = host
         .trace()
         .unwrap()
@@ -195,12 +201,9 @@ fn mig_instances_are_devices_and_selectable() {
 
 #[test]
 fn hidden_mig_capability_hides_the_instance() {
-    let host = FakeHost::builder().gpus(1).mig(0, 2).build().unwrap();
-    let mig = host.gpus()[0].migs[0].clone();
-    let cap = host.path(format!("dev/nvidia-caps/nvidia-cap{}", mig.gi_minor));
+    let (host, cap) = without_cap_of_first_mig(2, |m| m.gi_minor);
     // Without its access file nothing tells nvidia-modprobe how to
     // re-create the node (as when /proc/driver/nvidia/capabilities is masked).
-    std::fs::remove_file(&cap).unwrap();
     let access = host.path("proc/driver/nvidia/capabilities/gpu0/mig/gi1/access");
     std::fs::remove_file(access).unwrap();
     let (report, trace) = probe(&host, None, &[]);
@@ -227,14 +230,30 @@ fn probe_reports_nvml_view() {
 
 #[test]
 fn mig_capability_is_recreated_from_its_access_file() {
-    let host = FakeHost::builder().gpus(1).mig(0, 1).build().unwrap();
-    let mig = host.gpus()[0].migs[0].clone();
-    let cap = host.path(format!("dev/nvidia-caps/nvidia-cap{}", mig.ci_minor));
-    std::fs::remove_file(&cap).unwrap();
+    let (host, cap) = without_cap_of_first_mig(1, |m| m.ci_minor);
+    let ci_minor = host.gpus()[0].migs[0].ci_minor;
     let (report, trace) = probe(&host, None, &[]);
     assert_eq!(report.count, 1);
-    assert_eq!(trace.recreated_caps, vec![mig.ci_minor]);
+    assert_eq!(trace.recreated_caps, vec![ci_minor]);
     assert!(cap.exists());
+}
+
+/// A host whose one GPU has `instances` MIG instances, less the
+/// `/dev/nvidia-caps` node `cap_minor` picks of the first instance's; gives
+/// the host and the removed node's path.
+fn without_cap_of_first_mig(
+    instances: u32,
+    cap_minor: fn(&KernelMig) -> u32,
+) -> (FakeHost, std::path::PathBuf) {
+    let host = FakeHost::builder()
+        .gpus(1)
+        .mig(0, instances)
+        .build()
+        .unwrap();
+    let minor = cap_minor(&host.gpus()[0].migs[0]);
+    let cap = host.path(format!("dev/nvidia-caps/nvidia-cap{minor}"));
+    std::fs::remove_file(&cap).unwrap();
+    (host, cap)
 }
 
 /// Runs the probe as `nobody`, who may neither bypass node modes nor mknod.
@@ -246,14 +265,7 @@ fn probe_unprivileged(host: &FakeHost) -> (ProbeReport, TraceRecord) {
     std::fs::set_permissions(host.trace_path(), std::fs::Permissions::from_mode(0o666)).unwrap();
     let mut cmd = probe_command(host);
     cmd.uid(65534).gid(65534);
-    let report = run_probe(&mut cmd);
-    let trace = host
-        .trace()
-        .unwrap()
-        .into_iter()
-        .find(|t| t.pid == report.pid)
-        .unwrap();
-    (report, trace)
+    run_traced(host, &mut cmd)
 }
 
 #[test]

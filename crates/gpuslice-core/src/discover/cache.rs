@@ -189,72 +189,67 @@ mod tests {
         }
     }
 
-    fn host() -> Tree {
-        let t = Tree::new();
-        t.gpu(
-            "0000:18:00.0",
-            0,
-            "GPU-18000000-0000-4000-8000-000000000000",
-        );
-        t.gpu(
-            "0000:28:00.0",
-            1,
-            "GPU-28000000-0000-4000-8000-000000000000",
-        );
-        t
+    /// A host of two GPUs and a cache file for it in a directory of its own.
+    struct Cached {
+        t: Tree,
+        _dir: tempfile::TempDir,
+        file: PathBuf,
     }
 
-    fn run(t: &Tree, file: &Path) -> (Inventory, bool) {
-        discover_cached_in(&t.root(), &opts(), Some(file.to_path_buf())).unwrap()
+    impl Cached {
+        fn new() -> Self {
+            let t = Tree::new();
+            t.gpu_on_bus("0000:18:00.0", 0);
+            t.gpu_on_bus("0000:28:00.0", 1);
+            let dir = tempfile::tempdir().unwrap();
+            let file = dir.path().join("inventory.json");
+            Cached { t, _dir: dir, file }
+        }
+
+        /// Discovery through the cache file: the inventory, and whether it
+        /// came from the cache.
+        fn run(&self) -> (Inventory, bool) {
+            discover_cached_in(&self.t.root(), &opts(), Some(self.file.clone())).unwrap()
+        }
     }
 
     #[test]
     fn second_discovery_comes_from_the_cache_until_the_gpus_change() {
-        let t = host();
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("inventory.json");
-        let (first, cached) = run(&t, &file);
+        let c = Cached::new();
+        let (first, cached) = c.run();
         assert!(!cached && first.gpus.len() == 2);
-        let (second, cached) = run(&t, &file);
+        let (second, cached) = c.run();
         assert!(cached);
         assert_eq!(first, second);
 
-        t.gpu(
-            "0000:38:00.0",
-            2,
-            "GPU-38000000-0000-4000-8000-000000000000",
-        );
-        let (third, cached) = run(&t, &file);
+        c.t.gpu_on_bus("0000:38:00.0", 2);
+        let (third, cached) = c.run();
         assert!(!cached, "a new GPU dir changes the key");
         assert_eq!(third.gpus.len(), 3);
-        assert!(run(&t, &file).1);
+        assert!(c.run().1);
     }
 
     #[test]
     fn mig_instances_coming_and_going_change_the_key() {
-        let t = host();
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("inventory.json");
-        run(&t, &file);
-        t.mkdir("proc/driver/nvidia/capabilities/gpu0/mig/gi1/ci0");
-        assert!(!run(&t, &file).1);
-        assert!(run(&t, &file).1);
+        let c = Cached::new();
+        c.run();
+        c.t.mkdir("proc/driver/nvidia/capabilities/gpu0/mig/gi1/ci0");
+        assert!(!c.run().1);
+        assert!(c.run().1);
     }
 
     #[test]
     fn a_cache_others_may_write_or_that_is_corrupt_is_not_used() {
-        let t = host();
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("inventory.json");
-        run(&t, &file);
-        fs::set_permissions(&file, fs::Permissions::from_mode(0o666)).unwrap();
-        assert!(!run(&t, &file).1, "group/world-writable cache is ignored");
+        let c = Cached::new();
+        c.run();
+        fs::set_permissions(&c.file, fs::Permissions::from_mode(0o666)).unwrap();
+        assert!(!c.run().1, "group/world-writable cache is ignored");
         // …and replaced by one we trust.
-        assert_eq!(fs::metadata(&file).unwrap().mode() & 0o777, 0o644);
-        assert!(run(&t, &file).1);
-        fs::write(&file, b"{not json").unwrap();
-        assert!(!run(&t, &file).1);
-        assert!(run(&t, &file).1);
+        assert_eq!(fs::metadata(&c.file).unwrap().mode() & 0o777, 0o644);
+        assert!(c.run().1);
+        fs::write(&c.file, b"{not json").unwrap();
+        assert!(!c.run().1);
+        assert!(c.run().1);
     }
 
     #[test]

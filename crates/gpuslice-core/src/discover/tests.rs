@@ -21,24 +21,16 @@ fn run(t: &Tree) -> Inventory {
     discover(&t.root(), &no_nvml()).unwrap()
 }
 
+fn run_err(t: &Tree) -> DiscoverError {
+    discover(&t.root(), &no_nvml()).unwrap_err()
+}
+
 /// Three GPUs whose minors do not follow bus order.
 fn three_gpus() -> Tree {
     let t = Tree::new();
-    t.gpu(
-        "0000:3b:00.0",
-        0,
-        "GPU-3b000000-0000-4000-8000-000000000000",
-    );
-    t.gpu(
-        "0000:18:00.0",
-        2,
-        "GPU-18000000-0000-4000-8000-000000000000",
-    );
-    t.gpu(
-        "0000:86:00.0",
-        1,
-        "GPU-86000000-0000-4000-8000-000000000000",
-    );
+    t.gpu_on_bus("0000:3b:00.0", 0);
+    t.gpu_on_bus("0000:18:00.0", 2);
+    t.gpu_on_bus("0000:86:00.0", 1);
     t.write("proc/driver/nvidia/version", VERSION);
     t.write(
         "proc/driver/nvidia/params",
@@ -92,7 +84,7 @@ fn missing_optional_proc_files_give_defaults() {
 fn missing_driver_is_an_error_that_suggests_host_root() {
     let t = Tree::bare();
     t.mkdir("proc");
-    let err = discover(&t.root(), &no_nvml()).unwrap_err();
+    let err = run_err(&t);
     assert!(matches!(err, DiscoverError::NoDriver { .. }));
     let msg = err.to_string();
     assert!(msg.contains(&t.path().join("proc/driver/nvidia").display().to_string()));
@@ -111,7 +103,7 @@ fn unreadable_information_names_the_file() {
     let t = Tree::new();
     // A directory where the file should be fails with EISDIR, even as root.
     t.mkdir("proc/driver/nvidia/gpus/0000:18:00.0/information");
-    let err = discover(&t.root(), &no_nvml()).unwrap_err();
+    let err = run_err(&t);
     assert!(matches!(err, DiscoverError::Read { .. }));
     assert!(
         err.to_string().contains("0000:18:00.0/information"),

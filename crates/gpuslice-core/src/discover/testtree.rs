@@ -68,6 +68,14 @@ impl Tree {
         );
     }
 
+    /// [`Tree::gpu`] with a UUID made from the bus number:
+    /// `GPU-<bus>000000-0000-4000-8000-000000000000` (`GPU-18000000-…` for
+    /// `0000:18:00.0`).
+    pub fn gpu_on_bus(&self, bus: &str, minor: u32) {
+        let uuid = format!("GPU-{}000000-0000-4000-8000-000000000000", &bus[5..7]);
+        self.gpu(bus, minor, &uuid);
+    }
+
     /// A PCI device under `/sys/devices/pci0000:00/<bus>` with its
     /// attributes, reached through the relative link sysfs has at
     /// `/sys/bus/pci/devices/<bus>`.

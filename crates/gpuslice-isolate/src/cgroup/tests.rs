@@ -23,6 +23,22 @@ const V1_ONLY: &str = "\
 34 26 0:32 / /sys/fs/cgroup/memory rw,nosuid - cgroup cgroup rw,memory
 ";
 
+/// A `#[test]` per cgroup version, each under its own name, that runs
+/// `body` with that version.
+macro_rules! per_version {
+    ($body:ident: $v1:ident, $v2:ident) => {
+        #[test]
+        fn $v1() {
+            $body(Version::V1);
+        }
+
+        #[test]
+        fn $v2() {
+            $body(Version::V2);
+        }
+    };
+}
+
 fn v1(p: &str) -> CgroupDriver {
     CgroupDriver::V1 {
         devices_root: p.into(),
@@ -297,15 +313,7 @@ fn enforces(version: Version) {
     assert!(!path.exists());
 }
 
-#[test]
-fn slice_cgroup_enforces_v1() {
-    enforces(Version::V1);
-}
-
-#[test]
-fn slice_cgroup_enforces_v2() {
-    enforces(Version::V2);
-}
+per_version!(enforces: slice_cgroup_enforces_v1, slice_cgroup_enforces_v2);
 
 /// As root, per version: an empty cgroup named after a dead pid goes;
 /// one named after a live pid (ours) stays, and so does a non-empty
@@ -342,15 +350,7 @@ fn reaps(version: Version) {
     live.remove().unwrap();
 }
 
-#[test]
-fn reap_stale_v1() {
-    reaps(Version::V1);
-}
-
-#[test]
-fn reap_stale_v2() {
-    reaps(Version::V2);
-}
+per_version!(reaps: reap_stale_v1, reap_stale_v2);
 
 #[test]
 fn launcher_liveness() {
