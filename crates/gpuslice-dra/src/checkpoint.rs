@@ -132,22 +132,8 @@ impl Checkpoint {
 }
 
 /// One slice of a prepared claim, as `gpuslice slices` and the exporter
-/// show it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PreparedSlice {
-    /// Its CDI device name (`<uid>-<n>`), the `slice` of its limits record.
-    pub slice: String,
-    pub namespace: String,
-    pub name: String,
-    pub uid: String,
-    pub device: String,
-    pub gpu: u32,
-    pub caps: Option<gpuslice_ledger::limits::DeviceCaps>,
-    /// Why its caps do not hold against its pods (empty: nothing seen).
-    pub unenforceable: Vec<String>,
-    /// Root's limits record of a capped slice, beside the claim's spec.
-    pub record: Option<PathBuf>,
-}
+/// show it: the exporter's own form.
+pub use gpuslice_metrics::dra::ClaimSlice;
 
 impl PreparedDevice {
     /// Its slice's name: the CDI device name (`<uid>-<n>`).
@@ -159,11 +145,12 @@ impl PreparedDevice {
 }
 
 impl PreparedClaim {
-    /// The claim's slices, one per device.
-    pub fn slices(&self) -> Vec<PreparedSlice> {
+    /// The claim's slices, one per device (where their enforcement
+    /// records are, the checkpoint's directory tells: [`prepared_slices`]).
+    pub fn slices(&self) -> Vec<ClaimSlice> {
         self.devices
             .iter()
-            .map(|d| PreparedSlice {
+            .map(|d| ClaimSlice {
                 slice: d.slice().to_string(),
                 namespace: self.namespace.clone(),
                 name: self.name.clone(),
@@ -181,6 +168,7 @@ impl PreparedClaim {
                                 .file_name()
                     })
                     .cloned(),
+                enforcement: None,
             })
             .collect()
     }
@@ -188,11 +176,15 @@ impl PreparedClaim {
 
 /// The slices of every claim prepared in `dir`'s checkpoint (none when
 /// there is no checkpoint).
-pub fn prepared_slices(dir: &Path) -> Result<Vec<PreparedSlice>, CheckpointError> {
+pub fn prepared_slices(dir: &Path) -> Result<Vec<ClaimSlice>, CheckpointError> {
     Ok(Checkpoint::load(dir)?
         .claims
         .values()
         .flat_map(PreparedClaim::slices)
+        .map(|s| ClaimSlice {
+            enforcement: Some(enforcement_dir(dir, &s.slice)),
+            ..s
+        })
         .collect())
 }
 

@@ -47,28 +47,31 @@ pub fn one_line(e: &dyn std::error::Error) -> String {
     out.replace('\n', " ")
 }
 
+/// A module of each generated proto package: `module => "package"`.
+macro_rules! proto_modules {
+    ($($module:ident => $package:literal),* $(,)?) => {
+        $(
+            pub mod $module {
+                tonic::include_proto!($package);
+            }
+        )*
+    };
+}
+
 /// The generated kubelet APIs.
 #[allow(clippy::all, missing_docs)]
 pub mod api {
-    pub mod v1 {
-        tonic::include_proto!("k8s.io.kubelet.pkg.apis.dra.v1");
-    }
-    pub mod v1beta1 {
-        tonic::include_proto!("k8s.io.kubelet.pkg.apis.dra.v1beta1");
-    }
-    pub mod registration {
-        tonic::include_proto!("pluginregistration");
+    proto_modules! {
+        v1 => "k8s.io.kubelet.pkg.apis.dra.v1",
+        v1beta1 => "k8s.io.kubelet.pkg.apis.dra.v1beta1",
+        registration => "pluginregistration",
     }
     /// `k8s.io/kubelet/pkg/apis/dra-health`, by version.
     pub mod health {
-        pub mod v1alpha1 {
-            tonic::include_proto!("v1alpha1");
-        }
-        pub mod v1beta1 {
-            tonic::include_proto!("v1beta1");
-        }
-        pub mod v1 {
-            tonic::include_proto!("v1");
+        proto_modules! {
+            v1alpha1 => "v1alpha1",
+            v1beta1 => "v1beta1",
+            v1 => "v1",
         }
     }
 }

@@ -14,12 +14,12 @@ use crate::driver::{ClaimRef, Driver};
 use crate::feed::NodeFeed;
 use crate::{PLUGIN_TYPE, SUPPORTED_VERSIONS};
 use gpuslice_k8s::grpc_wire::{WireConn, WireError};
+use gpuslice_k8s::plugin::server::spawn_unix_server;
 use prost::Message;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use thiserror::Error;
 use tokio::sync::oneshot;
-use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
 
 #[derive(Debug, Error)]
@@ -241,18 +241,8 @@ pub fn serve_registration(
         endpoint: endpoint.to_path_buf(),
         status: status.clone(),
     };
-    let (stop_reg, stopped_reg) = oneshot::channel::<()>();
-    tokio::spawn(async move {
-        let r = tonic::transport::Server::builder()
-            .add_service(RegistrationServer::new(svc))
-            .serve_with_incoming_shutdown(UnixListenerStream::new(reg), async {
-                let _ = stopped_reg.await;
-            })
-            .await;
-        if let Err(e) = r {
-            tracing::warn!("registration server ended: {e}");
-        }
-    });
+    let router = tonic::transport::Server::builder().add_service(RegistrationServer::new(svc));
+    let (stop_reg, _) = spawn_unix_server(router, reg, "registration server".into());
     Ok((stop_reg, status))
 }
 
@@ -275,23 +265,13 @@ pub fn serve(
         }
     }
     let dra = listen(&dra_socket)?;
-    let (stop_dra, stopped_dra) = oneshot::channel::<()>();
     let router = tonic::transport::Server::builder()
         .add_service(v1::server(driver.clone()))
         .add_service(v1beta1::server(driver))
         .add_service(crate::health::v1alpha1::server(health.clone()))
         .add_service(crate::health::v1beta1::server(health.clone()))
         .add_service(crate::health::v1::server(health));
-    tokio::spawn(async move {
-        let r = router
-            .serve_with_incoming_shutdown(UnixListenerStream::new(dra), async {
-                let _ = stopped_dra.await;
-            })
-            .await;
-        if let Err(e) = r {
-            tracing::warn!("DRA server ended: {e}");
-        }
-    });
+    let (stop_dra, _) = spawn_unix_server(router, dra, "DRA server".into());
     let (stop_reg, status) = serve_registration(name, &dra_socket, &registration_socket)?;
     Ok(Served {
         dra_socket,

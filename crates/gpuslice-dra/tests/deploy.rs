@@ -5,11 +5,11 @@
 
 use gpuslice_dra::publish::{devices, SharedPolicy};
 use gpuslice_testkit::manifests::{
-    chart_values, helm_and_validator, kubernetes_validate, typed, validate, validate_objects,
-    yaml_docs, KUBERNETES_VALIDATE_MISSING,
+    chart_values, checked_host_paths, helm_and_validator, kubernetes_validate, typed, validate,
+    validate_objects, yaml_docs, KUBERNETES_VALIDATE_MISSING,
 };
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::api::core::v1::{Namespace, PodSpec, PodTemplateSpec, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::api::resource::v1::DeviceClass;
 use std::collections::BTreeSet;
@@ -33,6 +33,30 @@ struct Objects {
     bindings: Vec<ClusterRoleBinding>,
     accounts: Vec<ServiceAccount>,
     daemonsets: Vec<DaemonSet>,
+}
+
+impl Objects {
+    /// The pod template of the plugin's one DaemonSet.
+    fn plugin_template(&self) -> &PodTemplateSpec {
+        &self.daemonsets[0].spec.as_ref().unwrap().template
+    }
+
+    /// The pod spec of the plugin's one DaemonSet.
+    fn plugin_pod(&self) -> &PodSpec {
+        self.plugin_template().spec.as_ref().unwrap()
+    }
+}
+
+/// The inventory of a fake host of `gpus` GPUs, GPU `mig.0` in MIG mode
+/// with `mig.1` instances, as the plugin discovers it (through NVML).
+fn inventory_of(gpus: u32, mig: (u32, u32)) -> gpuslice_core::Inventory {
+    let host = fakegpu::FakeHost::builder()
+        .gpus(gpus)
+        .mig(mig.0, mig.1)
+        .build()
+        .unwrap();
+    let _nvml = gpuslice_testkit::fakenvml::serve(host.root());
+    gpuslice_testkit::fakenvml::discover(&host)
 }
 
 fn objects() -> Objects {
@@ -85,13 +109,7 @@ fn check_device_classes(o: &Objects) {
         .collect();
     assert_eq!(names, BTreeSet::from(CLASSES.map(|(n, _)| n)));
     // What the driver publishes on a host with whole, shared and MIG devices.
-    let host = fakegpu::FakeHost::builder()
-        .gpus(2)
-        .mig(1, 1)
-        .build()
-        .unwrap();
-    let _nvml = gpuslice_testkit::fakenvml::serve(host.root());
-    let inv = gpuslice_testkit::fakenvml::discover(&host);
+    let inv = inventory_of(2, (1, 1));
     let published: BTreeSet<String> = devices(&inv, &SharedPolicy::default())
         .iter()
         .map(|d| {
@@ -159,7 +177,7 @@ fn check_rbac(o: &Objects) {
     assert!(allows("events.k8s.io", "events", "create"));
 
     let ds = &o.daemonsets[0];
-    let pod = ds.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+    let pod = o.plugin_pod();
     let sa = pod.service_account_name.as_deref().unwrap();
     let ns = ds.metadata.namespace.as_deref().unwrap();
     assert!(o
@@ -186,46 +204,14 @@ fn the_daemonset_gives_the_plugin_the_kubelets_directories() {
 /// and the runtime's CDI directory `cdi`.
 fn check_daemonset(o: &Objects, kubelet: &str, cdi: &str) {
     assert_eq!(o.daemonsets.len(), 1);
-    let pod = o.daemonsets[0]
-        .spec
-        .as_ref()
-        .unwrap()
-        .template
-        .spec
-        .clone()
-        .unwrap();
-    let host_paths: BTreeSet<String> = pod
-        .volumes
-        .iter()
-        .flatten()
-        .filter_map(|v| v.host_path.as_ref().map(|h| h.path.clone()))
-        .collect();
+    let pod = o.plugin_pod();
+    let host_paths = checked_host_paths(pod);
     for want in [
         format!("{kubelet}/plugins"),
         format!("{kubelet}/plugins_registry"),
         cdi.to_string(),
     ] {
         assert!(host_paths.contains(&want), "no hostPath {want}");
-    }
-    let volumes: BTreeSet<&str> = pod
-        .volumes
-        .iter()
-        .flatten()
-        .map(|v| v.name.as_str())
-        .collect();
-    for c in pod
-        .containers
-        .iter()
-        .chain(pod.init_containers.iter().flatten())
-    {
-        for m in c.volume_mounts.iter().flatten() {
-            assert!(
-                volumes.contains(m.name.as_str()),
-                "{}: no volume {}",
-                c.name,
-                m.name
-            );
-        }
     }
     let plugin = pod.containers.iter().find(|c| c.name == "plugin").unwrap();
     let cmd = plugin.command.clone().unwrap();
@@ -318,13 +304,7 @@ fn upstream_1_36_schemas_accept_the_manifests_and_the_published_slices() {
     validate(&tool, &files()).unwrap_or_else(|e| panic!("deploy/dra: {e}"));
 
     // What the publisher writes, on a host with whole, shared and MIG devices.
-    let host = fakegpu::FakeHost::builder()
-        .gpus(3)
-        .mig(2, 2)
-        .build()
-        .unwrap();
-    let _nvml = gpuslice_testkit::fakenvml::serve(host.root());
-    let inv = gpuslice_testkit::fakenvml::discover(&host);
+    let inv = inventory_of(3, (2, 2));
     let d = devices(&inv, &SharedPolicy::default());
     // And with GPUs 0 (whole and shared) and 2 (MIG) tainted unhealthy.
     let sick = std::collections::BTreeMap::from([0, 2].map(|g| {
@@ -452,14 +432,7 @@ fn helm_chart_renders_the_dra_driver_as_deploy_dra_does() {
         assert_eq!(o.roles[0].rules, plain.roles[0].rules);
         // The plugin alone, with its service account's token and no API
         // server flag: it uses the in-cluster credentials.
-        let pod = o.daemonsets[0]
-            .spec
-            .as_ref()
-            .unwrap()
-            .template
-            .spec
-            .clone()
-            .unwrap();
+        let pod = o.plugin_pod();
         let names: Vec<&str> = pod.containers.iter().map(|c| c.name.as_str()).collect();
         assert_eq!(names, ["plugin"]);
         assert_eq!(pod.automount_service_account_token, Some(true));
@@ -487,11 +460,8 @@ fn helm_chart_renders_the_dra_driver_as_deploy_dra_does() {
         assert_eq!(flag("--cdi-dir"), Some(format!("/host{cdi}")));
         // Its pods are its own: the device plugin's DaemonSet and the
         // metrics Service do not select them.
-        let labels = o.daemonsets[0]
-            .spec
-            .as_ref()
-            .unwrap()
-            .template
+        let labels = o
+            .plugin_template()
             .metadata
             .clone()
             .unwrap()

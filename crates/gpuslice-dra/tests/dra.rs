@@ -4,12 +4,13 @@
 //! FakeApiServer test double, written as kube-scheduler writes them; the
 //! GPUs are the fake GPU host's.
 
+use crate::common::{claim_ref, driver_options, NODE};
 use fakegpu::FakeHost;
 use gpuslice_cdi::limits_record_path;
 use gpuslice_core::HostRoot;
 use gpuslice_dra::api::{v1, v1beta1};
 use gpuslice_dra::apiserver::KubeApi;
-use gpuslice_dra::driver::{spec_path, Driver, Options};
+use gpuslice_dra::driver::{spec_path, ClaimRef, Driver, Options};
 use gpuslice_dra::feed::NodeFeed;
 use gpuslice_dra::publish::SharedPolicy;
 use gpuslice_dra::server::{get_info, serve, Served, Sockets};
@@ -25,7 +26,6 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
-const NODE: &str = "node-a";
 const GIB: u64 = 1 << 30;
 
 fn host() -> &'static FakeHost {
@@ -95,22 +95,34 @@ impl Env {
     /// The driver's options on this state and the fake host's GPUs.
     fn options(&self, shim: bool) -> Options {
         let h = host();
-        let root = HostRoot::new(h.root());
         let inventory = gpuslice_testkit::fakenvml::discover(h);
         Options {
-            driver_name: DRIVER_NAME.into(),
-            pool: NODE.into(),
-            host_root: root,
-            inventory,
-            cdi_dir: self.cdi_dir(),
-            state_dir: self.dir.path().join("state"),
             shim: shim.then(|| self.dir.path().join("libgpuslice.so")),
-            hook: None,
-            strip_host_root: false,
-            policy: gpuslice_dra::publish::SharedPolicy::default(),
-            refuse_unenforceable: false,
             claims_dir: Some(self.dir.path().join("claims")),
+            ..driver_options(HostRoot::new(h.root()), inventory, self.dir.path())
         }
+    }
+
+    /// A driver, not served, that has prepared claim `name` (`uid`): a
+    /// share of 4 GiB and 10 % of GPU 1.
+    async fn driver_with_a_share(&self, name: &str, uid: &str) -> (Arc<Driver>, ClaimRef) {
+        let d = self.driver(true);
+        self.api
+            .put_claim(shared_claim("ns", name, uid, NODE, 1, "4Gi", "10"));
+        let claim = claim_ref(name, uid);
+        d.prepare(std::slice::from_ref(&claim)).await[uid]
+            .as_ref()
+            .unwrap();
+        (d, claim)
+    }
+
+    /// A fresh state with the plugin started (with the shim or without)
+    /// and a test kubelet that registered it.
+    async fn serving(shim: bool) -> (Env, Served, Registered) {
+        let e = Env::new().await;
+        let served = e.start(shim);
+        let k = e.kubelet().await;
+        (e, served, k)
     }
 
     async fn kubelet(&self) -> Registered {
@@ -123,42 +135,59 @@ impl Env {
     }
 }
 
-fn v1_claim(ns: &str, name: &str, uid: &str) -> v1::Claim {
-    v1::Claim {
-        namespace: ns.into(),
-        name: name.into(),
-        uid: uid.into(),
-    }
+/// The claims `(namespace, name, uid)` as the kubelet names them in a
+/// request of API version `$v` (`v1` or `v1beta1`).
+macro_rules! claims {
+    ($v:ident, $claims:expr) => {
+        $claims
+            .iter()
+            .map(|(namespace, name, uid)| $v::Claim {
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+                uid: uid.to_string(),
+            })
+            .collect::<Vec<_>>()
+    };
 }
 
-fn v1beta1_claim(ns: &str, name: &str, uid: &str) -> v1beta1::Claim {
-    v1beta1::Claim {
-        namespace: ns.into(),
-        name: name.into(),
-        uid: uid.into(),
-    }
+/// The kubelet's `$call` (NodePrepareResources or NodeUnprepareResources)
+/// in API version `$v` for `$claims`, answered.
+macro_rules! kubelet_call {
+    ($k:expr, $v:ident, $call:ident, $request:ident, $claims:expr) => {
+        $k.$v
+            .$call($v::$request {
+                claims: claims!($v, $claims),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+    };
 }
 
 async fn prepare(
     k: &mut Registered,
     claims: &[(&str, &str, &str)],
 ) -> v1::NodePrepareResourcesResponse {
-    let claims = claims.iter().map(|(n, c, u)| v1_claim(n, c, u)).collect();
-    k.v1.node_prepare_resources(v1::NodePrepareResourcesRequest { claims })
-        .await
-        .unwrap()
-        .into_inner()
+    kubelet_call!(
+        k,
+        v1,
+        node_prepare_resources,
+        NodePrepareResourcesRequest,
+        claims
+    )
 }
 
 async fn unprepare(
     k: &mut Registered,
     claims: &[(&str, &str, &str)],
 ) -> v1::NodeUnprepareResourcesResponse {
-    let claims = claims.iter().map(|(n, c, u)| v1_claim(n, c, u)).collect();
-    k.v1.node_unprepare_resources(v1::NodeUnprepareResourcesRequest { claims })
-        .await
-        .unwrap()
-        .into_inner()
+    kubelet_call!(
+        k,
+        v1,
+        node_unprepare_resources,
+        NodeUnprepareResourcesRequest,
+        claims
+    )
 }
 
 fn env_of(device: &Value) -> Vec<String> {
@@ -214,9 +243,7 @@ fn gpu_nodes(paths: &[String]) -> Vec<String> {
 
 #[tokio::test]
 async fn registers_as_a_dra_plugin_with_both_versions() {
-    let e = Env::new().await;
-    let served = e.start(true);
-    let k = e.kubelet().await;
+    let (e, served, k) = Env::serving(true).await;
     assert_eq!(k.info.r#type, "DRAPlugin");
     assert_eq!(k.info.name, DRIVER_NAME);
     assert_eq!(
@@ -458,9 +485,7 @@ sys.stdout.buffer.write(get_info(b"", timeout=10))
 
 #[tokio::test]
 async fn shared_claim_in_v1_gets_exactly_its_caps_on_its_gpu_only() {
-    let e = Env::new().await;
-    let _s = e.start(true);
-    let mut k = e.kubelet().await;
+    let (e, _s, mut k) = Env::serving(true).await;
     e.api
         .put_claim(shared_claim("ns", "a", "uid-a", NODE, 2, "20Gi", "30"));
     let r = prepare(&mut k, &[("ns", "a", "uid-a")]).await;
@@ -646,24 +671,19 @@ async fn shared_claim_in_v1_gets_exactly_its_caps_on_its_gpu_only() {
 
 #[tokio::test]
 async fn whole_gpu_and_mig_in_v1beta1_get_isolation_without_caps() {
-    let e = Env::new().await;
-    let _s = e.start(true);
-    let mut k = e.kubelet().await;
+    let (e, _s, mut k) = Env::serving(true).await;
     e.api
         .put_claim(device_claim("ns", "w", "uid-w", NODE, "gpu-1"));
     e.api
         .put_claim(device_claim("ns", "m", "uid-m", NODE, "gpu-3-mig-0"));
-    let r = k
-        .v1beta1
-        .node_prepare_resources(v1beta1::NodePrepareResourcesRequest {
-            claims: vec![
-                v1beta1_claim("ns", "w", "uid-w"),
-                v1beta1_claim("ns", "m", "uid-m"),
-            ],
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let both = [("ns", "w", "uid-w"), ("ns", "m", "uid-m")];
+    let r = kubelet_call!(
+        k,
+        v1beta1,
+        node_prepare_resources,
+        NodePrepareResourcesRequest,
+        both
+    );
     for (name, uid, kind) in [("w", "uid-w", "whole"), ("m", "uid-m", "mig")] {
         assert_eq!(r.claims[uid].error, "", "{uid}");
         let st = &e.api.claim("ns", name).unwrap()["status"]["devices"][0];
@@ -690,17 +710,13 @@ async fn whole_gpu_and_mig_in_v1beta1_get_isolation_without_caps() {
         mig.iter().any(|p| p.starts_with("/dev/nvidia-caps/")),
         "MIG caps nodes: {mig:?}"
     );
-    let u = k
-        .v1beta1
-        .node_unprepare_resources(v1beta1::NodeUnprepareResourcesRequest {
-            claims: vec![
-                v1beta1_claim("ns", "w", "uid-w"),
-                v1beta1_claim("ns", "m", "uid-m"),
-            ],
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let u = kubelet_call!(
+        k,
+        v1beta1,
+        node_unprepare_resources,
+        NodeUnprepareResourcesRequest,
+        both
+    );
     assert_eq!(u.claims.len(), 2);
     assert!(u.claims.values().all(|c| c.error.is_empty()));
     assert!(std::fs::read_dir(e.cdi_dir())
@@ -711,9 +727,7 @@ async fn whole_gpu_and_mig_in_v1beta1_get_isolation_without_caps() {
 
 #[tokio::test]
 async fn prepare_and_unprepare_are_idempotent() {
-    let e = Env::new().await;
-    let _s = e.start(true);
-    let mut k = e.kubelet().await;
+    let (e, _s, mut k) = Env::serving(true).await;
     e.api
         .put_claim(shared_claim("ns", "a", "uid-a", NODE, 0, "10Gi", "10"));
     let first = prepare(&mut k, &[("ns", "a", "uid-a")]).await;
@@ -736,9 +750,7 @@ async fn prepare_and_unprepare_are_idempotent() {
 
 #[tokio::test]
 async fn a_restart_between_prepare_and_unprepare_loses_nothing() {
-    let e = Env::new().await;
-    let s = e.start(true);
-    let mut k = e.kubelet().await;
+    let (e, s, mut k) = Env::serving(true).await;
     e.api
         .put_claim(shared_claim("ns", "a", "uid-a", NODE, 0, "100Gi", "50"));
     let first = prepare(&mut k, &[("ns", "a", "uid-a")]).await;
@@ -772,9 +784,7 @@ async fn a_restart_between_prepare_and_unprepare_loses_nothing() {
 /// unmounts and removes it, and keeps the directories of claims it holds.
 #[tokio::test]
 async fn a_restart_sweeps_slice_directories_no_claim_holds() {
-    let e = Env::new().await;
-    let s = e.start(true);
-    let mut k = e.kubelet().await;
+    let (e, s, mut k) = Env::serving(true).await;
     e.api
         .put_claim(shared_claim("ns", "a", "uid-a", NODE, 0, "10Gi", "10"));
     assert_eq!(
@@ -818,9 +828,7 @@ fn mounted(dir: &Path) -> bool {
 /// such claims refuses it, and prepares the same claim for a plain pod.
 #[tokio::test]
 async fn claims_of_pods_that_can_escape_their_caps_are_marked_or_refused() {
-    let e = Env::new().await;
-    let _s = e.start(true);
-    let mut k = e.kubelet().await;
+    let (e, _s, mut k) = Env::serving(true).await;
     let reserved = |claim: &mut Value, pod: &str| {
         claim["status"]["reservedFor"] =
             serde_json::json!([{"resource": "pods", "name": pod, "uid": format!("pod-uid-{pod}")}]);
@@ -885,18 +893,7 @@ async fn claims_of_pods_that_can_escape_their_caps_are_marked_or_refused() {
     reserved(&mut ok, "plain-pod");
     e.api.put_claim(ok);
     let r = refusing
-        .prepare(&[
-            gpuslice_dra::driver::ClaimRef {
-                namespace: "ns".into(),
-                name: "esc2".into(),
-                uid: "uid-esc2".into(),
-            },
-            gpuslice_dra::driver::ClaimRef {
-                namespace: "ns".into(),
-                name: "fine".into(),
-                uid: "uid-fine".into(),
-            },
-        ])
+        .prepare(&[claim_ref("esc2", "uid-esc2"), claim_ref("fine", "uid-fine")])
         .await;
     let err = r["uid-esc2"].as_ref().unwrap_err();
     assert!(
@@ -991,9 +988,7 @@ fn post_status(base: &str, path: &str, body: &Value) -> u16 {
 /// Refused at Prepare, with nothing left behind.
 #[tokio::test]
 async fn two_shares_in_one_claim_are_refused_not_capped_as_one() {
-    let e = Env::new().await;
-    let _s = e.start(true);
-    let mut k = e.kubelet().await;
+    let (e, _s, mut k) = Env::serving(true).await;
     let mut two = shared_claim("ns", "two", "uid-two", NODE, 0, "10Gi", "10");
     let results = two["status"]["allocation"]["devices"]["results"]
         .as_array_mut()
@@ -1020,17 +1015,7 @@ async fn the_plugin_gives_back_what_a_dead_container_held_in_its_claim() {
     use gpuslice_testkit::process::spawn_until;
     use std::os::unix::process::CommandExt;
     let e = Env::new().await;
-    let d = e.driver(true);
-    e.api
-        .put_claim(shared_claim("ns", "r", "uid-r", NODE, 1, "4Gi", "10"));
-    let claim = gpuslice_dra::driver::ClaimRef {
-        namespace: "ns".into(),
-        name: "r".into(),
-        uid: "uid-r".into(),
-    };
-    d.prepare(std::slice::from_ref(&claim)).await["uid-r"]
-        .as_ref()
-        .unwrap();
+    let (d, claim) = e.driver_with_a_share("r", "uid-r").await;
     let dir = e.dir.path().join("claims").join("uid-r-0");
     let usage = dir.join("usage");
     let ledger = gpuslice_ledger::Ledger::create(
@@ -1075,9 +1060,7 @@ async fn the_plugin_gives_back_what_a_dead_container_held_in_its_claim() {
 /// beside a share.
 #[tokio::test]
 async fn a_whole_gpu_is_all_of_its_capacity_and_excludes_shares_both_ways() {
-    let e = Env::new().await;
-    let _s = e.start(true);
-    let mut k = e.kubelet().await;
+    let (e, _s, mut k) = Env::serving(true).await;
     let mem = host().gpus()[1].memory_bytes.to_string();
     e.api.put_claim(shared_claim(
         "ns",
@@ -1144,9 +1127,7 @@ async fn a_whole_gpu_is_all_of_its_capacity_and_excludes_shares_both_ways() {
 
 #[tokio::test]
 async fn a_claim_that_names_no_compute_is_best_effort_and_blocks_no_share() {
-    let e = Env::new().await;
-    let _s = e.start(true);
-    let mut k = e.kubelet().await;
+    let (e, _s, mut k) = Env::serving(true).await;
     let uuid = host().gpus()[2].uuid.clone();
     // Memory only: the scheduler counted the policy's default, 1 %.
     e.api.put_claim(claim_naming(
@@ -1216,9 +1197,7 @@ async fn a_claim_that_names_no_compute_is_best_effort_and_blocks_no_share() {
 
 #[tokio::test]
 async fn a_malformed_claim_fails_alone_and_leaves_nothing() {
-    let e = Env::new().await;
-    let _s = e.start(true);
-    let mut k = e.kubelet().await;
+    let (e, _s, mut k) = Env::serving(true).await;
     e.api
         .put_claim(shared_claim("ns", "good", "uid-good", NODE, 0, "1Gi", "5"));
     // A share as plugins before one device per GPU named it, whose
@@ -1279,9 +1258,7 @@ async fn a_malformed_claim_fails_alone_and_leaves_nothing() {
 
 #[tokio::test]
 async fn over_capacity_claims_are_refused_clearly() {
-    let e = Env::new().await;
-    let _s = e.start(true);
-    let mut k = e.kubelet().await;
+    let (e, _s, mut k) = Env::serving(true).await;
     // The fake GPU has 150,754,820,096 B (140.4 GiB).
     e.api
         .put_claim(shared_claim("ns", "a", "uid-a", NODE, 0, "100Gi", "40"));
@@ -1336,12 +1313,9 @@ async fn prepare_checks_claims_against_the_gpus_there_now() {
         .put_claim(shared_claim("ns", "a", "uid-a", NODE, 2, "1Gi", "10"));
     e.api
         .put_claim(shared_claim("ns", "b", "uid-b", NODE, 1, "1Gi", "10"));
-    let claim = |name: &str, uid: &str| gpuslice_dra::driver::ClaimRef {
-        namespace: "ns".into(),
-        name: name.into(),
-        uid: uid.into(),
-    };
-    let r = d.prepare(&[claim("a", "uid-a"), claim("b", "uid-b")]).await;
+    let r = d
+        .prepare(&[claim_ref("a", "uid-a"), claim_ref("b", "uid-b")])
+        .await;
     let a = r["uid-a"].as_ref().unwrap_err();
     assert!(
         matches!(a, gpuslice_dra::driver::PrepareError::NoGpu(..)),
@@ -1355,9 +1329,7 @@ async fn prepare_checks_claims_against_the_gpus_there_now() {
 
 #[tokio::test]
 async fn a_shared_claim_without_the_shim_is_refused() {
-    let e = Env::new().await;
-    let _s = e.start(false);
-    let mut k = e.kubelet().await;
+    let (e, _s, mut k) = Env::serving(false).await;
     e.api
         .put_claim(shared_claim("ns", "a", "uid-a", NODE, 0, "1Gi", "10"));
     let r = prepare(&mut k, &[("ns", "a", "uid-a")]).await;
@@ -1373,9 +1345,7 @@ async fn a_shared_claim_without_the_shim_is_refused() {
 
 #[tokio::test]
 async fn several_claims_on_one_gpu_each_get_their_own_slice() {
-    let e = Env::new().await;
-    let _s = e.start(true);
-    let mut k = e.kubelet().await;
+    let (e, _s, mut k) = Env::serving(true).await;
     e.api
         .put_claim(shared_claim("ns", "a", "uid-a", NODE, 1, "20Gi", "30"));
     e.api
@@ -1442,17 +1412,7 @@ async fn the_enforcer_kills_a_claim_s_process_that_runs_past_the_shim() {
         return;
     }
     let e = Env::new().await;
-    let d = e.driver(true);
-    e.api
-        .put_claim(shared_claim("ns", "x", "uid-x", NODE, 1, "4Gi", "10"));
-    let claim = gpuslice_dra::driver::ClaimRef {
-        namespace: "ns".into(),
-        name: "x".into(),
-        uid: "uid-x".into(),
-    };
-    d.prepare(std::slice::from_ref(&claim)).await["uid-x"]
-        .as_ref()
-        .unwrap();
+    let (d, claim) = e.driver_with_a_share("x", "uid-x").await;
     let watched = d.clone();
     let _enforcer = gpuslice_k8s::enforcer::spawn(
         gpuslice_ledger::enforcer::Unshimmed::Kill,

@@ -3,52 +3,28 @@
 //! The fake NVML follows `FAKEGPU_ROOT`, one host per process: the test
 //! holds `gpuslice_testkit::fakenvml::serve` on its host throughout.
 
+use crate::common::{fake_api, follow_for_an_hour, nvml_host, pool_slice, published_names};
 use fakegpu::FakeHost;
 use gpuslice_core::discover::{discover, DiscoverOptions};
 use gpuslice_core::HostRoot;
-use gpuslice_dra::apiserver::KubeApi;
 use gpuslice_dra::hotplug;
-use gpuslice_dra::publish::{follow, slice_name, SharedPolicy};
-use gpuslice_dra::DRIVER_NAME;
+use gpuslice_dra::publish::SharedPolicy;
 use gpuslice_testkit::fakeapi::FakeApiServer;
 use gpuslice_testkit::wait_until;
-use serde_json::Value;
 use std::time::Duration;
 
-const NODE: &str = "node-a";
-
-fn slice0(api: &FakeApiServer) -> Option<Value> {
-    api.slices().remove(&slice_name(NODE, DRIVER_NAME, 0))
-}
-
-fn names(api: &FakeApiServer) -> Vec<String> {
-    slice0(api)
-        .and_then(|s| s["spec"]["devices"].as_array().cloned())
-        .unwrap_or_default()
-        .iter()
-        .map(|d| d["name"].as_str().unwrap().to_string())
-        .collect()
-}
-
 fn generation(api: &FakeApiServer) -> i64 {
-    slice0(api).unwrap()["spec"]["pool"]["generation"]
+    pool_slice(api).unwrap()["spec"]["pool"]["generation"]
         .as_i64()
         .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gpu_leaving_and_joining_the_host_is_republished_within_2s() {
-    let h = FakeHost::builder().gpus(3).build().unwrap();
-    let _nvml = gpuslice_testkit::fakenvml::serve(h.root());
-    let root = HostRoot::new(h.root());
-    let opts = DiscoverOptions {
-        nvml_lib: Some(h.nvml_lib()),
-        ..DiscoverOptions::default()
-    };
+    let (h, _nvml, root, opts) = nvml_host(3);
     let inv = discover(&root, &opts).unwrap();
     assert_eq!(inv.gpus.len(), 3);
-    let fake = FakeApiServer::start().await;
-    let api = KubeApi::new(&fake.url, None).unwrap();
+    let (fake, api) = fake_api().await;
     let (inv_tx, inv_rx) = tokio::sync::watch::channel(inv);
     // The XID watcher holds NVML open, as in the plugin: NVML enumerated
     // the GPUs at its first init and still lists one that left.
@@ -59,20 +35,7 @@ async fn a_gpu_leaving_and_joining_the_host_is_republished_within_2s() {
         Some(h.nvml_lib()),
         health_tx,
     );
-    let follower = tokio::spawn(async move {
-        follow(
-            &api,
-            DRIVER_NAME,
-            gpuslice_dra::feed::NodeFeed::enforced(
-                NODE,
-                SharedPolicy::default(),
-                inv_rx,
-                health_rx,
-            ),
-            Duration::from_secs(3600),
-        )
-        .await
-    });
+    let follower = follow_for_an_hour(api, SharedPolicy::default(), inv_rx, health_rx);
     let rescan = {
         let root = root.clone();
         // A poll far longer than the test: inotify must do the work.
@@ -85,29 +48,31 @@ async fn a_gpu_leaving_and_joining_the_host_is_republished_within_2s() {
     };
     let has = |n: &[String], d: &str| n.iter().any(|x| x == d);
     wait_until("first publication", Duration::from_secs(10), || {
-        has(&names(&fake), "gpu-2")
+        has(&published_names(&fake), "gpu-2")
     })
     .await;
     assert_eq!(generation(&fake), 1);
 
     h.unplug_gpu(2).unwrap();
     let took = wait_until("GPU 2 gone", Duration::from_secs(2), || {
-        !names(&fake).iter().any(|n| n.starts_with("gpu-2"))
+        !published_names(&fake)
+            .iter()
+            .any(|n| n.starts_with("gpu-2"))
     })
     .await;
     eprintln!("re-published {took:?} after the unplug");
-    let n = names(&fake);
+    let n = published_names(&fake);
     assert!(has(&n, "gpu-0") && has(&n, "gpu-1"), "{n:?}");
     assert_eq!(generation(&fake), 2);
 
     h.plug_gpu(2).unwrap();
     wait_until("GPU 2 back", Duration::from_secs(2), || {
-        let n = names(&fake);
+        let n = published_names(&fake);
         has(&n, "gpu-2")
     })
     .await;
     assert_eq!(generation(&fake), 3);
-    let s = slice0(&fake).unwrap();
+    let s = pool_slice(&fake).unwrap();
     let gpu2 = s["spec"]["devices"]
         .as_array()
         .unwrap()
@@ -123,10 +88,10 @@ async fn a_gpu_leaving_and_joining_the_host_is_republished_within_2s() {
     // GPU 0 leaves: the others move down (bus order), as CUDA numbers them.
     h.unplug_gpu(0).unwrap();
     wait_until("GPU 0 gone", Duration::from_secs(2), || {
-        !has(&names(&fake), "gpu-2")
+        !has(&published_names(&fake), "gpu-2")
     })
     .await;
-    let s = slice0(&fake).unwrap();
+    let s = pool_slice(&fake).unwrap();
     let uuids: Vec<&str> = s["spec"]["devices"]
         .as_array()
         .unwrap()

@@ -4,11 +4,10 @@
 //! The fake NVML follows `FAKEGPU_ROOT`, one host per process: the test
 //! holds `gpuslice_testkit::fakenvml::serve` on its host throughout.
 
-use fakegpu::FakeHost;
-use gpuslice_core::discover::{discover, DiscoverOptions};
-use gpuslice_core::HostRoot;
+use crate::common::{driver_options, nvml_host, wait_for_the_xid_watcher};
+use gpuslice_core::discover::discover;
 use gpuslice_dra::apiserver::KubeApi;
-use gpuslice_dra::driver::{Driver, Options};
+use gpuslice_dra::driver::Driver;
 use gpuslice_dra::hotplug::{apply, bound_only};
 use gpuslice_health::Config as Health;
 use gpuslice_health::{start, Snapshot};
@@ -17,31 +16,12 @@ use std::time::{Duration, Instant};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_gpu_leaves_xids_are_reported_at_the_new_indexes() {
-    let h = FakeHost::builder().gpus(3).build().unwrap();
-    let _nvml = gpuslice_testkit::fakenvml::serve(h.root());
-    let root = HostRoot::new(h.root());
-    let opts = DiscoverOptions {
-        nvml_lib: Some(h.nvml_lib()),
-        ..DiscoverOptions::default()
-    };
+    let (h, _nvml, root, opts) = nvml_host(3);
     let inv = discover(&root, &opts).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let driver = Arc::new(
         Driver::new(
-            Options {
-                driver_name: gpuslice_dra::DRIVER_NAME.into(),
-                pool: "node-a".into(),
-                host_root: root.clone(),
-                inventory: inv.clone(),
-                cdi_dir: dir.path().join("cdi"),
-                state_dir: dir.path().join("state"),
-                shim: None,
-                hook: None,
-                strip_host_root: false,
-                policy: gpuslice_dra::publish::SharedPolicy::default(),
-                refuse_unenforceable: false,
-                claims_dir: None,
-            },
+            driver_options(root.clone(), inv.clone(), dir.path()),
             // Never called here.
             Arc::new(KubeApi::new("http://127.0.0.1:9", None).unwrap()),
         )
@@ -53,13 +33,7 @@ async fn after_a_gpu_leaves_xids_are_reported_at_the_new_indexes() {
     };
     let (tx, mut rx) = tokio::sync::watch::channel(Snapshot::default());
     let watcher = start(&inv, &health, Some(h.nvml_lib()), tx.clone());
-    tokio::time::timeout(
-        Duration::from_secs(10),
-        rx.wait_for(|s| s.watching == "events"),
-    )
-    .await
-    .expect("the XID watcher runs")
-    .unwrap();
+    wait_for_the_xid_watcher(&mut rx).await;
     h.inject_xid(2, 79).unwrap();
     tokio::time::timeout(
         Duration::from_secs(5),

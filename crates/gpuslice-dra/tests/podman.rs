@@ -8,12 +8,12 @@
 //! directory is gone. Needs root, podman, runc and
 //! busybox-static (scripts/test.sh installs them).
 
+use crate::common::{claim_ref, driver_options, NODE};
 use fakegpu::FakeHost;
 use gpuslice_cdi::{limits_record_path, PRELOAD_FILE};
 use gpuslice_core::HostRoot;
 use gpuslice_dra::apiserver::KubeApi;
-use gpuslice_dra::driver::{spec_path, ClaimRef, Driver, Options};
-use gpuslice_dra::DRIVER_NAME;
+use gpuslice_dra::driver::{spec_path, Driver, Options};
 use gpuslice_ledger::limits::{ComputeShare, MemorySize, SliceLimits};
 use gpuslice_testkit::fakeapi::{shared_claim, FakeApiServer};
 use gpuslice_testkit::podman::{nvidia_nodes, Image};
@@ -38,32 +38,18 @@ async fn podman_runs_a_prepared_claim_with_exactly_its_caps() {
     ];
 
     let api = FakeApiServer::start().await;
-    api.put_claim(shared_claim("ns", "e2e", &uid, "node-a", 2, "30Gi", "30"));
-    let root = HostRoot::new(host.root());
+    api.put_claim(shared_claim("ns", "e2e", &uid, NODE, 2, "30Gi", "30"));
     let inventory = gpuslice_testkit::fakenvml::discover(&host);
     let driver = Driver::new(
         Options {
-            driver_name: DRIVER_NAME.into(),
-            pool: "node-a".into(),
-            host_root: root,
-            inventory,
             cdi_dir: cdi_dir.into(),
-            state_dir: tmp.path().join("state"),
             shim: Some(shim),
-            hook: None,
-            strip_host_root: false,
-            policy: gpuslice_dra::publish::SharedPolicy::default(),
-            refuse_unenforceable: false,
-            claims_dir: None,
+            ..driver_options(HostRoot::new(host.root()), inventory, tmp.path())
         },
         Arc::new(KubeApi::new(&api.url, None).unwrap()),
     )
     .unwrap();
-    let claim = ClaimRef {
-        namespace: "ns".into(),
-        name: "e2e".into(),
-        uid: uid.clone(),
-    };
+    let claim = claim_ref("e2e", &uid);
     let granted = driver.prepare(std::slice::from_ref(&claim)).await;
     let granted = granted[&uid].as_ref().unwrap();
     let id = &granted[0].cdi_device_id;

@@ -3,20 +3,21 @@
 //! capacities, request policies), the pool's generation, and the writes
 //! under races (resourceVersion conflicts) and behind-the-back changes.
 
+use crate::common::{
+    device_names, fake_api, follow_for_an_hour, published_names, published_slice, NODE,
+};
 use fakegpu::FakeHost;
 use gpuslice_core::Inventory;
 use gpuslice_dra::apiserver::{KubeApi, SliceApi, SliceWriteError};
 use gpuslice_dra::claim::DeviceKind;
 use gpuslice_dra::publish::{
-    devices, follow, pool_devices, publish, slice_name, slices, PublishError, SharedPolicy, Sick,
-    Unhealthy, UNHEALTHY_TAINT,
+    devices, pool_devices, publish, slice_name, slices, PublishError, Published, SharedPolicy,
+    Sick, Unhealthy, UNHEALTHY_TAINT,
 };
 use gpuslice_dra::DRIVER_NAME;
 use gpuslice_testkit::fakeapi::FakeApiServer;
 use serde_json::{json, Value};
 use std::sync::OnceLock;
-
-const NODE: &str = "node-a";
 
 fn host() -> &'static FakeHost {
     static HOST: OnceLock<FakeHost> = OnceLock::new();
@@ -27,10 +28,12 @@ fn inventory() -> Inventory {
     gpuslice_testkit::fakenvml::discover(host())
 }
 
-fn slice0(api: &FakeApiServer) -> Value {
-    api.slices()
-        .remove(&slice_name(NODE, DRIVER_NAME, 0))
-        .expect("slice 0 published")
+/// Publishes `devices` as [`NODE`]'s pool of this driver.
+async fn publish_node(
+    api: &KubeApi,
+    devices: &[k8s_openapi::api::resource::v1::Device],
+) -> Result<Published, PublishError> {
+    publish(api, DRIVER_NAME, NODE, devices).await
 }
 
 fn device<'a>(slice: &'a Value, name: &str) -> &'a Value {
@@ -47,12 +50,11 @@ fn device<'a>(slice: &'a Value, name: &str) -> &'a Value {
 /// server does not know is an error, not a pool published for nothing.
 #[tokio::test]
 async fn slices_are_owned_by_their_node_and_a_wrong_node_name_is_refused() {
-    let fake = FakeApiServer::start().await;
-    let api = KubeApi::new(&fake.url, None).unwrap();
+    let (fake, api) = fake_api().await;
     let d = devices(&inventory(), &SharedPolicy::default());
     // Published before the owner was known (an older plugin).
-    publish(&api, DRIVER_NAME, NODE, &d).await.unwrap();
-    assert!(slice0(&fake)["metadata"]["ownerReferences"].is_null());
+    publish_node(&api, &d).await.unwrap();
+    assert!(published_slice(&fake)["metadata"]["ownerReferences"].is_null());
 
     let e = api.own_slices_by("no-such-node").await.unwrap_err();
     assert!(
@@ -63,26 +65,25 @@ async fn slices_are_owned_by_their_node_and_a_wrong_node_name_is_refused() {
 
     let uid = fake.put_node(NODE);
     api.own_slices_by(NODE).await.unwrap();
-    let p = publish(&api, DRIVER_NAME, NODE, &d).await.unwrap();
+    let p = publish_node(&api, &d).await.unwrap();
     assert!(p.changed, "the owner alone is a change to write");
     assert_eq!(
-        slice0(&fake)["metadata"]["ownerReferences"],
+        published_slice(&fake)["metadata"]["ownerReferences"],
         json!([{"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": uid, "controller": true}])
     );
-    let p = publish(&api, DRIVER_NAME, NODE, &d).await.unwrap();
+    let p = publish_node(&api, &d).await.unwrap();
     assert!(!p.changed);
 }
 
 #[tokio::test]
 async fn one_device_per_gpu_and_mig_devices_with_attributes_capacities_and_policies() {
-    let fake = FakeApiServer::start().await;
-    let api = KubeApi::new(&fake.url, None).unwrap();
+    let (fake, api) = fake_api().await;
     let inv = inventory();
     let d = devices(&inv, &SharedPolicy::default());
-    let p = publish(&api, DRIVER_NAME, NODE, &d).await.unwrap();
+    let p = publish_node(&api, &d).await.unwrap();
     assert_eq!((p.generation, p.changed), (1, true));
 
-    let s = slice0(&fake);
+    let s = published_slice(&fake);
     assert_eq!(fake.slices().len(), 1);
     assert_eq!(s["apiVersion"], "resource.k8s.io/v1");
     assert_eq!(s["kind"], "ResourceSlice");
@@ -92,12 +93,7 @@ async fn one_device_per_gpu_and_mig_devices_with_attributes_capacities_and_polic
         s["spec"]["pool"],
         json!({"name": NODE, "generation": 1, "resourceSliceCount": 1})
     );
-    let names: Vec<&str> = s["spec"]["devices"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| d["name"].as_str().unwrap())
-        .collect();
+    let names = device_names(s["spec"]["devices"].as_array().unwrap());
     assert_eq!(
         names,
         ["gpu-0", "gpu-1", "gpu-2", "gpu-3-mig-0", "gpu-3-mig-1"],
@@ -167,18 +163,15 @@ async fn one_device_per_gpu_and_mig_devices_with_attributes_capacities_and_polic
 
 #[tokio::test]
 async fn a_configured_memory_step_is_published_and_rounds_the_memory_down() {
-    let fake = FakeApiServer::start().await;
-    let api = KubeApi::new(&fake.url, None).unwrap();
+    let (fake, api) = fake_api().await;
     let policy = SharedPolicy {
         memory_step: 256 << 20,
     };
     let mut inv = inventory();
     // Not a multiple of the step: what is offered is whole steps of it.
     inv.gpus[0].memory_bytes = Some((10 << 30) + (100 << 20));
-    publish(&api, DRIVER_NAME, NODE, &devices(&inv, &policy))
-        .await
-        .unwrap();
-    let s = slice0(&fake);
+    publish_node(&api, &devices(&inv, &policy)).await.unwrap();
+    let s = published_slice(&fake);
     let c = &device(&s, "gpu-0")["capacity"];
     let usable = (10u64 << 30).to_string();
     assert_eq!(c["memory"]["value"], usable);
@@ -197,13 +190,12 @@ async fn a_configured_memory_step_is_published_and_rounds_the_memory_down() {
 
 #[tokio::test]
 async fn unchanged_writes_nothing_and_a_change_moves_the_generation() {
-    let fake = FakeApiServer::start().await;
-    let api = KubeApi::new(&fake.url, None).unwrap();
+    let (fake, api) = fake_api().await;
     let mut inv = inventory();
     let d = devices(&inv, &SharedPolicy::default());
-    publish(&api, DRIVER_NAME, NODE, &d).await.unwrap();
+    publish_node(&api, &d).await.unwrap();
     let writes = fake.slice_writes();
-    let again = publish(&api, DRIVER_NAME, NODE, &d).await.unwrap();
+    let again = publish_node(&api, &d).await.unwrap();
     assert_eq!((again.generation, again.changed), (1, false));
     assert_eq!(
         fake.slice_writes(),
@@ -214,38 +206,27 @@ async fn unchanged_writes_nothing_and_a_change_moves_the_generation() {
     // A GPU disappears: the pool moves to generation 2 without it.
     inv.gpus.retain(|g| g.index != 2);
     let d = devices(&inv, &SharedPolicy::default());
-    let p = publish(&api, DRIVER_NAME, NODE, &d).await.unwrap();
+    let p = publish_node(&api, &d).await.unwrap();
     assert_eq!((p.generation, p.changed), (2, true));
-    let s = slice0(&fake);
+    let s = published_slice(&fake);
     assert_eq!(s["spec"]["pool"]["generation"], 2);
     assert_eq!(s["metadata"]["generation"], 2, "the server saw a new spec");
-    let names: Vec<&str> = s["spec"]["devices"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| d["name"].as_str().unwrap())
-        .collect();
+    let names = device_names(s["spec"]["devices"].as_array().unwrap());
     assert!(!names.iter().any(|n| n.starts_with("gpu-2")), "{names:?}");
 }
 
 #[tokio::test]
 async fn a_racing_writer_is_never_overwritten_blindly() {
-    let fake = FakeApiServer::start().await;
-    let api = KubeApi::new(&fake.url, None).unwrap();
+    let (fake, api) = fake_api().await;
     let mut inv = inventory();
-    publish(
-        &api,
-        DRIVER_NAME,
-        NODE,
-        &devices(&inv, &SharedPolicy::default()),
-    )
-    .await
-    .unwrap();
+    publish_node(&api, &devices(&inv, &SharedPolicy::default()))
+        .await
+        .unwrap();
 
     // The double itself: a stale or missing resourceVersion is a conflict,
     // a create of a taken name too.
     let mut stale: k8s_openapi::api::resource::v1::ResourceSlice =
-        serde_json::from_value(slice0(&fake)).unwrap();
+        serde_json::from_value(published_slice(&fake)).unwrap();
     stale.metadata.resource_version = Some("1".into());
     fake.touch_slice(&slice_name(NODE, DRIVER_NAME, 0), |_| {});
     assert!(matches!(
@@ -267,9 +248,9 @@ async fn a_racing_writer_is_never_overwritten_blindly() {
     inv.gpus.retain(|g| g.index != 0);
     let d = devices(&inv, &SharedPolicy::default());
     fake.interfere_with_updates(2);
-    let p = publish(&api, DRIVER_NAME, NODE, &d).await.unwrap();
+    let p = publish_node(&api, &d).await.unwrap();
     assert!(p.changed);
-    let s = slice0(&fake);
+    let s = published_slice(&fake);
     assert_eq!(
         serde_json::to_value(&d).unwrap(),
         s["spec"]["devices"],
@@ -279,14 +260,9 @@ async fn a_racing_writer_is_never_overwritten_blindly() {
     // Races without end: an error naming the conflict, not a blind write.
     inv.gpus.retain(|g| g.index != 1);
     fake.interfere_with_updates(100);
-    let e = publish(
-        &api,
-        DRIVER_NAME,
-        NODE,
-        &devices(&inv, &SharedPolicy::default()),
-    )
-    .await
-    .unwrap_err();
+    let e = publish_node(&api, &devices(&inv, &SharedPolicy::default()))
+        .await
+        .unwrap_err();
     assert!(matches!(e, PublishError::Conflicts(_)), "{e}");
     assert!(
         e.to_string().contains("the object has been modified"),
@@ -296,10 +272,9 @@ async fn a_racing_writer_is_never_overwritten_blindly() {
 
 #[tokio::test]
 async fn slices_changed_behind_its_back_are_put_right() {
-    let fake = FakeApiServer::start().await;
-    let api = KubeApi::new(&fake.url, None).unwrap();
+    let (fake, api) = fake_api().await;
     let d = devices(&inventory(), &SharedPolicy::default());
-    publish(&api, DRIVER_NAME, NODE, &d).await.unwrap();
+    publish_node(&api, &d).await.unwrap();
     let name = slice_name(NODE, DRIVER_NAME, 0);
 
     // Someone edits a device away: the next publication restores it, at a
@@ -307,10 +282,10 @@ async fn slices_changed_behind_its_back_are_put_right() {
     fake.touch_slice(&name, |s| {
         s["spec"]["devices"].as_array_mut().unwrap().remove(0);
     });
-    let p = publish(&api, DRIVER_NAME, NODE, &d).await.unwrap();
+    let p = publish_node(&api, &d).await.unwrap();
     assert_eq!((p.generation, p.changed), (2, true));
     assert_eq!(
-        slice0(&fake)["spec"]["devices"],
+        published_slice(&fake)["spec"]["devices"],
         serde_json::to_value(&d).unwrap()
     );
 
@@ -322,7 +297,7 @@ async fn slices_changed_behind_its_back_are_put_right() {
     // Another node's slice is not ours to touch.
     let other = slices(DRIVER_NAME, "node-b", 1, &d).remove(0);
     api.create_slice(&other).await.unwrap();
-    let p = publish(&api, DRIVER_NAME, NODE, &d).await.unwrap();
+    let p = publish_node(&api, &d).await.unwrap();
     assert_eq!(p.generation, 4, "above the stray's generation 3");
     let all = fake.slices();
     let ours: Vec<&String> = all
@@ -345,19 +320,9 @@ fn sick(gpu: u32, why: &str) -> std::collections::BTreeMap<u32, Sick> {
     )])
 }
 
-fn names(slice: &Value) -> Vec<String> {
-    slice["spec"]["devices"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| d["name"].as_str().unwrap().to_string())
-        .collect()
-}
-
 #[tokio::test]
 async fn an_unhealthy_gpu_is_tainted_and_republishing_it_writes_nothing() {
-    let fake = FakeApiServer::start().await;
-    let api = KubeApi::new(&fake.url, None).unwrap();
+    let (fake, api) = fake_api().await;
     let inv = inventory();
     let policy = SharedPolicy::default();
     let healthy = devices(&inv, &policy);
@@ -389,26 +354,26 @@ async fn an_unhealthy_gpu_is_tainted_and_republishing_it_writes_nothing() {
         Some("unknown")
     );
 
-    publish(&api, DRIVER_NAME, NODE, &healthy).await.unwrap();
-    let p = publish(&api, DRIVER_NAME, NODE, &bad).await.unwrap();
+    publish_node(&api, &healthy).await.unwrap();
+    let p = publish_node(&api, &bad).await.unwrap();
     assert_eq!(
         (p.generation, p.changed, p.taints_dropped),
         (2, true, false)
     );
     // timeAdded survives the round trip: the same state is no change.
     let writes = fake.slice_writes();
-    let p = publish(&api, DRIVER_NAME, NODE, &bad).await.unwrap();
+    let p = publish_node(&api, &bad).await.unwrap();
     assert_eq!((p.generation, p.changed), (2, false));
     assert_eq!(fake.slice_writes(), writes);
-    let s = slice0(&fake);
+    let s = published_slice(&fake);
     assert_eq!(
         device(&s, "gpu-3-mig-1")["taints"][0]["timeAdded"],
         "2026-05-28T20:26:40Z"
     );
     // Recovery: the taints go, a new generation.
-    let p = publish(&api, DRIVER_NAME, NODE, &healthy).await.unwrap();
+    let p = publish_node(&api, &healthy).await.unwrap();
     assert_eq!((p.generation, p.changed), (3, true));
-    assert!(device(&slice0(&fake), "gpu-3-mig-1")["taints"].is_null());
+    assert!(device(&published_slice(&fake), "gpu-3-mig-1")["taints"].is_null());
 }
 
 #[tokio::test]
@@ -435,11 +400,7 @@ async fn wait_names(
 ) -> Vec<String> {
     let t0 = std::time::Instant::now();
     loop {
-        let n = fake
-            .slices()
-            .get(&slice_name(NODE, DRIVER_NAME, 0))
-            .map(names)
-            .unwrap_or_default();
+        let n = published_names(fake);
         if ok(&n) {
             return n;
         }
@@ -455,15 +416,7 @@ async fn where_the_server_drops_taints_an_unhealthy_gpu_leaves_the_pool() {
     let api = KubeApi::new(&fake.url, None).unwrap();
     let (_inv_tx, inv_rx) = tokio::sync::watch::channel(inventory());
     let (tx, rx) = tokio::sync::watch::channel(Default::default());
-    let follower = tokio::spawn(async move {
-        follow(
-            &api,
-            DRIVER_NAME,
-            gpuslice_dra::feed::NodeFeed::enforced(NODE, SharedPolicy::default(), inv_rx, rx),
-            std::time::Duration::from_secs(3600),
-        )
-        .await
-    });
+    let follower = follow_for_an_hour(api, SharedPolicy::default(), inv_rx, rx);
     let has_1 = |n: &[String]| n.iter().any(|x| x.starts_with("gpu-1"));
     wait_names(&fake, "first publication", &has_1).await;
     tx.send_modify(|s: &mut gpuslice_health::Snapshot| {

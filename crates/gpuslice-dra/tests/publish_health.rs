@@ -4,45 +4,24 @@
 //! The fake NVML follows `FAKEGPU_ROOT`, one host per process: the test
 //! holds `gpuslice_testkit::fakenvml::serve` on its host throughout.
 
+use crate::common::{
+    device_names, fake_api, follow_for_an_hour, published_devices, published_names,
+    published_slice, wait_for_the_xid_watcher,
+};
 use fakegpu::FakeHost;
-use gpuslice_dra::apiserver::KubeApi;
-use gpuslice_dra::publish::{follow, slice_name, SharedPolicy, UNHEALTHY_TAINT};
-use gpuslice_dra::DRIVER_NAME;
+use gpuslice_dra::publish::{SharedPolicy, UNHEALTHY_TAINT};
 use gpuslice_health::Config as Health;
 use gpuslice_testkit::fakeapi::FakeApiServer;
 use gpuslice_testkit::wait_until;
-use serde_json::Value;
 use std::time::Duration;
-
-const NODE: &str = "node-a";
-
-fn slice0(api: &FakeApiServer) -> Value {
-    api.slices()
-        .remove(&slice_name(NODE, DRIVER_NAME, 0))
-        .expect("slice 0 published")
-}
-
-/// The device names published for `node` now.
-fn published_names(api: &FakeApiServer) -> Vec<String> {
-    api.slices()
-        .get(&slice_name(NODE, DRIVER_NAME, 0))
-        .and_then(|s| s["spec"]["devices"].as_array().cloned())
-        .unwrap_or_default()
-        .iter()
-        .map(|d| d["name"].as_str().unwrap().to_string())
-        .collect()
-}
 
 /// The names of the published devices that carry a taint.
 fn tainted(api: &FakeApiServer) -> Vec<String> {
-    api.slices()
-        .get(&slice_name(NODE, DRIVER_NAME, 0))
-        .and_then(|s| s["spec"]["devices"].as_array().cloned())
-        .unwrap_or_default()
-        .iter()
-        .filter(|d| d["taints"].is_array())
-        .map(|d| d["name"].as_str().unwrap().to_string())
-        .collect()
+    device_names(
+        published_devices(api)
+            .iter()
+            .filter(|d| d["taints"].is_array()),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -50,8 +29,7 @@ async fn an_xid_taints_the_gpus_devices_until_it_recovers() {
     let h = FakeHost::builder().gpus(3).build().unwrap();
     let _nvml = gpuslice_testkit::fakenvml::serve(h.root());
     let inv = gpuslice_testkit::fakenvml::discover(&h);
-    let fake = FakeApiServer::start().await;
-    let api = KubeApi::new(&fake.url, None).unwrap();
+    let (fake, api) = fake_api().await;
     let (tx, rx) = tokio::sync::watch::channel(Default::default());
     let health = Health {
         recover_after_seconds: 1,
@@ -61,29 +39,13 @@ async fn an_xid_taints_the_gpus_devices_until_it_recovers() {
     let mut watching = rx.clone();
     let policy = SharedPolicy::default();
     let (_inv_tx, inv_rx) = tokio::sync::watch::channel(inv.clone());
-    let follower = {
-        tokio::spawn(async move {
-            follow(
-                &api,
-                DRIVER_NAME,
-                gpuslice_dra::feed::NodeFeed::enforced(NODE, policy, inv_rx, rx),
-                Duration::from_secs(3600),
-            )
-            .await
-        })
-    };
+    let follower = follow_for_an_hour(api, policy, inv_rx, rx);
     let all = |n: &[String]| n.iter().any(|x| x == "gpu-1") && n.iter().any(|x| x == "gpu-0");
     wait_until("first publication", Duration::from_secs(10), || {
         all(&published_names(&fake))
     })
     .await;
-    tokio::time::timeout(
-        Duration::from_secs(10),
-        watching.wait_for(|s| s.watching == "events"),
-    )
-    .await
-    .expect("the XID watcher runs")
-    .unwrap();
+    wait_for_the_xid_watcher(&mut watching).await;
 
     // An application XID changes nothing; a critical one taints every
     // device of GPU 1, which stays in the pool.
@@ -96,7 +58,7 @@ async fn an_xid_taints_the_gpus_devices_until_it_recovers() {
     eprintln!("re-published {took:?} after the XID");
     assert_eq!(tainted(&fake), ["gpu-1"]);
     assert!(all(&published_names(&fake)));
-    let s = slice0(&fake);
+    let s = published_slice(&fake);
     assert_eq!(s["spec"]["pool"]["generation"], 2);
     let d = &s["spec"]["devices"]
         .as_array()
@@ -120,7 +82,7 @@ async fn an_xid_taints_the_gpus_devices_until_it_recovers() {
     )
     .await;
     assert!(all(&published_names(&fake)));
-    assert_eq!(slice0(&fake)["spec"]["pool"]["generation"], 3);
+    assert_eq!(published_slice(&fake)["spec"]["pool"]["generation"], 3);
     drop(watcher); // the health sender goes: follow returns
     tokio::time::timeout(Duration::from_secs(5), follower)
         .await

@@ -4,6 +4,7 @@
 //! their host; nothing else sets the process's environment.
 
 mod client;
+mod common;
 mod deploy;
 mod dra;
 mod hotplug;

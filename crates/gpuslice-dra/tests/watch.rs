@@ -4,17 +4,16 @@
 //! force a re-list, and a watch whose resourceVersion is gone (410) lists
 //! again and goes on watching.
 
+use crate::common::{follow_for_an_hour, NODE};
 use fakegpu::FakeHost;
 use gpuslice_core::Inventory;
 use gpuslice_dra::apiserver::KubeApi;
-use gpuslice_dra::publish::{follow, slice_name, SharedPolicy};
+use gpuslice_dra::publish::{slice_name, SharedPolicy};
 use gpuslice_dra::DRIVER_NAME;
 use gpuslice_testkit::fakeapi::{shared_claim, FakeApiServer};
 use gpuslice_testkit::wait_until;
 use std::sync::OnceLock;
 use std::time::Duration;
-
-const NODE: &str = "node-a";
 
 fn inventory() -> Inventory {
     static HOST: OnceLock<FakeHost> = OnceLock::new();
@@ -22,27 +21,20 @@ fn inventory() -> Inventory {
     gpuslice_testkit::fakenvml::discover(h)
 }
 
+/// Feeds that `follow` keeps reading while they live.
+type Feeds = (
+    tokio::sync::watch::Sender<Inventory>,
+    tokio::sync::watch::Sender<gpuslice_health::Snapshot>,
+);
+
 /// Starts `follow` (resync: an hour, so only the watch can act) and waits
-/// for the first publication and the first watch.
-async fn start(fake: &FakeApiServer) -> tokio::task::JoinHandle<()> {
+/// for the first publication and the first watch. It runs while its feeds
+/// live.
+async fn start(fake: &FakeApiServer) -> (tokio::task::JoinHandle<()>, Feeds) {
     let api = KubeApi::new(&fake.url, None).unwrap();
     let (inv_tx, inv_rx) = tokio::sync::watch::channel(inventory());
     let (health_tx, health_rx) = tokio::sync::watch::channel(Default::default());
-    let task = tokio::spawn(async move {
-        let _keep = (inv_tx, health_tx);
-        follow(
-            &api,
-            DRIVER_NAME,
-            gpuslice_dra::feed::NodeFeed::enforced(
-                NODE,
-                SharedPolicy::default(),
-                inv_rx,
-                health_rx,
-            ),
-            Duration::from_secs(3600),
-        )
-        .await
-    });
+    let task = follow_for_an_hour(api, SharedPolicy::default(), inv_rx, health_rx);
     let name = slice_name(NODE, DRIVER_NAME, 0);
     wait_until(
         "first publication and watch",
@@ -50,13 +42,13 @@ async fn start(fake: &FakeApiServer) -> tokio::task::JoinHandle<()> {
         || fake.slices().contains_key(&name) && !fake.watch_starts().is_empty(),
     )
     .await;
-    task
+    (task, (inv_tx, health_tx))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slices_changed_behind_its_back_are_put_right_at_once() {
     let fake = FakeApiServer::start().await;
-    let task = start(&fake).await;
+    let (task, _feeds) = start(&fake).await;
     let name = slice_name(NODE, DRIVER_NAME, 0);
     let devices = |f: &FakeApiServer| {
         f.slices().get(&name).map_or(0, |s| {
@@ -83,7 +75,7 @@ async fn slices_changed_behind_its_back_are_put_right_at_once() {
 async fn bookmarks_carry_the_watch_past_a_compaction_without_a_relist() {
     let fake = FakeApiServer::start().await;
     fake.set_bookmark_interval(Duration::from_millis(20));
-    let task = start(&fake).await;
+    let (task, _feeds) = start(&fake).await;
     // Other objects change: the revision moves, no slice event comes,
     // only bookmarks tell the watch how far it is.
     for i in 0..5 {
@@ -116,7 +108,7 @@ async fn bookmarks_carry_the_watch_past_a_compaction_without_a_relist() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_whose_history_is_gone_lists_again_and_watches_on() {
     let fake = FakeApiServer::start().await;
-    let task = start(&fake).await;
+    let (task, _feeds) = start(&fake).await;
     let lists = fake.lists();
     fake.expire_watches();
     wait_until("a re-list and a new watch", Duration::from_secs(5), || {

@@ -6,7 +6,9 @@
 //! Grafana dashboard queries only series the exporter emits.
 
 use gpuslice_k8s::plugin::config::Config;
-use gpuslice_testkit::manifests::{helm_and_validator, typed, validate_objects};
+use gpuslice_testkit::manifests::{
+    checked_host_paths, helm_and_validator, typed, validate_objects,
+};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service};
 use serde::Deserialize;
@@ -88,12 +90,7 @@ fn check_daemonset_on(ds: &DaemonSet, port: i32) {
     assert_eq!(ann["prometheus.io/scrape"], "true");
     assert_eq!(ann["prometheus.io/port"], port.to_string());
     let pod = tmpl.spec.as_ref().unwrap();
-    let host_paths: BTreeSet<String> = pod
-        .volumes
-        .iter()
-        .flatten()
-        .filter_map(|v| v.host_path.as_ref().map(|h| h.path.clone()))
-        .collect();
+    let host_paths = checked_host_paths(pod);
     for want in [
         "/var/lib/kubelet/device-plugins",
         "/dev",
@@ -103,26 +100,6 @@ fn check_daemonset_on(ds: &DaemonSet, port: i32) {
         "/var/lib/kubelet/pod-resources",
     ] {
         assert!(host_paths.contains(want), "no hostPath {want}");
-    }
-    let volumes: BTreeSet<&str> = pod
-        .volumes
-        .iter()
-        .flatten()
-        .map(|v| v.name.as_str())
-        .collect();
-    let all = pod
-        .containers
-        .iter()
-        .chain(pod.init_containers.iter().flatten());
-    for c in all {
-        for m in c.volume_mounts.iter().flatten() {
-            assert!(
-                volumes.contains(m.name.as_str()),
-                "{}: no volume {}",
-                c.name,
-                m.name
-            );
-        }
     }
     let plugin = pod
         .containers
@@ -152,7 +129,8 @@ fn check_daemonset_on(ds: &DaemonSet, port: i32) {
         );
     }
     assert_eq!(pod.host_pid, Some(true));
-    let cmd = plugin.command.clone().unwrap().join(" ");
+    let command = |c: &k8s_openapi::api::core::v1::Container| c.command.clone().unwrap().join(" ");
+    let cmd = command(plugin);
     assert!(
         cmd.contains("device-plugin --config /etc/gpuslice/config.yaml"),
         "{cmd}"
@@ -166,12 +144,7 @@ fn check_daemonset_on(ds: &DaemonSet, port: i32) {
         .iter()
         .find(|c| c.name == "exporter")
         .unwrap();
-    assert!(exporter
-        .command
-        .clone()
-        .unwrap()
-        .join(" ")
-        .contains("exporter"));
+    assert!(command(exporter).contains("exporter"));
     assert!(exporter
         .ports
         .iter()
@@ -183,12 +156,7 @@ fn check_daemonset_on(ds: &DaemonSet, port: i32) {
         .flatten()
         .find(|c| c.name == "labels")
         .unwrap();
-    assert!(labels
-        .command
-        .clone()
-        .unwrap()
-        .join(" ")
-        .contains("labels --config"));
+    assert!(command(labels).contains("labels --config"));
 }
 
 /// Whether the dotted `path` leads somewhere in `v`.

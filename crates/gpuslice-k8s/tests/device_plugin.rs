@@ -13,7 +13,7 @@ use gpuslice_core::HostRoot;
 use gpuslice_k8s::plugin::config::Config;
 use gpuslice_k8s::plugin::{spawn, Handle, Options};
 use gpuslice_ledger::board::board_path;
-use gpuslice_testkit::kubelet::{allocate_one, first_list, preferred_one, TestKubelet};
+use gpuslice_testkit::kubelet::{allocate_one, first_list, preferred_one, Client, TestKubelet};
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::OnceLock;
@@ -78,12 +78,35 @@ fn uuid(i: usize) -> String {
     host().gpus()[i].uuid.clone()
 }
 
-async fn setup(extra: &str) -> (StateDir, Handle, TestKubelet) {
-    let t = StateDir::new();
-    let cfg = config(t.path(), extra);
-    let kubelet = TestKubelet::start(&cfg.plugin_dir).await.unwrap();
+/// The plugin on `cfg`, and a test kubelet that has seen each of
+/// `resources` register.
+async fn start_registered(cfg: Config, resources: &[&str]) -> (Handle, TestKubelet) {
+    let mut kubelet = TestKubelet::start(&cfg.plugin_dir).await.unwrap();
     let plugin = start(cfg);
+    kubelet
+        .registrations_of(resources, Duration::from_secs(10))
+        .await
+        .unwrap();
+    (plugin, kubelet)
+}
+
+/// [`start_registered`] on a fresh state with `extra` config.
+async fn registered(extra: &str, resources: &[&str]) -> (StateDir, Handle, TestKubelet) {
+    let t = StateDir::new();
+    let (plugin, kubelet) = start_registered(config(t.path(), extra), resources).await;
     (t, plugin, kubelet)
+}
+
+/// [`registered`] with GPUs 0-2 shared (`SHARED`, with the `sharing`
+/// options given), and a client of the shared resource.
+async fn shared_replicas(sharing: &str) -> (StateDir, Handle, TestKubelet, Client) {
+    let extra = match sharing {
+        "" => SHARED.to_string(),
+        options => format!("{SHARED}sharing: {{{options}}}"),
+    };
+    let (t, plugin, kubelet) = registered(&extra, &SHARED_AND_MIG).await;
+    let client = kubelet.dial("gpuslice-gpu.shared.sock").await.unwrap();
+    (t, plugin, kubelet, client)
 }
 
 const ALL: [&str; 3] = [
@@ -99,7 +122,7 @@ const SHARED: &str = "roles: [{gpus: others, role: shared, replicas: 4}]\n";
 
 #[tokio::test]
 async fn registers_each_resource_and_lists_devices_with_numa() {
-    let (_t, _p, mut k) = setup(MIXED).await;
+    let (_t, _p, mut k) = registered(MIXED, &[]).await;
     let regs = k
         .registrations_of(&ALL, Duration::from_secs(10))
         .await
@@ -168,10 +191,7 @@ fn set(v: &[&str]) -> BTreeSet<String> {
 
 #[tokio::test]
 async fn allocates_whole_gpus_with_exactly_their_nodes() {
-    let (t, _p, mut k) = setup("strategies: {cdi: true}").await;
-    k.registrations_of(&WHOLE_AND_MIG, Duration::from_secs(10))
-        .await
-        .unwrap();
+    let (t, _p, k) = registered("strategies: {cdi: true}", &WHOLE_AND_MIG).await;
     let mut c = k.dial("gpuslice-gpu.sock").await.unwrap();
     let r = allocate_one(&mut c, &[uuid(2), uuid(0)]).await.unwrap();
     assert_eq!(
@@ -211,11 +231,7 @@ async fn allocates_whole_gpus_with_exactly_their_nodes() {
 
 #[tokio::test]
 async fn allocates_shared_replicas_with_the_shim_and_a_cap() {
-    let (t, _p, mut k) = setup(SHARED).await;
-    k.registrations_of(&SHARED_AND_MIG, Duration::from_secs(10))
-        .await
-        .unwrap();
-    let mut c = k.dial("gpuslice-gpu.shared.sock").await.unwrap();
+    let (t, _p, _k, mut c) = shared_replicas("").await;
     let mem = host().gpus()[1].memory_bytes;
     // One replica: 1/4 of the GPU.
     let r = allocate_one(&mut c, &[format!("{}::3", uuid(1))])
@@ -236,53 +252,40 @@ async fn allocates_shared_replicas_with_the_shim_and_a_cap() {
         .map(|m| (m.container_path.clone(), m.host_path.clone(), m.read_only))
         .collect();
     let records = t.path().join("ledgers").join(&slice);
+    let boards = t.path().join("boards");
+    let inside = Path::new("/run/gpuslice/gpus");
+    let mount = |container: &Path, host: &Path, read_only: bool| {
+        (
+            container.display().to_string(),
+            host.display().to_string(),
+            read_only,
+        )
+    };
+    let state = t.path().join("state");
+    let slice_dir = Path::new("/run/gpuslice/slice");
     assert_eq!(
         mounts,
         vec![
-            (
-                "/usr/local/gpuslice/libgpuslice.so".into(),
-                t.path().join("libgpuslice.so").display().to_string(),
+            mount(
+                Path::new("/usr/local/gpuslice/libgpuslice.so"),
+                &t.path().join("libgpuslice.so"),
                 true
             ),
-            (
-                "/etc/ld.so.preload".into(),
-                t.path().join("state/ld.so.preload").display().to_string(),
+            mount(
+                Path::new("/etc/ld.so.preload"),
+                &state.join("ld.so.preload"),
                 true
             ),
-            (
-                "/run/gpuslice/slice/limits".into(),
-                records.join("limits").display().to_string(),
-                true
-            ),
-            (
-                "/run/gpuslice/slice/usage".into(),
-                records.join("usage").display().to_string(),
+            mount(&slice_dir.join("limits"), &records.join("limits"), true),
+            mount(&slice_dir.join("usage"), &records.join("usage"), false),
+            mount(&slice_dir.join("hostpid"), &state.join("hostpid"), true),
+            mount(inside, &boards, true),
+            mount(
+                &board_path(inside, &uuid(1)),
+                &board_path(&boards, &uuid(1)),
                 false
             ),
-            (
-                "/run/gpuslice/slice/hostpid".into(),
-                t.path().join("state/hostpid").display().to_string(),
-                true
-            ),
-            (
-                "/run/gpuslice/gpus".into(),
-                t.path().join("boards").display().to_string(),
-                true
-            ),
-            (
-                board_path(Path::new("/run/gpuslice/gpus"), &uuid(1))
-                    .display()
-                    .to_string(),
-                board_path(&t.path().join("boards"), &uuid(1))
-                    .display()
-                    .to_string(),
-                false
-            ),
-            (
-                "/run/gpuslice/gpus/shares".into(),
-                t.path().join("boards/shares").display().to_string(),
-                true
-            ),
+            mount(&inside.join("shares"), &boards.join("shares"), true),
         ]
     );
     // A capped replica takes turns on its GPU as a guaranteed one does:
@@ -345,10 +348,7 @@ async fn allocates_shared_replicas_with_the_shim_and_a_cap() {
 
 #[tokio::test]
 async fn allocates_mig_devices_with_their_caps() {
-    let (_t, _p, mut k) = setup("").await;
-    k.registrations_of(&WHOLE_AND_MIG, Duration::from_secs(10))
-        .await
-        .unwrap();
+    let (_t, _p, k) = registered("", &WHOLE_AND_MIG).await;
     let mut c = k.dial("gpuslice-mig-1g.18gb.sock").await.unwrap();
     let (devs, _s) = first_list(&mut c).await.unwrap();
     let r = allocate_one(&mut c, &[devs[1].id.clone()]).await.unwrap();
@@ -369,10 +369,7 @@ async fn allocates_mig_devices_with_their_caps() {
 
 #[tokio::test]
 async fn bad_and_foreign_requests_are_invalid_argument() {
-    let (_t, _p, mut k) = setup("").await;
-    k.registrations_of(&WHOLE_AND_MIG, Duration::from_secs(10))
-        .await
-        .unwrap();
+    let (_t, _p, k) = registered("", &WHOLE_AND_MIG).await;
     let mut c = k.dial("gpuslice-gpu.sock").await.unwrap();
     let shared_id = format!("{}::0", uuid(0));
     let long = "x".repeat(10_000);
@@ -409,10 +406,7 @@ async fn bad_and_foreign_requests_are_invalid_argument() {
 
 #[tokio::test]
 async fn preferred_allocation_of_whole_gpus_follows_topology() {
-    let (_t, _p, mut k) = setup("").await;
-    k.registrations_of(&WHOLE_AND_MIG, Duration::from_secs(10))
-        .await
-        .unwrap();
+    let (_t, _p, k) = registered("", &WHOLE_AND_MIG).await;
     let mut c = k.dial("gpuslice-gpu.sock").await.unwrap();
     let all: Vec<String> = (0..3).map(uuid).collect();
     // GPUs 0,1 share NUMA node 0; 2 is alone on node 1.
@@ -447,11 +441,7 @@ fn available(all: &[String], taken: &[(usize, usize)]) -> Vec<String> {
 
 #[tokio::test]
 async fn preferred_allocation_packs_replicas_onto_the_fullest_gpu() {
-    let (_t, _p, mut k) = setup(SHARED).await;
-    k.registrations_of(&SHARED_AND_MIG, Duration::from_secs(10))
-        .await
-        .unwrap();
-    let mut s = k.dial("gpuslice-gpu.shared.sock").await.unwrap();
+    let (_t, _p, _k, mut s) = shared_replicas("").await;
     let (devs, _st) = first_list(&mut s).await.unwrap();
     let all: Vec<String> = devs.iter().map(|d| d.id.clone()).collect();
     // The case: GPU 0 holds one replica; the next goes to GPU 0,
@@ -487,11 +477,7 @@ async fn preferred_allocation_packs_replicas_onto_the_fullest_gpu() {
 
 #[tokio::test]
 async fn spread_option_spreads_replicas() {
-    let (_t, _p, mut k) = setup(&format!("{SHARED}sharing: {{spread: true}}")).await;
-    k.registrations_of(&SHARED_AND_MIG, Duration::from_secs(10))
-        .await
-        .unwrap();
-    let mut s = k.dial("gpuslice-gpu.shared.sock").await.unwrap();
+    let (_t, _p, _k, mut s) = shared_replicas("spread: true").await;
     let (devs, _st) = first_list(&mut s).await.unwrap();
     let all: Vec<String> = devs.iter().map(|d| d.id.clone()).collect();
     let got = preferred_one(&mut s, &all, &[], 3).await.unwrap();
@@ -552,11 +538,7 @@ fn assert_takes_turns(
 
 #[tokio::test]
 async fn guaranteed_mode_lets_replicas_borrow() {
-    let (t, _p, mut k) = setup(&format!("{SHARED}sharing: {{computeMode: guaranteed}}")).await;
-    k.registrations_of(&SHARED_AND_MIG, Duration::from_secs(10))
-        .await
-        .unwrap();
-    let mut c = k.dial("gpuslice-gpu.shared.sock").await.unwrap();
+    let (t, _p, _k, mut c) = shared_replicas("computeMode: guaranteed").await;
     let r = allocate_one(&mut c, &[format!("{}::0", uuid(2))])
         .await
         .unwrap();
@@ -575,10 +557,7 @@ async fn guaranteed_mode_lets_replicas_borrow() {
 
 #[tokio::test]
 async fn reregisters_after_a_kubelet_restart() {
-    let (t, p, mut k) = setup(MIXED).await;
-    k.registrations_of(&ALL, Duration::from_secs(10))
-        .await
-        .unwrap();
+    let (t, p, k) = registered(MIXED, &ALL).await;
     let dir = t.path().join("plugins");
     // The kubelet goes away, then comes back: it wipes the sockets and
     // re-creates kubelet.sock.
@@ -707,10 +686,7 @@ async fn listed_gpus(k: &TestKubelet, endpoint: &str) -> BTreeSet<usize> {
 
 #[tokio::test]
 async fn a_whole_and_a_shared_request_never_land_on_one_gpu() {
-    let (_t, _p, mut k) = setup(MIXED).await;
-    k.registrations_of(&ALL, Duration::from_secs(10))
-        .await
-        .unwrap();
+    let (_t, _p, k) = registered(MIXED, &ALL).await;
     let whole = listed_gpus(&k, "gpuslice-gpu.sock").await;
     let shared = listed_gpus(&k, "gpuslice-gpu.shared.sock").await;
     assert_eq!(whole, [0, 1].into());
@@ -861,12 +837,7 @@ async fn ledger_dirs_go_once_their_pod_is_gone_and_no_process_uses_them() {
         "{SHARED}ledgerCleanup: {{intervalSeconds: 1, graceSeconds: 0, podResourcesSocket: {}}}",
         socket.display()
     );
-    let cfg = config(t.path(), &text);
-    let mut k = TestKubelet::start(&cfg.plugin_dir).await.unwrap();
-    let p = start(cfg);
-    k.registrations_of(&SHARED_AND_MIG, Duration::from_secs(10))
-        .await
-        .unwrap();
+    let (p, k) = start_registered(config(t.path(), &text), &SHARED_AND_MIG).await;
     let mut s = k.dial("gpuslice-gpu.shared.sock").await.unwrap();
     // Three pods, each with a replica; the kubelet lists them.
     let ids: Vec<Vec<String>> = (0..3).map(|g| vec![format!("{}::1", uuid(g))]).collect();
@@ -958,11 +929,7 @@ async fn the_enforcer_kills_a_replica_s_process_that_runs_past_the_shim() {
     ) {
         return;
     }
-    let (t, _p, mut k) = setup(SHARED).await;
-    k.registrations_of(&SHARED_AND_MIG, Duration::from_secs(10))
-        .await
-        .unwrap();
-    let mut c = k.dial("gpuslice-gpu.shared.sock").await.unwrap();
+    let (t, _p, _k, mut c) = shared_replicas("").await;
     let cap = host().gpus()[1].memory_bytes / 4;
     for (r, hide) in [(0, Hide::Nothing), (1, Hide::Records)] {
         let resp = allocate_one(&mut c, &[format!("{}::{r}", uuid(1))])
@@ -1014,11 +981,7 @@ async fn driver_partitions_name_a_replica_s_cdi_device_with_its_hooks() {
     cfg.driver_partitions.enabled = true;
     cfg.driver_partitions.hook = hook.clone();
     cfg.driver_partitions.cdi_dir = cdi_dir.clone();
-    let mut k = TestKubelet::start(&cfg.plugin_dir).await.unwrap();
-    let _p = start(cfg);
-    k.registrations_of(&ALL, Duration::from_secs(10))
-        .await
-        .unwrap();
+    let (_p, k) = start_registered(cfg, &ALL).await;
     let mut c = k.dial("gpuslice-gpu.shared.sock").await.unwrap();
     let (devices, _s) = first_list(&mut c).await.unwrap();
     let r = allocate_one(&mut c, &[devices[1].id.clone()])

@@ -3,7 +3,8 @@
 //!
 //! What is known here is what was granted, and whether the claim's pods
 //! can escape it: read from the DRA plugin's checkpoint by the caller
-//! ([`DraClaims`]; the format is gpuslice-dra's).
+//! ([`DraClaims`]; the file's format is gpuslice-dra's, whose
+//! `checkpoint::prepared_slices` gives its slices as [`ClaimSlice`]s).
 
 use crate::sample::{self as m, Labels, Sample};
 use gpuslice_core::Inventory;
@@ -22,8 +23,7 @@ pub struct ClaimSlice {
     pub device: String,
     pub gpu: u32,
     /// The consumed capacity (shared devices); None for a whole GPU or MIG.
-    pub memory_bytes: Option<u64>,
-    pub compute_percent: Option<u32>,
+    pub caps: Option<gpuslice_ledger::limits::DeviceCaps>,
     /// Why its caps do not hold against its pods (empty: nothing seen).
     pub unenforceable: Vec<String>,
     /// Root's limits record of a capped slice (how its processes are
@@ -81,11 +81,13 @@ pub fn collect(
             ("gpu", c.gpu.to_string()),
             ("uuid", gpu.map_or_else(String::new, |g| g.uuid.clone())),
         ];
-        if let Some(b) = c.memory_bytes {
-            out.push(m::SLICE_CAP, &l, b as f64);
-        }
-        if let Some(p) = c.compute_percent {
-            out.push(m::SLICE_COMPUTE_SHARE, &l, f64::from(p) / 100.0);
+        if let Some(caps) = c.caps {
+            out.push(m::SLICE_CAP, &l, caps.memory_bytes() as f64);
+            out.push(
+                m::SLICE_COMPUTE_SHARE,
+                &l,
+                f64::from(caps.compute_percent()) / 100.0,
+            );
         }
         for why in &c.unenforceable {
             let u: Labels = vec![("slice", c.slice.clone()), ("reason", why.clone())];
@@ -136,8 +138,10 @@ mod tests {
                 uid: "u-1".into(),
                 device: "gpu-0-shared".into(),
                 gpu: 0,
-                memory_bytes: Some(20 << 30),
-                compute_percent: Some(30),
+                caps: Some(gpuslice_ledger::limits::DeviceCaps {
+                    memory: gpuslice_ledger::limits::MemorySize(20 << 30),
+                    compute: gpuslice_ledger::limits::ComputeShare::from_basis_points(3000),
+                }),
                 unenforceable: vec!["container a: privileged".into()],
                 record: None,
                 enforcement: None,

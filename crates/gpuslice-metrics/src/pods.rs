@@ -77,22 +77,35 @@ pub enum PodsCause {
     TimedOut(#[source] tokio::time::error::Elapsed),
 }
 
+/// A gRPC channel to the server on the unix socket `socket` (the
+/// kubelet's, a device plugin's), connected within `connect_timeout` when
+/// one is given.
+pub async fn dial_unix(
+    socket: &Path,
+    connect_timeout: Option<Duration>,
+) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    let path = socket.to_path_buf();
+    // The URI is a placeholder: the connector dials the socket.
+    let mut endpoint = tonic::transport::Endpoint::from_static("http://[::1]:0");
+    if let Some(timeout) = connect_timeout {
+        endpoint = endpoint.connect_timeout(timeout);
+    }
+    endpoint
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let path = path.clone();
+            async move {
+                let s = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
+            }
+        }))
+        .await
+}
+
 /// Lists the node's pods' devices through `socket`, within `timeout`.
 pub async fn list(socket: &Path, timeout: Duration) -> Result<Vec<Assignment>, PodsError> {
     let path: PathBuf = socket.to_path_buf();
     let fut = async move {
-        // The URI is a placeholder: the connector dials the socket.
-        let channel = tonic::transport::Endpoint::try_from("http://[::1]:0")
-            .map_err(PodsCause::Connect)?
-            .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
-                let path = path.clone();
-                async move {
-                    let s = tokio::net::UnixStream::connect(path).await?;
-                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
-                }
-            }))
-            .await
-            .map_err(PodsCause::Connect)?;
+        let channel = dial_unix(&path, None).await.map_err(PodsCause::Connect)?;
         let mut client = v1::pod_resources_lister_client::PodResourcesListerClient::new(channel);
         let resp = client
             .list(v1::ListPodResourcesRequest {})

@@ -88,15 +88,12 @@ pub fn collect(
                         .filter(|h| h.pid == c.pid)
                         .all(|h| h.accounted())
                 });
-                let l: Labels = vec![
-                    ("slice", snap.slice_id.clone()),
-                    ("pid", c.pid.to_string()),
-                    ("comm", c.comm.clone()),
-                ];
-                out.push(
-                    m::SLICE_PROC_ENFORCED,
-                    &l,
-                    f64::from(u8::from(c.enforced() && accounted)),
+                push_process_enforced(
+                    out,
+                    &snap.slice_id,
+                    c.pid,
+                    &c.comm,
+                    c.enforced() && accounted,
                 );
                 exported.push(c.pid);
             }
@@ -206,17 +203,18 @@ pub(crate) fn push_holders(out: &mut Sample, f: &SliceFacts, exported: &mut Vec<
             continue;
         }
         exported.push(h.pid);
-        let l: Labels = vec![
-            ("slice", f.slice.clone()),
-            ("pid", h.pid.to_string()),
-            ("comm", h.comm.clone()),
-        ];
-        out.push(
-            m::SLICE_PROC_ENFORCED,
-            &l,
-            f64::from(u8::from(h.accounted())),
-        );
+        push_process_enforced(out, &f.slice, h.pid, &h.comm, h.accounted());
     }
+}
+
+/// `gpuslice_slice_process_enforced` of process `pid` (`comm`) of `slice`.
+fn push_process_enforced(out: &mut Sample, slice: &str, pid: u32, comm: &str, enforced: bool) {
+    let l: Labels = vec![
+        ("slice", slice.to_string()),
+        ("pid", pid.to_string()),
+        ("comm", comm.to_string()),
+    ];
+    out.push(m::SLICE_PROC_ENFORCED, &l, f64::from(u8::from(enforced)));
 }
 
 /// `gpuslice_slice_enforcement_kills_total` of `slice`, from the kills

@@ -10,7 +10,7 @@
 
 use anyhow::{bail, Context, Result};
 use gpuslice_k8s::plugin::config::valid_name_part;
-use gpuslice_k8s::plugin::server::{dial, API_VERSION, KUBELET_SOCKET};
+use gpuslice_k8s::plugin::server::{dial, spawn_unix_server, API_VERSION, KUBELET_SOCKET};
 use gpuslice_k8s::plugin::v1beta1 as api;
 use gpuslice_k8s::plugin::v1beta1::device_plugin_client::DevicePluginClient;
 use gpuslice_k8s::plugin::v1beta1::registration_server::{Registration, RegistrationServer};
@@ -19,7 +19,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
-use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
 
 pub type Client = DevicePluginClient<tonic::transport::Channel>;
@@ -101,19 +100,12 @@ impl TestKubelet {
         let listener = tokio::net::UnixListener::bind(&sock)
             .with_context(|| format!("binding {}", sock.display()))?;
         let (tx, rx) = mpsc::unbounded_channel();
-        let (stop, stopped) = oneshot::channel::<()>();
         let reg = Reg {
             dir: dir.to_path_buf(),
             tx,
         };
-        let task = tokio::spawn(async move {
-            let _ = tonic::transport::Server::builder()
-                .add_service(RegistrationServer::new(reg))
-                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
-                    let _ = stopped.await;
-                })
-                .await;
-        });
+        let router = tonic::transport::Server::builder().add_service(RegistrationServer::new(reg));
+        let (stop, task) = spawn_unix_server(router, listener, "test kubelet".into());
         Ok(TestKubelet {
             dir: dir.to_path_buf(),
             rx,
@@ -310,18 +302,11 @@ impl PodResources {
         let listener = tokio::net::UnixListener::bind(socket)
             .with_context(|| format!("binding {}", socket.display()))?;
         let pods: Pods = Arc::default();
-        let (stop, stopped) = oneshot::channel::<()>();
         let svc = podres::pod_resources_lister_server::PodResourcesListerServer::new(Lister(
             pods.clone(),
         ));
-        let task = tokio::spawn(async move {
-            let _ = tonic::transport::Server::builder()
-                .add_service(svc)
-                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
-                    let _ = stopped.await;
-                })
-                .await;
-        });
+        let router = tonic::transport::Server::builder().add_service(svc);
+        let (stop, task) = spawn_unix_server(router, listener, "test PodResources".into());
         Ok(PodResources {
             socket: socket.to_path_buf(),
             pods,

@@ -7,6 +7,7 @@
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -331,4 +332,29 @@ fn merge(base: Value, over: &Value) -> Value {
         }
         (_, o) => o.clone(),
     }
+}
+
+/// The paths of `pod`'s hostPath volumes, once every mount of its
+/// containers and init containers has been checked to name one of its
+/// volumes (a mount of no volume is refused by the API server).
+pub fn checked_host_paths(pod: &k8s_openapi::api::core::v1::PodSpec) -> BTreeSet<String> {
+    let volumes = pod.volumes.iter().flatten();
+    let names: BTreeSet<&str> = volumes.clone().map(|v| v.name.as_str()).collect();
+    for c in pod
+        .containers
+        .iter()
+        .chain(pod.init_containers.iter().flatten())
+    {
+        for m in c.volume_mounts.iter().flatten() {
+            assert!(
+                names.contains(m.name.as_str()),
+                "{}: no volume {}",
+                c.name,
+                m.name
+            );
+        }
+    }
+    volumes
+        .filter_map(|v| v.host_path.as_ref().map(|h| h.path.clone()))
+        .collect()
 }

@@ -170,19 +170,9 @@ pub fn serve(dir: &Path, svc: Service) -> Result<Served> {
     let _ = std::fs::remove_file(&socket);
     let listener = tokio::net::UnixListener::bind(&socket)
         .with_context(|| format!("cannot listen on {}", socket.display()))?;
-    let (stop, stopped) = oneshot::channel::<()>();
     let name = svc.resource().name.clone();
-    let task = tokio::spawn(async move {
-        let r = tonic::transport::Server::builder()
-            .add_service(DevicePluginServer::new(svc))
-            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
-                let _ = stopped.await;
-            })
-            .await;
-        if let Err(e) = r {
-            tracing::warn!("{name}: server ended: {e}");
-        }
-    });
+    let router = tonic::transport::Server::builder().add_service(DevicePluginServer::new(svc));
+    let (stop, task) = spawn_unix_server(router, listener, format!("{name}: server"));
     Ok(Served {
         socket,
         stop: Some(stop),
@@ -190,19 +180,31 @@ pub fn serve(dir: &Path, svc: Service) -> Result<Served> {
     })
 }
 
+/// Serves `router` on `listener` in a task of its own until the returned
+/// sender is sent on or dropped; an error that ends it is logged as
+/// "`what` ended".
+pub fn spawn_unix_server(
+    router: tonic::transport::server::Router,
+    listener: tokio::net::UnixListener,
+    what: String,
+) -> (oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        let r = router
+            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
+                let _ = stopped.await;
+            })
+            .await;
+        if let Err(e) = r {
+            tracing::warn!("{what} ended: {e}");
+        }
+    });
+    (stop, task)
+}
+
 /// A gRPC channel over a unix socket.
 pub async fn dial(socket: &Path) -> Result<tonic::transport::Channel> {
-    let path = socket.to_path_buf();
-    // The URI is a placeholder: the connector dials the socket.
-    tonic::transport::Endpoint::try_from("http://[::1]:0")?
-        .connect_timeout(Duration::from_secs(5))
-        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
-            let path = path.clone();
-            async move {
-                let s = tokio::net::UnixStream::connect(path).await?;
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
-            }
-        }))
+    gpuslice_metrics::pods::dial_unix(socket, Some(Duration::from_secs(5)))
         .await
         .with_context(|| format!("connecting to {}", socket.display()))
 }

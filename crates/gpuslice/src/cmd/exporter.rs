@@ -3,7 +3,7 @@
 use anyhow::{anyhow, Result};
 use clap::Args;
 use gpuslice_core::HostRoot;
-use gpuslice_metrics::dra::{ClaimSlice, DraClaims};
+use gpuslice_metrics::dra::DraClaims;
 use gpuslice_metrics::{bench, parse_duration, pods, Config, Exporter, DEFAULT_LISTEN};
 use serde_json::json;
 use std::path::PathBuf;
@@ -40,23 +40,7 @@ pub struct ExporterArgs {
 /// The claims prepared in the DRA plugin's checkpoint in `dir`.
 fn dra_claims(dir: PathBuf) -> DraClaims {
     DraClaims(std::sync::Arc::new(move || {
-        let slices = gpuslice_dra::checkpoint::prepared_slices(&dir).map_err(|e| e.to_string())?;
-        Ok(slices
-            .into_iter()
-            .map(|s| ClaimSlice {
-                enforcement: Some(gpuslice_dra::checkpoint::enforcement_dir(&dir, &s.slice)),
-                slice: s.slice,
-                namespace: s.namespace,
-                name: s.name,
-                uid: s.uid,
-                device: s.device,
-                gpu: s.gpu,
-                memory_bytes: s.caps.map(|c| c.memory_bytes()),
-                compute_percent: s.caps.map(|c| c.compute_percent()),
-                unenforceable: s.unenforceable,
-                record: s.record,
-            })
-            .collect())
+        Ok(gpuslice_dra::checkpoint::prepared_slices(&dir).map_err(|e| e.to_string())?)
     }))
 }
 

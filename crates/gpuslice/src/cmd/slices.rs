@@ -331,7 +331,7 @@ fn dra_used(root: &std::path::Path, slice: &str) -> Option<u64> {
 /// limits record, as root's enforcer in the DRA plugin knows them), and
 /// the kills recorded in the plugin's state directory `dra_dir`.
 fn dra_driver(
-    s: &gpuslice_dra::checkpoint::PreparedSlice,
+    s: &gpuslice_dra::checkpoint::ClaimSlice,
     root: &Path,
     dra_dir: &Path,
     nvml: &Result<gpuslice_cuda_load::Nvml, String>,
@@ -367,7 +367,7 @@ fn dra_driver(
 }
 
 fn dra_json(
-    s: &gpuslice_dra::checkpoint::PreparedSlice,
+    s: &gpuslice_dra::checkpoint::ClaimSlice,
     root: &Path,
     dra_dir: &Path,
     nvml: &Result<gpuslice_cuda_load::Nvml, String>,
