@@ -29,6 +29,9 @@ pass: every step's want holds. Bounded to ~150 s (DRA_BUDGET_S); never changes G
 """
 import json, os, shutil, subprocess, sys, tempfile, time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from device_common import budget_left, results, run_record, save_timed  # noqa: E402
+
 OUT = sys.argv[1] if len(sys.argv) > 1 else "/tmp/dra"
 os.makedirs(OUT, exist_ok=True)
 PY = os.environ.get("TORCH_PY", "/opt/torch/.venv/bin/python3")
@@ -37,8 +40,7 @@ GPUSLICE = os.path.join(CARRY, "gpuslice")
 T0 = time.time()
 BUDGET = float(os.environ.get("DRA_BUDGET_S", "150"))
 GIB = 1 << 30
-R = {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-     "steps": {}, "errors": [], "pass": False}
+R = run_record(steps={}, errors=[], **{"pass": False})
 
 # One process per slice: allocation to the cap, held until both have
 # reported, then GEMMs over a window both know.
@@ -83,18 +85,11 @@ print("RESULT " + json.dumps(out), flush=True)
 
 
 def left():
-    return BUDGET - (time.time() - T0)
+    return budget_left(T0, BUDGET)
 
 
 def save():
-    R["elapsed_s"] = round(time.time() - T0, 1)
-    with open(os.path.join(OUT, "dra.json.tmp"), "w") as f:
-        json.dump(R, f, indent=1)
-    os.replace(os.path.join(OUT, "dra.json.tmp"), os.path.join(OUT, "dra.json"))
-
-
-def results(text):
-    return [json.loads(l[7:]) for l in text.splitlines() if l.startswith("RESULT ")]
+    save_timed(R, T0, os.path.join(OUT, "dra.json"))
 
 
 def selftest(work, phase, timeout):
