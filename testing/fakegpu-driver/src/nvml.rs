@@ -13,7 +13,7 @@ use std::ffi::{c_char, c_int, c_uint, CStr};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::cuda::PciAddress;
-use crate::ffi::{self, guard, write_out, CopyError};
+use crate::ffi::{self, guard, CopyError};
 use crate::host::{self, Host, Kernel, KernelGpu, KernelMig, Node, NVIDIA_MAJOR};
 use crate::memory;
 
@@ -182,18 +182,16 @@ fn resolve(device: NvmlDevice) -> Result<Target, NvmlReturn> {
 // ---------------------------------------------------------------- helpers
 
 fn rc(result: Result<(), NvmlReturn>) -> NvmlReturn {
-    result.err().unwrap_or(NVML_SUCCESS)
+    ffi::code(result, NVML_SUCCESS)
 }
 
+/// Writes an out-parameter, mapping a null pointer to INVALID_ARGUMENT.
+///
 /// # Safety
-/// As [`write_out`].
+/// As [`ffi::write_out`].
 unsafe fn out<T>(ptr: *mut T, value: T) -> Result<(), NvmlReturn> {
     // SAFETY: forwarded contract.
-    if unsafe { write_out(ptr, value) } {
-        Ok(())
-    } else {
-        Err(NVML_ERROR_INVALID_ARGUMENT)
-    }
+    unsafe { ffi::write_out_or(ptr, value, NVML_ERROR_INVALID_ARGUMENT) }
 }
 
 /// # Safety
@@ -253,6 +251,23 @@ fn with_device(
 ) -> NvmlReturn {
     guard(NVML_ERROR_UNKNOWN, || {
         rc(resolve(device).and_then(|t| f(&t)))
+    })
+}
+
+/// A getter's body: the value `value` finds for the device, written to
+/// `ptr`.
+///
+/// # Safety
+/// `ptr` null or valid for a write.
+unsafe fn write_device_value<T>(
+    device: NvmlDevice,
+    ptr: *mut T,
+    value: impl FnOnce(&Target) -> Result<T, NvmlReturn>,
+) -> NvmlReturn {
+    with_device(device, |t| {
+        let v = value(t)?;
+        // SAFETY: caller contract.
+        unsafe { out(ptr, v) }
     })
 }
 
@@ -721,11 +736,8 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(
     device: NvmlDevice,
     id: *mut c_uint,
 ) -> NvmlReturn {
-    with_device(device, |t| {
-        let mig = t.mig_only()?;
-        // SAFETY: caller contract.
-        unsafe { out(id, mig.gi) }
-    })
+    // SAFETY: caller contract.
+    unsafe { write_device_value(device, id, |t| Ok(t.mig_only()?.gi)) }
 }
 
 /// # Safety
@@ -735,11 +747,8 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(
     device: NvmlDevice,
     id: *mut c_uint,
 ) -> NvmlReturn {
-    with_device(device, |t| {
-        let mig = t.mig_only()?;
-        // SAFETY: caller contract.
-        unsafe { out(id, mig.ci) }
-    })
+    // SAFETY: caller contract.
+    unsafe { write_device_value(device, id, |t| Ok(t.mig_only()?.ci)) }
 }
 
 // ---------------------------------------------------------------- NVLink

@@ -222,21 +222,17 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
     height: usize,
     elem: c_uint,
 ) -> CUresult {
-    guard(CUDA_ERROR_UNKNOWN, || {
-        rc(capture::unsafe_call()
-            .and_then(|_| current_device())
-            .and_then(|dev| {
-                if width == 0 || height == 0 || !matches!(elem, 4 | 8 | 16) {
-                    return Err(CUDA_ERROR_INVALID_VALUE);
-                }
-                let p = (width as u64).div_ceil(512) * 512;
-                let ptr = dev_alloc(dev, p * height as u64)?;
-                // SAFETY: caller contract.
-                unsafe {
-                    out(pitch, p as usize)?;
-                    out(dptr, ptr)
-                }
-            }))
+    outside_capture_on_current(|dev| {
+        if width == 0 || height == 0 || !matches!(elem, 4 | 8 | 16) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let p = (width as u64).div_ceil(512) * 512;
+        let ptr = dev_alloc(dev, p * height as u64)?;
+        // SAFETY: caller contract.
+        unsafe {
+            out(pitch, p as usize)?;
+            out(dptr, ptr)
+        }
     })
 }
 
@@ -250,17 +246,13 @@ pub unsafe extern "C" fn cuMemAllocManaged(
 ) -> CUresult {
     // Entry points never call each other through their exported symbols:
     // those may be interposed (by the shim under test).
-    guard(CUDA_ERROR_UNKNOWN, || {
-        rc(capture::unsafe_call()
-            .and_then(|_| current_device())
-            .and_then(|dev| {
-                if size == 0 || dptr.is_null() {
-                    return Err(CUDA_ERROR_INVALID_VALUE);
-                }
-                let ptr = dev_alloc(dev, size as u64)?;
-                // SAFETY: caller contract.
-                unsafe { out(dptr, ptr) }
-            }))
+    outside_capture_on_current(|dev| {
+        if size == 0 || dptr.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let ptr = dev_alloc(dev, size as u64)?;
+        // SAFETY: caller contract.
+        unsafe { out(dptr, ptr) }
     })
 }
 
