@@ -10,6 +10,20 @@ import sys
 import time
 
 
+# The PyTorch interpreter, and the release binaries device-build.sh left
+# in the carry directory (`GPUSLICE_CARRY`, else .device-carry).
+TORCH_PY = os.environ.get("TORCH_PY", "/opt/torch/.venv/bin/python3")
+CARRY = os.path.abspath(os.environ.get("GPUSLICE_CARRY", ".device-carry"))
+GPUSLICE = os.path.join(CARRY, "gpuslice")
+
+
+def out_dir(default):
+    """The output directory (the first argument, else `default`), made."""
+    out = sys.argv[1] if len(sys.argv) > 1 else default
+    os.makedirs(out, exist_ok=True)
+    return out
+
+
 def run_record(**fields):
     """The head of a result file: the exact command and the UTC date, then
     `fields`."""

@@ -19,13 +19,10 @@ import json, mmap, os, re, select, struct, subprocess, sys, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from nvml_sampler import Nvml  # noqa: E402
-from device_common import GEMM_TENSORS, budget_left, run_record, save_timed  # noqa: E402
+from device_common import CARRY, GPUSLICE, TORCH_PY as PY  # noqa: E402
+from device_common import GEMM_TENSORS, budget_left, out_dir, run_record, save_timed  # noqa: E402
 
-OUT = sys.argv[1] if len(sys.argv) > 1 else "/tmp/compute"
-os.makedirs(OUT, exist_ok=True)
-PY = os.environ.get("TORCH_PY", "/opt/torch/.venv/bin/python3")
-CARRY = os.path.abspath(os.environ.get("GPUSLICE_CARRY", ".device-carry"))
-GPUSLICE = os.path.join(CARRY, "gpuslice")
+OUT = out_dir("/tmp/compute")
 SHIM = os.path.join(CARRY, "libgpuslice.so")
 T0 = time.time()
 BUDGET = float(os.environ.get("COMPUTE_BUDGET_S", "108"))

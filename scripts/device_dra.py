@@ -30,13 +30,10 @@ pass: every step's want holds. Bounded to ~150 s (DRA_BUDGET_S); never changes G
 import json, os, shutil, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from device_common import budget_left, results, run_record, save_timed  # noqa: E402
+from device_common import GPUSLICE, TORCH_PY as PY  # noqa: E402
+from device_common import budget_left, results, run_record, save_timed, out_dir  # noqa: E402
 
-OUT = sys.argv[1] if len(sys.argv) > 1 else "/tmp/dra"
-os.makedirs(OUT, exist_ok=True)
-PY = os.environ.get("TORCH_PY", "/opt/torch/.venv/bin/python3")
-CARRY = os.path.abspath(os.environ.get("GPUSLICE_CARRY", ".device-carry"))
-GPUSLICE = os.path.join(CARRY, "gpuslice")
+OUT = out_dir("/tmp/dra")
 T0 = time.time()
 BUDGET = float(os.environ.get("DRA_BUDGET_S", "150"))
 GIB = 1 << 30

@@ -23,13 +23,10 @@ only those (e.g. pair,gpt-eager).
 import json, mmap, os, random, struct, subprocess, sys, threading, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from device_common import budget_left, results, run_record, save_timed  # noqa: E402
+from device_common import GPUSLICE, TORCH_PY as PY  # noqa: E402
+from device_common import budget_left, results, run_record, save_timed, out_dir  # noqa: E402
 
-OUT = sys.argv[1] if len(sys.argv) > 1 else "/tmp/integrity"
-os.makedirs(OUT, exist_ok=True)
-PY = os.environ.get("TORCH_PY", "/opt/torch/.venv/bin/python3")
-CARRY = os.path.abspath(os.environ.get("GPUSLICE_CARRY", ".device-carry"))
-GPUSLICE = os.path.join(CARRY, "gpuslice")
+OUT = out_dir("/tmp/integrity")
 T0 = time.time()
 BUDGET = float(os.environ.get("INTEGRITY_BUDGET_S", "330"))
 CACHE = "/tmp/gpuslice-integrity-inductor"

@@ -111,6 +111,17 @@ def physical(launcher_pid):
     return sum(mine.values()), mine
 
 
+def finish(p, rec, timeout, tail):
+    """Waits up to `timeout` s for the client `p` (then kills it) and
+    records its return code and the last `tail` characters of its stderr."""
+    try:
+        p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+    rec["rc"] = p.returncode
+    rec["stderr_tail"] = p.stderr.read()[-tail:]
+
+
 # One worker of PROCS: creates a context and asks for 4 GiB, reports,
 # and holds them until told to end.
 PROCS_WORKER = r'''
@@ -168,12 +179,7 @@ def case_procs(n):
         rec["pass"] = rec["physical_used_mib"] <= rec["cap_mib"]
         p.stdin.write("\n")
         p.stdin.flush()
-    try:
-        p.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        p.kill()
-    rec["rc"] = p.returncode
-    rec["stderr_tail"] = p.stderr.read()[-2000:]
+    finish(p, rec, 30, 2000)
     rec["wall_s"] = time.monotonic() - t
     return rec
 
@@ -502,12 +508,7 @@ def pooldestroy():
         rec["steps"][r["step"]] = r
         p.stdin.write("\n")
         p.stdin.flush()
-    try:
-        p.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        p.kill()
-    rec["rc"] = p.returncode
-    rec["stderr_tail"] = p.stderr.read()[-1000:]
+    finish(p, rec, 20, 1000)
     st = rec["steps"]
     if len(st) == 4:
         f = {k: v["free"] / MIB for k, v in st.items()}
@@ -600,12 +601,7 @@ def client(name, timeout=75):
             rec["total_is_cap"] = all(t == CAP_BYTES for t in totals)
         p.stdin.write("\n")
         p.stdin.flush()
-    try:
-        p.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        p.kill()
-    rec["rc"] = p.returncode
-    rec["stderr_tail"] = p.stderr.read()[-1500:]
+    finish(p, rec, 20, 1500)
     rec["wall_s"] = time.monotonic() - t
     return rec
 

@@ -105,6 +105,14 @@ fn exported(rc: NvmlReturn) -> c_int {
     rc as c_int
 }
 
+/// NVML's figures for a capped device as the slice sees them: the total
+/// at most the cap, the slice's use as used, free at most what is left.
+fn within_slice(total: &mut u64, used: &mut u64, free: &mut u64, cap: u64, slice_used: u64) {
+    *total = cap.min(*total);
+    *used = slice_used.min(*total);
+    *free = (*free).min(*total - *used);
+}
+
 /// Calls NVML's `f` (either memory-info version), then, on a capped
 /// device, has `clamp(info, cap, slice use)` bring what it wrote within the
 /// slice.
@@ -143,10 +151,7 @@ pub unsafe fn memory_info(real: &Real, dev: NvmlDevice, mem: *mut NvmlMemory) ->
     // SAFETY: caller contract.
     unsafe {
         capped_memory_info(f, dev, mem, |m, cap, used| {
-            let total = cap.min(m.total);
-            m.total = total;
-            m.used = used.min(total);
-            m.free = m.free.min(total - m.used);
+            within_slice(&mut m.total, &mut m.used, &mut m.free, cap, used);
         })
     }
 }
@@ -159,11 +164,8 @@ pub unsafe fn memory_info_v2(real: &Real, dev: NvmlDevice, mem: *mut NvmlMemoryV
     // SAFETY: caller contract.
     unsafe {
         capped_memory_info(f, dev, mem, |m, cap, used| {
-            let total = cap.min(m.total);
-            m.total = total;
             m.reserved = 0;
-            m.used = used.min(total);
-            m.free = m.free.min(total - m.used);
+            within_slice(&mut m.total, &mut m.used, &mut m.free, cap, used);
         })
     }
 }

@@ -559,16 +559,22 @@ fn charge_follows_the_driver<'a>(
     assert_eq!(s.ledger().used(0), 0);
 }
 
-#[test]
-fn a_stream_ordered_allocation_is_charged_to_the_stream_s_device() {
+/// The first line of the client run `args` in a 1 GiB physical slice that
+/// sees both GPUs (device 0 current).
+fn on_both_devices(args: &[&str]) -> Value {
     let s = physical_slice("1GiB");
     let both = format!("{},{}", s.host.gpus()[0].uuid, s.host.gpus()[1].uuid);
     let out = s
-        .client(&["async-device", &(10 * MIB).to_string()])
+        .client(args)
         .env("CUDA_VISIBLE_DEVICES", &both)
         .output()
         .unwrap();
-    let v = &lines(&out)[0];
+    lines(&out).swap_remove(0)
+}
+
+#[test]
+fn a_stream_ordered_allocation_is_charged_to_the_stream_s_device() {
+    let v = &on_both_devices(&["async-device", &(10 * MIB).to_string()]);
     assert_eq!(n(v, "rc"), 0, "{v}");
     // The driver takes it from device 1's pool (a reserve grown in 32 MiB
     // steps), though device 0's context is current.
@@ -582,14 +588,7 @@ fn a_stream_ordered_allocation_is_charged_to_the_stream_s_device() {
 
 #[test]
 fn a_pool_s_allocations_are_charged_where_the_pool_s_memory_is() {
-    let s = physical_slice("1GiB");
-    let both = format!("{},{}", s.host.gpus()[0].uuid, s.host.gpus()[1].uuid);
-    let out = s
-        .client(&["pool-location", &(10 * MIB).to_string()])
-        .env("CUDA_VISIBLE_DEVICES", &both)
-        .output()
-        .unwrap();
-    let v = &lines(&out)[0];
+    let v = &on_both_devices(&["pool-location", &(10 * MIB).to_string()]);
     let at = |k: &str| -> Vec<i64> {
         v[k].as_array()
             .unwrap_or_else(|| panic!("{k} in {v}"))
