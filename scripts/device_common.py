@@ -6,6 +6,7 @@ GPU: the code strings are run by the scripts' child processes.
 """
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -30,6 +31,16 @@ def run_record(**fields):
     rec = {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     rec.update(fields)
     return rec
+
+
+def record_driver(rec):
+    """nvidia-smi's driver version and GPU name as rec["driver"]; an error
+    starting it goes to rec["errors"]."""
+    try:
+        rec["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,name", "--format=csv,noheader"],
+                                       capture_output=True, text=True).stdout.strip()
+    except OSError as e:
+        rec["errors"].append(repr(e))
 
 
 def write_json(obj, path, **dump_args):

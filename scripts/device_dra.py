@@ -31,7 +31,7 @@ import json, os, shutil, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from device_common import GPUSLICE, TORCH_PY as PY  # noqa: E402
-from device_common import budget_left, results, run_record, save_timed, out_dir  # noqa: E402
+from device_common import budget_left, results, out_dir, record_driver, run_record, save_timed  # noqa: E402
 
 OUT = out_dir("/tmp/dra")
 T0 = time.time()
@@ -121,11 +121,7 @@ def bare_window(gemm):
 
 
 def main():
-    try:
-        R["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,name", "--format=csv,noheader"],
-                                     capture_output=True, text=True).stdout.strip()
-    except OSError as e:
-        R["errors"].append(repr(e))
+    record_driver(R)
     work = tempfile.mkdtemp(prefix="gpuslice-dra-")
     os.chmod(work, 0o755)
     oks = {}

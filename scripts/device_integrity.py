@@ -24,7 +24,7 @@ import json, mmap, os, random, struct, subprocess, sys, threading, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from device_common import GPUSLICE, TORCH_PY as PY  # noqa: E402
-from device_common import budget_left, results, run_record, save_timed, out_dir  # noqa: E402
+from device_common import budget_left, results, out_dir, record_driver, run_record, save_timed  # noqa: E402
 
 OUT = out_dir("/tmp/integrity")
 T0 = time.time()
@@ -326,11 +326,7 @@ def step_gpt(kind, batch=8):
 
 
 def main():
-    try:
-        R["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,name", "--format=csv,noheader"],
-                                     capture_output=True, text=True).stdout.strip()
-    except OSError as e:
-        R["errors"].append(repr(e))
+    record_driver(R)
     steps = [("env", step_env, 60), ("forge", step_forge, 50), ("pair", step_pair, 30),
              ("pair-4k", lambda: step_pair("gemm", "pair-4k"), 30),
              ("gpt-eager", lambda: step_gpt("gpt-eager"), 90),

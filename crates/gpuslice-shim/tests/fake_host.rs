@@ -83,6 +83,15 @@ fn n(v: &Value, k: &str) -> i64 {
     v[k].as_i64().unwrap_or_else(|| panic!("{k} in {v}"))
 }
 
+/// The integers of the client's array field `k`.
+fn integers(v: &Value, k: &str) -> Vec<i64> {
+    v[k].as_array()
+        .unwrap_or_else(|| panic!("{k} in {v}"))
+        .iter()
+        .map(|x| x.as_i64().unwrap())
+        .collect()
+}
+
 /// A client step's `[ledger, NVML]` pair: what the slice is charged and
 /// what the driver holds for the process at that step.
 fn charged_and_held(v: &Value, k: &str) -> (u64, u64) {
@@ -589,13 +598,7 @@ fn a_stream_ordered_allocation_is_charged_to_the_stream_s_device() {
 #[test]
 fn a_pool_s_allocations_are_charged_where_the_pool_s_memory_is() {
     let v = &on_both_devices(&["pool-location", &(10 * MIB).to_string()]);
-    let at = |k: &str| -> Vec<i64> {
-        v[k].as_array()
-            .unwrap_or_else(|| panic!("{k} in {v}"))
-            .iter()
-            .map(|x| x.as_i64().unwrap())
-            .collect()
-    };
+    let at = |k: &str| integers(v, k);
     // [rc, change on device 0, change on device 1], device 0 current; the
     // pools reserve in 32 MiB steps.
     let step = POOL_STEP as i64;
@@ -759,13 +762,7 @@ fn a_context_limit_past_the_cap_is_refused_and_undone() {
 fn arrays_are_charged_what_the_driver_backs_them_with() {
     let s = physical_slice("1GiB");
     let v = &s.run(&["arrays"])[0];
-    let at = |k: &str| -> Vec<i64> {
-        v[k].as_array()
-            .unwrap_or_else(|| panic!("{k} in {v}"))
-            .iter()
-            .map(|x| x.as_i64().unwrap())
-            .collect()
-    };
+    let at = |k: &str| integers(v, k);
     // [rc, ledger change, NVML change].
     let two = 2 * MIB as i64;
     assert_eq!(at("small_1d"), [0, two, two], "{v}");
