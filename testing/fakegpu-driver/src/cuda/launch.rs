@@ -321,15 +321,7 @@ fn record(event: Handle, stream: Handle, ptsz: bool) -> CUresult {
     })
 }
 
-#[no_mangle]
-pub extern "C" fn cuEventRecord(event: Handle, stream: Handle) -> CUresult {
-    record(event, stream, false)
-}
-
-#[no_mangle]
-pub extern "C" fn cuEventRecord_ptsz(event: Handle, stream: Handle) -> CUresult {
-    record(event, stream, true)
-}
+legacy_and_ptsz!(cuEventRecord, cuEventRecord_ptsz, record, (event: Handle, stream: Handle));
 
 fn event_time(event: Handle) -> Result<Option<u64>, CUresult> {
     timeline()
@@ -417,15 +409,7 @@ fn stream_sync(stream: Handle, ptsz: bool) -> CUresult {
     })
 }
 
-#[no_mangle]
-pub extern "C" fn cuStreamSynchronize(stream: Handle) -> CUresult {
-    stream_sync(stream, false)
-}
-
-#[no_mangle]
-pub extern "C" fn cuStreamSynchronize_ptsz(stream: Handle) -> CUresult {
-    stream_sync(stream, true)
-}
+legacy_and_ptsz!(cuStreamSynchronize, cuStreamSynchronize_ptsz, stream_sync, (stream: Handle));
 
 /// Waits for all work of device `dev` (`cuCtxSynchronize`).
 pub(super) fn device_sync(dev: usize) {

@@ -3,6 +3,38 @@
 //! Signatures follow `cuda.h` (CUDA 13): `CUdevice` is `int`, `CUcontext`
 //! an opaque pointer, `CUdeviceptr` an `unsigned long long`.
 
+// A stream function's two exports: `$legacy` on the legacy default stream
+// and `$ptsz` on the per-thread default stream, both calling `$f` with
+// their arguments and whether the default stream is the per-thread one.
+// The `unsafe` form, for functions that write through pointers, carries
+// their `# Safety` doc.
+macro_rules! legacy_and_ptsz {
+    ($legacy:ident, $ptsz:ident, $f:path, ($($a:ident: $t:ty),*)) => {
+        #[no_mangle]
+        pub extern "C" fn $legacy($($a: $t),*) -> CUresult {
+            $f($($a,)* false)
+        }
+
+        #[no_mangle]
+        pub extern "C" fn $ptsz($($a: $t),*) -> CUresult {
+            $f($($a,)* true)
+        }
+    };
+    ($(#[$doc:meta])* unsafe $legacy:ident, $ptsz:ident, $f:path, ($($a:ident: $t:ty),*)) => {
+        $(#[$doc])*
+        #[no_mangle]
+        pub unsafe extern "C" fn $legacy($($a: $t),*) -> CUresult {
+            $f($($a,)* false)
+        }
+
+        $(#[$doc])*
+        #[no_mangle]
+        pub unsafe extern "C" fn $ptsz($($a: $t),*) -> CUresult {
+            $f($($a,)* true)
+        }
+    };
+}
+
 mod capture;
 mod init;
 mod launch;
