@@ -271,6 +271,27 @@ unsafe fn write_device_value<T>(
     })
 }
 
+/// A lookup by name's body: the handle `find` picks for the string `name`
+/// (INVALID_ARGUMENT when it is null or not UTF-8), written to `device`.
+///
+/// # Safety
+/// `name` null or NUL-terminated; `device` null or valid for a write.
+unsafe fn handle_by_name(
+    name: *const c_char,
+    device: *mut NvmlDevice,
+    find: impl FnOnce(&View, &str) -> Result<NvmlDevice, NvmlReturn>,
+) -> NvmlReturn {
+    guard(NVML_ERROR_UNKNOWN, || {
+        rc(view().and_then(|v| {
+            // SAFETY: caller contract.
+            let text = unsafe { ffi::read_str(name) }.ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
+            let h = find(&v, text)?;
+            // SAFETY: caller contract.
+            unsafe { out(device, h) }
+        }))
+    })
+}
+
 // ---------------------------------------------------------------- init
 
 #[no_mangle]
@@ -433,11 +454,11 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
     uuid: *const c_char,
     device: *mut NvmlDevice,
 ) -> NvmlReturn {
-    guard(NVML_ERROR_UNKNOWN, || {
-        rc(view().and_then(|v| {
-            // SAFETY: caller contract.
-            let wanted = unsafe { ffi::read_str(uuid) }.ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
-            let found = v.gpus.iter().enumerate().find_map(|(gi, g)| {
+    let find = |v: &View, wanted: &str| {
+        v.gpus
+            .iter()
+            .enumerate()
+            .find_map(|(gi, g)| {
                 if g.info.uuid.eq_ignore_ascii_case(wanted) {
                     return Some(handle(gi, None));
                 }
@@ -446,11 +467,11 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
                     .iter()
                     .position(|m| m.uuid.eq_ignore_ascii_case(wanted))?;
                 Some(handle(gi, Some(m)))
-            });
-            // SAFETY: caller contract.
-            unsafe { out(device, found.ok_or(NVML_ERROR_NOT_FOUND)?) }
-        }))
-    })
+            })
+            .ok_or(NVML_ERROR_NOT_FOUND)
+    };
+    // SAFETY: caller contract.
+    unsafe { handle_by_name(uuid, device, find) }
 }
 
 /// Accepts `00000000:18:00.0`, `0000:18:00.0` or `18:00.0`, any case.
@@ -462,20 +483,17 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(
     bus_id: *const c_char,
     device: *mut NvmlDevice,
 ) -> NvmlReturn {
-    guard(NVML_ERROR_UNKNOWN, || {
-        rc(view().and_then(|v| {
-            // SAFETY: caller contract.
-            let text = unsafe { ffi::read_str(bus_id) }.ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
+    // SAFETY: caller contract.
+    unsafe {
+        handle_by_name(bus_id, device, |v, text| {
             let wanted = PciAddress::parse(text).ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
-            let i = v
-                .gpus
+            v.gpus
                 .iter()
                 .position(|g| PciAddress::parse(&g.info.pci_bus_id) == Some(wanted))
-                .ok_or(NVML_ERROR_NOT_FOUND)?;
-            // SAFETY: caller contract.
-            unsafe { out(device, handle(i, None)) }
-        }))
-    })
+                .map(|i| handle(i, None))
+                .ok_or(NVML_ERROR_NOT_FOUND)
+        })
+    }
 }
 
 // ---------------------------------------------------------------- identity
