@@ -25,6 +25,9 @@ of these held.
 """
 import datetime, json, os, subprocess, sys, time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from device_common import FRAMEWORKS, last_json  # noqa: E402
+
 CARRY = os.path.abspath(".device-carry")
 GS = os.path.join(CARRY, "gpuslice")
 ATTACK = os.path.abspath("crates/gpuslice/tests/boundary/attack.py")
@@ -101,28 +104,8 @@ def attacks(victim_pid, nobody_pid, host_pid):
 # is the boundary's doing (the issue's H200 repro is umount-dev).
 PRIVILEGED_CONTROLS = ["cgroup-move-self", "umount-dev", "mknod", "unshare", "inherited-fd"]
 
-# Each prints one JSON line: the GPUs it sees and, with one, 2048.0.
-FRAMEWORKS = {
-    "torch": "import json,torch;n=torch.cuda.device_count();"
-    "r=float((torch.ones(1024,device='cuda')*2).sum()) if n else None;"
-    "print(json.dumps({'devices':n,'result':r}))",
-    "jax": "import json,jax;d=[x for x in jax.devices() if x.platform=='gpu'];"
-    "r=float(jax.numpy.ones(1024).sum()*2) if d else None;"
-    "print(json.dumps({'devices':len(d),'result':r}))",
-    "cupy": "import json,cupy;\ntry:\n n=cupy.cuda.runtime.getDeviceCount()\nexcept Exception as e:\n n=0\n"
-    "r=float((cupy.ones(1024)*2).sum()) if n else None\nprint(json.dumps({'devices':n,'result':r}))",
-}
 # (flags, what must be seen): no GPU as root; the GPU as a non-root user.
 FRAMEWORK_RUNS = {"none": (["--gpus", "none"], 0), "0-as-nobody": (["--gpus", "0", "--user", "nobody"], 1)}
-
-
-def last_json(rec):
-    for line in reversed(rec.get("stdout", "").splitlines()):
-        try:
-            return json.loads(line)
-        except ValueError:
-            continue
-    return None
 
 
 def launch_bench(res):

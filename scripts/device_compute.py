@@ -19,12 +19,10 @@ import json, mmap, os, re, select, struct, subprocess, sys, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from nvml_sampler import Nvml  # noqa: E402
+from device_common import CARRY, GPUSLICE, TORCH_PY as PY  # noqa: E402
+from device_common import GEMM_TENSORS, budget_left, out_dir, run_record, save_timed  # noqa: E402
 
-OUT = sys.argv[1] if len(sys.argv) > 1 else "/tmp/compute"
-os.makedirs(OUT, exist_ok=True)
-PY = os.environ.get("TORCH_PY", "/opt/torch/.venv/bin/python3")
-CARRY = os.path.abspath(os.environ.get("GPUSLICE_CARRY", ".device-carry"))
-GPUSLICE = os.path.join(CARRY, "gpuslice")
+OUT = out_dir("/tmp/compute")
 SHIM = os.path.join(CARRY, "libgpuslice.so")
 T0 = time.time()
 BUDGET = float(os.environ.get("COMPUTE_BUDGET_S", "108"))
@@ -32,29 +30,18 @@ GEMM_S = float(os.environ.get("GEMM_S", "2.0"))
 SMALL_S = float(os.environ.get("SMALL_S", "1.5"))
 COMPUTE_OFF = 332032  # ledger v2: compute section, device 0, share (basis points)
 
-R = {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-     "method": "throughput of the limited slice / throughput of a bare process measured just before "
-               "(interleaved); warm-up 0.3 s before each window", "levels": {}, "errors": []}
+R = run_record(method="throughput of the limited slice / throughput of a bare process measured just before "
+                      "(interleaved); warm-up 0.3 s before each window", levels={}, errors=[])
 
 
 def save():
-    R["elapsed_s"] = round(time.time() - T0, 1)
-    tmp = os.path.join(OUT, "compute.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(R, f, indent=1)
-    os.replace(tmp, os.path.join(OUT, "compute.json"))
+    save_timed(R, T0, os.path.join(OUT, "compute.json"))
 
 
 WORKER = r'''
 import json, os, sys, time, torch
 torch.backends.cuda.matmul.allow_tf32 = True
-dev = torch.device("cuda")
-N = 4096
-a = torch.randn(N, N, device=dev, dtype=torch.bfloat16)
-b = torch.randn(N, N, device=dev, dtype=torch.bfloat16)
-c = torch.empty(N, N, device=dev, dtype=torch.bfloat16)
-x = torch.randn(32 << 20, device=dev, dtype=torch.bfloat16)
-tiny = torch.zeros(1, device=dev)
+dev = torch.device("cuda")''' + GEMM_TENSORS + r'''tiny = torch.zeros(1, device=dev)
 FL = 2 * N ** 3
 graph = None
 
@@ -161,7 +148,7 @@ def sampled(w, cmd, timeout=30):
 
 
 def left():
-    return BUDGET - (time.time() - T0)
+    return budget_left(T0, BUDGET)
 
 
 class Worker:

@@ -20,15 +20,15 @@ import glob, json, os, struct, sys, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from device_compute import WORKER, Worker, GPUSLICE, PY  # noqa: E402
+from device_common import run_record, save_timed  # noqa: E402
 
 OUT = sys.argv[1] if len(sys.argv) > 1 else "/tmp/compute29"
 os.makedirs(OUT, exist_ok=True)
 T0 = time.time()
 BUDGET = float(os.environ.get("COMPUTE29_BUDGET_S", "220"))
 SECS = float(os.environ.get("COMPUTE29_S", "4.0"))
-R = {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-     "method": "GEMM throughput of each slice over one common window / a bare worker's "
-               "(mean of before and after the cases)", "cases": {}, "errors": []}
+R = run_record(method="GEMM throughput of each slice over one common window / a bare worker's "
+                      "(mean of before and after the cases)", cases={}, errors=[])
 
 # Sends each command line to N workers (children, so one slice) and
 # answers with their summed rate.
@@ -60,11 +60,7 @@ for cmd in sys.stdin:
 
 
 def save():
-    R["elapsed_s"] = round(time.time() - T0, 1)
-    tmp = os.path.join(OUT, "compute29.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(R, f, indent=1)
-    os.replace(tmp, os.path.join(OUT, "compute29.json"))
+    save_timed(R, T0, os.path.join(OUT, "compute29.json"))
 
 
 def board_counts(boards):

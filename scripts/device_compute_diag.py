@@ -18,22 +18,21 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from nvml_sampler import Nvml  # noqa: E402
+from device_common import GEMM_TENSORS, run_record, write_json  # noqa: E402
 
 OUT = sys.argv[1] if len(sys.argv) > 1 else "/tmp"
-R = {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+R = run_record()
 
 
 def save():
-    with open(os.path.join(OUT, "compute-diag.json"), "w") as f:
-        json.dump(R, f, indent=1)
+    write_json(R, os.path.join(OUT, "compute-diag.json"), indent=1)
 
 
 dev = torch.device("cuda")
-N = 4096
-a = torch.randn(N, N, device=dev, dtype=torch.bfloat16)
-b = torch.randn(N, N, device=dev, dtype=torch.bfloat16)
-c = torch.empty(N, N, device=dev, dtype=torch.bfloat16)
-x = torch.randn(32 << 20, device=dev, dtype=torch.bfloat16)
+# The same tensors as device_compute.py's workers.
+tensors = {"torch": torch, "dev": dev}
+exec(GEMM_TENSORS, tensors)
+a, b, c, x = (tensors[k] for k in "abcx")
 LOOPS = {"gemm": lambda: torch.matmul(a, b, out=c), "small": lambda: x.mul_(1.0)}
 nv = Nvml()
 R["driver"] = nv.driver

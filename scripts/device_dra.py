@@ -29,16 +29,15 @@ pass: every step's want holds. Bounded to ~150 s (DRA_BUDGET_S); never changes G
 """
 import json, os, shutil, subprocess, sys, tempfile, time
 
-OUT = sys.argv[1] if len(sys.argv) > 1 else "/tmp/dra"
-os.makedirs(OUT, exist_ok=True)
-PY = os.environ.get("TORCH_PY", "/opt/torch/.venv/bin/python3")
-CARRY = os.path.abspath(os.environ.get("GPUSLICE_CARRY", ".device-carry"))
-GPUSLICE = os.path.join(CARRY, "gpuslice")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from device_common import GPUSLICE, TORCH_PY as PY  # noqa: E402
+from device_common import budget_left, results, out_dir, record_driver, run_record, save_timed  # noqa: E402
+
+OUT = out_dir("/tmp/dra")
 T0 = time.time()
 BUDGET = float(os.environ.get("DRA_BUDGET_S", "150"))
 GIB = 1 << 30
-R = {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-     "steps": {}, "errors": [], "pass": False}
+R = run_record(steps={}, errors=[], **{"pass": False})
 
 # One process per slice: allocation to the cap, held until both have
 # reported, then GEMMs over a window both know.
@@ -83,18 +82,11 @@ print("RESULT " + json.dumps(out), flush=True)
 
 
 def left():
-    return BUDGET - (time.time() - T0)
+    return budget_left(T0, BUDGET)
 
 
 def save():
-    R["elapsed_s"] = round(time.time() - T0, 1)
-    with open(os.path.join(OUT, "dra.json.tmp"), "w") as f:
-        json.dump(R, f, indent=1)
-    os.replace(os.path.join(OUT, "dra.json.tmp"), os.path.join(OUT, "dra.json"))
-
-
-def results(text):
-    return [json.loads(l[7:]) for l in text.splitlines() if l.startswith("RESULT ")]
+    save_timed(R, T0, os.path.join(OUT, "dra.json"))
 
 
 def selftest(work, phase, timeout):
@@ -129,11 +121,7 @@ def bare_window(gemm):
 
 
 def main():
-    try:
-        R["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,name", "--format=csv,noheader"],
-                                     capture_output=True, text=True).stdout.strip()
-    except OSError as e:
-        R["errors"].append(repr(e))
+    record_driver(R)
     work = tempfile.mkdtemp(prefix="gpuslice-dra-")
     os.chmod(work, 0o755)
     oks = {}

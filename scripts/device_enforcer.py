@@ -47,6 +47,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from device_common import write_json  # noqa: E402
+
 ROOT = os.getcwd()
 CARRY = os.path.join(ROOT, ".device-carry")
 GPUSLICE = os.path.join(CARRY, "gpuslice")
@@ -60,8 +63,7 @@ OUT = None
 
 
 def save():
-    with open(OUT, "w") as f:
-        json.dump(RESULT, f, indent=2, sort_keys=True)
+    write_json(RESULT, OUT, indent=2, sort_keys=True)
 
 
 def client_path():

@@ -33,20 +33,16 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from device_common import CU_PRIMARY_CTX, nvml_by_pid  # noqa: E402
+
 ROOT = os.getcwd()
 GPUSLICE = os.path.join(ROOT, ".device-carry", "gpuslice")
 PY = sys.executable
 MIB = 1 << 20
 
 WORKER = r'''
-import ctypes, json, socket, struct, sys
-cu = ctypes.CDLL("libcuda.so.1")
-assert cu.cuInit(0) == 0
-dev = ctypes.c_int()
-cu.cuDeviceGet(ctypes.byref(dev), 0)
-ctx = ctypes.c_void_p()
-rc_ctx = cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
-cu.cuCtxSetCurrent(ctx)
+import ctypes, json, socket, struct, sys''' + CU_PRIMARY_CTX + r'''cu.cuCtxSetCurrent(ctx)
 p = ctypes.c_uint64()
 rc_alloc = cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(1 << 30))
 free, total = ctypes.c_size_t(), ctypes.c_size_t()
@@ -63,13 +59,6 @@ print(json.dumps({"ctx": rc_ctx, "alloc": rc_alloc, "total": total.value, "resol
                   "nspid": nspid[0].split()[1:] if nspid else None}), flush=True)
 sys.stdin.readline()
 '''
-
-
-def nvml_by_pid():
-    import pynvml
-    pynvml.nvmlInit()
-    h = pynvml.nvmlDeviceGetHandleByIndex(0)
-    return {p.pid: (p.usedGpuMemory or 0) for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)}
 
 
 def case(pid_mode):

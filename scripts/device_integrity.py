@@ -22,16 +22,15 @@ only those (e.g. pair,gpt-eager).
 """
 import json, mmap, os, random, struct, subprocess, sys, threading, time
 
-OUT = sys.argv[1] if len(sys.argv) > 1 else "/tmp/integrity"
-os.makedirs(OUT, exist_ok=True)
-PY = os.environ.get("TORCH_PY", "/opt/torch/.venv/bin/python3")
-CARRY = os.path.abspath(os.environ.get("GPUSLICE_CARRY", ".device-carry"))
-GPUSLICE = os.path.join(CARRY, "gpuslice")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from device_common import GPUSLICE, TORCH_PY as PY  # noqa: E402
+from device_common import budget_left, results, out_dir, record_driver, run_record, save_timed  # noqa: E402
+
+OUT = out_dir("/tmp/integrity")
 T0 = time.time()
 BUDGET = float(os.environ.get("INTEGRITY_BUDGET_S", "330"))
 CACHE = "/tmp/gpuslice-integrity-inductor"
-R = {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-     "steps": {}, "errors": []}
+R = run_record(steps={}, errors=[])
 
 WORKER = r'''
 import json, os, sys, time, torch
@@ -132,18 +131,11 @@ print("RESULT " + json.dumps(out), flush=True)
 
 
 def left():
-    return BUDGET - (time.time() - T0)
+    return budget_left(T0, BUDGET)
 
 
 def save():
-    R["elapsed_s"] = round(time.time() - T0, 1)
-    with open(os.path.join(OUT, "integrity.json.tmp"), "w") as f:
-        json.dump(R, f, indent=1)
-    os.replace(os.path.join(OUT, "integrity.json.tmp"), os.path.join(OUT, "integrity.json"))
-
-
-def results(text):
-    return [json.loads(l[7:]) for l in text.splitlines() if l.startswith("RESULT ")]
+    save_timed(R, T0, os.path.join(OUT, "integrity.json"))
 
 
 def worker(what, secs, start_at=None):
@@ -334,11 +326,7 @@ def step_gpt(kind, batch=8):
 
 
 def main():
-    try:
-        R["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,name", "--format=csv,noheader"],
-                                     capture_output=True, text=True).stdout.strip()
-    except OSError as e:
-        R["errors"].append(repr(e))
+    record_driver(R)
     steps = [("env", step_env, 60), ("forge", step_forge, 50), ("pair", step_pair, 30),
              ("pair-4k", lambda: step_pair("gemm", "pair-4k"), 30),
              ("gpt-eager", lambda: step_gpt("gpt-eager"), 90),

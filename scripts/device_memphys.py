@@ -68,6 +68,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from device_common import CU_PRIMARY_CTX, nvml_by_pid, write_json  # noqa: E402
+
 ROOT = os.getcwd()
 GPUSLICE = os.path.join(ROOT, ".device-carry", "gpuslice")
 PY = sys.executable
@@ -79,16 +82,7 @@ OUT = None
 
 
 def save():
-    with open(OUT, "w") as f:
-        json.dump(RESULT, f, indent=2, sort_keys=True)
-
-
-def nvml_by_pid():
-    import pynvml
-    pynvml.nvmlInit()
-    h = pynvml.nvmlDeviceGetHandleByIndex(0)
-    procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
-    return {p.pid: (p.usedGpuMemory or 0) for p in procs}
+    write_json(RESULT, OUT, indent=2, sort_keys=True)
 
 
 def descendants(root):
@@ -117,27 +111,35 @@ def physical(launcher_pid):
     return sum(mine.values()), mine
 
 
-# A slice's parent: starts N workers one after the other (each creates a
-# context and asks for 4 GiB), reports, and holds them until told to end.
-PROCS = r'''
-import ctypes, json, subprocess, sys
-n = int(sys.argv[1])
-worker = r"""
-import ctypes, json, sys
-cu = ctypes.CDLL("libcuda.so.1")
-assert cu.cuInit(0) == 0
-dev = ctypes.c_int()
-cu.cuDeviceGet(ctypes.byref(dev), 0)
-ctx = ctypes.c_void_p()
-rc_ctx = cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
-rc_alloc = -1
+def finish(p, rec, timeout, tail):
+    """Waits up to `timeout` s for the client `p` (then kills it) and
+    records its return code and the last `tail` characters of its stderr."""
+    try:
+        p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+    rec["rc"] = p.returncode
+    rec["stderr_tail"] = p.stderr.read()[-tail:]
+
+
+# One worker of PROCS: creates a context and asks for 4 GiB, reports,
+# and holds them until told to end.
+PROCS_WORKER = r'''
+import ctypes, json, sys''' + CU_PRIMARY_CTX + r'''rc_alloc = -1
 if rc_ctx == 0:
     cu.cuCtxSetCurrent(ctx)
     p = ctypes.c_uint64()
     rc_alloc = cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(4 << 30))
 print(json.dumps({"ctx": rc_ctx, "alloc": rc_alloc}), flush=True)
 sys.stdin.readline()
-"""
+'''
+
+# A slice's parent: starts N workers one after the other, reports, and
+# holds them until told to end.
+PROCS = r'''
+import ctypes, json, subprocess, sys
+n = int(sys.argv[1])
+worker = PROCS_WORKER
 ws, res = [], []
 for i in range(n):
     w = subprocess.Popen([sys.executable, "-c", worker], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -149,7 +151,7 @@ print("READY " + json.dumps(res), flush=True)
 sys.stdin.readline()
 for w in ws:
     w.stdin.write("\n"); w.stdin.flush(); w.wait()
-'''
+'''.replace("PROCS_WORKER", repr(PROCS_WORKER))
 
 
 def case_procs(n):
@@ -177,12 +179,7 @@ def case_procs(n):
         rec["pass"] = rec["physical_used_mib"] <= rec["cap_mib"]
         p.stdin.write("\n")
         p.stdin.flush()
-    try:
-        p.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        p.kill()
-    rec["rc"] = p.returncode
-    rec["stderr_tail"] = p.stderr.read()[-2000:]
+    finish(p, rec, 30, 2000)
     rec["wall_s"] = time.monotonic() - t
     return rec
 
@@ -348,45 +345,37 @@ cases = [
     ("1d_65536_u8x4", 65536, 0, 0, U8, 4, 1, 4),
 ]
 out = []
-for name, w, h, depth, fmt, ch, _, elem in cases:
-    texels = w * max(h, 1) * max(depth, 1)
-    for flags, tag in ((0, ""), (DEFERRED, "_deferred")):
-        rec = {"case": name + tag, "flags": flags, "estimate": texels * elem}
-        try:
-            before = free()
-            err, arr = d.cuArray3DCreate(desc(w, h, depth, fmt, ch, flags))
-            rec["rc_create"] = int(err)
-            if err == d.CUresult.CUDA_SUCCESS:
-                rec["free_drop"] = before - free()
-                r = d.cuArrayGetMemoryRequirements(arr, dev)
-                rec["rc_requirements"] = int(r[0])
-                if r[0] == d.CUresult.CUDA_SUCCESS:
-                    rec["requirements_size"] = int(r[1].size)
-                    rec["requirements_alignment"] = int(r[1].alignment)
-                d.cuArrayDestroy(arr)
-                rec["free_back"] = free() - before
-        except Exception as e:
-            rec["error"] = repr(e)[:300]
-        out.append(rec)
-for flags, tag in ((0, ""), (DEFERRED, "_deferred")):
-    rec = {"case": "mipmapped_2048x2048_f32x4_levels8" + tag, "flags": flags,
-           "estimate": sum((2048 >> l) ** 2 * 16 for l in range(8))}
+def measure(rec, create, requirements, destroy):
+    """Creates one array with create(), recording the drop in free memory,
+    what requirements(array, dev) reports and what destroy(array) gives
+    back; appends rec to out."""
     try:
         before = free()
-        err, mm = d.cuMipmappedArrayCreate(desc(2048, 2048, 0, F32, 4, flags), 8)
+        err, arr = create()
         rec["rc_create"] = int(err)
         if err == d.CUresult.CUDA_SUCCESS:
             rec["free_drop"] = before - free()
-            r = d.cuMipmappedArrayGetMemoryRequirements(mm, dev)
+            r = requirements(arr, dev)
             rec["rc_requirements"] = int(r[0])
             if r[0] == d.CUresult.CUDA_SUCCESS:
                 rec["requirements_size"] = int(r[1].size)
                 rec["requirements_alignment"] = int(r[1].alignment)
-            d.cuMipmappedArrayDestroy(mm)
+            destroy(arr)
             rec["free_back"] = free() - before
     except Exception as e:
         rec["error"] = repr(e)[:300]
     out.append(rec)
+for name, w, h, depth, fmt, ch, _, elem in cases:
+    texels = w * max(h, 1) * max(depth, 1)
+    for flags, tag in ((0, ""), (DEFERRED, "_deferred")):
+        measure({"case": name + tag, "flags": flags, "estimate": texels * elem},
+                lambda: d.cuArray3DCreate(desc(w, h, depth, fmt, ch, flags)),
+                d.cuArrayGetMemoryRequirements, d.cuArrayDestroy)
+for flags, tag in ((0, ""), (DEFERRED, "_deferred")):
+    measure({"case": "mipmapped_2048x2048_f32x4_levels8" + tag, "flags": flags,
+             "estimate": sum((2048 >> l) ** 2 * 16 for l in range(8))},
+            lambda: d.cuMipmappedArrayCreate(desc(2048, 2048, 0, F32, 4, flags), 8),
+            d.cuMipmappedArrayGetMemoryRequirements, d.cuMipmappedArrayDestroy)
 print(json.dumps(out))
 '''
 
@@ -519,12 +508,7 @@ def pooldestroy():
         rec["steps"][r["step"]] = r
         p.stdin.write("\n")
         p.stdin.flush()
-    try:
-        p.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        p.kill()
-    rec["rc"] = p.returncode
-    rec["stderr_tail"] = p.stderr.read()[-1000:]
+    finish(p, rec, 20, 1000)
     st = rec["steps"]
     if len(st) == 4:
         f = {k: v["free"] / MIB for k, v in st.items()}
@@ -617,12 +601,7 @@ def client(name, timeout=75):
             rec["total_is_cap"] = all(t == CAP_BYTES for t in totals)
         p.stdin.write("\n")
         p.stdin.flush()
-    try:
-        p.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        p.kill()
-    rec["rc"] = p.returncode
-    rec["stderr_tail"] = p.stderr.read()[-1500:]
+    finish(p, rec, 20, 1500)
     rec["wall_s"] = time.monotonic() - t
     return rec
 

@@ -159,6 +159,17 @@ def find_cudart():
             if hits: return hits[0]
     import ctypes.util
     return ctypes.util.find_library("cudart")
+def alloc_until_refused(alloc):
+    # 1 GiB blocks until refused, then 64 MiB ones, then 2 MiB ones;
+    # alloc(size) -> (rc, pointer). Returns the pointers, the bytes
+    # obtained and the last rc.
+    ptrs, got, rc = [], 0, 0
+    for block in (GIB, 64 << 20, 2 << 20):
+        while True:
+            rc, p = alloc(block)
+            if rc != 0: break
+            ptrs.append(p); got += block
+    return ptrs, got, rc
 '''
 
 A_CUDART = COMMON + r'''
@@ -166,13 +177,10 @@ path = find_cudart()
 rt = ctypes.CDLL(path)
 free, total = ctypes.c_size_t(), ctypes.c_size_t()
 rt.cudaMemGetInfo(ctypes.byref(free), ctypes.byref(total))
-ptrs, got, rc = [], 0, 0
-for block in (GIB, 64 << 20, 2 << 20):
-    while True:
-        p = ctypes.c_void_p()
-        rc = rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(block))
-        if rc != 0: break
-        ptrs.append(p); got += block
+def cuda_malloc(size):
+    p = ctypes.c_void_p()
+    return rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(size)), p
+ptrs, got, rc = alloc_until_refused(cuda_malloc)
 peak_ledger = ledger_used()
 for p in ptrs: rt.cudaFree(p)
 print(json.dumps({"cudart": path, "obtained_bytes": got, "obtained_gib": got / GIB, "last_rc": rc,
@@ -258,13 +266,10 @@ else:
     alloc = cu.cuMemAlloc_v2; alloc.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
 free, total = ctypes.c_size_t(), ctypes.c_size_t()
 cu.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total))
-ptrs, got, rc = [], 0, 0
-for block in (GIB, 64 << 20, 2 << 20):
-    while True:
-        p = ctypes.c_uint64()
-        rc = alloc(ctypes.byref(p), block)
-        if rc != 0: break
-        ptrs.append(p.value); got += block
+def driver_alloc(size):
+    p = ctypes.c_uint64()
+    return alloc(ctypes.byref(p), size), p.value
+ptrs, got, rc = alloc_until_refused(driver_alloc)
 peak = ledger_used()
 for p in ptrs: cu.cuMemFree_v2(ctypes.c_uint64(p))
 print(json.dumps({"via": via, "obtained_bytes": got, "obtained_gib": got / GIB, "last_rc": rc,

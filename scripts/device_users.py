@@ -15,22 +15,14 @@ Writes WORK/users.json with the exact commands, date and driver version.
 """
 import datetime, json, os, stat, subprocess, sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from device_common import FRAMEWORKS, last_json  # noqa: E402
+
 CARRY = os.path.join(os.getcwd(), ".device-carry")
 GS = os.path.join(CARRY, "gpuslice")
 ALIAS = "/dev/gpualias"
 PYTHONS = [p for p in (os.environ.get("TORCH_PY"), "/opt/torch/.venv/bin/python3", "python3") if p]
 
-# Each prints one JSON line: the GPUs it sees and, when there is one, a result.
-CODE = {
-    "torch": "import json,torch;n=torch.cuda.device_count();"
-    "r=float((torch.ones(1024,device='cuda')*2).sum()) if n else None;"
-    "print(json.dumps({'devices':n,'result':r}))",
-    "jax": "import json,jax;d=[x for x in jax.devices() if x.platform=='gpu'];"
-    "r=float(jax.numpy.ones(1024).sum()*2) if d else None;"
-    "print(json.dumps({'devices':len(d),'result':r}))",
-    "cupy": "import json,cupy;\ntry:\n n=cupy.cuda.runtime.getDeviceCount()\nexcept Exception as e:\n n=0\n"
-    "r=float((cupy.ones(1024)*2).sum()) if n else None\nprint(json.dumps({'devices':n,'result':r}))",
-}
 STATUS = "grep -E '^(Uid|Gid|Groups|CapEff|NoNewPrivs):' /proc/self/status"
 
 
@@ -40,15 +32,6 @@ def sh(args, timeout=120, env=None):
         return {"args": args, "rc": p.returncode, "stdout": p.stdout[-3000:], "stderr": p.stderr[-3000:]}
     except Exception as e:  # timeout, missing binary
         return {"args": args, "rc": None, "error": repr(e)}
-
-
-def last_json(r):
-    for line in reversed(r.get("stdout", "").splitlines()):
-        try:
-            return json.loads(line)
-        except ValueError:
-            continue
-    return None
 
 
 def python_for(framework):
@@ -70,7 +53,7 @@ def main():
     env = dict(os.environ, CUPY_CACHE_DIR="/tmp/gpuslice-users-cupy", XDG_CACHE_HOME="/tmp/gpuslice-users-cache")
     rec["status_as_nobody"] = sh([GS, "run", "--gpus", "0", "--user", "nobody", "--", "sh", "-c", STATUS], env=env)
     rec["frameworks"] = {}
-    for fw, code in CODE.items():
+    for fw, code in FRAMEWORKS.items():
         py = python_for(fw)
         if py is None:
             rec["frameworks"][fw] = {"error": "no python here imports " + fw}
@@ -99,7 +82,7 @@ def main():
         rec["alias"]["gpus0_root"] = sh([GS, "run", "--gpus", "0", "--", "sh", "-c", probe])
         py = python_for("torch")
         if py:
-            rec["alias"]["none_torch"] = sh([GS, "run", "--gpus", "none", "--", py, "-c", CODE["torch"]], env=env)
+            rec["alias"]["none_torch"] = sh([GS, "run", "--gpus", "none", "--", py, "-c", FRAMEWORKS["torch"]], env=env)
             rec["alias"]["none_torch"]["seen"] = last_json(rec["alias"]["none_torch"])
     except Exception as e:
         rec["alias_error"] = repr(e)

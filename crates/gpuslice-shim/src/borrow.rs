@@ -367,6 +367,14 @@ mod tests {
         l
     }
 
+    /// Slice `name`'s ledger under `dir`, with share `share`, and its seat
+    /// on the boards in `dir`/boards.
+    fn seated(dir: &Path, name: &str, share: u64, mode: Mode) -> (Ledger, Boards) {
+        let l = ledger(dir, name, share);
+        let b = Boards::open(&l, &[share], mode, &dir.join("boards")).unwrap();
+        (l, b)
+    }
+
     /// The refill rate `b` gives a slice of share `share` at `now`.
     fn rate(b: &Boards, share: u64, now: u64) -> u64 {
         b.refill(0, now, share).unwrap().rate(share)
@@ -375,10 +383,8 @@ mod tests {
     #[test]
     fn a_borrower_takes_what_the_others_leave_and_gives_it_back() {
         let dir = tempfile::tempdir().unwrap();
-        let boards = dir.path().join("boards");
-        let (la, lb) = (ledger(dir.path(), "a", 3000), ledger(dir.path(), "b", 5000));
-        let a = Boards::open(&la, &[3000], Mode::Guaranteed, &boards).unwrap();
-        let b = Boards::open(&lb, &[5000], Mode::Cap, &boards).unwrap();
+        let (_la, a) = seated(dir.path(), "a", 3000, Mode::Guaranteed);
+        let (_lb, b) = seated(dir.path(), "b", 5000, Mode::Cap);
         assert_eq!(rate(&b, 5000, 1), 5000, "a capped slice never borrows");
         let ms = 1_000_000;
         assert_eq!(rate(&a, 3000, 100 * ms), 3000, "first window: the share");
@@ -405,10 +411,8 @@ mod tests {
     #[test]
     fn oversubscribed_busy_slices_keep_their_proportions() {
         let dir = tempfile::tempdir().unwrap();
-        let boards = dir.path().join("boards");
-        let (la, lb) = (ledger(dir.path(), "a", 5000), ledger(dir.path(), "b", 5000));
-        let a = Boards::open(&la, &[5000], Mode::Cap, &boards).unwrap();
-        let b = Boards::open(&lb, &[5000], Mode::Cap, &boards).unwrap();
+        let (_la, a) = seated(dir.path(), "a", 5000, Mode::Cap);
+        let (_lb, b) = seated(dir.path(), "b", 5000, Mode::Cap);
         let ms = 1_000_000;
         // Window `w` closes at w * 20 ms; a and b each used `a_ms`, `b_ms`
         // of GPU time in it. Returns both rates.
@@ -433,8 +437,7 @@ mod tests {
         assert_eq!(rates.last(), Some(&(5000, 6000)), "{rates:?}");
         // Alone, even a 95 % share is not scaled.
         let dir = tempfile::tempdir().unwrap();
-        let lc = ledger(dir.path(), "c", 9500);
-        let c = Boards::open(&lc, &[9500], Mode::Cap, &dir.path().join("boards")).unwrap();
+        let (_lc, c) = seated(dir.path(), "c", 9500, Mode::Cap);
         c.record(0, 19 * ms, 119 * ms);
         assert_eq!(rate(&c, 9500, 100 * ms), 9500);
         assert_eq!(rate(&c, 9500, 120 * ms), 9500);
@@ -536,8 +539,7 @@ mod tests {
     fn a_slot_taken_over_while_idle_is_claimed_anew() {
         let dir = tempfile::tempdir().unwrap();
         let boards = dir.path().join("boards");
-        let la = ledger(dir.path(), "a", 3000);
-        let a = Boards::open(&la, &[3000], Mode::Cap, &boards).unwrap();
+        let (la, a) = seated(dir.path(), "a", 3000, Mode::Cap);
         let first = a.seats[0].as_ref().unwrap().slot.load(Ordering::Relaxed);
         // a stays silent past STALE_NS: another slice takes its slot.
         let board = Board::open_or_create(&boards, &la.uuid(0)).unwrap();

@@ -474,37 +474,22 @@ mod tests {
 
     #[test]
     fn names_map_to_families() {
-        assert_eq!(proc_family(b"cuMemAlloc", 13000), Some(Family::MemAlloc));
-        assert_eq!(
-            proc_family(b"cuMemAlloc", 3000),
-            None,
-            "32-bit ABI left alone"
-        );
-        assert_eq!(
-            proc_family(b"cuMemGetInfo", 2000),
-            Some(Family::MemGetInfoV1)
-        );
-        assert_eq!(
-            proc_family(b"cuGetProcAddress", 11080),
-            Some(Family::GetProcAddress)
-        );
-        assert_eq!(
-            proc_family(b"cuGetProcAddress", 12000),
-            Some(Family::GetProcAddressV2)
-        );
-        assert_eq!(
-            proc_family(b"cuMemAllocAsync_ptsz", 0),
-            Some(Family::MemAllocAsync)
-        );
-        assert_eq!(
-            proc_family(b"cuLaunchKernel", 13000),
-            Some(Family::LaunchKernel)
-        );
-        assert_eq!(
-            proc_family(b"cuLaunchKernelEx_ptsz", 0),
-            Some(Family::LaunchKernelEx)
-        );
-        assert_eq!(proc_family(b"cuLaunchHostFunc", 13000), None);
+        // (name, the caller's CUDA version, the family it is interposed as)
+        let cases: [(&[u8], c_int, Option<Family>); 9] = [
+            (b"cuMemAlloc", 13000, Some(Family::MemAlloc)),
+            (b"cuMemAlloc", 3000, None), // the 32-bit ABI left alone
+            (b"cuMemGetInfo", 2000, Some(Family::MemGetInfoV1)),
+            (b"cuGetProcAddress", 11080, Some(Family::GetProcAddress)),
+            (b"cuGetProcAddress", 12000, Some(Family::GetProcAddressV2)),
+            (b"cuMemAllocAsync_ptsz", 0, Some(Family::MemAllocAsync)),
+            (b"cuLaunchKernel", 13000, Some(Family::LaunchKernel)),
+            (b"cuLaunchKernelEx_ptsz", 0, Some(Family::LaunchKernelEx)),
+            (b"cuLaunchHostFunc", 13000, None),
+        ];
+        for (name, version, family) in cases {
+            let shown = String::from_utf8_lossy(name);
+            assert_eq!(proc_family(name, version), family, "{shown} at {version}");
+        }
         assert_eq!(
             export_family(b"nvmlDeviceGetMemoryInfo_v2"),
             Some(Family::NvmlMemoryInfoV2)

@@ -476,52 +476,48 @@ pub unsafe fn graph_upload(real: &Real, exec: CUgraphExec, stream: CUstream) -> 
 
 // ------------------------------------------------------------ launches
 
-/// # Safety
-/// C contract of `cuLaunchKernel` (either stream flavour).
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn launch_kernel(
-    real: &Real,
-    func: CUfunction,
-    gx: c_uint,
-    gy: c_uint,
-    gz: c_uint,
-    bx: c_uint,
-    by: c_uint,
-    bz: c_uint,
-    shmem: c_uint,
-    stream: CUstream,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CUresult {
-    let f = real_fn!(real, pfn::LaunchKernel);
-    // SAFETY: caller contract.
-    compute::launch(stream, real, compute::Kind::Kernel, || unsafe {
-        f(func, gx, gy, gz, bx, by, bz, shmem, stream, params, extra)
-    })
+// `cuLaunchKernel` and `cuLaunchCooperativeKernel`: the same grid
+// arguments, the first with a trailing `extra`; both metered as kernels.
+macro_rules! grid_launch_hook {
+    ($(#[$doc:meta])* $name:ident, $pfn:ident $(, $extra:ident)?) => {
+        $(#[$doc])*
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe fn $name(
+            real: &Real,
+            func: CUfunction,
+            gx: c_uint,
+            gy: c_uint,
+            gz: c_uint,
+            bx: c_uint,
+            by: c_uint,
+            bz: c_uint,
+            shmem: c_uint,
+            stream: CUstream,
+            params: *mut *mut c_void,
+            $($extra: *mut *mut c_void,)?
+        ) -> CUresult {
+            let f = real_fn!(real, pfn::$pfn);
+            // SAFETY: caller contract.
+            compute::launch(stream, real, compute::Kind::Kernel, || unsafe {
+                f(func, gx, gy, gz, bx, by, bz, shmem, stream, params $(, $extra)?)
+            })
+        }
+    };
 }
 
-/// # Safety
-/// C contract of `cuLaunchCooperativeKernel` (either stream flavour).
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn launch_cooperative(
-    real: &Real,
-    func: CUfunction,
-    gx: c_uint,
-    gy: c_uint,
-    gz: c_uint,
-    bx: c_uint,
-    by: c_uint,
-    bz: c_uint,
-    shmem: c_uint,
-    stream: CUstream,
-    params: *mut *mut c_void,
-) -> CUresult {
-    let f = real_fn!(real, pfn::LaunchCooperativeKernel);
-    // SAFETY: caller contract.
-    compute::launch(stream, real, compute::Kind::Kernel, || unsafe {
-        f(func, gx, gy, gz, bx, by, bz, shmem, stream, params)
-    })
-}
+grid_launch_hook!(
+    /// # Safety
+    /// C contract of `cuLaunchKernel` (either stream flavour).
+    launch_kernel,
+    LaunchKernel,
+    extra
+);
+grid_launch_hook!(
+    /// # Safety
+    /// C contract of `cuLaunchCooperativeKernel` (either stream flavour).
+    launch_cooperative,
+    LaunchCooperativeKernel
+);
 
 /// # Safety
 /// C contract of `cuLaunchKernelEx` (either stream flavour).

@@ -175,6 +175,41 @@ extern "C" fn refuse_dlmopen(
     )
 }
 
+/// The body of a naked trampoline: saves the argument registers (two or
+/// three; with two, 8 more bytes keep the stack 16-byte aligned at the
+/// call), calls `$pick` with the same arguments, restores them and jumps to
+/// the function `$pick` returned, so that it sees the caller's arguments and
+/// return address.
+#[cfg(target_arch = "x86_64")]
+macro_rules! trampoline {
+    (rdi, rsi; $pick:path) => {
+        core::arch::naked_asm!(
+            "push rdi",
+            "push rsi",
+            "sub rsp, 8",
+            "call {pick}",
+            "add rsp, 8",
+            "pop rsi",
+            "pop rdi",
+            "jmp rax",
+            pick = sym $pick,
+        )
+    };
+    (rdi, rsi, rdx; $pick:path) => {
+        core::arch::naked_asm!(
+            "push rdi",
+            "push rsi",
+            "push rdx",
+            "call {pick}",
+            "pop rdx",
+            "pop rsi",
+            "pop rdi",
+            "jmp rax",
+            pick = sym $pick,
+        )
+    };
+}
+
 /// Our `dlsym` (module docs).
 ///
 /// # Safety
@@ -183,17 +218,7 @@ extern "C" fn refuse_dlmopen(
 #[unsafe(naked)]
 #[no_mangle]
 pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
-    core::arch::naked_asm!(
-        "push rdi",
-        "push rsi",
-        "sub rsp, 8",
-        "call {pick}",
-        "add rsp, 8",
-        "pop rsi",
-        "pop rdi",
-        "jmp rax",
-        pick = sym pick_dlsym,
-    )
+    trampoline!(rdi, rsi; pick_dlsym)
 }
 
 /// Our `dlvsym` (module docs).
@@ -208,17 +233,7 @@ pub unsafe extern "C" fn dlvsym(
     symbol: *const c_char,
     version: *const c_char,
 ) -> *mut c_void {
-    core::arch::naked_asm!(
-        "push rdi",
-        "push rsi",
-        "push rdx",
-        "call {pick}",
-        "pop rdx",
-        "pop rsi",
-        "pop rdi",
-        "jmp rax",
-        pick = sym pick_dlvsym,
-    )
+    trampoline!(rdi, rsi, rdx; pick_dlvsym)
 }
 
 /// Our `dlopen`: glibc's, reached with the caller's return address (which
@@ -230,17 +245,7 @@ pub unsafe extern "C" fn dlvsym(
 #[unsafe(naked)]
 #[no_mangle]
 pub unsafe extern "C" fn dlopen(file: *const c_char, mode: c_int) -> *mut c_void {
-    core::arch::naked_asm!(
-        "push rdi",
-        "push rsi",
-        "sub rsp, 8",
-        "call {resolve}",
-        "add rsp, 8",
-        "pop rsi",
-        "pop rdi",
-        "jmp rax",
-        resolve = sym crate::sys::resolve_real_dlopen,
-    )
+    trampoline!(rdi, rsi; crate::sys::resolve_real_dlopen)
 }
 
 /// Our `dlmopen` (module docs).
@@ -255,15 +260,5 @@ pub unsafe extern "C" fn dlmopen(
     file: *const c_char,
     mode: c_int,
 ) -> *mut c_void {
-    core::arch::naked_asm!(
-        "push rdi",
-        "push rsi",
-        "push rdx",
-        "call {pick}",
-        "pop rdx",
-        "pop rsi",
-        "pop rdi",
-        "jmp rax",
-        pick = sym pick_dlmopen,
-    )
+    trampoline!(rdi, rsi, rdx; pick_dlmopen)
 }

@@ -105,11 +105,27 @@ fn exported(rc: NvmlReturn) -> c_int {
     rc as c_int
 }
 
+/// NVML's figures for a capped device as the slice sees them: the total
+/// at most the cap, the slice's use as used, free at most what is left.
+fn within_slice(total: &mut u64, used: &mut u64, free: &mut u64, cap: u64, slice_used: u64) {
+    *total = cap.min(*total);
+    *used = slice_used.min(*total);
+    *free = (*free).min(*total - *used);
+}
+
+/// Calls NVML's `f` (either memory-info version), then, on a capped
+/// device, has `clamp(info, cap, slice use)` bring what it wrote within the
+/// slice.
+///
 /// # Safety
-/// C contract of `nvmlDeviceGetMemoryInfo`.
-pub unsafe fn memory_info(real: &Real, dev: NvmlDevice, mem: *mut NvmlMemory) -> c_int {
-    // SAFETY: the family's signature.
-    let Some(f) = (unsafe { real.func::<nvml_pfn::DeviceGetMemoryInfo>() }) else {
+/// `f`'s C contract for `dev` and `mem`.
+unsafe fn capped_memory_info<M>(
+    f: Option<unsafe extern "C" fn(NvmlDevice, *mut M) -> NvmlReturn>,
+    dev: NvmlDevice,
+    mem: *mut M,
+    clamp: fn(&mut M, u64, u64),
+) -> c_int {
+    let Some(f) = f else {
         return exported(NVML_ERROR_UNKNOWN);
     };
     // SAFETY: caller contract.
@@ -122,36 +138,34 @@ pub unsafe fn memory_info(real: &Real, dev: NvmlDevice, mem: *mut NvmlMemory) ->
         return exported(rc);
     };
     if let Some((cap, used)) = slice_of(dev) {
-        let total = cap.min(m.total);
-        m.total = total;
-        m.used = used.min(total);
-        m.free = m.free.min(total - m.used);
+        clamp(m, cap, used);
     }
     exported(rc)
+}
+
+/// # Safety
+/// C contract of `nvmlDeviceGetMemoryInfo`.
+pub unsafe fn memory_info(real: &Real, dev: NvmlDevice, mem: *mut NvmlMemory) -> c_int {
+    // SAFETY: the family's signature.
+    let f = unsafe { real.func::<nvml_pfn::DeviceGetMemoryInfo>() };
+    // SAFETY: caller contract.
+    unsafe {
+        capped_memory_info(f, dev, mem, |m, cap, used| {
+            within_slice(&mut m.total, &mut m.used, &mut m.free, cap, used);
+        })
+    }
 }
 
 /// # Safety
 /// C contract of `nvmlDeviceGetMemoryInfo_v2`.
 pub unsafe fn memory_info_v2(real: &Real, dev: NvmlDevice, mem: *mut NvmlMemoryV2) -> c_int {
     // SAFETY: the family's signature.
-    let Some(f) = (unsafe { real.func::<nvml_pfn::DeviceGetMemoryInfoV2>() }) else {
-        return exported(NVML_ERROR_UNKNOWN);
-    };
+    let f = unsafe { real.func::<nvml_pfn::DeviceGetMemoryInfoV2>() };
     // SAFETY: caller contract.
-    let rc = unsafe { f(dev, mem) };
-    if rc != NVML_SUCCESS {
-        return exported(rc);
+    unsafe {
+        capped_memory_info(f, dev, mem, |m, cap, used| {
+            m.reserved = 0;
+            within_slice(&mut m.total, &mut m.used, &mut m.free, cap, used);
+        })
     }
-    // SAFETY: as above.
-    let Some(m) = (unsafe { mem.as_mut() }) else {
-        return exported(rc);
-    };
-    if let Some((cap, used)) = slice_of(dev) {
-        let total = cap.min(m.total);
-        m.total = total;
-        m.reserved = 0;
-        m.used = used.min(total);
-        m.free = m.free.min(total - m.used);
-    }
-    exported(rc)
 }

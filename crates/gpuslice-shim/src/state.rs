@@ -128,7 +128,6 @@ impl Shim {
             caps[i] = d.cap_bytes();
             compute[i] = d.share_bp();
         }
-        let memory_active = caps.iter().any(|&c| c != UNLIMITED);
         let compute_active = compute.iter().any(|&c| c != 0);
         let boards = compute_active
             .then(|| Boards::open(&ledger, &compute, limits.mode, Path::new(&cfg.board_dir)))
@@ -158,10 +157,24 @@ impl Shim {
                 limits.mode,
             ));
         }
+        Self::limited(&cfg, Some(ledger), caps, compute, boards, nvml, true)
+    }
+
+    /// A shim that applies `caps` and `compute` (each active where a
+    /// device has one), with the rest of its settings from `cfg`.
+    fn limited(
+        cfg: &Config,
+        ledger: Option<Ledger>,
+        caps: [u64; MAX_DEVICES],
+        compute: [u64; MAX_DEVICES],
+        boards: Option<Boards>,
+        nvml: Vec<NvmlMatch>,
+        recorded: bool,
+    ) -> Shim {
         Shim {
-            ledger: Some(ledger),
-            memory_active,
-            compute_active,
+            ledger,
+            memory_active: caps.iter().any(|&c| c != UNLIMITED),
+            compute_active: compute.iter().any(|&c| c != 0),
             compute,
             boards,
             handover: cfg.handover,
@@ -169,14 +182,14 @@ impl Shim {
             context_bytes: cfg.context_bytes,
             log: cfg.log,
             nvml,
-            recorded: true,
+            recorded,
             closed: None,
             record: None,
         }
     }
 
     /// No limits record: the environment's caps, self-imposed.
-    fn self_imposed(cfg: Config) -> Shim {
+    fn self_imposed(mut cfg: Config) -> Shim {
         let log = cfg.log;
         for e in &cfg.errors {
             log_line(e);
@@ -230,21 +243,8 @@ impl Shim {
                 }
             ));
         }
-        Shim {
-            ledger,
-            memory_active,
-            compute_active,
-            compute,
-            boards,
-            handover: cfg.handover,
-            caps,
-            context_bytes: cfg.context_bytes,
-            log,
-            nvml: cfg.nvml,
-            recorded: false,
-            closed: None,
-            record: None,
-        }
+        let nvml = std::mem::take(&mut cfg.nvml);
+        Self::limited(&cfg, ledger, caps, compute, boards, nvml, false)
     }
 
     /// Whether any hook has work to do (a ledger, or CUDA to refuse).

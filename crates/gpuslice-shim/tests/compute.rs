@@ -9,7 +9,7 @@
 //! -p fakegpu-driver -p gpuslice-shim -p gpuslice-testkit`), as the
 //! workspace test script does.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 
 use fakegpu::FakeHost;
@@ -66,14 +66,7 @@ impl Slice {
 }
 
 fn result(out: Output) -> Value {
-    assert!(
-        out.status.success(),
-        "client failed ({}): {}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = crate::succeeded(&out);
     let last = text.lines().last().expect("a result line");
     serde_json::from_str(last).unwrap_or_else(|e| panic!("{last}: {e}"))
 }
@@ -290,13 +283,7 @@ fn the_processes_of_a_slice_share_one_budget() {
 }
 
 fn defining_file(c: &mut Command) -> String {
-    let v = result(c.output().unwrap());
-    let file = v["file"].as_str().unwrap().to_string();
-    Path::new(&file)
-        .file_name()
-        .unwrap()
-        .to_string_lossy()
-        .into_owned()
+    crate::defined_in(&result(c.output().unwrap()))
 }
 
 #[test]
@@ -787,7 +774,7 @@ fn forge_condition(condition: &str, f: &std::fs::File, now_us: u64, n: u64) -> s
 /// Conditions interleaved, rotated each round; medians and range per
 /// slice, and what each forger cost against a forger that writes nothing
 /// (`noop`), in points of wall time (1 point = 10 ms a second). Run:
-/// `cargo test -p gpuslice-shim --test compute -- --ignored --nocapture lying_slice_bound`
+/// `cargo test -p gpuslice-shim --test integration -- --ignored --nocapture compute::lying_slice_bound`
 /// (`GPUSLICE_BENCH_ROUNDS`, default 3; `GPUSLICE_BENCH_OUT` writes the JSON).
 #[test]
 #[ignore = "benchmark: a minute a round on a quiet machine"]
@@ -864,24 +851,17 @@ fn lying_slice_bound() {
             .collect();
         out.push(serde_json::json!({ "condition": name, "slices": slices }));
     }
-    let report = serde_json::json!({
-        "benchmark": "lying-slice bound, fake engine",
-        "command": "cargo test -p gpuslice-shim --test compute -- --ignored --nocapture lying_slice_bound",
-        "unix_time": std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
-        "gpu": "fakegpu (one shared engine, FAKEGPU_ENGINE)",
-        "rounds": rounds,
-        "conditions_selected": only,
-        "kernel_ns": 1_500_000,
-        "seconds": 3.2,
-        "conditions": out,
-    });
-    let text = serde_json::to_string_pretty(&report).unwrap();
-    println!("{text}");
-    if let Some(path) = std::env::var_os("GPUSLICE_BENCH_OUT") {
-        std::fs::write(path, &text).unwrap();
-    }
+    bench_report(
+        "lying-slice bound, fake engine",
+        "lying_slice_bound",
+        serde_json::json!({
+            "rounds": rounds,
+            "conditions_selected": only,
+            "kernel_ns": 1_500_000,
+            "seconds": 3.2,
+            "conditions": out,
+        }),
+    );
 }
 
 /// What one case of [`compute_scale`] gave: per slice the share of wall
@@ -1036,19 +1016,36 @@ fn compute_scale() {
             "fallback_reasons": r.fallback_reasons,
         }));
     }
-    let report = serde_json::json!({
-        "benchmark": "compute shares at scale, fake engine",
-        "command": "cargo test -p gpuslice-shim --test integration -- --ignored --nocapture compute::compute_scale",
+    bench_report(
+        "compute shares at scale, fake engine",
+        "compute_scale",
+        serde_json::json!({
+            "kernel_ns": kernel_ns,
+            "seconds": seconds,
+            "loadavg_before": load_before.trim(),
+            "loadavg_after": loadavg().trim(),
+            "cases": out,
+        }),
+    );
+}
+
+/// Prints a fake-engine benchmark's report, and writes it to
+/// `GPUSLICE_BENCH_OUT` when that is set: the benchmark's name, the
+/// command that reruns its `test`, the time and the GPU, then `fields`.
+fn bench_report(benchmark: &str, test: &str, fields: Value) {
+    let mut report = serde_json::json!({
+        "benchmark": benchmark,
+        "command": format!(
+            "cargo test -p gpuslice-shim --test integration -- --ignored --nocapture compute::{test}"
+        ),
         "unix_time": std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
         "gpu": "fakegpu (one shared engine, FAKEGPU_ENGINE)",
-        "kernel_ns": kernel_ns,
-        "seconds": seconds,
-        "loadavg_before": load_before.trim(),
-        "loadavg_after": loadavg().trim(),
-        "cases": out,
     });
+    if let (Some(r), Value::Object(f)) = (report.as_object_mut(), fields) {
+        r.extend(f);
+    }
     let text = serde_json::to_string_pretty(&report).unwrap();
     println!("{text}");
     if let Some(path) = std::env::var_os("GPUSLICE_BENCH_OUT") {

@@ -73,14 +73,7 @@ impl Slice {
 }
 
 fn lines(out: &Output) -> Vec<Value> {
-    assert!(
-        out.status.success(),
-        "client failed ({}): {}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
+    crate::succeeded(out)
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
         .collect()
@@ -88,6 +81,15 @@ fn lines(out: &Output) -> Vec<Value> {
 
 fn n(v: &Value, k: &str) -> i64 {
     v[k].as_i64().unwrap_or_else(|| panic!("{k} in {v}"))
+}
+
+/// The integers of the client's array field `k`.
+fn integers(v: &Value, k: &str) -> Vec<i64> {
+    v[k].as_array()
+        .unwrap_or_else(|| panic!("{k} in {v}"))
+        .iter()
+        .map(|x| x.as_i64().unwrap())
+        .collect()
 }
 
 /// A client step's `[ledger, NVML]` pair: what the slice is charged and
@@ -289,13 +291,8 @@ fn defining_file(s: &Slice, capped: bool, via: &str, name: &str) -> String {
             .env_remove("GPUSLICE_LEDGER");
     }
     let v = &lines(&c.output().unwrap())[0];
-    let file = v["file"].as_str().unwrap().to_string();
-    assert!(!file.is_empty(), "{v}");
-    Path::new(&file)
-        .file_name()
-        .unwrap()
-        .to_string_lossy()
-        .into_owned()
+    assert!(!v["file"].as_str().unwrap().is_empty(), "{v}");
+    crate::defined_in(v)
 }
 
 #[test]
@@ -521,39 +518,72 @@ fn two_devices_are_charged_and_capped_each_on_its_own() {
 
 #[test]
 fn a_handle_released_while_mapped_stays_charged_until_its_last_unmap() {
-    let s = physical_slice("1GiB");
-    for via in ["dlsym", "procaddr"] {
-        let v = &s.run(&["--via", via, "vmm-mapped", &(64 * MIB).to_string()])[0];
-        for rc in [
+    // The driver holds the memory until the unmap, and the charge follows it.
+    let size = (64 * MIB).to_string();
+    charge_follows_the_driver(
+        &["dlsym", "procaddr"],
+        |via| vec!["--via", via, "vmm-mapped", size.as_str()],
+        &[
             "rc_create",
             "rc_reserve",
             "rc_map",
             "rc_release",
             "rc_unmap",
-        ] {
-            assert_eq!(n(v, rc), 0, "{via} {rc}: {v}");
+        ],
+        [
+            ("mapped", ""),
+            ("released", "released while mapped"),
+            ("unmapped", "after the last unmap"),
+        ],
+    );
+}
+
+/// In a 1 GiB physical slice, the client run `args(case)` for each case
+/// reports every `rcs` field 0, and [ledger, NVML] at its three `steps`
+/// are: the context and 64 MiB at the first, the same at the second (the
+/// driver still holds the memory), the context alone at the third. Each
+/// step's text names it in a failure.
+fn charge_follows_the_driver<'a>(
+    cases: &[&'a str],
+    args: impl Fn(&'a str) -> Vec<&'a str>,
+    rcs: &[&str],
+    steps: [(&str, &str); 3],
+) {
+    let s = physical_slice("1GiB");
+    for &case in cases {
+        let v = &s.run(&args(case))[0];
+        for rc in rcs {
+            assert_eq!(n(v, rc), 0, "{case} {rc}: {v}");
         }
-        let at = |k: &str| charged_and_held(v, k);
-        // [ledger, NVML]: the driver holds the memory until the unmap, and
-        // the charge follows it.
-        let (mapped, released, unmapped) = (at("mapped"), at("released"), at("unmapped"));
-        assert_eq!(mapped, (CTX + 64 * MIB, CTX + 64 * MIB), "{via}: {v}");
-        assert_eq!(released, mapped, "{via}: released while mapped: {v}");
-        assert_eq!(unmapped, (CTX, CTX), "{via}: after the last unmap: {v}");
+        let [(held, _), (kept, kept_why), (gone, gone_why)] = steps;
+        let held = charged_and_held(v, held);
+        assert_eq!(held, (CTX + 64 * MIB, CTX + 64 * MIB), "{case}: {v}");
+        assert_eq!(charged_and_held(v, kept), held, "{case}: {kept_why}: {v}");
+        assert_eq!(
+            charged_and_held(v, gone),
+            (CTX, CTX),
+            "{case}: {gone_why}: {v}"
+        );
     }
     assert_eq!(s.ledger().used(0), 0);
 }
 
-#[test]
-fn a_stream_ordered_allocation_is_charged_to_the_stream_s_device() {
+/// The first line of the client run `args` in a 1 GiB physical slice that
+/// sees both GPUs (device 0 current).
+fn on_both_devices(args: &[&str]) -> Value {
     let s = physical_slice("1GiB");
     let both = format!("{},{}", s.host.gpus()[0].uuid, s.host.gpus()[1].uuid);
     let out = s
-        .client(&["async-device", &(10 * MIB).to_string()])
+        .client(args)
         .env("CUDA_VISIBLE_DEVICES", &both)
         .output()
         .unwrap();
-    let v = &lines(&out)[0];
+    lines(&out).swap_remove(0)
+}
+
+#[test]
+fn a_stream_ordered_allocation_is_charged_to_the_stream_s_device() {
+    let v = &on_both_devices(&["async-device", &(10 * MIB).to_string()]);
     assert_eq!(n(v, "rc"), 0, "{v}");
     // The driver takes it from device 1's pool (a reserve grown in 32 MiB
     // steps), though device 0's context is current.
@@ -567,21 +597,8 @@ fn a_stream_ordered_allocation_is_charged_to_the_stream_s_device() {
 
 #[test]
 fn a_pool_s_allocations_are_charged_where_the_pool_s_memory_is() {
-    let s = physical_slice("1GiB");
-    let both = format!("{},{}", s.host.gpus()[0].uuid, s.host.gpus()[1].uuid);
-    let out = s
-        .client(&["pool-location", &(10 * MIB).to_string()])
-        .env("CUDA_VISIBLE_DEVICES", &both)
-        .output()
-        .unwrap();
-    let v = &lines(&out)[0];
-    let at = |k: &str| -> Vec<i64> {
-        v[k].as_array()
-            .unwrap_or_else(|| panic!("{k} in {v}"))
-            .iter()
-            .map(|x| x.as_i64().unwrap())
-            .collect()
-    };
+    let v = &on_both_devices(&["pool-location", &(10 * MIB).to_string()]);
+    let at = |k: &str| integers(v, k);
     // [rc, change on device 0, change on device 1], device 0 current; the
     // pools reserve in 32 MiB steps.
     let step = POOL_STEP as i64;
@@ -636,21 +653,19 @@ fn a_slice_whose_host_pid_resolver_does_not_answer_keeps_the_estimates() {
 
 #[test]
 fn a_pool_destroyed_with_allocations_outstanding_stays_charged_until_they_are_freed() {
-    let s = physical_slice("1GiB");
-    for free in ["cuMemFreeAsync", "cuMemFree"] {
-        let v = &s.run(&["pool-destroy", &(64 * MIB).to_string(), free])[0];
-        for rc in ["rc_create", "rc_alloc", "rc_destroy", "rc_free"] {
-            assert_eq!(n(v, rc), 0, "{free} {rc}: {v}");
-        }
-        let at = |k: &str| charged_and_held(v, k);
-        // [ledger, NVML]: the driver keeps a destroyed pool's memory while
-        // an allocation from it is outstanding, and the charge follows it.
-        let (allocated, destroyed, freed) = (at("allocated"), at("destroyed"), at("freed"));
-        assert_eq!(allocated, (CTX + 64 * MIB, CTX + 64 * MIB), "{free}: {v}");
-        assert_eq!(destroyed, allocated, "{free}: released at the destroy: {v}");
-        assert_eq!(freed, (CTX, CTX), "{free}: after the last free: {v}");
-    }
-    assert_eq!(s.ledger().used(0), 0);
+    // The driver keeps a destroyed pool's memory while an allocation from
+    // it is outstanding, and the charge follows it.
+    let size = (64 * MIB).to_string();
+    charge_follows_the_driver(
+        &["cuMemFreeAsync", "cuMemFree"],
+        |free| vec!["pool-destroy", size.as_str(), free],
+        &["rc_create", "rc_alloc", "rc_destroy", "rc_free"],
+        [
+            ("allocated", ""),
+            ("destroyed", "released at the destroy"),
+            ("freed", "after the last free"),
+        ],
+    );
 }
 
 /// A stream-ordered pool grows by whole steps (32 MiB on the H200), more
@@ -747,13 +762,7 @@ fn a_context_limit_past_the_cap_is_refused_and_undone() {
 fn arrays_are_charged_what_the_driver_backs_them_with() {
     let s = physical_slice("1GiB");
     let v = &s.run(&["arrays"])[0];
-    let at = |k: &str| -> Vec<i64> {
-        v[k].as_array()
-            .unwrap_or_else(|| panic!("{k} in {v}"))
-            .iter()
-            .map(|x| x.as_i64().unwrap())
-            .collect()
-    };
+    let at = |k: &str| integers(v, k);
     // [rc, ledger change, NVML change].
     let two = 2 * MIB as i64;
     assert_eq!(at("small_1d"), [0, two, two], "{v}");

@@ -2,7 +2,12 @@
 //! module, and its tests are threads of this one process. Helpers they
 //! share live in gpuslice-testkit.
 
+use std::borrow::Cow;
+use std::path::Path;
+use std::process::Output;
 use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use serde_json::Value;
 
 mod compute;
 mod fake_host;
@@ -25,4 +30,28 @@ fn alone() -> RwLockWriteGuard<'static, ()> {
 /// Held by a test that runs processes: not while one measures.
 fn beside_others() -> RwLockReadGuard<'static, ()> {
     CPU.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A shim test client's standard output, once it is known to have exited
+/// successfully (else the failure, with what it printed).
+fn succeeded(out: &Output) -> Cow<'_, str> {
+    assert!(
+        out.status.success(),
+        "client failed ({}): {}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+}
+
+/// The file name of the `file` a client's `addr` reported: where the
+/// function it looked up is defined.
+fn defined_in(v: &Value) -> String {
+    let file = v["file"].as_str().unwrap();
+    Path::new(file)
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned()
 }

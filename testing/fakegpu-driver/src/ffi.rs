@@ -23,6 +23,26 @@ pub unsafe fn write_out<T>(ptr: *mut T, value: T) -> bool {
     true
 }
 
+/// [`write_out`] for an entry point: a null pointer is the API's `null`
+/// error code (CUDA's and NVML's differ).
+///
+/// # Safety
+/// As [`write_out`].
+pub unsafe fn write_out_or<T, E>(ptr: *mut T, value: T, null: E) -> Result<(), E> {
+    // SAFETY: forwarded contract.
+    if unsafe { write_out(ptr, value) } {
+        Ok(())
+    } else {
+        Err(null)
+    }
+}
+
+/// Collapses an entry point's `Result<(), E>` into its C return code,
+/// `success` when it is Ok.
+pub fn code<E>(result: Result<(), E>, success: E) -> E {
+    result.err().unwrap_or(success)
+}
+
 /// Reads a NUL-terminated UTF-8 string passed by the caller.
 ///
 /// # Safety

@@ -186,16 +186,20 @@ fn cgroup_limit(_l: &Ledger, minor: u32) -> Option<crate::partitions::Limit> {
     crate::partitions::binding(minor, &mine)
 }
 
+/// What this process holds on GPU `minor` (whole-GPU keys).
+fn whole_gpu_used(l: &Ledger, minor: u32) -> u64 {
+    l.used
+        .iter()
+        .filter(|(k, _)| k.gpu_minor == minor && k.gi.is_none())
+        .map(|(_, v)| v)
+        .sum()
+}
+
 /// What the processes of cgroup `path` hold on GPU `minor` (whole-GPU
 /// keys): this process's own, and every live process whose usage file
 /// says it is in that cgroup.
 fn cgroup_used(l: &Ledger, minor: u32, path: &str) -> u64 {
-    let mine: u64 = l
-        .used
-        .iter()
-        .filter(|(k, _)| k.gpu_minor == minor && k.gi.is_none())
-        .map(|(_, v)| v)
-        .sum();
+    let mine = whole_gpu_used(l, minor);
     let me = host_pid();
     let others: u64 = usage_dir()
         .and_then(|d| std::fs::read_dir(d).ok())
@@ -235,13 +239,7 @@ pub fn cgroup_usage(minor: u32, path: &str) -> u64 {
     if me_in {
         total
     } else {
-        let mine: u64 = l
-            .used
-            .iter()
-            .filter(|(k, _)| k.gpu_minor == minor && k.gi.is_none())
-            .map(|(_, v)| v)
-            .sum();
-        total - mine
+        total - whole_gpu_used(&l, minor)
     }
 }
 

@@ -13,7 +13,7 @@ use std::ffi::{c_char, c_int, c_uint, CStr};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::cuda::PciAddress;
-use crate::ffi::{self, guard, write_out, CopyError};
+use crate::ffi::{self, guard, CopyError};
 use crate::host::{self, Host, Kernel, KernelGpu, KernelMig, Node, NVIDIA_MAJOR};
 use crate::memory;
 
@@ -182,18 +182,16 @@ fn resolve(device: NvmlDevice) -> Result<Target, NvmlReturn> {
 // ---------------------------------------------------------------- helpers
 
 fn rc(result: Result<(), NvmlReturn>) -> NvmlReturn {
-    result.err().unwrap_or(NVML_SUCCESS)
+    ffi::code(result, NVML_SUCCESS)
 }
 
+/// Writes an out-parameter, mapping a null pointer to INVALID_ARGUMENT.
+///
 /// # Safety
-/// As [`write_out`].
+/// As [`ffi::write_out`].
 unsafe fn out<T>(ptr: *mut T, value: T) -> Result<(), NvmlReturn> {
     // SAFETY: forwarded contract.
-    if unsafe { write_out(ptr, value) } {
-        Ok(())
-    } else {
-        Err(NVML_ERROR_INVALID_ARGUMENT)
-    }
+    unsafe { ffi::write_out_or(ptr, value, NVML_ERROR_INVALID_ARGUMENT) }
 }
 
 /// # Safety
@@ -253,6 +251,44 @@ fn with_device(
 ) -> NvmlReturn {
     guard(NVML_ERROR_UNKNOWN, || {
         rc(resolve(device).and_then(|t| f(&t)))
+    })
+}
+
+/// A getter's body: the value `value` finds for the device, written to
+/// `ptr`.
+///
+/// # Safety
+/// `ptr` null or valid for a write.
+unsafe fn write_device_value<T>(
+    device: NvmlDevice,
+    ptr: *mut T,
+    value: impl FnOnce(&Target) -> Result<T, NvmlReturn>,
+) -> NvmlReturn {
+    with_device(device, |t| {
+        let v = value(t)?;
+        // SAFETY: caller contract.
+        unsafe { out(ptr, v) }
+    })
+}
+
+/// A lookup by name's body: the handle `find` picks for the string `name`
+/// (INVALID_ARGUMENT when it is null or not UTF-8), written to `device`.
+///
+/// # Safety
+/// `name` null or NUL-terminated; `device` null or valid for a write.
+unsafe fn handle_by_name(
+    name: *const c_char,
+    device: *mut NvmlDevice,
+    find: impl FnOnce(&View, &str) -> Result<NvmlDevice, NvmlReturn>,
+) -> NvmlReturn {
+    guard(NVML_ERROR_UNKNOWN, || {
+        rc(view().and_then(|v| {
+            // SAFETY: caller contract.
+            let text = unsafe { ffi::read_str(name) }.ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
+            let h = find(&v, text)?;
+            // SAFETY: caller contract.
+            unsafe { out(device, h) }
+        }))
     })
 }
 
@@ -418,11 +454,11 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
     uuid: *const c_char,
     device: *mut NvmlDevice,
 ) -> NvmlReturn {
-    guard(NVML_ERROR_UNKNOWN, || {
-        rc(view().and_then(|v| {
-            // SAFETY: caller contract.
-            let wanted = unsafe { ffi::read_str(uuid) }.ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
-            let found = v.gpus.iter().enumerate().find_map(|(gi, g)| {
+    let find = |v: &View, wanted: &str| {
+        v.gpus
+            .iter()
+            .enumerate()
+            .find_map(|(gi, g)| {
                 if g.info.uuid.eq_ignore_ascii_case(wanted) {
                     return Some(handle(gi, None));
                 }
@@ -431,11 +467,11 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
                     .iter()
                     .position(|m| m.uuid.eq_ignore_ascii_case(wanted))?;
                 Some(handle(gi, Some(m)))
-            });
-            // SAFETY: caller contract.
-            unsafe { out(device, found.ok_or(NVML_ERROR_NOT_FOUND)?) }
-        }))
-    })
+            })
+            .ok_or(NVML_ERROR_NOT_FOUND)
+    };
+    // SAFETY: caller contract.
+    unsafe { handle_by_name(uuid, device, find) }
 }
 
 /// Accepts `00000000:18:00.0`, `0000:18:00.0` or `18:00.0`, any case.
@@ -447,20 +483,17 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(
     bus_id: *const c_char,
     device: *mut NvmlDevice,
 ) -> NvmlReturn {
-    guard(NVML_ERROR_UNKNOWN, || {
-        rc(view().and_then(|v| {
-            // SAFETY: caller contract.
-            let text = unsafe { ffi::read_str(bus_id) }.ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
+    // SAFETY: caller contract.
+    unsafe {
+        handle_by_name(bus_id, device, |v, text| {
             let wanted = PciAddress::parse(text).ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
-            let i = v
-                .gpus
+            v.gpus
                 .iter()
                 .position(|g| PciAddress::parse(&g.info.pci_bus_id) == Some(wanted))
-                .ok_or(NVML_ERROR_NOT_FOUND)?;
-            // SAFETY: caller contract.
-            unsafe { out(device, handle(i, None)) }
-        }))
-    })
+                .map(|i| handle(i, None))
+                .ok_or(NVML_ERROR_NOT_FOUND)
+        })
+    }
 }
 
 // ---------------------------------------------------------------- identity
@@ -721,11 +754,8 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(
     device: NvmlDevice,
     id: *mut c_uint,
 ) -> NvmlReturn {
-    with_device(device, |t| {
-        let mig = t.mig_only()?;
-        // SAFETY: caller contract.
-        unsafe { out(id, mig.gi) }
-    })
+    // SAFETY: caller contract.
+    unsafe { write_device_value(device, id, |t| Ok(t.mig_only()?.gi)) }
 }
 
 /// # Safety
@@ -735,11 +765,8 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(
     device: NvmlDevice,
     id: *mut c_uint,
 ) -> NvmlReturn {
-    with_device(device, |t| {
-        let mig = t.mig_only()?;
-        // SAFETY: caller contract.
-        unsafe { out(id, mig.ci) }
-    })
+    // SAFETY: caller contract.
+    unsafe { write_device_value(device, id, |t| Ok(t.mig_only()?.ci)) }
 }
 
 // ---------------------------------------------------------------- NVLink

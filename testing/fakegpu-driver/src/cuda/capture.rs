@@ -277,15 +277,7 @@ pub extern "C" fn cuStreamBeginCapture(stream: Handle) -> CUresult {
     begin(stream, CU_STREAM_CAPTURE_MODE_GLOBAL, false)
 }
 
-#[no_mangle]
-pub extern "C" fn cuStreamBeginCapture_v2(stream: Handle, mode: c_int) -> CUresult {
-    begin(stream, mode, false)
-}
-
-#[no_mangle]
-pub extern "C" fn cuStreamBeginCapture_ptsz(stream: Handle, mode: c_int) -> CUresult {
-    begin(stream, mode, true)
-}
+legacy_and_ptsz!(cuStreamBeginCapture_v2, cuStreamBeginCapture_ptsz, begin, (stream: Handle, mode: c_int));
 
 fn end(stream: Handle, graph: *mut Handle, per_thread_default: bool) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
@@ -319,19 +311,11 @@ fn end(stream: Handle, graph: *mut Handle, per_thread_default: bool) -> CUresult
     })
 }
 
-/// # Safety
-/// `graph` null or valid for a write.
-#[no_mangle]
-pub unsafe extern "C" fn cuStreamEndCapture(stream: Handle, graph: *mut Handle) -> CUresult {
-    end(stream, graph, false)
-}
-
-/// # Safety
-/// As `cuStreamEndCapture`.
-#[no_mangle]
-pub unsafe extern "C" fn cuStreamEndCapture_ptsz(stream: Handle, graph: *mut Handle) -> CUresult {
-    end(stream, graph, true)
-}
+legacy_and_ptsz!(
+    /// # Safety
+    /// `graph` null or valid for a write.
+    unsafe cuStreamEndCapture, cuStreamEndCapture_ptsz, end, (stream: Handle, graph: *mut Handle)
+);
 
 fn is_capturing(stream: Handle, status: *mut c_int, per_thread_default: bool) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
@@ -357,19 +341,11 @@ fn is_capturing(stream: Handle, status: *mut c_int, per_thread_default: bool) ->
     })
 }
 
-/// # Safety
-/// `status` null or valid for a write.
-#[no_mangle]
-pub unsafe extern "C" fn cuStreamIsCapturing(stream: Handle, status: *mut c_int) -> CUresult {
-    is_capturing(stream, status, false)
-}
-
-/// # Safety
-/// As `cuStreamIsCapturing`.
-#[no_mangle]
-pub unsafe extern "C" fn cuStreamIsCapturing_ptsz(stream: Handle, status: *mut c_int) -> CUresult {
-    is_capturing(stream, status, true)
-}
+legacy_and_ptsz!(
+    /// # Safety
+    /// `status` null or valid for a write.
+    unsafe cuStreamIsCapturing, cuStreamIsCapturing_ptsz, is_capturing, (stream: Handle, status: *mut c_int)
+);
 
 /// Swaps the calling thread's capture interaction mode.
 ///

@@ -198,8 +198,10 @@ unsafe fn duration(params: *mut *mut c_void) -> u64 {
     unsafe { (first as *const u64).read_unaligned() }
 }
 
-macro_rules! launch_kernel {
-    ($name:ident, $ptsz:expr) => {
+// cuLaunchKernel and cuLaunchCooperativeKernel: the same grid arguments,
+// the first with a trailing `extra`.
+macro_rules! launch_grid {
+    ($name:ident, $ptsz:expr $(, $extra:ident)?) => {
         /// # Safety
         /// `params` as [`duration`].
         #[no_mangle]
@@ -214,35 +216,7 @@ macro_rules! launch_kernel {
             _shmem: c_uint,
             stream: Handle,
             params: *mut *mut c_void,
-            _extra: *mut *mut c_void,
-        ) -> CUresult {
-            guard(CUDA_ERROR_UNKNOWN, || {
-                if f.is_null() {
-                    return CUDA_ERROR_INVALID_HANDLE;
-                }
-                // SAFETY: caller contract.
-                run(stream, $ptsz, unsafe { duration(params) })
-            })
-        }
-    };
-}
-
-macro_rules! launch_coop {
-    ($name:ident, $ptsz:expr) => {
-        /// # Safety
-        /// `params` as [`duration`].
-        #[no_mangle]
-        pub unsafe extern "C" fn $name(
-            f: Handle,
-            _gx: c_uint,
-            _gy: c_uint,
-            _gz: c_uint,
-            _bx: c_uint,
-            _by: c_uint,
-            _bz: c_uint,
-            _shmem: c_uint,
-            stream: Handle,
-            params: *mut *mut c_void,
+            $($extra: *mut *mut c_void,)?
         ) -> CUresult {
             guard(CUDA_ERROR_UNKNOWN, || {
                 if f.is_null() {
@@ -281,10 +255,10 @@ macro_rules! launch_ex {
     };
 }
 
-launch_kernel!(cuLaunchKernel, false);
-launch_kernel!(cuLaunchKernel_ptsz, true);
-launch_coop!(cuLaunchCooperativeKernel, false);
-launch_coop!(cuLaunchCooperativeKernel_ptsz, true);
+launch_grid!(cuLaunchKernel, false, _extra);
+launch_grid!(cuLaunchKernel_ptsz, true, _extra);
+launch_grid!(cuLaunchCooperativeKernel, false);
+launch_grid!(cuLaunchCooperativeKernel_ptsz, true);
 launch_ex!(cuLaunchKernelEx, false);
 launch_ex!(cuLaunchKernelEx_ptsz, true);
 
@@ -347,15 +321,7 @@ fn record(event: Handle, stream: Handle, ptsz: bool) -> CUresult {
     })
 }
 
-#[no_mangle]
-pub extern "C" fn cuEventRecord(event: Handle, stream: Handle) -> CUresult {
-    record(event, stream, false)
-}
-
-#[no_mangle]
-pub extern "C" fn cuEventRecord_ptsz(event: Handle, stream: Handle) -> CUresult {
-    record(event, stream, true)
-}
+legacy_and_ptsz!(cuEventRecord, cuEventRecord_ptsz, record, (event: Handle, stream: Handle));
 
 fn event_time(event: Handle) -> Result<Option<u64>, CUresult> {
     timeline()
@@ -443,15 +409,7 @@ fn stream_sync(stream: Handle, ptsz: bool) -> CUresult {
     })
 }
 
-#[no_mangle]
-pub extern "C" fn cuStreamSynchronize(stream: Handle) -> CUresult {
-    stream_sync(stream, false)
-}
-
-#[no_mangle]
-pub extern "C" fn cuStreamSynchronize_ptsz(stream: Handle) -> CUresult {
-    stream_sync(stream, true)
-}
+legacy_and_ptsz!(cuStreamSynchronize, cuStreamSynchronize_ptsz, stream_sync, (stream: Handle));
 
 /// Waits for all work of device `dev` (`cuCtxSynchronize`).
 pub(super) fn device_sync(dev: usize) {

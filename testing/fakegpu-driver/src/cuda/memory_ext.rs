@@ -210,6 +210,15 @@ fn trim(p: &mut Pool, keep: u64) {
     }
 }
 
+/// An entry point's body that reads one input struct: `f` with it,
+/// INVALID_VALUE when the caller passed none.
+fn with_input<T>(input: Option<&T>, f: impl FnOnce(&T) -> CUresult) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || match input {
+        Some(x) => f(x),
+        None => CUDA_ERROR_INVALID_VALUE,
+    })
+}
+
 // ---------------------------------------------------------------- pitch, managed
 
 /// # Safety
@@ -222,21 +231,17 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
     height: usize,
     elem: c_uint,
 ) -> CUresult {
-    guard(CUDA_ERROR_UNKNOWN, || {
-        rc(capture::unsafe_call()
-            .and_then(|_| current_device())
-            .and_then(|dev| {
-                if width == 0 || height == 0 || !matches!(elem, 4 | 8 | 16) {
-                    return Err(CUDA_ERROR_INVALID_VALUE);
-                }
-                let p = (width as u64).div_ceil(512) * 512;
-                let ptr = dev_alloc(dev, p * height as u64)?;
-                // SAFETY: caller contract.
-                unsafe {
-                    out(pitch, p as usize)?;
-                    out(dptr, ptr)
-                }
-            }))
+    outside_capture_on_current(|dev| {
+        if width == 0 || height == 0 || !matches!(elem, 4 | 8 | 16) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let p = (width as u64).div_ceil(512) * 512;
+        let ptr = dev_alloc(dev, p * height as u64)?;
+        // SAFETY: caller contract.
+        unsafe {
+            out(pitch, p as usize)?;
+            out(dptr, ptr)
+        }
     })
 }
 
@@ -250,17 +255,13 @@ pub unsafe extern "C" fn cuMemAllocManaged(
 ) -> CUresult {
     // Entry points never call each other through their exported symbols:
     // those may be interposed (by the shim under test).
-    guard(CUDA_ERROR_UNKNOWN, || {
-        rc(capture::unsafe_call()
-            .and_then(|_| current_device())
-            .and_then(|dev| {
-                if size == 0 || dptr.is_null() {
-                    return Err(CUDA_ERROR_INVALID_VALUE);
-                }
-                let ptr = dev_alloc(dev, size as u64)?;
-                // SAFETY: caller contract.
-                unsafe { out(dptr, ptr) }
-            }))
+    outside_capture_on_current(|dev| {
+        if size == 0 || dptr.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let ptr = dev_alloc(dev, size as u64)?;
+        // SAFETY: caller contract.
+        unsafe { out(dptr, ptr) }
     })
 }
 
@@ -314,11 +315,9 @@ pub unsafe extern "C" fn cuMemPoolCreate(
     pool: *mut Handle,
     props: *const CUmemPoolProps,
 ) -> CUresult {
-    guard(CUDA_ERROR_UNKNOWN, || {
-        // SAFETY: null or a CUmemPoolProps (caller contract).
-        let Some(p) = (unsafe { props.as_ref() }) else {
-            return CUDA_ERROR_INVALID_VALUE;
-        };
+    // SAFETY: null or a CUmemPoolProps (caller contract).
+    let props = unsafe { props.as_ref() };
+    with_input(props, |p| {
         let (alloc, ty, id) = (p.alloc_type, p.location_type, p.location_id);
         // Pinned on a device (1), or on the host (2..=4: host, host NUMA,
         // current host NUMA); managed (allocType 2) on a device. Host pools
@@ -539,11 +538,9 @@ pub unsafe extern "C" fn cuMemCreate(
     prop: *const CUmemAllocationProp,
     _flags: u64,
 ) -> CUresult {
-    guard(CUDA_ERROR_UNKNOWN, || {
-        // SAFETY: null or a CUmemAllocationProp (caller contract).
-        let Some(prop) = (unsafe { prop.as_ref() }) else {
-            return CUDA_ERROR_INVALID_VALUE;
-        };
+    // SAFETY: null or a CUmemAllocationProp (caller contract).
+    let prop = unsafe { prop.as_ref() };
+    with_input(prop, |prop| {
         if size == 0 || prop.location_type != CU_MEM_LOCATION_TYPE_DEVICE {
             return CUDA_ERROR_INVALID_VALUE;
         }
@@ -727,11 +724,9 @@ pub unsafe extern "C" fn cuArrayCreate_v2(
     arr: *mut Handle,
     desc: *const ArrayDescriptor,
 ) -> CUresult {
-    guard(CUDA_ERROR_UNKNOWN, || {
-        // SAFETY: null or a descriptor (caller contract).
-        let Some(d) = (unsafe { desc.as_ref() }) else {
-            return CUDA_ERROR_INVALID_VALUE;
-        };
+    // SAFETY: null or a descriptor (caller contract).
+    let desc = unsafe { desc.as_ref() };
+    with_input(desc, |d| {
         let bytes = array_bytes(d.width, d.height, 1, d.format, d.num_channels);
         make_array(arr, bytes, 0)
     })
@@ -744,11 +739,9 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
     arr: *mut Handle,
     desc: *const Array3DDescriptor,
 ) -> CUresult {
-    guard(CUDA_ERROR_UNKNOWN, || {
-        // SAFETY: null or a descriptor (caller contract).
-        let Some(d) = (unsafe { desc.as_ref() }) else {
-            return CUDA_ERROR_INVALID_VALUE;
-        };
+    // SAFETY: null or a descriptor (caller contract).
+    let desc = unsafe { desc.as_ref() };
+    with_input(desc, |d| {
         let bytes = array_bytes(d.width, d.height, d.depth, d.format, d.num_channels);
         make_array(arr, bytes, d.flags)
     })
@@ -762,11 +755,9 @@ pub unsafe extern "C" fn cuMipmappedArrayCreate(
     desc: *const Array3DDescriptor,
     levels: c_uint,
 ) -> CUresult {
-    guard(CUDA_ERROR_UNKNOWN, || {
-        // SAFETY: null or a descriptor (caller contract).
-        let Some(desc) = (unsafe { desc.as_ref() }) else {
-            return CUDA_ERROR_INVALID_VALUE;
-        };
+    // SAFETY: null or a descriptor (caller contract).
+    let desc = unsafe { desc.as_ref() };
+    with_input(desc, |desc| {
         if levels == 0 {
             return CUDA_ERROR_INVALID_VALUE;
         }

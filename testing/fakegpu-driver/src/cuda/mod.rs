@@ -3,6 +3,38 @@
 //! Signatures follow `cuda.h` (CUDA 13): `CUdevice` is `int`, `CUcontext`
 //! an opaque pointer, `CUdeviceptr` an `unsigned long long`.
 
+// A stream function's two exports: `$legacy` on the legacy default stream
+// and `$ptsz` on the per-thread default stream, both calling `$f` with
+// their arguments and whether the default stream is the per-thread one.
+// The `unsafe` form, for functions that write through pointers, carries
+// their `# Safety` doc.
+macro_rules! legacy_and_ptsz {
+    ($legacy:ident, $ptsz:ident, $f:path, ($($a:ident: $t:ty),*)) => {
+        #[no_mangle]
+        pub extern "C" fn $legacy($($a: $t),*) -> CUresult {
+            $f($($a,)* false)
+        }
+
+        #[no_mangle]
+        pub extern "C" fn $ptsz($($a: $t),*) -> CUresult {
+            $f($($a,)* true)
+        }
+    };
+    ($(#[$doc:meta])* unsafe $legacy:ident, $ptsz:ident, $f:path, ($($a:ident: $t:ty),*)) => {
+        $(#[$doc])*
+        #[no_mangle]
+        pub unsafe extern "C" fn $legacy($($a: $t),*) -> CUresult {
+            $f($($a,)* false)
+        }
+
+        $(#[$doc])*
+        #[no_mangle]
+        pub unsafe extern "C" fn $ptsz($($a: $t),*) -> CUresult {
+            $f($($a,)* true)
+        }
+    };
+}
+
 mod capture;
 mod init;
 mod launch;
@@ -96,9 +128,21 @@ fn initialize() -> State {
     }
 }
 
+/// The body of an entry point that is not allowed during a stream capture
+/// (it invalidates the capture, as the real driver's do) and works on the
+/// current context's device: `f` with that device, its error as the C
+/// return code.
+fn outside_capture_on_current(f: impl FnOnce(usize) -> Result<(), CUresult>) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        rc(capture::unsafe_call()
+            .and_then(|_| current_device())
+            .and_then(f))
+    })
+}
+
 /// Collapses `Result<(), CUresult>` into the C return code.
 fn rc(result: Result<(), CUresult>) -> CUresult {
-    result.err().unwrap_or(CUDA_SUCCESS)
+    ffi::code(result, CUDA_SUCCESS)
 }
 
 /// Writes an out-parameter, mapping a null pointer to INVALID_VALUE.
@@ -107,11 +151,7 @@ fn rc(result: Result<(), CUresult>) -> CUresult {
 /// As [`write_out`].
 unsafe fn out<T>(ptr: *mut T, value: T) -> Result<(), CUresult> {
     // SAFETY: forwarded contract.
-    if unsafe { write_out(ptr, value) } {
-        Ok(())
-    } else {
-        Err(CUDA_ERROR_INVALID_VALUE)
-    }
+    unsafe { ffi::write_out_or(ptr, value, CUDA_ERROR_INVALID_VALUE) }
 }
 
 // ---------------------------------------------------------------- init
@@ -424,34 +464,26 @@ pub extern "C" fn cuCtxSynchronize() -> CUresult {
 /// `dptr` must be null or valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
-    guard(CUDA_ERROR_UNKNOWN, || {
-        rc(capture::unsafe_call()
-            .and_then(|_| current_device())
-            .and_then(|dev| {
-                if bytesize == 0 || dptr.is_null() {
-                    return Err(CUDA_ERROR_INVALID_VALUE);
-                }
-                let d = device(dev as CUdevice)?;
-                let ptr = memory::alloc(d.mem_key, d.memory_bytes, bytesize as u64)
-                    .map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;
-                // SAFETY: caller contract.
-                unsafe { out(dptr, ptr) }
-            }))
+    outside_capture_on_current(|dev| {
+        if bytesize == 0 || dptr.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let d = device(dev as CUdevice)?;
+        let ptr = memory::alloc(d.mem_key, d.memory_bytes, bytesize as u64)
+            .map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;
+        // SAFETY: caller contract.
+        unsafe { out(dptr, ptr) }
     })
 }
 
 #[no_mangle]
 pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
-    guard(CUDA_ERROR_UNKNOWN, || {
-        rc(capture::unsafe_call()
-            .and_then(|_| current_device())
-            .and_then(
-                |_| match memory_ext::free_pooled(dptr) || memory::free(dptr) {
-                    true => Ok(()),
-                    false => Err(CUDA_ERROR_INVALID_VALUE),
-                },
-            ))
-    })
+    outside_capture_on_current(
+        |_| match memory_ext::free_pooled(dptr) || memory::free(dptr) {
+            true => Ok(()),
+            false => Err(CUDA_ERROR_INVALID_VALUE),
+        },
+    )
 }
 
 /// # Safety

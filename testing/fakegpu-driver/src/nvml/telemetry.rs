@@ -158,16 +158,18 @@ pub unsafe extern "C" fn nvmlDeviceGetPcieThroughput(
     counter: c_uint,
     value: *mut c_uint,
 ) -> NvmlReturn {
-    with_device(device, |t| {
-        let m = minor(t)?;
-        let kbps = match counter {
-            NVML_PCIE_UTIL_TX_BYTES => 1_000 * (m + 1),
-            NVML_PCIE_UTIL_RX_BYTES => 2_000 * (m + 1),
-            _ => return Err(NVML_ERROR_INVALID_ARGUMENT),
-        };
-        // SAFETY: caller contract.
-        unsafe { out(value, kbps as c_uint) }
-    })
+    // SAFETY: caller contract.
+    unsafe {
+        write_device_value(device, value, |t| {
+            let m = minor(t)?;
+            let kbps = match counter {
+                NVML_PCIE_UTIL_TX_BYTES => 1_000 * (m + 1),
+                NVML_PCIE_UTIL_RX_BYTES => 2_000 * (m + 1),
+                _ => return Err(NVML_ERROR_INVALID_ARGUMENT),
+            };
+            Ok(kbps as c_uint)
+        })
+    }
 }
 
 /// # Safety
@@ -179,16 +181,17 @@ pub unsafe extern "C" fn nvmlDeviceGetTotalEccErrors(
     _counter_type: c_uint,
     count: *mut u64,
 ) -> NvmlReturn {
-    with_device(device, |t| {
-        let m = minor(t)?;
-        let n = match error_type {
-            NVML_MEMORY_ERROR_TYPE_CORRECTED => m,
-            NVML_MEMORY_ERROR_TYPE_UNCORRECTED => 0,
-            _ => return Err(NVML_ERROR_INVALID_ARGUMENT),
-        };
-        // SAFETY: caller contract.
-        unsafe { out(count, n) }
-    })
+    // SAFETY: caller contract.
+    unsafe {
+        write_device_value(device, count, |t| {
+            let m = minor(t)?;
+            match error_type {
+                NVML_MEMORY_ERROR_TYPE_CORRECTED => Ok(m),
+                NVML_MEMORY_ERROR_TYPE_UNCORRECTED => Ok(0),
+                _ => Err(NVML_ERROR_INVALID_ARGUMENT),
+            }
+        })
+    }
 }
 
 /// # Safety
