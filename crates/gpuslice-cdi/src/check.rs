@@ -21,7 +21,7 @@ pub enum CheckResult {
     Stale(String),
 }
 
-/// Whether the spec at `path` is what [`generate`] would write now, with
+/// Whether the spec at `path` is what [`crate::generate`] would write now, with
 /// the options recorded in the spec itself (`opts` gives the rest).
 pub fn check(root: &HostRoot, path: &Path, opts: &Options) -> Result<CheckResult> {
     let text = fs::read_to_string(path).map_err(|source| CdiError::Read {
