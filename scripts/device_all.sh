@@ -136,6 +136,8 @@ part_compute() {
 }
 part_compute29() {
     COMPUTE29_BUDGET_S=${COMPUTE29_BUDGET_S:-220} bounded 240 python3 scripts/device_compute29.py "$work"
+    # Each slice's share against its target, beside the JSON.
+    .device-carry/gpuslice-bench plot-shares "$work/compute29.json" || true
 }
 part_computetrace() {
     # The slice's bucket traced while one worker changes workload and share.
@@ -215,7 +217,7 @@ part_doctor() {
 # parts that finished.
 collect() {
     tar czf "$out/results.tgz" -C "$work" .
-    for f in launch-phases.json memphys.json hostpid.json gpt2.json gpt2-perf.json gemm-cap.json procutil.json isolation.json launch-none.json layout.json doctor.json cdi.json exporter.json plugin.json compute.json compute29.json compute-diag.json compute-trace.json users.json integrity.json boundary.json launch-boundary.json dra.json bench-dra.json enforcer.json enforcer-cost.json top-once.txt; do
+    for f in launch-phases.json memphys.json hostpid.json gpt2.json gpt2-perf.json gemm-cap.json procutil.json isolation.json launch-none.json layout.json doctor.json cdi.json exporter.json plugin.json compute.json compute29.json compute29.svg compute-diag.json compute-trace.json users.json integrity.json boundary.json launch-boundary.json dra.json bench-dra.json enforcer.json enforcer-cost.json top-once.txt; do
         [ -f "$work/$f" ] && cp "$work/$f" "$out/"
     done
 }

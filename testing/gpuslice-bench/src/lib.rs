@@ -20,12 +20,14 @@ mod init;
 mod launch;
 mod plot;
 mod plugin;
+mod shares;
 mod stats;
 
 pub use dra::{DraArgs, DraSelftestArgs};
 pub use init::InitArgs;
 pub use launch::LaunchArgs;
 pub use plugin::{selftest as plugin_selftest, SelftestArgs};
+pub use shares::PlotSharesArgs;
 
 use anyhow::Result;
 use clap::Subcommand;
@@ -55,6 +57,8 @@ pub enum BenchCommand {
     /// Drive the DRA driver on this host's GPUs (prepare claims, then unprepare them) and report JSON (the GPU machine's check).
     #[command(hide = true)]
     DraSelftest(DraSelftestArgs),
+    /// Plot each slice's compute share against its target from a compute-scale or compute29 JSON (SVG beside it).
+    PlotShares(PlotSharesArgs),
 }
 
 /// Runs a benchmark; the exit status (1 when runs failed).
@@ -64,6 +68,7 @@ pub fn run(ctx: &Setup, cmd: &BenchCommand) -> Result<i32> {
         BenchCommand::Launch(args) => launch::run(ctx, args),
         BenchCommand::Dra(args) => dra::run(ctx, args),
         BenchCommand::DraSelftest(args) => dra::selftest(ctx, args),
+        BenchCommand::PlotShares(args) => shares::run(args),
     }
 }
 
