@@ -147,6 +147,40 @@ macro_rules! f {
     }};
 }
 
+/// The calls that run a built graph and give its memory back.
+struct GraphExec {
+    instantiate: pfn::GraphInstantiateWithFlags,
+    launch: pfn::GraphLaunch,
+    exec_destroy: pfn::GraphExecDestroy,
+    graph_trim: pfn::DeviceGraphMemTrim,
+}
+
+impl GraphExec {
+    fn load(cu: &Cuda) -> Self {
+        GraphExec {
+            instantiate: f!(
+                cu,
+                "cuGraphInstantiateWithFlags",
+                "cuGraphInstantiateWithFlags",
+                pfn::GraphInstantiateWithFlags
+            ),
+            launch: f!(cu, "cuGraphLaunch", "cuGraphLaunch", pfn::GraphLaunch),
+            exec_destroy: f!(
+                cu,
+                "cuGraphExecDestroy",
+                "cuGraphExecDestroy",
+                pfn::GraphExecDestroy
+            ),
+            graph_trim: f!(
+                cu,
+                "cuDeviceGraphMemTrim",
+                "cuDeviceGraphMemTrim",
+                pfn::DeviceGraphMemTrim
+            ),
+        }
+    }
+}
+
 fn ledger() -> Option<Ledger> {
     let p = std::env::var(gpuslice_ledger::limits::ENV_LEDGER).ok()?;
     Ledger::open(Path::new(&p)).ok()
@@ -427,25 +461,12 @@ fn paths(cu: &Cuda) {
         "cuGraphAddMemAllocNode",
         pfn::GraphAddMemAllocNode
     );
-    let instantiate = f!(
-        cu,
-        "cuGraphInstantiateWithFlags",
-        "cuGraphInstantiateWithFlags",
-        pfn::GraphInstantiateWithFlags
-    );
-    let launch = f!(cu, "cuGraphLaunch", "cuGraphLaunch", pfn::GraphLaunch);
-    let exec_destroy = f!(
-        cu,
-        "cuGraphExecDestroy",
-        "cuGraphExecDestroy",
-        pfn::GraphExecDestroy
-    );
-    let graph_trim = f!(
-        cu,
-        "cuDeviceGraphMemTrim",
-        "cuDeviceGraphMemTrim",
-        pfn::DeviceGraphMemTrim
-    );
+    let GraphExec {
+        instantiate,
+        launch,
+        exec_destroy,
+        graph_trim,
+    } = GraphExec::load(cu);
     path(
         "graph mem node",
         // SAFETY: the graph calls get live out-pointers and the handles they returned.
@@ -515,25 +536,12 @@ fn capture_one(
         "cuStreamIsCapturing",
         IsCapturing
     );
-    let instantiate = f!(
-        cu,
-        "cuGraphInstantiateWithFlags",
-        "cuGraphInstantiateWithFlags",
-        pfn::GraphInstantiateWithFlags
-    );
-    let launch = f!(cu, "cuGraphLaunch", "cuGraphLaunch", pfn::GraphLaunch);
-    let exec_destroy = f!(
-        cu,
-        "cuGraphExecDestroy",
-        "cuGraphExecDestroy",
-        pfn::GraphExecDestroy
-    );
-    let graph_trim = f!(
-        cu,
-        "cuDeviceGraphMemTrim",
-        "cuDeviceGraphMemTrim",
-        pfn::DeviceGraphMemTrim
-    );
+    let GraphExec {
+        instantiate,
+        launch,
+        exec_destroy,
+        graph_trim,
+    } = GraphExec::load(cu);
     let before = used();
     // SAFETY: driver calls with valid arguments and out-pointers.
     unsafe {
