@@ -5,9 +5,7 @@ use crate::edits::{bind, tmpfs, Edits};
 use crate::generate::Builder;
 use container_device_interface::specs::config::Mount;
 use gpuslice_ledger::board::{self, Mode, DEFAULT_BOARD_DIR};
-use gpuslice_ledger::limits::{
-    DeviceLimits, SliceLimits, ENV_NVIDIA_VISIBLE, LIMITS_FILE, SLICE_DIR,
-};
+use gpuslice_ledger::limits::{DeviceLimits, SliceLimits, LIMITS_FILE, SLICE_DIR};
 use std::path::{Path, PathBuf};
 
 /// Inside the container: the shim of the shared variants.
@@ -43,7 +41,9 @@ impl Builder<'_> {
     /// limits record of the slice (a side file beside the spec, root-owned
     /// 0644, [`limits_record_path`]) bound read-only at the fixed place,
     /// the shim preloaded through a bound `ld.so.preload`, the variables
-    /// of [`SliceLimits::env`], the slice's directory where its usage
+    /// of [`SliceLimits::child_env`] naming the devices `visible` (None:
+    /// only [`SliceLimits::limit_env`], where the spec names the devices
+    /// of all its slices), the slice's directory where its usage
     /// ledger is made, the memory-limit hooks ([`crate::memory_hook`]), the
     /// GPU's board and the hooks that vouch for the slice's share on it
     /// ([`crate::share_hook`]).
@@ -53,6 +53,7 @@ impl Builder<'_> {
         shim: &Path,
         name: &str,
         device: DeviceLimits,
+        visible: Option<&str>,
     ) {
         let preload = self.opts.spec_dir.join(PRELOAD_FILE);
         self.side_file(preload.clone(), format!("{CONTAINER_SHIM}\n"));
@@ -60,13 +61,11 @@ impl Builder<'_> {
         let limits = capped_slice(name, device);
         let record = limits_record_path(&self.opts.spec_dir, name);
         self.side_files.push((record.clone(), limits.render()));
-        let mut env: Vec<String> = limits
-            .env()
-            .into_iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect();
-        env.push(format!("{ENV_NVIDIA_VISIBLE}={uuid}"));
-        edits.env = Some(env);
+        let env = match visible {
+            Some(visible) => limits.child_env(visible),
+            None => limits.limit_env(),
+        };
+        edits.env = Some(env.into_iter().map(|(k, v)| format!("{k}={v}")).collect());
         let mut mounts = vec![
             bind(self.host(shim), CONTAINER_SHIM, RO),
             bind(self.host(&preload), "/etc/ld.so.preload", RO),

@@ -42,7 +42,7 @@ impl Builder<'_> {
                 let name = format!("{}-shared-{n}", gpu.index);
                 let mut e = self.selection_edits(&Selection::gpus([gpu.index]));
                 let limits = shared_limits(gpu, memory, n);
-                self.write_slice_limits(&mut e, &shim, &name, limits);
+                self.write_slice_limits(&mut e, &shim, &name, limits, Some(&gpu.uuid));
                 device(&name, e)
             })
             .collect()

@@ -8,7 +8,7 @@ use crate::spec::{ANN_DRIVER, ANN_SHARED, ANN_STRIP};
 use crate::{CdiError, Generated, Options, Result};
 use container_device_interface::specs::config::Device;
 use gpuslice_core::{HostRoot, Inventory, Selection};
-use gpuslice_ledger::limits::{DeviceCaps, ENV_CUDA_VISIBLE, ENV_NVIDIA_VISIBLE};
+use gpuslice_ledger::limits::{visibility_env, DeviceCaps};
 
 /// One device of a per-slice spec (a DRA claim's): a whole GPU or a MIG
 /// device (`caps: None`: isolation only), or a capped share of a GPU.
@@ -33,22 +33,26 @@ pub fn generate_slices(
     devices: &[SliceDevice],
 ) -> Result<Generated> {
     let mut b = Builder::new(root, inv, opts);
+    let resolved = devices
+        .iter()
+        .map(|d| b.resolve(d))
+        .collect::<Result<Vec<_>>>()?;
+    let visible: Vec<&str> = resolved.iter().map(|(_, uuid)| uuid.as_str()).collect();
+    let visible = visible.join(",");
     let mut values = Vec::new();
-    let mut uuids = Vec::new();
-    for d in devices {
-        let (value, uuid) = b.slice_device(d)?;
-        values.push(value);
-        uuids.push(uuid);
+    for (d, (sel, uuid)) in devices.iter().zip(&resolved) {
+        values.push(b.slice_device(d, sel, uuid)?);
     }
     let mut common = b.common_edits();
-    slice_env(&mut common, &uuids.join(","));
+    slice_env(&mut common, &visible);
     let spec = edits::spec(&opts.kind(), values, Some(common))?;
     Ok(b.finish(spec))
 }
 
 impl Builder<'_> {
-    /// One device of [`generate_slices`], and the UUID it makes visible.
-    fn slice_device(&mut self, d: &SliceDevice) -> Result<(Device, String)> {
+    /// Where one device of [`generate_slices`] is: its selection, and the
+    /// UUID it makes visible.
+    fn resolve(&self, d: &SliceDevice) -> Result<(Selection, String)> {
         let gpu = self
             .inv
             .gpus
@@ -58,57 +62,54 @@ impl Builder<'_> {
                 slice: d.name.clone(),
                 gpu: d.gpu,
             })?;
-        let (sel, uuid) =
-            match d.mig {
-                None => (Selection::gpus([gpu.index]), gpu.uuid.clone()),
-                Some(m) => {
-                    let mig = gpu.migs.iter().find(|x| x.index == m).ok_or_else(|| {
-                        CdiError::NoSuchMig {
-                            slice: d.name.clone(),
-                            gpu: d.gpu,
-                            mig: m,
-                        }
-                    })?;
-                    let uuid = mig.uuid.clone().unwrap_or_else(|| gpu.uuid.clone());
-                    (mig_selection(gpu.index, m), uuid)
-                }
-            };
-        let mut e = self.selection_edits(&sel);
+        let Some(m) = d.mig else {
+            return Ok((Selection::gpus([gpu.index]), gpu.uuid.clone()));
+        };
+        let mig = gpu
+            .migs
+            .iter()
+            .find(|x| x.index == m)
+            .ok_or_else(|| CdiError::NoSuchMig {
+                slice: d.name.clone(),
+                gpu: d.gpu,
+                mig: m,
+            })?;
+        let uuid = mig.uuid.clone().unwrap_or_else(|| gpu.uuid.clone());
+        Ok((mig_selection(gpu.index, m), uuid))
+    }
+
+    /// One device of [`generate_slices`] at `sel` (`uuid`). A capped one
+    /// carries its limits' variables but not the devices' ([`slice_env`]):
+    /// CDI merges one device's `env` over another's, so its own UUID would
+    /// hide the others from a container of several.
+    fn slice_device(&mut self, d: &SliceDevice, sel: &Selection, uuid: &str) -> Result<Device> {
+        let mut e = self.selection_edits(sel);
         if let Some(caps) = d.caps {
             let shim = self.opts.shim.clone().ok_or_else(|| CdiError::NoShim {
                 slice: d.name.clone(),
             })?;
-            self.write_slice_limits(&mut e, &shim, &d.name, caps.on(&uuid));
-            // Visibility is the spec's, for all the devices of the claim
-            // together ([`slice_env`]): a device's own would hide the others.
-            let own = format!("{ENV_NVIDIA_VISIBLE}=");
-            if let Some(env) = e.env.as_mut() {
-                env.retain(|v| !v.starts_with(&own));
-            }
+            self.write_slice_limits(&mut e, &shim, &d.name, caps.on(uuid), None);
         }
-        Ok((device(&d.name, e), uuid))
+        Ok(device(&d.name, e))
     }
 }
 
 /// The environment of a spec of slices (a DRA claim's): what `run` gives
-/// its command, `CUDA_VISIBLE_DEVICES` and `NVIDIA_VISIBLE_DEVICES` naming
-/// every device of the spec (CDI merges one device's `env` over another's,
-/// so a per-device value would leave a container of two devices one), and
+/// its command, [`visibility_env`] naming every device of the spec once
+/// (each capped device adds its slice's [`limit_env`](gpuslice_ledger::limits::SliceLimits::limit_env)), and
 /// none of the variables that record how a static spec was generated
 /// (`cdi check` reads those from `cdi generate`'s specs only).
 fn slice_env(common: &mut edits::Edits, visible: &str) {
     let internal = [ANN_DRIVER, ANN_SHARED, ANN_STRIP];
+    let visibility = visibility_env(visible);
+    let replaced = |k: &str| internal.contains(&k) || visibility.iter().any(|(n, _)| *n == k);
     let mut env: Vec<String> = common
         .env
         .take()
         .unwrap_or_default()
         .into_iter()
-        .filter(|v| {
-            !v.split_once('=')
-                .is_some_and(|(k, _)| internal.contains(&k))
-        })
+        .filter(|v| !v.split_once('=').is_some_and(|(k, _)| replaced(k)))
         .collect();
-    env.push(format!("{ENV_CUDA_VISIBLE}={visible}"));
-    env.push(format!("{ENV_NVIDIA_VISIBLE}={visible}"));
+    env.extend(visibility.map(|(k, v)| format!("{k}={v}")));
     common.env = Some(env);
 }

@@ -313,6 +313,17 @@ fn shared_variant_mounts_the_shim_and_sets_the_caps() {
         env.contains(&"GPUSLICE_COMPUTE_LIMIT=25".to_string()),
         "{env:?}"
     );
+    // The slice's processes are told of its GPU as `run`'s and a device
+    // plugin replica's are: one environment for every capped slice.
+    let uuid = &inventory(&host).gpus[1].uuid;
+    for kv in [
+        format!("CUDA_VISIBLE_DEVICES={uuid}"),
+        format!("NVIDIA_VISIBLE_DEVICES={uuid}"),
+        "CUDA_DEVICE_ORDER=PCI_BUS_ID".to_string(),
+        "GPUSLICE_SLICE=1-shared-4".to_string(),
+    ] {
+        assert!(env.contains(&kv), "{kv} not in {env:?}");
+    }
     let mounts = e["mounts"].as_array().unwrap();
     let by_target = |t: &str| mounts.iter().find(|m| m["containerPath"] == t).unwrap();
     assert_eq!(

@@ -87,11 +87,11 @@ pub const DEVICE_ENV: [&str; 4] = [
     ENV_SLICE,
 ];
 
-/// The device environment of a slice's processes (`run`'s command, a
-/// device plugin's container): the devices it may use (`visible`: UUIDs
-/// or indices, comma-separated; empty for none) in PCI bus order, and its
-/// slice id. In the order of [`DEVICE_ENV`].
-pub fn device_env(visible: &str, slice_id: &str) -> [(&'static str, String); 4] {
+/// The variables naming the devices a slice's processes may use
+/// (`visible`: UUIDs or indices, comma-separated; empty for none), in PCI
+/// bus order: the first three of [`DEVICE_ENV`]. A CDI spec of several
+/// slices (a DRA claim's) names them all with these.
+pub fn visibility_env(visible: &str) -> [(&'static str, String); 3] {
     let nvidia_visible = if visible.is_empty() {
         NO_DEVICES
     } else {
@@ -101,8 +101,16 @@ pub fn device_env(visible: &str, slice_id: &str) -> [(&'static str, String); 4] 
         (ENV_CUDA_VISIBLE, visible.to_string()),
         (ENV_DEVICE_ORDER, PCI_BUS_ID.to_string()),
         (ENV_NVIDIA_VISIBLE, nvidia_visible.to_string()),
-        (ENV_SLICE, slice_id.to_string()),
     ]
+}
+
+/// The device environment of a slice's processes without limits (`run`'s
+/// command, a device plugin's whole GPU): [`visibility_env`] and the
+/// slice's id, in the order of [`DEVICE_ENV`]. A capped slice's is
+/// [`SliceLimits::child_env`].
+pub fn device_env(visible: &str, slice_id: &str) -> [(&'static str, String); 4] {
+    let [cuda, order, nvidia] = visibility_env(visible);
+    [cuda, order, nvidia, (ENV_SLICE, slice_id.to_string())]
 }
 
 /// Largest slice id: what a ledger's header stores, and short enough for a
@@ -381,9 +389,9 @@ impl SliceLimits {
     }
 
     /// The variables the self-imposed mode reads (what a container gets
-    /// when no limits record is mounted, and what `slices` shows). One
-    /// unit each: bytes, and a percentage.
-    pub fn env(&self) -> Vec<(String, String)> {
+    /// when no limits record is mounted, and what `slices` shows): the
+    /// slice's id and its limits, one unit each: bytes, and a percentage.
+    pub fn limit_env(&self) -> Vec<(String, String)> {
         let mut env = vec![(ENV_SLICE.to_string(), self.slice_id.clone())];
         for (i, d) in self.devices.iter().enumerate() {
             if let Some(m) = d.memory {
@@ -395,6 +403,19 @@ impl SliceLimits {
             env.push((ENV_COMPUTE.to_string(), c.to_string()));
             env.push((ENV_MODE.to_string(), self.mode.to_string()));
         }
+        env
+    }
+
+    /// The whole environment of the slice's processes, the one every
+    /// launcher of a capped slice gives (a device plugin's replica, a CDI
+    /// shared variant, a DRA claim's share): [`device_env`] for `visible`
+    /// and the slice's id, then [`Self::limit_env`].
+    pub fn child_env(&self, visible: &str) -> Vec<(String, String)> {
+        let mut env: Vec<(String, String)> = device_env(visible, &self.slice_id)
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        env.extend(self.limit_env().into_iter().filter(|(k, _)| k != ENV_SLICE));
         env
     }
 
@@ -777,12 +798,35 @@ mod tests {
         assert_eq!((none[0].1.as_str(), none[2].1.as_str()), ("", "void"));
     }
 
+    /// A capped slice's processes get the device environment and the
+    /// limits' variables, each once, the slice's id from the record.
+    #[test]
+    fn a_capped_slice_s_child_environment_is_the_device_one_and_its_limits() {
+        let l = sample();
+        let env = l.child_env("GPU-a");
+        let names: Vec<&str> = env.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(&names[..4], DEVICE_ENV);
+        assert_eq!(
+            names[4..],
+            [
+                "GPUSLICE_MEMORY_LIMIT_0",
+                "GPUSLICE_COMPUTE_LIMIT",
+                "GPUSLICE_COMPUTE_MODE"
+            ]
+        );
+        let value = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        assert_eq!(value(ENV_CUDA_VISIBLE), Some("GPU-a"));
+        assert_eq!(value(ENV_NVIDIA_VISIBLE), Some("GPU-a"));
+        assert_eq!(value(ENV_SLICE), Some("s-1"));
+        assert_eq!(value(ENV_MODE), Some("guaranteed"));
+    }
+
     #[test]
     fn records_round_trip_and_bad_ones_say_where() {
         let l = sample();
         let text = l.render();
         assert_eq!(SliceLimits::parse(&text, Path::new("x")).unwrap(), l);
-        let env = l.env();
+        let env = l.limit_env();
         assert!(env.contains(&("GPUSLICE_MEMORY_LIMIT_0".into(), (20u64 << 30).to_string())));
         assert!(env.contains(&("GPUSLICE_COMPUTE_LIMIT".into(), "12.5".into())));
         for (bad, want) in [

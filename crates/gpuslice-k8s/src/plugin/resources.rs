@@ -480,12 +480,13 @@ impl Plan {
         let visible = visible.join(",");
         let slice = slice_id(&entries[0].id);
         let env = &mut resp.envs;
-        env.extend(device_env(&visible, &slice).map(|(k, v)| (k.to_string(), v)));
         if let Kind::Shared { replicas } = res.kind {
             let limits = self.replica_limits(&slice, replicas, &per_gpu);
-            env.extend(limits.env());
+            env.extend(limits.child_env(&visible));
             resp.mounts.extend(self.slice_mounts(&limits)?);
             env.insert(BOARD_DIR_ENV.into(), DEFAULT_BOARD_DIR.into());
+        } else {
+            env.extend(device_env(&visible, &slice).map(|(k, v)| (k.to_string(), v)));
         }
         if self.cfg.strategies.cdi {
             let kind = &self.cfg.strategies.cdi_kind;

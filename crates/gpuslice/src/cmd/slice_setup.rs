@@ -134,7 +134,7 @@ pub fn set_up(
         ];
         vars.extend(
             limits
-                .env()
+                .limit_env()
                 .into_iter()
                 .filter(|(k, _)| k != ENV_SLICE)
                 .map(|(k, v)| format!("{k}={v}")),
