@@ -16,6 +16,8 @@
 //! channel, a policy of which XIDs count), not a fact of the host, so it
 //! is not a module of gpuslice-core, which the root launcher links.
 
+#![forbid(unsafe_code)]
+
 pub mod worker;
 
 use gpuslice_core::Inventory;
