@@ -8,10 +8,9 @@ use fakegpu::FakeHost;
 use serde_json::Value;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use crate::common;
-use common::GPUSLICE;
 const METHODS: [&str; 5] = ["none", "env", "namespace", "cgroup", "full"];
 /// Simulated cuInit cost per reachable GPU.
 const INIT_MS_PER_GPU: u64 = 15;
@@ -25,17 +24,12 @@ fn host() -> FakeHost {
 }
 
 fn bench(h: &FakeHost, args: &[&str]) -> Output {
-    let mut c = Command::new(GPUSLICE);
-    c.arg("--host-root")
-        .arg(h.root())
+    common::gpuslice_on(h)
         .args(["bench", "init"])
         .args(args)
-        .env("LC_ALL", "C")
-        .env_remove("CUDA_VISIBLE_DEVICES");
-    for (k, v) in h.env() {
-        c.env(k, v);
-    }
-    c.output().expect("spawn gpuslice")
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .output()
+        .expect("spawn gpuslice")
 }
 
 fn text(out: &Output) -> String {

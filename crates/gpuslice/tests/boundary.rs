@@ -10,10 +10,10 @@
 //! runs against the real driver too.
 
 use crate::common;
-use common::GPUSLICE;
+use common::{printed, GPUSLICE};
 use fakegpu::FakeHost;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const ATTACK: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/boundary/attack.py");
@@ -30,10 +30,8 @@ fn host() -> FakeHost {
 
 /// `gpuslice --host-root <fake> run <flags> -- <argv>`.
 fn launch(h: &FakeHost, flags: &[&str], argv: &[&str]) -> Command {
-    let mut c = Command::new(GPUSLICE);
-    c.arg("--host-root").arg(h.root()).arg("run");
-    c.args(flags).arg("--").args(argv);
-    c.envs(h.env()).env("LC_ALL", "C");
+    let mut c = common::gpuslice_on(h);
+    c.arg("run").args(flags).arg("--").args(argv);
     c
 }
 
@@ -44,11 +42,6 @@ fn command(h: &FakeHost, flags: &[&str], script: &str) -> Command {
         &[&["--gpus", "1"][..], flags].concat(),
         &["sh", "-c", script],
     )
-}
-
-/// Its stdout, then its stderr.
-fn text(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
 }
 
 /// What the script printed in a one-GPU slice with `flags` (stdout, then
@@ -561,7 +554,7 @@ fn a_pseudo_filesystem_the_host_mounts_later_does_not_enter_a_slice() {
         let out = child.wait_with_output().unwrap();
         let _ = Command::new("umount").arg(format!("{d}/p")).status();
         assert!(ok, "mount -t proc");
-        assert_eq!(text(&out), "0\n", "{mode:?}");
+        assert_eq!(printed(&out), "0\n", "{mode:?}");
     }
 }
 
@@ -630,7 +623,7 @@ fn read_only_root_leaves_tmp_shm_and_the_working_directory_writable() {
             .current_dir(cwd.path())
             .output()
             .unwrap();
-        assert_eq!(text(&out), writable, "{mode:?}");
+        assert_eq!(printed(&out), writable, "{mode:?}");
     }
     // Without it, root in the slice writes the host's root.
     let out = command(&h, &[], script)

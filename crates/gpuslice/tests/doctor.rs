@@ -23,11 +23,8 @@ fn healthy() -> FakeHostBuilder {
 }
 
 fn command(h: &FakeHost, args: &[&str]) -> Command {
-    let mut c = Command::new(GPUSLICE);
-    c.arg("--host-root").arg(h.root()).arg("doctor").args(args);
-    c.envs(h.env())
-        .env("LC_ALL", "C")
-        .env_remove("GPUSLICE_BOARD_DIR");
+    let mut c = common::gpuslice_on(h);
+    c.arg("doctor").args(args).env_remove("GPUSLICE_BOARD_DIR");
     c
 }
 
@@ -38,13 +35,7 @@ fn doctor(h: &FakeHost, args: &[&str]) -> (i32, Value) {
 
 fn doctor_with(mut c: Command) -> (i32, Value) {
     let out = c.output().expect("spawn gpuslice doctor");
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "doctor --json output ({e}): {}\nstderr: {}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
+    let v = common::json_stdout(&out);
     (out.status.code().expect("exit code"), v)
 }
 
@@ -597,12 +588,9 @@ fn cdi_spec_from_cdi_generate() {
     let _beside = common::beside_others();
     let h = healthy().build().unwrap();
     let spec = h.root().join("etc/cdi/gpuslice.yaml");
-    let out = Command::new(GPUSLICE)
-        .arg("--host-root")
-        .arg(h.root())
+    let out = common::gpuslice_on(&h)
         .args(["cdi", "generate", "--output"])
         .arg(&spec)
-        .envs(h.env())
         .output()
         .unwrap();
     common::assert_success(&out);

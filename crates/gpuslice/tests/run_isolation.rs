@@ -23,14 +23,8 @@ fn host(gpus: u32, modify_device_files: bool) -> FakeHost {
 
 /// `gpuslice --host-root <fake> run <args>` with the fake driver's env.
 fn gpuslice(h: &FakeHost, args: &[&str]) -> Command {
-    let mut c = Command::new(GPUSLICE);
-    c.arg("--host-root")
-        .arg(h.root())
-        .args(args)
-        .env("LC_ALL", "C");
-    for (k, v) in h.env() {
-        c.env(k, v);
-    }
+    let mut c = common::gpuslice_on(h);
+    c.args(args);
     c
 }
 
