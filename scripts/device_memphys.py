@@ -69,7 +69,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from device_common import CU_PRIMARY_CTX, nvml_by_pid, write_json  # noqa: E402
+from device_common import CU_PRIMARY_CTX, Results, nvml_by_pid  # noqa: E402
 
 ROOT = os.getcwd()
 GPUSLICE = os.path.join(ROOT, ".device-carry", "gpuslice")
@@ -77,12 +77,7 @@ PY = sys.executable
 MIB = 1 << 20
 CAP = "20GiB"
 CAP_BYTES = 20 << 30
-RESULT = {}
-OUT = None
-
-
-def save():
-    write_json(RESULT, OUT, indent=2, sort_keys=True)
+RESULT = Results()
 
 
 def descendants(root):
@@ -607,10 +602,9 @@ def client(name, timeout=75):
 
 
 def main():
-    global OUT
     args = sys.argv[1:]
     os.makedirs(args[0], exist_ok=True)
-    OUT = os.path.join(args[0], "memphys.json")
+    RESULT.path = os.path.join(args[0], "memphys.json")
     only = set(args[args.index("--only") + 1].split(",")) if "--only" in args else {
         "procs", "torch", "clients", "arrays", "legacy", "dlvsym", "pooldestroy"}
     RESULT.update({
@@ -620,12 +614,12 @@ def main():
                                  capture_output=True, text=True).stdout.strip(),
         "cap": CAP,
     })
-    save()
+    RESULT.save()
     if "procs" in only:
         RESULT["procs"] = {}
         for n in (1, 2, 5, 8):
             RESULT["procs"][str(n)] = case_procs(n)
-            save()
+            RESULT.save()
     if "torch" in only:
         rec = client("torch_default")
         per = [v for v in [rec.get("physical_used_mib")] if v is not None]
@@ -636,37 +630,37 @@ def main():
             rec["usable_pass"] = rec["got_mib"] >= rec["usable_target_mib"]
         rec["total_is_cap"] = rec.get("props_total") == CAP_BYTES
         RESULT["torch"] = rec
-        save()
+        RESULT.save()
     if "clients" in only:
         RESULT["clients"] = {}
         for name in CLIENTS:
             if name == "torch_default" and "torch" in RESULT:
                 continue
             RESULT["clients"][name] = client(name)
-            save()
+            RESULT.save()
     if "arrays" in only:
         try:
             RESULT["arrays"] = arrays()
         except Exception as e:
             RESULT["arrays"] = {"error": repr(e)[:300]}
-        save()
+        RESULT.save()
     if "legacy" in only:
         try:
             RESULT["legacy"] = legacy()
         except Exception as e:
             RESULT["legacy"] = {"error": repr(e)[:300]}
-        save()
+        RESULT.save()
     for part, run in (("dlvsym", dlvsym), ("pooldestroy", pooldestroy)):
         if part in only:
             try:
                 RESULT[part] = run()
             except Exception as e:
                 RESULT[part] = {"error": repr(e)[:300], "pass": False}
-            save()
+            RESULT.save()
     failed = verdict()
     RESULT["failed"] = failed
     RESULT["pass"] = not failed
-    save()
+    RESULT.save()
     print(json.dumps({k: v for k, v in RESULT.items() if k in ("date", "driver", "pass", "failed")}))
 
 
