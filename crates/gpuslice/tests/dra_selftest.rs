@@ -6,7 +6,7 @@
 //! `bench dra` reports its latencies. Needs root and the workspace built.
 
 use crate::common;
-use common::slice::{gpuslice, host_and_ledgers};
+use common::slice::{gpuslice, slice_host};
 use gpuslice_testkit::shim_client;
 use serde_json::Value;
 use std::path::Path;
@@ -15,8 +15,7 @@ const GIB: u64 = 1 << 30;
 
 #[test]
 fn the_dra_selftest_prepares_claims_that_run_with_their_caps() {
-    let _beside = common::beside_others();
-    let (h, ledgers) = host_and_ledgers(2);
+    let (_beside, h, ledgers) = slice_host(2);
     let tmp = tempfile::tempdir().unwrap();
     let work = tmp.path().join("work");
     let w = work.to_str().unwrap();
@@ -78,8 +77,7 @@ fn the_dra_selftest_prepares_claims_that_run_with_their_caps() {
 
 #[test]
 fn bench_dra_reports_prepare_latencies_and_publication_after_xids() {
-    let _beside = common::beside_others();
-    let (h, ledgers) = host_and_ledgers(2);
+    let (_beside, h, ledgers) = slice_host(2);
     let tmp = tempfile::tempdir().unwrap();
     let out_file = tmp.path().join("dra.json");
     let out = gpuslice(
