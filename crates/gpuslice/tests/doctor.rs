@@ -84,8 +84,7 @@ fn doctor_finds(h: &FakeHost, name: &str, status: &str, detail: &[&str], fix: &s
 
 #[test]
 fn healthy_fake_host_passes() {
-    let _beside = common::beside_others();
-    let h = healthy().build().expect("fake host");
+    let (_beside, h) = common::host_beside_others(healthy());
     let (code, v) = doctor(&h, &[]);
     assert_eq!(code, 0, "{v:#}");
     assert!(flagged(&v).is_empty(), "{v:#}");
@@ -143,8 +142,7 @@ fn healthy_fake_host_passes() {
 
 #[test]
 fn missing_device_node() {
-    let _beside = common::beside_others();
-    let h = healthy().build().unwrap();
+    let (_beside, h) = common::host_beside_others(healthy());
     h.remove_node(2).unwrap();
     doctor_finds(
         &h,
@@ -157,8 +155,7 @@ fn missing_device_node() {
 
 #[test]
 fn library_driver_version_mismatch() {
-    let _beside = common::beside_others();
-    let h = healthy().driver_libs("575.57.08").build().unwrap();
+    let (_beside, h) = common::host_beside_others(healthy().driver_libs("575.57.08"));
     let (code, v) = doctor(&h, &[]);
     // Both libraries are of the wrong version: two failures of one fault.
     assert_eq!(
@@ -189,12 +186,8 @@ fn library_driver_version_mismatch() {
 
 #[test]
 fn missing_libraries() {
-    let _beside = common::beside_others();
-    let h = FakeHost::builder()
-        .gpus(1)
-        .modify_device_files(false)
-        .build()
-        .unwrap();
+    let (_beside, h) =
+        common::host_beside_others(FakeHost::builder().gpus(1).modify_device_files(false));
     let (code, v) = doctor(&h, &[]);
     assert_eq!(code, 2);
     assert_eq!(
@@ -215,8 +208,7 @@ macro_rules! finds_alone {
     ($($test:ident: $host:expr => $check:literal, $status:literal, [$($detail:literal),+], $fix:literal;)+) => {$(
         #[test]
         fn $test() {
-            let _beside = common::beside_others();
-            let h = $host.build().unwrap();
+            let (_beside, h) = common::host_beside_others($host);
             doctor_finds(&h, $check, $status, &[$($detail),+], $fix);
         }
     )+};
@@ -235,8 +227,7 @@ finds_alone! {
 
 #[test]
 fn no_writable_cgroup() {
-    let _beside = common::beside_others();
-    let h = healthy().build().unwrap();
+    let (_beside, h) = common::host_beside_others(healthy());
     // No cgroup at all where the check is pointed.
     let missing = h.root().join("no-cgroup-here");
     let (code, v) = doctor(&h, &["--cgroup-root", missing.to_str().unwrap()]);
@@ -337,8 +328,7 @@ fn write_spec(h: &FakeHost, version: &str, extra_node: Option<&str>) {
 
 #[test]
 fn stale_cdi_spec() {
-    let _beside = common::beside_others();
-    let h = healthy().build().unwrap();
+    let (_beside, h) = common::host_beside_others(healthy());
     write_spec(&h, DRIVER_VERSION, None);
     let (code, v) = doctor(&h, &[]);
     assert_eq!(code, 0, "{v:#}");
@@ -377,8 +367,7 @@ fn stale_cdi_spec() {
 
 #[test]
 fn xid_errors_in_the_kernel_log() {
-    let _beside = common::beside_others();
-    let h = healthy().build().unwrap();
+    let (_beside, h) = common::host_beside_others(healthy());
     fs::write(
         h.root().join("dev/kmsg"),
         "6,1,1000000,-;nvidia: loading out-of-tree module\n\
@@ -449,9 +438,8 @@ fn resetting_server(sock: &std::path::Path) -> std::thread::JoinHandle<()> {
 /// GetInfo, or never answers it, fails `dra.plugin`.
 #[test]
 fn dra_node() {
-    let _beside = common::beside_others();
     use std::os::unix::net::UnixListener;
-    let h = healthy().build().unwrap();
+    let (_beside, h) = common::host_beside_others(healthy());
     let put = |rel: &str, text: &str| {
         let p = h.root().join(rel);
         fs::create_dir_all(p.parent().unwrap()).unwrap();
@@ -567,8 +555,7 @@ fn dra_node() {
 
 #[test]
 fn conflicting_nvidia_toolkit() {
-    let _beside = common::beside_others();
-    let h = healthy().build().unwrap();
+    let (_beside, h) = common::host_beside_others(healthy());
     let conf = h.root().join("etc/nvidia-container-runtime/config.toml");
     fs::create_dir_all(conf.parent().unwrap()).unwrap();
     fs::write(&conf, "[nvidia-container-runtime]\n").unwrap();
@@ -585,8 +572,7 @@ fn conflicting_nvidia_toolkit() {
 /// once the host has another GPU.
 #[test]
 fn cdi_spec_from_cdi_generate() {
-    let _beside = common::beside_others();
-    let h = healthy().build().unwrap();
+    let (_beside, h) = common::host_beside_others(healthy());
     let spec = h.root().join("etc/cdi/gpuslice.yaml");
     let out = common::gpuslice_on(&h)
         .args(["cdi", "generate", "--output"])
@@ -616,9 +602,8 @@ fn cdi_spec_from_cdi_generate() {
 
 #[test]
 fn compute_boards_directory() {
-    let _beside = common::beside_others();
     use std::os::unix::fs::PermissionsExt;
-    let h = healthy().build().unwrap();
+    let (_beside, h) = common::host_beside_others(healthy());
     let dir = h.root().join("run/gpuslice/gpus");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
@@ -663,9 +648,8 @@ fn compute_boards_directory() {
 
 #[test]
 fn policy_file_and_sudo_rule() {
-    let _beside = common::beside_others();
     use std::os::unix::fs::PermissionsExt;
-    let h = healthy().build().expect("fake host");
+    let (_beside, h) = common::host_beside_others(healthy());
     let etc = h.root().join("etc");
     std::fs::create_dir_all(etc.join("gpuslice")).unwrap();
     std::fs::create_dir_all(etc.join("sudoers.d")).unwrap();

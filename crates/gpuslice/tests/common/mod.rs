@@ -84,6 +84,15 @@ pub fn beside_others() -> std::sync::RwLockReadGuard<'static, ()> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// [`beside_others`], then the fake host `builder` builds (bound in this
+/// order, the guard is dropped last).
+pub fn host_beside_others(
+    builder: fakegpu::FakeHostBuilder,
+) -> (std::sync::RwLockReadGuard<'static, ()>, fakegpu::FakeHost) {
+    let beside = beside_others();
+    (beside, builder.build().expect("build fake host"))
+}
+
 /// `gpuslice exporter` on a free loopback port of the fake host `h` over
 /// the ledger directory `ledgers`, killed on drop, and its address.
 pub fn exporter(
