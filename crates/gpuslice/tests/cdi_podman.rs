@@ -200,8 +200,7 @@ fn podman_runs_containers_with_the_generated_spec() {
 
 #[test]
 fn check_reports_a_driver_upgrade() {
-    let _beside = common::beside_others();
-    let host = FakeHost::builder().gpus(1).build().unwrap();
+    let (_beside, host) = common::host_beside_others(FakeHost::builder().gpus(1));
     let tmp = tempfile::tempdir().unwrap();
     let spec = tmp.path().join("cdi").join("gpuslice.json");
     let gpuslice = |args: &[&str]| common::gpuslice_on(&host).args(args).output().unwrap();

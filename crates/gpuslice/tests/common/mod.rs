@@ -47,6 +47,13 @@ pub fn assert_success(out: &std::process::Output) {
     );
 }
 
+/// The stdout of a command that must have succeeded (else the test fails
+/// with its stderr).
+pub fn stdout_of_success(out: &std::process::Output) -> String {
+    assert_success(out);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// Some tests must run with no other test of this binary (its tests are
 /// threads of one process): those that measure shares of GPU time, which
 /// the fake GPU serves from the CPU (beside another test's processes on a
