@@ -20,7 +20,7 @@ use fakegpu::FakeHost;
 use serde_json::Value;
 
 use crate::common;
-use common::slice::{gpuslice, slice_host_on, slices_json, slices_text, SliceHost};
+use common::slice::{gpuslice, slice_host, slices_json, slices_text, SliceHost};
 use gpuslice_testkit::process::{spawn_until, Kill};
 use gpuslice_testkit::shim_client;
 
@@ -31,11 +31,9 @@ const CAP: &str = "100MiB";
 /// the fake driver, beside the other tests.
 fn host() -> SliceHost {
     common::assert_root();
-    slice_host_on(|| {
-        let h = FakeHost::builder().gpus(1).build().unwrap();
-        std::fs::set_permissions(h.root(), std::fs::Permissions::from_mode(0o755)).unwrap();
-        h
-    })
+    let (beside, h, ledgers) = slice_host(1);
+    std::fs::set_permissions(h.root(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    (beside, h, ledgers)
 }
 
 /// `gpuslice run --gpus 0 <extra> -- sh -c SCRIPT`, output collected.

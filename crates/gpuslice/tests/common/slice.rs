@@ -22,15 +22,10 @@ pub fn host_and_ledgers(gpus: u32) -> (FakeHost, tempfile::TempDir) {
 /// order, the guard is dropped last).
 pub type SliceHost = (RwLockReadGuard<'static, ()>, FakeHost, tempfile::TempDir);
 
-/// The [`SliceHost`] of the host `build` makes.
-pub fn slice_host_on(build: impl FnOnce() -> FakeHost) -> SliceHost {
-    let beside = super::beside_others();
-    (beside, build(), tempfile::tempdir().unwrap())
-}
-
 /// The [`SliceHost`] of a fake host of `gpus` GPUs.
 pub fn slice_host(gpus: u32) -> SliceHost {
-    slice_host_on(|| FakeHost::builder().gpus(gpus).build().unwrap())
+    let (beside, h) = super::host_beside_others(FakeHost::builder().gpus(gpus));
+    (beside, h, tempfile::tempdir().unwrap())
 }
 
 /// The shim's test client, as a word of a command line.
