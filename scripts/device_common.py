@@ -52,6 +52,18 @@ def write_json(obj, path, **dump_args):
     os.replace(tmp, path)
 
 
+class Results(dict):
+    """A run's result record; save() writes it whole to `path` (sorted,
+    indent 2) after each step, so that a run cut short leaves what it had."""
+
+    def __init__(self):
+        super().__init__()
+        self.path = None
+
+    def save(self):
+        write_json(self, self.path, indent=2, sort_keys=True)
+
+
 def save_timed(rec, t0, path):
     """Records the seconds since `t0` in `rec` and writes it (indent 1)."""
     rec["elapsed_s"] = round(time.time() - t0, 1)

@@ -48,7 +48,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from device_common import write_json  # noqa: E402
+from device_common import Results  # noqa: E402
 
 ROOT = os.getcwd()
 CARRY = os.path.join(ROOT, ".device-carry")
@@ -58,12 +58,7 @@ MIB = 1 << 20
 CHUNK = 256 * MIB
 CAP = "1GiB"
 CAP_BYTES = 1 << 30
-RESULT = {}
-OUT = None
-
-
-def save():
-    write_json(RESULT, OUT, indent=2, sort_keys=True)
+RESULT = Results()
 
 
 def client_path():
@@ -248,10 +243,10 @@ def part_doctor():
 
 
 def main():
-    global OUT, OUT_DIR
+    global OUT_DIR
     OUT_DIR = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("OUT", ".")
     os.makedirs(OUT_DIR, exist_ok=True)
-    OUT = os.path.join(OUT_DIR, "enforcer.json")
+    RESULT.path = os.path.join(OUT_DIR, "enforcer.json")
     RESULT.update({
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
         "command": " ".join([sys.executable] + sys.argv),
@@ -260,7 +255,7 @@ def main():
         "kernel": os.uname().release,
         "cap": CAP,
     })
-    save()
+    RESULT.save()
     c = client_path()
     parts = [
         ("closed", lambda: part_closed(c)),
@@ -276,11 +271,11 @@ def main():
             RESULT[name] = run()
         except Exception as e:  # keep what the other parts measured
             RESULT[name] = {"error": repr(e)[:500], "pass": False}
-        save()
+        RESULT.save()
     failed = [n for n, _ in parts if isinstance(RESULT.get(n), dict) and RESULT[n].get("pass") is False]
     RESULT["failed"] = failed
     RESULT["pass"] = not failed
-    save()
+    RESULT.save()
     print(json.dumps({k: RESULT.get(k) for k in ("date", "driver", "pass", "failed")}))
 
 

@@ -69,7 +69,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from device_common import CU_PRIMARY_CTX, nvml_by_pid, write_json  # noqa: E402
+from device_common import CU_PRIMARY_CTX, Results, nvml_by_pid  # noqa: E402
 
 ROOT = os.getcwd()
 GPUSLICE = os.path.join(ROOT, ".device-carry", "gpuslice")
@@ -77,12 +77,7 @@ PY = sys.executable
 MIB = 1 << 20
 CAP = "20GiB"
 CAP_BYTES = 20 << 30
-RESULT = {}
-OUT = None
-
-
-def save():
-    write_json(RESULT, OUT, indent=2, sort_keys=True)
+RESULT = Results()
 
 
 def descendants(root):
@@ -184,20 +179,27 @@ def case_procs(n):
     return rec
 
 
+# A client's allocation loop: blocks of each size in turn (the largest
+# first) until one is refused, kept alive in `keep`.
+FILL = r'''
+def fill(alloc, refused, sizes=(256 << 20, 16 << 20)):
+    keep, got = [], 0
+    for size in sizes:
+        while True:
+            try:
+                keep.append(alloc(size)); got += size
+            except refused:
+                break
+    return keep, got
+'''
+
 # Clients: each allocates until refused and prints what it obtained, then
 # waits on stdin so the host can read its physical use.
 CLIENTS = {
     "torch_default": ({}, r'''
-import torch, json, sys
-blocks, got = [], 0
-for size in (256 << 20, 16 << 20):
-    while True:
-        try:
-            blocks.append(torch.empty(size, dtype=torch.uint8, device="cuda")); got += size
-        except torch.OutOfMemoryError:
-            break
-        except RuntimeError:
-            break
+import torch, json, sys''' + FILL + r'''
+blocks, got = fill(lambda size: torch.empty(size, dtype=torch.uint8, device="cuda"),
+                   (torch.OutOfMemoryError, RuntimeError))
 free, total = torch.cuda.mem_get_info()
 print(json.dumps({"got": got, "total": total, "props_total": torch.cuda.get_device_properties(0).total_memory,
                   "reserved": torch.cuda.memory_reserved()}), flush=True)
@@ -225,14 +227,11 @@ print(json.dumps({"got": got, "total": total}), flush=True)
 sys.stdin.readline()
 '''),
     "jax": ({"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}, r'''
-import jax, jax.numpy as jnp, json, sys
-keep, got = [], 0
-for size in (256 << 20, 16 << 20):
-    while True:
-        try:
-            a = jnp.zeros((size,), dtype=jnp.uint8); a.block_until_ready(); keep.append(a); got += size
-        except Exception:
-            break
+import jax, jax.numpy as jnp, json, sys''' + FILL + r'''
+def zeros(size):
+    a = jnp.zeros((size,), dtype=jnp.uint8); a.block_until_ready()
+    return a
+keep, got = fill(zeros, Exception)
 stats = jax.devices()[0].memory_stats() or {}
 print(json.dumps({"got": got, "total": stats.get("bytes_limit")}), flush=True)
 sys.stdin.readline()
@@ -244,57 +243,38 @@ print(json.dumps({"got": stats.get("bytes_limit"), "total": stats.get("bytes_lim
 sys.stdin.readline()
 '''),
     "cupy_default": ({}, r'''
-import cupy, json, sys
-keep, got = [], 0
-for size in (256 << 20, 16 << 20):
-    while True:
-        try:
-            keep.append(cupy.empty(size, dtype=cupy.uint8)); got += size
-        except cupy.cuda.memory.OutOfMemoryError:
-            break
+import cupy, json, sys''' + FILL + r'''
+keep, got = fill(lambda size: cupy.empty(size, dtype=cupy.uint8), cupy.cuda.memory.OutOfMemoryError)
 free, total = cupy.cuda.runtime.memGetInfo()
 print(json.dumps({"got": got, "total": total}), flush=True)
 sys.stdin.readline()
 '''),
     "cupy_async": ({}, r'''
-import cupy, json, sys
+import cupy, json, sys''' + FILL + r'''
 cupy.cuda.set_allocator(cupy.cuda.MemoryAsyncPool().malloc)
-keep, got = [], 0
-for size in (256 << 20, 16 << 20):
-    while True:
-        try:
-            keep.append(cupy.empty(size, dtype=cupy.uint8)); got += size
-        except Exception:
-            break
+keep, got = fill(lambda size: cupy.empty(size, dtype=cupy.uint8), Exception)
 free, total = cupy.cuda.runtime.memGetInfo()
 print(json.dumps({"got": got, "total": total}), flush=True)
 sys.stdin.readline()
 '''),
     "numba": ({}, r'''
 from numba import cuda
-import numpy as np, json, sys
-keep, got = [], 0
-for size in (256 << 20, 16 << 20):
-    while True:
-        try:
-            keep.append(cuda.device_array(size, dtype=np.uint8)); got += size
-        except Exception:
-            break
+import numpy as np, json, sys''' + FILL + r'''
+keep, got = fill(lambda size: cuda.device_array(size, dtype=np.uint8), Exception)
 free, total = cuda.current_context().get_memory_info()
 print(json.dumps({"got": got, "total": total}), flush=True)
 sys.stdin.readline()
 '''),
     "cuda_python_alloc": ({}, r'''
 from cuda.bindings import driver as d
-import json, sys
+import json, sys''' + FILL + r'''
 d.cuInit(0); _, dev = d.cuDeviceGet(0); _, ctx = d.cuDevicePrimaryCtxRetain(dev); d.cuCtxSetCurrent(ctx)
-keep, got = [], 0
-for size in (256 << 20, 16 << 20):
-    while True:
-        err, p = d.cuMemAlloc(size)
-        if err != d.CUresult.CUDA_SUCCESS:
-            break
-        keep.append(p); got += size
+def mem_alloc(size):
+    err, p = d.cuMemAlloc(size)
+    if err != d.CUresult.CUDA_SUCCESS:
+        raise MemoryError(err)
+    return p
+keep, got = fill(mem_alloc, MemoryError)
 _, free, total = d.cuMemGetInfo()
 _, tot = d.cuDeviceTotalMem(dev)
 print(json.dumps({"got": got, "total": total, "device_total": tot}), flush=True)
@@ -302,19 +282,18 @@ sys.stdin.readline()
 '''),
     "cuda_python_create": ({}, r'''
 from cuda.bindings import driver as d
-import json, sys
+import json, sys''' + FILL + r'''
 d.cuInit(0); _, dev = d.cuDeviceGet(0); _, ctx = d.cuDevicePrimaryCtxRetain(dev); d.cuCtxSetCurrent(ctx)
 prop = d.CUmemAllocationProp()
 prop.type = d.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
 prop.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
 prop.location.id = 0
-keep, got = [], 0
-for size in (256 << 20, 32 << 20):
-    while True:
-        err, h = d.cuMemCreate(size, prop, 0)
-        if err != d.CUresult.CUDA_SUCCESS:
-            break
-        keep.append(h); got += size
+def mem_create(size):
+    err, h = d.cuMemCreate(size, prop, 0)
+    if err != d.CUresult.CUDA_SUCCESS:
+        raise MemoryError(err)
+    return h
+keep, got = fill(mem_create, MemoryError, sizes=(256 << 20, 32 << 20))
 _, free, total = d.cuMemGetInfo()
 print(json.dumps({"got": got, "total": total}), flush=True)
 sys.stdin.readline()
@@ -438,19 +417,28 @@ print(json.dumps(out))
 '''
 
 
+def bare_and_capped(code, mark):
+    """Runs the Python `code` bare, then in a slice capped at CAP; yields
+    for each its name ("bare", "gpuslice"), a record of its exit code and
+    the tail of its stderr, and the last line of its stdout that starts
+    with `mark`, parsed (None where there is none)."""
+    for name, cmd in (("bare", [PY, "-c", code]),
+                      ("gpuslice", [GPUSLICE, "run", "--gpus", "0", "--memory", CAP, "--", PY, "-c", code])):
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        rec = {"rc": p.returncode, "stderr_tail": p.stderr[-1000:]}
+        lines = [l for l in p.stdout.splitlines() if l.startswith(mark)]
+        yield name, rec, json.loads(lines[-1]) if lines else None
+
+
 def dlvsym():
     """Whether dlvsym finds any driver function (bare) and whether, under
     the shim, it finds one that is not the shim's: `pass` when it never
     hands out the driver's own function under gpuslice."""
     out = {}
-    for name, cmd in (("bare", [PY, "-c", DLVSYM]),
-                      ("gpuslice", [GPUSLICE, "run", "--gpus", "0", "--memory", CAP, "--", PY, "-c", DLVSYM])):
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-        rec = {"rc": p.returncode, "stderr_tail": p.stderr[-1000:]}
-        lines = [l for l in p.stdout.splitlines() if l.startswith("[")]
-        if lines:
-            rec["lookups"] = json.loads(lines[-1])
-            rec["found"] = [l for l in rec["lookups"] if l["file"]]
+    for name, rec, lookups in bare_and_capped(DLVSYM, "["):
+        if lookups is not None:
+            rec["lookups"] = lookups
+            rec["found"] = [l for l in lookups if l["file"]]
         out[name] = rec
     found = out["gpuslice"].get("found")
     out["pass"] = found is not None and all("gpuslice" in l["file"] for l in found)
@@ -523,13 +511,8 @@ def pooldestroy():
 
 def legacy():
     out = {}
-    for name, cmd in (("bare", [PY, "-c", LEGACY]),
-                      ("gpuslice", [GPUSLICE, "run", "--gpus", "0", "--memory", CAP, "--", PY, "-c", LEGACY])):
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-        rec = {"rc": p.returncode, "stderr_tail": p.stderr[-1000:]}
-        lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
-        if lines:
-            rec.update(json.loads(lines[-1]))
+    for name, rec, last in bare_and_capped(LEGACY, "{"):
+        rec.update(last or {})
         out[name] = rec
     got = out["gpuslice"].get("gib_obtained")
     out["escapes_cap"] = got is not None and got > CAP_BYTES >> 30
@@ -607,10 +590,9 @@ def client(name, timeout=75):
 
 
 def main():
-    global OUT
     args = sys.argv[1:]
     os.makedirs(args[0], exist_ok=True)
-    OUT = os.path.join(args[0], "memphys.json")
+    RESULT.path = os.path.join(args[0], "memphys.json")
     only = set(args[args.index("--only") + 1].split(",")) if "--only" in args else {
         "procs", "torch", "clients", "arrays", "legacy", "dlvsym", "pooldestroy"}
     RESULT.update({
@@ -620,12 +602,12 @@ def main():
                                  capture_output=True, text=True).stdout.strip(),
         "cap": CAP,
     })
-    save()
+    RESULT.save()
     if "procs" in only:
         RESULT["procs"] = {}
         for n in (1, 2, 5, 8):
             RESULT["procs"][str(n)] = case_procs(n)
-            save()
+            RESULT.save()
     if "torch" in only:
         rec = client("torch_default")
         per = [v for v in [rec.get("physical_used_mib")] if v is not None]
@@ -636,37 +618,27 @@ def main():
             rec["usable_pass"] = rec["got_mib"] >= rec["usable_target_mib"]
         rec["total_is_cap"] = rec.get("props_total") == CAP_BYTES
         RESULT["torch"] = rec
-        save()
+        RESULT.save()
     if "clients" in only:
         RESULT["clients"] = {}
         for name in CLIENTS:
             if name == "torch_default" and "torch" in RESULT:
                 continue
             RESULT["clients"][name] = client(name)
-            save()
-    if "arrays" in only:
-        try:
-            RESULT["arrays"] = arrays()
-        except Exception as e:
-            RESULT["arrays"] = {"error": repr(e)[:300]}
-        save()
-    if "legacy" in only:
-        try:
-            RESULT["legacy"] = legacy()
-        except Exception as e:
-            RESULT["legacy"] = {"error": repr(e)[:300]}
-        save()
-    for part, run in (("dlvsym", dlvsym), ("pooldestroy", pooldestroy)):
+            RESULT.save()
+    for part, run, if_error in (("arrays", arrays, {}), ("legacy", legacy, {}),
+                                ("dlvsym", dlvsym, {"pass": False}),
+                                ("pooldestroy", pooldestroy, {"pass": False})):
         if part in only:
             try:
                 RESULT[part] = run()
             except Exception as e:
-                RESULT[part] = {"error": repr(e)[:300], "pass": False}
-            save()
+                RESULT[part] = {"error": repr(e)[:300], **if_error}
+            RESULT.save()
     failed = verdict()
     RESULT["failed"] = failed
     RESULT["pass"] = not failed
-    save()
+    RESULT.save()
     print(json.dumps({k: v for k, v in RESULT.items() if k in ("date", "driver", "pass", "failed")}))
 
 

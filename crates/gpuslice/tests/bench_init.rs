@@ -4,38 +4,28 @@
 //! method runs what it should and isolation reaches fewer GPUs), not
 //! performance. Needs root for the isolated methods (see scripts/test.sh).
 
-use fakegpu::FakeHost;
+use fakegpu::{FakeHost, FakeHostBuilder};
 use serde_json::Value;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use crate::common;
-use common::GPUSLICE;
 const METHODS: [&str; 5] = ["none", "env", "namespace", "cgroup", "full"];
 /// Simulated cuInit cost per reachable GPU.
 const INIT_MS_PER_GPU: u64 = 15;
 
-fn host() -> FakeHost {
-    FakeHost::builder()
-        .gpus(8)
-        .init_ms_per_gpu(INIT_MS_PER_GPU)
-        .build()
-        .expect("build fake host")
+fn fake_host() -> FakeHostBuilder {
+    FakeHost::builder().gpus(8).init_ms_per_gpu(INIT_MS_PER_GPU)
 }
 
 fn bench(h: &FakeHost, args: &[&str]) -> Output {
-    let mut c = Command::new(GPUSLICE);
-    c.arg("--host-root")
-        .arg(h.root())
+    common::gpuslice_on(h)
         .args(["bench", "init"])
         .args(args)
-        .env("LC_ALL", "C")
-        .env_remove("CUDA_VISIBLE_DEVICES");
-    for (k, v) in h.env() {
-        c.env(k, v);
-    }
-    c.output().expect("spawn gpuslice")
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .output()
+        .expect("spawn gpuslice")
 }
 
 fn text(out: &Output) -> String {
@@ -105,8 +95,7 @@ fn svg_texts(svg: &str) -> Vec<&str> {
 
 #[test]
 fn probe_pipeline_end_to_end_and_full_isolation_reaches_one_gpu() {
-    let _beside = common::beside_others();
-    let h = host();
+    let (_beside, h) = common::host_beside_others(fake_host());
     let out_dir = tempfile::tempdir().unwrap();
     let out = bench(
         &h,
@@ -210,10 +199,12 @@ fn probe_pipeline_end_to_end_and_full_isolation_reaches_one_gpu() {
     }
 }
 
-/// A stand-in for python3 that prints what the torch script would, and
-/// fails where no slice set CUDA_VISIBLE_DEVICES (method none).
-fn fake_python(dir: &Path) -> PathBuf {
-    let path = dir.join("python3");
+/// A new directory holding a stand-in for python3 that prints what the
+/// torch script would, and fails where no slice set CUDA_VISIBLE_DEVICES
+/// (method none); and the stand-in's path.
+fn fake_python() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("python3");
     std::fs::write(
         &path,
         r#"#!/bin/sh
@@ -224,15 +215,13 @@ echo "{\"import_ms\": 1.5, \"init_ms\": 2.5, \"tensor_ms\": 3.5, \"total_ms\": 7
     )
     .unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-    path
+    (dir, path)
 }
 
 #[test]
 fn torch_workload_and_failed_runs_are_recorded_not_dropped() {
-    let _beside = common::beside_others();
-    let h = host();
-    let dir = tempfile::tempdir().unwrap();
-    let python = fake_python(dir.path());
+    let (_beside, h) = common::host_beside_others(fake_host());
+    let (dir, python) = fake_python();
     let out_dir = dir.path().join("results");
     let out = bench(
         &h,
@@ -292,10 +281,8 @@ fn torch_workload_and_failed_runs_are_recorded_not_dropped() {
 
 #[test]
 fn json_flag_prints_the_document_and_all_failing_warmups_stop_early() {
-    let _beside = common::beside_others();
-    let h = host();
-    let dir = tempfile::tempdir().unwrap();
-    let python = fake_python(dir.path());
+    let (_beside, h) = common::host_beside_others(fake_host());
+    let (_dir, python) = fake_python();
     let py = python.to_str().unwrap();
     // `--workload torch` with the fake python, one GPU, one method.
     let torch = |flags: &[&str], method: &str, runs: &str| {
@@ -317,8 +304,7 @@ fn json_flag_prints_the_document_and_all_failing_warmups_stop_early() {
 
 #[test]
 fn bad_counts_fail_with_a_reason() {
-    let _beside = common::beside_others();
-    let h = host();
+    let (_beside, h) = common::host_beside_others(fake_host());
     let out = bench(&h, &["--counts", "9"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(

@@ -10,30 +10,25 @@
 //! runs against the real driver too.
 
 use crate::common;
-use common::GPUSLICE;
-use fakegpu::FakeHost;
+use common::{printed, GPUSLICE};
+use fakegpu::{FakeHost, FakeHostBuilder};
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const ATTACK: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/boundary/attack.py");
 const PRIVILEGED: &[&str] = &["--privileged"];
 const HOST_PID: &[&str] = &["--pid", "host"];
 
-fn host() -> FakeHost {
-    FakeHost::builder()
-        .gpus(4)
-        .modify_device_files(true)
-        .build()
-        .expect("build fake host")
+/// The tests' fake host: 4 GPUs, ModifyDeviceFiles on.
+fn fake_host() -> FakeHostBuilder {
+    FakeHost::builder().gpus(4).modify_device_files(true)
 }
 
 /// `gpuslice --host-root <fake> run <flags> -- <argv>`.
 fn launch(h: &FakeHost, flags: &[&str], argv: &[&str]) -> Command {
-    let mut c = Command::new(GPUSLICE);
-    c.arg("--host-root").arg(h.root()).arg("run");
-    c.args(flags).arg("--").args(argv);
-    c.envs(h.env()).env("LC_ALL", "C");
+    let mut c = common::gpuslice_on(h);
+    c.arg("run").args(flags).arg("--").args(argv);
     c
 }
 
@@ -44,11 +39,6 @@ fn command(h: &FakeHost, flags: &[&str], script: &str) -> Command {
         &[&["--gpus", "1"][..], flags].concat(),
         &["sh", "-c", script],
     )
-}
-
-/// Its stdout, then its stderr.
-fn text(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
 }
 
 /// What the script printed in a one-GPU slice with `flags` (stdout, then
@@ -177,8 +167,7 @@ fn descendant_named(ancestor: u32, comm: &str) -> Option<u32> {
 
 #[test]
 fn a_slice_cannot_move_itself_out_of_its_cgroup() {
-    let _beside = common::beside_others();
-    let h = host();
+    let (_beside, h) = common::host_beside_others(fake_host());
     for v in versions() {
         let m = cgroup_mount(v);
         let script = format!(
@@ -202,8 +191,7 @@ fn a_slice_cannot_move_itself_out_of_its_cgroup() {
 
 #[test]
 fn a_slice_cannot_move_another_slices_process() {
-    let _beside = common::beside_others();
-    let h = host();
+    let (_beside, h) = common::host_beside_others(fake_host());
     for v in versions() {
         let victim = Victim::start(&h, &["--gpus", "0", "--cgroup", v]);
         let before = cgroup_of(victim.pid, v);
@@ -227,8 +215,7 @@ fn a_slice_cannot_move_another_slices_process() {
 /// what it says in the slice's own PID namespace (`own_pid_ns`), EPERM
 /// where the victim is visible (`--pid host`), ok under `--privileged`.
 fn attack_another_slice(op: &str, own_pid_ns: &str) {
-    let _beside = common::beside_others();
-    let h = host();
+    let (_beside, h) = common::host_beside_others(fake_host());
     let victim = Victim::start(&h, &["--gpus", "0"]);
     let script = attack(&format!("{op} {}", victim.pid));
     assert_prints(
@@ -256,8 +243,7 @@ fn a_slice_cannot_read_another_slices_memory() {
 
 #[test]
 fn a_slice_cannot_ptrace_its_launcher_or_init() {
-    let _beside = common::beside_others();
-    let h = host();
+    let (_beside, h) = common::host_beside_others(fake_host());
     // The parent: the slice's init by default, the launcher with --pid host.
     let script = attack("ptrace $PPID");
     assert_prints(
@@ -273,8 +259,7 @@ fn a_slice_cannot_ptrace_its_launcher_or_init() {
 
 #[test]
 fn proc_pid_root_of_other_slices_and_host_processes_is_not_there() {
-    let _beside = common::beside_others();
-    let h = host();
+    let (_beside, h) = common::host_beside_others(fake_host());
     let victim = Victim::start(&h, &["--gpus", "0"]);
     let hidden = format!("{}/dev/nvidia0", root_of(&h));
     let script = format!(
@@ -294,8 +279,7 @@ fn proc_pid_root_of_other_slices_and_host_processes_is_not_there() {
 
 #[test]
 fn setuid_to_a_host_users_uid_does_not_reach_its_proc_root() {
-    let _beside = common::beside_others();
-    let h = host();
+    let (_beside, h) = common::host_beside_others(fake_host());
     // A process of nobody's outside any slice, as on a shared server.
     let mut nobody = Command::new("setpriv")
         .args([
@@ -323,8 +307,7 @@ fn setuid_to_a_host_users_uid_does_not_reach_its_proc_root() {
 
 #[test]
 fn a_slice_cannot_detach_its_device_filter() {
-    let _beside = common::beside_others();
-    let h = host();
+    let (_beside, h) = common::host_beside_others(fake_host());
     let r = root_of(&h);
     let m = cgroup_mount("v2");
     let script = format!(
@@ -344,8 +327,7 @@ fn a_slice_cannot_detach_its_device_filter() {
 
 #[test]
 fn a_slice_cannot_unmount_or_remount_its_dev_and_params() {
-    let _beside = common::beside_others();
-    let h = host();
+    let (_beside, h) = common::host_beside_others(fake_host());
     let r = root_of(&h);
     let p = format!("{r}/proc/driver/nvidia/params");
     let script = format!(
@@ -365,8 +347,7 @@ fn a_slice_cannot_unmount_or_remount_its_dev_and_params() {
 
 #[test]
 fn a_slice_cannot_mount_a_new_devtmpfs_or_procfs() {
-    let _beside = common::beside_others();
-    let h = host();
+    let (_beside, h) = common::host_beside_others(fake_host());
     let script = "d=$(mktemp -d); \
          mount -t devtmpfs devtmpfs $d 2>/dev/null && echo devtmpfs && umount $d; \
          mount -t proc proc $d 2>/dev/null && echo procfs && umount $d; rmdir $d";
@@ -375,8 +356,7 @@ fn a_slice_cannot_mount_a_new_devtmpfs_or_procfs() {
 
 #[test]
 fn a_slice_cannot_mknod() {
-    let _beside = common::beside_others();
-    let h = host();
+    let (_beside, h) = common::host_beside_others(fake_host());
     // Not a GPU node (the device cgroup refuses those even to full root,
     // tests/run_isolation.rs): the capability is what is tested here.
     let script = format!(
@@ -392,8 +372,7 @@ fn a_slice_cannot_mknod() {
 
 #[test]
 fn a_slice_cannot_unshare_or_setns() {
-    let _beside = common::beside_others();
-    let h = host();
+    let (_beside, h) = common::host_beside_others(fake_host());
     let script = "unshare -m true 2>/dev/null && echo mount-ns; \
                   unshare -U true 2>/dev/null && echo user-ns; \
                   nsenter -t $PPID -m true 2>/dev/null && echo setns";
@@ -406,8 +385,7 @@ fn a_slice_cannot_unshare_or_setns() {
 
 #[test]
 fn a_slice_cannot_write_the_hosts_sysctls() {
-    let _beside = common::beside_others();
-    let h = host();
+    let (_beside, h) = common::host_beside_others(fake_host());
     // Opened for writing only: no host sysctl is ever written, not even
     // with its own value.
     let script = open_for_writing("/proc/sys/kernel/hostname");
@@ -439,11 +417,10 @@ const MODES: [&[&str]; 4] = [
 
 #[test]
 fn proc_sys_is_read_only_in_every_pid_mode() {
-    let _beside = common::beside_others();
     // --pid host gave the host's /proc/sys back, writable, and
     // uid 0 without a capability set kernel.core_pattern (a pipe to a
     // root shell outside every namespace). Opened for writing only.
-    let h = host();
+    let (_beside, h) = common::host_beside_others(fake_host());
     let script = format!(
         "{}; head -c1 /proc/interrupts 2>/dev/null | wc -c",
         open_for_writing("/proc/sys/kernel/core_pattern")
@@ -485,10 +462,9 @@ impl Drop for Mounted {
 
 #[test]
 fn the_hosts_other_pseudo_filesystems_are_read_only_or_masked() {
-    let _beside = common::beside_others();
     // A second procfs (a chroot's /proc), a second cgroup2 and a
     // bpffs mounted elsewhere on the host stayed writable in a slice.
-    let h = host();
+    let (_beside, h) = common::host_beside_others(fake_host());
     let (p, c, b) = (
         Mounted::new("proc"),
         Mounted::new("cgroup2"),
@@ -522,10 +498,9 @@ fn the_hosts_other_pseudo_filesystems_are_read_only_or_masked() {
 
 #[test]
 fn a_pseudo_filesystem_the_host_mounts_later_does_not_enter_a_slice() {
-    let _beside = common::beside_others();
     // The slice's mount namespace is private: a slave of the host's would
     // receive a procfs mounted after the seal, unsealed.
-    let h = host();
+    let (_beside, h) = common::host_beside_others(fake_host());
     let shared = Mounted::new("tmpfs");
     let d = shared.path();
     let ok = Command::new("mount")
@@ -561,7 +536,7 @@ fn a_pseudo_filesystem_the_host_mounts_later_does_not_enter_a_slice() {
         let out = child.wait_with_output().unwrap();
         let _ = Command::new("umount").arg(format!("{d}/p")).status();
         assert!(ok, "mount -t proc");
-        assert_eq!(text(&out), "0\n", "{mode:?}");
+        assert_eq!(printed(&out), "0\n", "{mode:?}");
     }
 }
 
@@ -573,7 +548,7 @@ fn a_slice_cannot_change_what_other_slices_load() {
     // writing; the driver libraries and the loader's configuration alike.
     // Each opened for writing only (never written), and a file made in
     // the fake driver's library directory (a name the loader would find).
-    let h = host();
+    let h = fake_host().build().expect("build fake host");
     let lib_dir = h.driver_lib_dir().display().to_string();
     let exe = Path::new(GPUSLICE).parent().unwrap();
     let shim = ["libgpuslice.so", "libgpuslice_shim.so"]
@@ -613,10 +588,9 @@ fn a_slice_cannot_change_what_other_slices_load() {
 
 #[test]
 fn read_only_root_leaves_tmp_shm_and_the_working_directory_writable() {
-    let _beside = common::beside_others();
     // --read-only-root: the host's root read-only in the slice (a root
     // tenant changes nothing a later one runs), a job's scratch writable.
-    let h = host();
+    let (_beside, h) = common::host_beside_others(fake_host());
     let cwd = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let script = "for p in /usr/local/.gpuslice-ro-$$ /tmp/.ro-$$ /var/tmp/.ro-$$ /dev/shm/.ro-$$ ./.ro-$$; do \
                   (: > $p) 2>/dev/null && echo \"$p\" && rm -f $p; done | sed 's/-[0-9]*$//'";
@@ -630,7 +604,7 @@ fn read_only_root_leaves_tmp_shm_and_the_working_directory_writable() {
             .current_dir(cwd.path())
             .output()
             .unwrap();
-        assert_eq!(text(&out), writable, "{mode:?}");
+        assert_eq!(printed(&out), writable, "{mode:?}");
     }
     // Without it, root in the slice writes the host's root.
     let out = command(&h, &[], script)
@@ -694,14 +668,13 @@ fn junk_in_the_ledger_directory_is_summarized_in_one_line() {
 
 #[test]
 fn a_gpus_board_cannot_be_squatted() {
-    let _beside = common::beside_others();
     // A junk file planted by nobody as a GPU's board in the
     // sticky boards directory switched off taking turns on that GPU until
     // root removed it. Root now makes the board when a slice with a share
     // starts, replacing what it did not make, and in a slice the directory
     // is read-only (root there could remove the board and plant another).
     use std::os::unix::fs::MetadataExt;
-    let h = host();
+    let (_beside, h) = common::host_beside_others(fake_host());
     let dir = tempfile::tempdir().unwrap();
     let (ledgers, boards) = (dir.path().join("slices"), dir.path().join("gpus"));
     gpuslice_ledger::ensure_dir(&boards).unwrap();
@@ -748,8 +721,7 @@ fn a_gpus_board_cannot_be_squatted() {
 
 #[test]
 fn descriptors_beyond_stdio_are_not_inherited() {
-    let _beside = common::beside_others();
-    let h = host();
+    let (_beside, h) = common::host_beside_others(fake_host());
     let r = root_of(&h);
     // The caller holds the host's /dev (with the hidden node) on fds 3–5.
     let run = |flags: &str| {
@@ -772,8 +744,7 @@ fn descriptors_beyond_stdio_are_not_inherited() {
 
 #[test]
 fn preserve_fds_must_name_open_descriptors() {
-    let _beside = common::beside_others();
-    let h = host();
+    let (_beside, h) = common::host_beside_others(fake_host());
     let out = command(&h, &["--preserve-fds", "40"], "true")
         .output()
         .unwrap();
@@ -785,8 +756,7 @@ fn preserve_fds_must_name_open_descriptors() {
 
 #[test]
 fn preserve_fds_past_the_descriptor_limit_is_refused() {
-    let _beside = common::beside_others();
-    let h = host();
+    let (_beside, h) = common::host_beside_others(fake_host());
     // 4294967295: 3 + N wrapped to 2, and the command lost its own stdio
     // (exit 0). 62 under `ulimit -n 64`: descriptors 3..65 cannot exist.
     for (n, limit) in [("4294967295", ""), ("62", "ulimit -n 64; ")] {
@@ -839,8 +809,7 @@ fn processes_running(argv: &[&str]) -> Vec<u32> {
 
 #[test]
 fn a_process_that_detaches_does_not_outlive_its_slice() {
-    let _beside = common::beside_others();
-    let h = host();
+    let (_beside, h) = common::host_beside_others(fake_host());
     // Out of the slice cgroup first, in whichever hierarchy holds it.
     let escape = "for f in /sys/fs/cgroup/cgroup.procs /sys/fs/cgroup/unified/cgroup.procs \
                   /sys/fs/cgroup/devices/cgroup.procs; do echo $$ > $f; done 2>/dev/null; ";
@@ -884,8 +853,7 @@ fn status_of(h: &FakeHost, flags: &[&str]) -> String {
 
 #[test]
 fn a_non_root_user_holds_no_capability_and_cannot_get_one_back() {
-    let _beside = common::beside_others();
-    let h = host();
+    let (_beside, h) = common::host_beside_others(fake_host());
     // The bounding set is cut before the switch (it takes CAP_SETPCAP,
     // which the switch loses): docker's set less MKNOD, NET_RAW and
     // NET_BIND_SERVICE by default, nothing under --strict.
@@ -925,12 +893,11 @@ fn a_non_root_user_holds_no_capability_and_cannot_get_one_back() {
 
 #[test]
 fn a_user_command_dies_with_its_killed_launcher() {
-    let _beside = common::beside_others();
     // A change of credentials clears the parent-death signal: the child
     // sets it again after the user switch, else the command would run on,
     // unsupervised, once the launcher is SIGKILLed (--pid host: no PID
     // namespace takes it down).
-    let h = host();
+    let (_beside, h) = common::host_beside_others(fake_host());
     for (i, flags) in [HOST_PID, &[]].into_iter().enumerate() {
         let secs = format!("98771{i}");
         let mut c = launch(

@@ -6,8 +6,8 @@
 use crate::common;
 use fakegpu::FakeHost;
 use gpuslice_testkit::podman::{nvidia_nodes, Image};
-use std::path::Path;
-use std::process::{Command, Output};
+use std::path::{Path, PathBuf};
+use std::process::Output;
 
 fn text(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
@@ -17,8 +17,38 @@ fn text(o: &Output) -> String {
 /// directory and the names of its side files.
 static PODMAN: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-fn podman_alone() -> std::sync::MutexGuard<'static, ()> {
-    PODMAN.lock().unwrap_or_else(|e| e.into_inner())
+/// What a podman test holds: the guards that let it run beside the other
+/// tests but alone among the podman tests, and a new directory with a
+/// stand-in shim in it ([`stand_in_shim`]).
+struct PodmanTest {
+    tmp: tempfile::TempDir,
+    shim: PathBuf,
+    _podman: std::sync::MutexGuard<'static, ()>,
+    _beside: std::sync::RwLockReadGuard<'static, ()>,
+}
+
+impl PodmanTest {
+    fn new() -> Self {
+        let _beside = common::beside_others();
+        let _podman = PODMAN.lock().unwrap_or_else(|e| e.into_inner());
+        let tmp = tempfile::tempdir().unwrap();
+        Self {
+            shim: stand_in_shim(tmp.path()),
+            tmp,
+            _podman,
+            _beside,
+        }
+    }
+
+    /// The test's directory.
+    fn dir(&self) -> &Path {
+        self.tmp.path()
+    }
+
+    /// [`generate_for_podman`] with the stand-in shim.
+    fn generate(&self, host: &FakeHost, name: &str, args: &[&str]) -> PathBuf {
+        generate_for_podman(host, &self.shim, name, args)
+    }
 }
 
 /// The NVIDIA nodes of a container given GPU `gpu` alone, sorted.
@@ -32,12 +62,22 @@ fn one_gpus_nodes(gpu: u32) -> [String; 5] {
         .unwrap()
 }
 
+/// What a container that ran `ls /dev; echo ---; ...` printed after the
+/// `---`, once it succeeded and its NVIDIA nodes are GPU `gpu`'s alone.
+fn after_one_gpus_nodes(out: &Output, gpu: u32) -> String {
+    assert!(out.status.success(), "{out:?}");
+    let printed = text(out);
+    let (dev, rest) = printed.split_once("---").unwrap();
+    assert_eq!(nvidia_nodes(dev), one_gpus_nodes(gpu));
+    rest.to_string()
+}
+
 /// Where the specs for podman go: podman 4.3 reads specs from /etc/cdi and
 /// /var/run/cdi only.
 const CDI_DIR: &str = "/var/run/cdi";
 
 /// A stand-in shim in `dir`: busybox is static, nothing loads it.
-fn stand_in_shim(dir: &Path) -> std::path::PathBuf {
+fn stand_in_shim(dir: &Path) -> PathBuf {
     let shim = dir.join("libgpuslice.so");
     std::fs::write(&shim, b"not a real shim: busybox is static").unwrap();
     shim
@@ -46,18 +86,10 @@ fn stand_in_shim(dir: &Path) -> std::path::PathBuf {
 /// `gpuslice cdi generate ARGS --output <CDI_DIR>/<name>-<pid>.yaml` on
 /// `host` with the shim `shim` (see [`stand_in_shim`]), which must succeed,
 /// and the spec.
-fn generate_for_podman(
-    host: &FakeHost,
-    shim: &Path,
-    name: &str,
-    args: &[&str],
-) -> std::path::PathBuf {
+fn generate_for_podman(host: &FakeHost, shim: &Path, name: &str, args: &[&str]) -> PathBuf {
     let spec = Path::new(CDI_DIR).join(format!("{name}-{}.yaml", std::process::id()));
-    let out = Command::new(env!("CARGO_BIN_EXE_gpuslice"))
-        .envs(host.env())
+    let out = common::gpuslice_on(host)
         .env("GPUSLICE_SHIM", shim)
-        .arg("--host-root")
-        .arg(host.root())
         .args(["cdi", "generate"])
         .args(args)
         .arg("--output")
@@ -88,17 +120,11 @@ fn image_with_spec(dir: &Path, tag: &str, spec: &Path, devices: &[String]) -> Im
 
 #[test]
 fn podman_runs_containers_with_the_generated_spec() {
-    let _beside = common::beside_others();
-    let _alone = podman_alone();
+    let t = PodmanTest::new();
     let host = FakeHost::builder().gpus(4).build().unwrap();
-    let tmp = tempfile::tempdir().unwrap();
-    let shim = stand_in_shim(tmp.path());
-    let spec = generate_for_podman(&host, &shim, "gpuslice-test", &[]);
-    let check = Command::new(env!("CARGO_BIN_EXE_gpuslice"))
-        .envs(host.env())
-        .env("GPUSLICE_SHIM", &shim)
-        .arg("--host-root")
-        .arg(host.root())
+    let spec = t.generate(&host, "gpuslice-test", &[]);
+    let check = common::gpuslice_on(&host)
+        .env("GPUSLICE_SHIM", &t.shim)
         .args(["cdi", "check", "--spec"])
         .arg(&spec)
         .output()
@@ -108,13 +134,10 @@ fn podman_runs_containers_with_the_generated_spec() {
     let shared: Vec<String> = (0..4)
         .flat_map(|gpu| [2, 4].map(|n| format!("{gpu}-shared-{n}")))
         .collect();
-    let image = image_with_spec(tmp.path(), "gpuslice-cdi-test", &spec, &shared);
+    let image = image_with_spec(t.dir(), "gpuslice-cdi-test", &spec, &shared);
 
     let one = image.run("gpuslice.dev/gpu=1", "ls /dev; echo ---; env");
-    assert!(one.status.success(), "{one:?}");
-    let t = text(&one);
-    let (dev, env) = t.split_once("---").unwrap();
-    assert_eq!(nvidia_nodes(dev), one_gpus_nodes(1));
+    let env = after_one_gpus_nodes(&one, 1);
     assert!(
         env.contains("NVIDIA_DRIVER_CAPABILITIES=compute,utility"),
         "{env}"
@@ -146,10 +169,7 @@ fn podman_runs_containers_with_the_generated_spec() {
         &format!("ls /dev; echo ---; cat /etc/ld.so.preload; test -f /usr/local/gpuslice/libgpuslice.so && echo shim-present; test -f /run/gpuslice/slice/limits && echo ledger-dir; (echo x >> /run/gpuslice/slice/limits) 2>/dev/null || echo limits-read-only; \
          (exec 3<>{b}) && echo own-board-writable; (: > /run/gpuslice/gpus/planted-$$) 2>/dev/null && echo boards-dir-writable; env", b = board.display()),
     );
-    assert!(shared.status.success(), "{shared:?}");
-    let t = text(&shared);
-    let (dev, rest) = t.split_once("---").unwrap();
-    assert_eq!(nvidia_nodes(dev), one_gpus_nodes(3));
+    let rest = after_one_gpus_nodes(&shared, 3);
     assert!(
         rest.contains("/usr/local/gpuslice/libgpuslice.so\n"),
         "{rest}"
@@ -180,19 +200,10 @@ fn podman_runs_containers_with_the_generated_spec() {
 
 #[test]
 fn check_reports_a_driver_upgrade() {
-    let _beside = common::beside_others();
-    let host = FakeHost::builder().gpus(1).build().unwrap();
+    let (_beside, host) = common::host_beside_others(FakeHost::builder().gpus(1));
     let tmp = tempfile::tempdir().unwrap();
     let spec = tmp.path().join("cdi").join("gpuslice.json");
-    let gpuslice = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_gpuslice"))
-            .envs(host.env())
-            .arg("--host-root")
-            .arg(host.root())
-            .args(args)
-            .output()
-            .unwrap()
-    };
+    let gpuslice = |args: &[&str]| common::gpuslice_on(&host).args(args).output().unwrap();
     let spec_s = spec.to_str().unwrap();
     let out = gpuslice(&["cdi", "generate", "--output", spec_s]);
     assert!(out.status.success(), "{out:?}");
@@ -228,15 +239,12 @@ fn check_reports_a_driver_upgrade() {
 /// driver holds no limit for the container.
 #[test]
 fn a_capped_slice_s_container_gets_the_driver_s_limit_from_its_hook() {
-    let _beside = common::beside_others();
-    let _alone = podman_alone();
+    let t = PodmanTest::new();
     let host = r615_host();
-    let tmp = tempfile::tempdir().unwrap();
-    let shim = stand_in_shim(tmp.path());
     let args = ["--class", "parttest", "--shared", "2"];
-    let spec = generate_for_podman(&host, &shim, "gpuslice-test-part", &args);
+    let spec = t.generate(&host, "gpuslice-test-part", &args);
     let device = ["0-shared-2".to_string()];
-    let image = image_with_spec(tmp.path(), "gpuslice-cdi-part-test", &spec, &device);
+    let image = image_with_spec(t.dir(), "gpuslice-cdi-part-test", &spec, &device);
     assert_limited_while_it_runs(
         &image,
         "gpuslice.dev/parttest=0-shared-2",
@@ -253,13 +261,10 @@ fn a_capped_slice_s_container_gets_the_driver_s_limit_from_its_hook() {
 /// the container's ledger is its shim's and nobody vouches for it.
 #[test]
 fn a_shared_variant_s_container_is_vouched_for_on_its_gpu_s_board() {
-    let _beside = common::beside_others();
-    let _alone = podman_alone();
+    let t = PodmanTest::new();
     let host = FakeHost::builder().gpus(1).build().unwrap();
-    let tmp = tempfile::tempdir().unwrap();
-    let shim = stand_in_shim(tmp.path());
     let args = ["--class", "sharetest", "--shared", "2", "--format", "json"];
-    let spec = generate_for_podman(&host, &shim, "gpuslice-test-share", &args);
+    let spec = t.generate(&host, "gpuslice-test-share", &args);
     let generated: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&spec).unwrap()).unwrap();
     let device = &generated["devices"]
@@ -283,7 +288,7 @@ fn a_shared_variant_s_container_is_vouched_for_on_its_gpu_s_board() {
             .unwrap(),
     );
     let device = ["0-shared-2".to_string()];
-    let image = image_with_spec(tmp.path(), "gpuslice-cdi-share-test", &spec, &device);
+    let image = image_with_spec(t.dir(), "gpuslice-cdi-share-test", &spec, &device);
     let mut child = image
         .command(
             "gpuslice.dev/sharetest=0-shared-2",
@@ -450,20 +455,18 @@ fn allocate_a_shared_replica(
 /// for the container.
 #[test]
 fn a_device_plugin_replica_s_container_gets_the_driver_s_limit() {
-    let _beside = common::beside_others();
     use gpuslice_k8s::plugin::{config::Config, spawn, Options};
-    let _alone = podman_alone();
+    let t = PodmanTest::new();
     let host = r615_host();
     // The plugin discovers through the fake NVML in this process.
     let _nvml = gpuslice_testkit::fakenvml::serve(host.root());
-    let tmp = tempfile::tempdir().unwrap();
     let kind = format!("gpuslice.dev/dptest{}", std::process::id());
     let mut cfg = Config::parse("roles: [{gpus: others, role: shared, replicas: 2}]\n").unwrap();
-    cfg.plugin_dir = tmp.path().join("plugins");
-    cfg.ledger_dir = tmp.path().join("ledgers");
-    cfg.state_dir = tmp.path().join("state");
-    cfg.board_dir = tmp.path().join("boards");
-    cfg.shim = stand_in_shim(tmp.path());
+    cfg.plugin_dir = t.dir().join("plugins");
+    cfg.ledger_dir = t.dir().join("ledgers");
+    cfg.state_dir = t.dir().join("state");
+    cfg.board_dir = t.dir().join("boards");
+    cfg.shim = t.shim.clone();
     cfg.driver_partitions.enabled = true;
     cfg.driver_partitions.hook = env!("CARGO_BIN_EXE_gpuslice").into();
     cfg.driver_partitions.cdi_dir = CDI_DIR.into();
@@ -474,7 +477,7 @@ fn a_device_plugin_replica_s_container_gets_the_driver_s_limit() {
     opts.nvml_lib = Some(host.nvml_lib());
     opts.enforcer = None;
     let plugin = spawn(opts).unwrap();
-    let mut image = Image::busybox(tmp.path(), "gpuslice-dp-part-test");
+    let mut image = Image::busybox(t.dir(), "gpuslice-dp-part-test");
     image.files = vec![Path::new(CDI_DIR).join(format!(
         "gpuslice-device-plugin-{}.json",
         kind.replace('/', "_")

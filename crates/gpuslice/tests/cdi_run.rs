@@ -185,19 +185,6 @@ fn lines(stdout: &str) -> Vec<Value> {
         .collect()
 }
 
-/// The script's preamble: the spec sets `LD_LIBRARY_PATH` to the
-/// container's library directory, which a host does not have; the fake
-/// driver is found through its own.
-fn fake_driver(h: &FakeHost) -> String {
-    let ld = h
-        .env()
-        .into_iter()
-        .find(|(k, _)| k == "LD_LIBRARY_PATH")
-        .unwrap()
-        .1;
-    format!("export LD_LIBRARY_PATH={ld}; ")
-}
-
 #[test]
 fn a_prepared_claim_runs_with_exactly_its_caps_and_only_its_gpu() {
     let _beside = common::beside_others();
@@ -213,7 +200,10 @@ fn a_prepared_claim_runs_with_exactly_its_caps_and_only_its_gpu() {
             "--",
             "sh",
             "-c",
-            &format!("{}exec {c} hold 50000000", fake_driver(p.host)),
+            &format!(
+                "{}exec {c} hold 50000000",
+                common::fake_driver_preamble(p.host)
+            ),
         ]),
         "held 0",
     );
@@ -240,7 +230,7 @@ fn a_prepared_claim_runs_with_exactly_its_caps_and_only_its_gpu() {
          echo x >> {victim_ledger} && echo WROTE-VICTIM
          test -e {root}/dev/nvidia1 && echo SEES-GPU1
          true",
-        preamble = fake_driver(p.host),
+        preamble = common::fake_driver_preamble(p.host),
         root = p.host.root().display(),
         record = record.display(),
         cdi = p.cdi().display(),
@@ -515,7 +505,7 @@ fn a_whole_gpu_claim_runs_uncapped_on_its_gpu_alone() {
     let p = Prepared::new(&[("whole", 1, "", "")]);
     let script = format!(
         "{}ls {}/dev | grep '^nvidia[0-9]'; {} info; test -e /run/gpuslice/slice/limits && echo CAPPED; true",
-        fake_driver(p.host),
+        common::fake_driver_preamble(p.host),
         p.host.root().display(),
         shim_client().display()
     );
@@ -552,7 +542,7 @@ fn two_claims_on_one_gpu_get_their_shares_of_its_time() {
     let c = shim_client();
     let script = format!(
         "{}exec {} --via procaddr compute kernel 200000 3 0.5",
-        fake_driver(p.host),
+        common::fake_driver_preamble(p.host),
         c.display()
     );
     let start = |uid: &str| {

@@ -13,11 +13,8 @@ fn completions_and_man_page_come_from_the_cli_definition() {
         .args(["completions", "bash"])
         .output()
         .unwrap();
-    let s = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && s.contains("--isolation") && s.contains("--gpus"),
-        "{s}"
-    );
+    let s = common::stdout_of_success(&out);
+    assert!(s.contains("--isolation") && s.contains("--gpus"), "{s}");
     let out = Command::new(GPUSLICE).arg("man").output().unwrap();
     let s = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -30,14 +27,12 @@ fn completions_and_man_page_come_from_the_cli_definition() {
 fn list_shows_the_fake_gpus_with_and_without_nvml() {
     let _beside = common::beside_others();
     let h = FakeHost::builder().gpus(4).build().unwrap();
-    let mut c = Command::new(GPUSLICE);
-    c.arg("--host-root").arg(h.root()).args(["list", "--json"]);
-    for (k, v) in h.env() {
-        c.env(k, v);
-    }
-    let out = c.output().unwrap();
+    let out = common::gpuslice_on(&h)
+        .args(["list", "--json"])
+        .output()
+        .unwrap();
     common::assert_success(&out);
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = common::json_stdout(&out);
     assert_eq!(v["gpus"].as_array().unwrap().len(), 4);
     assert_eq!(v["gpus"][1]["pci_bus_id"], "0000:28:00.0");
     assert_eq!(v["gpus"][1]["numa_node"], 0);
@@ -57,9 +52,9 @@ fn list_shows_the_fake_gpus_with_and_without_nvml() {
         .arg("list")
         .output()
         .unwrap();
-    let s = String::from_utf8_lossy(&out.stdout);
+    let s = common::stdout_of_success(&out);
     assert!(
-        out.status.success() && s.contains("GPU-fa4e0003-") && s.contains("sources: procfs+sysfs"),
+        s.contains("GPU-fa4e0003-") && s.contains("sources: procfs+sysfs"),
         "{s}"
     );
     // Said once: the reason carries its own "NVML not used:".
@@ -107,11 +102,8 @@ fn commands_off_the_start_up_path_run_in_gpuslice_full() {
         .arg("list")
         .output()
         .unwrap();
-    let listed = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && listed.contains("0000:28:00.0"),
-        "{listed}"
-    );
+    let listed = common::stdout_of_success(&out);
+    assert!(listed.contains("0000:28:00.0"), "{listed}");
 }
 
 #[test]

@@ -93,11 +93,8 @@ fn run_with_compute_holds_the_share_and_slices_shows_it() {
         .env("GPUSLICE_BOARD_DIR", ledgers.path().join("boards"))
         .output()
         .unwrap();
-    let said = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && said.contains("compute share 40%"),
-        "{said}"
-    );
+    let said = common::stdout_of_success(&out);
+    assert!(said.contains("compute share 40%"), "{said}");
     assert!(!said.contains("SIMULATION"), "{said}");
 
     let got = achieved(&child.wait_with_output().unwrap());

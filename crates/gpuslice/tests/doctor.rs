@@ -23,11 +23,8 @@ fn healthy() -> FakeHostBuilder {
 }
 
 fn command(h: &FakeHost, args: &[&str]) -> Command {
-    let mut c = Command::new(GPUSLICE);
-    c.arg("--host-root").arg(h.root()).arg("doctor").args(args);
-    c.envs(h.env())
-        .env("LC_ALL", "C")
-        .env_remove("GPUSLICE_BOARD_DIR");
+    let mut c = common::gpuslice_on(h);
+    c.arg("doctor").args(args).env_remove("GPUSLICE_BOARD_DIR");
     c
 }
 
@@ -38,13 +35,7 @@ fn doctor(h: &FakeHost, args: &[&str]) -> (i32, Value) {
 
 fn doctor_with(mut c: Command) -> (i32, Value) {
     let out = c.output().expect("spawn gpuslice doctor");
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "doctor --json output ({e}): {}\nstderr: {}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
+    let v = common::json_stdout(&out);
     (out.status.code().expect("exit code"), v)
 }
 
@@ -93,8 +84,7 @@ fn doctor_finds(h: &FakeHost, name: &str, status: &str, detail: &[&str], fix: &s
 
 #[test]
 fn healthy_fake_host_passes() {
-    let _beside = common::beside_others();
-    let h = healthy().build().expect("fake host");
+    let (_beside, h) = common::host_beside_others(healthy());
     let (code, v) = doctor(&h, &[]);
     assert_eq!(code, 0, "{v:#}");
     assert!(flagged(&v).is_empty(), "{v:#}");
@@ -152,8 +142,7 @@ fn healthy_fake_host_passes() {
 
 #[test]
 fn missing_device_node() {
-    let _beside = common::beside_others();
-    let h = healthy().build().unwrap();
+    let (_beside, h) = common::host_beside_others(healthy());
     h.remove_node(2).unwrap();
     doctor_finds(
         &h,
@@ -166,8 +155,7 @@ fn missing_device_node() {
 
 #[test]
 fn library_driver_version_mismatch() {
-    let _beside = common::beside_others();
-    let h = healthy().driver_libs("575.57.08").build().unwrap();
+    let (_beside, h) = common::host_beside_others(healthy().driver_libs("575.57.08"));
     let (code, v) = doctor(&h, &[]);
     // Both libraries are of the wrong version: two failures of one fault.
     assert_eq!(
@@ -198,12 +186,8 @@ fn library_driver_version_mismatch() {
 
 #[test]
 fn missing_libraries() {
-    let _beside = common::beside_others();
-    let h = FakeHost::builder()
-        .gpus(1)
-        .modify_device_files(false)
-        .build()
-        .unwrap();
+    let (_beside, h) =
+        common::host_beside_others(FakeHost::builder().gpus(1).modify_device_files(false));
     let (code, v) = doctor(&h, &[]);
     assert_eq!(code, 2);
     assert_eq!(
@@ -224,8 +208,7 @@ macro_rules! finds_alone {
     ($($test:ident: $host:expr => $check:literal, $status:literal, [$($detail:literal),+], $fix:literal;)+) => {$(
         #[test]
         fn $test() {
-            let _beside = common::beside_others();
-            let h = $host.build().unwrap();
+            let (_beside, h) = common::host_beside_others($host);
             doctor_finds(&h, $check, $status, &[$($detail),+], $fix);
         }
     )+};
@@ -244,8 +227,7 @@ finds_alone! {
 
 #[test]
 fn no_writable_cgroup() {
-    let _beside = common::beside_others();
-    let h = healthy().build().unwrap();
+    let (_beside, h) = common::host_beside_others(healthy());
     // No cgroup at all where the check is pointed.
     let missing = h.root().join("no-cgroup-here");
     let (code, v) = doctor(&h, &["--cgroup-root", missing.to_str().unwrap()]);
@@ -346,8 +328,7 @@ fn write_spec(h: &FakeHost, version: &str, extra_node: Option<&str>) {
 
 #[test]
 fn stale_cdi_spec() {
-    let _beside = common::beside_others();
-    let h = healthy().build().unwrap();
+    let (_beside, h) = common::host_beside_others(healthy());
     write_spec(&h, DRIVER_VERSION, None);
     let (code, v) = doctor(&h, &[]);
     assert_eq!(code, 0, "{v:#}");
@@ -386,8 +367,7 @@ fn stale_cdi_spec() {
 
 #[test]
 fn xid_errors_in_the_kernel_log() {
-    let _beside = common::beside_others();
-    let h = healthy().build().unwrap();
+    let (_beside, h) = common::host_beside_others(healthy());
     fs::write(
         h.root().join("dev/kmsg"),
         "6,1,1000000,-;nvidia: loading out-of-tree module\n\
@@ -458,9 +438,8 @@ fn resetting_server(sock: &std::path::Path) -> std::thread::JoinHandle<()> {
 /// GetInfo, or never answers it, fails `dra.plugin`.
 #[test]
 fn dra_node() {
-    let _beside = common::beside_others();
     use std::os::unix::net::UnixListener;
-    let h = healthy().build().unwrap();
+    let (_beside, h) = common::host_beside_others(healthy());
     let put = |rel: &str, text: &str| {
         let p = h.root().join(rel);
         fs::create_dir_all(p.parent().unwrap()).unwrap();
@@ -576,8 +555,7 @@ fn dra_node() {
 
 #[test]
 fn conflicting_nvidia_toolkit() {
-    let _beside = common::beside_others();
-    let h = healthy().build().unwrap();
+    let (_beside, h) = common::host_beside_others(healthy());
     let conf = h.root().join("etc/nvidia-container-runtime/config.toml");
     fs::create_dir_all(conf.parent().unwrap()).unwrap();
     fs::write(&conf, "[nvidia-container-runtime]\n").unwrap();
@@ -594,15 +572,11 @@ fn conflicting_nvidia_toolkit() {
 /// once the host has another GPU.
 #[test]
 fn cdi_spec_from_cdi_generate() {
-    let _beside = common::beside_others();
-    let h = healthy().build().unwrap();
+    let (_beside, h) = common::host_beside_others(healthy());
     let spec = h.root().join("etc/cdi/gpuslice.yaml");
-    let out = Command::new(GPUSLICE)
-        .arg("--host-root")
-        .arg(h.root())
+    let out = common::gpuslice_on(&h)
         .args(["cdi", "generate", "--output"])
         .arg(&spec)
-        .envs(h.env())
         .output()
         .unwrap();
     common::assert_success(&out);
@@ -628,9 +602,8 @@ fn cdi_spec_from_cdi_generate() {
 
 #[test]
 fn compute_boards_directory() {
-    let _beside = common::beside_others();
     use std::os::unix::fs::PermissionsExt;
-    let h = healthy().build().unwrap();
+    let (_beside, h) = common::host_beside_others(healthy());
     let dir = h.root().join("run/gpuslice/gpus");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
@@ -675,9 +648,8 @@ fn compute_boards_directory() {
 
 #[test]
 fn policy_file_and_sudo_rule() {
-    let _beside = common::beside_others();
     use std::os::unix::fs::PermissionsExt;
-    let h = healthy().build().expect("fake host");
+    let (_beside, h) = common::host_beside_others(healthy());
     let etc = h.root().join("etc");
     std::fs::create_dir_all(etc.join("gpuslice")).unwrap();
     std::fs::create_dir_all(etc.join("sudoers.d")).unwrap();

@@ -6,34 +6,23 @@
 //! `bench dra` reports its latencies. Needs root and the workspace built.
 
 use crate::common;
-use common::slice::{gpuslice, host_and_ledgers};
+use common::slice::{gpuslice, slice_host};
 use gpuslice_testkit::shim_client;
 use serde_json::Value;
 use std::path::Path;
 
 const GIB: u64 = 1 << 30;
 
-fn json_of(out: &std::process::Output) -> Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "{e}: {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
-}
-
 #[test]
 fn the_dra_selftest_prepares_claims_that_run_with_their_caps() {
-    let _beside = common::beside_others();
-    let (h, ledgers) = host_and_ledgers(2);
+    let (_beside, h, ledgers) = slice_host(2);
     let tmp = tempfile::tempdir().unwrap();
     let work = tmp.path().join("work");
     let w = work.to_str().unwrap();
     // `bench dra-selftest STEP`'s JSON report.
     let selftest = |step: &str| {
         let args = ["--json", "bench", "dra-selftest", step, "--work", w];
-        json_of(&gpuslice(&h, ledgers.path(), &args).output().unwrap())
+        common::json_stdout(&gpuslice(&h, ledgers.path(), &args).output().unwrap())
     };
     let rep = selftest("prepare");
     assert_eq!(rep["pass"], true, "{rep:#}");
@@ -44,17 +33,15 @@ fn the_dra_selftest_prepares_claims_that_run_with_their_caps() {
     let claims = rep["claims"].as_array().unwrap();
     assert_eq!(claims.len(), 2, "{rep:#}");
 
-    let lib = h
-        .env()
-        .into_iter()
-        .find(|(k, _)| k == "LD_LIBRARY_PATH")
-        .unwrap()
-        .1;
     let c = shim_client();
     for (claim, cap) in claims.iter().zip([20, 40]) {
         let id = claim["cdi_device_ids"][0].as_str().unwrap();
         let cdi = work.join("cdi");
-        let script = format!("export LD_LIBRARY_PATH={lib}; exec {} info", c.display());
+        let script = format!(
+            "{}exec {} info",
+            common::fake_driver_preamble(&h),
+            c.display()
+        );
         let out = gpuslice(
             &h,
             ledgers.path(),
@@ -72,7 +59,7 @@ fn the_dra_selftest_prepares_claims_that_run_with_their_caps() {
         )
         .output()
         .unwrap();
-        let v = json_of(&out);
+        let v = common::json_stdout(&out);
         assert_eq!(v["total"], cap * GIB, "{id}: {v}");
     }
 
@@ -90,8 +77,7 @@ fn the_dra_selftest_prepares_claims_that_run_with_their_caps() {
 
 #[test]
 fn bench_dra_reports_prepare_latencies_and_publication_after_xids() {
-    let _beside = common::beside_others();
-    let (h, ledgers) = host_and_ledgers(2);
+    let (_beside, h, ledgers) = slice_host(2);
     let tmp = tempfile::tempdir().unwrap();
     let out_file = tmp.path().join("dra.json");
     let out = gpuslice(

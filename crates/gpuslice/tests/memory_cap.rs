@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use crate::common;
 use common::slice::{
-    gpuslice, host_and_ledgers, run_capped, run_refused, slices_json, slices_text,
+    client_arg, gpuslice, run_capped, run_refused, slice_host, slices_json, slices_text,
 };
 use gpuslice_testkit::process::spawn_until;
 use gpuslice_testkit::{shim_client, shim_so};
@@ -27,10 +27,8 @@ fn holder_in_slice(h: &FakeHost, ledgers: &std::path::Path, client: &str, bytes:
 
 #[test]
 fn run_with_memory_caps_the_child_and_slices_shows_it() {
-    let _beside = common::beside_others();
-    let (h, ledgers) = host_and_ledgers(2);
-    let client = shim_client();
-    let client = client.to_str().unwrap();
+    let (_beside, h, ledgers) = slice_host(2);
+    let client = &client_arg();
 
     let out = gpuslice(
         &h,
@@ -90,8 +88,7 @@ fn run_with_memory_caps_the_child_and_slices_shows_it() {
 /// was granted.
 #[test]
 fn slices_shows_the_dra_claims_prepared_here() {
-    let _beside = common::beside_others();
-    let (h, ledgers) = host_and_ledgers(2);
+    let (_beside, h, ledgers) = slice_host(2);
     let v = slices_json(&h, ledgers.path());
     assert_eq!(v["dra_claims"], serde_json::json!([]), "{v}");
     common::write_dra_checkpoint(&h.path("var/lib/gpuslice/dra"));
@@ -144,18 +141,15 @@ fn slices_shows_the_dra_claims_prepared_here() {
 
 #[test]
 fn a_bad_memory_size_fails_before_the_child_starts() {
-    let _beside = common::beside_others();
-    let (h, ledgers) = host_and_ledgers(1);
+    let (_beside, h, ledgers) = slice_host(1);
     let err = run_refused(&h, ledgers.path(), &["--memory", "lots"]);
     assert!(err.contains("not a size"), "{err}");
 }
 
 #[test]
 fn the_ledger_of_a_sigkilled_launcher_is_reaped_but_never_while_a_process_uses_it() {
-    let _beside = common::beside_others();
-    let (h, ledgers) = host_and_ledgers(1);
-    let client = shim_client();
-    let client = client.to_str().unwrap();
+    let (_beside, h, ledgers) = slice_host(1);
+    let client = &client_arg();
     let mut launcher = holder_in_slice(&h, ledgers.path(), client, "1000000");
     let v = slices_json(&h, ledgers.path());
     let ledger = v["slices"][0]["ledger"].as_str().unwrap().to_string();
@@ -200,8 +194,7 @@ fn the_ledger_of_a_sigkilled_launcher_is_reaped_but_never_while_a_process_uses_i
 
 #[test]
 fn slices_of_dead_creators_are_reaped_but_the_device_plugin_s_are_left_to_it() {
-    let _beside = common::beside_others();
-    let (h, ledgers) = host_and_ledgers(1);
+    let (_beside, h, ledgers) = slice_host(1);
     let shim = shim_so();
     // Each ledger is created by a process that then dies (SIGKILL): its
     // creator is gone and no live process holds a slot.
@@ -289,8 +282,7 @@ fn a_context_is_charged_as_the_driver_measures_it_inside_the_slice_s_pid_namespa
     for (pid_mode, user) in [("private", "root"), ("host", "root"), ("private", "nobody")] {
         let h = FakeHost::builder().gpus(1).ctx_bytes(CTX).build().unwrap();
         let ledgers = tempfile::tempdir().unwrap();
-        let client = shim_client();
-        let client = client.to_str().unwrap();
+        let client = &client_arg();
         let held = (10 * MIB).to_string();
         let mut c = Launched(
             gpuslice(
@@ -347,10 +339,8 @@ fn a_context_is_charged_as_the_driver_measures_it_inside_the_slice_s_pid_namespa
 
 #[test]
 fn the_host_pid_resolver_tells_each_process_only_its_own_pid_and_outlives_a_flood() {
-    let _beside = common::beside_others();
-    let (h, ledgers) = host_and_ledgers(1);
-    let client = shim_client();
-    let client = client.to_str().unwrap();
+    let (_beside, h, ledgers) = slice_host(1);
+    let client = &client_arg();
     // A tenant opens 1000 connections it never reads, then it and a child
     // it forked each ask.
     let mut c = Launched(

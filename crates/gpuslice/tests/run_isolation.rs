@@ -2,7 +2,7 @@
 //! nodes, mount namespaces, device cgroups v1 and v2. Needs root (CI runs
 //! as root; see scripts/test.sh).
 
-use fakegpu::FakeHost;
+use fakegpu::{FakeHost, FakeHostBuilder};
 use serde_json::Value;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -13,24 +13,16 @@ use crate::common;
 use common::GPUSLICE;
 const PROBE: &str = env!("CARGO_BIN_EXE_gpuslice-cuda-probe");
 
-fn host(gpus: u32, modify_device_files: bool) -> FakeHost {
+fn fake_host(gpus: u32, modify_device_files: bool) -> FakeHostBuilder {
     FakeHost::builder()
         .gpus(gpus)
         .modify_device_files(modify_device_files)
-        .build()
-        .expect("build fake host")
 }
 
 /// `gpuslice --host-root <fake> run <args>` with the fake driver's env.
 fn gpuslice(h: &FakeHost, args: &[&str]) -> Command {
-    let mut c = Command::new(GPUSLICE);
-    c.arg("--host-root")
-        .arg(h.root())
-        .args(args)
-        .env("LC_ALL", "C");
-    for (k, v) in h.env() {
-        c.env(k, v);
-    }
+    let mut c = common::gpuslice_on(h);
+    c.args(args);
     c
 }
 
@@ -88,8 +80,7 @@ fn try_open(label: &str, path: &str) -> String {
 
 #[test]
 fn device_count_inside_the_slice_equals_the_selection() {
-    let _beside = common::beside_others();
-    let h = host(4, true);
+    let (_beside, h) = common::host_beside_others(fake_host(4, true));
     for (sel, want) in [("1", 1), ("0,2", 2), ("all", 4)] {
         for cg in ["v1", "v2"] {
             let v = probe(
@@ -110,8 +101,7 @@ fn device_count_inside_the_slice_equals_the_selection() {
 /// takes those paths away too).
 #[test]
 fn unselected_nodes_fail_by_every_path_and_selected_ones_open() {
-    let _beside = common::beside_others();
-    let h = host(4, true);
+    let (_beside, h) = common::host_beside_others(fake_host(4, true));
     for cg in ["v1", "v2"] {
         let made = h.root().join(format!("made-{cg}"));
         let script = format!(
@@ -163,8 +153,7 @@ fn unselected_nodes_fail_by_every_path_and_selected_ones_open() {
 
 #[test]
 fn namespace_alone_is_defeated_by_modify_device_files() {
-    let _beside = common::beside_others();
-    let h = host(4, true);
+    let (_beside, h) = common::host_beside_others(fake_host(4, true));
     let trace = h.root().join("trace-ns.jsonl");
     let mut c = gpuslice(
         &h,
@@ -190,8 +179,7 @@ fn namespace_alone_is_defeated_by_modify_device_files() {
 
 #[test]
 fn env_alone_is_a_hint_a_process_can_ignore() {
-    let _beside = common::beside_others();
-    let h = host(4, true);
+    let (_beside, h) = common::host_beside_others(fake_host(4, true));
     let v = probe_isolated(&h, "env", &[]);
     assert_eq!(count(&v), 1, "{v}");
     let v = probe_isolated(&h, "env", &["--ignore-visible-devices"]);
@@ -200,8 +188,7 @@ fn env_alone_is_a_hint_a_process_can_ignore() {
 
 #[test]
 fn cgroup_alone_holds_and_full_holds() {
-    let _beside = common::beside_others();
-    let h = host(4, true);
+    let (_beside, h) = common::host_beside_others(fake_host(4, true));
     for iso in ["cgroup", "full"] {
         let v = probe_isolated(&h, iso, &["--ignore-visible-devices"]);
         assert_eq!(count(&v), 1, "--isolation {iso}: {v}");
@@ -210,8 +197,7 @@ fn cgroup_alone_holds_and_full_holds() {
 
 #[test]
 fn full_isolation_does_not_recreate_nodes_and_masks_proc() {
-    let _beside = common::beside_others();
-    let h = host(4, true);
+    let (_beside, h) = common::host_beside_others(fake_host(4, true));
     let script = format!(
         "grep ModifyDeviceFiles {r}/proc/driver/nvidia/params; ls {r}/proc/driver/nvidia/gpus/*/ | grep -c information; ls {r}/dev | grep -c '^nvidia[0-9]'",
         r = h.root().display()
@@ -235,8 +221,7 @@ fn full_isolation_does_not_recreate_nodes_and_masks_proc() {
 
 #[test]
 fn the_private_dev_shows_the_live_host_dev_but_the_hidden_nodes() {
-    let _beside = common::beside_others();
-    let h = host(4, false);
+    let (_beside, h) = common::host_beside_others(fake_host(4, false));
     let dev = h.root().join("dev");
     // What a real host's /dev has besides the driver's nodes: other
     // devices, subdirectories, symlinks, and filesystems mounted inside.
@@ -287,8 +272,7 @@ fn the_private_dev_shows_the_live_host_dev_but_the_hidden_nodes() {
 /// read-only /sys), with a cgroup namespace rooted at the slice cgroup.
 #[test]
 fn a_selection_that_hides_nothing_makes_no_mount_namespace_but_keeps_the_cgroup() {
-    let _beside = common::beside_others();
-    let h = host(2, true);
+    let (_beside, h) = common::host_beside_others(fake_host(2, true));
     let host_ns = std::fs::read_link("/proc/self/ns/mnt").unwrap();
     let script = "readlink /proc/self/ns/mnt; grep -c gpuslice /proc/self/cgroup";
     let all = open_in_slice(&h, &["--gpus", "all", "--privileged"], script);
@@ -312,10 +296,9 @@ fn a_selection_that_hides_nothing_makes_no_mount_namespace_but_keeps_the_cgroup(
 
 #[test]
 fn the_command_gets_default_signal_dispositions() {
-    let _beside = common::beside_others();
     // The launcher ignores SIGPIPE (it must live to clean up); the command
     // must not inherit that (`gpuslice run -- yes | head` has to end).
-    let h = host(1, false);
+    let (_beside, h) = common::host_beside_others(fake_host(1, false));
     for iso in ["full", "env"] {
         let out = open_in_slice(
             &h,
@@ -334,8 +317,7 @@ fn the_command_gets_default_signal_dispositions() {
 
 #[test]
 fn environment_names_the_selection() {
-    let _beside = common::beside_others();
-    let h = host(4, false);
+    let (_beside, h) = common::host_beside_others(fake_host(4, false));
     let out = run(
         &h,
         &[
@@ -361,8 +343,7 @@ fn environment_names_the_selection() {
 
 #[test]
 fn strict_child_cannot_undo_the_isolation_as_root() {
-    let _beside = common::beside_others();
-    let h = host(4, true);
+    let (_beside, h) = common::host_beside_others(fake_host(4, true));
     let r = h.root().display().to_string();
     let script = format!(
         "mknod {r}/x c 195 0 2>&1 || echo mknod-denied; umount {r}/dev 2>&1 || echo umount-denied; \
@@ -418,8 +399,7 @@ fn cgroups_of(pid: u32) -> Vec<PathBuf> {
 
 #[test]
 fn bad_input_is_one_line_exit_125_and_leaves_nothing() {
-    let _beside = common::beside_others();
-    let h = host(4, true);
+    let (_beside, h) = common::host_beside_others(fake_host(4, true));
     let cases: &[(&[&str], &str)] = &[
         (
             &["run", "--gpus", "9", "--", "true"],
@@ -471,8 +451,7 @@ fn bad_input_is_one_line_exit_125_and_leaves_nothing() {
 
 #[test]
 fn exit_codes_and_signals_propagate() {
-    let _beside = common::beside_others();
-    let h = host(2, true);
+    let (_beside, h) = common::host_beside_others(fake_host(2, true));
     let code = |script: &str| {
         run(&h, &["run", "--gpus", "0", "--", "sh", "-c", script])
             .status
@@ -499,8 +478,7 @@ fn exit_codes_and_signals_propagate() {
 
 #[test]
 fn a_killed_launchers_cgroup_is_reaped_by_the_next_run() {
-    let _beside = common::beside_others();
-    let h = host(2, true);
+    let (_beside, h) = common::host_beside_others(fake_host(2, true));
     for cg in ["v1", "v2"] {
         let mut child = gpuslice(
             &h,
@@ -548,8 +526,7 @@ fn a_killed_launchers_cgroup_is_reaped_by_the_next_run() {
 
 #[test]
 fn nothing_is_left_after_a_normal_run() {
-    let _beside = common::beside_others();
-    let h = host(2, true);
+    let (_beside, h) = common::host_beside_others(fake_host(2, true));
     let child = gpuslice(&h, &["run", "--gpus", "1", "--", "true"])
         .spawn()
         .unwrap();
@@ -561,8 +538,7 @@ fn nothing_is_left_after_a_normal_run() {
 
 #[test]
 fn a_rootless_caller_gets_the_private_dev_and_overlay_through_a_user_namespace() {
-    let _beside = common::beside_others();
-    let h = host(2, true);
+    let (_beside, h) = common::host_beside_others(fake_host(2, true));
     // The test host is private to root by default; nobody must be able to read it.
     std::fs::set_permissions(
         h.root(),
@@ -601,8 +577,7 @@ fn a_rootless_caller_gets_the_private_dev_and_overlay_through_a_user_namespace()
 
 #[test]
 fn the_inventory_is_cached_between_launches() {
-    let _beside = common::beside_others();
-    let h = host(2, true);
+    let (_beside, h) = common::host_beside_others(fake_host(2, true));
     let cache = tempfile::tempdir().unwrap();
     let launch = || {
         let out = gpuslice(&h, &["run", "--gpus", "1", "--", "true"])
@@ -619,8 +594,7 @@ fn the_inventory_is_cached_between_launches() {
 
 #[test]
 fn the_child_starts_inside_its_cgroup_with_either_version() {
-    let _beside = common::beside_others();
-    let h = host(2, true);
+    let (_beside, h) = common::host_beside_others(fake_host(2, true));
     for cg in ["v1", "v2"] {
         let out = gpuslice(
             &h,

@@ -20,19 +20,20 @@ use fakegpu::FakeHost;
 use serde_json::Value;
 
 use crate::common;
-use common::slice::{gpuslice, slices_json, slices_text};
+use common::slice::{gpuslice, slice_host, slices_json, slices_text, SliceHost};
 use gpuslice_testkit::process::{spawn_until, Kill};
 use gpuslice_testkit::shim_client;
 
 const MIB: u64 = 1 << 20;
 const CAP: &str = "100MiB";
 
-fn host() -> FakeHost {
+/// A one-GPU fake host whose processes that drop to nobody still reach
+/// the fake driver, beside the other tests.
+fn host() -> SliceHost {
     common::assert_root();
-    let h = FakeHost::builder().gpus(1).build().unwrap();
-    // Processes that drop to nobody must still reach the fake driver.
+    let (beside, h, ledgers) = slice_host(1);
     std::fs::set_permissions(h.root(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    h
+    (beside, h, ledgers)
 }
 
 /// `gpuslice run --gpus 0 <extra> -- sh -c SCRIPT`, output collected.
@@ -80,9 +81,7 @@ fn holder_with(h: &FakeHost, ledgers: &Path, extra: &[&str], env: &[(&str, &Path
 
 #[test]
 fn a_slice_cannot_change_its_own_or_another_slices_limits() {
-    let _beside = common::beside_others();
-    let h = host();
-    let ledgers = tempfile::tempdir().unwrap();
+    let (_beside, h, ledgers) = host();
     let l = ledgers.path();
     let victim = holder(&h, l, &["--strict"]);
     let v = slices_json(&h, l);
@@ -181,9 +180,7 @@ fn a_slice_cannot_change_its_own_or_another_slices_limits() {
 
 #[test]
 fn the_shim_holds_whatever_the_environment() {
-    let _beside = common::beside_others();
-    let h = host();
-    let ledgers = tempfile::tempdir().unwrap();
+    let (_beside, h, ledgers) = host();
     let c = shim_client();
     let c = c.display();
     let denv = driver_env(&h);
@@ -207,9 +204,7 @@ fn the_shim_holds_whatever_the_environment() {
 
 #[test]
 fn a_broken_ledger_fails_closed() {
-    let _beside = common::beside_others();
-    let h = host();
-    let ledgers = tempfile::tempdir().unwrap();
+    let (_beside, h, ledgers) = host();
     let l = ledgers.path();
     let c = shim_client();
     let c = c.display();
@@ -297,9 +292,7 @@ fn a_broken_ledger_fails_closed() {
 
 #[test]
 fn a_gpu_process_of_the_slice_without_the_shim_is_flagged() {
-    let _beside = common::beside_others();
-    let h = host();
-    let ledgers = tempfile::tempdir().unwrap();
+    let (_beside, h, ledgers) = host();
     let l = ledgers.path();
     // Root's enforcer would kill the process moved in below (the default
     // for a GPU process the shim does not hold: tests/escapes.rs); this

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use crate::common;
-use common::GPUSLICE;
+use common::{printed, GPUSLICE};
 const PROBE: &str = env!("CARGO_BIN_EXE_gpuslice-cuda-probe");
 
 /// A fake host of `n` GPUs that other users may traverse (its tempdir is
@@ -25,20 +25,12 @@ fn host(n: u32) -> FakeHost {
 /// `gpuslice --host-root <fake> ARGS` as root, with no sudo variables of
 /// whoever runs the tests.
 fn gpuslice(h: &FakeHost, args: &[&str]) -> Command {
-    let mut c = Command::new(GPUSLICE);
-    c.arg("--host-root")
-        .arg(h.root())
-        .args(args)
-        .envs(h.env())
-        .env("LC_ALL", "C")
+    let mut c = common::gpuslice_on(h);
+    c.args(args)
         .env_remove("SUDO_UID")
         .env_remove("SUDO_GID")
         .env_remove("GPUSLICE_POLICY");
     c
-}
-
-fn text(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr)
 }
 
 /// A user (and its own primary and extra group) made for one test with
@@ -193,8 +185,8 @@ fn status_as(h: &FakeHost, user: Option<&str>) -> String {
     }
     args.extend(["--", "sh", "-c", STATUS]);
     let out = root_run(h, &args);
-    assert!(out.status.success(), "--user {user:?}: {}", text(&out));
-    text(&out)
+    assert!(out.status.success(), "--user {user:?}: {}", printed(&out));
+    printed(&out)
 }
 
 #[test]
@@ -242,8 +234,7 @@ fn user_by_name_and_id_runs_with_its_groups_and_no_root_powers() {
         "--ignore-visible-devices",
     ];
     let out = root_run(&h, &probe);
-    let v: serde_json::Value =
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out)));
+    let v = common::json_stdout(&out);
     assert_eq!(v["count"], 1, "{v}");
     // An unknown user: exit 125, one line.
     refused(
@@ -273,7 +264,7 @@ fn under_sudo_the_command_runs_as_the_caller_unless_the_policy_allows_root() {
         &p,
         &["run", "--gpus", "1", "--", "sh", "-c", STATUS],
     );
-    let t = text(&out);
+    let t = printed(&out);
     assert!(out.status.success(), "{t}");
     assert_eq!(status_line(&t, "Uid:"), [u.uid; 4], "{t}");
     assert!(t.contains(&format!("user={}", u.name)), "{t}");
@@ -345,7 +336,7 @@ fn the_policy_allows_and_refuses_selections_caps_users_and_privileges() {
         "--gpus 1,3 --memory 512MiB --compute 10".into(),
     ] {
         let out = run(&args);
-        assert!(out.status.success(), "{args}: {}", text(&out));
+        assert!(out.status.success(), "{args}: {}", printed(&out));
         std::fs::remove_file("/tmp/gpuslice-policy-must-not-run").unwrap();
     }
     for (args, want) in [
@@ -398,7 +389,7 @@ fn the_policy_allows_and_refuses_selections_caps_users_and_privileges() {
     .env("GPUSLICE_POLICY", &p.path)
     .output()
     .unwrap();
-    assert!(out.status.success(), "{}", text(&out));
+    assert!(out.status.success(), "{}", printed(&out));
     assert_eq!(left_behind(&before, leftovers(&h)), Vec::<String>::new());
 }
 
@@ -428,19 +419,19 @@ fn a_sudo_caller_cannot_choose_the_shim_root_preloads() {
         .env("GPUSLICE_SHIM", fake_shim.path())
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", text(&out));
+    assert!(out.status.success(), "{}", printed(&out));
     assert!(
         stdout(&out).contains("/run/gpuslice/slice/libgpuslice.so")
             && stdout(&out).contains("real-shim"),
         "the real shim: {}",
-        text(&out)
+        printed(&out)
     );
     // Root may (the control: the assertion above can fail).
     let out = gpuslice(&h, &args)
         .env("GPUSLICE_SHIM", fake_shim.path())
         .output()
         .unwrap();
-    assert!(stdout(&out).contains("empty-shim"), "{}", text(&out));
+    assert!(stdout(&out).contains("empty-shim"), "{}", printed(&out));
 }
 
 #[test]
@@ -522,7 +513,7 @@ fn a_non_root_caller_cannot_point_gpuslice_at_its_own_policy() {
             .expect("setpriv (util-linux)")
     };
     let out = as_user(&as_root);
-    let t = text(&out);
+    let t = printed(&out);
     assert_eq!(out.status.code(), Some(125), "{t}");
     assert!(t.contains("/etc/gpuslice/policy.toml"), "{t}");
     assert!(!t.contains(&p.path.display().to_string()), "{t}");
@@ -538,8 +529,12 @@ fn a_non_root_caller_cannot_point_gpuslice_at_its_own_policy() {
     let private = tempfile::tempdir().unwrap(); // root's, 0700
     let spec = private.path().join("spec.json");
     let out = as_user(&["cdi", "generate", "--output", spec.to_str().unwrap()]);
-    assert!(!spec.exists(), "written as root: {}", text(&out));
-    assert!(text(&out).contains("ermission denied"), "{}", text(&out));
+    assert!(!spec.exists(), "written as root: {}", printed(&out));
+    assert!(
+        printed(&out).contains("ermission denied"),
+        "{}",
+        printed(&out)
+    );
 }
 
 #[test]
@@ -573,7 +568,7 @@ fn gpu_node_aliases_are_hidden_by_device_number() {
         a.extend_from_slice(extra);
         a.extend(["--", "sh", "-c", &script]);
         let out = gpuslice(&h, &a).output().unwrap();
-        assert!(out.status.success(), "{}", text(&out));
+        assert!(out.status.success(), "{}", printed(&out));
         String::from_utf8_lossy(&out.stdout).to_string()
     };
     let want = "gpu-alias0: gone\nsub/nvidia0: gone\nsub/deeper/x2: gone\nlink0: gone\n\
@@ -588,7 +583,12 @@ fn gpu_node_aliases_are_hidden_by_device_number() {
         .args(["run", "--gpus", "1", "--", "sh", "-c", &script])
         .output()
         .unwrap();
-    assert_eq!(String::from_utf8_lossy(&out.stdout), want, "{}", text(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        want,
+        "{}",
+        printed(&out)
+    );
     // With nothing hidden (--isolation cgroup: no private /dev) the aliases
     // are there: the assertions above can fail.
     assert!(run(&["--isolation", "cgroup"]).contains("gpu-alias0: shown"));
@@ -617,9 +617,9 @@ fn host_root_symlinks_out_of_the_root_are_refused_and_nothing_is_read() {
         ],
     );
     assert!(
-        text(&out).contains("ModifyDeviceFiles: 0"),
+        printed(&out).contains("ModifyDeviceFiles: 0"),
         "{}",
-        text(&out)
+        printed(&out)
     );
 
     std::fs::remove_file(&params).unwrap();
@@ -629,7 +629,7 @@ fn host_root_symlinks_out_of_the_root_are_refused_and_nothing_is_read() {
         a.extend_from_slice(user);
         a.extend(["--", "sh", "-c", &cat]);
         let out = gpuslice(&h, &a).output().unwrap();
-        let t = text(&out);
+        let t = printed(&out);
         assert_eq!(out.status.code(), Some(125), "{user:?}: {t}");
         assert!(
             t.contains("params") && t.contains("symbolic link"),
@@ -655,8 +655,8 @@ fn host_root_symlinks_out_of_the_root_are_refused_and_nothing_is_read() {
         let out = root_run(&h, &["run", "--gpus", "1", "--", "true"]);
         std::fs::remove_file(path).unwrap();
         std::fs::rename(&moved, path).unwrap();
-        assert_eq!(out.status.code(), Some(125), "{}", text(&out));
-        assert!(text(&out).contains("symbolic link"), "{}", text(&out));
+        assert_eq!(out.status.code(), Some(125), "{}", printed(&out));
+        assert!(printed(&out).contains("symbolic link"), "{}", printed(&out));
     }
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!mounts.contains(&secret_dir.path().display().to_string()));
@@ -724,7 +724,7 @@ fn the_policy_holds_for_cdi_devices() {
             .unwrap()
     };
     let out = run("512MiB");
-    assert!(out.status.success(), "{}", text(&out));
+    assert!(out.status.success(), "{}", printed(&out));
     refused(&run("2GiB"), "max_memory");
 }
 
@@ -750,13 +750,13 @@ fn the_policy_can_give_every_bound_caller_a_read_only_root() {
     ];
     let p = with("read_only_root = true\nwritable = [\"/tmp\"]\n");
     let out = sudo(&h, &u, &p, &args);
-    assert_eq!(stdout(&out), "/tmp/.pol\n", "{}", text(&out));
+    assert_eq!(stdout(&out), "/tmp/.pol\n", "{}", printed(&out));
     let p = with("");
     let out = sudo(&h, &u, &p, &args);
     assert_eq!(
         stdout(&out),
         "/usr/local/.gpuslice-pol\n/tmp/.pol\n/var/tmp/.pol\n",
         "{}",
-        text(&out)
+        printed(&out)
     );
 }

@@ -276,12 +276,7 @@ fn node(n: &Value) -> Result<(u32, u32, String)> {
 fn mount(out: &mut CdiEdits, m: &Value) -> Result<()> {
     let target = m["containerPath"].as_str().unwrap_or_default();
     let source = m["hostPath"].as_str().unwrap_or_default();
-    let options: Vec<&str> = m["options"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .collect();
+    let options: Vec<&str> = super::json_strings(&m["options"]).collect();
     let kind = m["type"].as_str().unwrap_or("bind");
     if target == SLICE_DIR {
         // The slice's fixed place, which the launcher makes: a tmpfs of
@@ -349,12 +344,7 @@ fn mount(out: &mut CdiEdits, m: &Value) -> Result<()> {
 /// (`gpuslice cdi hook memory-limits`), whose partitions the launcher sets
 /// on the slice's cgroup itself. Anything else is refused.
 fn hook(h: &Value) -> Result<()> {
-    let args: Vec<&str> = h["args"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .collect();
+    let args: Vec<&str> = super::json_strings(&h["args"]).collect();
     let ours = (h["hookName"] == "createContainer"
         && args.get(1..4) == Some(&["cdi", "hook", "params"][..]))
         || (matches!(h["hookName"].as_str(), Some("createRuntime" | "poststop"))

@@ -311,83 +311,85 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// A DRA claim's slice: what it was granted (its usage ledger is in its
-/// container's own tmpfs, not visible here).
-/// What a claim's slice holds by its usage ledger, the one all its
-/// containers share on the host (`<root>/run/gpuslice/claims/<slice>/usage`);
-/// None before any process of it started (or for an uncapped slice).
-fn dra_used(root: &std::path::Path, slice: &str) -> Option<u64> {
-    let usage = root
-        .join(gpuslice_dra::claimfs::CLAIMS_DIR)
-        .join(slice)
-        .join(gpuslice_ledger::limits::USAGE_FILE);
-    // A reader's open: no link followed, a regular file only, guarded.
-    let l = gpuslice_ledger::Ledger::open(&usage).ok()?;
-    let _ = l.reap();
-    Some(l.used(0))
+/// Where `slices` reads what DRA claims' slices hold: the host root
+/// `root` (their usage ledgers), the plugin's state directory `dra_dir`
+/// (its enforcer's records) and NVML (the driver's accounting).
+struct ClaimSources<'a> {
+    root: &'a Path,
+    dra_dir: &'a Path,
+    nvml: &'a Result<gpuslice_cuda_load::Nvml, String>,
 }
 
-/// A claim slice's processes by the driver's accounting (known by its
-/// limits record, as root's enforcer in the DRA plugin knows them), and
-/// the kills recorded in the plugin's state directory `dra_dir`.
-fn dra_driver(
-    s: &gpuslice_dra::checkpoint::ClaimSlice,
-    root: &Path,
-    dra_dir: &Path,
-    nvml: &Result<gpuslice_cuda_load::Nvml, String>,
-) -> Value {
-    let Some(record) = &s.record else {
-        return json!({});
-    };
-    let driver = (|| {
-        let limits = verify_and_read(record, false).map_err(|e| e.to_string())?;
-        let nvml = nvml.as_ref().map_err(Clone::clone)?;
-        let (uuids, caps) = (limits.uuids(), limits.memory_caps());
-        let usage = root
-            .join(gpuslice_dra::claimfs::CLAIMS_DIR)
-            .join(&s.slice)
-            .join(USAGE_FILE);
-        let driver = gpuslice_k8s::enforcer::driver_processes(nvml, &uuids)?;
-        let pids: Vec<u32> = driver.iter().map(|p| p.pid).collect();
-        let snap = Ledger::open(&usage).ok().map(|l| l.snapshot_among(&pids));
-        let member = Member::new(&s.slice, Some(record));
-        Ok(facts(&member, &caps, snap.as_ref(), &driver))
-    })();
-    let records = gpuslice_dra::checkpoint::enforcement_dir(dra_dir, &s.slice);
-    let kills = read_kills(&records);
-    json!({
-        "driver_used_bytes": driver
-            .as_ref()
-            .ok()
-            .map(|f| f.holders.iter().map(|h| h.driver_bytes).sum::<u64>()),
-        "driver": driver_json(&driver),
-        "enforcement_kills": kills_json(&kills),
-        "unenforceable_processes": escapes_json(&records),
-    })
-}
-
-fn dra_json(
-    s: &gpuslice_dra::checkpoint::ClaimSlice,
-    root: &Path,
-    dra_dir: &Path,
-    nvml: &Result<gpuslice_cuda_load::Nvml, String>,
-) -> Value {
-    let mut v = json!({
-        "used_bytes": dra_used(root, &s.slice),
-        "slice": s.slice,
-        "claim_namespace": s.namespace,
-        "claim_name": s.name,
-        "claim_uid": s.uid,
-        "device": s.device,
-        "gpu": s.gpu,
-        "cap_bytes": s.caps.map(|c| c.memory_bytes()),
-        "compute_percent": s.caps.map(|c| c.compute_percent()),
-        "unenforceable": s.unenforceable,
-    });
-    if let (Some(o), Value::Object(d)) = (v.as_object_mut(), dra_driver(s, root, dra_dir, nvml)) {
-        o.extend(d);
+impl ClaimSources<'_> {
+    /// A claim's slice: what it was granted and what it holds.
+    fn json(&self, s: &gpuslice_dra::checkpoint::ClaimSlice) -> Value {
+        let mut v = json!({
+            "used_bytes": self.used(&s.slice),
+            "slice": s.slice,
+            "claim_namespace": s.namespace,
+            "claim_name": s.name,
+            "claim_uid": s.uid,
+            "device": s.device,
+            "gpu": s.gpu,
+            "cap_bytes": s.caps.map(|c| c.memory_bytes()),
+            "compute_percent": s.caps.map(|c| c.compute_percent()),
+            "unenforceable": s.unenforceable,
+        });
+        if let (Some(o), Value::Object(d)) = (v.as_object_mut(), self.driver(s)) {
+            o.extend(d);
+        }
+        v
     }
-    v
+
+    /// The usage ledger all the containers of a claim's slice share on the
+    /// host (`<root>/run/gpuslice/claims/<slice>/usage`).
+    fn usage(&self, slice: &str) -> PathBuf {
+        self.root
+            .join(gpuslice_dra::claimfs::CLAIMS_DIR)
+            .join(slice)
+            .join(USAGE_FILE)
+    }
+
+    /// What a claim's slice holds by its usage ledger; None before any
+    /// process of it started (or for an uncapped slice).
+    fn used(&self, slice: &str) -> Option<u64> {
+        // A reader's open: no link followed, a regular file only, guarded.
+        let l = Ledger::open(&self.usage(slice)).ok()?;
+        let _ = l.reap();
+        Some(l.used(0))
+    }
+
+    /// A claim slice's processes by the driver's accounting (known by its
+    /// limits record, as root's enforcer in the DRA plugin knows them), and
+    /// the kills recorded in the plugin's state directory.
+    fn driver(&self, s: &gpuslice_dra::checkpoint::ClaimSlice) -> Value {
+        let Some(record) = &s.record else {
+            return json!({});
+        };
+        let driver = (|| {
+            let limits = verify_and_read(record, false).map_err(|e| e.to_string())?;
+            let nvml = self.nvml.as_ref().map_err(Clone::clone)?;
+            let (uuids, caps) = (limits.uuids(), limits.memory_caps());
+            let driver = gpuslice_k8s::enforcer::driver_processes(nvml, &uuids)?;
+            let pids: Vec<u32> = driver.iter().map(|p| p.pid).collect();
+            let snap = Ledger::open(&self.usage(&s.slice))
+                .ok()
+                .map(|l| l.snapshot_among(&pids));
+            let member = Member::new(&s.slice, Some(record));
+            Ok(facts(&member, &caps, snap.as_ref(), &driver))
+        })();
+        let records = gpuslice_dra::checkpoint::enforcement_dir(self.dra_dir, &s.slice);
+        let kills = read_kills(&records);
+        json!({
+            "driver_used_bytes": driver
+                .as_ref()
+                .ok()
+                .map(|f| f.holders.iter().map(|h| h.driver_bytes).sum::<u64>()),
+            "driver": driver_json(&driver),
+            "enforcement_kills": kills_json(&kills),
+            "unenforceable_processes": escapes_json(&records),
+        })
+    }
 }
 
 fn print_dra(s: &Value) {
@@ -415,11 +417,8 @@ fn print_dra(s: &Value) {
         s["gpu"],
         text("device")
     );
-    let escapes: Vec<String> = s["unenforceable"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|w| w.as_str().map(printable))
+    let escapes: Vec<String> = super::json_strings(&s["unenforceable"])
+        .map(printable)
         .collect();
     if !escapes.is_empty() {
         println!(
@@ -459,12 +458,7 @@ fn print_kills(s: &Value) {
         .into_iter()
         .flatten()
     {
-        let routes: Vec<String> = e["routes"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|r| r.as_str().map(printable))
-            .collect();
+        let routes: Vec<String> = super::json_strings(&e["routes"]).map(printable).collect();
         println!(
             "  pid {:>7} {:<16} NOT ENFORCED: it can escape any cap ({})",
             e["pid"],
@@ -599,10 +593,12 @@ pub fn snapshot(global: &Global) -> Value {
     });
     match dra {
         Ok(d) => {
-            out["dra_claims"] = d
-                .iter()
-                .map(|s| dra_json(s, &global.host_root, &dra_dir, &nvml))
-                .collect()
+            let claims = ClaimSources {
+                root: &global.host_root,
+                dra_dir: &dra_dir,
+                nvml: &nvml,
+            };
+            out["dra_claims"] = d.iter().map(|s| claims.json(s)).collect()
         }
         Err(e) => out["dra_error"] = json!(e.to_string()),
     }
@@ -666,12 +662,7 @@ fn report(global: &Global) -> Result<i32> {
             );
             continue;
         }
-        let layers: Vec<&str> = s["memory_layers"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .collect();
+        let layers: Vec<&str> = super::json_strings(&s["memory_layers"]).collect();
         println!(
             "slice {}{}",
             s["slice"].as_str().unwrap_or("?"),

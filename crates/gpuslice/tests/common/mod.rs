@@ -6,6 +6,38 @@ pub const GPUSLICE: &str = env!("CARGO_BIN_EXE_gpuslice");
 
 pub mod slice;
 
+/// `gpuslice --host-root <h>` with the fake driver's environment, in the
+/// C locale (the tests match its messages).
+pub fn gpuslice_on(h: &fakegpu::FakeHost) -> std::process::Command {
+    let mut c = h.command(GPUSLICE);
+    c.arg("--host-root").arg(h.root()).env("LC_ALL", "C");
+    c
+}
+
+/// A script's preamble for a CDI device run on the fake host `h`: the
+/// spec sets `LD_LIBRARY_PATH` to the container's library directory,
+/// which a host does not have; the fake driver is found through its own.
+pub fn fake_driver_preamble(h: &fakegpu::FakeHost) -> String {
+    let (_, ld) = h
+        .env()
+        .into_iter()
+        .find(|(k, _)| k == "LD_LIBRARY_PATH")
+        .expect("the fake host sets LD_LIBRARY_PATH");
+    format!("export LD_LIBRARY_PATH={ld}; ")
+}
+
+/// All a command printed: its stdout, then its stderr.
+pub fn printed(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
+}
+
+/// The JSON document a command printed on stdout; fails with all it
+/// printed where that is not one.
+pub fn json_stdout(out: &std::process::Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON on stdout ({e}):\n{}", printed(out)))
+}
+
 /// Asserts that `out` is a success's, its stderr the failure's message.
 pub fn assert_success(out: &std::process::Output) {
     assert!(
@@ -13,6 +45,13 @@ pub fn assert_success(out: &std::process::Output) {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// The stdout of a command that must have succeeded (else the test fails
+/// with its stderr).
+pub fn stdout_of_success(out: &std::process::Output) -> String {
+    assert_success(out);
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Some tests must run with no other test of this binary (its tests are
@@ -50,6 +89,15 @@ pub fn beside_others() -> std::sync::RwLockReadGuard<'static, ()> {
     ALONE
         .read()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// [`beside_others`], then the fake host `builder` builds (bound in this
+/// order, the guard is dropped last).
+pub fn host_beside_others(
+    builder: fakegpu::FakeHostBuilder,
+) -> (std::sync::RwLockReadGuard<'static, ()>, fakegpu::FakeHost) {
+    let beside = beside_others();
+    (beside, builder.build().expect("build fake host"))
 }
 
 /// `gpuslice exporter` on a free loopback port of the fake host `h` over

@@ -3,6 +3,7 @@
 
 use std::path::Path;
 use std::process::Command;
+use std::sync::RwLockReadGuard;
 
 use fakegpu::FakeHost;
 use serde_json::Value;
@@ -14,6 +15,25 @@ use super::GPUSLICE;
 pub fn host_and_ledgers(gpus: u32) -> (FakeHost, tempfile::TempDir) {
     let h = FakeHost::builder().gpus(gpus).build().unwrap();
     (h, tempfile::tempdir().unwrap())
+}
+
+/// A test's guard beside the others ([`super::beside_others`]), its fake
+/// host and an empty directory for its slices' ledgers (bound in this
+/// order, the guard is dropped last).
+pub type SliceHost = (RwLockReadGuard<'static, ()>, FakeHost, tempfile::TempDir);
+
+/// The [`SliceHost`] of a fake host of `gpus` GPUs.
+pub fn slice_host(gpus: u32) -> SliceHost {
+    let (beside, h) = super::host_beside_others(FakeHost::builder().gpus(gpus));
+    (beside, h, tempfile::tempdir().unwrap())
+}
+
+/// The shim's test client, as a word of a command line.
+pub fn client_arg() -> String {
+    gpuslice_testkit::shim_client()
+        .to_str()
+        .expect("a UTF-8 path")
+        .to_string()
 }
 
 /// `gpuslice --host-root <fake> ARGS` with the fake driver's env, slice
