@@ -21,6 +21,8 @@ GPUSLICE = os.path.join(CARRY, "gpuslice")
 def out_dir(default):
     """The output directory (the first argument, else `default`), made."""
     out = sys.argv[1] if len(sys.argv) > 1 else default
+    if out.startswith("-"):
+        sys.exit(f"usage: {sys.argv[0]} [OUTDIR] (an output directory, not {out!r})")
     os.makedirs(out, exist_ok=True)
     return out
 

@@ -16,11 +16,8 @@ fn completions_and_man_page_come_from_the_cli_definition() {
     let s = common::stdout_of_success(&out);
     assert!(s.contains("--isolation") && s.contains("--gpus"), "{s}");
     let out = Command::new(GPUSLICE).arg("man").output().unwrap();
-    let s = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && s.starts_with(".ie") || s.contains(".TH gpuslice"),
-        "{s}"
-    );
+    let s = common::stdout_of_success(&out);
+    assert!(s.starts_with(".ie") || s.contains(".TH gpuslice"), "{s}");
 }
 
 #[test]
