@@ -8,7 +8,6 @@ use crate::common::{claim_ref, driver_options, NODE};
 use fakegpu::FakeHost;
 use gpuslice_cdi::limits_record_path;
 use gpuslice_core::HostRoot;
-use gpuslice_dra::api::{v1, v1beta1};
 use gpuslice_dra::apiserver::KubeApi;
 use gpuslice_dra::driver::{spec_path, ClaimRef, Driver, Options};
 use gpuslice_dra::feed::NodeFeed;
@@ -133,61 +132,6 @@ impl Env {
         let p = spec_path(&self.cdi_dir(), uid);
         serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap()
     }
-}
-
-/// The claims `(namespace, name, uid)` as the kubelet names them in a
-/// request of API version `$v` (`v1` or `v1beta1`).
-macro_rules! claims {
-    ($v:ident, $claims:expr) => {
-        $claims
-            .iter()
-            .map(|(namespace, name, uid)| $v::Claim {
-                namespace: namespace.to_string(),
-                name: name.to_string(),
-                uid: uid.to_string(),
-            })
-            .collect::<Vec<_>>()
-    };
-}
-
-/// The kubelet's `$call` (NodePrepareResources or NodeUnprepareResources)
-/// in API version `$v` for `$claims`, answered.
-macro_rules! kubelet_call {
-    ($k:expr, $v:ident, $call:ident, $request:ident, $claims:expr) => {
-        $k.$v
-            .$call($v::$request {
-                claims: claims!($v, $claims),
-            })
-            .await
-            .unwrap()
-            .into_inner()
-    };
-}
-
-async fn prepare(
-    k: &mut Registered,
-    claims: &[(&str, &str, &str)],
-) -> v1::NodePrepareResourcesResponse {
-    kubelet_call!(
-        k,
-        v1,
-        node_prepare_resources,
-        NodePrepareResourcesRequest,
-        claims
-    )
-}
-
-async fn unprepare(
-    k: &mut Registered,
-    claims: &[(&str, &str, &str)],
-) -> v1::NodeUnprepareResourcesResponse {
-    kubelet_call!(
-        k,
-        v1,
-        node_unprepare_resources,
-        NodeUnprepareResourcesRequest,
-        claims
-    )
 }
 
 fn env_of(device: &Value) -> Vec<String> {
@@ -488,7 +432,7 @@ async fn shared_claim_in_v1_gets_exactly_its_caps_on_its_gpu_only() {
     let (e, _s, mut k) = Env::serving(true).await;
     e.api
         .put_claim(shared_claim("ns", "a", "uid-a", NODE, 2, "20Gi", "30"));
-    let r = prepare(&mut k, &[("ns", "a", "uid-a")]).await;
+    let r = k.prepare(&[("ns", "a", "uid-a")]).await.unwrap();
     let got = &r.claims["uid-a"];
     assert_eq!(got.error, "");
     assert_eq!(got.devices.len(), 1);
@@ -650,7 +594,7 @@ async fn shared_claim_in_v1_gets_exactly_its_caps_on_its_gpu_only() {
     let junk = std::fs::write(host_dir.join("junk"), vec![0u8; 2 << 20]);
     assert!(junk.is_err(), "2 MiB fitted in the claim's slice directory");
 
-    let u = unprepare(&mut k, &[("ns", "a", "uid-a")]).await;
+    let u = k.unprepare(&[("ns", "a", "uid-a")]).await.unwrap();
     assert!(
         !host_dir.exists(),
         "unprepare left the claim's slice directory"
@@ -677,13 +621,7 @@ async fn whole_gpu_and_mig_in_v1beta1_get_isolation_without_caps() {
     e.api
         .put_claim(device_claim("ns", "m", "uid-m", NODE, "gpu-3-mig-0"));
     let both = [("ns", "w", "uid-w"), ("ns", "m", "uid-m")];
-    let r = kubelet_call!(
-        k,
-        v1beta1,
-        node_prepare_resources,
-        NodePrepareResourcesRequest,
-        both
-    );
+    let r = k.prepare_v1beta1(&both).await.unwrap();
     for (name, uid, kind) in [("w", "uid-w", "whole"), ("m", "uid-m", "mig")] {
         assert_eq!(r.claims[uid].error, "", "{uid}");
         let st = &e.api.claim("ns", name).unwrap()["status"]["devices"][0];
@@ -710,13 +648,7 @@ async fn whole_gpu_and_mig_in_v1beta1_get_isolation_without_caps() {
         mig.iter().any(|p| p.starts_with("/dev/nvidia-caps/")),
         "MIG caps nodes: {mig:?}"
     );
-    let u = kubelet_call!(
-        k,
-        v1beta1,
-        node_unprepare_resources,
-        NodeUnprepareResourcesRequest,
-        both
-    );
+    let u = k.unprepare_v1beta1(&both).await.unwrap();
     assert_eq!(u.claims.len(), 2);
     assert!(u.claims.values().all(|c| c.error.is_empty()));
     assert!(std::fs::read_dir(e.cdi_dir())
@@ -730,9 +662,9 @@ async fn prepare_and_unprepare_are_idempotent() {
     let (e, _s, mut k) = Env::serving(true).await;
     e.api
         .put_claim(shared_claim("ns", "a", "uid-a", NODE, 0, "10Gi", "10"));
-    let first = prepare(&mut k, &[("ns", "a", "uid-a")]).await;
+    let first = k.prepare(&[("ns", "a", "uid-a")]).await.unwrap();
     let gets = e.api.gets();
-    let again = prepare(&mut k, &[("ns", "a", "uid-a")]).await;
+    let again = k.prepare(&[("ns", "a", "uid-a")]).await.unwrap();
     assert_eq!(first, again);
     assert_eq!(
         e.api.gets(),
@@ -740,11 +672,11 @@ async fn prepare_and_unprepare_are_idempotent() {
         "a prepared claim is answered from the checkpoint"
     );
     for _ in 0..2 {
-        let u = unprepare(&mut k, &[("ns", "a", "uid-a")]).await;
+        let u = k.unprepare(&[("ns", "a", "uid-a")]).await.unwrap();
         assert_eq!(u.claims["uid-a"].error, "");
     }
     // Never prepared: also fine, and answered.
-    let u = unprepare(&mut k, &[("ns", "zz", "uid-zz")]).await;
+    let u = k.unprepare(&[("ns", "zz", "uid-zz")]).await.unwrap();
     assert_eq!(u.claims["uid-zz"].error, "");
 }
 
@@ -753,7 +685,7 @@ async fn a_restart_between_prepare_and_unprepare_loses_nothing() {
     let (e, s, mut k) = Env::serving(true).await;
     e.api
         .put_claim(shared_claim("ns", "a", "uid-a", NODE, 0, "100Gi", "50"));
-    let first = prepare(&mut k, &[("ns", "a", "uid-a")]).await;
+    let first = k.prepare(&[("ns", "a", "uid-a")]).await.unwrap();
     assert_eq!(first.claims["uid-a"].error, "");
     drop(s);
     drop(k);
@@ -761,21 +693,21 @@ async fn a_restart_between_prepare_and_unprepare_loses_nothing() {
     e.api.delete_claim("ns", "a");
     let _s = e.start(true);
     let mut k = e.kubelet().await;
-    assert_eq!(prepare(&mut k, &[("ns", "a", "uid-a")]).await, first);
+    assert_eq!(k.prepare(&[("ns", "a", "uid-a")]).await.unwrap(), first);
     // Its capacity still counts after the restart.
     e.api
         .put_claim(shared_claim("ns", "b", "uid-b", NODE, 0, "60Gi", "10"));
-    let r = prepare(&mut k, &[("ns", "b", "uid-b")]).await;
+    let r = k.prepare(&[("ns", "b", "uid-b")]).await.unwrap();
     assert!(
         r.claims["uid-b"].error.contains("over-committed"),
         "{:?}",
         r.claims["uid-b"]
     );
-    let u = unprepare(&mut k, &[("ns", "a", "uid-a")]).await;
+    let u = k.unprepare(&[("ns", "a", "uid-a")]).await.unwrap();
     assert_eq!(u.claims["uid-a"].error, "");
     assert!(!spec_path(&e.cdi_dir(), "uid-a").exists());
     // Now it fits.
-    let r = prepare(&mut k, &[("ns", "b", "uid-b")]).await;
+    let r = k.prepare(&[("ns", "b", "uid-b")]).await.unwrap();
     assert_eq!(r.claims["uid-b"].error, "");
 }
 
@@ -788,7 +720,7 @@ async fn a_restart_sweeps_slice_directories_no_claim_holds() {
     e.api
         .put_claim(shared_claim("ns", "a", "uid-a", NODE, 0, "10Gi", "10"));
     assert_eq!(
-        prepare(&mut k, &[("ns", "a", "uid-a")]).await.claims["uid-a"].error,
+        k.prepare(&[("ns", "a", "uid-a")]).await.unwrap().claims["uid-a"].error,
         ""
     );
     drop((s, k));
@@ -847,7 +779,7 @@ async fn claims_of_pods_that_can_escape_their_caps_are_marked_or_refused() {
     let mut c = shared_claim("ns", "esc", "uid-esc", NODE, 0, "1Gi", "10");
     reserved(&mut c, "root-pod");
     e.api.put_claim(c);
-    let r = prepare(&mut k, &[("ns", "esc", "uid-esc")]).await;
+    let r = k.prepare(&[("ns", "esc", "uid-esc")]).await.unwrap();
     assert_eq!(r.claims["uid-esc"].error, "");
     let st = &e.api.claim("ns", "esc").unwrap()["status"]["devices"][0]["conditions"];
     let enforced = st
@@ -999,7 +931,7 @@ async fn two_shares_in_one_claim_are_refused_not_capped_as_one() {
     second["consumedCapacity"] = serde_json::json!({"memory": "30Gi", "compute": "50"});
     results.push(second);
     e.api.put_claim(two);
-    let r = prepare(&mut k, &[("ns", "two", "uid-two")]).await;
+    let r = k.prepare(&[("ns", "two", "uid-two")]).await.unwrap();
     let err = &r.claims["uid-two"].error;
     assert!(err.contains("2 shares of GPUs (gpu-0, gpu-0)"), "{err}");
     assert!(err.contains("one request"), "{err}");
@@ -1071,7 +1003,7 @@ async fn a_whole_gpu_is_all_of_its_capacity_and_excludes_shares_both_ways() {
         &mem,
         "100",
     ));
-    let r = prepare(&mut k, &[("ns", "whole", "uid-whole")]).await;
+    let r = k.prepare(&[("ns", "whole", "uid-whole")]).await.unwrap();
     assert_eq!(r.claims["uid-whole"].error, "");
     let spec = e.spec("uid-whole");
     let device = &spec["devices"][0];
@@ -1096,7 +1028,7 @@ async fn a_whole_gpu_is_all_of_its_capacity_and_excludes_shares_both_ways() {
         "1Gi",
         "10",
     ));
-    let r = prepare(&mut k, &[("ns", "share", "uid-share")]).await;
+    let r = k.prepare(&[("ns", "share", "uid-share")]).await.unwrap();
     assert!(
         r.claims["uid-share"].error.contains("exclusive"),
         "{:?}",
@@ -1108,7 +1040,10 @@ async fn a_whole_gpu_is_all_of_its_capacity_and_excludes_shares_both_ways() {
         .put_claim(shared_claim("ns", "s2", "uid-s2", NODE, 2, "1Gi", "10"));
     e.api
         .put_claim(shared_claim("ns", "w2", "uid-w2", NODE, 2, &mem, "100"));
-    let r = prepare(&mut k, &[("ns", "s2", "uid-s2"), ("ns", "w2", "uid-w2")]).await;
+    let r = k
+        .prepare(&[("ns", "s2", "uid-s2"), ("ns", "w2", "uid-w2")])
+        .await
+        .unwrap();
     assert_eq!(r.claims["uid-s2"].error, "");
     assert!(
         r.claims["uid-w2"].error.contains("exclusive"),
@@ -1118,7 +1053,7 @@ async fn a_whole_gpu_is_all_of_its_capacity_and_excludes_shares_both_ways() {
     // Nearly all of it is still a share, capped.
     e.api
         .put_claim(shared_claim("ns", "s3", "uid-s3", NODE, 0, "1Gi", "100"));
-    let r = prepare(&mut k, &[("ns", "s3", "uid-s3")]).await;
+    let r = k.prepare(&[("ns", "s3", "uid-s3")]).await.unwrap();
     assert_eq!(r.claims["uid-s3"].error, "");
     assert!(env_of(&e.spec("uid-s3")["devices"][0])
         .iter()
@@ -1140,7 +1075,7 @@ async fn a_claim_that_names_no_compute_is_best_effort_and_blocks_no_share() {
         "20Gi",
         "1",
     ));
-    let r = prepare(&mut k, &[("ns", "mem", "uid-mem")]).await;
+    let r = k.prepare(&[("ns", "mem", "uid-mem")]).await.unwrap();
     assert_eq!(r.claims["uid-mem"].error, "");
     let device = &e.spec("uid-mem")["devices"][0];
     // Its memory is capped; its compute has no share (not the 1 % the
@@ -1165,7 +1100,7 @@ async fn a_claim_that_names_no_compute_is_best_effort_and_blocks_no_share() {
     // claim counted 100 % and every share was refused).
     e.api
         .put_claim(shared_claim("ns", "all", "uid-all", NODE, 2, "20Gi", "100"));
-    let r = prepare(&mut k, &[("ns", "all", "uid-all")]).await;
+    let r = k.prepare(&[("ns", "all", "uid-all")]).await.unwrap();
     assert_eq!(r.claims["uid-all"].error, "");
     // A request that names no capacity at all is still the whole GPU
     // (all the memory), with no caps.
@@ -1180,19 +1115,17 @@ async fn a_claim_that_names_no_compute_is_best_effort_and_blocks_no_share() {
         &mem,
         "1",
     ));
-    let r = prepare(&mut k, &[("ns", "whole", "uid-whole")]).await;
+    let r = k.prepare(&[("ns", "whole", "uid-whole")]).await.unwrap();
     assert_eq!(r.claims["uid-whole"].error, "");
     let whole = &e.spec("uid-whole")["devices"][0];
     assert!(whole["containerEdits"]["mounts"].is_null(), "{whole}");
-    unprepare(
-        &mut k,
-        &[
-            ("ns", "mem", "uid-mem"),
-            ("ns", "all", "uid-all"),
-            ("ns", "whole", "uid-whole"),
-        ],
-    )
-    .await;
+    k.unprepare(&[
+        ("ns", "mem", "uid-mem"),
+        ("ns", "all", "uid-all"),
+        ("ns", "whole", "uid-whole"),
+    ])
+    .await
+    .unwrap();
 }
 
 #[tokio::test]
@@ -1239,7 +1172,7 @@ async fn a_malformed_claim_fails_alone_and_leaves_nothing() {
     ];
     let mut claims = vec![("ns", "good", "uid-good")];
     claims.extend(cases.iter().map(|(n, u, _)| ("ns", *n, *u)));
-    let r = prepare(&mut k, &claims).await;
+    let r = k.prepare(&claims).await.unwrap();
     assert_eq!(r.claims.len(), claims.len(), "every claim gets an entry");
     assert_eq!(r.claims["uid-good"].error, "");
     for (name, uid, why) in cases {
@@ -1270,17 +1203,16 @@ async fn over_capacity_claims_are_refused_clearly() {
         .put_claim(shared_claim("ns", "d", "uid-d", NODE, 0, "40Gi", "60"));
     e.api
         .put_claim(device_claim("ns", "w", "uid-w", NODE, "gpu-0"));
-    let r = prepare(
-        &mut k,
-        &[
+    let r = k
+        .prepare(&[
             ("ns", "a", "uid-a"),
             ("ns", "b", "uid-b"),
             ("ns", "c", "uid-c"),
             ("ns", "d", "uid-d"),
             ("ns", "w", "uid-w"),
-        ],
-    )
-    .await;
+        ])
+        .await
+        .unwrap();
     assert_eq!(r.claims["uid-a"].error, "");
     let b = &r.claims["uid-b"].error;
     assert!(
@@ -1332,7 +1264,7 @@ async fn a_shared_claim_without_the_shim_is_refused() {
     let (e, _s, mut k) = Env::serving(false).await;
     e.api
         .put_claim(shared_claim("ns", "a", "uid-a", NODE, 0, "1Gi", "10"));
-    let r = prepare(&mut k, &[("ns", "a", "uid-a")]).await;
+    let r = k.prepare(&[("ns", "a", "uid-a")]).await.unwrap();
     assert!(
         r.claims["uid-a"]
             .error
@@ -1351,7 +1283,10 @@ async fn several_claims_on_one_gpu_each_get_their_own_slice() {
     e.api
         .put_claim(shared_claim("ns", "b", "uid-b", NODE, 1, "40Gi", "60"));
     // Prepared in one call and in two: each its own spec, device and record.
-    let r = prepare(&mut k, &[("ns", "a", "uid-a"), ("ns", "b", "uid-b")]).await;
+    let r = k
+        .prepare(&[("ns", "a", "uid-a"), ("ns", "b", "uid-b")])
+        .await
+        .unwrap();
     let uuid = host().gpus()[1].uuid.clone();
     for (uid, gib, pct) in [("uid-a", 20, 30), ("uid-b", 40, 60)] {
         let got = &r.claims[uid];
@@ -1374,7 +1309,7 @@ async fn several_claims_on_one_gpu_each_get_their_own_slice() {
         );
     }
     // The two records are different files: unpreparing one keeps the other.
-    let u = unprepare(&mut k, &[("ns", "a", "uid-a")]).await;
+    let u = k.unprepare(&[("ns", "a", "uid-a")]).await.unwrap();
     assert_eq!(u.claims["uid-a"].error, "");
     assert!(!limits_record_path(&e.cdi_dir(), "uid-a-0").exists());
     let rec = limits_record(&e.spec("uid-b")["devices"][0]);
@@ -1382,7 +1317,7 @@ async fn several_claims_on_one_gpu_each_get_their_own_slice() {
     // Over capacity with what is left: 40 Gi/60 % held, 30 Gi/50 % refused.
     e.api
         .put_claim(shared_claim("ns", "c", "uid-c", NODE, 1, "30Gi", "50"));
-    let r = prepare(&mut k, &[("ns", "c", "uid-c")]).await;
+    let r = k.prepare(&[("ns", "c", "uid-c")]).await.unwrap();
     assert!(
         r.claims["uid-c"]
             .error
