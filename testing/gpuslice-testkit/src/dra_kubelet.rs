@@ -56,57 +56,34 @@ pub async fn register(reg_socket: &Path, driver: &str) -> Registered {
     }
 }
 
-/// The kubelet's DRA calls in API version `$v`, as `Registered`'s
-/// `$prepare` and `$unprepare`: the claims are `(namespace, name, uid)`.
-macro_rules! dra_calls {
-    ($v:ident, $prepare:ident, $unprepare:ident) => {
+/// `Registered`'s `$method`: the kubelet's `$call` in API version `$v`
+/// for the claims `(namespace, name, uid)`, answered.
+macro_rules! dra_call {
+    ($v:ident, $method:ident, $call:ident, $request:ident, $response:ident) => {
         impl Registered {
-            /// NodePrepareResources for `claims`, answered.
-            pub async fn $prepare(
+            pub async fn $method(
                 &mut self,
                 claims: &[(&str, &str, &str)],
-            ) -> Result<$v::NodePrepareResourcesResponse, tonic::Status> {
-                let claims = dra_claims!($v, claims);
-                let r = self
-                    .$v
-                    .node_prepare_resources($v::NodePrepareResourcesRequest { claims })
-                    .await?;
-                Ok(r.into_inner())
-            }
-
-            /// NodeUnprepareResources for `claims`, answered.
-            pub async fn $unprepare(
-                &mut self,
-                claims: &[(&str, &str, &str)],
-            ) -> Result<$v::NodeUnprepareResourcesResponse, tonic::Status> {
-                let claims = dra_claims!($v, claims);
-                let r = self
-                    .$v
-                    .node_unprepare_resources($v::NodeUnprepareResourcesRequest { claims })
-                    .await?;
+            ) -> Result<$v::$response, tonic::Status> {
+                let claims = claims
+                    .iter()
+                    .map(|(namespace, name, uid)| $v::Claim {
+                        namespace: namespace.to_string(),
+                        name: name.to_string(),
+                        uid: uid.to_string(),
+                    })
+                    .collect();
+                let r = self.$v.$call($v::$request { claims }).await?;
                 Ok(r.into_inner())
             }
         }
     };
 }
 
-/// The claims `(namespace, name, uid)` as the kubelet names them in a
-/// request of API version `$v`.
-macro_rules! dra_claims {
-    ($v:ident, $claims:expr) => {
-        $claims
-            .iter()
-            .map(|(namespace, name, uid)| $v::Claim {
-                namespace: namespace.to_string(),
-                name: name.to_string(),
-                uid: uid.to_string(),
-            })
-            .collect()
-    };
-}
-
-dra_calls!(v1, prepare, unprepare);
-dra_calls!(v1beta1, prepare_v1beta1, unprepare_v1beta1);
+dra_call! { v1, prepare, node_prepare_resources, NodePrepareResourcesRequest, NodePrepareResourcesResponse }
+dra_call! { v1, unprepare, node_unprepare_resources, NodeUnprepareResourcesRequest, NodeUnprepareResourcesResponse }
+dra_call! { v1beta1, prepare_v1beta1, node_prepare_resources, NodePrepareResourcesRequest, NodePrepareResourcesResponse }
+dra_call! { v1beta1, unprepare_v1beta1, node_unprepare_resources, NodeUnprepareResourcesRequest, NodeUnprepareResourcesResponse }
 
 /// GetInfo with grpc-go's authority, then the kubelet's verdict sent back
 /// with NotifyRegistrationStatus on the same connection.
