@@ -8,8 +8,9 @@ use crate::common::{claim_ref, driver_options, NODE};
 use fakegpu::FakeHost;
 use gpuslice_cdi::limits_record_path;
 use gpuslice_core::HostRoot;
+use gpuslice_dra::api::v1;
 use gpuslice_dra::apiserver::KubeApi;
-use gpuslice_dra::driver::{spec_path, ClaimRef, Driver, Options};
+use gpuslice_dra::driver::{spec_path, ClaimRef, Driver, Granted, Options, PrepareError};
 use gpuslice_dra::feed::NodeFeed;
 use gpuslice_dra::publish::SharedPolicy;
 use gpuslice_dra::server::{get_info, serve, Served, Sockets};
@@ -22,6 +23,7 @@ use gpuslice_ledger::limits::{
 use gpuslice_testkit::dra_kubelet::{register, Registered};
 use gpuslice_testkit::fakeapi::{claim_naming, device_claim, shared_claim, FakeApiServer};
 use serde_json::Value;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
@@ -128,10 +130,49 @@ impl Env {
         register(&self.sockets().registration(DRIVER_NAME), DRIVER_NAME).await
     }
 
+    /// Puts shared claim `ns/<name>` (uid `uid-<name>`) on this node: a
+    /// share of GPU `gpu` with `memory` and `compute` %.
+    fn put_share(&self, name: &str, gpu: u32, memory: &str, compute: &str) {
+        let uid = format!("uid-{name}");
+        let claim = shared_claim("ns", name, &uid, NODE, gpu, memory, compute);
+        self.api.put_claim(claim);
+    }
+
+    /// [`Env::put_share`] of a request that named only the capacities
+    /// `named` (fakeapi's `claim_naming`).
+    fn put_naming(&self, name: &str, gpu: u32, named: &[&str], memory: &str, compute: &str) {
+        let uid = format!("uid-{name}");
+        let claim = claim_naming("ns", name, &uid, NODE, gpu, named, memory, compute);
+        self.api.put_claim(claim);
+    }
+
     fn spec(&self, uid: &str) -> Value {
         let p = spec_path(&self.cdi_dir(), uid);
         serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap()
     }
+}
+
+/// That the kubelet's answer `r` prepares claim `uid` (no error).
+fn assert_granted(r: &v1::NodePrepareResourcesResponse, uid: &str) {
+    assert_eq!(r.claims[uid].error, "", "{uid}");
+}
+
+/// That the kubelet's answer `r` refuses claim `uid` saying `why`.
+fn assert_refused(r: &v1::NodePrepareResourcesResponse, uid: &str, why: &str) {
+    let error = &r.claims[uid].error;
+    assert!(error.contains(why), "{uid}: {error:?} does not say {why:?}");
+}
+
+/// The driver's refusal of claim `uid` in `r`, one line, after checking
+/// that it is the refusal `is` expects.
+fn driver_refusal(
+    r: &BTreeMap<String, Result<Vec<Granted>, PrepareError>>,
+    uid: &str,
+    is: fn(&PrepareError) -> bool,
+) -> String {
+    let err = r[uid].as_ref().unwrap_err();
+    assert!(is(err), "{uid}: {err:?}");
+    gpuslice_dra::one_line(err)
 }
 
 fn env_of(device: &Value) -> Vec<String> {
@@ -430,8 +471,7 @@ sys.stdout.buffer.write(get_info(b"", timeout=10))
 #[tokio::test]
 async fn shared_claim_in_v1_gets_exactly_its_caps_on_its_gpu_only() {
     let (e, _s, mut k) = Env::serving(true).await;
-    e.api
-        .put_claim(shared_claim("ns", "a", "uid-a", NODE, 2, "20Gi", "30"));
+    e.put_share("a", 2, "20Gi", "30");
     let r = k.prepare(&[("ns", "a", "uid-a")]).await.unwrap();
     let got = &r.claims["uid-a"];
     assert_eq!(got.error, "");
@@ -660,8 +700,7 @@ async fn whole_gpu_and_mig_in_v1beta1_get_isolation_without_caps() {
 #[tokio::test]
 async fn prepare_and_unprepare_are_idempotent() {
     let (e, _s, mut k) = Env::serving(true).await;
-    e.api
-        .put_claim(shared_claim("ns", "a", "uid-a", NODE, 0, "10Gi", "10"));
+    e.put_share("a", 0, "10Gi", "10");
     let first = k.prepare(&[("ns", "a", "uid-a")]).await.unwrap();
     let gets = e.api.gets();
     let again = k.prepare(&[("ns", "a", "uid-a")]).await.unwrap();
@@ -683,10 +722,9 @@ async fn prepare_and_unprepare_are_idempotent() {
 #[tokio::test]
 async fn a_restart_between_prepare_and_unprepare_loses_nothing() {
     let (e, s, mut k) = Env::serving(true).await;
-    e.api
-        .put_claim(shared_claim("ns", "a", "uid-a", NODE, 0, "100Gi", "50"));
+    e.put_share("a", 0, "100Gi", "50");
     let first = k.prepare(&[("ns", "a", "uid-a")]).await.unwrap();
-    assert_eq!(first.claims["uid-a"].error, "");
+    assert_granted(&first, "uid-a");
     drop(s);
     drop(k);
     // The claim is gone from the API server: only the checkpoint knows it.
@@ -695,20 +733,15 @@ async fn a_restart_between_prepare_and_unprepare_loses_nothing() {
     let mut k = e.kubelet().await;
     assert_eq!(k.prepare(&[("ns", "a", "uid-a")]).await.unwrap(), first);
     // Its capacity still counts after the restart.
-    e.api
-        .put_claim(shared_claim("ns", "b", "uid-b", NODE, 0, "60Gi", "10"));
+    e.put_share("b", 0, "60Gi", "10");
     let r = k.prepare(&[("ns", "b", "uid-b")]).await.unwrap();
-    assert!(
-        r.claims["uid-b"].error.contains("over-committed"),
-        "{:?}",
-        r.claims["uid-b"]
-    );
+    assert_refused(&r, "uid-b", "over-committed");
     let u = k.unprepare(&[("ns", "a", "uid-a")]).await.unwrap();
     assert_eq!(u.claims["uid-a"].error, "");
     assert!(!spec_path(&e.cdi_dir(), "uid-a").exists());
     // Now it fits.
     let r = k.prepare(&[("ns", "b", "uid-b")]).await.unwrap();
-    assert_eq!(r.claims["uid-b"].error, "");
+    assert_granted(&r, "uid-b");
 }
 
 /// A plugin killed between making a claim's slice directory and saving
@@ -717,8 +750,7 @@ async fn a_restart_between_prepare_and_unprepare_loses_nothing() {
 #[tokio::test]
 async fn a_restart_sweeps_slice_directories_no_claim_holds() {
     let (e, s, mut k) = Env::serving(true).await;
-    e.api
-        .put_claim(shared_claim("ns", "a", "uid-a", NODE, 0, "10Gi", "10"));
+    e.put_share("a", 0, "10Gi", "10");
     assert_eq!(
         k.prepare(&[("ns", "a", "uid-a")]).await.unwrap().claims["uid-a"].error,
         ""
@@ -780,7 +812,7 @@ async fn claims_of_pods_that_can_escape_their_caps_are_marked_or_refused() {
     reserved(&mut c, "root-pod");
     e.api.put_claim(c);
     let r = k.prepare(&[("ns", "esc", "uid-esc")]).await.unwrap();
-    assert_eq!(r.claims["uid-esc"].error, "");
+    assert_granted(&r, "uid-esc");
     let st = &e.api.claim("ns", "esc").unwrap()["status"]["devices"][0]["conditions"];
     let enforced = st
         .as_array()
@@ -827,12 +859,9 @@ async fn claims_of_pods_that_can_escape_their_caps_are_marked_or_refused() {
     let r = refusing
         .prepare(&[claim_ref("esc2", "uid-esc2"), claim_ref("fine", "uid-fine")])
         .await;
-    let err = r["uid-esc2"].as_ref().unwrap_err();
-    assert!(
-        matches!(err, gpuslice_dra::driver::PrepareError::Unenforceable(..)),
-        "{err:?}"
-    );
-    let err = gpuslice_dra::one_line(err);
+    let err = driver_refusal(&r, "uid-esc2", |e| {
+        matches!(e, PrepareError::Unenforceable(..))
+    });
     assert!(
         err.contains("--refuse-unenforceable") && err.contains("privileged"),
         "{err}"
@@ -994,17 +1023,9 @@ async fn the_plugin_gives_back_what_a_dead_container_held_in_its_claim() {
 async fn a_whole_gpu_is_all_of_its_capacity_and_excludes_shares_both_ways() {
     let (e, _s, mut k) = Env::serving(true).await;
     let mem = host().gpus()[1].memory_bytes.to_string();
-    e.api.put_claim(shared_claim(
-        "ns",
-        "whole",
-        "uid-whole",
-        NODE,
-        1,
-        &mem,
-        "100",
-    ));
+    e.put_share("whole", 1, &mem, "100");
     let r = k.prepare(&[("ns", "whole", "uid-whole")]).await.unwrap();
-    assert_eq!(r.claims["uid-whole"].error, "");
+    assert_granted(&r, "uid-whole");
     let spec = e.spec("uid-whole");
     let device = &spec["devices"][0];
     assert!(
@@ -1019,42 +1040,23 @@ async fn a_whole_gpu_is_all_of_its_capacity_and_excludes_shares_both_ways() {
     );
     // The scheduler would not place a share beside it (no capacity left);
     // the node refuses one all the same.
-    e.api.put_claim(shared_claim(
-        "ns",
-        "share",
-        "uid-share",
-        NODE,
-        1,
-        "1Gi",
-        "10",
-    ));
+    e.put_share("share", 1, "1Gi", "10");
     let r = k.prepare(&[("ns", "share", "uid-share")]).await.unwrap();
-    assert!(
-        r.claims["uid-share"].error.contains("exclusive"),
-        "{:?}",
-        r.claims
-    );
+    assert_refused(&r, "uid-share", "exclusive");
 
     // A share first, then the whole GPU: refused the other way round.
-    e.api
-        .put_claim(shared_claim("ns", "s2", "uid-s2", NODE, 2, "1Gi", "10"));
-    e.api
-        .put_claim(shared_claim("ns", "w2", "uid-w2", NODE, 2, &mem, "100"));
+    e.put_share("s2", 2, "1Gi", "10");
+    e.put_share("w2", 2, &mem, "100");
     let r = k
         .prepare(&[("ns", "s2", "uid-s2"), ("ns", "w2", "uid-w2")])
         .await
         .unwrap();
-    assert_eq!(r.claims["uid-s2"].error, "");
-    assert!(
-        r.claims["uid-w2"].error.contains("exclusive"),
-        "{:?}",
-        r.claims
-    );
+    assert_granted(&r, "uid-s2");
+    assert_refused(&r, "uid-w2", "exclusive");
     // Nearly all of it is still a share, capped.
-    e.api
-        .put_claim(shared_claim("ns", "s3", "uid-s3", NODE, 0, "1Gi", "100"));
+    e.put_share("s3", 0, "1Gi", "100");
     let r = k.prepare(&[("ns", "s3", "uid-s3")]).await.unwrap();
-    assert_eq!(r.claims["uid-s3"].error, "");
+    assert_granted(&r, "uid-s3");
     assert!(env_of(&e.spec("uid-s3")["devices"][0])
         .iter()
         .any(|v| v.starts_with("GPUSLICE_MEMORY_LIMIT_0=")));
@@ -1065,18 +1067,9 @@ async fn a_claim_that_names_no_compute_is_best_effort_and_blocks_no_share() {
     let (e, _s, mut k) = Env::serving(true).await;
     let uuid = host().gpus()[2].uuid.clone();
     // Memory only: the scheduler counted the policy's default, 1 %.
-    e.api.put_claim(claim_naming(
-        "ns",
-        "mem",
-        "uid-mem",
-        NODE,
-        2,
-        &["memory"],
-        "20Gi",
-        "1",
-    ));
+    e.put_naming("mem", 2, &["memory"], "20Gi", "1");
     let r = k.prepare(&[("ns", "mem", "uid-mem")]).await.unwrap();
-    assert_eq!(r.claims["uid-mem"].error, "");
+    assert_granted(&r, "uid-mem");
     let device = &e.spec("uid-mem")["devices"][0];
     // Its memory is capped; its compute has no share (not the 1 % the
     // scheduler counted): not throttled, and no share of it on the board.
@@ -1098,25 +1091,15 @@ async fn a_claim_that_names_no_compute_is_best_effort_and_blocks_no_share() {
     );
     // So a share of all the GPU's time still fits beside it (before, the
     // claim counted 100 % and every share was refused).
-    e.api
-        .put_claim(shared_claim("ns", "all", "uid-all", NODE, 2, "20Gi", "100"));
+    e.put_share("all", 2, "20Gi", "100");
     let r = k.prepare(&[("ns", "all", "uid-all")]).await.unwrap();
-    assert_eq!(r.claims["uid-all"].error, "");
+    assert_granted(&r, "uid-all");
     // A request that names no capacity at all is still the whole GPU
     // (all the memory), with no caps.
     let mem = host().gpus()[1].memory_bytes.to_string();
-    e.api.put_claim(claim_naming(
-        "ns",
-        "whole",
-        "uid-whole",
-        NODE,
-        1,
-        &[],
-        &mem,
-        "1",
-    ));
+    e.put_naming("whole", 1, &[], &mem, "1");
     let r = k.prepare(&[("ns", "whole", "uid-whole")]).await.unwrap();
-    assert_eq!(r.claims["uid-whole"].error, "");
+    assert_granted(&r, "uid-whole");
     let whole = &e.spec("uid-whole")["devices"][0];
     assert!(whole["containerEdits"]["mounts"].is_null(), "{whole}");
     k.unprepare(&[
@@ -1131,8 +1114,7 @@ async fn a_claim_that_names_no_compute_is_best_effort_and_blocks_no_share() {
 #[tokio::test]
 async fn a_malformed_claim_fails_alone_and_leaves_nothing() {
     let (e, _s, mut k) = Env::serving(true).await;
-    e.api
-        .put_claim(shared_claim("ns", "good", "uid-good", NODE, 0, "1Gi", "5"));
+    e.put_share("good", 0, "1Gi", "5");
     // A share as plugins before one device per GPU named it, whose
     // consumedCapacity the API server dropped.
     let mut no_cc = shared_claim("ns", "nocc", "uid-nocc", NODE, 0, "1Gi", "5");
@@ -1142,10 +1124,8 @@ async fn a_malformed_claim_fails_alone_and_leaves_nothing() {
     r0.remove("consumedCapacity");
     r0.insert("device".into(), "gpu-0-shared".into());
     e.api.put_claim(no_cc);
-    e.api
-        .put_claim(shared_claim("ns", "big", "uid-big", NODE, 0, "1Gi", "150"));
-    e.api
-        .put_claim(shared_claim("ns", "frac", "uid-frac", NODE, 0, "0.5", "5"));
+    e.put_share("big", 0, "1Gi", "150");
+    e.put_share("frac", 0, "0.5", "5");
     e.api
         .put_claim(device_claim("ns", "name", "uid-name", NODE, "gpu-x"));
     e.api
@@ -1174,7 +1154,7 @@ async fn a_malformed_claim_fails_alone_and_leaves_nothing() {
     claims.extend(cases.iter().map(|(n, u, _)| ("ns", *n, *u)));
     let r = k.prepare(&claims).await.unwrap();
     assert_eq!(r.claims.len(), claims.len(), "every claim gets an entry");
-    assert_eq!(r.claims["uid-good"].error, "");
+    assert_granted(&r, "uid-good");
     for (name, uid, why) in cases {
         let c = &r.claims[uid];
         assert!(c.error.contains(why), "{name}: {:?} lacks {why:?}", c.error);
@@ -1193,14 +1173,10 @@ async fn a_malformed_claim_fails_alone_and_leaves_nothing() {
 async fn over_capacity_claims_are_refused_clearly() {
     let (e, _s, mut k) = Env::serving(true).await;
     // The fake GPU has 150,754,820,096 B (140.4 GiB).
-    e.api
-        .put_claim(shared_claim("ns", "a", "uid-a", NODE, 0, "100Gi", "40"));
-    e.api
-        .put_claim(shared_claim("ns", "b", "uid-b", NODE, 0, "41Gi", "10"));
-    e.api
-        .put_claim(shared_claim("ns", "c", "uid-c", NODE, 0, "40Gi", "70"));
-    e.api
-        .put_claim(shared_claim("ns", "d", "uid-d", NODE, 0, "40Gi", "60"));
+    e.put_share("a", 0, "100Gi", "40");
+    e.put_share("b", 0, "41Gi", "10");
+    e.put_share("c", 0, "40Gi", "70");
+    e.put_share("d", 0, "40Gi", "60");
     e.api
         .put_claim(device_claim("ns", "w", "uid-w", NODE, "gpu-0"));
     let r = k
@@ -1213,20 +1189,15 @@ async fn over_capacity_claims_are_refused_clearly() {
         ])
         .await
         .unwrap();
-    assert_eq!(r.claims["uid-a"].error, "");
+    assert_granted(&r, "uid-a");
     let b = &r.claims["uid-b"].error;
     assert!(
         b.contains("GPU 0 would be over-committed") && b.contains("memory"),
         "{b}"
     );
-    let c = &r.claims["uid-c"].error;
-    assert!(
-        c.contains("compute 70 % requested, 40 % already prepared"),
-        "{c}"
-    );
+    assert_refused(&r, "uid-c", "compute 70 % requested, 40 % already prepared");
     assert_eq!(r.claims["uid-d"].error, "", "40 + 60 % fits exactly");
-    let w = &r.claims["uid-w"].error;
-    assert!(w.contains("exclusive"), "{w}");
+    assert_refused(&r, "uid-w", "exclusive");
     for uid in ["uid-b", "uid-c", "uid-w"] {
         assert!(!spec_path(&e.cdi_dir(), uid).exists());
     }
@@ -1241,19 +1212,12 @@ async fn prepare_checks_claims_against_the_gpus_there_now() {
     let mut inv = gpuslice_testkit::fakenvml::discover(host());
     inv.gpus.retain(|g| g.index != 2);
     d.set_inventory(inv);
-    e.api
-        .put_claim(shared_claim("ns", "a", "uid-a", NODE, 2, "1Gi", "10"));
-    e.api
-        .put_claim(shared_claim("ns", "b", "uid-b", NODE, 1, "1Gi", "10"));
+    e.put_share("a", 2, "1Gi", "10");
+    e.put_share("b", 1, "1Gi", "10");
     let r = d
         .prepare(&[claim_ref("a", "uid-a"), claim_ref("b", "uid-b")])
         .await;
-    let a = r["uid-a"].as_ref().unwrap_err();
-    assert!(
-        matches!(a, gpuslice_dra::driver::PrepareError::NoGpu(..)),
-        "{a:?}"
-    );
-    let a = gpuslice_dra::one_line(a);
+    let a = driver_refusal(&r, "uid-a", |e| matches!(e, PrepareError::NoGpu(..)));
     assert!(a.contains("GPU 2 is not on this node"), "{a}");
     assert!(!spec_path(&e.cdi_dir(), "uid-a").exists());
     assert_eq!(r["uid-b"].as_ref().unwrap()[0].device, "gpu-1");
@@ -1262,26 +1226,17 @@ async fn prepare_checks_claims_against_the_gpus_there_now() {
 #[tokio::test]
 async fn a_shared_claim_without_the_shim_is_refused() {
     let (e, _s, mut k) = Env::serving(false).await;
-    e.api
-        .put_claim(shared_claim("ns", "a", "uid-a", NODE, 0, "1Gi", "10"));
+    e.put_share("a", 0, "1Gi", "10");
     let r = k.prepare(&[("ns", "a", "uid-a")]).await.unwrap();
-    assert!(
-        r.claims["uid-a"]
-            .error
-            .contains("libgpuslice.so was not found"),
-        "{:?}",
-        r.claims["uid-a"]
-    );
+    assert_refused(&r, "uid-a", "libgpuslice.so was not found");
     assert!(!spec_path(&e.cdi_dir(), "uid-a").exists());
 }
 
 #[tokio::test]
 async fn several_claims_on_one_gpu_each_get_their_own_slice() {
     let (e, _s, mut k) = Env::serving(true).await;
-    e.api
-        .put_claim(shared_claim("ns", "a", "uid-a", NODE, 1, "20Gi", "30"));
-    e.api
-        .put_claim(shared_claim("ns", "b", "uid-b", NODE, 1, "40Gi", "60"));
+    e.put_share("a", 1, "20Gi", "30");
+    e.put_share("b", 1, "40Gi", "60");
     // Prepared in one call and in two: each its own spec, device and record.
     let r = k
         .prepare(&[("ns", "a", "uid-a"), ("ns", "b", "uid-b")])
@@ -1315,16 +1270,9 @@ async fn several_claims_on_one_gpu_each_get_their_own_slice() {
     let rec = limits_record(&e.spec("uid-b")["devices"][0]);
     assert_eq!(rec.devices[0].memory, Some(MemorySize(40 * GIB)));
     // Over capacity with what is left: 40 Gi/60 % held, 30 Gi/50 % refused.
-    e.api
-        .put_claim(shared_claim("ns", "c", "uid-c", NODE, 1, "30Gi", "50"));
+    e.put_share("c", 1, "30Gi", "50");
     let r = k.prepare(&[("ns", "c", "uid-c")]).await.unwrap();
-    assert!(
-        r.claims["uid-c"]
-            .error
-            .contains("compute 50 % requested, 60 % already prepared"),
-        "{:?}",
-        r.claims["uid-c"]
-    );
+    assert_refused(&r, "uid-c", "compute 50 % requested, 60 % already prepared");
     assert!(!limits_record_path(&e.cdi_dir(), "uid-c-0").exists());
 }
 
