@@ -686,18 +686,12 @@ mod tests {
     use gpuslice_dra::checkpoint::{Checkpoint, PreparedClaim, PreparedDevice};
     use gpuslice_dra::claim::{Allocated, DeviceKind};
     use gpuslice_ledger::limits::{ComputeShare, DeviceCaps, MemorySize};
+    use gpuslice_testkit::temphost::TempHost;
     use std::os::unix::net::UnixListener;
-
-    fn write(root: &Path, rel: &str, text: &str) {
-        let p = root.join(rel);
-        fs::create_dir_all(p.parent().unwrap()).unwrap();
-        fs::write(p, text).unwrap();
-    }
 
     #[test]
     fn without_a_kubelet_every_check_says_so() {
-        let tmp = tempfile::tempdir().unwrap();
-        let root = HostRoot::new(tmp.path());
+        let root = TempHost::new().root();
         for c in [plugin(&root), cdi_runtime(&root), feature_gates(&root)] {
             expect(&c, Status::Skip, "no kubelet on this host");
         }
@@ -705,9 +699,9 @@ mod tests {
 
     #[test]
     fn plugin_registration_and_sockets() {
-        let tmp = tempfile::tempdir().unwrap();
-        let root = HostRoot::new(tmp.path());
-        fs::create_dir_all(tmp.path().join("var/lib/kubelet/plugins_registry")).unwrap();
+        let h = TempHost::new();
+        let root = h.root();
+        h.mkdir("var/lib/kubelet/plugins_registry");
         let c = plugin(&root);
         expect(&c, Status::Skip, "");
         assert!(c.fix.contains("dra.enabled=true"), "{c:?}");
@@ -742,23 +736,19 @@ mod tests {
         expect(&plugin(&root), Status::Pass, "");
 
         // The device plugin beside it on the same node.
-        write(
-            tmp.path(),
-            "var/lib/kubelet/device-plugins/gpuslice-gpu.sock",
-            "",
-        );
+        h.write("var/lib/kubelet/device-plugins/gpuslice-gpu.sock", "");
         expect(&plugin(&root), Status::Warn, "handed out twice");
     }
 
     /// What `check` says of a host with a kubelet and `files` (path
     /// relative to the root, text).
     fn check_on(check: fn(&HostRoot) -> Check, files: &[(&str, &str)]) -> Check {
-        let tmp = tempfile::tempdir().unwrap();
-        fs::create_dir_all(tmp.path().join(KUBELET_DIR)).unwrap();
+        let h = TempHost::new();
+        h.mkdir(KUBELET_DIR);
         for (rel, text) in files {
-            write(tmp.path(), rel, text);
+            h.write(rel, text);
         }
-        check(&HostRoot::new(tmp.path()))
+        check(&h.root())
     }
 
     fn cdi_on(files: &[(&str, &str)]) -> Check {

@@ -423,6 +423,7 @@ pub fn parse_ldconfig(text: &str, soname: &str, arch: Option<&str>) -> Vec<PathB
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpuslice_testkit::temphost::TempHost;
     use std::os::unix::fs::symlink;
 
     #[test]
@@ -442,31 +443,25 @@ mod tests {
 
     #[test]
     fn finds_versions_below_the_root_and_in_ld_so_conf() {
-        let tmp = tempfile::tempdir().unwrap();
-        let root = HostRoot::new(tmp.path());
-        let arch_dir = tmp
-            .path()
-            .join(format!("usr/lib/{}-linux-gnu", std::env::consts::ARCH));
-        fs::create_dir_all(&arch_dir).unwrap();
-        fs::write(arch_dir.join("libcuda.so.580.159.04"), "x").unwrap();
-        // An absolute link must resolve below the root, not on this system.
-        let abs = format!(
-            "/usr/lib/{}-linux-gnu/libcuda.so.580.159.04",
-            std::env::consts::ARCH
+        let h = TempHost::new();
+        let root = h.root();
+        let arch = std::env::consts::ARCH;
+        let lib = h.write(
+            &format!("usr/lib/{arch}-linux-gnu/libcuda.so.580.159.04"),
+            "x",
         );
-        symlink(&abs, arch_dir.join("libcuda.so.1")).unwrap();
+        // An absolute link must resolve below the root, not on this system.
+        let abs = format!("/usr/lib/{arch}-linux-gnu/libcuda.so.580.159.04");
+        symlink(&abs, lib.with_file_name("libcuda.so.1")).unwrap();
         // merged /usr: lib -> usr/lib finds the same file once.
-        symlink("usr/lib", tmp.path().join("lib")).unwrap();
-        let opt = tmp.path().join("opt/nv");
-        fs::create_dir_all(&opt).unwrap();
-        fs::write(opt.join("libcuda.so.575.57.08"), "x").unwrap();
-        symlink("libcuda.so.575.57.08", opt.join("libcuda.so.1")).unwrap();
-        fs::create_dir_all(tmp.path().join("etc/ld.so.conf.d")).unwrap();
-        fs::write(
-            tmp.path().join("etc/ld.so.conf.d/zz-nv.conf"),
-            "# comment\n/opt/nv\n",
+        symlink("usr/lib", h.path().join("lib")).unwrap();
+        let opt_lib = h.write("opt/nv/libcuda.so.575.57.08", "x");
+        symlink(
+            "libcuda.so.575.57.08",
+            opt_lib.with_file_name("libcuda.so.1"),
         )
         .unwrap();
+        h.write("etc/ld.so.conf.d/zz-nv.conf", "# comment\n/opt/nv\n");
 
         let found = find_library(&root, LIBCUDA);
         let versions: Vec<_> = found.iter().map(|f| f.version.clone()).collect();
@@ -478,7 +473,7 @@ mod tests {
             ],
             "{found:?}"
         );
-        assert!(found[1].target.starts_with(tmp.path()), "{found:?}");
+        assert!(found[1].target.starts_with(h.path()), "{found:?}");
         assert!(find_library(&root, LIBNVML).is_empty());
     }
 

@@ -358,29 +358,25 @@ pub fn userns(root: &HostRoot) -> Check {
 mod tests {
     use super::*;
     use crate::Status;
+    use gpuslice_testkit::temphost::TempHost;
 
     #[test]
     fn userns_sysctls() {
-        let tmp = tempfile::tempdir().unwrap();
-        let root = HostRoot::new(tmp.path());
+        let h = TempHost::new();
+        let root = h.root();
         assert_eq!(userns(&root).status, Status::Skip);
-        let put = |rel: &str, v: &str| {
-            let p = tmp.path().join(rel);
-            fs::create_dir_all(p.parent().unwrap()).unwrap();
-            fs::write(p, v).unwrap();
-        };
-        put("proc/sys/user/max_user_namespaces", "63422\n");
+        h.write("proc/sys/user/max_user_namespaces", "63422\n");
         assert_eq!(userns(&root).status, Status::Pass);
-        put(
+        h.write(
             "proc/sys/kernel/apparmor_restrict_unprivileged_userns",
             "1\n",
         );
         let c = userns(&root);
         assert_eq!(c.status, Status::Warn);
         assert!(c.fix.contains("userns,"), "{}", c.fix);
-        put("proc/sys/kernel/unprivileged_userns_clone", "0\n");
+        h.write("proc/sys/kernel/unprivileged_userns_clone", "0\n");
         assert!(userns(&root).detail.contains("unprivileged_userns_clone"));
-        put("proc/sys/user/max_user_namespaces", "0\n");
+        h.write("proc/sys/user/max_user_namespaces", "0\n");
         assert!(userns(&root).detail.contains("max_user_namespaces = 0"));
     }
 

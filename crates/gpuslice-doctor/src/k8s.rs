@@ -446,6 +446,7 @@ fn toolkit(root: &HostRoot, specs: &[Spec]) -> Check {
 mod tests {
     use super::*;
     use crate::Status;
+    use gpuslice_testkit::temphost::TempHost;
 
     const YAML: &str = r#"---
 cdiVersion: "0.6.0"
@@ -522,17 +523,16 @@ containerEdits:
 
     #[test]
     fn staleness_reasons() {
-        let tmp = tempfile::tempdir().unwrap();
-        let root = HostRoot::new(tmp.path());
-        for f in ["dev/nvidia0", "dev/nvidiactl", "usr/bin/gpuslice"] {
-            fs::create_dir_all(tmp.path().join(f).parent().unwrap()).unwrap();
-            fs::write(tmp.path().join(f), "").unwrap();
+        let h = TempHost::new();
+        let root = h.root();
+        for f in [
+            "dev/nvidia0",
+            "dev/nvidiactl",
+            "usr/bin/gpuslice",
+            "usr/lib/x86_64-linux-gnu/libcuda.so.580.159.04",
+        ] {
+            h.write(f, "");
         }
-        let lib = tmp
-            .path()
-            .join("usr/lib/x86_64-linux-gnu/libcuda.so.580.159.04");
-        fs::create_dir_all(lib.parent().unwrap()).unwrap();
-        fs::write(&lib, "").unwrap();
         let s = parse_spec(YAML);
         let uuid = vec!["GPU-fa4e0000-0000-4000-8000-000000000000".to_string()];
         assert!(staleness(&s, &root, Some("580.159.04"), &uuid).is_empty());
@@ -545,7 +545,7 @@ containerEdits:
         // unless it stripped the host root.
         let mut prefixed = s.clone();
         prefixed.driver_version = Some("580.159.04".into());
-        prefixed.host_paths = vec![tmp.path().join("dev/nvidia0").display().to_string()];
+        prefixed.host_paths = vec![h.path().join("dev/nvidia0").display().to_string()];
         assert!(staleness(&prefixed, &root, None, &uuid).is_empty());
         prefixed.strip_host_root = true;
         assert_eq!(staleness(&prefixed, &root, None, &uuid).len(), 1);
@@ -555,7 +555,7 @@ containerEdits:
             why[0].contains("of driver 580.159.04, not 590.10.01"),
             "{why:?}"
         );
-        fs::remove_file(tmp.path().join("dev/nvidia0")).unwrap();
+        fs::remove_file(h.path().join("dev/nvidia0")).unwrap();
         let two = vec![uuid[0].clone(), "GPU-other".to_string()];
         let why = staleness(&s, &root, Some("580.159.04"), &two);
         assert!(
@@ -567,34 +567,30 @@ containerEdits:
 
     #[test]
     fn device_plugin_and_toolkit_on_a_tree() {
-        let tmp = tempfile::tempdir().unwrap();
-        let root = HostRoot::new(tmp.path());
+        let h = TempHost::new();
+        let root = h.root();
         assert_eq!(device_plugin(&root).status, Status::Skip);
         assert_eq!(toolkit(&root, &[]).status, Status::Pass);
 
-        let dir = tmp.path().join(PLUGIN_DIR);
-        fs::create_dir_all(&dir).unwrap();
+        let dir = h.mkdir(PLUGIN_DIR);
         let _kubelet = std::os::unix::net::UnixListener::bind(dir.join("kubelet.sock")).unwrap();
         assert_eq!(device_plugin(&root).status, Status::Warn);
         let _plugin =
             std::os::unix::net::UnixListener::bind(dir.join("gpuslice-gpu.sock")).unwrap();
-        fs::write(
-            dir.join("kubelet_internal_checkpoint"),
+        h.write(
+            &format!("{PLUGIN_DIR}/kubelet_internal_checkpoint"),
             r#"{"Data":{"PodDeviceEntries":null,"RegisteredDevices":{"nvidia.com/gpu":["a","b"]}},"Checksum":1}"#,
-        )
-        .unwrap();
+        );
         let c = device_plugin(&root);
         assert_eq!(c.status, Status::Pass, "{c:?}");
         assert!(c.detail.contains("nvidia.com/gpu (2)"), "{}", c.detail);
         drop(_plugin);
         assert_eq!(device_plugin(&root).status, Status::Warn);
 
-        fs::create_dir_all(tmp.path().join("etc/docker")).unwrap();
-        fs::write(
-            tmp.path().join("etc/docker/daemon.json"),
+        h.write(
+            "etc/docker/daemon.json",
             r#"{"default-runtime":"nvidia","runtimes":{"nvidia":{"path":"nvidia-container-runtime"}}}"#,
-        )
-        .unwrap();
+        );
         let c = toolkit(&root, &[]);
         assert_eq!(c.status, Status::Warn);
         assert!(

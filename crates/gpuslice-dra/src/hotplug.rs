@@ -229,16 +229,14 @@ mod tests {
 
     #[test]
     fn the_fingerprint_names_gpu_dirs_and_nodes_only() {
-        let t = tempfile::tempdir().unwrap();
-        let r = HostRoot::new(t.path());
-        assert!(fingerprint(&r).is_empty());
-        std::fs::create_dir_all(t.path().join("proc/driver/nvidia/gpus/0000:01:00.0")).unwrap();
-        std::fs::create_dir_all(t.path().join("dev")).unwrap();
+        let h = gpuslice_testkit::temphost::TempHost::new();
+        assert!(fingerprint(&h.root()).is_empty());
+        h.mkdir("proc/driver/nvidia/gpus/0000:01:00.0");
         for n in ["nvidia0", "nvidiactl", "nvidia-uvm", "nvidia12", "tty0"] {
-            std::fs::write(t.path().join("dev").join(n), "").unwrap();
+            h.write(&format!("dev/{n}"), "");
         }
         assert_eq!(
-            fingerprint(&r),
+            fingerprint(&h.root()),
             ["dev:nvidia0", "dev:nvidia12", "proc:0000:01:00.0"]
         );
     }

@@ -8,9 +8,9 @@ use crate::common::{claim_ref, driver_options, NODE};
 use fakegpu::FakeHost;
 use gpuslice_cdi::limits_record_path;
 use gpuslice_core::HostRoot;
-use gpuslice_dra::api::{v1, v1beta1};
+use gpuslice_dra::api::v1;
 use gpuslice_dra::apiserver::KubeApi;
-use gpuslice_dra::driver::{spec_path, ClaimRef, Driver, Options};
+use gpuslice_dra::driver::{spec_path, ClaimRef, Driver, Granted, Options, PrepareError};
 use gpuslice_dra::feed::NodeFeed;
 use gpuslice_dra::publish::SharedPolicy;
 use gpuslice_dra::server::{get_info, serve, Served, Sockets};
@@ -23,6 +23,7 @@ use gpuslice_ledger::limits::{
 use gpuslice_testkit::dra_kubelet::{register, Registered};
 use gpuslice_testkit::fakeapi::{claim_naming, device_claim, shared_claim, FakeApiServer};
 use serde_json::Value;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
@@ -129,65 +130,49 @@ impl Env {
         register(&self.sockets().registration(DRIVER_NAME), DRIVER_NAME).await
     }
 
+    /// Puts shared claim `ns/<name>` (uid `uid-<name>`) on this node: a
+    /// share of GPU `gpu` with `memory` and `compute` %.
+    fn put_share(&self, name: &str, gpu: u32, memory: &str, compute: &str) {
+        let uid = format!("uid-{name}");
+        let claim = shared_claim("ns", name, &uid, NODE, gpu, memory, compute);
+        self.api.put_claim(claim);
+    }
+
+    /// [`Env::put_share`] of a request that named only the capacities
+    /// `named` (fakeapi's `claim_naming`).
+    fn put_naming(&self, name: &str, gpu: u32, named: &[&str], memory: &str, compute: &str) {
+        let uid = format!("uid-{name}");
+        let claim = claim_naming("ns", name, &uid, NODE, gpu, named, memory, compute);
+        self.api.put_claim(claim);
+    }
+
     fn spec(&self, uid: &str) -> Value {
         let p = spec_path(&self.cdi_dir(), uid);
         serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap()
     }
 }
 
-/// The claims `(namespace, name, uid)` as the kubelet names them in a
-/// request of API version `$v` (`v1` or `v1beta1`).
-macro_rules! claims {
-    ($v:ident, $claims:expr) => {
-        $claims
-            .iter()
-            .map(|(namespace, name, uid)| $v::Claim {
-                namespace: namespace.to_string(),
-                name: name.to_string(),
-                uid: uid.to_string(),
-            })
-            .collect::<Vec<_>>()
-    };
+/// That the kubelet's answer `r` prepares claim `uid` (no error).
+fn assert_granted(r: &v1::NodePrepareResourcesResponse, uid: &str) {
+    assert_eq!(r.claims[uid].error, "", "{uid}");
 }
 
-/// The kubelet's `$call` (NodePrepareResources or NodeUnprepareResources)
-/// in API version `$v` for `$claims`, answered.
-macro_rules! kubelet_call {
-    ($k:expr, $v:ident, $call:ident, $request:ident, $claims:expr) => {
-        $k.$v
-            .$call($v::$request {
-                claims: claims!($v, $claims),
-            })
-            .await
-            .unwrap()
-            .into_inner()
-    };
+/// That the kubelet's answer `r` refuses claim `uid` saying `why`.
+fn assert_refused(r: &v1::NodePrepareResourcesResponse, uid: &str, why: &str) {
+    let error = &r.claims[uid].error;
+    assert!(error.contains(why), "{uid}: {error:?} does not say {why:?}");
 }
 
-async fn prepare(
-    k: &mut Registered,
-    claims: &[(&str, &str, &str)],
-) -> v1::NodePrepareResourcesResponse {
-    kubelet_call!(
-        k,
-        v1,
-        node_prepare_resources,
-        NodePrepareResourcesRequest,
-        claims
-    )
-}
-
-async fn unprepare(
-    k: &mut Registered,
-    claims: &[(&str, &str, &str)],
-) -> v1::NodeUnprepareResourcesResponse {
-    kubelet_call!(
-        k,
-        v1,
-        node_unprepare_resources,
-        NodeUnprepareResourcesRequest,
-        claims
-    )
+/// The driver's refusal of claim `uid` in `r`, one line, after checking
+/// that it is the refusal `is` expects.
+fn driver_refusal(
+    r: &BTreeMap<String, Result<Vec<Granted>, PrepareError>>,
+    uid: &str,
+    is: fn(&PrepareError) -> bool,
+) -> String {
+    let err = r[uid].as_ref().unwrap_err();
+    assert!(is(err), "{uid}: {err:?}");
+    gpuslice_dra::one_line(err)
 }
 
 fn env_of(device: &Value) -> Vec<String> {
@@ -486,9 +471,8 @@ sys.stdout.buffer.write(get_info(b"", timeout=10))
 #[tokio::test]
 async fn shared_claim_in_v1_gets_exactly_its_caps_on_its_gpu_only() {
     let (e, _s, mut k) = Env::serving(true).await;
-    e.api
-        .put_claim(shared_claim("ns", "a", "uid-a", NODE, 2, "20Gi", "30"));
-    let r = prepare(&mut k, &[("ns", "a", "uid-a")]).await;
+    e.put_share("a", 2, "20Gi", "30");
+    let r = k.prepare(&[("ns", "a", "uid-a")]).await.unwrap();
     let got = &r.claims["uid-a"];
     assert_eq!(got.error, "");
     assert_eq!(got.devices.len(), 1);
@@ -650,7 +634,7 @@ async fn shared_claim_in_v1_gets_exactly_its_caps_on_its_gpu_only() {
     let junk = std::fs::write(host_dir.join("junk"), vec![0u8; 2 << 20]);
     assert!(junk.is_err(), "2 MiB fitted in the claim's slice directory");
 
-    let u = unprepare(&mut k, &[("ns", "a", "uid-a")]).await;
+    let u = k.unprepare(&[("ns", "a", "uid-a")]).await.unwrap();
     assert!(
         !host_dir.exists(),
         "unprepare left the claim's slice directory"
@@ -677,13 +661,7 @@ async fn whole_gpu_and_mig_in_v1beta1_get_isolation_without_caps() {
     e.api
         .put_claim(device_claim("ns", "m", "uid-m", NODE, "gpu-3-mig-0"));
     let both = [("ns", "w", "uid-w"), ("ns", "m", "uid-m")];
-    let r = kubelet_call!(
-        k,
-        v1beta1,
-        node_prepare_resources,
-        NodePrepareResourcesRequest,
-        both
-    );
+    let r = k.prepare_v1beta1(&both).await.unwrap();
     for (name, uid, kind) in [("w", "uid-w", "whole"), ("m", "uid-m", "mig")] {
         assert_eq!(r.claims[uid].error, "", "{uid}");
         let st = &e.api.claim("ns", name).unwrap()["status"]["devices"][0];
@@ -710,13 +688,7 @@ async fn whole_gpu_and_mig_in_v1beta1_get_isolation_without_caps() {
         mig.iter().any(|p| p.starts_with("/dev/nvidia-caps/")),
         "MIG caps nodes: {mig:?}"
     );
-    let u = kubelet_call!(
-        k,
-        v1beta1,
-        node_unprepare_resources,
-        NodeUnprepareResourcesRequest,
-        both
-    );
+    let u = k.unprepare_v1beta1(&both).await.unwrap();
     assert_eq!(u.claims.len(), 2);
     assert!(u.claims.values().all(|c| c.error.is_empty()));
     assert!(std::fs::read_dir(e.cdi_dir())
@@ -728,11 +700,10 @@ async fn whole_gpu_and_mig_in_v1beta1_get_isolation_without_caps() {
 #[tokio::test]
 async fn prepare_and_unprepare_are_idempotent() {
     let (e, _s, mut k) = Env::serving(true).await;
-    e.api
-        .put_claim(shared_claim("ns", "a", "uid-a", NODE, 0, "10Gi", "10"));
-    let first = prepare(&mut k, &[("ns", "a", "uid-a")]).await;
+    e.put_share("a", 0, "10Gi", "10");
+    let first = k.prepare(&[("ns", "a", "uid-a")]).await.unwrap();
     let gets = e.api.gets();
-    let again = prepare(&mut k, &[("ns", "a", "uid-a")]).await;
+    let again = k.prepare(&[("ns", "a", "uid-a")]).await.unwrap();
     assert_eq!(first, again);
     assert_eq!(
         e.api.gets(),
@@ -740,43 +711,37 @@ async fn prepare_and_unprepare_are_idempotent() {
         "a prepared claim is answered from the checkpoint"
     );
     for _ in 0..2 {
-        let u = unprepare(&mut k, &[("ns", "a", "uid-a")]).await;
+        let u = k.unprepare(&[("ns", "a", "uid-a")]).await.unwrap();
         assert_eq!(u.claims["uid-a"].error, "");
     }
     // Never prepared: also fine, and answered.
-    let u = unprepare(&mut k, &[("ns", "zz", "uid-zz")]).await;
+    let u = k.unprepare(&[("ns", "zz", "uid-zz")]).await.unwrap();
     assert_eq!(u.claims["uid-zz"].error, "");
 }
 
 #[tokio::test]
 async fn a_restart_between_prepare_and_unprepare_loses_nothing() {
     let (e, s, mut k) = Env::serving(true).await;
-    e.api
-        .put_claim(shared_claim("ns", "a", "uid-a", NODE, 0, "100Gi", "50"));
-    let first = prepare(&mut k, &[("ns", "a", "uid-a")]).await;
-    assert_eq!(first.claims["uid-a"].error, "");
+    e.put_share("a", 0, "100Gi", "50");
+    let first = k.prepare(&[("ns", "a", "uid-a")]).await.unwrap();
+    assert_granted(&first, "uid-a");
     drop(s);
     drop(k);
     // The claim is gone from the API server: only the checkpoint knows it.
     e.api.delete_claim("ns", "a");
     let _s = e.start(true);
     let mut k = e.kubelet().await;
-    assert_eq!(prepare(&mut k, &[("ns", "a", "uid-a")]).await, first);
+    assert_eq!(k.prepare(&[("ns", "a", "uid-a")]).await.unwrap(), first);
     // Its capacity still counts after the restart.
-    e.api
-        .put_claim(shared_claim("ns", "b", "uid-b", NODE, 0, "60Gi", "10"));
-    let r = prepare(&mut k, &[("ns", "b", "uid-b")]).await;
-    assert!(
-        r.claims["uid-b"].error.contains("over-committed"),
-        "{:?}",
-        r.claims["uid-b"]
-    );
-    let u = unprepare(&mut k, &[("ns", "a", "uid-a")]).await;
+    e.put_share("b", 0, "60Gi", "10");
+    let r = k.prepare(&[("ns", "b", "uid-b")]).await.unwrap();
+    assert_refused(&r, "uid-b", "over-committed");
+    let u = k.unprepare(&[("ns", "a", "uid-a")]).await.unwrap();
     assert_eq!(u.claims["uid-a"].error, "");
     assert!(!spec_path(&e.cdi_dir(), "uid-a").exists());
     // Now it fits.
-    let r = prepare(&mut k, &[("ns", "b", "uid-b")]).await;
-    assert_eq!(r.claims["uid-b"].error, "");
+    let r = k.prepare(&[("ns", "b", "uid-b")]).await.unwrap();
+    assert_granted(&r, "uid-b");
 }
 
 /// A plugin killed between making a claim's slice directory and saving
@@ -785,10 +750,9 @@ async fn a_restart_between_prepare_and_unprepare_loses_nothing() {
 #[tokio::test]
 async fn a_restart_sweeps_slice_directories_no_claim_holds() {
     let (e, s, mut k) = Env::serving(true).await;
-    e.api
-        .put_claim(shared_claim("ns", "a", "uid-a", NODE, 0, "10Gi", "10"));
+    e.put_share("a", 0, "10Gi", "10");
     assert_eq!(
-        prepare(&mut k, &[("ns", "a", "uid-a")]).await.claims["uid-a"].error,
+        k.prepare(&[("ns", "a", "uid-a")]).await.unwrap().claims["uid-a"].error,
         ""
     );
     drop((s, k));
@@ -847,8 +811,8 @@ async fn claims_of_pods_that_can_escape_their_caps_are_marked_or_refused() {
     let mut c = shared_claim("ns", "esc", "uid-esc", NODE, 0, "1Gi", "10");
     reserved(&mut c, "root-pod");
     e.api.put_claim(c);
-    let r = prepare(&mut k, &[("ns", "esc", "uid-esc")]).await;
-    assert_eq!(r.claims["uid-esc"].error, "");
+    let r = k.prepare(&[("ns", "esc", "uid-esc")]).await.unwrap();
+    assert_granted(&r, "uid-esc");
     let st = &e.api.claim("ns", "esc").unwrap()["status"]["devices"][0]["conditions"];
     let enforced = st
         .as_array()
@@ -895,12 +859,9 @@ async fn claims_of_pods_that_can_escape_their_caps_are_marked_or_refused() {
     let r = refusing
         .prepare(&[claim_ref("esc2", "uid-esc2"), claim_ref("fine", "uid-fine")])
         .await;
-    let err = r["uid-esc2"].as_ref().unwrap_err();
-    assert!(
-        matches!(err, gpuslice_dra::driver::PrepareError::Unenforceable(..)),
-        "{err:?}"
-    );
-    let err = gpuslice_dra::one_line(err);
+    let err = driver_refusal(&r, "uid-esc2", |e| {
+        matches!(e, PrepareError::Unenforceable(..))
+    });
     assert!(
         err.contains("--refuse-unenforceable") && err.contains("privileged"),
         "{err}"
@@ -999,7 +960,7 @@ async fn two_shares_in_one_claim_are_refused_not_capped_as_one() {
     second["consumedCapacity"] = serde_json::json!({"memory": "30Gi", "compute": "50"});
     results.push(second);
     e.api.put_claim(two);
-    let r = prepare(&mut k, &[("ns", "two", "uid-two")]).await;
+    let r = k.prepare(&[("ns", "two", "uid-two")]).await.unwrap();
     let err = &r.claims["uid-two"].error;
     assert!(err.contains("2 shares of GPUs (gpu-0, gpu-0)"), "{err}");
     assert!(err.contains("one request"), "{err}");
@@ -1062,17 +1023,9 @@ async fn the_plugin_gives_back_what_a_dead_container_held_in_its_claim() {
 async fn a_whole_gpu_is_all_of_its_capacity_and_excludes_shares_both_ways() {
     let (e, _s, mut k) = Env::serving(true).await;
     let mem = host().gpus()[1].memory_bytes.to_string();
-    e.api.put_claim(shared_claim(
-        "ns",
-        "whole",
-        "uid-whole",
-        NODE,
-        1,
-        &mem,
-        "100",
-    ));
-    let r = prepare(&mut k, &[("ns", "whole", "uid-whole")]).await;
-    assert_eq!(r.claims["uid-whole"].error, "");
+    e.put_share("whole", 1, &mem, "100");
+    let r = k.prepare(&[("ns", "whole", "uid-whole")]).await.unwrap();
+    assert_granted(&r, "uid-whole");
     let spec = e.spec("uid-whole");
     let device = &spec["devices"][0];
     assert!(
@@ -1087,39 +1040,23 @@ async fn a_whole_gpu_is_all_of_its_capacity_and_excludes_shares_both_ways() {
     );
     // The scheduler would not place a share beside it (no capacity left);
     // the node refuses one all the same.
-    e.api.put_claim(shared_claim(
-        "ns",
-        "share",
-        "uid-share",
-        NODE,
-        1,
-        "1Gi",
-        "10",
-    ));
-    let r = prepare(&mut k, &[("ns", "share", "uid-share")]).await;
-    assert!(
-        r.claims["uid-share"].error.contains("exclusive"),
-        "{:?}",
-        r.claims
-    );
+    e.put_share("share", 1, "1Gi", "10");
+    let r = k.prepare(&[("ns", "share", "uid-share")]).await.unwrap();
+    assert_refused(&r, "uid-share", "exclusive");
 
     // A share first, then the whole GPU: refused the other way round.
-    e.api
-        .put_claim(shared_claim("ns", "s2", "uid-s2", NODE, 2, "1Gi", "10"));
-    e.api
-        .put_claim(shared_claim("ns", "w2", "uid-w2", NODE, 2, &mem, "100"));
-    let r = prepare(&mut k, &[("ns", "s2", "uid-s2"), ("ns", "w2", "uid-w2")]).await;
-    assert_eq!(r.claims["uid-s2"].error, "");
-    assert!(
-        r.claims["uid-w2"].error.contains("exclusive"),
-        "{:?}",
-        r.claims
-    );
+    e.put_share("s2", 2, "1Gi", "10");
+    e.put_share("w2", 2, &mem, "100");
+    let r = k
+        .prepare(&[("ns", "s2", "uid-s2"), ("ns", "w2", "uid-w2")])
+        .await
+        .unwrap();
+    assert_granted(&r, "uid-s2");
+    assert_refused(&r, "uid-w2", "exclusive");
     // Nearly all of it is still a share, capped.
-    e.api
-        .put_claim(shared_claim("ns", "s3", "uid-s3", NODE, 0, "1Gi", "100"));
-    let r = prepare(&mut k, &[("ns", "s3", "uid-s3")]).await;
-    assert_eq!(r.claims["uid-s3"].error, "");
+    e.put_share("s3", 0, "1Gi", "100");
+    let r = k.prepare(&[("ns", "s3", "uid-s3")]).await.unwrap();
+    assert_granted(&r, "uid-s3");
     assert!(env_of(&e.spec("uid-s3")["devices"][0])
         .iter()
         .any(|v| v.starts_with("GPUSLICE_MEMORY_LIMIT_0=")));
@@ -1130,18 +1067,9 @@ async fn a_claim_that_names_no_compute_is_best_effort_and_blocks_no_share() {
     let (e, _s, mut k) = Env::serving(true).await;
     let uuid = host().gpus()[2].uuid.clone();
     // Memory only: the scheduler counted the policy's default, 1 %.
-    e.api.put_claim(claim_naming(
-        "ns",
-        "mem",
-        "uid-mem",
-        NODE,
-        2,
-        &["memory"],
-        "20Gi",
-        "1",
-    ));
-    let r = prepare(&mut k, &[("ns", "mem", "uid-mem")]).await;
-    assert_eq!(r.claims["uid-mem"].error, "");
+    e.put_naming("mem", 2, &["memory"], "20Gi", "1");
+    let r = k.prepare(&[("ns", "mem", "uid-mem")]).await.unwrap();
+    assert_granted(&r, "uid-mem");
     let device = &e.spec("uid-mem")["devices"][0];
     // Its memory is capped; its compute has no share (not the 1 % the
     // scheduler counted): not throttled, and no share of it on the board.
@@ -1163,43 +1091,30 @@ async fn a_claim_that_names_no_compute_is_best_effort_and_blocks_no_share() {
     );
     // So a share of all the GPU's time still fits beside it (before, the
     // claim counted 100 % and every share was refused).
-    e.api
-        .put_claim(shared_claim("ns", "all", "uid-all", NODE, 2, "20Gi", "100"));
-    let r = prepare(&mut k, &[("ns", "all", "uid-all")]).await;
-    assert_eq!(r.claims["uid-all"].error, "");
+    e.put_share("all", 2, "20Gi", "100");
+    let r = k.prepare(&[("ns", "all", "uid-all")]).await.unwrap();
+    assert_granted(&r, "uid-all");
     // A request that names no capacity at all is still the whole GPU
     // (all the memory), with no caps.
     let mem = host().gpus()[1].memory_bytes.to_string();
-    e.api.put_claim(claim_naming(
-        "ns",
-        "whole",
-        "uid-whole",
-        NODE,
-        1,
-        &[],
-        &mem,
-        "1",
-    ));
-    let r = prepare(&mut k, &[("ns", "whole", "uid-whole")]).await;
-    assert_eq!(r.claims["uid-whole"].error, "");
+    e.put_naming("whole", 1, &[], &mem, "1");
+    let r = k.prepare(&[("ns", "whole", "uid-whole")]).await.unwrap();
+    assert_granted(&r, "uid-whole");
     let whole = &e.spec("uid-whole")["devices"][0];
     assert!(whole["containerEdits"]["mounts"].is_null(), "{whole}");
-    unprepare(
-        &mut k,
-        &[
-            ("ns", "mem", "uid-mem"),
-            ("ns", "all", "uid-all"),
-            ("ns", "whole", "uid-whole"),
-        ],
-    )
-    .await;
+    k.unprepare(&[
+        ("ns", "mem", "uid-mem"),
+        ("ns", "all", "uid-all"),
+        ("ns", "whole", "uid-whole"),
+    ])
+    .await
+    .unwrap();
 }
 
 #[tokio::test]
 async fn a_malformed_claim_fails_alone_and_leaves_nothing() {
     let (e, _s, mut k) = Env::serving(true).await;
-    e.api
-        .put_claim(shared_claim("ns", "good", "uid-good", NODE, 0, "1Gi", "5"));
+    e.put_share("good", 0, "1Gi", "5");
     // A share as plugins before one device per GPU named it, whose
     // consumedCapacity the API server dropped.
     let mut no_cc = shared_claim("ns", "nocc", "uid-nocc", NODE, 0, "1Gi", "5");
@@ -1209,10 +1124,8 @@ async fn a_malformed_claim_fails_alone_and_leaves_nothing() {
     r0.remove("consumedCapacity");
     r0.insert("device".into(), "gpu-0-shared".into());
     e.api.put_claim(no_cc);
-    e.api
-        .put_claim(shared_claim("ns", "big", "uid-big", NODE, 0, "1Gi", "150"));
-    e.api
-        .put_claim(shared_claim("ns", "frac", "uid-frac", NODE, 0, "0.5", "5"));
+    e.put_share("big", 0, "1Gi", "150");
+    e.put_share("frac", 0, "0.5", "5");
     e.api
         .put_claim(device_claim("ns", "name", "uid-name", NODE, "gpu-x"));
     e.api
@@ -1239,9 +1152,9 @@ async fn a_malformed_claim_fails_alone_and_leaves_nothing() {
     ];
     let mut claims = vec![("ns", "good", "uid-good")];
     claims.extend(cases.iter().map(|(n, u, _)| ("ns", *n, *u)));
-    let r = prepare(&mut k, &claims).await;
+    let r = k.prepare(&claims).await.unwrap();
     assert_eq!(r.claims.len(), claims.len(), "every claim gets an entry");
-    assert_eq!(r.claims["uid-good"].error, "");
+    assert_granted(&r, "uid-good");
     for (name, uid, why) in cases {
         let c = &r.claims[uid];
         assert!(c.error.contains(why), "{name}: {:?} lacks {why:?}", c.error);
@@ -1260,41 +1173,31 @@ async fn a_malformed_claim_fails_alone_and_leaves_nothing() {
 async fn over_capacity_claims_are_refused_clearly() {
     let (e, _s, mut k) = Env::serving(true).await;
     // The fake GPU has 150,754,820,096 B (140.4 GiB).
-    e.api
-        .put_claim(shared_claim("ns", "a", "uid-a", NODE, 0, "100Gi", "40"));
-    e.api
-        .put_claim(shared_claim("ns", "b", "uid-b", NODE, 0, "41Gi", "10"));
-    e.api
-        .put_claim(shared_claim("ns", "c", "uid-c", NODE, 0, "40Gi", "70"));
-    e.api
-        .put_claim(shared_claim("ns", "d", "uid-d", NODE, 0, "40Gi", "60"));
+    e.put_share("a", 0, "100Gi", "40");
+    e.put_share("b", 0, "41Gi", "10");
+    e.put_share("c", 0, "40Gi", "70");
+    e.put_share("d", 0, "40Gi", "60");
     e.api
         .put_claim(device_claim("ns", "w", "uid-w", NODE, "gpu-0"));
-    let r = prepare(
-        &mut k,
-        &[
+    let r = k
+        .prepare(&[
             ("ns", "a", "uid-a"),
             ("ns", "b", "uid-b"),
             ("ns", "c", "uid-c"),
             ("ns", "d", "uid-d"),
             ("ns", "w", "uid-w"),
-        ],
-    )
-    .await;
-    assert_eq!(r.claims["uid-a"].error, "");
+        ])
+        .await
+        .unwrap();
+    assert_granted(&r, "uid-a");
     let b = &r.claims["uid-b"].error;
     assert!(
         b.contains("GPU 0 would be over-committed") && b.contains("memory"),
         "{b}"
     );
-    let c = &r.claims["uid-c"].error;
-    assert!(
-        c.contains("compute 70 % requested, 40 % already prepared"),
-        "{c}"
-    );
+    assert_refused(&r, "uid-c", "compute 70 % requested, 40 % already prepared");
     assert_eq!(r.claims["uid-d"].error, "", "40 + 60 % fits exactly");
-    let w = &r.claims["uid-w"].error;
-    assert!(w.contains("exclusive"), "{w}");
+    assert_refused(&r, "uid-w", "exclusive");
     for uid in ["uid-b", "uid-c", "uid-w"] {
         assert!(!spec_path(&e.cdi_dir(), uid).exists());
     }
@@ -1309,19 +1212,12 @@ async fn prepare_checks_claims_against_the_gpus_there_now() {
     let mut inv = gpuslice_testkit::fakenvml::discover(host());
     inv.gpus.retain(|g| g.index != 2);
     d.set_inventory(inv);
-    e.api
-        .put_claim(shared_claim("ns", "a", "uid-a", NODE, 2, "1Gi", "10"));
-    e.api
-        .put_claim(shared_claim("ns", "b", "uid-b", NODE, 1, "1Gi", "10"));
+    e.put_share("a", 2, "1Gi", "10");
+    e.put_share("b", 1, "1Gi", "10");
     let r = d
         .prepare(&[claim_ref("a", "uid-a"), claim_ref("b", "uid-b")])
         .await;
-    let a = r["uid-a"].as_ref().unwrap_err();
-    assert!(
-        matches!(a, gpuslice_dra::driver::PrepareError::NoGpu(..)),
-        "{a:?}"
-    );
-    let a = gpuslice_dra::one_line(a);
+    let a = driver_refusal(&r, "uid-a", |e| matches!(e, PrepareError::NoGpu(..)));
     assert!(a.contains("GPU 2 is not on this node"), "{a}");
     assert!(!spec_path(&e.cdi_dir(), "uid-a").exists());
     assert_eq!(r["uid-b"].as_ref().unwrap()[0].device, "gpu-1");
@@ -1330,28 +1226,22 @@ async fn prepare_checks_claims_against_the_gpus_there_now() {
 #[tokio::test]
 async fn a_shared_claim_without_the_shim_is_refused() {
     let (e, _s, mut k) = Env::serving(false).await;
-    e.api
-        .put_claim(shared_claim("ns", "a", "uid-a", NODE, 0, "1Gi", "10"));
-    let r = prepare(&mut k, &[("ns", "a", "uid-a")]).await;
-    assert!(
-        r.claims["uid-a"]
-            .error
-            .contains("libgpuslice.so was not found"),
-        "{:?}",
-        r.claims["uid-a"]
-    );
+    e.put_share("a", 0, "1Gi", "10");
+    let r = k.prepare(&[("ns", "a", "uid-a")]).await.unwrap();
+    assert_refused(&r, "uid-a", "libgpuslice.so was not found");
     assert!(!spec_path(&e.cdi_dir(), "uid-a").exists());
 }
 
 #[tokio::test]
 async fn several_claims_on_one_gpu_each_get_their_own_slice() {
     let (e, _s, mut k) = Env::serving(true).await;
-    e.api
-        .put_claim(shared_claim("ns", "a", "uid-a", NODE, 1, "20Gi", "30"));
-    e.api
-        .put_claim(shared_claim("ns", "b", "uid-b", NODE, 1, "40Gi", "60"));
+    e.put_share("a", 1, "20Gi", "30");
+    e.put_share("b", 1, "40Gi", "60");
     // Prepared in one call and in two: each its own spec, device and record.
-    let r = prepare(&mut k, &[("ns", "a", "uid-a"), ("ns", "b", "uid-b")]).await;
+    let r = k
+        .prepare(&[("ns", "a", "uid-a"), ("ns", "b", "uid-b")])
+        .await
+        .unwrap();
     let uuid = host().gpus()[1].uuid.clone();
     for (uid, gib, pct) in [("uid-a", 20, 30), ("uid-b", 40, 60)] {
         let got = &r.claims[uid];
@@ -1374,22 +1264,15 @@ async fn several_claims_on_one_gpu_each_get_their_own_slice() {
         );
     }
     // The two records are different files: unpreparing one keeps the other.
-    let u = unprepare(&mut k, &[("ns", "a", "uid-a")]).await;
+    let u = k.unprepare(&[("ns", "a", "uid-a")]).await.unwrap();
     assert_eq!(u.claims["uid-a"].error, "");
     assert!(!limits_record_path(&e.cdi_dir(), "uid-a-0").exists());
     let rec = limits_record(&e.spec("uid-b")["devices"][0]);
     assert_eq!(rec.devices[0].memory, Some(MemorySize(40 * GIB)));
     // Over capacity with what is left: 40 Gi/60 % held, 30 Gi/50 % refused.
-    e.api
-        .put_claim(shared_claim("ns", "c", "uid-c", NODE, 1, "30Gi", "50"));
-    let r = prepare(&mut k, &[("ns", "c", "uid-c")]).await;
-    assert!(
-        r.claims["uid-c"]
-            .error
-            .contains("compute 50 % requested, 60 % already prepared"),
-        "{:?}",
-        r.claims["uid-c"]
-    );
+    e.put_share("c", 1, "30Gi", "50");
+    let r = k.prepare(&[("ns", "c", "uid-c")]).await.unwrap();
+    assert_refused(&r, "uid-c", "compute 50 % requested, 60 % already prepared");
     assert!(!limits_record_path(&e.cdi_dir(), "uid-c-0").exists());
 }
 

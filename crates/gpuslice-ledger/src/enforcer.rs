@@ -295,10 +295,7 @@ impl Known {
         }
         let (_, table) = self.cgroups.get_or_insert_with(|| {
             let mut t = BTreeMap::new();
-            for e in fs::read_dir("/proc").into_iter().flatten().flatten() {
-                let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-                    continue;
-                };
+            for pid in crate::procfs::pids() {
                 let Ok(cg) = fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
                     continue;
                 };

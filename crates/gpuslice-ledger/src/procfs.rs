@@ -106,6 +106,16 @@ pub fn parse_stat(text: &str) -> Option<ProcStat> {
     })
 }
 
+/// The pids `/proc` lists (the processes of the pid namespace it was
+/// mounted for); none when it cannot be read.
+pub fn pids() -> impl Iterator<Item = u32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+}
+
 /// `/proc/<pid>/stat` of `pid`, parsed; None when it cannot be read or
 /// parsed.
 pub fn stat(pid: u32) -> Option<ProcStat> {

@@ -17,7 +17,6 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, ValueEnum};
 use gpuslice_core::discover::{discover, DiscoverOptions};
 use gpuslice_core::{HostRoot, Inventory};
-use gpuslice_dra::api::v1;
 use gpuslice_dra::apiserver::KubeApi;
 use gpuslice_dra::driver::{Driver, Options};
 use gpuslice_dra::publish::{follow, slice_name, SharedPolicy, UNHEALTHY_TAINT};
@@ -156,14 +155,7 @@ impl Plugin {
     }
 
     async fn prepare(&mut self, ns: &str, name: &str, uid: &str) -> Result<Vec<String>> {
-        let r = self
-            .kubelet
-            .v1
-            .node_prepare_resources(v1::NodePrepareResourcesRequest {
-                claims: vec![claim(ns, name, uid)],
-            })
-            .await?
-            .into_inner();
+        let r = self.kubelet.prepare(&[(ns, name, uid)]).await?;
         let c = r
             .claims
             .get(uid)
@@ -178,27 +170,12 @@ impl Plugin {
     }
 
     async fn unprepare(&mut self, ns: &str, name: &str, uid: &str) -> Result<()> {
-        let r = self
-            .kubelet
-            .v1
-            .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
-                claims: vec![claim(ns, name, uid)],
-            })
-            .await?
-            .into_inner();
+        let r = self.kubelet.unprepare(&[(ns, name, uid)]).await?;
         match r.claims.get(uid) {
             Some(c) if c.error.is_empty() => Ok(()),
             Some(c) => bail!("unprepare {ns}/{name}: {}", c.error),
             None => bail!("no answer for claim {uid}"),
         }
-    }
-}
-
-fn claim(ns: &str, name: &str, uid: &str) -> v1::Claim {
-    v1::Claim {
-        namespace: ns.into(),
-        name: name.into(),
-        uid: uid.into(),
     }
 }
 

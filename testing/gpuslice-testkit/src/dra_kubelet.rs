@@ -56,6 +56,35 @@ pub async fn register(reg_socket: &Path, driver: &str) -> Registered {
     }
 }
 
+/// `Registered`'s `$method`: the kubelet's `$call` in API version `$v`
+/// for the claims `(namespace, name, uid)`, answered.
+macro_rules! dra_call {
+    ($v:ident, $method:ident, $call:ident, $request:ident, $response:ident) => {
+        impl Registered {
+            pub async fn $method(
+                &mut self,
+                claims: &[(&str, &str, &str)],
+            ) -> Result<$v::$response, tonic::Status> {
+                let claims = claims
+                    .iter()
+                    .map(|(namespace, name, uid)| $v::Claim {
+                        namespace: namespace.to_string(),
+                        name: name.to_string(),
+                        uid: uid.to_string(),
+                    })
+                    .collect();
+                let r = self.$v.$call($v::$request { claims }).await?;
+                Ok(r.into_inner())
+            }
+        }
+    };
+}
+
+dra_call! { v1, prepare, node_prepare_resources, NodePrepareResourcesRequest, NodePrepareResourcesResponse }
+dra_call! { v1, unprepare, node_unprepare_resources, NodeUnprepareResourcesRequest, NodeUnprepareResourcesResponse }
+dra_call! { v1beta1, prepare_v1beta1, node_prepare_resources, NodePrepareResourcesRequest, NodePrepareResourcesResponse }
+dra_call! { v1beta1, unprepare_v1beta1, node_unprepare_resources, NodeUnprepareResourcesRequest, NodeUnprepareResourcesResponse }
+
 /// GetInfo with grpc-go's authority, then the kubelet's verdict sent back
 /// with NotifyRegistrationStatus on the same connection.
 async fn registration(

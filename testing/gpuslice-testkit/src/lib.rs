@@ -23,6 +23,8 @@
 //!   tests of one binary without racing on `FAKEGPU_ROOT`.
 //! - [`process`]: children the tests start: killed on drop, awaited until
 //!   they say they are ready.
+//! - [`temphost`]: a host root in a temporary directory holding the files
+//!   a test writes there (checks that read a host's files).
 //! - [`every_test_file_is_a_module`]: each crate's integration tests are one
 //!   binary (`tests/tests.rs`); this checks it leaves no file out.
 
@@ -35,6 +37,7 @@ pub mod module_graph;
 pub mod pod;
 pub mod podman;
 pub mod process;
+pub mod temphost;
 
 use std::path::PathBuf;
 

@@ -268,18 +268,11 @@ impl HostProcesses {
             return HostProcesses { seen: None };
         }
         let mut seen = HashSet::new();
-        for e in fs::read_dir("/proc").into_iter().flatten().flatten() {
-            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-                continue;
-            };
+        for pid in procfs::pids() {
             let Ok(status) = fs::read_to_string(format!("/proc/{pid}/status")) else {
                 continue;
             };
-            let inner = status
-                .lines()
-                .find_map(|l| l.strip_prefix("NSpid:"))
-                .and_then(|l| l.split_whitespace().last())
-                .and_then(|s| s.parse::<u32>().ok());
+            let inner = procfs::innermost_pid(&status);
             if let (Some(inner), Some(st)) = (inner, procfs::stat(pid)) {
                 if st.state != 'Z' && st.state != 'X' {
                     seen.insert((inner, st.start_time));

@@ -191,31 +191,49 @@ mod tests {
         chosen.iter().map(|e| e.gpu).collect()
     }
 
+    /// (free replicas per GPU, must_include, size, the GPUs picked in order)
+    type Case<'a> = (&'a [(u32, usize)], &'a [&'a str], usize, &'a [u32]);
+
+    fn expect_picks(spread: bool, cases: &[Case]) {
+        for &(free, must, size, want) in cases {
+            let got = gpus_of(free, must, size, spread);
+            assert_eq!(got, want, "{size} of {free:?}, must include {must:?}");
+        }
+    }
+
+    /// GPU 0 holds one replica already (3 free), GPUs 1 and 2 none.
+    const HOST: &[(u32, usize)] = &[(0, 3), (1, 4), (2, 4)];
+
     #[test]
     fn packing_fills_the_fullest_gpu_that_has_room() {
-        // GPU 0 holds one replica already (3 free), GPUs 1 and 2 none.
-        let host = [(0, 3), (1, 4), (2, 4)];
-        assert_eq!(gpus_of(&host, &[], 1, false), vec![0]);
-        assert_eq!(gpus_of(&host, &[], 3, false), vec![0, 0, 0]);
-        // Four do not fit on GPU 0: the fullest that fits them all.
-        assert_eq!(gpus_of(&host, &[], 4, false), vec![1, 1, 1, 1]);
-        // Fullest first even at a higher index.
-        assert_eq!(gpus_of(&[(0, 4), (1, 1), (2, 2)], &[], 1, false), vec![1]);
-        assert_eq!(
-            gpus_of(&[(0, 4), (1, 1), (2, 2)], &[], 2, false),
-            vec![2, 2]
+        let fuller_later: &[(u32, usize)] = &[(0, 4), (1, 1), (2, 2)];
+        expect_picks(
+            false,
+            &[
+                (HOST, &[], 1, &[0]),
+                (HOST, &[], 3, &[0, 0, 0]),
+                // Four do not fit on GPU 0: the fullest that fits them all.
+                (HOST, &[], 4, &[1, 1, 1, 1]),
+                // Fullest first even at a higher index.
+                (fuller_later, &[], 1, &[1]),
+                (fuller_later, &[], 2, &[2, 2]),
+                // Nothing holds five: the most free first, then the fullest with room.
+                (HOST, &[], 5, &[1, 1, 1, 1, 0]),
+                // must_include pulls the rest onto its GPU while it has room.
+                (HOST, &["G2::0"], 3, &[2, 2, 2]),
+            ],
         );
-        // Nothing holds five: the most free first, then the fullest with room.
-        assert_eq!(gpus_of(&host, &[], 5, false), vec![1, 1, 1, 1, 0]);
-        // must_include pulls the rest onto its GPU while it has room.
-        assert_eq!(gpus_of(&host, &["G2::0"], 3, false), vec![2, 2, 2]);
     }
 
     #[test]
     fn spreading_takes_the_emptiest_gpus_one_each() {
-        let host = [(0, 3), (1, 4), (2, 4)];
-        assert_eq!(gpus_of(&host, &[], 1, true), vec![1]);
-        assert_eq!(gpus_of(&host, &[], 3, true), vec![1, 2, 0]);
-        assert_eq!(gpus_of(&host, &[], 4, true), vec![1, 2, 0, 1]);
+        expect_picks(
+            true,
+            &[
+                (HOST, &[], 1, &[1]),
+                (HOST, &[], 3, &[1, 2, 0]),
+                (HOST, &[], 4, &[1, 2, 0, 1]),
+            ],
+        );
     }
 }
