@@ -4,19 +4,20 @@
 //! test kubelet), from the vendored protos. protox compiles them (pure
 //! Rust): no system `protoc` is needed.
 const PROTOS: &[&str] = &[
-    "proto/dra_v1.proto",
-    "proto/dra_v1beta1.proto",
-    "proto/pluginregistration_v1.proto",
-    "proto/dra_health_v1alpha1.proto",
-    "proto/dra_health_v1beta1.proto",
-    "proto/dra_health_v1.proto",
+    "proto/vendor/dra_v1.proto",
+    "proto/vendor/dra_v1beta1.proto",
+    "proto/vendor/pluginregistration_v1.proto",
+    "proto/vendor/dra_health_v1alpha1.proto",
+    "proto/vendor/dra_health_v1beta1.proto",
+    "proto/vendor/dra_health_v1.proto",
 ];
 
 fn main() {
     for p in PROTOS {
         println!("cargo:rerun-if-changed={p}");
     }
-    let fds = protox::compile(PROTOS, ["proto"]).unwrap_or_else(|e| panic!("DRA protos: {e}"));
+    let fds =
+        protox::compile(PROTOS, ["proto/vendor"]).unwrap_or_else(|e| panic!("DRA protos: {e}"));
     tonic_build::configure()
         .build_server(true)
         .build_client(true)

@@ -3,9 +3,12 @@
 //! vendored proto. The proto is compiled by protox (pure Rust): no system
 //! `protoc` is needed to build gpuslice.
 fn main() {
-    println!("cargo:rerun-if-changed=proto/deviceplugin_v1beta1.proto");
-    let fds = protox::compile(["proto/deviceplugin_v1beta1.proto"], ["proto"])
-        .unwrap_or_else(|e| panic!("proto/deviceplugin_v1beta1.proto: {e}"));
+    println!("cargo:rerun-if-changed=proto/vendor/deviceplugin_v1beta1.proto");
+    let fds = protox::compile(
+        ["proto/vendor/deviceplugin_v1beta1.proto"],
+        ["proto/vendor"],
+    )
+    .unwrap_or_else(|e| panic!("proto/vendor/deviceplugin_v1beta1.proto: {e}"));
     tonic_build::configure()
         .build_server(true)
         .build_client(true)
