@@ -755,6 +755,34 @@ fn extent(w: usize, h: usize, d: usize, format: c_int, channels: c_uint) -> u64 
         .saturating_mul(format_bytes(format))
 }
 
+/// What the array creations share: `call` passes through uncharged without
+/// a target, an out-pointer or a descriptor, or when `deferred` (no memory
+/// until mapped); otherwise the array is charged `estimate` of its
+/// descriptor.
+///
+/// # Safety
+/// `desc` is null or valid (the creation's C contract).
+unsafe fn create_array<D>(
+    kind: ArrayKind,
+    arr: *mut CUarray,
+    desc: *const D,
+    deferred: impl FnOnce(&D) -> bool,
+    estimate: impl FnOnce(&D) -> u64,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    // SAFETY: desc null or valid (caller contract).
+    let d = unsafe { desc.as_ref() };
+    let t = target_current().filter(|_| !arr.is_null());
+    match (t, d) {
+        (Some(t), Some(d)) if !deferred(d) => array_common(t, kind, estimate(d), arr, call),
+        _ => call(),
+    }
+}
+
+fn is_deferred(d: &Array3DDescriptor) -> bool {
+    d.flags & CUDA_ARRAY3D_DEFERRED_MAPPING != 0
+}
+
 /// # Safety
 /// C contract of `cuArrayCreate_v2`.
 pub unsafe fn array_create(
@@ -763,16 +791,18 @@ pub unsafe fn array_create(
     desc: *const ArrayDescriptor,
 ) -> CUresult {
     let f = real_fn!(real, pfn::ArrayCreate);
-    // SAFETY: desc null or valid (caller contract).
-    let d = unsafe { desc.as_ref() };
-    let t = target_current().filter(|_| !arr.is_null());
-    let (Some(t), Some(d)) = (t, d) else {
-        // SAFETY: caller contract.
-        return unsafe { f(arr, desc) };
-    };
-    let est = extent(d.width, d.height, 1, d.format, d.num_channels);
-    // SAFETY: caller contract.
-    array_common(t, ArrayKind::Plain, est, arr, || unsafe { f(arr, desc) })
+    let estimate = |d: &ArrayDescriptor| extent(d.width, d.height, 1, d.format, d.num_channels);
+    // SAFETY: caller contract (desc and the call's arguments).
+    unsafe {
+        create_array(
+            ArrayKind::Plain,
+            arr,
+            desc,
+            |_| false,
+            estimate,
+            || f(arr, desc),
+        )
+    }
 }
 
 /// # Safety
@@ -783,20 +813,14 @@ pub unsafe fn array3d_create(
     desc: *const Array3DDescriptor,
 ) -> CUresult {
     let f = real_fn!(real, pfn::Array3DCreate);
-    // SAFETY: desc null or valid (caller contract).
-    let d = unsafe { desc.as_ref() };
-    let t = target_current().filter(|_| !arr.is_null());
-    let (Some(t), Some(d)) = (t, d) else {
-        // SAFETY: caller contract.
-        return unsafe { f(arr, desc) };
-    };
-    if d.flags & CUDA_ARRAY3D_DEFERRED_MAPPING != 0 {
-        // SAFETY: caller contract.
-        return unsafe { f(arr, desc) };
+    let estimate =
+        |d: &Array3DDescriptor| extent(d.width, d.height, d.depth, d.format, d.num_channels);
+    // SAFETY: caller contract (desc and the call's arguments).
+    unsafe {
+        create_array(ArrayKind::Plain, arr, desc, is_deferred, estimate, || {
+            f(arr, desc)
+        })
     }
-    let est = extent(d.width, d.height, d.depth, d.format, d.num_channels);
-    // SAFETY: caller contract.
-    array_common(t, ArrayKind::Plain, est, arr, || unsafe { f(arr, desc) })
 }
 
 /// # Safety
@@ -808,45 +832,36 @@ pub unsafe fn mipmapped_create(
     levels: c_uint,
 ) -> CUresult {
     let f = real_fn!(real, pfn::MipmappedArrayCreate);
-    // SAFETY: desc null or valid (caller contract).
-    let d = unsafe { desc.as_ref() };
-    let t = target_current().filter(|_| !arr.is_null());
-    let (Some(t), Some(d)) = (t, d) else {
-        // SAFETY: caller contract.
-        return unsafe { f(arr, desc, levels) };
+    let estimate = |d: &Array3DDescriptor| {
+        (0..levels.clamp(1, 64)).fold(0u64, |sum, l| {
+            let shrink = |v: usize| if v == 0 { 0 } else { (v >> l).max(1) };
+            sum.saturating_add(extent(
+                shrink(d.width),
+                shrink(d.height),
+                shrink(d.depth),
+                d.format,
+                d.num_channels,
+            ))
+        })
     };
-    if d.flags & CUDA_ARRAY3D_DEFERRED_MAPPING != 0 {
-        // SAFETY: caller contract.
-        return unsafe { f(arr, desc, levels) };
+    // SAFETY: caller contract (desc and the call's arguments).
+    unsafe {
+        create_array(
+            ArrayKind::Mipmapped,
+            arr,
+            desc,
+            is_deferred,
+            estimate,
+            || f(arr, desc, levels),
+        )
     }
-    let est = (0..levels.clamp(1, 64)).fold(0u64, |sum, l| {
-        let shrink = |v: usize| if v == 0 { 0 } else { (v >> l).max(1) };
-        sum.saturating_add(extent(
-            shrink(d.width),
-            shrink(d.height),
-            shrink(d.depth),
-            d.format,
-            d.num_channels,
-        ))
-    });
-    // SAFETY: caller contract.
-    array_common(t, ArrayKind::Mipmapped, est, arr, || unsafe {
-        f(arr, desc, levels)
-    })
 }
 
 /// # Safety
-/// C contract of `cuArrayDestroy`.
+/// C contract of `cuArrayDestroy` or `cuMipmappedArrayDestroy` (the same
+/// prototype; the array is untracked either way).
 pub unsafe fn array_destroy(real: &Real, arr: CUarray) -> CUresult {
     let f = real_fn!(real, pfn::ArrayDestroy);
-    // SAFETY: caller contract.
-    untrack(&ARRAYS, arr as u64, || unsafe { f(arr) })
-}
-
-/// # Safety
-/// C contract of `cuMipmappedArrayDestroy`.
-pub unsafe fn mipmapped_destroy(real: &Real, arr: CUarray) -> CUresult {
-    let f = real_fn!(real, pfn::MipmappedArrayDestroy);
     // SAFETY: caller contract.
     untrack(&ARRAYS, arr as u64, || unsafe { f(arr) })
 }
