@@ -228,27 +228,31 @@ pub mod pfn {
         unsafe extern "C" fn(stream: CUstream, graph: *mut CUgraph) -> CUresult;
     pub type StreamIsCapturing =
         unsafe extern "C" fn(stream: CUstream, status: *mut c_int) -> CUresult;
-    /// `cuLaunchKernel` and `cuLaunchCooperativeKernel` take the same grid
-    /// arguments; only the first has `extra`.
-    macro_rules! grid_launch {
-        ($name:ident $(, $extra:ident)?) => {
-            pub type $name = unsafe extern "C" fn(
-                f: CUfunction,
-                grid_x: c_uint,
-                grid_y: c_uint,
-                grid_z: c_uint,
-                block_x: c_uint,
-                block_y: c_uint,
-                block_z: c_uint,
-                shared_mem: c_uint,
-                stream: CUstream,
-                params: *mut *mut c_void,
-                $($extra: *mut *mut c_void,)?
-            ) -> CUresult;
-        };
-    }
-    grid_launch!(LaunchKernel, extra);
-    grid_launch!(LaunchCooperativeKernel);
+    pub type LaunchKernel = unsafe extern "C" fn(
+        f: CUfunction,
+        grid_x: c_uint,
+        grid_y: c_uint,
+        grid_z: c_uint,
+        block_x: c_uint,
+        block_y: c_uint,
+        block_z: c_uint,
+        shared_mem: c_uint,
+        stream: CUstream,
+        params: *mut *mut c_void,
+        extra: *mut *mut c_void,
+    ) -> CUresult;
+    pub type LaunchCooperativeKernel = unsafe extern "C" fn(
+        f: CUfunction,
+        grid_x: c_uint,
+        grid_y: c_uint,
+        grid_z: c_uint,
+        block_x: c_uint,
+        block_y: c_uint,
+        block_z: c_uint,
+        shared_mem: c_uint,
+        stream: CUstream,
+        params: *mut *mut c_void,
+    ) -> CUresult;
     pub type LaunchKernelEx = unsafe extern "C" fn(
         config: *const LaunchConfig,
         f: CUfunction,

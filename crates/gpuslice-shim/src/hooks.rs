@@ -886,23 +886,8 @@ pub unsafe fn mem_get_info(real: &Real, free: *mut usize, total: *mut usize) -> 
     // The driver's own handling of null pointers and errors comes first.
     // SAFETY: caller contract.
     let rc = unsafe { f(free, total) };
-    if rc != CUDA_SUCCESS {
-        return rc;
-    }
-    let Some(t) = target_current() else { return rc };
-    // SAFETY: non-null pointers were just written by the driver.
-    unsafe {
-        let real_total = total.as_ref().map_or(u64::MAX, |&v| v as u64);
-        let real_free = free.as_ref().map_or(u64::MAX, |&v| v as u64);
-        let (t_total, t_free) = slice_view(t, real_total, real_free);
-        if let Some(v) = total.as_mut() {
-            *v = t_total as usize;
-        }
-        if let Some(v) = free.as_mut() {
-            *v = t_free as usize;
-        }
-    }
-    rc
+    // SAFETY: as the driver left them.
+    unsafe { slice_mem_info(rc, free, total, |&v| v as u64, |v| v as usize) }
 }
 
 /// # Safety
@@ -911,20 +896,38 @@ pub unsafe fn mem_get_info_v1(real: &Real, free: *mut c_uint, total: *mut c_uint
     let f = real_fn!(real, pfn::MemGetInfoV1);
     // SAFETY: caller contract.
     let rc = unsafe { f(free, total) };
+    let narrow = |v: u64| v.min(u64::from(c_uint::MAX)) as c_uint;
+    // SAFETY: as the driver left them.
+    unsafe { slice_mem_info(rc, free, total, |&v| u64::from(v), narrow) }
+}
+
+/// What a `cuMemGetInfo*` returns (`rc`), its (free, total) rewritten in
+/// place on success to the slice's view of the current device, if any;
+/// `widen` and `narrow` convert from and to the ABI's integers.
+///
+/// # Safety
+/// `free` and `total` null or valid, as the driver just left them.
+unsafe fn slice_mem_info<T>(
+    rc: CUresult,
+    free: *mut T,
+    total: *mut T,
+    widen: impl Fn(&T) -> u64,
+    narrow: impl Fn(u64) -> T,
+) -> CUresult {
     if rc != CUDA_SUCCESS {
         return rc;
     }
     let Some(t) = target_current() else { return rc };
     // SAFETY: non-null pointers were just written by the driver.
     unsafe {
-        let real_total = total.as_ref().map_or(u64::MAX, |&v| u64::from(v));
-        let real_free = free.as_ref().map_or(u64::MAX, |&v| u64::from(v));
+        let real_total = total.as_ref().map_or(u64::MAX, &widen);
+        let real_free = free.as_ref().map_or(u64::MAX, &widen);
         let (t_total, t_free) = slice_view(t, real_total, real_free);
         if let Some(v) = total.as_mut() {
-            *v = t_total.min(u64::from(c_uint::MAX)) as c_uint;
+            *v = narrow(t_total);
         }
         if let Some(v) = free.as_mut() {
-            *v = t_free.min(u64::from(c_uint::MAX)) as c_uint;
+            *v = narrow(t_free);
         }
     }
     rc
@@ -945,13 +948,8 @@ pub unsafe fn device_total_mem(real: &Real, bytes: *mut usize, dev: CUdevice) ->
     let f = real_fn!(real, pfn::DeviceTotalMem);
     // SAFETY: caller contract.
     let rc = unsafe { f(bytes, dev) };
-    if rc == CUDA_SUCCESS {
-        if let Some(cap) = cap_of(dev) {
-            // SAFETY: written by the driver on success.
-            unsafe { *bytes = (*bytes).min(cap.min(usize::MAX as u64) as usize) };
-        }
-    }
-    rc
+    // SAFETY: as the driver left it.
+    unsafe { capped_total(rc, bytes, dev, |&v| v as u64, |v| v as usize) }
 }
 
 /// # Safety
@@ -960,10 +958,27 @@ pub unsafe fn device_total_mem_v1(real: &Real, bytes: *mut c_uint, dev: CUdevice
     let f = real_fn!(real, pfn::DeviceTotalMemV1);
     // SAFETY: caller contract.
     let rc = unsafe { f(bytes, dev) };
+    // SAFETY: as the driver left it.
+    unsafe { capped_total(rc, bytes, dev, |&v| u64::from(v), |v| v as c_uint) }
+}
+
+/// What a `cuDeviceTotalMem*` returns (`rc`), its total lowered on success
+/// to the cap of `dev`, if any; `widen` and `narrow` convert from and to
+/// the ABI's integer (the lowered total fits: it is at most the driver's).
+///
+/// # Safety
+/// `bytes` as the driver just left it: valid when `rc` is success.
+unsafe fn capped_total<T>(
+    rc: CUresult,
+    bytes: *mut T,
+    dev: CUdevice,
+    widen: impl Fn(&T) -> u64,
+    narrow: impl Fn(u64) -> T,
+) -> CUresult {
     if rc == CUDA_SUCCESS {
         if let Some(cap) = cap_of(dev) {
             // SAFETY: written by the driver on success.
-            unsafe { *bytes = u64::from(*bytes).min(cap) as c_uint };
+            unsafe { *bytes = narrow(widen(&*bytes).min(cap)) };
         }
     }
     rc
