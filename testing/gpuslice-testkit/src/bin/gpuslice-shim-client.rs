@@ -60,11 +60,11 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use gpuslice_cuda_abi::cuda::{
-    pfn, Array3DDescriptor, ArrayDescriptor, CUmemAllocationProp, CUmemPoolProps, CUresult as R,
-    LaunchConfig, MemAllocNodeParams, CUDA_ARRAY3D_DEFERRED_MAPPING, CU_GET_PROC_ADDRESS_DEFAULT,
-    CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, CU_MEM_ALLOCATION_TYPE_MANAGED,
-    CU_MEM_ALLOCATION_TYPE_PINNED, CU_MEM_LOCATION_TYPE_DEVICE, CU_MEM_LOCATION_TYPE_HOST,
-    CU_STREAM_CAPTURE_MODE_GLOBAL, CU_STREAM_PER_THREAD, LIBCUDA,
+    pfn, Array3DDescriptor, ArrayDescriptor, CUarray, CUmemAllocationProp, CUmemPoolProps,
+    CUresult as R, LaunchConfig, MemAllocNodeParams, CUDA_ARRAY3D_DEFERRED_MAPPING,
+    CU_GET_PROC_ADDRESS_DEFAULT, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
+    CU_MEM_ALLOCATION_TYPE_MANAGED, CU_MEM_ALLOCATION_TYPE_PINNED, CU_MEM_LOCATION_TYPE_DEVICE,
+    CU_MEM_LOCATION_TYPE_HOST, CU_STREAM_CAPTURE_MODE_GLOBAL, CU_STREAM_PER_THREAD, LIBCUDA,
 };
 use gpuslice_cuda_abi::fakegpu;
 use gpuslice_cuda_abi::nvml::{pfn as nvml_pfn, NvmlProcessInfo};
@@ -252,6 +252,9 @@ fn q(s: &str) -> String {
     format!("\"{s}\"")
 }
 
+/// How a path makes its allocation: written to the handle it is given.
+type Make<'a, H> = &'a dyn Fn(&mut H) -> R;
+
 /// One path: make an allocation into `handle` with `alloc`, record use,
 /// give it back with `free`.
 fn path<H: Copy>(
@@ -278,23 +281,24 @@ const MIB: usize = 1 << 20;
 fn paths(cu: &Cuda) {
     let alloc = f!(cu, MemAlloc, "_v2");
     let free = f!(cu, MemFree, "_v2");
-    // SAFETY: each call frees the allocation just made, once.
-    let mem_free = |p| unsafe { free(p) };
-    // SAFETY: valid out-pointer.
-    path("cuMemAlloc", 0, |p| unsafe { alloc(p, 3 * MIB) }, mem_free);
     let pitch = f!(cu, MemAllocPitch, "_v2");
-    let mut pitch_out = 0;
-    // SAFETY: valid out-pointers.
-    let alloc_pitch = |p: &mut u64| unsafe { pitch(p, &mut pitch_out, 1000, 1024, 4) };
-    path("cuMemAllocPitch", 0, alloc_pitch, mem_free);
     let managed = f!(cu, MemAllocManaged);
-    path(
-        "cuMemAllocManaged",
-        0,
+    // The allocations cuMemFree gives back.
+    let freed: [(&str, Make<u64>); 3] = [
         // SAFETY: valid out-pointer.
-        |p| unsafe { managed(p, 5 * MIB, 1) },
-        mem_free,
-    );
+        ("cuMemAlloc", &|p| unsafe { alloc(p, 3 * MIB) }),
+        ("cuMemAllocPitch", &|p| {
+            let mut pitch_out = 0;
+            // SAFETY: valid out-pointers.
+            unsafe { pitch(p, &mut pitch_out, 1000, 1024, 4) }
+        }),
+        // SAFETY: valid out-pointer.
+        ("cuMemAllocManaged", &|p| unsafe { managed(p, 5 * MIB, 1) }),
+    ];
+    for (name, alloc) in freed {
+        // SAFETY: frees the allocation just made, once.
+        path(name, 0, alloc, |p| unsafe { free(p) });
+    }
 
     for exact in ["cuMemAllocAsync", "cuMemAllocAsync_ptsz"] {
         let a = f!(cu, "cuMemAllocAsync", exact, pfn::MemAllocAsync);
@@ -352,39 +356,34 @@ fn paths(cu: &Cuda) {
     let arr_destroy = f!(cu, ArrayDestroy);
     let mip = f!(cu, MipmappedArrayCreate);
     let mip_destroy = f!(cu, MipmappedArrayDestroy);
-    // SAFETY: each call destroys the array just created, once.
-    let destroy_array = |a| unsafe { arr_destroy(a) };
     let d2 = ArrayDescriptor {
         width: 1024,
         height: 1024,
         format: 0x20,
         num_channels: 1,
     };
+    let (d3, dm) = (
+        array3d(256, 256, 16, 0x01, 0),
+        array3d(512, 512, 0, 0x20, 0),
+    );
     let null = std::ptr::null_mut();
-    path(
-        "cuArrayCreate",
-        null,
+    // (name, create, destroy)
+    let arrays: [(&str, Make<CUarray>, pfn::ArrayDestroy); 3] = [
         // SAFETY: valid arguments.
-        |a| unsafe { arr2(a, &d2) },
-        destroy_array,
-    );
-    let d3 = array3d(256, 256, 16, 0x01, 0);
-    path(
-        "cuArray3DCreate",
-        null,
+        ("cuArrayCreate", &|a| unsafe { arr2(a, &d2) }, arr_destroy),
         // SAFETY: valid arguments.
-        |a| unsafe { arr3(a, &d3) },
-        destroy_array,
-    );
-    let dm = array3d(512, 512, 0, 0x20, 0);
-    path(
-        "cuMipmappedArrayCreate",
-        null,
-        // SAFETY: valid arguments.
-        |a| unsafe { mip(a, &dm, 4) },
-        // SAFETY: a is the mipmapped array created above, destroyed once.
-        |a| unsafe { mip_destroy(a) },
-    );
+        ("cuArray3DCreate", &|a| unsafe { arr3(a, &d3) }, arr_destroy),
+        (
+            "cuMipmappedArrayCreate",
+            // SAFETY: valid arguments.
+            &|a| unsafe { mip(a, &dm, 4) },
+            mip_destroy,
+        ),
+    ];
+    for (name, create, destroy) in arrays {
+        // SAFETY: destroys the array just created, once.
+        path(name, null, create, |a| unsafe { destroy(a) });
+    }
 
     // Graph memory: a graph with one allocation node, launched, then the
     // graph pool trimmed after the exec is gone.
