@@ -34,6 +34,8 @@
 //! - `set-limit LIMIT VALUE`: `cuCtxSetLimit`'s rc, the limit read back,
 //!   [ledger, NVML] before and after.
 //! - `hold BYTES`: allocates, prints `held`, sleeps until killed.
+//! - `info-32`: the 32-bit ABI's `cuMemGetInfo` and `cuDeviceTotalMem`
+//!   (their unsuffixed names) on device 0: rc and figures of each.
 //! - `dlvsym NAME...`: what `dlvsym` gives for each NAME in libcuda's
 //!   handle and in `RTLD_DEFAULT`, under several versions: the defining
 //!   file.
@@ -592,6 +594,27 @@ fn mem_info(cu: &Cuda) -> (R, usize, usize) {
     (rc, free, total)
 }
 
+/// See `info-32` in the module docs.
+fn info_32(cu: &Cuda) {
+    let info = f!(cu, "cuMemGetInfo", "cuMemGetInfo", pfn::MemGetInfoV1);
+    let device_total = f!(
+        cu,
+        "cuDeviceTotalMem",
+        "cuDeviceTotalMem",
+        pfn::DeviceTotalMemV1
+    );
+    let (mut free, mut total, mut bytes) = (0, 0, 0);
+    // SAFETY: valid out-pointers; device 0 exists.
+    let (rc, rc_total) = unsafe { (info(&mut free, &mut total), device_total(&mut bytes, 0)) };
+    line(&[
+        ("rc", rc.to_string()),
+        ("free", free.to_string()),
+        ("total", total.to_string()),
+        ("rc_total", rc_total.to_string()),
+        ("device_total", bytes.to_string()),
+    ]);
+}
+
 fn fill(cu: &Cuda, block: usize, stream_ordered: bool) {
     let alloc = f!(cu, MemAlloc, "_v2");
     let free = f!(cu, MemFree, "_v2");
@@ -976,6 +999,7 @@ fn main() {
             let stream_ordered = rest.get(2).is_some_and(|m| m == "async");
             fill(&cu, parse(&rest, 1, "BLOCK"), stream_ordered);
         }
+        "info-32" => info_32(&cu),
         "info" => {
             let (rc, free, total) = mem_info(&cu);
             line(&[
