@@ -295,10 +295,7 @@ impl Known {
         }
         let (_, table) = self.cgroups.get_or_insert_with(|| {
             let mut t = BTreeMap::new();
-            for pid in crate::procfs::pids() {
-                let Ok(cg) = fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
-                    continue;
-                };
+            for (pid, cg) in crate::procfs::cgroups() {
                 if t.contains_key(&cg) {
                     continue;
                 }
