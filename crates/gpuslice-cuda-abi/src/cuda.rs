@@ -228,31 +228,27 @@ pub mod pfn {
         unsafe extern "C" fn(stream: CUstream, graph: *mut CUgraph) -> CUresult;
     pub type StreamIsCapturing =
         unsafe extern "C" fn(stream: CUstream, status: *mut c_int) -> CUresult;
-    pub type LaunchKernel = unsafe extern "C" fn(
-        f: CUfunction,
-        grid_x: c_uint,
-        grid_y: c_uint,
-        grid_z: c_uint,
-        block_x: c_uint,
-        block_y: c_uint,
-        block_z: c_uint,
-        shared_mem: c_uint,
-        stream: CUstream,
-        params: *mut *mut c_void,
-        extra: *mut *mut c_void,
-    ) -> CUresult;
-    pub type LaunchCooperativeKernel = unsafe extern "C" fn(
-        f: CUfunction,
-        grid_x: c_uint,
-        grid_y: c_uint,
-        grid_z: c_uint,
-        block_x: c_uint,
-        block_y: c_uint,
-        block_z: c_uint,
-        shared_mem: c_uint,
-        stream: CUstream,
-        params: *mut *mut c_void,
-    ) -> CUresult;
+    /// `cuLaunchKernel` and `cuLaunchCooperativeKernel` take the same grid
+    /// arguments; `rest` is what one takes after them.
+    macro_rules! grid_launch {
+        ($name:ident $(, $($rest:tt)+)?) => {
+            pub type $name = unsafe extern "C" fn(
+                f: CUfunction,
+                grid_x: c_uint,
+                grid_y: c_uint,
+                grid_z: c_uint,
+                block_x: c_uint,
+                block_y: c_uint,
+                block_z: c_uint,
+                shared_mem: c_uint,
+                stream: CUstream,
+                params: *mut *mut c_void,
+                $($($rest)+)?
+            ) -> CUresult;
+        };
+    }
+    grid_launch!(LaunchKernel, extra: *mut *mut c_void);
+    grid_launch!(LaunchCooperativeKernel);
     pub type LaunchKernelEx = unsafe extern "C" fn(
         config: *const LaunchConfig,
         f: CUfunction,
