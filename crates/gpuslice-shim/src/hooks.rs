@@ -779,6 +779,7 @@ unsafe fn create_array<D>(
     }
 }
 
+/// A deferred-mapping array: no memory until it is mapped.
 fn is_deferred(d: &Array3DDescriptor) -> bool {
     d.flags & CUDA_ARRAY3D_DEFERRED_MAPPING != 0
 }
