@@ -606,13 +606,23 @@ fn info_32(cu: &Cuda) {
     let (mut free, mut total, mut bytes) = (0, 0, 0);
     // SAFETY: valid out-pointers; device 0 exists.
     let (rc, rc_total) = unsafe { (info(&mut free, &mut total), device_total(&mut bytes, 0)) };
-    line(&[
+    let mut kv = mem_info_fields(rc, free, total);
+    kv.push(("rc_total", rc_total.to_string()));
+    kv.push(("device_total", bytes.to_string()));
+    line(&kv);
+}
+
+/// What `info` prints of a `cuMemGetInfo*`: its rc and figures.
+fn mem_info_fields(
+    rc: R,
+    free: impl ToString,
+    total: impl ToString,
+) -> Vec<(&'static str, String)> {
+    vec![
         ("rc", rc.to_string()),
         ("free", free.to_string()),
         ("total", total.to_string()),
-        ("rc_total", rc_total.to_string()),
-        ("device_total", bytes.to_string()),
-    ]);
+    ]
 }
 
 fn fill(cu: &Cuda, block: usize, stream_ordered: bool) {
@@ -1002,11 +1012,7 @@ fn main() {
         "info-32" => info_32(&cu),
         "info" => {
             let (rc, free, total) = mem_info(&cu);
-            line(&[
-                ("rc", rc.to_string()),
-                ("free", free.to_string()),
-                ("total", total.to_string()),
-            ]);
+            line(&mem_info_fields(rc, free, total));
         }
         "capture" => capture(&cu, parse(&rest, 1, "COUNT"), parse(&rest, 2, "SIZE")),
         "cycle" => cycle(&cu, parse(&rest, 1, "N"), parse(&rest, 2, "SIZE")),
