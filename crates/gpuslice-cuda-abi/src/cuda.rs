@@ -12,18 +12,29 @@ pub type CUresult = c_int;
 pub type CUdevice = c_int;
 /// `CUdeviceptr` (`unsigned long long` on 64-bit hosts).
 pub type CUdeviceptr = u64;
-pub type CUcontext = *mut c_void;
-pub type CUstream = *mut c_void;
-pub type CUevent = *mut c_void;
-pub type CUfunction = *mut c_void;
-pub type CUarray = *mut c_void;
-pub type CUmemoryPool = *mut c_void;
-pub type CUgraph = *mut c_void;
-pub type CUgraphExec = *mut c_void;
-pub type CUmipmappedArray = *mut c_void;
-pub type CUmodule = *mut c_void;
-pub type CUlibrary = *mut c_void;
-pub type CUgreenCtx = *mut c_void;
+
+/// The driver's opaque handles: each a pointer to a struct cuda.h never
+/// defines, so one Rust type serves them all.
+macro_rules! opaque_handles {
+    ($($name:ident),* $(,)?) => {
+        $(pub type $name = *mut c_void;)*
+    };
+}
+
+opaque_handles!(
+    CUcontext,
+    CUstream,
+    CUevent,
+    CUfunction,
+    CUarray,
+    CUmemoryPool,
+    CUgraph,
+    CUgraphExec,
+    CUmipmappedArray,
+    CUmodule,
+    CUlibrary,
+    CUgreenCtx,
+);
 /// `CUmemGenericAllocationHandle` (`unsigned long long`).
 pub type CUmemGenericAllocationHandle = u64;
 
@@ -217,31 +228,27 @@ pub mod pfn {
         unsafe extern "C" fn(stream: CUstream, graph: *mut CUgraph) -> CUresult;
     pub type StreamIsCapturing =
         unsafe extern "C" fn(stream: CUstream, status: *mut c_int) -> CUresult;
-    pub type LaunchKernel = unsafe extern "C" fn(
-        f: CUfunction,
-        grid_x: c_uint,
-        grid_y: c_uint,
-        grid_z: c_uint,
-        block_x: c_uint,
-        block_y: c_uint,
-        block_z: c_uint,
-        shared_mem: c_uint,
-        stream: CUstream,
-        params: *mut *mut c_void,
-        extra: *mut *mut c_void,
-    ) -> CUresult;
-    pub type LaunchCooperativeKernel = unsafe extern "C" fn(
-        f: CUfunction,
-        grid_x: c_uint,
-        grid_y: c_uint,
-        grid_z: c_uint,
-        block_x: c_uint,
-        block_y: c_uint,
-        block_z: c_uint,
-        shared_mem: c_uint,
-        stream: CUstream,
-        params: *mut *mut c_void,
-    ) -> CUresult;
+    /// `cuLaunchKernel` and `cuLaunchCooperativeKernel` take the same grid
+    /// arguments; `rest` is what one takes after them.
+    macro_rules! grid_launch {
+        ($name:ident $(, $($rest:tt)+)?) => {
+            pub type $name = unsafe extern "C" fn(
+                f: CUfunction,
+                grid_x: c_uint,
+                grid_y: c_uint,
+                grid_z: c_uint,
+                block_x: c_uint,
+                block_y: c_uint,
+                block_z: c_uint,
+                shared_mem: c_uint,
+                stream: CUstream,
+                params: *mut *mut c_void,
+                $($($rest)+)?
+            ) -> CUresult;
+        };
+    }
+    grid_launch!(LaunchKernel, extra: *mut *mut c_void);
+    grid_launch!(LaunchCooperativeKernel);
     pub type LaunchKernelEx = unsafe extern "C" fn(
         config: *const LaunchConfig,
         f: CUfunction,
@@ -354,12 +361,10 @@ pub mod pfn {
         desc: *const Array3DDescriptor,
         levels: c_uint,
     ) -> CUresult;
-    pub type MipmappedArrayDestroy = unsafe extern "C" fn(array: CUmipmappedArray) -> CUresult;
-    pub type MipmappedArrayGetMemoryRequirements = unsafe extern "C" fn(
-        req: *mut ArrayMemoryRequirements,
-        array: CUmipmappedArray,
-        dev: CUdevice,
-    ) -> CUresult;
+    /// A `CUmipmappedArray` is the same opaque pointer as a `CUarray`.
+    pub type MipmappedArrayDestroy = ArrayDestroy;
+    /// As `MipmappedArrayDestroy`.
+    pub type MipmappedArrayGetMemoryRequirements = ArrayGetMemoryRequirements;
 
     // Graphs.
     pub type GraphCreate = unsafe extern "C" fn(graph: *mut CUgraph, flags: c_uint) -> CUresult;

@@ -155,12 +155,12 @@ pub mod pfn {
         unsafe extern "C" fn(uuid: *const c_char, device: *mut NvmlDevice) -> NvmlReturn;
     pub type DeviceGetIndex =
         unsafe extern "C" fn(device: NvmlDevice, index: *mut c_uint) -> NvmlReturn;
+    /// `nvmlDeviceGetComputeRunningProcesses*`: one prototype, the records
+    /// `R` of its ABI version.
+    pub type DeviceGetComputeRunningProcessesOf<R> =
+        unsafe extern "C" fn(device: NvmlDevice, count: *mut c_uint, infos: *mut R) -> NvmlReturn;
     /// `_v2` and `_v3` (the `nvmlProcessInfo_t` records).
-    pub type DeviceGetComputeRunningProcesses = unsafe extern "C" fn(
-        device: NvmlDevice,
-        count: *mut c_uint,
-        infos: *mut NvmlProcessInfo,
-    ) -> NvmlReturn;
+    pub type DeviceGetComputeRunningProcesses = DeviceGetComputeRunningProcessesOf<NvmlProcessInfo>;
     /// `nvmlDeviceSetMemoryLimits_v1` (R615+).
     pub type DeviceSetMemoryLimitsV1 = unsafe extern "C" fn(
         device: NvmlDevice,
@@ -170,11 +170,8 @@ pub mod pfn {
     pub type DeviceGetMemoryLimitsV1 =
         unsafe extern "C" fn(device: NvmlDevice, limits: *mut NvmlGetMemoryLimitsV1) -> NvmlReturn;
     /// The unsuffixed, first ABI (`nvmlProcessInfo_v1_t` records).
-    pub type DeviceGetComputeRunningProcessesV1 = unsafe extern "C" fn(
-        device: NvmlDevice,
-        count: *mut c_uint,
-        infos: *mut NvmlProcessInfoV1,
-    ) -> NvmlReturn;
+    pub type DeviceGetComputeRunningProcessesV1 =
+        DeviceGetComputeRunningProcessesOf<NvmlProcessInfoV1>;
 }
 
 #[cfg(test)]

@@ -46,16 +46,9 @@ pub struct ProcessTable {
 
 impl ProcessTable {
     pub fn scan() -> ProcessTable {
-        let procs = fs::read_dir("/proc")
-            .into_iter()
-            .flatten()
-            .filter_map(|e| {
-                let pid: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
-                let cgroup = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-                Some((pid, cgroup))
-            })
-            .collect();
-        ProcessTable { procs }
+        ProcessTable {
+            procs: crate::procfs::cgroups().collect(),
+        }
     }
 
     /// The processes of slice `slice_id` (by cgroup, or attached to its

@@ -295,10 +295,7 @@ impl Known {
         }
         let (_, table) = self.cgroups.get_or_insert_with(|| {
             let mut t = BTreeMap::new();
-            for pid in crate::procfs::pids() {
-                let Ok(cg) = fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
-                    continue;
-                };
+            for (pid, cg) in crate::procfs::cgroups() {
                 if t.contains_key(&cg) {
                     continue;
                 }
@@ -729,41 +726,38 @@ impl NodeWatch {
 /// Appends a kill to the slice's `enforcement` file in its records
 /// directory `dir` (root's, 0700): `unix_ms reason pid uuid bytes comm`.
 pub fn record_kill(dir: &Path, a: &Action) -> std::io::Result<()> {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis());
-    let comm = one_word(&a.comm);
-    let mut f = fs::OpenOptions::new()
-        .append(true)
-        .create(true)
-        .open(dir.join(ENFORCEMENT_FILE))?;
-    writeln!(
-        f,
-        "{now} {} {} {} {} {comm}",
-        a.reason.as_str(),
-        a.pid,
-        a.uuid,
-        a.driver_bytes
+    append_record(
+        &dir.join(ENFORCEMENT_FILE),
+        format_args!(
+            "{} {} {} {} {}",
+            a.reason.as_str(),
+            a.pid,
+            a.uuid,
+            a.driver_bytes,
+            one_word(&a.comm)
+        ),
     )
 }
 
 /// Records that process `a.pid` of the slice can escape any cap (`routes`),
 /// in its records directory `dir` ([`UNENFORCEABLE_FILE`]).
 pub fn record_escape(dir: &Path, a: &Action, routes: &[&str]) -> std::io::Result<()> {
+    append_record(
+        &dir.join(UNENFORCEABLE_FILE),
+        format_args!("{} {} {}", a.pid, routes.join(","), one_word(&a.comm)),
+    )
+}
+
+/// Appends `unix_ms fields` as a line to the records file `path`.
+fn append_record(path: &Path, fields: std::fmt::Arguments) -> std::io::Result<()> {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis());
     let mut f = fs::OpenOptions::new()
         .append(true)
         .create(true)
-        .open(dir.join(UNENFORCEABLE_FILE))?;
-    writeln!(
-        f,
-        "{now} {} {} {}",
-        a.pid,
-        routes.join(","),
-        one_word(&a.comm)
-    )
+        .open(path)?;
+    writeln!(f, "{now} {fields}")
 }
 
 /// A process that can escape its slice's caps, as recorded.
@@ -854,15 +848,20 @@ mod tests {
         }
     }
 
+    /// A holder all of whose use the shim accounted.
+    fn accounted(pid: u32, bytes: u64) -> Holder {
+        holder(pid, bytes, Some(bytes))
+    }
+
     /// A pod's process that can escape any cap is flagged by a plugin that
     /// flags, killed by one that refuses, and never judged for `run`'s
     /// slices (escapes None); an unshimmed or over-cap judgement of it is
     /// not made twice.
     #[test]
     fn processes_that_can_escape_are_flagged_or_refused() {
-        let mut privileged = holder(7, 1 << 20, Some(1 << 20));
+        let mut privileged = accounted(7, 1 << 20);
         privileged.escapes = vec!["CAP_SYS_ADMIN", "hostPID"];
-        let f = slice(vec![privileged, holder(8, 1 << 20, Some(1 << 20))]);
+        let f = slice(vec![privileged, accounted(8, 1 << 20)]);
         let judged = |escapes| {
             Enforcer {
                 escapes,
@@ -963,7 +962,7 @@ mod tests {
         // Joined through the shim, then allocated behind it: 10 GiB by the
         // driver, 600 MiB by its slot; a well-behaved neighbour of 300 MiB.
         let f = slice(vec![
-            holder(10, 300 * MIB, Some(300 * MIB)),
+            accounted(10, 300 * MIB),
             holder(11, 10240 * MIB, Some(600 * MIB)),
         ]);
         assert!(e.judge(&f).iter().all(|a| !a.kill), "first tick: grace");
@@ -974,7 +973,7 @@ mod tests {
             (11, Reason::OverCap, true)
         );
         // Back under the cap: the strikes start again.
-        let f = slice(vec![holder(10, 300 * MIB, Some(300 * MIB))]);
+        let f = slice(vec![accounted(10, 300 * MIB)]);
         assert!(e.judge(&f).is_empty());
     }
 
@@ -982,15 +981,15 @@ mod tests {
     fn all_accounted_the_largest_goes_until_the_rest_fits() {
         let mut e = Enforcer::new(Unshimmed::Kill);
         let f = slice(vec![
-            holder(1, 600 * MIB, Some(600 * MIB)),
-            holder(2, 500 * MIB, Some(500 * MIB)),
-            holder(3, 100 * MIB, Some(100 * MIB)),
+            accounted(1, 600 * MIB),
+            accounted(2, 500 * MIB),
+            accounted(3, 100 * MIB),
         ]);
         e.judge(&f);
         let a = e.judge(&f);
         assert_eq!(a.iter().map(|a| a.pid).collect::<Vec<_>>(), [1], "{a:?}");
         // Within the cap: nothing, however long.
-        let f = slice(vec![holder(2, 1024 * MIB, Some(1024 * MIB))]);
+        let f = slice(vec![accounted(2, 1024 * MIB)]);
         for _ in 0..5 {
             assert!(e.judge(&f).is_empty());
         }

@@ -68,7 +68,7 @@ pub use layout::{
 };
 pub use limits::valid_slice_id;
 pub use memory::OverCap;
-pub use size::parse_size;
+pub use size::{parse_size, split_unit};
 pub use slots::{Reaped, Slot};
 pub use snapshot::{ComputeUsage, DeviceUsage, ProcessState, ProcessUsage, Snapshot};
 

@@ -116,6 +116,15 @@ pub fn pids() -> impl Iterator<Item = u32> {
         .filter_map(|e| e.file_name().to_str()?.parse().ok())
 }
 
+/// Each process of [`pids`] with the text of its `/proc/<pid>/cgroup`
+/// (a process that went meanwhile is left out).
+pub fn cgroups() -> impl Iterator<Item = (u32, String)> {
+    pids().filter_map(|pid| {
+        let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+        Some((pid, cgroup))
+    })
+}
+
 /// `/proc/<pid>/stat` of `pid`, parsed; None when it cannot be read or
 /// parsed.
 pub fn stat(pid: u32) -> Option<ProcStat> {

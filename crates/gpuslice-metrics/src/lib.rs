@@ -166,11 +166,7 @@ pub fn parse_listen(s: &str) -> Result<SocketAddr, ExporterError> {
 
 /// `1s`, `500ms`, `2m`, `1.5s`, or plain seconds.
 pub fn parse_duration(s: &str) -> Option<Duration> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
+    let (num, unit) = gpuslice_ledger::split_unit(s);
     let n: f64 = num.parse().ok()?;
     let secs = match unit {
         "" | "s" => n,

@@ -197,7 +197,7 @@ families! {
         (arr: *mut CUarray, desc: *const Array3DDescriptor, levels: c_uint),
         (arr, desc, levels) -> CUresult,
         [cuMipmappedArrayCreate];
-    MipmappedArrayDestroy: crate::hooks::mipmapped_destroy as pfn::MipmappedArrayDestroy,
+    MipmappedArrayDestroy: crate::hooks::array_destroy as pfn::MipmappedArrayDestroy,
         (arr: CUarray), (arr) -> CUresult,
         [cuMipmappedArrayDestroy];
     MemGetInfo: crate::hooks::mem_get_info as pfn::MemGetInfo,

@@ -755,6 +755,35 @@ fn extent(w: usize, h: usize, d: usize, format: c_int, channels: c_uint) -> u64 
         .saturating_mul(format_bytes(format))
 }
 
+/// What the array creations share: `call` passes through uncharged without
+/// a target, an out-pointer or a descriptor, or when `deferred` (no memory
+/// until mapped); otherwise the array is charged `estimate` of its
+/// descriptor.
+///
+/// # Safety
+/// `desc` is null or valid (the creation's C contract).
+unsafe fn create_array<D>(
+    kind: ArrayKind,
+    arr: *mut CUarray,
+    desc: *const D,
+    deferred: impl FnOnce(&D) -> bool,
+    estimate: impl FnOnce(&D) -> u64,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    // SAFETY: desc null or valid (caller contract).
+    let d = unsafe { desc.as_ref() };
+    let t = target_current().filter(|_| !arr.is_null());
+    match (t, d) {
+        (Some(t), Some(d)) if !deferred(d) => array_common(t, kind, estimate(d), arr, call),
+        _ => call(),
+    }
+}
+
+/// A deferred-mapping array: no memory until it is mapped.
+fn is_deferred(d: &Array3DDescriptor) -> bool {
+    d.flags & CUDA_ARRAY3D_DEFERRED_MAPPING != 0
+}
+
 /// # Safety
 /// C contract of `cuArrayCreate_v2`.
 pub unsafe fn array_create(
@@ -763,16 +792,18 @@ pub unsafe fn array_create(
     desc: *const ArrayDescriptor,
 ) -> CUresult {
     let f = real_fn!(real, pfn::ArrayCreate);
-    // SAFETY: desc null or valid (caller contract).
-    let d = unsafe { desc.as_ref() };
-    let t = target_current().filter(|_| !arr.is_null());
-    let (Some(t), Some(d)) = (t, d) else {
-        // SAFETY: caller contract.
-        return unsafe { f(arr, desc) };
-    };
-    let est = extent(d.width, d.height, 1, d.format, d.num_channels);
-    // SAFETY: caller contract.
-    array_common(t, ArrayKind::Plain, est, arr, || unsafe { f(arr, desc) })
+    let estimate = |d: &ArrayDescriptor| extent(d.width, d.height, 1, d.format, d.num_channels);
+    // SAFETY: caller contract (desc and the call's arguments).
+    unsafe {
+        create_array(
+            ArrayKind::Plain,
+            arr,
+            desc,
+            |_| false,
+            estimate,
+            || f(arr, desc),
+        )
+    }
 }
 
 /// # Safety
@@ -783,20 +814,14 @@ pub unsafe fn array3d_create(
     desc: *const Array3DDescriptor,
 ) -> CUresult {
     let f = real_fn!(real, pfn::Array3DCreate);
-    // SAFETY: desc null or valid (caller contract).
-    let d = unsafe { desc.as_ref() };
-    let t = target_current().filter(|_| !arr.is_null());
-    let (Some(t), Some(d)) = (t, d) else {
-        // SAFETY: caller contract.
-        return unsafe { f(arr, desc) };
-    };
-    if d.flags & CUDA_ARRAY3D_DEFERRED_MAPPING != 0 {
-        // SAFETY: caller contract.
-        return unsafe { f(arr, desc) };
+    let estimate =
+        |d: &Array3DDescriptor| extent(d.width, d.height, d.depth, d.format, d.num_channels);
+    // SAFETY: caller contract (desc and the call's arguments).
+    unsafe {
+        create_array(ArrayKind::Plain, arr, desc, is_deferred, estimate, || {
+            f(arr, desc)
+        })
     }
-    let est = extent(d.width, d.height, d.depth, d.format, d.num_channels);
-    // SAFETY: caller contract.
-    array_common(t, ArrayKind::Plain, est, arr, || unsafe { f(arr, desc) })
 }
 
 /// # Safety
@@ -808,45 +833,36 @@ pub unsafe fn mipmapped_create(
     levels: c_uint,
 ) -> CUresult {
     let f = real_fn!(real, pfn::MipmappedArrayCreate);
-    // SAFETY: desc null or valid (caller contract).
-    let d = unsafe { desc.as_ref() };
-    let t = target_current().filter(|_| !arr.is_null());
-    let (Some(t), Some(d)) = (t, d) else {
-        // SAFETY: caller contract.
-        return unsafe { f(arr, desc, levels) };
+    let estimate = |d: &Array3DDescriptor| {
+        (0..levels.clamp(1, 64)).fold(0u64, |sum, l| {
+            let shrink = |v: usize| if v == 0 { 0 } else { (v >> l).max(1) };
+            sum.saturating_add(extent(
+                shrink(d.width),
+                shrink(d.height),
+                shrink(d.depth),
+                d.format,
+                d.num_channels,
+            ))
+        })
     };
-    if d.flags & CUDA_ARRAY3D_DEFERRED_MAPPING != 0 {
-        // SAFETY: caller contract.
-        return unsafe { f(arr, desc, levels) };
+    // SAFETY: caller contract (desc and the call's arguments).
+    unsafe {
+        create_array(
+            ArrayKind::Mipmapped,
+            arr,
+            desc,
+            is_deferred,
+            estimate,
+            || f(arr, desc, levels),
+        )
     }
-    let est = (0..levels.clamp(1, 64)).fold(0u64, |sum, l| {
-        let shrink = |v: usize| if v == 0 { 0 } else { (v >> l).max(1) };
-        sum.saturating_add(extent(
-            shrink(d.width),
-            shrink(d.height),
-            shrink(d.depth),
-            d.format,
-            d.num_channels,
-        ))
-    });
-    // SAFETY: caller contract.
-    array_common(t, ArrayKind::Mipmapped, est, arr, || unsafe {
-        f(arr, desc, levels)
-    })
 }
 
 /// # Safety
-/// C contract of `cuArrayDestroy`.
+/// C contract of `cuArrayDestroy` or `cuMipmappedArrayDestroy` (the same
+/// prototype; the array is untracked either way).
 pub unsafe fn array_destroy(real: &Real, arr: CUarray) -> CUresult {
     let f = real_fn!(real, pfn::ArrayDestroy);
-    // SAFETY: caller contract.
-    untrack(&ARRAYS, arr as u64, || unsafe { f(arr) })
-}
-
-/// # Safety
-/// C contract of `cuMipmappedArrayDestroy`.
-pub unsafe fn mipmapped_destroy(real: &Real, arr: CUarray) -> CUresult {
-    let f = real_fn!(real, pfn::MipmappedArrayDestroy);
     // SAFETY: caller contract.
     untrack(&ARRAYS, arr as u64, || unsafe { f(arr) })
 }
@@ -871,23 +887,8 @@ pub unsafe fn mem_get_info(real: &Real, free: *mut usize, total: *mut usize) -> 
     // The driver's own handling of null pointers and errors comes first.
     // SAFETY: caller contract.
     let rc = unsafe { f(free, total) };
-    if rc != CUDA_SUCCESS {
-        return rc;
-    }
-    let Some(t) = target_current() else { return rc };
-    // SAFETY: non-null pointers were just written by the driver.
-    unsafe {
-        let real_total = total.as_ref().map_or(u64::MAX, |&v| v as u64);
-        let real_free = free.as_ref().map_or(u64::MAX, |&v| v as u64);
-        let (t_total, t_free) = slice_view(t, real_total, real_free);
-        if let Some(v) = total.as_mut() {
-            *v = t_total as usize;
-        }
-        if let Some(v) = free.as_mut() {
-            *v = t_free as usize;
-        }
-    }
-    rc
+    // SAFETY: as the driver left them.
+    unsafe { slice_mem_info(rc, free, total, |&v| v as u64, |v| v as usize) }
 }
 
 /// # Safety
@@ -896,20 +897,38 @@ pub unsafe fn mem_get_info_v1(real: &Real, free: *mut c_uint, total: *mut c_uint
     let f = real_fn!(real, pfn::MemGetInfoV1);
     // SAFETY: caller contract.
     let rc = unsafe { f(free, total) };
+    let narrow = |v: u64| v.min(u64::from(c_uint::MAX)) as c_uint;
+    // SAFETY: as the driver left them.
+    unsafe { slice_mem_info(rc, free, total, |&v| u64::from(v), narrow) }
+}
+
+/// What a `cuMemGetInfo*` returns (`rc`), its (free, total) rewritten in
+/// place on success to the slice's view of the current device, if any;
+/// `widen` and `narrow` convert from and to the ABI's integers.
+///
+/// # Safety
+/// `free` and `total` null or valid, as the driver just left them.
+unsafe fn slice_mem_info<T>(
+    rc: CUresult,
+    free: *mut T,
+    total: *mut T,
+    widen: impl Fn(&T) -> u64,
+    narrow: impl Fn(u64) -> T,
+) -> CUresult {
     if rc != CUDA_SUCCESS {
         return rc;
     }
     let Some(t) = target_current() else { return rc };
     // SAFETY: non-null pointers were just written by the driver.
     unsafe {
-        let real_total = total.as_ref().map_or(u64::MAX, |&v| u64::from(v));
-        let real_free = free.as_ref().map_or(u64::MAX, |&v| u64::from(v));
+        let real_total = total.as_ref().map_or(u64::MAX, &widen);
+        let real_free = free.as_ref().map_or(u64::MAX, &widen);
         let (t_total, t_free) = slice_view(t, real_total, real_free);
         if let Some(v) = total.as_mut() {
-            *v = t_total.min(u64::from(c_uint::MAX)) as c_uint;
+            *v = narrow(t_total);
         }
         if let Some(v) = free.as_mut() {
-            *v = t_free.min(u64::from(c_uint::MAX)) as c_uint;
+            *v = narrow(t_free);
         }
     }
     rc
@@ -930,13 +949,8 @@ pub unsafe fn device_total_mem(real: &Real, bytes: *mut usize, dev: CUdevice) ->
     let f = real_fn!(real, pfn::DeviceTotalMem);
     // SAFETY: caller contract.
     let rc = unsafe { f(bytes, dev) };
-    if rc == CUDA_SUCCESS {
-        if let Some(cap) = cap_of(dev) {
-            // SAFETY: written by the driver on success.
-            unsafe { *bytes = (*bytes).min(cap.min(usize::MAX as u64) as usize) };
-        }
-    }
-    rc
+    // SAFETY: as the driver left it.
+    unsafe { capped_total(rc, bytes, dev, |&v| v as u64, |v| v as usize) }
 }
 
 /// # Safety
@@ -945,10 +959,27 @@ pub unsafe fn device_total_mem_v1(real: &Real, bytes: *mut c_uint, dev: CUdevice
     let f = real_fn!(real, pfn::DeviceTotalMemV1);
     // SAFETY: caller contract.
     let rc = unsafe { f(bytes, dev) };
+    // SAFETY: as the driver left it.
+    unsafe { capped_total(rc, bytes, dev, |&v| u64::from(v), |v| v as c_uint) }
+}
+
+/// What a `cuDeviceTotalMem*` returns (`rc`), its total lowered on success
+/// to the cap of `dev`, if any; `widen` and `narrow` convert from and to
+/// the ABI's integer (the lowered total fits: it is at most the driver's).
+///
+/// # Safety
+/// `bytes` as the driver just left it: valid when `rc` is success.
+unsafe fn capped_total<T>(
+    rc: CUresult,
+    bytes: *mut T,
+    dev: CUdevice,
+    widen: impl Fn(&T) -> u64,
+    narrow: impl Fn(u64) -> T,
+) -> CUresult {
     if rc == CUDA_SUCCESS {
         if let Some(cap) = cap_of(dev) {
             // SAFETY: written by the driver on success.
-            unsafe { *bytes = u64::from(*bytes).min(cap) as c_uint };
+            unsafe { *bytes = narrow(widen(&*bytes).min(cap)) };
         }
     }
     rc

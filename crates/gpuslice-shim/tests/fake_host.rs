@@ -228,6 +228,23 @@ fn over_the_cap_allocations_fail_with_out_of_memory_and_mem_info_shows_the_cap()
     }
 }
 
+/// The 32-bit ABI's `cuMemGetInfo` and `cuDeviceTotalMem` show the cap as
+/// the 64-bit calls do, clamped to what 32 bits hold (the fake GPU's
+/// memory is larger than that).
+#[test]
+fn the_32_bit_mem_info_and_total_show_the_cap_clamped_to_32_bits() {
+    for (cap, shown) in [("100MiB", 100 * MIB), ("8GiB", u64::from(u32::MAX))] {
+        let s = slice(cap);
+        for via in ["dlsym", "global"] {
+            let v = &s.run(&["--via", via, "info-32"])[0];
+            assert_eq!((n(v, "rc"), n(v, "rc_total")), (0, 0), "{v}");
+            for k in ["total", "free", "device_total"] {
+                assert_eq!(n(v, k) as u64, shown, "{cap} {via} {k}: {v}");
+            }
+        }
+    }
+}
+
 #[test]
 fn two_processes_share_one_cap() {
     let s = slice("100MiB");

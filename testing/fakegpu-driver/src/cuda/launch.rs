@@ -160,21 +160,33 @@ fn graph_ns() -> u64 {
     *V.get_or_init(|| env_ns("FAKEGPU_GRAPH_NS", 0))
 }
 
-/// Runs `ns` of work on `stream` of the current device (or captures it).
-fn run(stream: Handle, ptsz: bool, ns: u64) -> CUresult {
+/// An operation on `stream` of the current device: captured (nothing more
+/// to do) when the stream captures; else `op` runs with the device, the
+/// stream's key, the time now and the timeline.
+fn on_stream(
+    stream: Handle,
+    ptsz: bool,
+    op: impl FnOnce(usize, usize, u64, &mut Timeline) -> Result<(), CUresult>,
+) -> CUresult {
     rc(current_device().and_then(|dev| {
         let k = key(stream, ptsz);
         if stream_op(k)? {
             return Ok(());
         }
         let t = now();
-        let mut tl = timeline();
+        op(dev, k, t, &mut timeline())
+    }))
+}
+
+/// Runs `ns` of work on `stream` of the current device (or captures it).
+fn run(stream: Handle, ptsz: bool, ns: u64) -> CUresult {
+    on_stream(stream, ptsz, |dev, k, t, tl| {
         let (tail, busy) = tl.dev_tail.get(&dev).copied().unwrap_or((0, 0));
         let end = engine_start(dev, tail.max(t), ns) + ns;
         tl.dev_tail.insert(dev, (end, busy + ns));
         tl.stream_tail.insert(k, end);
         Ok(())
-    }))
+    })
 }
 
 /// Work of a graph launch (called by `cuGraphLaunch` once the graph's
@@ -302,13 +314,7 @@ static EVENT_RECORDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU6
 fn record(event: Handle, stream: Handle, ptsz: bool) -> CUresult {
     EVENT_RECORDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     guard(CUDA_ERROR_UNKNOWN, || {
-        rc(current_device().and_then(|_| {
-            let k = key(stream, ptsz);
-            if stream_op(k)? {
-                return Ok(());
-            }
-            let t = now();
-            let mut tl = timeline();
+        on_stream(stream, ptsz, |_, k, t, tl| {
             let at = tl.stream_tail.get(&k).copied().unwrap_or(0).max(t);
             match tl.events.get_mut(&event_id(event)) {
                 Some(e) => {
@@ -317,7 +323,7 @@ fn record(event: Handle, stream: Handle, ptsz: bool) -> CUresult {
                 }
                 None => Err(CUDA_ERROR_INVALID_HANDLE),
             }
-        }))
+        })
     })
 }
 

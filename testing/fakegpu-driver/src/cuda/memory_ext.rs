@@ -982,25 +982,22 @@ pub extern "C" fn cuGraphUpload_ptsz(exec: Handle, _stream: Handle) -> CUresult 
 
 #[no_mangle]
 pub extern "C" fn cuGraphExecDestroy(exec: Handle) -> CUresult {
-    guard(CUDA_ERROR_UNKNOWN, || {
-        with(
-            |e| match graph_id(exec).and_then(|id| e.graphs.execs.remove(&id)) {
-                Some(_) => CUDA_SUCCESS,
-                None => CUDA_ERROR_INVALID_VALUE,
-            },
-        )
-    })
+    destroy_graph_object(|g| g.execs.remove(&graph_id(exec)?))
 }
 
 #[no_mangle]
 pub extern "C" fn cuGraphDestroy(graph: Handle) -> CUresult {
+    destroy_graph_object(|g| g.graphs.remove(&graph_id(graph)?))
+}
+
+/// Destroys a graph or an exec: `remove` takes its entry out of the
+/// tables; INVALID_VALUE when the handle named none.
+fn destroy_graph_object<V>(remove: impl FnOnce(&mut Graphs) -> Option<V>) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
-        with(
-            |e| match graph_id(graph).and_then(|id| e.graphs.graphs.remove(&id)) {
-                Some(_) => CUDA_SUCCESS,
-                None => CUDA_ERROR_INVALID_VALUE,
-            },
-        )
+        with(|e| match remove(&mut e.graphs) {
+            Some(_) => CUDA_SUCCESS,
+            None => CUDA_ERROR_INVALID_VALUE,
+        })
     })
 }
 

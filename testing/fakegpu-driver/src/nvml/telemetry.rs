@@ -59,6 +59,20 @@ fn measured_util(t: &Target) -> Result<Option<c_uint>, NvmlReturn> {
     }))
 }
 
+/// A getter's body: `value` of the whole GPU (its target and its minor, the
+/// figures' seed), written to `ptr`; NOT_SUPPORTED for a MIG device.
+///
+/// # Safety
+/// `ptr` null or valid for a write.
+unsafe fn write_gpu_value<T>(
+    device: NvmlDevice,
+    ptr: *mut T,
+    value: impl FnOnce(&Target, u64) -> Result<T, NvmlReturn>,
+) -> NvmlReturn {
+    // SAFETY: caller contract.
+    unsafe { write_device_value(device, ptr, |t| value(t, minor(t)?)) }
+}
+
 /// # Safety
 /// `util` must be null or valid for a write.
 #[no_mangle]
@@ -66,19 +80,18 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
     device: NvmlDevice,
     util: *mut NvmlUtilization,
 ) -> NvmlReturn {
-    with_device(device, |t| {
-        let m = minor(t)?;
+    let value = |t: &Target, m: u64| {
         let gpu = match measured_util(t)? {
             Some(pct) => pct,
             None => ((10 * m) % 100) as c_uint,
         };
-        let value = NvmlUtilization {
+        Ok(NvmlUtilization {
             gpu,
             memory: ((5 * m) % 100) as c_uint,
-        };
-        // SAFETY: caller contract.
-        unsafe { out(util, value) }
-    })
+        })
+    };
+    // SAFETY: caller contract.
+    unsafe { write_gpu_value(device, util, value) }
 }
 
 /// # Safety
@@ -89,14 +102,12 @@ pub unsafe extern "C" fn nvmlDeviceGetTemperature(
     sensor: c_uint,
     temp: *mut c_uint,
 ) -> NvmlReturn {
-    with_device(device, |t| {
-        let m = minor(t)?;
-        if sensor != NVML_TEMPERATURE_GPU {
-            return Err(NVML_ERROR_INVALID_ARGUMENT);
-        }
-        // SAFETY: caller contract.
-        unsafe { out(temp, (30 + m) as c_uint) }
-    })
+    let value = |_: &Target, m: u64| match sensor {
+        NVML_TEMPERATURE_GPU => Ok((30 + m) as c_uint),
+        _ => Err(NVML_ERROR_INVALID_ARGUMENT),
+    };
+    // SAFETY: caller contract.
+    unsafe { write_gpu_value(device, temp, value) }
 }
 
 /// # Safety
@@ -106,11 +117,8 @@ pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(
     device: NvmlDevice,
     power: *mut c_uint,
 ) -> NvmlReturn {
-    with_device(device, |t| {
-        let m = minor(t)?;
-        // SAFETY: caller contract.
-        unsafe { out(power, power_mw(m) as c_uint) }
-    })
+    // SAFETY: caller contract.
+    unsafe { write_gpu_value(device, power, |_, m| Ok(power_mw(m) as c_uint)) }
 }
 
 /// # Safety
@@ -120,13 +128,12 @@ pub unsafe extern "C" fn nvmlDeviceGetTotalEnergyConsumption(
     device: NvmlDevice,
     energy: *mut u64,
 ) -> NvmlReturn {
-    with_device(device, |t| {
-        let m = minor(t)?;
+    let value = |_: &Target, m: u64| {
         let ms = epoch().elapsed().as_millis() as u64;
-        let value = 1_000_000 * (m + 1) + power_mw(m) * ms / 1_000;
-        // SAFETY: caller contract.
-        unsafe { out(energy, value) }
-    })
+        Ok(1_000_000 * (m + 1) + power_mw(m) * ms / 1_000)
+    };
+    // SAFETY: caller contract.
+    unsafe { write_gpu_value(device, energy, value) }
 }
 
 /// # Safety
@@ -137,17 +144,14 @@ pub unsafe extern "C" fn nvmlDeviceGetClockInfo(
     kind: c_uint,
     clock: *mut c_uint,
 ) -> NvmlReturn {
-    with_device(device, |t| {
-        minor(t)?;
-        let mhz = match kind {
-            NVML_CLOCK_GRAPHICS | NVML_CLOCK_SM => 1_980,
-            NVML_CLOCK_MEM => 3_201,
-            NVML_CLOCK_VIDEO => 1_545,
-            _ => return Err(NVML_ERROR_INVALID_ARGUMENT),
-        };
-        // SAFETY: caller contract.
-        unsafe { out(clock, mhz) }
-    })
+    let value = |_: &Target, _| match kind {
+        NVML_CLOCK_GRAPHICS | NVML_CLOCK_SM => Ok(1_980),
+        NVML_CLOCK_MEM => Ok(3_201),
+        NVML_CLOCK_VIDEO => Ok(1_545),
+        _ => Err(NVML_ERROR_INVALID_ARGUMENT),
+    };
+    // SAFETY: caller contract.
+    unsafe { write_gpu_value(device, clock, value) }
 }
 
 /// # Safety
@@ -158,18 +162,13 @@ pub unsafe extern "C" fn nvmlDeviceGetPcieThroughput(
     counter: c_uint,
     value: *mut c_uint,
 ) -> NvmlReturn {
+    let kbps = |_: &Target, m: u64| match counter {
+        NVML_PCIE_UTIL_TX_BYTES => Ok((1_000 * (m + 1)) as c_uint),
+        NVML_PCIE_UTIL_RX_BYTES => Ok((2_000 * (m + 1)) as c_uint),
+        _ => Err(NVML_ERROR_INVALID_ARGUMENT),
+    };
     // SAFETY: caller contract.
-    unsafe {
-        write_device_value(device, value, |t| {
-            let m = minor(t)?;
-            let kbps = match counter {
-                NVML_PCIE_UTIL_TX_BYTES => 1_000 * (m + 1),
-                NVML_PCIE_UTIL_RX_BYTES => 2_000 * (m + 1),
-                _ => return Err(NVML_ERROR_INVALID_ARGUMENT),
-            };
-            Ok(kbps as c_uint)
-        })
-    }
+    unsafe { write_gpu_value(device, value, kbps) }
 }
 
 /// # Safety
@@ -181,17 +180,13 @@ pub unsafe extern "C" fn nvmlDeviceGetTotalEccErrors(
     _counter_type: c_uint,
     count: *mut u64,
 ) -> NvmlReturn {
+    let errors = |_: &Target, m: u64| match error_type {
+        NVML_MEMORY_ERROR_TYPE_CORRECTED => Ok(m),
+        NVML_MEMORY_ERROR_TYPE_UNCORRECTED => Ok(0),
+        _ => Err(NVML_ERROR_INVALID_ARGUMENT),
+    };
     // SAFETY: caller contract.
-    unsafe {
-        write_device_value(device, count, |t| {
-            let m = minor(t)?;
-            match error_type {
-                NVML_MEMORY_ERROR_TYPE_CORRECTED => Ok(m),
-                NVML_MEMORY_ERROR_TYPE_UNCORRECTED => Ok(0),
-                _ => Err(NVML_ERROR_INVALID_ARGUMENT),
-            }
-        })
-    }
+    unsafe { write_gpu_value(device, count, errors) }
 }
 
 /// # Safety

@@ -34,6 +34,8 @@
 //! - `set-limit LIMIT VALUE`: `cuCtxSetLimit`'s rc, the limit read back,
 //!   [ledger, NVML] before and after.
 //! - `hold BYTES`: allocates, prints `held`, sleeps until killed.
+//! - `info-32`: the 32-bit ABI's `cuMemGetInfo` and `cuDeviceTotalMem`
+//!   (their unsuffixed names) on device 0: rc and figures of each.
 //! - `dlvsym NAME...`: what `dlvsym` gives for each NAME in libcuda's
 //!   handle and in `RTLD_DEFAULT`, under several versions: the defining
 //!   file.
@@ -60,18 +62,17 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use gpuslice_cuda_abi::cuda::{
-    pfn, Array3DDescriptor, ArrayDescriptor, CUmemAllocationProp, CUmemPoolProps, CUresult as R,
-    LaunchConfig, MemAllocNodeParams, CUDA_ARRAY3D_DEFERRED_MAPPING, CU_GET_PROC_ADDRESS_DEFAULT,
-    CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, CU_MEM_ALLOCATION_TYPE_MANAGED,
-    CU_MEM_ALLOCATION_TYPE_PINNED, CU_MEM_LOCATION_TYPE_DEVICE, CU_MEM_LOCATION_TYPE_HOST,
-    CU_STREAM_CAPTURE_MODE_GLOBAL, CU_STREAM_PER_THREAD, LIBCUDA,
+    pfn, Array3DDescriptor, ArrayDescriptor, CUarray, CUmemAllocationProp, CUmemPoolProps,
+    CUresult as R, LaunchConfig, MemAllocNodeParams, CUDA_ARRAY3D_DEFERRED_MAPPING,
+    CU_GET_PROC_ADDRESS_DEFAULT, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
+    CU_MEM_ALLOCATION_TYPE_MANAGED, CU_MEM_ALLOCATION_TYPE_PINNED, CU_MEM_LOCATION_TYPE_DEVICE,
+    CU_MEM_LOCATION_TYPE_HOST, CU_STREAM_CAPTURE_MODE_GLOBAL, CU_STREAM_PER_THREAD, LIBCUDA,
 };
 use gpuslice_cuda_abi::fakegpu;
 use gpuslice_cuda_abi::nvml::{pfn as nvml_pfn, NvmlProcessInfo};
 use gpuslice_ledger::Ledger;
 
 type Gpa = pfn::GetProcAddress;
-type Retain = pfn::DevicePrimaryCtxRetain;
 
 struct Cuda {
     handle: *mut c_void,
@@ -138,7 +139,18 @@ impl Cuda {
     }
 }
 
+/// A driver entry point as its `pfn` type: `f!(cu, MemAlloc, "_v2")` is
+/// `cuMemAlloc` (exported as `cuMemAlloc_v2`) as `pfn::MemAlloc`; the long
+/// form names the base, the exported name and the type apart.
 macro_rules! f {
+    ($cu:expr, $name:ident $(, $suffix:literal)?) => {
+        f!(
+            $cu,
+            concat!("cu", stringify!($name)),
+            concat!("cu", stringify!($name) $(, $suffix)?),
+            pfn::$name
+        )
+    };
     ($cu:expr, $base:expr, $exact:expr, $ty:ty) => {{
         let p = $cu.get($base, $exact);
         assert!(!p.is_null(), "no entry point {}", $exact);
@@ -158,26 +170,34 @@ struct GraphExec {
 impl GraphExec {
     fn load(cu: &Cuda) -> Self {
         GraphExec {
-            instantiate: f!(
-                cu,
-                "cuGraphInstantiateWithFlags",
-                "cuGraphInstantiateWithFlags",
-                pfn::GraphInstantiateWithFlags
-            ),
-            launch: f!(cu, "cuGraphLaunch", "cuGraphLaunch", pfn::GraphLaunch),
-            exec_destroy: f!(
-                cu,
-                "cuGraphExecDestroy",
-                "cuGraphExecDestroy",
-                pfn::GraphExecDestroy
-            ),
-            graph_trim: f!(
-                cu,
-                "cuDeviceGraphMemTrim",
-                "cuDeviceGraphMemTrim",
-                pfn::DeviceGraphMemTrim
-            ),
+            instantiate: f!(cu, GraphInstantiateWithFlags),
+            launch: f!(cu, GraphLaunch),
+            exec_destroy: f!(cu, GraphExecDestroy),
+            graph_trim: f!(cu, DeviceGraphMemTrim),
         }
+    }
+
+    /// Instantiates `graph` and launches it on `stream`: both codes and
+    /// the exec.
+    ///
+    /// # Safety
+    /// `graph` and `stream` are the driver's live handles (or null).
+    unsafe fn run(&self, graph: *mut c_void, stream: *mut c_void) -> (R, R, *mut c_void) {
+        let mut exec = std::ptr::null_mut();
+        // SAFETY: a live out-pointer and the caller's handles.
+        unsafe {
+            let rc_instantiate = (self.instantiate)(&mut exec, graph, 0);
+            (rc_instantiate, (self.launch)(exec, stream), exec)
+        }
+    }
+
+    /// Destroys `exec`, then trims device 0's graph memory: both codes.
+    ///
+    /// # Safety
+    /// `exec` came from `run` and is destroyed once.
+    unsafe fn retire(&self, exec: *mut c_void) -> (R, R) {
+        // SAFETY: the caller's exec; the trim takes a device ordinal.
+        unsafe { ((self.exec_destroy)(exec), (self.graph_trim)(0)) }
     }
 }
 
@@ -191,14 +211,9 @@ fn used() -> u64 {
 }
 
 fn init(cu: &Cuda) {
-    let cu_init = f!(cu, "cuInit", "cuInit", pfn::Init);
-    let retain = f!(
-        cu,
-        "cuDevicePrimaryCtxRetain",
-        "cuDevicePrimaryCtxRetain",
-        pfn::DevicePrimaryCtxRetain
-    );
-    let set = f!(cu, "cuCtxSetCurrent", "cuCtxSetCurrent", pfn::CtxSetCurrent);
+    let cu_init = f!(cu, Init);
+    let retain = f!(cu, DevicePrimaryCtxRetain);
+    let set = f!(cu, CtxSetCurrent);
     // SAFETY: plain driver calls with valid out-pointers.
     unsafe {
         assert_eq!(cu_init(0), 0, "cuInit");
@@ -206,17 +221,23 @@ fn init(cu: &Cuda) {
         assert_eq!(retain(&mut ctx, 0), 0, "primary context");
         assert_eq!(set(ctx), 0, "set current");
     }
-    // The context is charged at the shim's estimate and measured in the
-    // background; wait for that (the fake contexts are smaller), so what
-    // the commands below charge is seen against a settled baseline.
+    settle_contexts(0..1);
+}
+
+/// The shim charges a new context at its estimate and measures it in the
+/// background: waits (up to 5 s) for that on `devices` (the fake contexts
+/// are smaller), so what a command charges next is seen against a settled
+/// baseline.
+fn settle_contexts(devices: std::ops::Range<usize>) {
     let deadline = Instant::now() + Duration::from_secs(5);
-    while used() >= CONTEXT_ESTIMATE && Instant::now() < deadline {
+    while devices
+        .clone()
+        .any(|d| ledger().map_or(0, |l| l.used(d)) >= CONTEXT_ESTIMATE)
+        && Instant::now() < deadline
+    {
         std::thread::sleep(Duration::from_millis(5));
     }
 }
-
-type Alloc = pfn::MemAlloc;
-type Free = pfn::MemFree;
 
 fn line(kv: &[(&str, String)]) {
     let body: Vec<String> = kv.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
@@ -224,120 +245,80 @@ fn line(kv: &[(&str, String)]) {
     let _ = std::io::stdout().flush();
 }
 
+/// How much `now` grew since `was` (negative when it shrank).
+fn change(now: u64, was: u64) -> i128 {
+    now as i128 - was as i128
+}
+
 fn q(s: &str) -> String {
     format!("\"{s}\"")
 }
 
-/// One path: allocate with `alloc`, record use, free with `free`.
-fn path(name: &str, alloc: impl FnOnce() -> (R, u64), free: impl FnOnce(u64) -> R) {
+/// How a path makes its allocation: written to the handle it is given.
+type Make<'a, H> = &'a dyn Fn(&mut H) -> R;
+
+/// One path: make an allocation into `handle` with `alloc`, record use,
+/// give it back with `free`.
+fn path<H: Copy>(
+    name: &str,
+    mut handle: H,
+    alloc: impl FnOnce(&mut H) -> R,
+    free: impl FnOnce(H) -> R,
+) {
     let before = used();
-    let (rc, handle) = alloc();
+    let rc = alloc(&mut handle);
     let during = used();
     let frc = if rc == 0 { free(handle) } else { -1 };
     line(&[
         ("path", q(name)),
         ("rc", rc.to_string()),
         ("free_rc", frc.to_string()),
-        ("charged", (during as i128 - before as i128).to_string()),
-        ("after_free", (used() as i128 - before as i128).to_string()),
+        ("charged", change(during, before).to_string()),
+        ("after_free", change(used(), before).to_string()),
     ]);
 }
 
 const MIB: usize = 1 << 20;
 
 fn paths(cu: &Cuda) {
-    let alloc = f!(cu, "cuMemAlloc", "cuMemAlloc_v2", Alloc);
-    let free = f!(cu, "cuMemFree", "cuMemFree_v2", Free);
-    path(
-        "cuMemAlloc",
-        || {
-            let mut p = 0;
-            // SAFETY: valid out-pointer.
-            (unsafe { alloc(&mut p, 3 * MIB) }, p)
-        },
-        // SAFETY: p is the allocation made above, freed once.
-        |p| unsafe { free(p) },
-    );
-
-    let pitch = f!(
-        cu,
-        "cuMemAllocPitch",
-        "cuMemAllocPitch_v2",
-        pfn::MemAllocPitch
-    );
-    path(
-        "cuMemAllocPitch",
-        || {
-            let (mut p, mut pitch_out) = (0, 0);
+    let alloc = f!(cu, MemAlloc, "_v2");
+    let free = f!(cu, MemFree, "_v2");
+    let pitch = f!(cu, MemAllocPitch, "_v2");
+    let managed = f!(cu, MemAllocManaged);
+    // The allocations cuMemFree gives back.
+    let freed: [(&str, Make<u64>); 3] = [
+        // SAFETY: valid out-pointer.
+        ("cuMemAlloc", &|p| unsafe { alloc(p, 3 * MIB) }),
+        ("cuMemAllocPitch", &|p| {
+            let mut pitch_out = 0;
             // SAFETY: valid out-pointers.
-            (unsafe { pitch(&mut p, &mut pitch_out, 1000, 1024, 4) }, p)
-        },
-        // SAFETY: p is the allocation made above, freed once.
-        |p| unsafe { free(p) },
-    );
-
-    let managed = f!(
-        cu,
-        "cuMemAllocManaged",
-        "cuMemAllocManaged",
-        pfn::MemAllocManaged
-    );
-    path(
-        "cuMemAllocManaged",
-        || {
-            let mut p = 0;
-            // SAFETY: valid out-pointer.
-            (unsafe { managed(&mut p, 5 * MIB, 1) }, p)
-        },
-        // SAFETY: p is the allocation made above, freed once.
-        |p| unsafe { free(p) },
-    );
+            unsafe { pitch(p, &mut pitch_out, 1000, 1024, 4) }
+        }),
+        // SAFETY: valid out-pointer.
+        ("cuMemAllocManaged", &|p| unsafe { managed(p, 5 * MIB, 1) }),
+    ];
+    for (name, alloc) in freed {
+        // SAFETY: frees the allocation just made, once.
+        path(name, 0, alloc, |p| unsafe { free(p) });
+    }
 
     for exact in ["cuMemAllocAsync", "cuMemAllocAsync_ptsz"] {
         let a = f!(cu, "cuMemAllocAsync", exact, pfn::MemAllocAsync);
         let fr_name = exact.replace("Alloc", "Free");
         let fr = f!(cu, "cuMemFreeAsync", &fr_name, pfn::MemFreeAsync);
-        let trim = f!(cu, "cuMemPoolTrimTo", "cuMemPoolTrimTo", pfn::MemPoolTrimTo);
-        let get_pool = f!(
-            cu,
-            "cuDeviceGetMemPool",
-            "cuDeviceGetMemPool",
-            pfn::DeviceGetMemPool
-        );
         path(
             exact,
-            || {
-                let mut p = 0;
-                // SAFETY: valid out-pointer, default stream.
-                (unsafe { a(&mut p, 7 * MIB, std::ptr::null_mut()) }, p)
-            },
-            |p| {
-                // SAFETY: frees what was allocated, then trims the pool.
-                unsafe {
-                    let rc = fr(p, std::ptr::null_mut());
-                    let mut pool = std::ptr::null_mut();
-                    get_pool(&mut pool, 0);
-                    trim(pool, 0);
-                    rc
-                }
-            },
+            0,
+            // SAFETY: valid out-pointer, default stream.
+            |p| unsafe { a(p, 7 * MIB, std::ptr::null_mut()) },
+            |p| free_and_trim(cu, fr, p, std::ptr::null_mut()),
         );
     }
 
-    let create_pool = f!(cu, "cuMemPoolCreate", "cuMemPoolCreate", pfn::MemPoolCreate);
-    let destroy_pool = f!(
-        cu,
-        "cuMemPoolDestroy",
-        "cuMemPoolDestroy",
-        pfn::MemPoolDestroy
-    );
-    let from_pool = f!(
-        cu,
-        "cuMemAllocFromPoolAsync",
-        "cuMemAllocFromPoolAsync",
-        pfn::MemAllocFromPoolAsync
-    );
-    let free_async = f!(cu, "cuMemFreeAsync", "cuMemFreeAsync", pfn::MemFreeAsync);
+    let create_pool = f!(cu, MemPoolCreate);
+    let destroy_pool = f!(cu, MemPoolDestroy);
+    let from_pool = f!(cu, MemAllocFromPoolAsync);
+    let free_async = f!(cu, MemFreeAsync);
     let mut pool = std::ptr::null_mut();
     let props = pool_props(
         CU_MEM_ALLOCATION_TYPE_PINNED,
@@ -349,14 +330,9 @@ fn paths(cu: &Cuda) {
     assert_eq!(prc, 0, "cuMemPoolCreate");
     path(
         "cuMemAllocFromPoolAsync",
-        || {
-            let mut p = 0;
-            // SAFETY: valid arguments.
-            (
-                unsafe { from_pool(&mut p, 9 * MIB, pool, std::ptr::null_mut()) },
-                p,
-            )
-        },
+        0,
+        // SAFETY: valid arguments.
+        |p| unsafe { from_pool(p, 9 * MIB, pool, std::ptr::null_mut()) },
         // SAFETY: p came from the pool above; the pool is destroyed after its last allocation.
         |p| unsafe {
             let rc = free_async(p, std::ptr::null_mut());
@@ -365,112 +341,62 @@ fn paths(cu: &Cuda) {
         },
     );
 
-    let create = f!(cu, "cuMemCreate", "cuMemCreate", pfn::MemCreate);
-    let release = f!(cu, "cuMemRelease", "cuMemRelease", pfn::MemRelease);
+    let create = f!(cu, MemCreate);
+    let release = f!(cu, MemRelease);
     let prop = device0_prop();
     path(
         "cuMemCreate",
-        || {
-            let mut h = 0;
-            // SAFETY: valid arguments.
-            (unsafe { create(&mut h, 4 * MIB, &prop, 0) }, h)
-        },
+        0,
+        // SAFETY: valid arguments.
+        |h| unsafe { create(h, 4 * MIB, &prop, 0) },
         // SAFETY: h is the handle created above, released once.
         |h| unsafe { release(h) },
     );
 
-    let arr2 = f!(cu, "cuArrayCreate", "cuArrayCreate_v2", pfn::ArrayCreate);
-    let arr3 = f!(
-        cu,
-        "cuArray3DCreate",
-        "cuArray3DCreate_v2",
-        pfn::Array3DCreate
-    );
-    let arr_destroy = f!(cu, "cuArrayDestroy", "cuArrayDestroy", pfn::ArrayDestroy);
-    let mip = f!(
-        cu,
-        "cuMipmappedArrayCreate",
-        "cuMipmappedArrayCreate",
-        pfn::MipmappedArrayCreate
-    );
-    let mip_destroy = f!(
-        cu,
-        "cuMipmappedArrayDestroy",
-        "cuMipmappedArrayDestroy",
-        pfn::MipmappedArrayDestroy
-    );
+    let arr2 = f!(cu, ArrayCreate, "_v2");
+    let arr3 = f!(cu, Array3DCreate, "_v2");
+    let arr_destroy = f!(cu, ArrayDestroy);
+    let mip = f!(cu, MipmappedArrayCreate);
+    let mip_destroy = f!(cu, MipmappedArrayDestroy);
     let d2 = ArrayDescriptor {
         width: 1024,
         height: 1024,
         format: 0x20,
         num_channels: 1,
     };
-    path(
-        "cuArrayCreate",
-        || {
-            let mut a = std::ptr::null_mut();
-            // SAFETY: valid arguments.
-            (unsafe { arr2(&mut a, &d2) }, a as u64)
-        },
-        // SAFETY: a is the array created above, destroyed once.
-        |a| unsafe { arr_destroy(a as *mut c_void) },
+    let (d3, dm) = (
+        array3d(256, 256, 16, 0x01, 0),
+        array3d(512, 512, 0, 0x20, 0),
     );
-    let d3 = Array3DDescriptor {
-        width: 256,
-        height: 256,
-        depth: 16,
-        format: 0x01,
-        num_channels: 4,
-        flags: 0,
-    };
-    path(
-        "cuArray3DCreate",
-        || {
-            let mut a = std::ptr::null_mut();
+    let null = std::ptr::null_mut();
+    // (name, create, destroy)
+    let arrays: [(&str, Make<CUarray>, pfn::ArrayDestroy); 3] = [
+        // SAFETY: valid arguments.
+        ("cuArrayCreate", &|a| unsafe { arr2(a, &d2) }, arr_destroy),
+        // SAFETY: valid arguments.
+        ("cuArray3DCreate", &|a| unsafe { arr3(a, &d3) }, arr_destroy),
+        (
+            "cuMipmappedArrayCreate",
             // SAFETY: valid arguments.
-            (unsafe { arr3(&mut a, &d3) }, a as u64)
-        },
-        // SAFETY: a is the array created above, destroyed once.
-        |a| unsafe { arr_destroy(a as *mut c_void) },
-    );
-    let dm = Array3DDescriptor {
-        width: 512,
-        height: 512,
-        depth: 0,
-        format: 0x20,
-        num_channels: 4,
-        flags: 0,
-    };
-    path(
-        "cuMipmappedArrayCreate",
-        || {
-            let mut a = std::ptr::null_mut();
-            // SAFETY: valid arguments.
-            (unsafe { mip(&mut a, &dm, 4) }, a as u64)
-        },
-        // SAFETY: a is the mipmapped array created above, destroyed once.
-        |a| unsafe { mip_destroy(a as *mut c_void) },
-    );
+            &|a| unsafe { mip(a, &dm, 4) },
+            mip_destroy,
+        ),
+    ];
+    for (name, create, destroy) in arrays {
+        // SAFETY: destroys the array just created, once.
+        path(name, null, create, |a| unsafe { destroy(a) });
+    }
 
     // Graph memory: a graph with one allocation node, launched, then the
     // graph pool trimmed after the exec is gone.
-    let graph_create = f!(cu, "cuGraphCreate", "cuGraphCreate", pfn::GraphCreate);
-    let add_alloc = f!(
-        cu,
-        "cuGraphAddMemAllocNode",
-        "cuGraphAddMemAllocNode",
-        pfn::GraphAddMemAllocNode
-    );
-    let GraphExec {
-        instantiate,
-        launch,
-        exec_destroy,
-        graph_trim,
-    } = GraphExec::load(cu);
+    let graph_create = f!(cu, GraphCreate);
+    let add_alloc = f!(cu, GraphAddMemAllocNode);
+    let graph_exec = GraphExec::load(cu);
     path(
         "graph mem node",
+        null,
         // SAFETY: the graph calls get live out-pointers and the handles they returned.
-        || unsafe {
+        |exec| unsafe {
             let mut g = std::ptr::null_mut();
             assert_eq!(graph_create(&mut g, 0), 0);
             let mut params = MemAllocNodeParams {
@@ -486,23 +412,31 @@ fn paths(cu: &Cuda) {
             };
             let mut node = std::ptr::null_mut();
             assert_eq!(add_alloc(&mut node, g, std::ptr::null(), 0, &mut params), 0);
-            let mut exec = std::ptr::null_mut();
-            assert_eq!(instantiate(&mut exec, g, 0), 0);
-            (launch(exec, std::ptr::null_mut()), exec as u64)
+            let (rc_instantiate, rc_launch, launched) = graph_exec.run(g, std::ptr::null_mut());
+            assert_eq!(rc_instantiate, 0);
+            *exec = launched;
+            rc_launch
         },
         // SAFETY: exec is the graph instantiated above, destroyed once.
-        |exec| unsafe {
-            exec_destroy(exec as *mut c_void);
-            graph_trim(0)
-        },
+        |exec| unsafe { graph_exec.retire(exec).1 },
     );
 }
 
-type StreamCreate = pfn::StreamCreate;
-type BeginCapture = pfn::StreamBeginCapture;
-type EndCapture = pfn::StreamEndCapture;
-type IsCapturing = pfn::StreamIsCapturing;
-type AllocAsync = pfn::MemAllocAsync;
+/// Frees `p` with `free` on `stream`, then trims device 0's default pool to
+/// nothing, so that what was freed goes back to the device.
+fn free_and_trim(cu: &Cuda, free: pfn::MemFreeAsync, p: u64, stream: *mut c_void) -> R {
+    let get_pool = f!(cu, DeviceGetMemPool);
+    let trim = f!(cu, MemPoolTrimTo);
+    // SAFETY: frees the caller's allocation once, then trims the pool the
+    // driver names.
+    unsafe {
+        let rc = free(p, stream);
+        let mut pool = std::ptr::null_mut();
+        get_pool(&mut pool, 0);
+        trim(pool, 0);
+        rc
+    }
+}
 
 const STREAM_PER_THREAD: *mut c_void = CU_STREAM_PER_THREAD as *mut c_void;
 
@@ -519,29 +453,14 @@ fn capture_one(
     cu: &Cuda,
     name: &str,
     stream: *mut c_void,
-    alloc: AllocAsync,
+    alloc: pfn::MemAllocAsync,
     allocs: usize,
     size: usize,
 ) {
-    let begin = f!(
-        cu,
-        "cuStreamBeginCapture",
-        "cuStreamBeginCapture_v2",
-        BeginCapture
-    );
-    let end = f!(cu, "cuStreamEndCapture", "cuStreamEndCapture", EndCapture);
-    let is_capturing = f!(
-        cu,
-        "cuStreamIsCapturing",
-        "cuStreamIsCapturing",
-        IsCapturing
-    );
-    let GraphExec {
-        instantiate,
-        launch,
-        exec_destroy,
-        graph_trim,
-    } = GraphExec::load(cu);
+    let begin = f!(cu, StreamBeginCapture, "_v2");
+    let end = f!(cu, StreamEndCapture);
+    let is_capturing = f!(cu, StreamIsCapturing);
+    let graph_exec = GraphExec::load(cu);
     let before = used();
     // SAFETY: driver calls with valid arguments and out-pointers.
     unsafe {
@@ -558,12 +477,9 @@ fn capture_one(
         let during = used();
         let mut graph = std::ptr::null_mut();
         let rc_end = end(stream, &mut graph);
-        let mut exec = std::ptr::null_mut();
-        let rc_inst = instantiate(&mut exec, graph, 0);
-        let rc_launch = launch(exec, stream);
+        let (rc_inst, rc_launch, exec) = graph_exec.run(graph, stream);
         let launched = used();
-        let rc_destroy = exec_destroy(exec);
-        let rc_trim = graph_trim(0);
+        let (rc_destroy, rc_trim) = graph_exec.retire(exec);
         line(&[
             ("path", q(name)),
             ("rc_begin", rc_begin.to_string()),
@@ -577,35 +493,24 @@ fn capture_one(
             ("rc_exec_destroy", rc_destroy.to_string()),
             ("rc_trim", rc_trim.to_string()),
             ("graph_bytes", (allocs * size).to_string()),
-            (
-                "charged_during",
-                (during as i128 - before as i128).to_string(),
-            ),
-            (
-                "charged_launched",
-                (launched as i128 - before as i128).to_string(),
-            ),
-            ("after_trim", (used() as i128 - before as i128).to_string()),
+            ("charged_during", change(during, before).to_string()),
+            ("charged_launched", change(launched, before).to_string()),
+            ("after_trim", change(used(), before).to_string()),
         ]);
     }
 }
 
 fn capture(cu: &Cuda, count: usize, size: usize) {
-    let create = f!(cu, "cuStreamCreate", "cuStreamCreate", StreamCreate);
-    let alloc = f!(cu, "cuMemAllocAsync", "cuMemAllocAsync", AllocAsync);
-    let alloc_ptsz = f!(cu, "cuMemAllocAsync", "cuMemAllocAsync_ptsz", AllocAsync);
+    let create = f!(cu, StreamCreate);
+    let alloc = f!(cu, MemAllocAsync);
+    let alloc_ptsz = f!(cu, MemAllocAsync, "_ptsz");
     let mut s = std::ptr::null_mut();
     // SAFETY: valid out-pointer.
     assert_eq!(unsafe { create(&mut s, 0) }, 0, "cuStreamCreate");
     capture_one(cu, "created stream", s, alloc, count, size);
     // The per-thread stream, named as the _ptsz flavour's NULL stream.
-    let begin = f!(
-        cu,
-        "cuStreamBeginCapture",
-        "cuStreamBeginCapture_v2",
-        BeginCapture
-    );
-    let end = f!(cu, "cuStreamEndCapture", "cuStreamEndCapture", EndCapture);
+    let begin = f!(cu, StreamBeginCapture, "_v2");
+    let end = f!(cu, StreamEndCapture);
     let before = used();
     // SAFETY: driver calls with valid arguments and out-pointers.
     unsafe {
@@ -620,10 +525,7 @@ fn capture(cu: &Cuda, count: usize, size: usize) {
             ("rc_begin", rc_begin.to_string()),
             ("rc_alloc", rc_alloc.to_string()),
             ("rc_end", rc_end.to_string()),
-            (
-                "charged_during",
-                (during as i128 - before as i128).to_string(),
-            ),
+            ("charged_during", change(during, before).to_string()),
         ]);
     }
     other_thread_captures(cu, alloc);
@@ -632,25 +534,13 @@ fn capture(cu: &Cuda, count: usize, size: usize) {
 /// Another thread captures in global mode while this one allocates on a
 /// stream that does not capture: charged as usual, and the other capture
 /// survives (the shim's own queries must not be prohibited calls).
-fn other_thread_captures(cu: &Cuda, alloc: AllocAsync) {
-    let create = f!(cu, "cuStreamCreate", "cuStreamCreate", StreamCreate);
-    let begin = f!(
-        cu,
-        "cuStreamBeginCapture",
-        "cuStreamBeginCapture_v2",
-        BeginCapture
-    );
-    let end = f!(cu, "cuStreamEndCapture", "cuStreamEndCapture", EndCapture);
-    let get_ctx = f!(cu, "cuCtxGetCurrent", "cuCtxGetCurrent", pfn::CtxGetCurrent);
-    let set_ctx = f!(cu, "cuCtxSetCurrent", "cuCtxSetCurrent", pfn::CtxSetCurrent);
-    let free_async = f!(cu, "cuMemFreeAsync", "cuMemFreeAsync", pfn::MemFreeAsync);
-    let trim = f!(cu, "cuMemPoolTrimTo", "cuMemPoolTrimTo", pfn::MemPoolTrimTo);
-    let get_pool = f!(
-        cu,
-        "cuDeviceGetMemPool",
-        "cuDeviceGetMemPool",
-        pfn::DeviceGetMemPool
-    );
+fn other_thread_captures(cu: &Cuda, alloc: pfn::MemAllocAsync) {
+    let create = f!(cu, StreamCreate);
+    let begin = f!(cu, StreamBeginCapture, "_v2");
+    let end = f!(cu, StreamEndCapture);
+    let get_ctx = f!(cu, CtxGetCurrent);
+    let set_ctx = f!(cu, CtxSetCurrent);
+    let free_async = f!(cu, MemFreeAsync);
     let mut ctx = std::ptr::null_mut();
     let (mut mine, mut theirs) = (std::ptr::null_mut(), std::ptr::null_mut());
     // SAFETY: valid out-pointers.
@@ -679,18 +569,11 @@ fn other_thread_captures(cu: &Cuda, alloc: AllocAsync) {
     let mut p = 0;
     // SAFETY: valid out-pointer and stream.
     let rc_alloc = unsafe { alloc(&mut p, 8 * MIB, mine) };
-    let charged = used() as i128 - before as i128;
+    let charged = change(used(), before);
     let (rc_info, _, _) = mem_info(cu);
     go_tx.send(()).unwrap();
     let rc_end = other.join().unwrap();
-    // SAFETY: frees what was allocated, then trims the pool.
-    let rc_free = unsafe {
-        let rc = free_async(p, mine);
-        let mut pool = std::ptr::null_mut();
-        get_pool(&mut pool, 0);
-        trim(pool, 0);
-        rc
-    };
+    let rc_free = free_and_trim(cu, free_async, p, mine);
     line(&[
         ("path", q("other thread captures")),
         ("rc_begin", rc_begin.to_string()),
@@ -699,23 +582,54 @@ fn other_thread_captures(cu: &Cuda, alloc: AllocAsync) {
         ("rc_end", rc_end.to_string()),
         ("rc_free", rc_free.to_string()),
         ("charged", charged.to_string()),
-        ("after_free", (used() as i128 - before as i128).to_string()),
+        ("after_free", change(used(), before).to_string()),
     ]);
 }
 
 fn mem_info(cu: &Cuda) -> (R, usize, usize) {
-    let info = f!(cu, "cuMemGetInfo", "cuMemGetInfo_v2", pfn::MemGetInfo);
+    let info = f!(cu, MemGetInfo, "_v2");
     let (mut free, mut total) = (0, 0);
     // SAFETY: valid out-pointers.
     let rc = unsafe { info(&mut free, &mut total) };
     (rc, free, total)
 }
 
+/// See `info-32` in the module docs.
+fn info_32(cu: &Cuda) {
+    let info = f!(cu, "cuMemGetInfo", "cuMemGetInfo", pfn::MemGetInfoV1);
+    let device_total = f!(
+        cu,
+        "cuDeviceTotalMem",
+        "cuDeviceTotalMem",
+        pfn::DeviceTotalMemV1
+    );
+    let (mut free, mut total, mut bytes) = (0, 0, 0);
+    // SAFETY: valid out-pointers; device 0 exists.
+    let (rc, rc_total) = unsafe { (info(&mut free, &mut total), device_total(&mut bytes, 0)) };
+    let mut kv = mem_info_fields(rc, free, total);
+    kv.push(("rc_total", rc_total.to_string()));
+    kv.push(("device_total", bytes.to_string()));
+    line(&kv);
+}
+
+/// What `info` prints of a `cuMemGetInfo*`: its rc and figures.
+fn mem_info_fields(
+    rc: R,
+    free: impl ToString,
+    total: impl ToString,
+) -> Vec<(&'static str, String)> {
+    vec![
+        ("rc", rc.to_string()),
+        ("free", free.to_string()),
+        ("total", total.to_string()),
+    ]
+}
+
 fn fill(cu: &Cuda, block: usize, stream_ordered: bool) {
-    let alloc = f!(cu, "cuMemAlloc", "cuMemAlloc_v2", Alloc);
-    let free = f!(cu, "cuMemFree", "cuMemFree_v2", Free);
-    let alloc_async = f!(cu, "cuMemAllocAsync", "cuMemAllocAsync", AllocAsync);
-    let free_async = f!(cu, "cuMemFreeAsync", "cuMemFreeAsync", pfn::MemFreeAsync);
+    let alloc = f!(cu, MemAlloc, "_v2");
+    let free = f!(cu, MemFree, "_v2");
+    let alloc_async = f!(cu, MemAllocAsync);
+    let free_async = f!(cu, MemFreeAsync);
     let (_, free0, total0) = mem_info(cu);
     let mut ptrs = Vec::new();
     let rc = loop {
@@ -758,8 +672,8 @@ fn fill(cu: &Cuda, block: usize, stream_ordered: bool) {
 }
 
 fn stress(cu: &Cuda, secs: f64, mut rng: u64, max_block: usize) -> i32 {
-    let alloc = f!(cu, "cuMemAlloc", "cuMemAlloc_v2", Alloc);
-    let free = f!(cu, "cuMemFree", "cuMemFree_v2", Free);
+    let alloc = f!(cu, MemAlloc, "_v2");
+    let free = f!(cu, MemFree, "_v2");
     let l = ledger().expect("GPUSLICE_LEDGER");
     let cap = l.cap(0);
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
@@ -852,11 +766,6 @@ fn file_of(p: *mut c_void) -> String {
         .into_owned()
 }
 
-type Launch = pfn::LaunchKernel;
-type LaunchCoop = pfn::LaunchCooperativeKernel;
-type LaunchEx = pfn::LaunchKernelEx;
-type GraphLaunch = pfn::GraphLaunch;
-
 /// The fake driver's `fakegpuBusyNs`: GPU time device `d` has completed.
 fn fake_busy(cu: &Cuda) -> impl Fn(c_int) -> u64 {
     let busy_p = cu.dlsym("fakegpuBusyNs");
@@ -867,6 +776,25 @@ fn fake_busy(cu: &Cuda) -> impl Fn(c_int) -> u64 {
     move |d: c_int| unsafe { busy_f(d) }
 }
 
+/// The kernel the compute commands launch (the fake driver takes any
+/// function and reads the simulated duration from the first parameter).
+const FAKE_KERNEL: *mut c_void = 0x1000 as *mut c_void;
+
+/// One 1×1×1 launch of the fake kernel through `launch`.
+///
+/// # Safety
+/// `stream` is live (or null) and `params` the kernel's parameters, alive
+/// during the call.
+unsafe fn launch_one(
+    launch: pfn::LaunchKernel,
+    stream: *mut c_void,
+    params: *mut *mut c_void,
+) -> R {
+    let null = std::ptr::null_mut();
+    // SAFETY: the caller's stream and parameters; no `extra`.
+    unsafe { launch(FAKE_KERNEL, 1, 1, 1, 1, 1, 1, 0, stream, params, null) }
+}
+
 fn compute(cu: &Cuda, mode: &str, kernel_ns: u64, seconds: f64, warmup: f64) {
     let busy = fake_busy(cu);
     let records_p = cu.dlsym("fakegpuEventRecords");
@@ -875,13 +803,8 @@ fn compute(cu: &Cuda, mode: &str, kernel_ns: u64, seconds: f64, warmup: f64) {
     let records_f = unsafe { std::mem::transmute::<*mut c_void, fakegpu::EventRecords>(records_p) };
     // SAFETY: a plain call of the test hook.
     let records = || unsafe { records_f() };
-    let sync = f!(
-        cu,
-        "cuCtxSynchronize",
-        "cuCtxSynchronize",
-        pfn::CtxSynchronize
-    );
-    let stream_create = f!(cu, "cuStreamCreate", "cuStreamCreate", pfn::StreamCreate);
+    let sync = f!(cu, CtxSynchronize);
+    let stream_create = f!(cu, StreamCreate);
     let mut stream = std::ptr::null_mut();
     if mode != "ptsz" {
         // SAFETY: valid out-pointer.
@@ -889,16 +812,10 @@ fn compute(cu: &Cuda, mode: &str, kernel_ns: u64, seconds: f64, warmup: f64) {
     }
     let mut ns = kernel_ns;
     let mut params = [(&mut ns as *mut u64).cast::<c_void>()];
-    let func = 0x1000 as *mut c_void;
     let mut exec = std::ptr::null_mut();
     if mode == "graph" {
-        let create = f!(cu, "cuGraphCreate", "cuGraphCreate", pfn::GraphCreate);
-        let inst = f!(
-            cu,
-            "cuGraphInstantiateWithFlags",
-            "cuGraphInstantiateWithFlags",
-            pfn::GraphInstantiateWithFlags
-        );
+        let create = f!(cu, GraphCreate);
+        let inst = f!(cu, GraphInstantiateWithFlags);
         let mut g = std::ptr::null_mut();
         // SAFETY: valid out-pointers.
         unsafe {
@@ -907,12 +824,21 @@ fn compute(cu: &Cuda, mode: &str, kernel_ns: u64, seconds: f64, warmup: f64) {
         }
     }
     let launch: Box<dyn FnMut() -> R> = match mode {
-        "kernel" => {
-            let f = f!(cu, "cuLaunchKernel", "cuLaunchKernel", Launch);
-            // SAFETY: valid arguments; params[0] points to a u64.
+        "kernel" | "ptsz" => {
+            // `ptsz` launches on the NULL stream (no stream was made).
+            let f = match mode {
+                "ptsz" => f!(cu, LaunchKernel, "_ptsz"),
+                _ => f!(cu, LaunchKernel),
+            };
+            // SAFETY: a live stream (or the NULL one); params[0] points to a u64.
+            Box::new(move || unsafe { launch_one(f, stream, params.as_mut_ptr()) })
+        }
+        "coop" => {
+            let f = f!(cu, LaunchCooperativeKernel);
+            // SAFETY: as above.
             Box::new(move || unsafe {
                 f(
-                    func,
+                    FAKE_KERNEL,
                     1,
                     1,
                     1,
@@ -922,41 +848,11 @@ fn compute(cu: &Cuda, mode: &str, kernel_ns: u64, seconds: f64, warmup: f64) {
                     0,
                     stream,
                     params.as_mut_ptr(),
-                    std::ptr::null_mut(),
                 )
             })
-        }
-        "ptsz" => {
-            let f = f!(cu, "cuLaunchKernel", "cuLaunchKernel_ptsz", Launch);
-            // SAFETY: as above.
-            Box::new(move || unsafe {
-                f(
-                    func,
-                    1,
-                    1,
-                    1,
-                    1,
-                    1,
-                    1,
-                    0,
-                    std::ptr::null_mut(),
-                    params.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                )
-            })
-        }
-        "coop" => {
-            let f = f!(
-                cu,
-                "cuLaunchCooperativeKernel",
-                "cuLaunchCooperativeKernel",
-                LaunchCoop
-            );
-            // SAFETY: as above.
-            Box::new(move || unsafe { f(func, 1, 1, 1, 1, 1, 1, 0, stream, params.as_mut_ptr()) })
         }
         "ex" => {
-            let f = f!(cu, "cuLaunchKernelEx", "cuLaunchKernelEx", LaunchEx);
+            let f = f!(cu, LaunchKernelEx);
             let cfg = LaunchConfig {
                 grid: [1; 3],
                 block: [1; 3],
@@ -966,10 +862,12 @@ fn compute(cu: &Cuda, mode: &str, kernel_ns: u64, seconds: f64, warmup: f64) {
                 num_attrs: 0,
             };
             // SAFETY: as above.
-            Box::new(move || unsafe { f(&cfg, func, params.as_mut_ptr(), std::ptr::null_mut()) })
+            Box::new(move || unsafe {
+                f(&cfg, FAKE_KERNEL, params.as_mut_ptr(), std::ptr::null_mut())
+            })
         }
         "graph" => {
-            let f = f!(cu, "cuGraphLaunch", "cuGraphLaunch", GraphLaunch);
+            let f = f!(cu, GraphLaunch);
             // SAFETY: an instantiated graph.
             Box::new(move || unsafe { f(exec, stream) })
         }
@@ -1012,16 +910,11 @@ fn compute(cu: &Cuda, mode: &str, kernel_ns: u64, seconds: f64, warmup: f64) {
 /// See `shared-stream` in the module docs.
 fn shared_stream(cu: &Cuda, kernel_ns: u64, rounds: u32) {
     let busy = fake_busy(cu);
-    let sync = f!(
-        cu,
-        "cuCtxSynchronize",
-        "cuCtxSynchronize",
-        pfn::CtxSynchronize
-    );
-    let get_ctx = f!(cu, "cuCtxGetCurrent", "cuCtxGetCurrent", pfn::CtxGetCurrent);
-    let set_ctx = f!(cu, "cuCtxSetCurrent", "cuCtxSetCurrent", pfn::CtxSetCurrent);
-    let stream_create = f!(cu, "cuStreamCreate", "cuStreamCreate", pfn::StreamCreate);
-    let launch = f!(cu, "cuLaunchKernel", "cuLaunchKernel", Launch);
+    let sync = f!(cu, CtxSynchronize);
+    let get_ctx = f!(cu, CtxGetCurrent);
+    let set_ctx = f!(cu, CtxSetCurrent);
+    let stream_create = f!(cu, StreamCreate);
+    let launch = f!(cu, LaunchKernel);
     let (mut ctx, mut stream) = (std::ptr::null_mut(), std::ptr::null_mut());
     // SAFETY: valid out-pointers.
     unsafe {
@@ -1035,21 +928,7 @@ fn shared_stream(cu: &Cuda, kernel_ns: u64, rounds: u32) {
         let mut params = [(&mut ns as *mut u64).cast::<c_void>()];
         // SAFETY: valid arguments; params[0] points to a u64 that outlives
         // the call (the fake driver reads it during the launch).
-        let rc = unsafe {
-            launch(
-                0x1000 as *mut c_void,
-                1,
-                1,
-                1,
-                1,
-                1,
-                1,
-                0,
-                stream as *mut c_void,
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        };
+        let rc = unsafe { launch_one(launch, stream as *mut c_void, params.as_mut_ptr()) };
         assert_eq!(rc, 0, "launch");
     };
     let (go, rx) = std::sync::mpsc::channel::<bool>();
@@ -1117,157 +996,107 @@ fn main() {
         return;
     }
     match cmd {
-        "hold-soft" => hold_soft(&cu, rest[1].parse().expect("BYTES")),
+        "hold-soft" => hold_soft(&cu, parse(&rest, 1, "BYTES")),
         "nvml-procs" => nvml_procs(),
-        "resolver" => resolver(rest[1].parse().expect("IDLE")),
+        "resolver" => resolver(parse(&rest, 1, "IDLE")),
         _ => {}
     }
     init(&cu);
-    let code = match cmd {
-        "resident" => {
-            resident(&cu);
-            0
-        }
-        "paths" => {
-            paths(&cu);
-            0
-        }
+    match cmd {
+        "resident" => resident(&cu),
+        "paths" => paths(&cu),
         "fill" => {
             let stream_ordered = rest.get(2).is_some_and(|m| m == "async");
-            fill(&cu, rest[1].parse().expect("BLOCK"), stream_ordered);
-            0
+            fill(&cu, parse(&rest, 1, "BLOCK"), stream_ordered);
         }
+        "info-32" => info_32(&cu),
         "info" => {
             let (rc, free, total) = mem_info(&cu);
-            line(&[
-                ("rc", rc.to_string()),
-                ("free", free.to_string()),
-                ("total", total.to_string()),
-            ]);
-            0
+            line(&mem_info_fields(rc, free, total));
         }
-        "capture" => {
-            capture(
-                &cu,
-                rest[1].parse().expect("COUNT"),
-                rest[2].parse().expect("SIZE"),
-            );
-            0
-        }
-        "cycle" => {
-            let alloc = f!(cu, "cuMemAlloc", "cuMemAlloc_v2", Alloc);
-            let free = f!(cu, "cuMemFree", "cuMemFree_v2", Free);
-            let n: u64 = rest[1].parse().expect("N");
-            let size: usize = rest[2].parse().expect("SIZE");
-            let t = Instant::now();
-            for _ in 0..n {
-                let mut p = 0;
-                // SAFETY: valid out-pointer; frees what it allocated.
-                unsafe {
-                    assert_eq!(alloc(&mut p, size), 0);
-                    assert_eq!(free(p), 0);
-                }
-            }
-            let ns = t.elapsed().as_nanos() as f64 / n as f64;
-            line(&[
-                ("cycles", n.to_string()),
-                ("ns_per_cycle", format!("{ns:.1}")),
-            ]);
-            0
-        }
-        "compute" => {
-            compute(
-                &cu,
-                &rest[1],
-                rest[2].parse().expect("KERNEL_NS"),
-                rest[3].parse().expect("SECONDS"),
-                rest[4].parse().expect("WARMUP"),
-            );
-            0
-        }
-        "shared-stream" => {
-            shared_stream(
-                &cu,
-                rest[1].parse().expect("KERNEL_NS"),
-                rest[2].parse().expect("ROUNDS"),
-            );
-            0
-        }
-        "stress" => stress(
+        "capture" => capture(&cu, parse(&rest, 1, "COUNT"), parse(&rest, 2, "SIZE")),
+        "cycle" => cycle(&cu, parse(&rest, 1, "N"), parse(&rest, 2, "SIZE")),
+        "compute" => compute(
             &cu,
-            rest[1].parse().expect("SECONDS"),
-            rest[2].parse().expect("SEED"),
-            rest[3].parse().expect("MAX_BLOCK"),
+            &rest[1],
+            parse(&rest, 2, "KERNEL_NS"),
+            parse(&rest, 3, "SECONDS"),
+            parse(&rest, 4, "WARMUP"),
         ),
-        "vmm-mapped" => {
-            vmm_mapped(&cu, rest[1].parse().expect("BYTES"));
-            0
+        "shared-stream" => {
+            shared_stream(&cu, parse(&rest, 1, "KERNEL_NS"), parse(&rest, 2, "ROUNDS"))
         }
-        "async-device" => {
-            async_on_other_device(&cu, rest[1].parse().expect("BYTES"));
-            0
-        }
-        "pool-location" => {
-            pool_location(&cu, rest[1].parse().expect("BYTES"));
-            0
-        }
-        "arrays" => {
-            arrays(&cu);
-            0
-        }
-        "set-limit" => {
-            set_limit(
-                &cu,
-                rest[1].parse().expect("LIMIT"),
-                rest[2].parse().expect("VALUE"),
-            );
-            0
-        }
-        "pool-destroy" => {
-            pool_destroy(&cu, rest[1].parse().expect("BYTES"), &rest[2]);
-            0
-        }
-        "fork" => {
-            fork_keeps_charges(&cu, rest[1].parse().expect("BYTES"));
-            0
-        }
-        "two-devices" => {
-            two_devices(
-                &cu,
-                rest[1].parse().expect("BYTES0"),
-                rest[2].parse().expect("BYTES1"),
-            );
-            0
-        }
-        "hold" => {
-            let alloc = f!(cu, "cuMemAlloc", "cuMemAlloc_v2", Alloc);
-            let mut p = 0;
-            // SAFETY: valid out-pointer.
-            let rc = unsafe { alloc(&mut p, rest[1].parse().expect("BYTES")) };
-            println!("held {rc}");
-            let _ = std::io::stdout().flush();
-            loop {
-                std::thread::sleep(Duration::from_secs(3600));
-            }
-        }
+        "stress" => std::process::exit(stress(
+            &cu,
+            parse(&rest, 1, "SECONDS"),
+            parse(&rest, 2, "SEED"),
+            parse(&rest, 3, "MAX_BLOCK"),
+        )),
+        "vmm-mapped" => vmm_mapped(&cu, parse(&rest, 1, "BYTES")),
+        "async-device" => async_on_other_device(&cu, parse(&rest, 1, "BYTES")),
+        "pool-location" => pool_location(&cu, parse(&rest, 1, "BYTES")),
+        "arrays" => arrays(&cu),
+        "set-limit" => set_limit(&cu, parse(&rest, 1, "LIMIT"), parse(&rest, 2, "VALUE")),
+        "pool-destroy" => pool_destroy(&cu, parse(&rest, 1, "BYTES"), &rest[2]),
+        "fork" => fork_keeps_charges(&cu, parse(&rest, 1, "BYTES")),
+        "two-devices" => two_devices(&cu, parse(&rest, 1, "BYTES0"), parse(&rest, 2, "BYTES1")),
+        "hold" => hold(&cu, parse(&rest, 1, "BYTES")),
         other => {
             eprintln!("unknown command {other:?}");
-            2
+            std::process::exit(2)
         }
-    };
-    std::process::exit(code);
+    }
+    std::process::exit(0);
+}
+
+/// The command's argument `i` parsed as a `T`; panics naming `what` when it
+/// does not parse.
+fn parse<T: std::str::FromStr>(rest: &[String], i: usize, what: &str) -> T
+where
+    T::Err: std::fmt::Debug,
+{
+    rest[i].parse().expect(what)
+}
+
+/// `n` cycles of cuMemAlloc(`size`) + cuMemFree: the nanoseconds per cycle.
+fn cycle(cu: &Cuda, n: u64, size: usize) {
+    let alloc = f!(cu, MemAlloc, "_v2");
+    let free = f!(cu, MemFree, "_v2");
+    let t = Instant::now();
+    for _ in 0..n {
+        let mut p = 0;
+        // SAFETY: valid out-pointer; frees what it allocated.
+        unsafe {
+            assert_eq!(alloc(&mut p, size), 0);
+            assert_eq!(free(p), 0);
+        }
+    }
+    let ns = t.elapsed().as_nanos() as f64 / n as f64;
+    line(&[
+        ("cycles", n.to_string()),
+        ("ns_per_cycle", format!("{ns:.1}")),
+    ]);
+}
+
+/// Allocates `bytes`, prints `held RC` and sleeps until killed.
+fn hold(cu: &Cuda, bytes: usize) -> ! {
+    let alloc = f!(cu, MemAlloc, "_v2");
+    let mut p = 0;
+    // SAFETY: valid out-pointer.
+    let rc = unsafe { alloc(&mut p, bytes) };
+    println!("held {rc}");
+    let _ = std::io::stdout().flush();
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
 }
 
 /// Driver-held memory: context, a module, a heap limit, the reported total.
 fn resident(cu: &Cuda) {
-    type Load = pfn::ModuleLoadData;
-    type Unload = pfn::ModuleUnload;
-    type SetLimit = pfn::CtxSetLimit;
-    type Total = pfn::DeviceTotalMem;
-    let load = f!(cu, "cuModuleLoadData", "cuModuleLoadData", Load);
-    let unload = f!(cu, "cuModuleUnload", "cuModuleUnload", Unload);
-    let set_limit = f!(cu, "cuCtxSetLimit", "cuCtxSetLimit", SetLimit);
-    let total = f!(cu, "cuDeviceTotalMem", "cuDeviceTotalMem_v2", Total);
+    let load = f!(cu, ModuleLoadData);
+    let unload = f!(cu, ModuleUnload);
+    let set_limit = f!(cu, CtxSetLimit);
+    let total = f!(cu, DeviceTotalMem, "_v2");
     let context = used();
     let mut m = std::ptr::null_mut();
     let image = [0u8; 16];
@@ -1295,22 +1124,13 @@ fn resident(cu: &Cuda) {
         ("rc_load", rc_load.to_string()),
         ("module", (with_module - context).to_string()),
         ("rc_heap", rc_heap.to_string()),
-        (
-            "heap",
-            (with_heap as i128 - with_module as i128).to_string(),
-        ),
+        ("heap", change(with_heap, with_module).to_string()),
         ("rc_total", rc_total.to_string()),
         ("total", t.to_string()),
         ("rc_unload", rc_unload.to_string()),
-        (
-            "after_unload",
-            (unloaded as i128 - context as i128).to_string(),
-        ),
+        ("after_unload", change(unloaded, context).to_string()),
         ("rc_heap_back", rc_heap_back.to_string()),
-        (
-            "after_heap_back",
-            (used() as i128 - context as i128).to_string(),
-        ),
+        ("after_heap_back", change(used(), context).to_string()),
     ]);
 }
 
@@ -1319,26 +1139,9 @@ fn resident(cu: &Cuda) {
 /// mipmapped arrays (no memory until mapped). Per case: [rc, change of the
 /// ledger, change of NVML's figure], the array alive.
 fn arrays(cu: &Cuda) {
-    let arr3 = f!(
-        cu,
-        "cuArray3DCreate",
-        "cuArray3DCreate_v2",
-        pfn::Array3DCreate
-    );
-    let mip = f!(
-        cu,
-        "cuMipmappedArrayCreate",
-        "cuMipmappedArrayCreate",
-        pfn::MipmappedArrayCreate
-    );
-    let desc = |width, height, flags| Array3DDescriptor {
-        width,
-        height,
-        depth: 0,
-        format: 0x01,
-        num_channels: 4,
-        flags,
-    };
+    let arr3 = f!(cu, Array3DCreate, "_v2");
+    let mip = f!(cu, MipmappedArrayCreate);
+    let desc = |width, height, flags| array3d(width, height, 0, 0x01, flags);
     let mut kv = Vec::new();
     // (name, descriptor, mip levels; 0: a plain array).
     for (name, d, levels) in [
@@ -1364,13 +1167,12 @@ fn arrays(cu: &Cuda) {
                 n => mip(&mut a, &d, n),
             }
         };
-        let grew = |now: u64, was: u64| now as i128 - was as i128;
         kv.push((
             name,
             format!(
                 "[{rc},{},{}]",
-                grew(used(), before.0),
-                grew(nvml_own(), before.1)
+                change(used(), before.0),
+                change(nvml_own(), before.1)
             ),
         ));
     }
@@ -1380,8 +1182,8 @@ fn arrays(cu: &Cuda) {
 /// `cuCtxSetLimit(limit, value)`: its rc, the limit read back, and
 /// [ledger, NVML] before and after.
 fn set_limit(cu: &Cuda, limit: c_int, value: usize) {
-    let set = f!(cu, "cuCtxSetLimit", "cuCtxSetLimit", pfn::CtxSetLimit);
-    let get = f!(cu, "cuCtxGetLimit", "cuCtxGetLimit", pfn::CtxGetLimit);
+    let set = f!(cu, CtxSetLimit);
+    let get = f!(cu, CtxGetLimit);
     let before = (used(), nvml_own());
     // SAFETY: plain driver calls with a valid out-pointer.
     let (rc, mut now) = (unsafe { set(limit, value) }, 0usize);
@@ -1400,15 +1202,10 @@ fn set_limit(cu: &Cuda, limit: c_int, value: usize) {
 /// Creates the primary context and allocates `bytes` without asserting
 /// (either may be refused), reports both codes, and holds until killed.
 fn hold_soft(cu: &Cuda, bytes: usize) -> ! {
-    let cu_init = f!(cu, "cuInit", "cuInit", pfn::Init);
-    let retain = f!(
-        cu,
-        "cuDevicePrimaryCtxRetain",
-        "cuDevicePrimaryCtxRetain",
-        Retain
-    );
-    let set = f!(cu, "cuCtxSetCurrent", "cuCtxSetCurrent", pfn::CtxSetCurrent);
-    let alloc = f!(cu, "cuMemAlloc", "cuMemAlloc_v2", Alloc);
+    let cu_init = f!(cu, Init);
+    let retain = f!(cu, DevicePrimaryCtxRetain);
+    let set = f!(cu, CtxSetCurrent);
+    let alloc = f!(cu, MemAlloc, "_v2");
     let mut ctx = std::ptr::null_mut();
     let mut p = 0;
     // SAFETY: plain driver calls with valid out-pointers.
@@ -1517,13 +1314,11 @@ fn nvml_own() -> u64 {
 /// A VMM handle created, mapped, released while mapped, then unmapped:
 /// the ledger's use and NVML's figure for this process after each step.
 fn vmm_mapped(cu: &Cuda, size: usize) {
-    type Reserve = pfn::MemAddressReserve;
-    type Map = pfn::MemMap;
-    let create = f!(cu, "cuMemCreate", "cuMemCreate", pfn::MemCreate);
-    let release = f!(cu, "cuMemRelease", "cuMemRelease", pfn::MemRelease);
-    let reserve = f!(cu, "cuMemAddressReserve", "cuMemAddressReserve", Reserve);
-    let map = f!(cu, "cuMemMap", "cuMemMap", Map);
-    let unmap = f!(cu, "cuMemUnmap", "cuMemUnmap", pfn::MemUnmap);
+    let create = f!(cu, MemCreate);
+    let release = f!(cu, MemRelease);
+    let reserve = f!(cu, MemAddressReserve);
+    let map = f!(cu, MemMap);
+    let unmap = f!(cu, MemUnmap);
     let prop = device0_prop();
     let (mut h, mut va) = (0, 0);
     let mut out = Vec::new();
@@ -1556,7 +1351,7 @@ fn vmm_mapped(cu: &Cuda, size: usize) {
 /// reports the ledger before the fork, after the child's exit, and the
 /// child's status: a child's exit must not release the parent's charges.
 fn fork_keeps_charges(cu: &Cuda, bytes: usize) {
-    let alloc = f!(cu, "cuMemAlloc", "cuMemAlloc_v2", Alloc);
+    let alloc = f!(cu, MemAlloc, "_v2");
     let mut p = 0;
     // SAFETY: valid out-pointer.
     let rc = unsafe { alloc(&mut p, bytes) };
@@ -1581,14 +1376,9 @@ fn fork_keeps_charges(cu: &Cuda, bytes: usize) {
 /// Allocates `b0` on device 0 and `b1` on device 1 (each through its
 /// primary context) and reports each device's ledger use and free memory.
 fn two_devices(cu: &Cuda, b0: usize, b1: usize) {
-    let retain = f!(
-        cu,
-        "cuDevicePrimaryCtxRetain",
-        "cuDevicePrimaryCtxRetain",
-        Retain
-    );
-    let set = f!(cu, "cuCtxSetCurrent", "cuCtxSetCurrent", pfn::CtxSetCurrent);
-    let alloc = f!(cu, "cuMemAlloc", "cuMemAlloc_v2", Alloc);
+    let retain = f!(cu, DevicePrimaryCtxRetain);
+    let set = f!(cu, CtxSetCurrent);
+    let alloc = f!(cu, MemAlloc, "_v2");
     let mut ctx = [std::ptr::null_mut(); 2];
     let mut rcs = Vec::new();
     let mut free = Vec::new();
@@ -1599,12 +1389,7 @@ fn two_devices(cu: &Cuda, b0: usize, b1: usize) {
             assert_eq!(retain(&mut ctx[dev], dev as c_int), 0, "context {dev}");
             assert_eq!(set(ctx[dev]), 0);
         }
-        // As in `init`: the context's estimate gives way to the
-        // background measurement first.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while ledger().map_or(0, |l| l.used(dev)) >= CONTEXT_ESTIMATE && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        settle_contexts(dev..dev + 1);
         // SAFETY: valid out-pointer.
         rcs.push(unsafe { alloc(&mut p, bytes) });
         free.push(mem_info(cu).1);
@@ -1623,15 +1408,10 @@ fn two_devices(cu: &Cuda, b0: usize, b1: usize) {
 /// A stream made on device 1, then `cuMemAllocAsync` on it with device 0's
 /// context current: the ledger's use of both devices after it.
 fn async_on_other_device(cu: &Cuda, bytes: usize) {
-    let retain = f!(
-        cu,
-        "cuDevicePrimaryCtxRetain",
-        "cuDevicePrimaryCtxRetain",
-        Retain
-    );
-    let set = f!(cu, "cuCtxSetCurrent", "cuCtxSetCurrent", pfn::CtxSetCurrent);
-    let create = f!(cu, "cuStreamCreate", "cuStreamCreate", StreamCreate);
-    let alloc = f!(cu, "cuMemAllocAsync", "cuMemAllocAsync", AllocAsync);
+    let retain = f!(cu, DevicePrimaryCtxRetain);
+    let set = f!(cu, CtxSetCurrent);
+    let create = f!(cu, StreamCreate);
+    let alloc = f!(cu, MemAllocAsync);
     let (mut c0, mut c1, mut stream) = (
         std::ptr::null_mut(),
         std::ptr::null_mut(),
@@ -1645,13 +1425,7 @@ fn async_on_other_device(cu: &Cuda, bytes: usize) {
         assert_eq!(retain(&mut c0, 0), 0);
         assert_eq!(set(c0), 0);
     }
-    // As in `init`: the contexts' estimates give way to their measurement.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while (0..2).any(|d| ledger().map_or(0, |l| l.used(d)) >= CONTEXT_ESTIMATE)
-        && Instant::now() < deadline
-    {
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    settle_contexts(0..2);
     let ledger = ledger().expect("ledger");
     let before = (ledger.used(0), ledger.used(1));
     let mut p = 0;
@@ -1671,19 +1445,9 @@ fn async_on_other_device(cu: &Cuda, bytes: usize) {
 /// device 0's context current: per pool, the rc and the ledger's change on
 /// devices 0 and 1.
 fn pool_location(cu: &Cuda, bytes: usize) {
-    let retain = f!(
-        cu,
-        "cuDevicePrimaryCtxRetain",
-        "cuDevicePrimaryCtxRetain",
-        Retain
-    );
-    let create = f!(cu, "cuMemPoolCreate", "cuMemPoolCreate", pfn::MemPoolCreate);
-    let from = f!(
-        cu,
-        "cuMemAllocFromPoolAsync",
-        "cuMemAllocFromPoolAsync",
-        pfn::MemAllocFromPoolAsync
-    );
+    let retain = f!(cu, DevicePrimaryCtxRetain);
+    let create = f!(cu, MemPoolCreate);
+    let from = f!(cu, MemAllocFromPoolAsync);
     let default_pool = f!(
         cu,
         "cuDeviceGetDefaultMemPool",
@@ -1694,12 +1458,7 @@ fn pool_location(cu: &Cuda, bytes: usize) {
     // SAFETY: a valid out-pointer; device 1's context is made (and charged)
     // before the baseline, device 0's stays current.
     assert_eq!(unsafe { retain(&mut c1, 1) }, 0);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while (0..2).any(|d| ledger().map_or(0, |l| l.used(d)) >= CONTEXT_ESTIMATE)
-        && Instant::now() < deadline
-    {
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    settle_contexts(0..2);
     let ledger = ledger().expect("ledger");
     let mut kv = Vec::new();
     // (name, allocation type, location type, device); allocation type 0:
@@ -1739,10 +1498,13 @@ fn pool_location(cu: &Cuda, bytes: usize) {
                 e => e,
             }
         };
-        let grew = |d: usize, before: u64| ledger.used(d) as i64 - before as i64;
         kv.push((
             name.to_string(),
-            format!("[{rc},{},{}]", grew(0, u0), grew(1, u1)),
+            format!(
+                "[{rc},{},{}]",
+                change(ledger.used(0), u0),
+                change(ledger.used(1), u1)
+            ),
         ));
     }
     let kv: Vec<(&str, String)> = kv.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
@@ -1754,21 +1516,11 @@ fn pool_location(cu: &Cuda, bytes: usize) {
 /// `cuMemFreeAsync` or `cuMemFree`): return codes and [ledger, NVML] after
 /// each step.
 fn pool_destroy(cu: &Cuda, bytes: usize, free_with: &str) {
-    let create = f!(cu, "cuMemPoolCreate", "cuMemPoolCreate", pfn::MemPoolCreate);
-    let from = f!(
-        cu,
-        "cuMemAllocFromPoolAsync",
-        "cuMemAllocFromPoolAsync",
-        pfn::MemAllocFromPoolAsync
-    );
-    let destroy = f!(
-        cu,
-        "cuMemPoolDestroy",
-        "cuMemPoolDestroy",
-        pfn::MemPoolDestroy
-    );
-    let free_async = f!(cu, "cuMemFreeAsync", "cuMemFreeAsync", pfn::MemFreeAsync);
-    let free = f!(cu, "cuMemFree", "cuMemFree_v2", Free);
+    let create = f!(cu, MemPoolCreate);
+    let from = f!(cu, MemAllocFromPoolAsync);
+    let destroy = f!(cu, MemPoolDestroy);
+    let free_async = f!(cu, MemFreeAsync);
+    let free = f!(cu, MemFree, "_v2");
     let props = pool_props(
         CU_MEM_ALLOCATION_TYPE_PINNED,
         CU_MEM_LOCATION_TYPE_DEVICE,
@@ -1812,6 +1564,24 @@ fn pool_props(alloc_type: c_int, location_type: c_int, location_id: c_int) -> CU
         max_size: 0,
         usage: 0,
         reserved: [0; 54],
+    }
+}
+
+/// A 4-channel `CUDA_ARRAY3D_DESCRIPTOR` (`depth` 0: a 1D or 2D array).
+fn array3d(
+    width: usize,
+    height: usize,
+    depth: usize,
+    format: c_int,
+    flags: c_uint,
+) -> Array3DDescriptor {
+    Array3DDescriptor {
+        width,
+        height,
+        depth,
+        format,
+        num_channels: 4,
+        flags,
     }
 }
 
