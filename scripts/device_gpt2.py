@@ -36,7 +36,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 
 ROOT = os.getcwd()
 GPUSLICE = os.path.join(ROOT, ".device-carry", "gpuslice")

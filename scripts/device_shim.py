@@ -41,7 +41,6 @@ Checks on the real H200:
 import datetime
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
