@@ -104,9 +104,12 @@ def main():
             R["errors"].append(f"{name}: out of time")
             break
         # Each case on a board directory of its own, so its counts are its own.
-        boards = os.path.join(OUT, "boards-" + name.replace("/", "_").replace(" ", "_"))
+        # (A case's name, "10/90", is no file name: its workers' logs and
+        # boards take it with "_".)
+        fname = name.replace("/", "_").replace(" ", "_")
+        boards = os.path.join(OUT, "boards-" + fname)
         cenv = dict(env, GPUSLICE_BOARD_DIR=boards)
-        ws = [Worker(f"{name}-{i}", sliced(p, n), cenv) for i, (p, n) in enumerate(slices)]
+        ws = [Worker(f"{fname}-{i}", sliced(p, n), cenv) for i, (p, n) in enumerate(slices)]
         try:
             for w in ws:
                 w.info = w.read(120)

@@ -109,6 +109,26 @@ def slices_json():
         return {"error": p.stderr[-500:]}
 
 
+def gpu_evidence(pid):
+    """What makes `pid` a GPU process to `slices`: the mappings naming
+    nvidia or cuda, the descriptors on /dev/nvidia*, and its NSpid line."""
+    out = {}
+    try:
+        out["maps"] = sorted({l.split()[-1] for l in open(f"/proc/{pid}/maps")
+                              if "nvidia" in l or "cuda" in l})
+        fds = []
+        for n in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                fds.append(os.readlink(f"/proc/{pid}/fd/{n}"))
+            except OSError:  # closed meanwhile (the listing's own)
+                pass
+        out["fds"] = sorted(f for f in fds if f.startswith("/dev/"))
+        out["nspid"] = [l.strip() for l in open(f"/proc/{pid}/status") if l.startswith("NSpid")]
+    except OSError as e:
+        out["error"] = repr(e)
+    return out
+
+
 def nvidia_smi_apps():
     p = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
                        capture_output=True, text=True)
@@ -180,6 +200,13 @@ def part_slices(c):
         v = slices_json()
         rec["slices_json"] = v
         rec["slices_text"] = subprocess.run([GPUSLICE, "slices"], capture_output=True, text=True).stdout[-3000:]
+        # Why `slices` calls a process of the slice a GPU process (the
+        # slice's own init was flagged on the H200): its NVIDIA and CUDA
+        # mappings and descriptors, and its pid in each pid namespace.
+        rec["unenforced_why"] = {
+            str(q.get("pid")): gpu_evidence(q.get("pid"))
+            for s in v.get("slices") or [] for q in s.get("unenforced") or []
+        }
         apps = nvidia_smi_apps()
         rec["nvidia_smi_mib"] = apps
         s = (v.get("slices") or [{}])[0]
