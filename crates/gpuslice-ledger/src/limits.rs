@@ -408,14 +408,15 @@ impl SliceLimits {
 
     /// The whole environment of the slice's processes, the one every
     /// launcher of a capped slice gives (a device plugin's replica, a CDI
-    /// shared variant, a DRA claim's share): [`device_env`] for `visible`
-    /// and the slice's id, then [`Self::limit_env`].
+    /// shared variant): what [`device_env`] gives for `visible` and the
+    /// slice's id, then the limits' variables — [`visibility_env`]
+    /// followed by [`Self::limit_env`], which starts with the slice's id.
     pub fn child_env(&self, visible: &str) -> Vec<(String, String)> {
-        let mut env: Vec<(String, String)> = device_env(visible, &self.slice_id)
+        let mut env: Vec<(String, String)> = visibility_env(visible)
             .into_iter()
             .map(|(k, v)| (k.to_string(), v))
             .collect();
-        env.extend(self.limit_env().into_iter().filter(|(k, _)| k != ENV_SLICE));
+        env.extend(self.limit_env());
         env
     }
 
