@@ -29,6 +29,9 @@ use tokio::sync::watch;
 /// How long events are let settle before discovery runs.
 const SETTLE: Duration = Duration::from_millis(100);
 
+/// How long after a failed rediscovery it is tried again.
+const RETRY: Duration = Duration::from_secs(1);
+
 /// What identifies the host's GPUs cheaply: the sorted names of
 /// `<root>/proc/driver/nvidia/gpus/*` and `<root>/dev/nvidia<digits>`.
 pub fn fingerprint(root: &HostRoot) -> Vec<String> {
@@ -137,29 +140,35 @@ impl Watches {
 /// Watches `root` for GPUs appearing or disappearing and sends each new
 /// inventory (`rediscover`'s, when it differs from the one on `tx`).
 /// Returns when every receiver of `tx` is gone.
+///
+/// It rediscovers once at start: the inventory on `tx` was discovered
+/// before the watches existed, and a GPU that came or went in between
+/// sends no event the watches could see. A failed rediscovery is tried
+/// again after [`RETRY`], not left to the next event or poll.
 pub async fn watch<F>(root: HostRoot, poll: Duration, rediscover: F, tx: watch::Sender<Inventory>)
 where
     F: Fn() -> anyhow::Result<Inventory> + Send + Sync + Clone + 'static,
 {
     let watches = Watches::new(&root);
     let mut last = fingerprint(&root);
+    // Some(delay): rediscover after `delay` whatever the fingerprint says.
+    let mut due: Option<Duration> = Some(Duration::ZERO);
     loop {
         tokio::select! {
             _ = async {
-                match &watches {
-                    Some(w) => w.wait().await,
-                    None => std::future::pending().await,
+                match (&watches, due) {
+                    (Some(w), None) => w.wait().await,
+                    _ => std::future::pending().await,
                 }
             } => {}
-            _ = tokio::time::sleep(poll) => {
+            _ = tokio::time::sleep(due.unwrap_or(poll)) => {
                 if let Some(w) = &watches {
                     w.add();
                 }
             }
             _ = tx.closed() => return,
         }
-        let now = fingerprint(&root);
-        if now == last {
+        if due.is_none() && fingerprint(&root) == last {
             continue;
         }
         tokio::time::sleep(SETTLE).await;
@@ -167,29 +176,37 @@ where
             w.drain();
         }
         let now = fingerprint(&root);
-        let f = rediscover.clone();
-        match tokio::task::spawn_blocking(f).await {
+        match tokio::task::spawn_blocking(rediscover.clone()).await {
             Ok(Ok(inv)) => {
-                let inv = bound_only(&root, inv);
                 last = now;
-                let changed = tx.send_if_modified(|cur| {
-                    let changed = *cur != inv;
-                    if changed {
-                        *cur = inv;
-                    }
-                    changed
-                });
-                if changed {
-                    tracing::info!(
-                        "hot-plug: the host's GPUs changed, {} now",
-                        tx.borrow().gpus.len()
-                    );
-                }
+                due = None;
+                send_if_changed(&tx, bound_only(&root, inv));
             }
-            // Tried again at the next event or poll.
-            Ok(Err(e)) => tracing::warn!("hot-plug: rediscovering the GPUs: {e:#}"),
-            Err(e) => tracing::warn!("hot-plug: rediscovering the GPUs: {e}"),
+            Ok(Err(e)) => {
+                tracing::warn!("hot-plug: rediscovering the GPUs: {e:#}");
+                due = Some(RETRY);
+            }
+            Err(e) => {
+                tracing::warn!("hot-plug: rediscovering the GPUs: {e}");
+                due = Some(RETRY);
+            }
         }
+    }
+}
+
+fn send_if_changed(tx: &watch::Sender<Inventory>, inv: Inventory) {
+    let changed = tx.send_if_modified(|cur| {
+        let changed = *cur != inv;
+        if changed {
+            *cur = inv;
+        }
+        changed
+    });
+    if changed {
+        tracing::info!(
+            "hot-plug: the host's GPUs changed, {} now",
+            tx.borrow().gpus.len()
+        );
     }
 }
 

@@ -10,7 +10,7 @@ use gpuslice_core::HostRoot;
 use gpuslice_dra::hotplug;
 use gpuslice_dra::publish::SharedPolicy;
 use gpuslice_testkit::fakeapi::FakeApiServer;
-use gpuslice_testkit::wait_until;
+use gpuslice_testkit::{wait_until, FAST_PATH_LIMIT};
 use std::time::Duration;
 
 fn generation(api: &FakeApiServer) -> i64 {
@@ -20,7 +20,7 @@ fn generation(api: &FakeApiServer) -> i64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_gpu_leaving_and_joining_the_host_is_republished_within_2s() {
+async fn a_gpu_leaving_and_joining_the_host_is_republished_without_the_poll() {
     let (h, _nvml, root, opts) = nvml_host(3);
     let inv = discover(&root, &opts).unwrap();
     assert_eq!(inv.gpus.len(), 3);
@@ -54,7 +54,7 @@ async fn a_gpu_leaving_and_joining_the_host_is_republished_within_2s() {
     assert_eq!(generation(&fake), 1);
 
     h.unplug_gpu(2).unwrap();
-    let took = wait_until("GPU 2 gone", Duration::from_secs(2), || {
+    let took = wait_until("GPU 2 gone", FAST_PATH_LIMIT, || {
         !published_names(&fake)
             .iter()
             .any(|n| n.starts_with("gpu-2"))
@@ -66,7 +66,7 @@ async fn a_gpu_leaving_and_joining_the_host_is_republished_within_2s() {
     assert_eq!(generation(&fake), 2);
 
     h.plug_gpu(2).unwrap();
-    wait_until("GPU 2 back", Duration::from_secs(2), || {
+    wait_until("GPU 2 back", FAST_PATH_LIMIT, || {
         let n = published_names(&fake);
         has(&n, "gpu-2")
     })
@@ -87,7 +87,7 @@ async fn a_gpu_leaving_and_joining_the_host_is_republished_within_2s() {
 
     // GPU 0 leaves: the others move down (bus order), as CUDA numbers them.
     h.unplug_gpu(0).unwrap();
-    wait_until("GPU 0 gone", Duration::from_secs(2), || {
+    wait_until("GPU 0 gone", FAST_PATH_LIMIT, || {
         !has(&published_names(&fake), "gpu-2")
     })
     .await;
@@ -115,11 +115,7 @@ async fn a_gpu_leaving_and_joining_the_host_is_republished_within_2s() {
 #[tokio::test]
 async fn a_driver_loaded_later_is_noticed_by_the_poll() {
     let h = FakeHost::builder().gpus(2).build().unwrap();
-    let root = HostRoot::new(h.root());
-    let opts = DiscoverOptions {
-        use_nvml: false,
-        ..DiscoverOptions::default()
-    };
+    let (root, opts) = procfs_only(&h);
     let gpus = h.path("proc/driver/nvidia/gpus");
     let bus = &h.gpus()[0].pci_bus_id;
     let info = std::fs::read(gpus.join(bus).join("information")).unwrap();
@@ -136,11 +132,95 @@ async fn a_driver_loaded_later_is_noticed_by_the_poll() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     std::fs::create_dir_all(gpus.join(bus)).unwrap();
     std::fs::write(gpus.join(bus).join("information"), info).unwrap();
-    tokio::time::timeout(Duration::from_secs(2), rx.changed())
+    tokio::time::timeout(FAST_PATH_LIMIT, rx.changed())
         .await
         .expect("rediscovered by the poll")
         .unwrap();
     assert_eq!(rx.borrow().gpus.len(), 1);
+    drop(rx);
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+fn procfs_only(h: &FakeHost) -> (HostRoot, DiscoverOptions) {
+    let opts = DiscoverOptions {
+        use_nvml: false,
+        ..DiscoverOptions::default()
+    };
+    (HostRoot::new(h.root()), opts)
+}
+
+/// The inventory handed to the watcher was discovered before its watches
+/// existed: a GPU leaving in between sends no event they could see, and
+/// the hour-long poll would be the first to notice.
+#[tokio::test]
+async fn a_gpu_that_left_before_the_watch_began_is_caught_up_at_start() {
+    let h = FakeHost::builder().gpus(2).build().unwrap();
+    let (root, opts) = procfs_only(&h);
+    let (tx, mut rx) = tokio::sync::watch::channel(discover(&root, &opts).unwrap());
+    assert_eq!(rx.borrow_and_update().gpus.len(), 2);
+    h.unplug_gpu(1).unwrap();
+    let r = root.clone();
+    let task = tokio::spawn(hotplug::watch(
+        root,
+        Duration::from_secs(3600),
+        move || Ok(discover(&r, &opts)?),
+        tx,
+    ));
+    tokio::time::timeout(FAST_PATH_LIMIT, rx.changed())
+        .await
+        .expect("caught up without waiting for the poll")
+        .unwrap();
+    assert_eq!(rx.borrow().gpus.len(), 1);
+    drop(rx);
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+/// A rediscovery that fails (NVML busy, a GPU's files half written) is
+/// tried again soon, not at the next event or poll: the change that
+/// caused it has already been read off the inotify descriptor.
+#[tokio::test]
+async fn a_failed_rediscovery_is_tried_again_without_the_poll() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let h = FakeHost::builder().gpus(2).build().unwrap();
+    let (root, opts) = procfs_only(&h);
+    let (tx, mut rx) = tokio::sync::watch::channel(discover(&root, &opts).unwrap());
+    rx.borrow_and_update();
+    let fail_next = Arc::new(AtomicBool::new(false));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let (r, f, c) = (root.clone(), fail_next.clone(), calls.clone());
+    let task = tokio::spawn(hotplug::watch(
+        root,
+        Duration::from_secs(3600),
+        move || {
+            c.fetch_add(1, Ordering::SeqCst);
+            anyhow::ensure!(!f.swap(false, Ordering::SeqCst), "NVML busy");
+            Ok(discover(&r, &opts)?)
+        },
+        tx,
+    ));
+    // The catch-up at start has run: the watches are in place.
+    wait_until("the watcher's start", FAST_PATH_LIMIT, || {
+        calls.load(Ordering::SeqCst) >= 1
+    })
+    .await;
+    fail_next.store(true, Ordering::SeqCst);
+    h.unplug_gpu(1).unwrap();
+    tokio::time::timeout(FAST_PATH_LIMIT, rx.changed())
+        .await
+        .expect("tried again without waiting for the poll")
+        .unwrap();
+    assert_eq!(rx.borrow().gpus.len(), 1);
+    assert!(
+        calls.load(Ordering::SeqCst) >= 3,
+        "the failed call and its retry"
+    );
     drop(rx);
     tokio::time::timeout(Duration::from_secs(5), task)
         .await

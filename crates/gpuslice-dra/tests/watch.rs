@@ -11,7 +11,7 @@ use gpuslice_dra::apiserver::KubeApi;
 use gpuslice_dra::publish::{slice_name, SharedPolicy};
 use gpuslice_dra::DRIVER_NAME;
 use gpuslice_testkit::fakeapi::{shared_claim, FakeApiServer};
-use gpuslice_testkit::wait_until;
+use gpuslice_testkit::{wait_until, FAST_PATH_LIMIT};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -59,12 +59,12 @@ async fn slices_changed_behind_its_back_are_put_right_at_once() {
     fake.touch_slice(&name, |s| {
         s["spec"]["devices"].as_array_mut().unwrap().pop();
     });
-    wait_until("an edited slice put right", Duration::from_secs(2), || {
+    wait_until("an edited slice put right", FAST_PATH_LIMIT, || {
         devices(&fake) == all
     })
     .await;
     fake.remove_slice(&name);
-    wait_until("a deleted slice put back", Duration::from_secs(2), || {
+    wait_until("a deleted slice put back", FAST_PATH_LIMIT, || {
         devices(&fake) == all
     })
     .await;
@@ -124,7 +124,7 @@ async fn a_watch_whose_history_is_gone_lists_again_and_watches_on() {
     // And it works: a deletion is put right at once.
     let name = slice_name(NODE, DRIVER_NAME, 0);
     fake.remove_slice(&name);
-    wait_until("a deleted slice put back", Duration::from_secs(2), || {
+    wait_until("a deleted slice put back", FAST_PATH_LIMIT, || {
         fake.slices().contains_key(&name)
     })
     .await;
