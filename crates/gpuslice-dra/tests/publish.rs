@@ -16,6 +16,7 @@ use gpuslice_dra::publish::{
 };
 use gpuslice_dra::DRIVER_NAME;
 use gpuslice_testkit::fakeapi::FakeApiServer;
+use gpuslice_testkit::{wait_until, FAST_PATH_LIMIT};
 use serde_json::{json, Value};
 use std::sync::OnceLock;
 
@@ -392,21 +393,14 @@ async fn tainted_pools_split_at_64_devices_per_slice() {
     assert_eq!(s[0].spec.devices.as_ref().unwrap().len(), 64);
 }
 
-/// The published device names once `ok` holds of them (within 5 s).
+/// The published device names once `ok` holds of them.
 async fn wait_names(
     fake: &FakeApiServer,
     what: &str,
     ok: &dyn Fn(&[String]) -> bool,
 ) -> Vec<String> {
-    let t0 = std::time::Instant::now();
-    loop {
-        let n = published_names(fake);
-        if ok(&n) {
-            return n;
-        }
-        assert!(t0.elapsed().as_secs() < 5, "{what}: {n:?}");
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    wait_until(what, FAST_PATH_LIMIT, || ok(&published_names(fake))).await;
+    published_names(fake)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
