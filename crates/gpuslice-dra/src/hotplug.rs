@@ -144,7 +144,7 @@ impl Watches {
 /// It rediscovers once at start: the inventory on `tx` was discovered
 /// before the watches existed, and a GPU that came or went in between
 /// sends no event the watches could see. A failed rediscovery is tried
-/// again after [`RETRY`], not left to the next event or poll.
+/// again after `RETRY` (1 s), not left to the next event or poll.
 pub async fn watch<F>(root: HostRoot, poll: Duration, rediscover: F, tx: watch::Sender<Inventory>)
 where
     F: Fn() -> anyhow::Result<Inventory> + Send + Sync + Clone + 'static,
