@@ -201,8 +201,9 @@ def part_slices(c):
         rec["slices_json"] = v
         rec["slices_text"] = subprocess.run([GPUSLICE, "slices"], capture_output=True, text=True).stdout[-3000:]
         # Why `slices` calls a process of the slice a GPU process (the
-        # slice's own init was flagged on the H200): its NVIDIA and CUDA
-        # mappings and descriptors, and its pid in each pid namespace.
+        # slice's own init was flagged on the H200 before `slices` left it
+        # out): its NVIDIA and CUDA mappings and descriptors, and its pid
+        # in each pid namespace.
         rec["unenforced_why"] = {
             str(q.get("pid")): gpu_evidence(q.get("pid"))
             for s in v.get("slices") or [] for q in s.get("unenforced") or []
@@ -218,7 +219,9 @@ def part_slices(c):
         rec["nvidia_smi_slice_mib"] = smi
         rec["pass"] = (held is not None and dev.get("driver_used_bytes") is not None
                        and abs(rec["driver_used_mib"] - smi) <= 2
-                       and all(q.get("enforced") is not True for q in procs))
+                       and all(q.get("enforced") is not True for q in procs)
+                       # The shim is in the command; the slice's init is ours.
+                       and not s.get("unenforced"))
     finally:
         stop(p)
     rec["launcher_log"] = [l for l in p.stderr.read().splitlines() if "enforcer" in l][:5]

@@ -9,6 +9,15 @@
 //! named like the slice (`run` puts them in `<cgroup root>/gpuslice/<id>`)
 //! and those holding a live slot in its ledger. A process uses the GPU when
 //! it maps a `libcuda.so*` or holds a descriptor on a `/dev/nvidia*` node.
+//!
+//! A `run` slice's own init is left out: pid 1 of the slice's pid
+//! namespace, forked by the launcher (whose pid the slice's id starts
+//! with, [`crate::limits::launcher_pid`]). It is the launcher's code, never
+//! execs, and keeps the launcher's mappings, NVML's among them, which
+//! would make it look like a GPU process of the tenant's. A tenant cannot
+//! pass for it: nothing but the launcher forks a child of the launcher,
+//! and pid 1 of the namespace is taken. A container's pid 1 is the
+//! tenant's and is checked (its parent is the runtime's, not a launcher).
 
 use std::fs;
 
@@ -69,6 +78,8 @@ impl ProcessTable {
             .collect();
         pids.sort_unstable();
         pids.dedup();
+        let launcher = crate::limits::launcher_pid(slice_id);
+        pids.retain(|pid| !launcher.is_some_and(|l| is_init_forked_by(*pid, l)));
         pids.into_iter()
             .filter_map(|pid| {
                 let maps = fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
@@ -105,6 +116,13 @@ pub(crate) fn maps_library(maps: &str, lib: &str) -> bool {
     })
 }
 
+/// Whether `pid` is the init of a pid namespace below ours whose parent
+/// is `launcher`.
+fn is_init_forked_by(pid: u32, launcher: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/status"))
+        .is_ok_and(|s| crate::procfs::is_child_namespace_init(&s, launcher))
+}
+
 fn holds_nvidia_node(pid: u32) -> bool {
     fs::read_dir(format!("/proc/{pid}/fd"))
         .into_iter()
@@ -130,6 +148,95 @@ mod tests {
         assert!(maps_library(maps, "libcuda.so"));
         assert!(maps_library(maps, "libgpuslice.so"));
         assert!(!maps_library(maps, "libnvidia-ml.so"));
+    }
+
+    /// `unshare --pid --fork` stands for `run`'s launcher: the parent of
+    /// pid 1 of a new pid namespace (`sh`, the slice's init), which forks
+    /// the command (`sleep`). Both map a `libcuda.so.1`, the init as `run`'s
+    /// maps what the launcher loaded.
+    #[test]
+    fn a_run_slice_s_own_init_is_left_out_and_its_command_is_flagged() {
+        // SAFETY: geteuid cannot fail and touches no memory.
+        if unsafe { libc::geteuid() } != 0 && std::env::var_os("CI").is_none() {
+            return; // unshare -p needs root; CI runs as root
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let libcuda = dir.path().join("libcuda.so.1");
+        fs::copy(a_loaded_library("libgcc_s.so"), &libcuda).unwrap();
+        let mut launcher = std::process::Command::new("unshare")
+            .args([
+                "--pid",
+                "--fork",
+                "--kill-child",
+                "sh",
+                "-c",
+                "sleep 30 & wait",
+            ])
+            .env("LD_PRELOAD", &libcuda)
+            .spawn()
+            .expect("unshare (util-linux)");
+        let (init, command) = init_and_child_of(launcher.id());
+        let ours = format!("{}-1a2b", launcher.id());
+        let theirs = format!("{}-1a2b", std::process::id());
+        for slice in [&ours, &theirs] {
+            let table = ProcessTable {
+                procs: [init, command]
+                    .map(|pid| (pid, format!("0::/gpuslice/{slice}\n")))
+                    .into(),
+            };
+            let ledger = crate::Ledger::create(&dir.path().join(slice), slice, &[]).unwrap();
+            let found = table.check(slice, &ledger.snapshot());
+            let pids: Vec<u32> = found.iter().map(|c| c.pid).collect();
+            let flagged = |pid| found.iter().any(|c| c.pid == pid && c.flagged());
+            assert!(flagged(command), "{slice}: the command: {found:?}");
+            if slice == &ours {
+                assert_eq!(pids, [command], "the launcher's init is left out");
+            } else {
+                assert!(
+                    flagged(init),
+                    "another parent's pid 1 is checked: {found:?}"
+                );
+            }
+        }
+        let _ = launcher.kill();
+        let _ = launcher.wait();
+    }
+
+    /// A shared object this process maps, by file-name prefix.
+    fn a_loaded_library(prefix: &str) -> std::path::PathBuf {
+        let maps = fs::read_to_string("/proc/self/maps").unwrap();
+        maps.lines()
+            .filter_map(|l| l.split_whitespace().nth(5))
+            .find(|p| p.rsplit('/').next().is_some_and(|f| f.starts_with(prefix)))
+            .unwrap_or_else(|| panic!("this test binary maps no {prefix}*"))
+            .into()
+    }
+
+    /// The host pids of pid 1 of the namespace `parent` made, and of its
+    /// child, once both run.
+    fn init_and_child_of(parent: u32) -> (u32, u32) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let status = |pid: u32| fs::read_to_string(format!("/proc/{pid}/status")).ok();
+            let ppid_is = |pid: u32, parent: u32| {
+                status(pid).is_some_and(|s| s.lines().any(|l| l == format!("PPid:\t{parent}")))
+            };
+            let init = crate::procfs::pids().find(|&p| is_init_forked_by(p, parent));
+            let child = init.and_then(|i| crate::procfs::pids().find(|&p| ppid_is(p, i)));
+            // The child maps the library once it runs `sleep`.
+            let mapped = |pid: u32| {
+                fs::read_to_string(format!("/proc/{pid}/maps"))
+                    .is_ok_and(|m| maps_library(&m, "libcuda.so") && m.contains("sleep"))
+            };
+            if let (Some(i), Some(c)) = (init, child.filter(|&c| mapped(c))) {
+                return (i, c);
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no init and child of {parent}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
     }
 
     #[test]

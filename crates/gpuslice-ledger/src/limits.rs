@@ -130,6 +130,14 @@ pub fn valid_slice_id(id: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
+/// The pid of the launcher of a `run` slice, which its id starts with
+/// (`<pid>-<hex>`, as `gpuslice_isolate::cgroup::new_slice_id` makes it);
+/// None for other slices (a DRA claim's, a device plugin's).
+pub fn launcher_pid(slice_id: &str) -> Option<u32> {
+    let (pid, _) = slice_id.split_once('-')?;
+    pid.parse().ok().filter(|p| *p > 0)
+}
+
 const HEADER: &str = "gpuslice-limits 1";
 
 #[derive(Debug, thiserror::Error)]

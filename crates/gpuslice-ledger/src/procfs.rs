@@ -297,16 +297,31 @@ impl ForeignPids {
     }
 }
 
+/// The fields of `NSpid:` in a status text: the process's pid in the
+/// reader's namespace first, in its own last; none if one is not a number.
+fn nspids(status: &str) -> Vec<u32> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .and_then(|f| f.split_whitespace().map(|p| p.parse().ok()).collect())
+        .unwrap_or_default()
+}
+
 /// The last field of `NSpid:` in a status text: the pid in the process's
 /// own namespace.
 pub fn innermost_pid(status: &str) -> Option<u32> {
-    status
+    nspids(status).last().copied()
+}
+
+/// Whether a status text is of the init of a pid namespace below the
+/// reader's (pid 1 there, another pid here) whose parent is `parent`.
+pub fn is_child_namespace_init(status: &str, parent: u32) -> bool {
+    let ppid = status
         .lines()
-        .find_map(|l| l.strip_prefix("NSpid:"))?
-        .split_whitespace()
-        .last()?
-        .parse()
-        .ok()
+        .find_map(|l| l.strip_prefix("PPid:"))
+        .and_then(|p| p.trim().parse::<u32>().ok());
+    let ns = nspids(status);
+    ppid == Some(parent) && ns.len() > 1 && ns.last() == Some(&1)
 }
 
 /// Liveness of a process recorded as (pid, start time).
@@ -392,10 +407,22 @@ mod tests {
     }
 
     #[test]
-    fn nspid_gives_the_innermost_pid() {
+    fn nspid_gives_the_innermost_pid_and_tells_a_child_namespace_s_init() {
         assert_eq!(innermost_pid("Name:\tx\nNSpid:\t4242\t2\n"), Some(2));
         assert_eq!(innermost_pid("NSpid:\t7\n"), Some(7));
         assert_eq!(innermost_pid("Name:\tx\n"), None);
+        assert_eq!(innermost_pid("NSpid:\t4242\tx\n"), None);
+        let init = "PPid:\t40\nNSpid:\t41\t1\n";
+        assert!(is_child_namespace_init(init, 40));
+        assert!(!is_child_namespace_init(init, 39), "another parent's");
+        assert!(
+            !is_child_namespace_init("PPid:\t40\nNSpid:\t1\n", 40),
+            "the reader's own init"
+        );
+        assert!(
+            !is_child_namespace_init("PPid:\t40\nNSpid:\t41\t2\n", 40),
+            "not pid 1"
+        );
     }
 
     #[test]

@@ -125,7 +125,8 @@ pub enum CgroupError {
     Remove { path: PathBuf, source: io::Error },
 }
 
-/// A slice id for this process: `<pid>-<suffix>`, unique within the process
+/// A slice id for this process: `<pid>-<suffix>` (read back by
+/// `gpuslice_ledger::limits::launcher_pid`), unique within the process
 /// and very likely across reuses of its pid.
 pub fn new_slice_id() -> String {
     static COUNTER: AtomicU32 = AtomicU32::new(0);

@@ -37,8 +37,7 @@ pub fn reap_stale_with(
         let Some(pid) = entry
             .file_name()
             .to_str()
-            .and_then(|n| n.split_once('-'))
-            .and_then(|(pid, _)| pid.parse::<u32>().ok())
+            .and_then(gpuslice_ledger::limits::launcher_pid)
         else {
             continue;
         };
