@@ -132,15 +132,27 @@ async fn a_driver_loaded_later_is_noticed_by_the_poll() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     std::fs::create_dir_all(gpus.join(bus)).unwrap();
     std::fs::write(gpus.join(bus).join("information"), info).unwrap();
+    sent_then_ended(rx, task, 1, "rediscovered by the poll").await;
+}
+
+/// Waits for the watcher to send an inventory (panics with `what` if it
+/// does not), checks it holds `gpus` GPUs, and that the watcher ends once
+/// `rx`, its last receiver, is gone.
+async fn sent_then_ended(
+    mut rx: tokio::sync::watch::Receiver<gpuslice_core::Inventory>,
+    task: tokio::task::JoinHandle<()>,
+    gpus: usize,
+    what: &str,
+) {
     tokio::time::timeout(FAST_PATH_LIMIT, rx.changed())
         .await
-        .expect("rediscovered by the poll")
+        .expect(what)
         .unwrap();
-    assert_eq!(rx.borrow().gpus.len(), 1);
+    assert_eq!(rx.borrow().gpus.len(), gpus);
     drop(rx);
     tokio::time::timeout(Duration::from_secs(5), task)
         .await
-        .unwrap()
+        .expect("the watcher ends with its receivers")
         .unwrap();
 }
 
@@ -169,16 +181,7 @@ async fn a_gpu_that_left_before_the_watch_began_is_caught_up_at_start() {
         move || Ok(discover(&r, &opts)?),
         tx,
     ));
-    tokio::time::timeout(FAST_PATH_LIMIT, rx.changed())
-        .await
-        .expect("caught up without waiting for the poll")
-        .unwrap();
-    assert_eq!(rx.borrow().gpus.len(), 1);
-    drop(rx);
-    tokio::time::timeout(Duration::from_secs(5), task)
-        .await
-        .unwrap()
-        .unwrap();
+    sent_then_ended(rx, task, 1, "caught up without waiting for the poll").await;
 }
 
 /// A rediscovery that fails (NVML busy, a GPU's files half written) is
@@ -212,18 +215,9 @@ async fn a_failed_rediscovery_is_tried_again_without_the_poll() {
     .await;
     fail_next.store(true, Ordering::SeqCst);
     h.unplug_gpu(1).unwrap();
-    tokio::time::timeout(FAST_PATH_LIMIT, rx.changed())
-        .await
-        .expect("tried again without waiting for the poll")
-        .unwrap();
-    assert_eq!(rx.borrow().gpus.len(), 1);
+    sent_then_ended(rx, task, 1, "tried again without waiting for the poll").await;
     assert!(
         calls.load(Ordering::SeqCst) >= 3,
         "the failed call and its retry"
     );
-    drop(rx);
-    tokio::time::timeout(Duration::from_secs(5), task)
-        .await
-        .unwrap()
-        .unwrap();
 }
