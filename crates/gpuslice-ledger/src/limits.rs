@@ -131,11 +131,17 @@ pub fn valid_slice_id(id: &str) -> bool {
 }
 
 /// The pid of the launcher of a `run` slice, which its id starts with
-/// (`<pid>-<hex>`, as `gpuslice_isolate::cgroup::new_slice_id` makes it);
-/// None for other slices (a DRA claim's, a device plugin's).
+/// (`<pid>-<suffix>`, one dash, as `gpuslice_isolate::cgroup::new_slice_id`
+/// makes it); None for ids of another form (a DRA claim's `<uid>-<n>`,
+/// whose UUID has dashes of its own and may begin with digits, a device
+/// plugin's).
 pub fn launcher_pid(slice_id: &str) -> Option<u32> {
-    let (pid, _) = slice_id.split_once('-')?;
-    pid.parse().ok().filter(|p| *p > 0)
+    let (pid, suffix) = slice_id.split_once('-')?;
+    let decimal = !pid.starts_with('0') && pid.bytes().all(|b| b.is_ascii_digit());
+    if !decimal || suffix.is_empty() || suffix.contains('-') {
+        return None;
+    }
+    pid.parse().ok()
 }
 
 const HEADER: &str = "gpuslice-limits 1";
@@ -790,6 +796,26 @@ mod tests {
             too_long.as_str(),
         ] {
             assert!(!valid_slice_id(bad), "{bad:?}");
+        }
+    }
+
+    /// Only the form `run` makes names a launcher: a claim's UUID that
+    /// begins with digits, or zeros, must not pass for one.
+    #[test]
+    fn a_run_slice_s_id_names_its_launcher_and_no_other_does() {
+        assert_eq!(launcher_pid("1530-401f03e39a00"), Some(1530));
+        for other in [
+            "00001234-5678-4abc-8def-0123456789ab-0",
+            "12345678-5678-4abc-8def-0123456789ab-0",
+            "uid-a-0",
+            "0-1f",
+            "0042-1f",
+            "42-",
+            "42-a-b",
+            "42",
+            "k8s-GPU-a-r0",
+        ] {
+            assert_eq!(launcher_pid(other), None, "{other:?}");
         }
     }
 
