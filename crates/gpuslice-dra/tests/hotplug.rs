@@ -196,21 +196,24 @@ async fn a_failed_rediscovery_is_tried_again_without_the_poll() {
     let (tx, mut rx) = tokio::sync::watch::channel(discover(&root, &opts).unwrap());
     rx.borrow_and_update();
     let fail_next = Arc::new(AtomicBool::new(false));
-    let calls = Arc::new(AtomicUsize::new(0));
-    let (r, f, c) = (root.clone(), fail_next.clone(), calls.clone());
+    let (calls, done) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (r, f, c, d) = (root.clone(), fail_next.clone(), calls.clone(), done.clone());
     let task = tokio::spawn(hotplug::watch(
         root,
         Duration::from_secs(3600),
         move || {
             c.fetch_add(1, Ordering::SeqCst);
             anyhow::ensure!(!f.swap(false, Ordering::SeqCst), "NVML busy");
-            Ok(discover(&r, &opts)?)
+            let inv = discover(&r, &opts)?;
+            d.fetch_add(1, Ordering::SeqCst);
+            Ok(inv)
         },
         tx,
     ));
-    // The catch-up at start has run: the watches are in place.
+    // The catch-up at start is over (so the next call is the one to
+    // fail), and the watches made before it are in place.
     wait_until("the watcher's start", FAST_PATH_LIMIT, || {
-        calls.load(Ordering::SeqCst) >= 1
+        done.load(Ordering::SeqCst) >= 1
     })
     .await;
     fail_next.store(true, Ordering::SeqCst);
