@@ -217,9 +217,9 @@ mod tests {
     fn init_and_child_of(parent: u32) -> (u32, u32) {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         loop {
-            let status = |pid: u32| fs::read_to_string(format!("/proc/{pid}/status")).ok();
             let ppid_is = |pid: u32, parent: u32| {
-                status(pid).is_some_and(|s| s.lines().any(|l| l == format!("PPid:\t{parent}")))
+                fs::read_to_string(format!("/proc/{pid}/status"))
+                    .is_ok_and(|s| crate::procfs::parent_pid(&s) == Some(parent))
             };
             let init = crate::procfs::pids().find(|&p| is_init_forked_by(p, parent));
             let child = init.and_then(|i| crate::procfs::pids().find(|&p| ppid_is(p, i)));

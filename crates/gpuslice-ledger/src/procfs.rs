@@ -316,12 +316,18 @@ pub fn innermost_pid(status: &str) -> Option<u32> {
 /// Whether a status text is of the init of a pid namespace below the
 /// reader's (pid 1 there, another pid here) whose parent is `parent`.
 pub fn is_child_namespace_init(status: &str, parent: u32) -> bool {
-    let ppid = status
-        .lines()
-        .find_map(|l| l.strip_prefix("PPid:"))
-        .and_then(|p| p.trim().parse::<u32>().ok());
     let ns = nspids(status);
-    ppid == Some(parent) && ns.len() > 1 && ns.last() == Some(&1)
+    parent_pid(status) == Some(parent) && ns.len() > 1 && ns.last() == Some(&1)
+}
+
+/// `PPid:` in a status text: the parent's pid in the reader's namespace.
+pub fn parent_pid(status: &str) -> Option<u32> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("PPid:"))?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// Liveness of a process recorded as (pid, start time).
